@@ -1,0 +1,1 @@
+"""Thin Ray actors: they move data and call the library (rknn_ray/, shuffler/)."""

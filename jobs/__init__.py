@@ -1,0 +1,1 @@
+"""Ray job entrypoints: ``python -m jobs.<name>`` (fits ``ray job submit``)."""

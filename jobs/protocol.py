@@ -1,0 +1,96 @@
+"""One round of the protocol on Ray actors: shards -> (shuffler) -> server.
+
+The driver only wires actors together: ciphertext batches move from each
+ClientShard to the Server (or the Shuffler) as Ray object references, never
+through the driver's own memory. Actors are ended when the round is done so
+Ray Train gets the CPUs.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import ray
+
+from actors.client_shard import ClientShard
+from actors.server import Server
+from rknn_ray.mechanisms import build
+from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.pipeline import PreparedData, mechanism_params
+from rknn_ray.rng import derived_seed, new_client_secret
+from shuffler.envelope import RoundContext
+
+
+@dataclass
+class RoundResult:
+    counts: np.ndarray
+    guarantee: Guarantee
+    mechanism: dict
+    messages: int
+    received: int
+    clients: int
+    rejected: dict
+    timings: dict = field(default_factory=dict)
+    shuffler: dict | None = None
+
+
+def start_shards(cfg: dict, data: PreparedData) -> list:
+    """Few ClientShard actors, each hosting a contiguous range of virtual clients."""
+    num_shards = min(cfg["cluster"]["shards"], data.num_clients)
+    ids = data.client_ids
+    bounds = np.linspace(0, ids.max() + 1, num_shards + 1).astype(np.int64)
+    seeded = cfg["run"]["rng"] == "seeded"
+    shards = []
+    for i in range(num_shards):
+        rows = np.flatnonzero((ids >= bounds[i]) & (ids < bounds[i + 1]))
+        secret = (derived_seed(str(cfg["run"]["seed"]).encode(), "shard", i).to_bytes(32, "big")
+                  if seeded else new_client_secret())
+        shard = ClientShard.options(num_cpus=cfg["cluster"]["shard_cpus"]).remote(
+            i, data.splits.private_x[rows], data.splits.private_y[rows], ids[rows], secret)
+        shards.append(shard)
+    return shards
+
+
+def run_round(cfg: dict, data: PreparedData, encoder, qs, round_id: int, job_id: str,
+              ledger, progress, key_file: str | None = None) -> RoundResult:
+    """Run one private labeling round end to end and record it in ``ledger``."""
+    model = cfg["privacy"]["model"]
+    ctx = RoundContext(job_id=job_id, round_id=round_id)
+    params = mechanism_params(cfg, data)
+    mechanism = build(model, cfg["privacy"]["mechanism"], params)
+    ledger.check(mechanism.guarantee())          # refuse before any client works
+    server = Server.options(num_cpus=0.25).remote(job_id, key_file)
+    shards = start_shards(cfg, data)
+    try:
+        public_key = ray.get(server.public_key.remote())
+        ray.get(server.begin_round.remote(ctx, mechanism))
+        k, nc = cfg["rknn"]["k"], data.num_classes
+        with progress.stage("clients", f"{len(shards)} client shards: embed, reverse k-NN, "
+                            f"randomize, seal ({data.num_clients} virtual clients)"):
+            refs = [s.make_reports.remote(encoder, qs.features, k, nc, mechanism, ctx,
+                                          public_key, cfg["cluster"]["batch_clients"])
+                    for s in shards]
+            ray.get(refs)
+        with progress.stage("server_open", "server: open and check reports"):
+            ray.get([server.receive.remote(ref) for ref in refs])
+        with progress.stage("server_estimate", "server: decode, estimate, add noise"):
+            seed = cfg["run"]["seed"] + 1_000_003 * (round_id + 1)
+            out = ray.get(server.estimate.remote(data.num_clients, cfg["run"]["rng"], seed))
+        shard_timings = ray.get([s.get_timings.remote() for s in shards])
+    finally:
+        for actor in shards + [server]:
+            ray.kill(actor)
+    guarantee = mechanism.guarantee()
+    ledger.record(guarantee, round_id=round_id, messages=out["messages"],
+                  clients=data.num_clients)
+    timings = {**{f"server_{k}": v for k, v in out["timings"].items()}}
+    for t in shard_timings:
+        for key, v in t.items():
+            timings[f"shards_{key}"] = timings.get(f"shards_{key}", 0.0) + v
+    return RoundResult(out["counts"], guarantee, mechanism.describe(), out["messages"],
+                       out["received"], data.num_clients, out["rejected"], timings)
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:16]

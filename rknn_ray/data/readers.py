@@ -1,0 +1,220 @@
+"""The ``Dataset`` every stage consumes, input checks, and ``load_dataset``.
+
+Convention: images are float32 of shape (N, C, H, W) with values in [0, 1]
+(torch layout; C = 1 for gray), labels int64 in ``[0, num_classes)``. Feature
+data sets (the synthetic mixture) are float32 (N, dim) with ``image_shape = (dim,)``.
+
+Readers check file formats and labels before converting to float, so a bad
+file fails in well under a second with a message naming the file and the fix.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from rknn_ray.errors import ConfigError, DataError
+
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+DEFAULT_ROOTS = {  # where a reader looks when no data_root is given
+    "fashion_mnist": FASHION_MNIST_ROOT,
+    "mnist": "/usr/share/datasets/mnist",
+    "cifar10": "/usr/share/datasets/cifar10",
+    "svhn": "/usr/share/datasets/svhn",
+}
+ALIASES = {"fmnist": "fashion_mnist", "fashion-mnist": "fashion_mnist",
+           "fashionmnist": "fashion_mnist", "cifar-10": "cifar10", "cifar": "cifar10",
+           "gaussian_mixture": "synthetic"}
+KNOWN = ("digits", "fashion_mnist", "mnist", "cifar10", "svhn", "synthetic")
+FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                   "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+
+
+@dataclass
+class Dataset:
+    """A labelled data set as read from disk (before the private/public/eval split)."""
+    name: str
+    train_x: np.ndarray        # (N, C, H, W) float32 in [0, 1], or (N, dim) features
+    train_y: np.ndarray        # (N,) int64
+    test_x: np.ndarray         # may hold 0 rows (digits, synthetic: one pool, split later)
+    test_y: np.ndarray
+    num_classes: int
+    image_shape: tuple         # (C, H, W) or (dim,)
+    class_names: tuple | None = None
+    source: str = ""           # where it came from (files / generator), for reports
+
+    @property
+    def num_records(self) -> int:
+        return int(len(self.train_y) + len(self.test_y))
+
+
+def validate_features(x: np.ndarray, y: np.ndarray, num_classes: int, what: str = "data") -> None:
+    """Raise DataError on shape mismatch, non-finite features or labels out of range.
+
+    Cheap (one pass) and meant to run before any expensive stage; messages name the
+    number of offending rows and the first offending index.
+    """
+    x, y = np.asarray(x), np.asarray(y)
+    if y.ndim != 1:
+        raise DataError(f"{what}: labels must be 1-D (one label per record), got shape {y.shape}. "
+                        "Fix: pass integer class indices, not one-hot rows.")
+    if x.ndim < 2:
+        raise DataError(f"{what}: features must have shape (N, ...) with N records, got {x.shape}. "
+                        "Fix: reshape to (N, dim) or (N, C, H, W).")
+    if len(x) != len(y):
+        raise DataError(f"{what}: {len(x)} feature rows but {len(y)} labels. "
+                        "Fix: pass one label per record.")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{what}: labels must be integers, got dtype {y.dtype}. "
+                        "Fix: convert class labels to int64 indices 0..num_classes-1.")
+    bad = np.flatnonzero((y < 0) | (y >= num_classes))
+    if bad.size:
+        raise DataError(f"{what}: {bad.size} labels outside 0..{num_classes - 1} "
+                        f"(first at index {bad[0]}: {y[bad[0]]}). "
+                        f"Fix: map labels to 0..{num_classes - 1} or set num_classes correctly.")
+    if np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.complexfloating):
+        rows_ok = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if not rows_ok.all():
+            bad = np.flatnonzero(~rows_ok)
+            raise DataError(f"{what}: {bad.size} records have NaN or infinite features "
+                            f"(first at index {bad[0]}). Fix: drop or impute those records.")
+    elif not (np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_):
+        raise DataError(f"{what}: features must be numeric, got dtype {x.dtype}")
+
+
+def to_unit_float(images: np.ndarray) -> np.ndarray:
+    """uint8 pixels -> float32 in [0, 1] (one allocation, divided in place)."""
+    out = images.astype(np.float32)
+    out /= 255.0
+    return out
+
+
+def canonical_name(name: str) -> str:
+    """The canonical data set name, or ConfigError listing the known ones."""
+    key = str(name).strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in KNOWN:
+        raise ConfigError("dataset", f"unknown data set {name!r}",
+                          f"use one of {', '.join(KNOWN)} (aliases: {', '.join(sorted(ALIASES))})")
+    return key
+
+
+def load_dataset(name: str, data_root: str | None = None, **kwargs) -> Dataset:
+    """Read a data set by name.
+
+    ``data_root`` is a folder holding the standard files (or a parent of the
+    standard sub-folder); without it each reader uses its default location
+    (:data:`DEFAULT_ROOTS`). Extra keyword arguments: ``include_extra`` for SVHN,
+    the :func:`rknn_ray.data.synthetic.gaussian_mixture` arguments for "synthetic".
+    """
+    key = canonical_name(name)
+    allowed = {"svhn": {"include_extra"},
+               "synthetic": {"num_samples", "num_classes", "dim", "seed", "separation"}}.get(key, set())
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise ConfigError("dataset", f"{key!r} takes no option(s) {unknown}",
+                          f"allowed options for {key!r}: {sorted(allowed) or 'none'}")
+    if key == "digits":
+        return load_digits()
+    if key == "synthetic":
+        from rknn_ray.data.synthetic import gaussian_mixture
+        return gaussian_mixture(**kwargs)
+    root = data_root if data_root is not None else DEFAULT_ROOTS[key]
+    if key in ("fashion_mnist", "mnist"):
+        return load_idx_dataset(key, root)
+    if key == "cifar10":
+        return load_cifar10(root)
+    return load_svhn(root, **kwargs)
+
+
+def load_digits() -> Dataset:
+    """scikit-learn's 1,797 real 8x8 digits (shipped in the wheel); one pool, split later."""
+    table = None
+    spec = importlib.util.find_spec("sklearn")
+    if spec is not None and spec.submodule_search_locations:
+        # sklearn's own CSV (64 pixels + target per row): skips the ~2-4 s sklearn import
+        path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            table = np.loadtxt(path, delimiter=",")
+    if table is None or table.shape != (1797, 65):
+        from sklearn.datasets import load_digits as sk_load_digits
+        bunch = sk_load_digits()
+        table = np.column_stack([bunch.data, bunch.target])
+    x = (table[:, :64].astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)  # pixels are 0..16
+    y = table[:, 64].astype(np.int64)
+    validate_features(x, y, 10, "digits")
+    return Dataset("digits", x, y, x[:0], y[:0], 10, (1, 8, 8),
+                   tuple(str(d) for d in range(10)), "sklearn.datasets.load_digits")
+
+
+def _missing(what: str, root: str, looked: str, fix: str) -> DataError:
+    return DataError(f"{what} files not found under {root!r}: missing {looked}. Fix: {fix}")
+
+
+def load_idx_dataset(key: str, root: str) -> Dataset:
+    """MNIST or Fashion-MNIST from IDX files (raw or .gz) in ``root``.
+
+    Looks in ``root``, ``root/<name>`` and the torchvision layout ``root/<Name>/raw``.
+    """
+    from rknn_ray.data.idx import IDX_STEMS, find_idx_file, read_idx_split
+    sub = {"mnist": ("mnist", "MNIST"), "fashion_mnist": ("fashion-mnist", "FashionMNIST")}[key]
+    folders = [root, os.path.join(root, sub[0]), os.path.join(root, sub[1], "raw")]
+    title = "Fashion-MNIST" if key == "fashion_mnist" else "MNIST"
+    stems = [s for pair in IDX_STEMS.values() for s in pair]
+    missing = [s for s in stems if find_idx_file(folders, s) is None]
+    if missing:
+        fix = (f"pass --data-root DIR (data_root=...) naming a folder with {', '.join(stems)} "
+               "(raw or .gz)")
+        if key == "fashion_mnist":
+            fix = f"run `apt-get install dataset-fashion-mnist` (installs them in {FASHION_MNIST_ROOT}) or " + fix
+        looked = f"{', '.join(missing)} (raw or .gz; also looked in {folders[1:]})"
+        raise _missing(title, root, looked, fix)
+    train_x, train_y = read_idx_split(folders, "train")
+    test_x, test_y = read_idx_split(folders, "test")
+    for split, (x, y) in (("train", (train_x, train_y)), ("test", (test_x, test_y))):
+        validate_features(x, y, 10, f"{title} {split}")
+    if train_x.dtype != np.uint8 or test_x.dtype != np.uint8:
+        raise DataError(f"{title}: images must be uint8 (IDX type 0x08), got {train_x.dtype}/{test_x.dtype}")
+    h, w = train_x.shape[1:]
+    if test_x.shape[1:] != (h, w):
+        raise DataError(f"{title}: train images are {h}x{w} but test images are {test_x.shape[1:]}")
+    return Dataset(key, to_unit_float(train_x).reshape(-1, 1, h, w), train_y.astype(np.int64),
+                   to_unit_float(test_x).reshape(-1, 1, h, w), test_y.astype(np.int64), 10,
+                   (1, h, w), FASHION_CLASSES if key == "fashion_mnist" else tuple(map(str, range(10))),
+                   f"IDX files in {root}")
+
+
+def load_cifar10(root: str) -> Dataset:
+    """CIFAR-10 from the python batches in ``root`` or ``root/cifar-10-batches-py``."""
+    from rknn_ray.data.cifar import read_cifar10
+    try:
+        train_x, train_y, test_x, test_y, names = read_cifar10(root)
+    except FileNotFoundError as exc:
+        raise _missing("CIFAR-10", root, str(exc),
+                       "pass --data-root DIR (data_root=...) naming the folder that holds "
+                       "cifar-10-batches-py/ (data_batch_1..5, test_batch) from cifar-10-python.tar.gz") from None
+    validate_features(train_x, train_y, 10, "CIFAR-10 train")
+    validate_features(test_x, test_y, 10, "CIFAR-10 test")
+    return Dataset("cifar10", to_unit_float(train_x), train_y, to_unit_float(test_x), test_y,
+                   10, (3, 32, 32), tuple(names), f"CIFAR-10 python batches in {root}")
+
+
+def load_svhn(root: str, include_extra: bool = False) -> Dataset:
+    """SVHN from ``{train,test[,extra]}_32x32.mat`` in ``root`` or ``root/svhn``.
+
+    ``include_extra=True`` appends the 531,131 extra images to train, as the paper's
+    private set does; that is ~7.4 GB as float32, hence opt-in.
+    """
+    from rknn_ray.data.svhn import read_svhn
+    try:
+        train_x, train_y, test_x, test_y = read_svhn(root, include_extra)
+    except FileNotFoundError as exc:
+        raise _missing("SVHN", root, str(exc),
+                       "pass --data-root DIR (data_root=...) naming the folder with the SVHN "
+                       "format-2 files train_32x32.mat, test_32x32.mat (and extra_32x32.mat "
+                       "for include_extra)") from None
+    return Dataset("svhn", to_unit_float(train_x), train_y, to_unit_float(test_x), test_y,
+                   10, (3, 32, 32), tuple(map(str, range(10))),
+                   f"SVHN .mat files in {root}" + (" (train+extra)" if include_extra else ""))

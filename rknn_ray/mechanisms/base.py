@@ -1,0 +1,141 @@
+"""One mechanism interface for the central, local and shuffle trust models.
+
+    mech = calibrate(params)                      # see rknn_ray.mechanisms.build
+    batch = mech.randomize(answers, rng)          # client side, vectorized over clients
+    counts = mech.estimate(batch.payloads, n, rng)# server side: decode, debias (+ central noise)
+    mech.guarantee() -> Guarantee                 # eps, delta, model, unit, neighbour relation
+    mech.error_bound(beta, n) -> eta              # (eta, beta)-accuracy per bucket (sup norm)
+
+Messages are fixed-length byte rows (``message_size`` bytes each) so that the
+sealing layer can pad every ciphertext of a round to one length. A client may send
+several messages (multi-message shuffle); ``MessageBatch.senders`` says whose each
+row is, and the shuffler drops it before anything reaches the server.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from rknn_ray.answers import RecordAnswers
+
+MODELS = ("central", "local", "shuffle")
+UNITS = ("record", "client", "label")
+NEIGHBOUR_REPLACE_ONE = "replace-one"
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """What a release promises: (eps, delta)-DP for ``unit`` under ``neighbour``.
+
+    ``model`` is the trust model (who must be trusted for the guarantee to hold);
+    ``n`` is the number of distinct senders the guarantee was computed from where
+    it depends on it (shuffle amplification), else None.
+    """
+    eps: float
+    delta: float
+    model: str
+    mechanism: str
+    unit: str = "record"
+    neighbour: str = NEIGHBOUR_REPLACE_ONE
+    n: int | None = None
+    note: str = ""
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.unit not in UNITS:
+            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MechanismParams:
+    """Everything a mechanism is calibrated from (public parameters only)."""
+    num_queries: int            # s
+    num_classes: int            # |Y|
+    k: int                      # neighbours per record
+    eps: float                  # target eps (central eps; local eps for the local model)
+    r: int = 1                  # labels per record (r-hot)
+    delta: float = 0.0
+    num_clients: int = 1        # n (expected senders)
+    max_records_per_client: int = 1
+    options: dict = field(default_factory=dict)
+
+    @property
+    def num_cells(self) -> int:
+        return self.num_queries * self.num_classes
+
+    @property
+    def sensitivity_l1(self) -> int:
+        """Replace-one L1 sensitivity of the BSVS sum: one record adds k*r ones."""
+        return 2 * self.k * self.r
+
+
+@dataclass
+class MessageBatch:
+    """Messages of many virtual clients: ``payloads[i]`` was sent by ``senders[i]``."""
+    payloads: np.ndarray  # (M, message_size) uint8
+    senders: np.ndarray   # (M,) int64
+
+    def __post_init__(self):
+        if self.payloads.dtype != np.uint8 or self.payloads.ndim != 2:
+            raise ValueError("payloads must be an (M, message_size) uint8 array")
+        if self.senders.shape != (self.payloads.shape[0],):
+            raise ValueError("one sender id per message")
+
+    def __len__(self) -> int:
+        return int(self.payloads.shape[0])
+
+    @staticmethod
+    def concat(batches: list["MessageBatch"]) -> "MessageBatch":
+        return MessageBatch(np.concatenate([b.payloads for b in batches]),
+                            np.concatenate([b.senders for b in batches]))
+
+
+class Mechanism(ABC):
+    """A privacy mechanism for the BSVS problem (see module docstring)."""
+
+    name: str = "abstract"
+    model: str = "central"
+
+    def __init__(self, params: MechanismParams):
+        self.params = params
+
+    @property
+    @abstractmethod
+    def message_size(self) -> int:
+        """Bytes per message (fixed for a round)."""
+
+    @abstractmethod
+    def randomize(self, answers: RecordAnswers, rng: np.random.Generator) -> MessageBatch:
+        """Client side: the messages of every virtual client in ``answers``."""
+
+    @abstractmethod
+    def estimate(self, payloads: np.ndarray, num_clients: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        """Server side: an (s, |Y|) float estimate of the BSVS sum from the messages."""
+
+    @abstractmethod
+    def guarantee(self) -> Guarantee:
+        """The (eps, delta) guarantee, its unit and neighbour relation."""
+
+    @abstractmethod
+    def error_bound(self, beta: float, num_clients: int) -> float:
+        """eta such that the estimate is (eta, beta)-accurate at each bucket."""
+
+    def well_formed(self, payloads: np.ndarray) -> np.ndarray:
+        """Boolean mask of messages that decode to a valid report.
+
+        The server drops (and counts as 'malformed') the rest before ``estimate``;
+        mechanisms override this with their format's checks.
+        """
+        return np.ones(payloads.shape[0], dtype=bool)
+
+    def describe(self) -> dict:
+        """Facts for report.json: name, model, message size, parameters."""
+        return {"mechanism": self.name, "model": self.model,
+                "message_bytes": self.message_size, **self.params.options}

@@ -1,0 +1,326 @@
+"""The (d, c, eps, l)-Collision mechanism (Wang et al. 2021; paper 000, Appendix A).
+
+A client holding a set V of at most c cells out of d hashes V into [0, l) with a
+fresh hash H and reports one z in [0, l) (Definition 5, Omega = c e^eps + l - c):
+
+    P[z | V, H] = e^eps / Omega                          if z in H(V)
+                = (Omega - e^eps h) / ((l - h) Omega)    otherwise, h = |H(V)|.
+
+Privacy holds for *every* fixed H chosen independently of the data: the largest
+probability is e^eps/Omega and the smallest is >= 1/Omega (because h <= c), so the
+likelihood ratio is <= e^eps, with equality when H(V) has no collision. The report
+carries the 64-bit seed of its hash, which reveals H but nothing about V.
+
+Hash family (the paper assumes a fully random H). We use a random polynomial of
+degree c+1 over GF(P), P = 2^31 - 1, with coefficients expanded from the seed by
+SplitMix64, then reduced to [0, l) by multiply-shift ``(h * l) >> 31``. Over GF(P)
+the family is exactly (c+2)-wise independent, which is all the analysis uses:
+unbiasedness of the flat estimator needs H(v) uniform and independent of H(V)
+for v not in V ((c+1)-wise), and the Concatenation pair estimator needs the same
+for two cells ((c+2)-wise). The reduction to [0, l) is uniform up to a relative
+error < l / P (< 1e-5 for l < 2e4); we ignore it. SplitMix64 is not a PRF in the
+cryptographic sense; since privacy does not depend on H this only affects
+unbiasedness, which the tests check by simulation.
+
+Estimator: the report hits cell v iff H(v) = z; P[hit] = p = e^eps/Omega if v in V
+and exactly q = 1/l otherwise (averaged over H), so (hit - q)/(p - q) is unbiased
+for 1[v in V] and its variance is p(1-p)/(p-q)^2 (v in V) or q(1-q)/(p-q)^2.
+
+Rounding of l: the paper sets l "around" 2c - 1 + c e^eps; we take whichever of
+floor/ceil (at least c + 1) gives the smaller exact variance q(1-q)/(p-q)^2 of an
+empty cell, and use the exact Omega of that integer l everywhere.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rknn_ray.answers import RecordAnswers
+from rknn_ray.errors import ConfigError
+from rknn_ray.mechanisms import register
+from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
+from rknn_ray.mechanisms.randomized_response import LocalMechanism
+
+PRIME = (1 << 31) - 1          # Mersenne prime 2^31 - 1: the hash field
+_P = np.uint64(PRIME)
+_S31 = np.uint64(31)
+SEED_BYTES = 8
+
+
+# ---------------------------------------------------------------- exact probabilities
+
+def collision_omega(eps: float, l: int, c: int) -> float:
+    """Normalisation Omega = c e^eps + l - c of Definition 5."""
+    return c * math.exp(eps) + l - c
+
+
+def collision_rates(eps: float, l: int, c: int) -> tuple[float, float]:
+    """(p, q): P[hit] for a cell in V (e^eps/Omega) and for one not in V (1/l)."""
+    return math.exp(eps) / collision_omega(eps, l, c), 1.0 / l
+
+
+def collision_client_variance(eps: float, l: int, c: int) -> tuple[float, float]:
+    """Per-report variance of the unbiased cell estimate: (cell in V, cell not in V)."""
+    p, q = collision_rates(eps, l, c)
+    return p * (1 - p) / (p - q) ** 2, q * (1 - q) / (p - q) ** 2
+
+
+def collision_l(eps: float, c: int) -> int:
+    """Integer Bloom-filter length near 2c - 1 + c e^eps (see module docstring)."""
+    real = 2 * c - 1 + c * math.exp(eps)
+    cands = sorted({max(c + 1, math.floor(real)), max(c + 1, math.ceil(real))})
+    return min(cands, key=lambda l: (collision_client_variance(eps, l, c)[1], l))
+
+
+def collision_probabilities(eps: float, l: int, c: int, hashed) -> np.ndarray:
+    """Exact P[z | V, H] over z in [0, l) given the hashed input H(V) (any duplicates).
+
+    This is the randomizer's full output distribution for a fixed hash; with the
+    seed drawn independently of the data it is the whole likelihood.
+    """
+    hashed = np.unique(np.asarray(hashed, dtype=np.int64))
+    h = hashed.size
+    if h > c or h >= l or (h and (hashed.min() < 0 or hashed.max() >= l)):
+        raise ValueError(f"need at most c={c} hashed values in [0, {l}) and h < l")
+    omega = collision_omega(eps, l, c)
+    out = np.full(l, (omega - math.exp(eps) * h) / ((l - h) * omega))
+    out[hashed] = math.exp(eps) / omega
+    return out
+
+
+# ---------------------------------------------------------------- the hash family
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64 finaliser, vectorised (seed expansion for the hash coefficients)."""
+    z = np.asarray(x, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def hash_coefficients(seeds: np.ndarray, tag: int, degree: int) -> np.ndarray:
+    """(B, degree+1) polynomial coefficients in GF(P) from 64-bit seeds.
+
+    ``tag`` separates independent hashes derived from one seed (Separation uses two).
+    """
+    base = splitmix64(np.asarray(seeds, dtype=np.uint64)
+                      ^ np.uint64((0xD1B54A32D192ED03 * (tag + 1)) & 0xFFFFFFFFFFFFFFFF))
+    j = np.arange(degree + 1, dtype=np.uint64)
+    return splitmix64(base[:, None] + j[None, :]) % _P
+
+
+def _fold(x: np.ndarray) -> np.ndarray:
+    """One Mersenne fold: x mod P up to adding a multiple of P (result < 2^33)."""
+    return (x & _P) + (x >> _S31)
+
+
+def poly_hash(coeffs: np.ndarray, keys: np.ndarray, l: int) -> np.ndarray:
+    """H_i(key) in [0, l) for every row i of ``coeffs`` and every key: (B, K) int64.
+
+    ``keys`` is (K,) shared by all rows or (B, K) per row; keys must be < 2^29 so
+    lazy Horner steps stay below 2^63.
+    """
+    keys = np.asarray(keys, dtype=np.uint64)
+    if keys.ndim == 1:
+        keys = keys[None, :]
+    t = coeffs.shape[1]
+    h = np.broadcast_to(coeffs[:, t - 1:t], (coeffs.shape[0], keys.shape[1])).copy()
+    for j in range(t - 2, -1, -1):
+        h *= keys
+        h += coeffs[:, j:j + 1]
+        h = _fold(h)
+    h = _fold(h)
+    h = _fold(h)
+    h -= _P * (h >= _P)
+    return ((h * np.uint64(l)) >> _S31).astype(np.int64)
+
+
+# ---------------------------------------------------------------- client sampler
+
+def sample_collision(hashed: np.ndarray, eps: float, l: int, c: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """One z per row of ``hashed`` ((B, <=c) hashed input cells), per Definition 5."""
+    B = hashed.shape[0]
+    srt = np.sort(hashed, axis=1)
+    dup = np.zeros_like(srt, dtype=bool)
+    dup[:, 1:] = srt[:, 1:] == srt[:, :-1]
+    sentinel = np.int64(np.iinfo(np.int64).max)
+    distinct = np.sort(np.where(dup, sentinel, srt), axis=1)
+    h = (~dup).sum(axis=1)
+    omega = collision_omega(eps, l, c)
+    inside = rng.random(B) < h * math.exp(eps) / omega
+    # z in H(V): a uniform one of the h distinct hashed values.
+    pick = np.minimum((rng.random(B) * h).astype(np.int64), h - 1)
+    z_in = distinct[np.arange(B), pick]
+    # z outside H(V): the u-th value of [0, l) not in H(V), u uniform in [0, l - h).
+    z_out = np.minimum((rng.random(B) * (l - h)).astype(np.int64), l - h - 1)
+    for j in range(distinct.shape[1]):
+        z_out += z_out >= distinct[:, j]
+    return np.where(inside, z_in, z_out)
+
+
+# ---------------------------------------------------------------- one oracle
+
+def _uint_bytes(l: int) -> int:
+    return max(1, ((l - 1).bit_length() + 7) // 8)
+
+
+@dataclass(frozen=True)
+class CollisionOracle:
+    """A (d, c, eps, l)-Collision sparse-vector oracle with hash tag ``tag``."""
+    d: int
+    c: int
+    eps: float
+    l: int
+    tag: int = 0
+
+    def __post_init__(self):
+        if self.d >= (1 << 29):
+            raise ConfigError("mechanism", f"domain d={self.d} too large for the GF(2^31-1) "
+                              "hash", "use fewer queries/classes (d < 2^29)")
+        if self.l <= self.c or self.l >= (1 << 32):
+            raise ConfigError("options.collision_l", f"l={self.l} must be in (c={self.c}, 2^32)",
+                              "leave collision_l unset to use the paper's 2c-1+c e^eps")
+
+    @property
+    def degree(self) -> int:
+        return self.c + 1       # (c+2)-wise independent polynomial hash
+
+    @property
+    def z_bytes(self) -> int:
+        return _uint_bytes(self.l)
+
+    @property
+    def rates(self) -> tuple[float, float]:
+        return collision_rates(self.eps, self.l, self.c)
+
+    @property
+    def variances(self) -> tuple[float, float]:
+        return collision_client_variance(self.eps, self.l, self.c)
+
+    def randomize(self, cells: np.ndarray, seeds: np.ndarray,
+                  rng: np.random.Generator) -> np.ndarray:
+        """z for each row of ``cells`` ((B, <=c) indices in [0, d))."""
+        hashed = poly_hash(hash_coefficients(seeds, self.tag, self.degree), cells, self.l)
+        return sample_collision(hashed, self.eps, self.l, self.c, rng)
+
+    def hits(self, seeds: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """(B, d) bool: does report i hit cell v, i.e. H_i(v) == z_i."""
+        coeffs = hash_coefficients(seeds, self.tag, self.degree)
+        return poly_hash(coeffs, np.arange(self.d), self.l) == z[:, None]
+
+    def client_estimates(self, seeds: np.ndarray, z: np.ndarray) -> np.ndarray:
+        """(B, d) unbiased per-report estimates of the input indicator vector."""
+        p, q = self.rates
+        return (self.hits(seeds, z) - q) / (p - q)
+
+
+def encode_reports(seeds: np.ndarray, zs: list[np.ndarray], z_bytes: list[int]) -> np.ndarray:
+    """Rows [seed: 8 bytes LE][z_1: z_bytes[0] LE]...; uint8 (B, 8 + sum z_bytes)."""
+    parts = [np.ascontiguousarray(seeds.astype("<u8")).view(np.uint8).reshape(-1, 8)]
+    for z, nb in zip(zs, z_bytes):
+        parts.append(np.ascontiguousarray(z.astype("<u4")).view(np.uint8).reshape(-1, 4)[:, :nb])
+    return np.concatenate(parts, axis=1)
+
+
+def decode_reports(payloads: np.ndarray, z_bytes: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Inverse of :func:`encode_reports`: (seeds uint64, [z int64, ...])."""
+    payloads = np.ascontiguousarray(payloads)
+    seeds = payloads[:, :8].copy().view("<u8").reshape(-1).astype(np.uint64)
+    zs, off = [], 8
+    for nb in z_bytes:
+        buf = np.zeros((payloads.shape[0], 4), dtype=np.uint8)
+        buf[:, :nb] = payloads[:, off:off + nb]
+        zs.append(buf.view("<u4").reshape(-1).astype(np.int64))
+        off += nb
+    return seeds, zs
+
+
+# ---------------------------------------------------------------- the flat mechanism
+
+class CollisionMechanism(LocalMechanism):
+    """Flat Collision on the s*|Y| cell vector with c = k r ones (Theorem 2).
+
+    Option ``collision_l`` overrides the Bloom-filter length.
+    """
+
+    name = "collision"
+
+    def __init__(self, params: MechanismParams):
+        super().__init__(params)
+        c = params.k * params.r
+        l = int(params.options.get("collision_l") or collision_l(self.local_eps, c))
+        self.oracle = CollisionOracle(params.num_cells, c, self.local_eps, l, tag=0)
+
+    @property
+    def l(self) -> int:
+        return self.oracle.l
+
+    @property
+    def message_size(self) -> int:
+        return SEED_BYTES + self.oracle.z_bytes
+
+    def randomize(self, answers: RecordAnswers, rng: np.random.Generator) -> MessageBatch:
+        ids, rec = self.client_records(answers, rng)
+        cells = rec.flat_cells()
+        seeds = rng.integers(0, 1 << 64, size=len(ids), dtype=np.uint64)
+        z = self.oracle.randomize(cells, seeds, rng)
+        return MessageBatch(encode_reports(seeds, [z], [self.oracle.z_bytes]), ids)
+
+    def well_formed(self, payloads: np.ndarray) -> np.ndarray:
+        ok = self._shape_ok(payloads)
+        if ok.any():
+            _, (z,) = decode_reports(payloads, [self.oracle.z_bytes])
+            ok &= z < self.l
+        return ok
+
+    def client_estimates(self, payloads: np.ndarray) -> np.ndarray:
+        seeds, (z,) = decode_reports(self._checked(payloads), [self.oracle.z_bytes])
+        est = self.oracle.client_estimates(seeds, z)
+        return est.reshape(-1, self.params.num_queries, self.params.num_classes)
+
+    def estimate(self, payloads: np.ndarray, num_clients: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        payloads = self._checked(payloads, num_clients)
+        seeds, (z,) = decode_reports(payloads, [self.oracle.z_bytes])
+        hits = np.zeros(self.oracle.d, dtype=np.int64)
+        for sl in self._chunks(len(z), self.oracle.d):
+            hits += self.oracle.hits(seeds[sl], z[sl]).sum(axis=0)
+        p, q = self.oracle.rates
+        est = (hits - len(z) * q) / (p - q)
+        return est.reshape(self.params.num_queries, self.params.num_classes)
+
+    def flat_variances(self) -> tuple[float, float]:
+        return self.oracle.variances
+
+    def error_bound(self, beta: float, num_clients: int, method: str = "theorem") -> float:
+        """Theorem 2 ('theorem', l in the numerator as its tail bound solves to;
+        'printed' for the paper's final line) or a Bernstein bound ('bernstein')."""
+        from rknn_ray.mechanisms import bounds
+        p = self.params
+        if method in ("theorem", "printed"):
+            return bounds.theorem2_bound(self.local_eps, p.k, p.r, p.num_classes, num_clients,
+                                         beta, l=self.l,
+                                         variant="solved" if method == "theorem" else "printed")
+        return self._bernstein(beta, num_clients, method)
+
+    def _range(self) -> float:
+        p, q = self.oracle.rates
+        return max(1 - q, p) / (p - q)
+
+    def _facts(self) -> dict:
+        p, q = self.oracle.rates
+        return {"d": self.oracle.d, "c": self.oracle.c, "l": self.l,
+                "l_rule": "floor/ceil of 2c-1+c*e^eps with the smaller exact variance",
+                "omega": collision_omega(self.local_eps, self.l, self.oracle.c),
+                "p_hit_member": p, "p_hit_other": q,
+                "hash": "degree-(c+1) polynomial over GF(2^31-1), SplitMix64-expanded 64-bit "
+                        "seed per report, multiply-shift to [0, l)",
+                "payload": f"seed u64 LE + z u{8 * self.oracle.z_bytes} LE"}
+
+
+@register("local", "collision")
+def _build(params: MechanismParams) -> CollisionMechanism:
+    return CollisionMechanism(params)

@@ -1,0 +1,54 @@
+"""PNG plots for a run folder (matplotlib, headless Agg backend)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rknn_ray.runio import atomic_path  # noqa: E402
+
+
+def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarray,
+                    correct: np.ndarray, noise_bound: float | None) -> None:
+    """Three panels: accuracies, student training curve, count gap vs label correctness."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    acc = report["accuracy"]
+    names = ["labels (non-private)", "labels (private)", "student"]
+    vals = [acc.get("nonprivate_labels"), acc.get("labels"), acc.get("student")]
+    vals = [np.nan if v is None else v for v in vals]
+    bars = axes[0].bar(names, vals, color=["#999999", "#4477aa", "#228833"])
+    for b, v in zip(bars, vals):
+        axes[0].text(b.get_x() + b.get_width() / 2, (0 if np.isnan(v) else v) + 0.01,
+                     "n/a" if np.isnan(v) else f"{v:.3f}", ha="center")
+    p = report["privacy"]
+    axes[0].set_ylim(0, 1.08)
+    axes[0].set_title(f"{p['model']} / {p['mechanism']}: eps={p['eps']:.3g}, delta={p['delta']:.2g}")
+    axes[0].set_ylabel("accuracy")
+    if history:
+        ep = [h.get("epoch", i + 1) for i, h in enumerate(history)]
+        axes[1].plot(ep, [h.get("train_loss", np.nan) for h in history], label="train loss")
+        if any("test_accuracy" in h for h in history):
+            ax2 = axes[1].twinx()
+            ax2.plot(ep, [h.get("test_accuracy", np.nan) for h in history], color="#228833",
+                     label="test accuracy")
+            ax2.set_ylim(0, 1)
+            ax2.set_ylabel("test accuracy")
+        axes[1].set_xlabel("epoch")
+        axes[1].set_ylabel("loss")
+    axes[1].set_title("student training")
+    if gaps.size:
+        bins = np.linspace(gaps.min(), gaps.max() + 1, 30)
+        axes[2].hist([gaps[correct], gaps[~correct]], bins=bins, stacked=True,
+                     color=["#228833", "#cc3311"], label=["query label correct", "wrong"])
+        if noise_bound:
+            axes[2].axvline(2 * noise_bound, color="k", ls="--",
+                            label="2 x error bound (Remark 1)")
+        axes[2].legend()
+    axes[2].set_xlabel("non-private count gap (true class - best other)")
+    axes[2].set_title("per-query gap vs private label")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)

@@ -1,0 +1,114 @@
+"""Encoders: map raw inputs to the representation space where k-NN is taken.
+
+An encoder is fitted on *public* data only (it is public), then shipped to the
+client shards, which embed their private records locally. ``raw`` flattens;
+``pca`` projects onto the top principal components of the public data (faiss
+PCAMatrix, optionally whitened). Learned encoders join by implementing ``Encoder``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import faiss
+import numpy as np
+
+from rknn_ray.errors import ConfigError
+
+
+class Encoder(ABC):
+    name = "abstract"
+
+    @abstractmethod
+    def fit(self, public_x: np.ndarray) -> "Encoder":
+        """Fit on public inputs (N, ...)."""
+
+    @abstractmethod
+    def transform(self, x: np.ndarray) -> np.ndarray:
+        """(N, D) float32 C-contiguous embeddings."""
+
+    @property
+    @abstractmethod
+    def dim(self) -> int:
+        """Embedding dimension D."""
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.reshape(x.shape[0], -1), dtype=np.float32)
+
+
+class RawEncoder(Encoder):
+    """Flattened inputs, unchanged."""
+    name = "raw"
+
+    def __init__(self):
+        self._dim = None
+
+    def fit(self, public_x):
+        self._dim = int(np.prod(public_x.shape[1:]))
+        return self
+
+    def transform(self, x):
+        return _flat(x)
+
+    @property
+    def dim(self):
+        return self._dim
+
+
+class PCAEncoder(Encoder):
+    """Top ``dim`` principal components of the public data (faiss PCAMatrix)."""
+    name = "pca"
+
+    def __init__(self, dim: int = 50, whiten: bool = False):
+        self._dim, self.whiten = int(dim), bool(whiten)
+        self.matrix = None
+
+    def fit(self, public_x):
+        flat = _flat(public_x)
+        if self._dim > min(flat.shape):
+            raise ConfigError("represent.dim", f"{self._dim} exceeds the public data's rank "
+                              f"bound min(N, D) = {min(flat.shape)}",
+                              f"set represent.dim <= {min(flat.shape)}")
+        self.matrix = faiss.PCAMatrix(flat.shape[1], self._dim, -0.5 if self.whiten else 0.0)
+        self.matrix.train(flat)
+        return self
+
+    def transform(self, x):
+        if self.matrix is None:
+            raise RuntimeError("PCAEncoder.transform before fit")
+        return np.ascontiguousarray(self.matrix.apply(_flat(x)))
+
+    @property
+    def dim(self):
+        return self._dim
+
+    # faiss objects do not pickle; ship the fitted matrix as arrays (to Ray actors).
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if self.matrix is not None:
+            state["matrix"] = (self.matrix.d_in, self.matrix.d_out,
+                               faiss.vector_to_array(self.matrix.A),
+                               faiss.vector_to_array(self.matrix.b))
+        return state
+
+    def __setstate__(self, state):
+        packed = state.pop("matrix")
+        self.__dict__.update(state)
+        self.matrix = None
+        if packed is not None:
+            d_in, d_out, a, b = packed
+            m = faiss.LinearTransform(d_in, d_out, True)
+            faiss.copy_array_to_vector(a, m.A)
+            faiss.copy_array_to_vector(b, m.b)
+            m.is_trained = True
+            self.matrix = m
+
+
+ENCODERS = {"raw": RawEncoder, "pca": PCAEncoder}
+
+
+def make_encoder(name: str, **kwargs) -> Encoder:
+    if name not in ENCODERS:
+        raise ConfigError("represent.encoder", f"unknown encoder {name!r}",
+                          f"use one of {sorted(ENCODERS)}")
+    return ENCODERS[name]() if name == "raw" else ENCODERS[name](**kwargs)

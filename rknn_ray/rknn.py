@@ -1,0 +1,38 @@
+"""Reverse k-NN: connect every private record to its k nearest queries (faiss).
+
+Exact L2 search (IndexFlatL2) in batches so memory stays bounded for millions of
+records. The result, with the records' labels and owners, is a RecordAnswers.
+"""
+from __future__ import annotations
+
+import faiss
+import numpy as np
+
+from rknn_ray.answers import RecordAnswers
+
+
+def reverse_knn(record_emb: np.ndarray, query_features: np.ndarray, k: int,
+                batch_size: int = 65536) -> np.ndarray:
+    """(m, k) int64 indices of the k nearest queries of each record."""
+    s = query_features.shape[0]
+    if not 1 <= k <= s:
+        raise ValueError(f"k = {k} must satisfy 1 <= k <= s = {s}")
+    index = faiss.IndexFlatL2(query_features.shape[1])
+    index.add(np.ascontiguousarray(query_features, dtype=np.float32))
+    out = np.empty((record_emb.shape[0], k), dtype=np.int64)
+    for start in range(0, record_emb.shape[0], batch_size):
+        chunk = np.ascontiguousarray(record_emb[start:start + batch_size], dtype=np.float32)
+        _, idx = index.search(chunk, k)
+        out[start:start + chunk.shape[0]] = idx
+    return out
+
+
+def build_answers(record_emb: np.ndarray, labels: np.ndarray, client_ids: np.ndarray,
+                  query_features: np.ndarray, k: int, num_classes: int) -> RecordAnswers:
+    """RecordAnswers for records grouped by client (``client_ids`` sorted)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.ndim == 1:
+        labels = labels[:, None]
+    neighbors = reverse_knn(record_emb, query_features, k)
+    return RecordAnswers(neighbors, labels, np.asarray(client_ids, dtype=np.int64),
+                         int(query_features.shape[0]), int(num_classes))

@@ -1,0 +1,76 @@
+"""The run folder: atomic writes and the 'does not clobber another run' rule.
+
+Every file is written to a temporary name in the same folder and moved into place
+with ``os.replace`` (atomic on POSIX), so a crash never leaves a half-written
+report.json or labels.parquet.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from rknn_ray.errors import ConfigError
+
+RUN_MARKER = "report.json"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str):
+    """Yield a temp path next to ``path``; on success move it onto ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _jsonable(obj):
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serializable: {type(obj)}")
+
+
+def write_json(path: str, data) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        json.dump(data, fh, indent=2, default=_jsonable, allow_nan=True)
+        fh.write("\n")
+
+
+def write_text(path: str, text: str) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        fh.write(text)
+
+
+def write_parquet(path: str, table) -> None:
+    import pyarrow.parquet as pq
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def prepare_run_dir(path: str, overwrite: bool = False) -> str:
+    """Create the run folder; refuse one that holds another run unless ``overwrite``."""
+    path = os.path.abspath(path)
+    if os.path.isfile(path):
+        raise ConfigError("--out", f"{path} is a file", "pass a folder path for the run")
+    if os.path.isdir(path) and os.listdir(path):
+        if os.path.exists(os.path.join(path, RUN_MARKER)) and not overwrite:
+            raise ConfigError("--out", f"{path} already holds a run (report.json)",
+                              "choose a new --out folder, or pass --overwrite to replace it")
+        if not os.path.exists(os.path.join(path, RUN_MARKER)) and not overwrite:
+            raise ConfigError("--out", f"{path} exists and is not empty",
+                              "choose a new or empty --out folder, or pass --overwrite")
+    os.makedirs(path, exist_ok=True)
+    return path

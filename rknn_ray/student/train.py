@@ -1,0 +1,396 @@
+"""Training the student: one loop, run by Ray Train workers or in-process.
+
+``train_student`` runs the loop in a Ray Train ``TorchTrainer`` (DDP over
+``num_workers`` workers; GPU when the cluster has one); ``train_student_local``
+runs the very same loop in this process, for tests and machines without a cluster.
+Each worker trains on a fixed, equal-size shard of the labelled rows (like Ray
+Data's shards), so every rank takes the same number of steps; ``batch_size`` is the
+global batch, split evenly over workers. Rank 0 saves the final weights as a
+checkpoint and reports the metrics with it (Train V2 keeps metrics only when a
+checkpoint rides along). Test accuracy is computed on the driver after loading that
+checkpoint, which also proves the checkpoint is usable.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from rknn_ray.errors import ConfigError, DataError, RknnError
+from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
+
+CHECKPOINT_FILE = "student.pt"
+LABEL_TYPES = ("hard", "soft")
+_STATE_API_NOISE = "State API may be temporarily unavailable"
+
+
+@dataclass
+class StudentConfig:
+    """How to train the student (``batch_size`` is global: split over the workers)."""
+
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 1e-3            # Adam
+    weight_decay: float = 0.0
+    num_workers: int = 2
+    use_gpu: bool | None = None  # None: GPU if the cluster has one
+    label_type: str = "hard"    # "hard": (N,) int labels; "soft": (N, C) distributions
+    seed: int = 0
+    arch: str = "auto"
+
+    def validate(self) -> "StudentConfig":
+        if int(self.epochs) < 1:
+            raise ConfigError("student.epochs", f"must be >= 1, got {self.epochs}", "set student.epochs=30")
+        if int(self.batch_size) < 1:
+            raise ConfigError("student.batch_size", f"must be >= 1, got {self.batch_size}",
+                              "set student.batch_size=64")
+        if not float(self.lr) > 0:
+            raise ConfigError("student.lr", f"must be > 0, got {self.lr}", "set student.lr=1e-3")
+        if float(self.weight_decay) < 0:
+            raise ConfigError("student.weight_decay", f"must be >= 0, got {self.weight_decay}",
+                              "set student.weight_decay=0")
+        if int(self.num_workers) < 1:
+            raise ConfigError("student.num_workers", f"must be >= 1, got {self.num_workers}",
+                              "set student.num_workers=2")
+        if self.label_type not in LABEL_TYPES:
+            raise ConfigError("student.label_type", f"unknown label type {self.label_type!r}",
+                              f"use one of {LABEL_TYPES}")
+        return self
+
+
+@dataclass
+class StudentResult:
+    """What a training run produced; ``history`` has one dict per epoch."""
+
+    test_accuracy: float
+    train_loss: float
+    epochs: int
+    history: list[dict] = field(default_factory=list)
+    checkpoint_path: str | None = None
+    seconds: float = 0.0
+    num_workers: int = 1
+    device: str = "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- data checks
+
+def _check_inputs(train_x, train_targets, test_x, test_y, image_shape, num_classes, label_type,
+                  sample_weight):
+    """Validate shapes/labels and drop zero-weight (unlabeled) rows; returns (x, t, w|None)."""
+    shape = tuple(int(s) for s in image_shape)
+    x = np.asarray(train_x, dtype=np.float32)
+    if x.ndim < 1 or tuple(x.shape[1:]) != shape:
+        raise DataError(f"train_x has shape {x.shape}, expected (N, *{shape}); "
+                        "reshape the public data to the image_shape you pass")
+    n = x.shape[0]
+    t = np.asarray(train_targets)
+    if t.shape[0] != n:
+        raise DataError(f"train_targets has {t.shape[0]} rows but train_x has {n}; pass one target per row")
+    if label_type == "hard":
+        if t.ndim != 1:
+            raise ConfigError("student.label_type", f"'hard' needs (N,) integer labels, got shape {t.shape}",
+                              "pass argmax labels, or set student.label_type=soft for distributions")
+        if not np.issubdtype(t.dtype, np.integer):
+            raise DataError(f"hard labels must be integers, got dtype {t.dtype}; cast them with .astype(int64)")
+        t = t.astype(np.int64)
+    else:
+        if t.ndim == 1:  # integer labels are one-hot distributions
+            if not np.issubdtype(t.dtype, np.integer):
+                raise DataError(f"soft targets need shape (N, {num_classes}) or integer labels, "
+                                f"got {t.dtype} {t.shape}")
+            t = np.eye(num_classes, dtype=np.float32)[np.clip(t, 0, num_classes - 1)] * \
+                ((t >= 0) & (t < num_classes))[:, None]
+        elif t.ndim != 2 or t.shape[1] != num_classes:
+            raise DataError(f"soft targets have shape {t.shape}, expected (N, {num_classes})")
+        t = t.astype(np.float32)
+    if sample_weight is None:
+        w = np.ones(n, dtype=np.float32)
+    else:
+        w = np.asarray(sample_weight, dtype=np.float32)
+        if w.shape != (n,) or not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise DataError(f"sample_weight must be (N,)={n} finite, non-negative floats; got shape {w.shape}")
+    keep = w > 0
+    if not np.all(np.isfinite(x[keep])):
+        raise DataError("train_x contains NaN or inf in labelled rows; clean or drop those rows")
+    if label_type == "hard":
+        bad = keep & ((t < 0) | (t >= num_classes))
+        if bad.any():
+            raise DataError(f"{int(bad.sum())} labelled rows have labels outside [0, {num_classes}); "
+                            "give unlabeled rows sample_weight=0")
+    else:
+        sums = t.sum(axis=1)
+        bad = keep & ((np.abs(sums - 1) > 1e-3) | np.any(t < 0, axis=1))
+        if bad.any():
+            raise DataError(f"{int(bad.sum())} labelled soft-target rows are not distributions (each "
+                            "row must be >= 0 and sum to 1); give unlabeled rows sample_weight=0")
+    if not keep.any():
+        raise DataError("no labelled training rows (every sample_weight is 0); nothing to train on")
+    x, t, w = x[keep], t[keep], w[keep]
+    tx = np.asarray(test_x, dtype=np.float32)
+    ty = np.asarray(test_y)
+    if tuple(tx.shape[1:]) != shape or ty.shape != (tx.shape[0],):
+        raise DataError(f"test_x {tx.shape} / test_y {ty.shape} do not match image_shape {shape}")
+    return x, t, (None if np.all(w == 1) else w)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def _shard_indices(n: int, seed: int, rank: int, world: int) -> np.ndarray:
+    """Rank's fixed shard of a seeded permutation, padded so every rank has ceil(n/world) rows."""
+    perm = np.random.default_rng([seed, 7]).permutation(n)
+    per = -(-n // world)
+    perm = np.resize(perm, per * world)   # wraps around: pads with the first rows, like DistributedSampler
+    return perm[rank::world]
+
+
+def _run_epochs(model, x, t, w, cfg: dict, device, rank: int, world: int,
+                on_epoch: Callable[[dict], None] | None = None) -> list[dict]:
+    """Adam over shuffled mini-batches of this rank's rows; returns the per-epoch history."""
+    loss_fn = soft_label_loss if cfg["label_type"] == "soft" else hard_label_loss
+    opt = torch.optim.Adam(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    xs = torch.as_tensor(x, device=device)
+    ts = torch.as_tensor(t, device=device)
+    ws = None if w is None else torch.as_tensor(w, device=device)
+    hard_t = ts if ts.ndim == 1 else ts.argmax(dim=1)
+    n = xs.shape[0]
+    bs = max(1, int(cfg["batch_size"]) // world)
+    dist = torch.distributed.is_available() and torch.distributed.is_initialized() and world > 1
+    history = []
+    for epoch in range(int(cfg["epochs"])):
+        model.train()
+        order = torch.as_tensor(np.random.default_rng([cfg["seed"], epoch, rank]).permutation(n), device=device)
+        stats = torch.zeros(3, dtype=torch.float64, device=device)  # loss*weight, weight, correct*weight
+        for start in range(0, n, bs):
+            idx = order[start:start + bs]
+            wb = None if ws is None else ws[idx]
+            logits = model(xs[idx])
+            loss = loss_fn(logits, ts[idx], wb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                wsum = torch.tensor(float(idx.numel()), device=device) if wb is None else wb.sum()
+                correct = (logits.argmax(1) == hard_t[idx]).to(torch.float64)
+                csum = correct.sum() if wb is None else (correct * wb).sum()
+                stats += torch.stack([loss.detach().double() * wsum, wsum.double(), csum])
+        if dist:
+            torch.distributed.all_reduce(stats)
+        denom = max(float(stats[1]), 1e-12)
+        row = {"epoch": epoch + 1, "train_loss": float(stats[0]) / denom,
+               "train_accuracy": float(stats[2]) / denom}
+        history.append(row)
+        if on_epoch is not None:
+            on_epoch(row)
+    return history
+
+
+def _checkpoint_payload(model, meta: dict) -> dict:
+    inner = model.module if hasattr(model, "module") else model
+    return {"state_dict": {k: v.detach().cpu() for k, v in inner.state_dict().items()}, **meta}
+
+
+def _train_loop_per_worker(config: dict) -> None:
+    """Ray Train entry point: each worker trains its shard under DDP; rank 0 checkpoints."""
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if world >= 2:
+        torch.set_num_threads(1)
+    torch.manual_seed(int(config["seed"]) * 1000 + rank)
+    x, t, w = ray.get(config["data_ref"])
+    idx = _shard_indices(x.shape[0], int(config["seed"]), rank, world)
+    x, t = np.ascontiguousarray(x[idx]), np.ascontiguousarray(t[idx])
+    w = None if w is None else np.ascontiguousarray(w[idx])
+    torch.manual_seed(int(config["seed"]))  # same init on all ranks (DDP also broadcasts rank 0's)
+    model = build_model(config["image_shape"], config["num_classes"], config["arch"])
+    torch.manual_seed(int(config["seed"]) * 1000 + rank)  # per-rank dropout streams
+    model = ray.train.torch.prepare_model(model)
+    device = ray.train.torch.get_device()
+    t0 = time.perf_counter()
+    history = _run_epochs(model, x, t, w, config, device, rank, world)
+    metrics = {"train_loss": history[-1]["train_loss"], "epochs": len(history), "history": history,
+               "train_seconds": time.perf_counter() - t0, "device": str(device), "world_size": world}
+    if rank == 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.save(_checkpoint_payload(model, config["meta"]), os.path.join(tmp, CHECKPOINT_FILE))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+    else:
+        ray.train.report(metrics, checkpoint=None)
+
+
+# ----------------------------------------------------------------------------- public API
+
+def load_student(path: str) -> torch.nn.Module:
+    """The trained student (eval mode, CPU) from a ``student.pt`` file or a checkpoint folder."""
+    if os.path.isdir(path):
+        path = os.path.join(path, CHECKPOINT_FILE)
+    if not os.path.isfile(path):
+        raise DataError(f"no student checkpoint at {path}; pass the student.pt a training run wrote")
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_model(tuple(payload["image_shape"]), int(payload["num_classes"]), payload["arch"])
+    model.load_state_dict(payload["state_dict"])
+    return model.eval()
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, x: np.ndarray, batch_size: int = 1024) -> np.ndarray:
+    """Argmax class per row of ``x`` (CPU, batched)."""
+    model.eval()
+    xs = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    out = [model(xs[i:i + batch_size]).argmax(1) for i in range(0, xs.shape[0], batch_size)]
+    return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
+
+
+def accuracy(model: torch.nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    """Fraction of rows of ``x`` the model labels as ``y`` (Acc_pc)."""
+    y = np.asarray(y)
+    return float(np.mean(predict(model, x) == y)) if y.size else float("nan")
+
+
+def _meta(image_shape, num_classes, arch, config: StudentConfig) -> dict:
+    return {"image_shape": [int(s) for s in image_shape], "num_classes": int(num_classes),
+            "arch": resolve_arch(image_shape, arch), "config": asdict(config)}
+
+
+def _loop_config(config: StudentConfig, image_shape, num_classes, meta: dict) -> dict:
+    return {"epochs": int(config.epochs), "batch_size": int(config.batch_size), "lr": float(config.lr),
+            "weight_decay": float(config.weight_decay), "label_type": config.label_type,
+            "seed": int(config.seed), "arch": meta["arch"], "image_shape": tuple(int(s) for s in image_shape),
+            "num_classes": int(num_classes), "meta": meta}
+
+
+def train_student_local(train_x, train_targets, test_x, test_y, image_shape, num_classes,
+                        config: StudentConfig | None = None, storage_path: str | None = None,
+                        checkpoint_dir: str | None = None, progress: Callable[[dict], None] | None = None,
+                        sample_weight: np.ndarray | None = None) -> StudentResult:
+    """Train in this process with the same loop as the Ray workers (one worker, CPU or local GPU).
+
+    ``progress(row)`` is called after every epoch with ``{"epoch", "train_loss", "train_accuracy"}``.
+    The checkpoint goes to ``checkpoint_dir`` (else ``storage_path``) as ``student.pt``.
+    """
+    config = (config or StudentConfig()).validate()
+    t_start = time.perf_counter()
+    x, t, w = _check_inputs(train_x, train_targets, test_x, test_y, image_shape, num_classes,
+                            config.label_type, sample_weight)
+    meta = _meta(image_shape, num_classes, config.arch, config)
+    cfg = _loop_config(config, image_shape, num_classes, meta)
+    use_gpu = torch.cuda.is_available() if config.use_gpu is None else bool(config.use_gpu)
+    if use_gpu and not torch.cuda.is_available():
+        raise ConfigError("student.use_gpu", "a GPU was requested but torch sees none",
+                          "set student.use_gpu=false (or null for auto)")
+    device = torch.device("cuda" if use_gpu else "cpu")
+    torch.manual_seed(config.seed)
+    model = build_model(image_shape, num_classes, meta["arch"]).to(device)
+    torch.manual_seed(config.seed * 1000)
+    history = _run_epochs(model, x, t, w, cfg, device, rank=0, world=1, on_epoch=progress)
+    ckpt_path = None
+    out_dir = checkpoint_dir or storage_path
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
+        torch.save(_checkpoint_payload(model, meta), ckpt_path)
+        model = load_student(ckpt_path)
+    else:
+        model = model.cpu()
+    return StudentResult(test_accuracy=accuracy(model, test_x, test_y), train_loss=history[-1]["train_loss"],
+                         epochs=len(history), history=history, checkpoint_path=ckpt_path,
+                         seconds=time.perf_counter() - t_start, num_workers=1, device=str(device))
+
+
+class _DropStateApiNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _STATE_API_NOISE not in record.getMessage()
+
+
+def quiet_train_logs() -> None:
+    """Hide Train V2's harmless 'State API may be temporarily unavailable' warnings.
+
+    With the dashboard off, Train's PlacementGroupCleaner actor (logger
+    ``ray.train.v2._internal.execution.controller.placement_group_cleaner``) polls the
+    State API every second and warns each time it is unreachable. The filter goes on
+    that logger in whichever process calls this (used as a worker setup hook too).
+    """
+    name = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _DropStateApiNoise) for f in logger.filters):
+        logger.addFilter(_DropStateApiNoise())
+
+
+def train_student(train_x, train_targets, test_x, test_y, image_shape, num_classes,
+                  config: StudentConfig | None = None, storage_path: str | None = None,
+                  checkpoint_dir: str | None = None, progress: Callable[[dict], None] | None = None,
+                  sample_weight: np.ndarray | None = None) -> StudentResult:
+    """Train with Ray Train (``TorchTrainer``, DDP over ``config.num_workers`` workers).
+
+    Needs a running Ray (``ray.init`` first; a local one is started if none is).
+    ``storage_path`` is Ray Train's storage (the run folder); the final checkpoint is
+    also copied to ``checkpoint_dir/student.pt`` when given. ``progress(row)`` is called
+    for each epoch once training returns (workers run remotely).
+    """
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    config = (config or StudentConfig()).validate()
+    t_start = time.perf_counter()
+    x, t, w = _check_inputs(train_x, train_targets, test_x, test_y, image_shape, num_classes,
+                            config.label_type, sample_weight)
+    if not ray.is_initialized():
+        if not os.environ.get("RAY_ADDRESS"):
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        ray.init(include_dashboard=False)
+    quiet_train_logs()
+    resources = ray.cluster_resources()
+    use_gpu = resources.get("GPU", 0) > 0 if config.use_gpu is None else bool(config.use_gpu)
+    need, kind = (config.num_workers, "GPU" if use_gpu else "CPU")
+    if resources.get(kind, 0) < need:
+        raise ConfigError("student.num_workers", f"{need} workers need {need} {kind}s but the Ray cluster "
+                          f"has {resources.get(kind, 0):g}", f"set student.num_workers<={int(resources.get(kind, 0))}"
+                          " or add nodes" + ("" if kind == "CPU" else " (or student.use_gpu=false)"))
+    meta = _meta(image_shape, num_classes, config.arch, config)
+    loop_cfg = _loop_config(config, image_shape, num_classes, meta)
+    loop_cfg["data_ref"] = ray.put((x, t, w))
+    storage = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "rknn_ray_train"))
+    trainer = TorchTrainer(
+        _train_loop_per_worker,
+        train_loop_config=loop_cfg,
+        scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu),
+        run_config=RunConfig(name=f"student-{uuid.uuid4().hex[:8]}", storage_path=storage,
+                             checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             failure_config=FailureConfig(max_failures=0)),
+    )
+    result = trainer.fit()
+    if result.checkpoint is None or result.metrics is None:
+        raise RknnError("Ray Train finished without a checkpoint or metrics; see the worker logs above")
+    metrics = result.metrics
+    with result.checkpoint.as_directory() as ckpt_dir:
+        src = os.path.join(ckpt_dir, CHECKPOINT_FILE)
+        ckpt_path = os.path.join(result.checkpoint.path, CHECKPOINT_FILE)  # in Train's storage
+        if checkpoint_dir:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            ckpt_path = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
+            shutil.copyfile(src, ckpt_path)
+        model = load_student(src)
+    history = list(metrics["history"])
+    if progress is not None:
+        for row in history:
+            progress(row)
+    return StudentResult(test_accuracy=accuracy(model, test_x, test_y), train_loss=float(metrics["train_loss"]),
+                         epochs=int(metrics["epochs"]), history=history,
+                         checkpoint_path=ckpt_path,
+                         seconds=time.perf_counter() - t_start, num_workers=config.num_workers,
+                         device=str(metrics["device"]))

@@ -1,0 +1,89 @@
+"""Onion mode: a chain of shufflers, each peeling only its own layer.
+
+A client seals for the server first (layer 0), then wraps that report once per
+shuffler in the chain, innermost hop first, so the first hop's layer is
+outermost. Hop ``i`` (0-based) holds a :class:`LayerKeyPair` for layer ``i + 1``
+only, generated inside its actor; it peels that layer, re-shuffles and forwards.
+Anonymity then holds if any one shuffler is honest.
+
+A layer key can never open the server layer: the server layer is sealed to a
+different key, its header says layer 0 (which a peeler rejects before any
+cryptography), and the layer number is part of both the HKDF info and the
+AEAD associated data. This module does not import :mod:`shuffler.opening`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from shuffler.envelope import SERVER_LAYER, RoundContext, seal_batch
+from shuffler.unseal import ReplayGuard, empty_rejects, open_rows
+
+
+def seal_onion(server_public_key: bytes, shuffler_public_keys: list[bytes], payloads: np.ndarray,
+               ctx: RoundContext, pad_to: int | None = None) -> np.ndarray:
+    """Seal for the server, then wrap once per shuffler (``shuffler_public_keys[0]`` = first hop)."""
+    sealed = seal_batch(server_public_key, payloads, ctx, pad_to, layer=SERVER_LAYER)
+    for hop in reversed(range(len(shuffler_public_keys))):
+        sealed = seal_batch(shuffler_public_keys[hop], sealed, ctx, layer=hop + 1)
+    return sealed
+
+
+class LayerKeyPair:
+    """One shuffler's key pair for its own onion layer (``layer >= 1``) of one job."""
+
+    def __init__(self, private_key: X25519PrivateKey, layer: int):
+        if not 1 <= int(layer) <= 255:
+            raise ValueError(f"a shuffler layer is 1..255 (hop index + 1); got {layer}. "
+                             "Layer 0 is the server's and no shuffler key may claim it")
+        self._private, self.layer = private_key, int(layer)
+        self._public = private_key.public_key().public_bytes_raw()
+
+    @classmethod
+    def generate(cls, layer: int) -> "LayerKeyPair":
+        return cls(X25519PrivateKey.generate(), layer)
+
+    def public_bytes(self) -> bytes:
+        return self._public
+
+    def exchange(self, peer_public):
+        return self._private.exchange(peer_public)
+
+    def __repr__(self) -> str:
+        return f"LayerKeyPair(layer={self.layer}, public={self._public.hex()[:16]}...)"
+
+    def __reduce__(self):
+        raise TypeError("LayerKeyPair must not be pickled: it stays inside its Shuffler actor; "
+                        "share public_bytes() instead")
+
+
+class LayerPeeler:
+    """Removes one onion layer from a batch, rejecting and counting bad reports like the server.
+
+    Replays (the same outer ephemeral key twice in the job) are dropped here too, so
+    a replay never reaches the next hop.
+    """
+
+    def __init__(self, keypair: LayerKeyPair, ctx: RoundContext):
+        self.keypair, self.ctx = keypair, ctx
+        self._replays = ReplayGuard()
+        self._inner_len: int | None = None
+        self.totals = empty_rejects()
+
+    def start_round(self, round_id: int) -> None:
+        self.ctx = RoundContext(self.ctx.job_id, round_id, self.ctx.version)
+
+    def peel(self, ciphertexts: np.ndarray) -> tuple[np.ndarray, np.ndarray, Counter]:
+        """``(inner reports (M_ok, L_inner), kept row indices, rejects)``."""
+        inner, eph, kept, rejects = open_rows(self.keypair.exchange, self.keypair.public_bytes(),
+                                              ciphertexts, self.ctx, self.keypair.layer,
+                                              self._inner_len)
+        fresh = self._replays.fresh(eph)
+        rejects["replayed"] += int((~fresh).sum())
+        inner, kept = inner[fresh], kept[fresh]
+        if self._inner_len is None and len(inner):
+            self._inner_len = inner.shape[1]
+        self.totals.update(rejects)
+        return inner, kept, rejects

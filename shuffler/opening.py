@@ -1,0 +1,126 @@
+"""Server side of the trust boundary: the job's key pair and report opening.
+
+Imported only by the Server actor. The private key is generated inside that
+actor per job (or loaded from a key file the user names); only
+:meth:`ServerKeyPair.public_bytes` leaves it. No shuffler module imports this one.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from rknn_ray.errors import ConfigError
+from shuffler.envelope import SERVER_LAYER, RoundContext
+from shuffler.unseal import REJECT_KINDS, ReplayGuard, empty_rejects, open_rows
+
+__all__ = ["ServerKeyPair", "ReportOpener", "REJECT_KINDS"]
+
+
+class ServerKeyPair:
+    """The server's X25519 key pair for one job (the private half never leaves the actor)."""
+
+    def __init__(self, private_key: X25519PrivateKey):
+        self._private = private_key
+        self._public = private_key.public_key().public_bytes_raw()
+
+    @classmethod
+    def generate(cls) -> "ServerKeyPair":
+        return cls(X25519PrivateKey.generate())
+
+    def public_bytes(self) -> bytes:
+        """The 32 raw public-key bytes clients seal to."""
+        return self._public
+
+    def exchange(self, peer_public):
+        return self._private.exchange(peer_public)
+
+    def __repr__(self) -> str:   # never print the private key (logs, tracebacks)
+        return f"ServerKeyPair(public={self._public.hex()[:16]}...)"
+
+    def __reduce__(self):
+        raise TypeError("ServerKeyPair must not be pickled: the private key stays in the Server "
+                        "actor; send public_bytes() instead, or save() it to a 0600 key file")
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the private key (PKCS#8 PEM) atomically with mode 0600."""
+        path = Path(path)
+        pem = self._private.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption())
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:   # mkstemp creates the file 0600; write, flush to disk, then rename over
+            os.fchmod(fd, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(pem)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ServerKeyPair":
+        """Read a key file written by :meth:`save`; refuse one others can read."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError("server.key_file", f"no key file at {path}",
+                              "give the path of a file written by ServerKeyPair.save, or omit it "
+                              "to generate a fresh key for this job")
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise ConfigError("server.key_file", f"{path} is accessible by others (mode {mode:o})",
+                              f"run: chmod 600 {path}")
+        try:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("server.key_file", f"{path} is not an unencrypted PEM private key ({exc})",
+                              "write it with ServerKeyPair.save") from None
+        if not isinstance(key, X25519PrivateKey):
+            raise ConfigError("server.key_file", f"{path} holds a {type(key).__name__}, not X25519",
+                              "write it with ServerKeyPair.save")
+        return cls(key)
+
+
+class ReportOpener:
+    """Opens one job's server-layer reports, rejecting and counting bad ones (never raises).
+
+    Kinds (:data:`REJECT_KINDS`): ``malformed`` (bad shape, version, layer, length or
+    padding), ``wrong_job`` / ``wrong_round`` (clear header names another job or
+    round), ``tampered`` (header matches, AEAD tag fails), ``replayed`` (an ephemeral
+    key already opened in this job: replays are caught across calls and rounds).
+    ``payload_len`` is the round's message size; if None, the first batch's most
+    common declared length is adopted for the job.
+    """
+
+    def __init__(self, keypair: ServerKeyPair, ctx: RoundContext, payload_len: int | None = None):
+        self.keypair, self.ctx, self.payload_len = keypair, ctx, payload_len
+        self._replays = ReplayGuard()
+        self.totals = empty_rejects()
+        self.opened = 0
+
+    def start_round(self, round_id: int) -> None:
+        """Move to the next round of the same job (replay memory is kept)."""
+        self.ctx = RoundContext(self.ctx.job_id, round_id, self.ctx.version)
+
+    def open_batch(self, ciphertexts: np.ndarray) -> tuple[np.ndarray, Counter]:
+        """``(payloads (M_ok, L) uint8, rejects Counter by kind)`` for one batch of reports."""
+        payloads, eph, _, rejects = open_rows(self.keypair.exchange, self.keypair.public_bytes(),
+                                              ciphertexts, self.ctx, SERVER_LAYER, self.payload_len)
+        fresh = self._replays.fresh(eph)
+        rejects["replayed"] += int((~fresh).sum())
+        payloads = payloads[fresh]
+        if self.payload_len is None and len(payloads):
+            self.payload_len = payloads.shape[1]
+        self.opened += len(payloads)
+        self.totals.update(rejects)
+        return payloads, rejects

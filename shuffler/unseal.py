@@ -1,0 +1,136 @@
+"""The inverse of sealing, for whoever holds a private key (server or onion layer).
+
+No key lives here: a key holder passes its ``exchange`` function, so this module
+can be shared by :mod:`shuffler.opening` (server layer) and :mod:`shuffler.onion`
+(a shuffler's own layer) without either importing the other. The plain
+shuffler (:mod:`shuffler.shuffler`) never imports it.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable
+
+import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from shuffler.envelope import (CONTEXT_LEN, HEADER_LEN, JOB_TAG_LEN, KEY_LEN, LEN_PREFIX, NONCE,
+                               TAG_LEN, RoundContext, derive_key, layer_info)
+
+REJECT_KINDS = ("malformed", "wrong_job", "wrong_round", "tampered", "replayed")
+
+
+
+def empty_rejects() -> Counter:
+    """A Counter with every reject kind present (zeros show up in reports)."""
+    return Counter(dict.fromkeys(REJECT_KINDS, 0))
+
+
+def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes,
+              rows, ctx: RoundContext, layer: int,
+              payload_len: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, Counter]:
+    """Open sealed rows with a key holder's ``exchange``; reject and count, never raise.
+
+    Returns ``(payloads (M_ok, L), eph_pubs (M_ok,) 'S32', kept_index (M_ok,), rejects)``.
+    Replay detection is the caller's (it owns the job-wide state). Classification:
+    bad shape / version / layer / length / padding -> malformed; job tag differs ->
+    wrong_job; round differs -> wrong_round; header matches but the tag fails -> tampered.
+    """
+    rejects = empty_rejects()
+    try:
+        rows = np.asarray(rows)
+        ok_shape = rows.dtype == np.uint8 and rows.ndim == 2
+    except Exception:  # noqa: BLE001 - arbitrary junk from the network is counted, not raised
+        ok_shape = False
+    if not ok_shape or rows.shape[1] < HEADER_LEN + LEN_PREFIX + TAG_LEN:
+        try:
+            rejects["malformed"] += len(rows)
+        except Exception:  # noqa: BLE001
+            rejects["malformed"] += 1
+        return _empty_result(payload_len, rejects)
+    m, width = rows.shape
+    plen = width - HEADER_LEN - TAG_LEN
+    expect = np.frombuffer(ctx.header_prefix(layer), np.uint8)
+    head = rows[:, :CONTEXT_LEN]
+    bad_format = (head[:, 0] != expect[0]) | (head[:, 1] != expect[1])
+    wrong_job = ~bad_format & np.any(head[:, 2:2 + JOB_TAG_LEN] != expect[2:2 + JOB_TAG_LEN], axis=1)
+    wrong_round = ~bad_format & ~wrong_job & np.any(head[:, 2 + JOB_TAG_LEN:] != expect[2 + JOB_TAG_LEN:], axis=1)
+    rejects["malformed"] += int(bad_format.sum())
+    rejects["wrong_job"] += int(wrong_job.sum())
+    rejects["wrong_round"] += int(wrong_round.sum())
+    candidates = np.flatnonzero(~(bad_format | wrong_job | wrong_round))
+
+    aad_head = ctx.job_digest + ctx.header_prefix(layer)
+    info = layer_info(aad_head[32:])
+    data = np.ascontiguousarray(rows).tobytes()
+    opened, kept = [], []
+    for i in candidates.tolist():
+        base = i * width
+        eph_pub = data[base + CONTEXT_LEN:base + HEADER_LEN]
+        try:
+            shared = exchange(X25519PublicKey.from_public_bytes(eph_pub))
+        except ValueError:  # low-order point: all-zero shared secret, crafted input
+            rejects["malformed"] += 1
+            continue
+        key = derive_key(shared, eph_pub, recipient_pub, info)
+        try:
+            opened.append(ChaCha20Poly1305(key).decrypt(NONCE, data[base + HEADER_LEN:base + width],
+                                                        aad_head + eph_pub))
+        except InvalidTag:
+            rejects["tampered"] += 1
+            continue
+        kept.append(i)
+    if not kept:
+        return _empty_result(payload_len, rejects)
+    kept = np.asarray(kept, np.int64)
+    plain = np.frombuffer(b"".join(opened), np.uint8).reshape(len(kept), plen)
+    lengths = plain[:, 0].astype(np.int64) << 8 | plain[:, 1]
+    if payload_len is None:   # the round's length: the most common declared one
+        values, counts = np.unique(lengths, return_counts=True)
+        payload_len = int(values[np.argmax(counts)])
+    good = lengths == payload_len
+    if payload_len > plen - LEN_PREFIX:
+        good[:] = False
+    else:
+        good &= ~np.any(plain[:, LEN_PREFIX + payload_len:], axis=1)   # padding must be zeros
+    rejects["malformed"] += int((~good).sum())
+    kept = kept[good]
+    payloads = plain[good, LEN_PREFIX:LEN_PREFIX + payload_len].copy()
+    eph = np.ascontiguousarray(rows[kept, CONTEXT_LEN:HEADER_LEN]).view(f"S{KEY_LEN}").ravel()
+    return payloads, eph, kept, rejects
+
+
+def _empty_result(payload_len, rejects):
+    return (np.zeros((0, payload_len or 0), np.uint8), np.zeros(0, f"S{KEY_LEN}"),
+            np.zeros(0, np.int64), rejects)
+
+
+class ReplayGuard:
+    """Job-wide memory of the ephemeral keys already opened: a second sight is a replay.
+
+    Kept as one sorted fixed-width byte array (32 bytes a report), merged per batch
+    by ``searchsorted`` + ``insert`` (linear), so a million reports cost 32 MB.
+    """
+
+    def __init__(self):
+        self._seen = np.zeros(0, f"S{KEY_LEN}")
+
+    def __len__(self) -> int:
+        return int(self._seen.size)
+
+    def fresh(self, eph: np.ndarray) -> np.ndarray:
+        """Boolean mask of first sightings (within ``eph`` and across earlier calls); records them."""
+        fresh = np.zeros(eph.size, bool)
+        if eph.size == 0:
+            return fresh
+        uniq, first = np.unique(eph, return_index=True)
+        pos = np.searchsorted(self._seen, uniq)
+        seen = np.zeros(uniq.size, bool)
+        inside = pos < self._seen.size
+        seen[inside] = self._seen[pos[inside]] == uniq[inside]
+        fresh[first[~seen]] = True
+        self._seen = np.insert(self._seen, pos[~seen], uniq[~seen])
+        return fresh
+
+

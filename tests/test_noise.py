@@ -1,0 +1,57 @@
+"""Exact discrete Laplace: support, mean, variance, pmf and the DP ratio."""
+import math
+
+import numpy as np
+import pytest
+
+from rknn_ray.mechanisms.noise import (continuous_laplace, discrete_laplace,
+                                       discrete_laplace_pmf, discrete_laplace_variance)
+from rknn_ray.rng import seeded_generator
+
+
+@pytest.mark.parametrize("scale", [0.7, 2.0, 10.0])
+def test_moments_match_theory(scale):
+    n = 40000
+    x = discrete_laplace(scale, n, seeded_generator(1))
+    assert x.dtype == np.int64
+    var = discrete_laplace_variance(scale)
+    # mean: 6 standard errors; variance: relative tolerance from its own sampling error
+    assert abs(x.mean()) < 6 * math.sqrt(var / n)
+    kurt_se = var * math.sqrt(2.0 / n) * 3  # generous for a heavy-ish tail
+    assert abs(x.var() - var) < 6 * kurt_se
+
+
+def test_pmf_matches_empirical_frequencies():
+    scale, n = 1.5, 60000
+    x = discrete_laplace(scale, n, seeded_generator(2))
+    for v in range(-4, 5):
+        p = discrete_laplace_pmf(v, scale)
+        freq = np.mean(x == v)
+        assert abs(freq - p) < 6 * math.sqrt(p * (1 - p) / n), v
+
+
+def test_secure_source_without_generator():
+    x = discrete_laplace(3.0, 2000, rng=None)   # secrets.randbelow
+    assert x.dtype == np.int64 and abs(x.mean()) < 1.0
+
+
+def test_pmf_ratio_is_eps_for_sensitivity():
+    eps, sens = 0.8, 4
+    scale = sens / eps
+    xs = np.arange(-200, 201)
+    ratio = discrete_laplace_pmf(xs, scale) / discrete_laplace_pmf(xs + sens, scale)
+    assert ratio.max() <= math.exp(eps) * (1 + 1e-12)
+    assert ratio.max() == pytest.approx(math.exp(eps))
+
+
+def test_bad_scale_rejected():
+    with pytest.raises(ValueError, match="scale"):
+        discrete_laplace(0.0, 3)
+    with pytest.raises(ValueError, match="scale"):
+        continuous_laplace(-1.0, 3, seeded_generator(0))
+
+
+def test_exact_for_non_dyadic_float_scale():
+    # 2 / 0.1 is not exactly 20 in binary; the sampler must still run exactly.
+    x = discrete_laplace(2 / 0.1, 5000, seeded_generator(3))
+    assert abs(x.var() - discrete_laplace_variance(20.0)) < 0.15 * discrete_laplace_variance(20.0)
