@@ -90,7 +90,9 @@ def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> 
             student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
                                     data.num_classes, scfg, storage_path=out_dir,
                                     checkpoint_dir=out_dir, sample_weight=weight,
-                                    progress=progress.say)
+                                    progress=lambda row: progress.say(
+                                        "  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
+                                                               else f"{k} {v}" for k, v in row.items())))
         progress.say(f"student test accuracy {student.test_accuracy:.4f}")
     finally:
         if started:

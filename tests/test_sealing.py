@@ -234,21 +234,21 @@ def test_sealing_cost_is_close_to_the_crypto_floor(keypair):
     p = payloads(m, 32)
     seal_batch(keypair.public_bytes(), p[:10], CTX)   # warm up
     ratios = []
-    for _ in range(3):   # best of three: the machine is shared
+    for _ in range(3):   # CPU time of this thread, best of three: the machine is shared
         floor = crypto_floor_seconds(m, 32, sample=m)
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         seal_batch(keypair.public_bytes(), p, CTX, pad_to=32)
-        ratios.append((time.perf_counter() - t0) / floor)
-    assert min(ratios) < 1.5, ratios
+        ratios.append((time.thread_time() - t0) / floor)
+    assert min(ratios) < 1.3, ratios
 
 
 @pytest.mark.slow
 def test_sealing_100k_messages_is_fast(keypair):
     p = payloads(100_000, 16)
     floor = crypto_floor_seconds(len(p), 16)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     ct = seal_batch(keypair.public_bytes(), p, CTX, pad_to=16)
-    wall = time.perf_counter() - t0
-    print(f"sealed 100k in {wall:.1f}s; floor {floor:.1f}s; ratio {wall / floor:.2f}")
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    print(f"sealed 100k: wall {wall:.1f}s, cpu {cpu:.1f}s; floor {floor:.1f}s; cpu ratio {cpu / floor:.2f}")
     assert ct.shape == (100_000, ciphertext_len(16))
-    assert wall < 40 and wall / floor < 1.5
+    assert wall < 40 and cpu / floor < 1.3

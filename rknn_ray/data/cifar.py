@@ -31,6 +31,7 @@ _ALLOWED = {
     ("numpy", "ndarray"),
     ("numpy", "dtype"),
     ("codecs", "encode"),
+    ("_codecs", "encode"),  # protocol-2 pickles rebuild bytes with it (harmless)
 }
 
 

@@ -287,7 +287,7 @@ class CollisionMechanism(LocalMechanism):
         seeds, (z,) = decode_reports(payloads, [self.oracle.z_bytes])
         hits = np.zeros(self.oracle.d, dtype=np.int64)
         for sl in self._chunks(len(z), self.oracle.d):
-            hits += self.oracle.hits(seeds[sl], z[sl]).sum(axis=0)
+            hits += self.oracle.hits(seeds[sl], z[sl]).sum(axis=0, dtype=np.int64)
         p, q = self.oracle.rates
         est = (hits - len(z) * q) / (p - q)
         return est.reshape(self.params.num_queries, self.params.num_classes)

@@ -319,15 +319,50 @@ class _DropStateApiNoise(logging.Filter):
 def quiet_train_logs() -> None:
     """Hide Train V2's harmless 'State API may be temporarily unavailable' warnings.
 
-    With the dashboard off, Train's PlacementGroupCleaner actor (logger
+    With the dashboard off, Train's detached ``PlacementGroupCleaner`` actor (logger
     ``ray.train.v2._internal.execution.controller.placement_group_cleaner``) polls the
-    State API every second and warns each time it is unreachable. The filter goes on
-    that logger in whichever process calls this (used as a worker setup hook too).
+    State API every second and warns each time. Those lines reach the driver through
+    Ray's log forwarding, so the filter goes in two places: on that logger in this
+    process (which is what a ``worker_process_setup_hook`` calling this does in every
+    worker), and on the forwarded worker output this driver prints.
     """
-    name = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
-    logger = logging.getLogger(name)
+    logger = logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner")
     if not any(isinstance(f, _DropStateApiNoise) for f in logger.filters):
         logger.addFilter(_DropStateApiNoise())
+    _filter_forwarded_worker_logs()
+
+
+def _filter_forwarded_worker_logs() -> None:
+    """Drop the noise lines from the worker output the driver prints (cosmetic; Ray-internal API).
+
+    Ray hands each batch of forwarded worker lines to the handlers of
+    ``ray._private.ray_logging.global_worker_stdstream_dispatcher``; we wrap them once.
+    If a future Ray moves that object, nothing breaks: the warnings simply show again.
+    """
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+        with dispatcher._lock:
+            wrapped = []
+            for name, handler in dispatcher.handlers:
+                if not getattr(handler, "_rknn_quiet", False):
+                    handler = _without_noise(handler)
+                wrapped.append((name, handler))
+            dispatcher.handlers = wrapped
+    except Exception:  # noqa: BLE001 - purely cosmetic
+        logging.getLogger(__name__).debug("could not filter forwarded Ray worker logs", exc_info=True)
+
+
+def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
+    def emit(data: dict) -> None:
+        lines = data.get("lines")
+        if lines and any(_STATE_API_NOISE in line for line in lines):
+            lines = [line for line in lines if _STATE_API_NOISE not in line]
+            if not lines:
+                return
+            data = {**data, "lines": lines}
+        handler(data)
+    emit._rknn_quiet = True  # type: ignore[attr-defined]
+    return emit
 
 
 def train_student(train_x, train_targets, test_x, test_y, image_shape, num_classes,

@@ -1,0 +1,1 @@
+"""Reproducible performance and accuracy runs that print tables and write JSON."""
