@@ -18,10 +18,11 @@ import numpy as np
 import ray
 
 from rknn_ray.answers import RecordAnswers
-from rknn_ray.mechanisms.base import Mechanism
+from rknn_ray.mechanisms.base import Mechanism, MessageBatch
 from rknn_ray.rknn import build_answers
 from rknn_ray.rng import derived_generator
 from shuffler.envelope import RoundContext, seal_batch, to_arrow
+from shuffler.onion import seal_onion
 
 
 class ClientShardImpl:
@@ -55,8 +56,15 @@ class ClientShardImpl:
 
     def make_reports(self, encoder, query_features: np.ndarray, k: int, num_classes: int,
                      mechanism: Mechanism, ctx: RoundContext, server_public_key: bytes,
-                     batch_clients: int = 20000, pad_to: int | None = None) -> list:
-        """Sealed reports of all hosted clients: a list of Arrow record batches."""
+                     batch_clients: int = 20000, pad_to: int | None = None,
+                     hop_public_keys: list[bytes] | None = None, dropout: float = 0.0) -> list:
+        """Sealed reports of all hosted clients: a list of Arrow record batches.
+
+        ``hop_public_keys`` (onion mode) wraps each report once per shuffler hop.
+        ``dropout`` simulates clients that never send (each independently, with
+        that probability, drawn from the same derived randomness, so a retry drops
+        the same clients).
+        """
         key = (ctx.job_id, ctx.round_id)
         if key in self._cache:          # a retried call re-sends the same reports
             return self._cache[key]
@@ -69,8 +77,15 @@ class ClientShardImpl:
             rng = derived_generator(self._secret, ctx.job_id, ctx.round_id, b)
             t0 = time.perf_counter()
             msgs = mechanism.randomize(ans.select(rows), rng)
+            if dropout > 0:
+                gone = ids[lo:hi][rng.random(hi - lo) < dropout]
+                keep = ~np.isin(msgs.senders, gone)
+                msgs = MessageBatch(msgs.payloads[keep], msgs.senders[keep])
             t1 = time.perf_counter()
-            sealed = seal_batch(server_public_key, msgs.payloads, ctx, pad_to=pad_to)
+            if hop_public_keys:
+                sealed = seal_onion(server_public_key, hop_public_keys, msgs.payloads, ctx, pad_to)
+            else:
+                sealed = seal_batch(server_public_key, msgs.payloads, ctx, pad_to=pad_to)
             t2 = time.perf_counter()
             out.append(to_arrow(sealed, msgs.senders))
             self.timings["randomize"] = self.timings.get("randomize", 0) + t1 - t0

@@ -43,6 +43,7 @@ class ServerImpl:
     def receive(self, batches: list) -> int:
         """Open a list of Arrow batches; returns how many messages were accepted."""
         accepted = 0
+        batches = [ray.get(b) if isinstance(b, ray.ObjectRef) else b for b in batches]
         for batch in batches:
             ciphertexts, _senders = from_arrow(batch)   # any sender column is ignored
             self.received += ciphertexts.shape[0]

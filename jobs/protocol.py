@@ -15,11 +15,13 @@ import ray
 
 from actors.client_shard import ClientShard
 from actors.server import Server
+from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms import build
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray.pipeline import PreparedData, mechanism_params
 from rknn_ray.rng import derived_seed, new_client_secret
 from shuffler.envelope import RoundContext
+from shuffler.shuffler import Shuffler
 
 
 @dataclass
@@ -52,6 +54,29 @@ def start_shards(cfg: dict, data: PreparedData) -> list:
     return shards
 
 
+def _shuffle(cfg, mechanism, refs, hops, progress) -> tuple[list, dict]:
+    """Pass the shards' batches through the shuffler chain; returns (batch refs, stats)."""
+    with progress.stage("shuffle", f"shuffler{'s' if len(hops) > 1 else ''}: pool, check "
+                        f"senders >= {mechanism.min_senders()}, secure permutation"):
+        ray.get([hops[0].submit_all.remote(ref) for ref in refs])
+        stats = [ray.get(hops[0].stats.remote())]
+        try:
+            out = ray.get(hops[0].release_refs.remote())
+            for hop in hops[1:]:
+                ray.get([hop.submit.remote(r) for r in out])
+                stats.append(ray.get(hop.stats.remote()))
+                out = ray.get(hop.release_refs.remote())
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            if isinstance(cause, PrivacyBudgetError) or "PrivacyBudgetError" in str(exc):
+                raise PrivacyBudgetError(
+                    f"round refused by the shuffler: {stats[0]['senders']} distinct senders, "
+                    f"the target needs {mechanism.min_senders()}; nothing was released") from None
+            raise
+    return out, {"hops": stats, "senders": stats[0]["senders"],
+                 "messages": stats[-1]["messages"], "bytes": stats[0]["bytes"]}
+
+
 def run_round(cfg: dict, data: PreparedData, encoder, qs, round_id: int, job_id: str,
               ledger, progress, key_file: str | None = None) -> RoundResult:
     """Run one private labeling round end to end and record it in ``ledger``."""
@@ -62,24 +87,45 @@ def run_round(cfg: dict, data: PreparedData, encoder, qs, round_id: int, job_id:
     ledger.check(mechanism.guarantee())          # refuse before any client works
     server = Server.options(num_cpus=0.25).remote(job_id, key_file)
     shards = start_shards(cfg, data)
+    hops = []
+    if model == "shuffle":
+        layers = int(cfg["shuffle"]["onion_layers"])
+        floor = mechanism.min_senders()
+        if cfg["shuffle"]["min_senders"] is not None:
+            floor = max(floor, int(cfg["shuffle"]["min_senders"]))
+        hops = [Shuffler.options(num_cpus=0.25).remote(
+            floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
+            forwarded_input=i > 0) for i in range(max(1, layers))]
     try:
         public_key = ray.get(server.public_key.remote())
+        hop_keys = ray.get([h.public_key.remote() for h in hops]) if model == "shuffle" \
+            and cfg["shuffle"]["onion_layers"] else None
         ray.get(server.begin_round.remote(ctx, mechanism))
         k, nc = cfg["rknn"]["k"], data.num_classes
+        dropout = float(cfg["shuffle"]["dropout"]) if model == "shuffle" else 0.0
         with progress.stage("clients", f"{len(shards)} client shards: embed, reverse k-NN, "
                             f"randomize, seal ({data.num_clients} virtual clients)"):
             refs = [s.make_reports.remote(encoder, qs.features, k, nc, mechanism, ctx,
-                                          public_key, cfg["cluster"]["batch_clients"])
+                                          public_key, cfg["cluster"]["batch_clients"],
+                                          None, hop_keys, dropout)
                     for s in shards]
             ray.get(refs)
+        shuffle_stats = None
+        if model == "shuffle":
+            refs, shuffle_stats = _shuffle(cfg, mechanism, refs, hops, progress)
+            mechanism.senders_shuffled = int(shuffle_stats["senders"])
+            ledger.check(mechanism.guarantee())   # from the n actually shuffled
+            ray.get(server.set_mechanism.remote(mechanism))
+            refs = [refs]
         with progress.stage("server_open", "server: open and check reports"):
             ray.get([server.receive.remote(ref) for ref in refs])
         with progress.stage("server_estimate", "server: decode, estimate, add noise"):
             seed = cfg["run"]["seed"] + 1_000_003 * (round_id + 1)
-            out = ray.get(server.estimate.remote(data.num_clients, cfg["run"]["rng"], seed))
+            n = shuffle_stats["senders"] if shuffle_stats else data.num_clients
+            out = ray.get(server.estimate.remote(n, cfg["run"]["rng"], seed))
         shard_timings = ray.get([s.get_timings.remote() for s in shards])
     finally:
-        for actor in shards + [server]:
+        for actor in shards + hops + [server]:
             ray.kill(actor)
     guarantee = mechanism.guarantee()
     ledger.record(guarantee, round_id=round_id, messages=out["messages"],
@@ -89,7 +135,8 @@ def run_round(cfg: dict, data: PreparedData, encoder, qs, round_id: int, job_id:
         for key, v in t.items():
             timings[f"shards_{key}"] = timings.get(f"shards_{key}", 0.0) + v
     return RoundResult(out["counts"], guarantee, mechanism.describe(), out["messages"],
-                       out["received"], data.num_clients, out["rejected"], timings)
+                       out["received"], data.num_clients, out["rejected"], timings,
+                       shuffle_stats)
 
 
 def new_job_id() -> str:

@@ -10,16 +10,11 @@ import logging
 import os
 
 
-class _DropStateApiNoise(logging.Filter):
-    """Ray Train V2 logs this repeatedly when the dashboard is off; it is harmless."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "State API may be temporarily unavailable" not in record.getMessage()
-
-
 def quiet_ray_logs() -> None:
-    for name in ("ray", "ray.train", "ray.util.state", "ray.train.v2"):
-        logging.getLogger(name).addFilter(_DropStateApiNoise())
+    """Hide Train's repeated 'State API' warning (logged and forwarded from another
+    process; rknn_ray.student.quiet_train_logs knows where)."""
+    from rknn_ray.student import quiet_train_logs
+    quiet_train_logs()
 
 
 def ensure_ray(num_cpus: int | None = None) -> bool:

@@ -25,7 +25,7 @@ DEFAULTS: dict = {
                 "noise": "discrete", "multi_record": "sample", "options": {},
                 "budget_eps": None, "budget_delta": None, "accountant": "basic",
                 "amplification_bound": "clones_numerical"},
-    "shuffle": {"min_senders": None, "onion_layers": 0},
+    "shuffle": {"min_senders": None, "onion_layers": 0, "dropout": 0.0},
     "labels": {"type": "hard", "train_on": "public"},
     "student": {"epochs": 30, "batch_size": 64, "lr": 0.001, "weight_decay": 0.0,
                 "num_workers": 2, "use_gpu": None, "arch": "auto"},

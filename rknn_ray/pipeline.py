@@ -77,7 +77,8 @@ def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) ->
 def mechanism_params(cfg: dict, data: PreparedData, eps: float | None = None,
                      num_clients: int | None = None) -> MechanismParams:
     p = cfg["privacy"]
-    options = {"noise": p["noise"], "multi_record": p["multi_record"], **(p.get("options") or {})}
+    options = {"noise": p["noise"], "multi_record": p["multi_record"],
+               "bound": p["amplification_bound"], **(p.get("options") or {})}
     return MechanismParams(num_queries=cfg["queries"]["s"], num_classes=data.num_classes,
                            k=cfg["rknn"]["k"], r=cfg["rknn"]["r"],
                            eps=float(p["eps"] if eps is None else eps), delta=float(p["delta"]),

@@ -123,6 +123,8 @@ class ShufflePool:
         Raises :class:`PrivacyBudgetError` (and releases nothing) if fewer than
         ``min_senders`` distinct senders took part. The pool is emptied afterwards.
         """
+        if self._released:       # already sent; a second call must not resend anything
+            return iter(())
         n_senders = self.num_senders
         if n_senders < self.min_senders:
             what = "messages from the upstream shuffler" if self.forwarded_input else "distinct senders"
@@ -196,6 +198,10 @@ class ShufflerImpl:
         ciphertexts, senders = from_arrow(batch)
         inner, kept, _ = self._peeler.peel(ciphertexts)
         return self.pool.add_reports(inner, None if senders is None else senders[kept])
+
+    def submit_all(self, batches: list) -> int:
+        """Accept every batch of one client shard's reply (a list of record batches)."""
+        return sum(self.submit(b) for b in batches)
 
     def release(self) -> list[pa.RecordBatch]:
         """All permuted batches (raises PrivacyBudgetError below the sender floor)."""

@@ -49,13 +49,15 @@ def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes
         except Exception:  # noqa: BLE001
             rejects["malformed"] += 1
         return _empty_result(payload_len, rejects)
-    m, width = rows.shape
+    width = rows.shape[1]
     plen = width - HEADER_LEN - TAG_LEN
     expect = np.frombuffer(ctx.header_prefix(layer), np.uint8)
     head = rows[:, :CONTEXT_LEN]
     bad_format = (head[:, 0] != expect[0]) | (head[:, 1] != expect[1])
-    wrong_job = ~bad_format & np.any(head[:, 2:2 + JOB_TAG_LEN] != expect[2:2 + JOB_TAG_LEN], axis=1)
-    wrong_round = ~bad_format & ~wrong_job & np.any(head[:, 2 + JOB_TAG_LEN:] != expect[2 + JOB_TAG_LEN:], axis=1)
+    job = slice(2, 2 + JOB_TAG_LEN)
+    rnd = slice(2 + JOB_TAG_LEN, CONTEXT_LEN)
+    wrong_job = ~bad_format & np.any(head[:, job] != expect[job], axis=1)
+    wrong_round = ~bad_format & ~wrong_job & np.any(head[:, rnd] != expect[rnd], axis=1)
     rejects["malformed"] += int(bad_format.sum())
     rejects["wrong_job"] += int(wrong_job.sum())
     rejects["wrong_round"] += int(wrong_round.sum())

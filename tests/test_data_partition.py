@@ -53,7 +53,8 @@ def test_one_per_client():
     ids = partition(LABELS[:500], None, "one_per_client", seed=4)
     assert sorted(ids.tolist()) == list(range(500))
     np.testing.assert_array_equal(ids, partition(LABELS[:500], 500, "one_per_client", seed=4))
-    with pytest.raises(ConfigError, match="num_clients == number of records \\(500\\).*set num_clients to 500"):
+    with pytest.raises(ConfigError,
+                       match="num_clients == number of records \\(500\\).*set num_clients to 500"):
         partition(LABELS[:500], 100, "one_per_client")
 
 
@@ -97,3 +98,17 @@ def test_million_records_and_clients_is_fast():
         assert np.all(np.diff(ids[order]) >= 0)
     print({f"{k[0]}/{k[1]}": round(v, 3) for k, v in timings.items()})
     assert max(timings.values()) < 10.0, timings      # ~0.1-1 s each on 2 shared cores
+
+
+def test_dirichlet_class_shares_follow_beta_marginal():
+    # With n clients, client 0's share of one class is Beta(alpha, (n-1) alpha): check the
+    # log-space gamma sampler against that law over 400 classes (2,000 records each).
+    from scipy import stats
+    alpha, n, classes, per = 0.5, 4, 400, 2000
+    y = np.repeat(np.arange(classes), per)
+    ids = partition(y, n, "dirichlet", alpha=alpha, seed=11, ensure_nonempty=False)
+    share = np.bincount(y[ids == 0], minlength=classes) / per
+    law = stats.beta(alpha, (n - 1) * alpha)                 # mean 0.25, variance 0.0625
+    assert stats.kstest(share, law.cdf).pvalue > 1e-3
+    assert abs(share.mean() - law.mean()) < 4 * law.std() / np.sqrt(classes)
+    assert abs(share.var() / law.var() - 1) < 0.25

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 # Mass of Bin(n-1, 2r) left outside the summation window. The skipped terms are
 # bounded by this mass and added to every *upper* bound (safe side).
@@ -69,11 +69,19 @@ class BlanketPair:
 
 
 def _window(n_others: int, q: float, tail: float) -> tuple[int, int, float]:
-    """[lo, hi] holding all but ``tail`` mass of Bin(n_others, q); returns the mass left out."""
+    """[lo, hi] holding all but ``tail`` mass of Bin(n_others, q); returns the mass left out.
+
+    Bernstein's inequality P[|X - mu| >= t] <= exp(-t^2 / (2 (var + t/3))) sizes the
+    window (scipy's isf is unreliable this deep in the tail); the mass actually left
+    out is then computed exactly from the binomial CDF.
+    """
     if n_others == 0:
         return 0, 0, 0.0
-    lo = int(max(0, stats.binom.ppf(tail / 2, n_others, q) - 1))
-    hi = int(min(n_others, stats.binom.isf(tail / 2, n_others, q) + 1))
+    mu, var = n_others * q, n_others * q * (1.0 - q)
+    L = math.log(2.0 / tail)
+    t = L / 3.0 + math.sqrt((L / 3.0) ** 2 + 2.0 * var * L)
+    lo = int(max(0, math.floor(mu - t) - 1))
+    hi = int(min(n_others, math.ceil(mu + t) + 1))
     out = float(stats.binom.cdf(lo - 1, n_others, q) + stats.binom.sf(hi, n_others, q))
     return lo, hi, out
 
@@ -122,10 +130,10 @@ class PairDelta:
 
 
 def eps_for_delta(pd: PairDelta, delta: float, eps_hi: float, upper: bool,
-                  tol_eps: float = 1e-7) -> float:
+                  tol_eps: float = 1e-7, rtol: float = 1e-6) -> float:
     """Bisection on the monotone map eps -> delta(eps), erring on the requested side.
 
-    ``upper=True``: the smallest eps (to ``tol_eps``, rounded up) with
+    ``upper=True``: the smallest eps (to min(tol_eps, rtol * eps), rounded up) with
     estimate + err <= delta, i.e. a certified upper bound on the true eps.
     ``upper=False``: the largest eps with estimate - err > delta (a certified lower
     bound); 0.0 if none.
@@ -139,10 +147,22 @@ def eps_for_delta(pd: PairDelta, delta: float, eps_hi: float, upper: bool,
         return 0.0
     if exceeds(hi):              # upper: cannot certify below eps_hi (trivial bound)
         return hi
-    while hi - lo > tol_eps:
-        mid = 0.5 * (lo + hi)
-        if exceeds(mid):
-            lo = mid
-        else:
-            hi = mid
-    return hi if upper else lo
+    # delta(eps) is continuous and decreasing: Brent's method finds the crossing in
+    # ~10 evaluations; the final bracket is then checked so the answer errs safe.
+    def f(e: float) -> float:
+        est, up, down = pd.delta(e)
+        return (est + up if upper else est - down) - delta
+
+    root = optimize.brentq(f, lo, hi, xtol=1e-13, rtol=rtol * 1e-2)
+    step = max(1e-13, min(tol_eps, rtol * root))
+    if upper:
+        e = min(hi, root + step)
+        while exceeds(e) and e < hi:
+            step *= 4
+            e = min(hi, root + step)
+        return e
+    e = max(0.0, root - step)
+    while not exceeds(e) and e > 0.0:
+        step *= 4
+        e = max(0.0, root - step)
+    return e

@@ -10,7 +10,8 @@ records by client, which is the order :class:`rknn_ray.answers.RecordAnswers` wa
   clients and cut that class's (shuffled) records at the cumulative proportions
   (the "distribution-based label imbalance" of Yurochkin et al. 2019 / NIID-Bench).
   Small ``alpha`` -> each class lives on few clients. Gamma draws are made in log
-  space (``G(a) = G(a+1) * U^(1/a)``) so tiny ``alpha`` cannot underflow to 0/0.
+  space (``log G(a) = log G(a+1) - Exp(1)/a``, i.e. ``G(a+1) U^(1/a)``) so a tiny
+  ``alpha`` cannot underflow to 0/0.
   Clients left empty then receive one record each, taken at random from clients
   holding more than one (``ensure_nonempty``); when ``n`` is close to ``m`` this
   moves many records and the skew shrinks accordingly.
@@ -91,7 +92,7 @@ def dirichlet_ids(y: np.ndarray, n: int, alpha: float, rng) -> np.ndarray:
     for m_c in counts:                                    # loop over classes, not clients
         if m_c == 0:
             continue
-        log_g = np.log(rng.gamma(alpha + 1.0, size=n)) + np.log(rng.random(n)) / alpha
+        log_g = np.log(rng.standard_gamma(alpha + 1.0, size=n)) - rng.standard_exponential(n) / alpha
         p = np.exp(log_g - log_g.max())
         cuts = np.rint(np.cumsum(p) * (m_c / p.sum())).astype(np.int64)
         cuts[-1] = m_c

@@ -168,7 +168,8 @@ def load_idx_dataset(key: str, root: str) -> Dataset:
         fix = (f"pass --data-root DIR (data_root=...) naming a folder with {', '.join(stems)} "
                "(raw or .gz)")
         if key == "fashion_mnist":
-            fix = f"run `apt-get install dataset-fashion-mnist` (installs them in {FASHION_MNIST_ROOT}) or " + fix
+            fix = ("run `apt-get install dataset-fashion-mnist` (installs them in "
+                   f"{FASHION_MNIST_ROOT}) or " + fix)
         looked = f"{', '.join(missing)} (raw or .gz; also looked in {folders[1:]})"
         raise _missing(title, root, looked, fix)
     train_x, train_y = read_idx_split(folders, "train")
@@ -176,7 +177,8 @@ def load_idx_dataset(key: str, root: str) -> Dataset:
     for split, (x, y) in (("train", (train_x, train_y)), ("test", (test_x, test_y))):
         validate_features(x, y, 10, f"{title} {split}")
     if train_x.dtype != np.uint8 or test_x.dtype != np.uint8:
-        raise DataError(f"{title}: images must be uint8 (IDX type 0x08), got {train_x.dtype}/{test_x.dtype}")
+        raise DataError(f"{title}: images must be uint8 (IDX type 0x08), "
+                        f"got {train_x.dtype}/{test_x.dtype}")
     h, w = train_x.shape[1:]
     if test_x.shape[1:] != (h, w):
         raise DataError(f"{title}: train images are {h}x{w} but test images are {test_x.shape[1:]}")
@@ -194,7 +196,8 @@ def load_cifar10(root: str) -> Dataset:
     except FileNotFoundError as exc:
         raise _missing("CIFAR-10", root, str(exc),
                        "pass --data-root DIR (data_root=...) naming the folder that holds "
-                       "cifar-10-batches-py/ (data_batch_1..5, test_batch) from cifar-10-python.tar.gz") from None
+                       "cifar-10-batches-py/ (data_batch_1..5, test_batch) "
+                       "from cifar-10-python.tar.gz") from None
     validate_features(train_x, train_y, 10, "CIFAR-10 train")
     validate_features(test_x, test_y, 10, "CIFAR-10 test")
     return Dataset("cifar10", to_unit_float(train_x), train_y, to_unit_float(test_x), test_y,

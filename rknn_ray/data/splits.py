@@ -49,7 +49,11 @@ RULE_TEXT = {
 
 @dataclass
 class Splits:
-    """The three disjoint parts. ``*_index`` are positions in ``concat(train, test)``."""
+    """The three disjoint parts. ``*_index`` are positions in ``concat(train, test)``.
+
+    Arrays may share memory with the Dataset (the MNIST/SVHN private part *is*
+    ``train_x``): treat them as read-only.
+    """
     dataset: str
     rule: str
     seed: int

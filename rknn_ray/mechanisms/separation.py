@@ -20,8 +20,12 @@ the unbiased estimator, linear in the hits X_u, X_w and their product,
     g = (q X_u + q X_w - X_u X_w - q^2) / (q (p - q)),
 
 which uses E[X_u X_w] = q p if u or w is in the record, q^2 otherwise (true for a
-(c+2)-wise independent hash). Its exact variance is in
-:func:`concatenation_client_variance`.
+(c+2)-wise independent hash). Note g = -((p - q)/q) a_hat b_hat: the naive product
+rescaled, the only unbiased estimator in span{1, X_u, X_w, X_u X_w}. The pair
+signal lives in the rare event H(u) = H(w) = z, so g has variance ~ p l/(p-q)^2 on
+cells whose query or label is in the record (exact values:
+:func:`concatenation_client_variance`); benchmarks/local_mse.py shows what this
+does to the paper's Figure 6 claim.
 """
 from __future__ import annotations
 
@@ -47,11 +51,16 @@ def separation_client_variance(var_t: tuple[float, float],
     return out
 
 
-def concatenation_moments(eps: float, l: int, c: int) -> dict:
-    """(mean, variance) of the per-report estimator g for each class (a, b)."""
+def concatenation_moments(eps: float, l: int, c: int, naive: bool = False) -> dict:
+    """(mean, variance) of the per-report estimator g for each class (a, b).
+
+    ``naive``: of the paper's plain product a_hat b_hat instead (biased on (1, 1)).
+    """
     p, q = collision_rates(eps, l, c)
     D = p - q
     num = {(1, 1): -(1 - q) ** 2, (1, 0): q * (1 - q), (0, 1): q * (1 - q), (0, 0): -q * q}
+    if naive:    # a_hat b_hat = -(q / D) g, i.e. numerator / D^2 instead of / (q D)
+        num = {o: -v * q / D for o, v in num.items()}
     out = {}
     for a in (0, 1):
         for b in (0, 1):

@@ -12,9 +12,11 @@ checkpoint, which also proves the checkpoint is usable.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -28,6 +30,7 @@ from rknn_ray.errors import ConfigError, DataError, RknnError
 from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
 
 CHECKPOINT_FILE = "student.pt"
+HISTORY_FILE = "history.json"
 LABEL_TYPES = ("hard", "soft")
 _STATE_API_NOISE = "State API may be temporarily unavailable"
 
@@ -78,6 +81,8 @@ class StudentResult:
     seconds: float = 0.0
     num_workers: int = 1
     device: str = "cpu"
+    train_seconds: float = 0.0  # inside the epoch loop; seconds - train_seconds is setup/overhead
+    timings: dict = field(default_factory=dict)  # stage -> seconds (Ray: startup, setup, train, shutdown...)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -206,11 +211,11 @@ def _train_loop_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
+    entered = time.time()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     if world >= 2:
         torch.set_num_threads(1)
-    torch.manual_seed(int(config["seed"]) * 1000 + rank)
     x, t, w = ray.get(config["data_ref"])
     idx = _shard_indices(x.shape[0], int(config["seed"]), rank, world)
     x, t = np.ascontiguousarray(x[idx]), np.ascontiguousarray(t[idx])
@@ -221,12 +226,16 @@ def _train_loop_per_worker(config: dict) -> None:
     model = ray.train.torch.prepare_model(model)
     device = ray.train.torch.get_device()
     t0 = time.perf_counter()
+    started = time.time()
     history = _run_epochs(model, x, t, w, config, device, rank, world)
-    metrics = {"train_loss": history[-1]["train_loss"], "epochs": len(history), "history": history,
-               "train_seconds": time.perf_counter() - t0, "device": str(device), "world_size": world}
-    if rank == 0:
+    metrics = {"train_loss": history[-1]["train_loss"], "train_accuracy": history[-1]["train_accuracy"],
+               "epochs": len(history), "train_seconds": time.perf_counter() - t0, "device": str(device),
+               "world_size": world, "entered_at": entered, "started_at": started, "ended_at": time.time()}
+    if rank == 0:  # the per-epoch history rides in the checkpoint, keeping Train's metric logs short
         with tempfile.TemporaryDirectory() as tmp:
             torch.save(_checkpoint_payload(model, config["meta"]), os.path.join(tmp, CHECKPOINT_FILE))
+            with open(os.path.join(tmp, HISTORY_FILE), "w") as f:
+                json.dump(history, f)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
     else:
         ray.train.report(metrics, checkpoint=None)
@@ -296,19 +305,33 @@ def train_student_local(train_x, train_targets, test_x, test_y, image_shape, num
     torch.manual_seed(config.seed)
     model = build_model(image_shape, num_classes, meta["arch"]).to(device)
     torch.manual_seed(config.seed * 1000)
-    history = _run_epochs(model, x, t, w, cfg, device, rank=0, world=1, on_epoch=progress)
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    # small nets on shared CPUs: fewer threads than cores avoids OpenMP spin contention
+    torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 2) // 2)))
+    try:
+        history = _run_epochs(model, x, t, w, cfg, device, rank=0, world=1, on_epoch=progress)
+    finally:
+        torch.set_num_threads(threads)
+    train_seconds = time.perf_counter() - t0
     ckpt_path = None
     out_dir = checkpoint_dir or storage_path
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
         torch.save(_checkpoint_payload(model, meta), ckpt_path)
+        with open(os.path.join(out_dir, HISTORY_FILE), "w") as f:
+            json.dump(history, f)
         model = load_student(ckpt_path)
     else:
         model = model.cpu()
-    return StudentResult(test_accuracy=accuracy(model, test_x, test_y), train_loss=history[-1]["train_loss"],
+    t_eval = time.perf_counter()
+    test_acc = accuracy(model, test_x, test_y)
+    timings = {"train": train_seconds, "evaluate": time.perf_counter() - t_eval}
+    return StudentResult(test_accuracy=test_acc, train_loss=history[-1]["train_loss"],
                          epochs=len(history), history=history, checkpoint_path=ckpt_path,
-                         seconds=time.perf_counter() - t_start, num_workers=1, device=str(device))
+                         seconds=time.perf_counter() - t_start, num_workers=1, device=str(device),
+                         train_seconds=train_seconds, timings={k: round(v, 3) for k, v in timings.items()})
 
 
 class _DropStateApiNoise(logging.Filter):
@@ -376,6 +399,9 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
     also copied to ``checkpoint_dir/student.pt`` when given. ``progress(row)`` is called
     for each epoch once training returns (workers run remotely).
     """
+    if "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS"):
+        # a Ray we may start below stays on loopback; Ray reads this once, at import
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -384,10 +410,8 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
     t_start = time.perf_counter()
     x, t, w = _check_inputs(train_x, train_targets, test_x, test_y, image_shape, num_classes,
                             config.label_type, sample_weight)
-    if not ray.is_initialized():
-        if not os.environ.get("RAY_ADDRESS"):
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        ray.init(include_dashboard=False)
+    if not ray.is_initialized():  # normally the pipeline has called ray.init already
+        ray.init() if os.environ.get("RAY_ADDRESS") else ray.init(include_dashboard=False)
     quiet_train_logs()
     resources = ray.cluster_resources()
     use_gpu = resources.get("GPU", 0) > 0 if config.use_gpu is None else bool(config.use_gpu)
@@ -408,7 +432,9 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              failure_config=FailureConfig(max_failures=0)),
     )
+    fit_start = time.time()
     result = trainer.fit()
+    fit_end = time.time()
     if result.checkpoint is None or result.metrics is None:
         raise RknnError("Ray Train finished without a checkpoint or metrics; see the worker logs above")
     metrics = result.metrics
@@ -419,13 +445,23 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
             os.makedirs(checkpoint_dir, exist_ok=True)
             ckpt_path = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
             shutil.copyfile(src, ckpt_path)
+            shutil.copyfile(os.path.join(ckpt_dir, HISTORY_FILE), os.path.join(checkpoint_dir, HISTORY_FILE))
         model = load_student(src)
-    history = list(metrics["history"])
+        with open(os.path.join(ckpt_dir, HISTORY_FILE)) as f:
+            history = json.load(f)
     if progress is not None:
         for row in history:
             progress(row)
-    return StudentResult(test_accuracy=accuracy(model, test_x, test_y), train_loss=float(metrics["train_loss"]),
+    t_eval = time.perf_counter()
+    test_acc = accuracy(model, test_x, test_y)
+    timings = {"workers_start": metrics["entered_at"] - fit_start,      # controller + worker processes
+               "worker_setup": metrics["started_at"] - metrics["entered_at"],  # data, DDP model
+               "train": float(metrics["train_seconds"]),
+               "checkpoint_and_shutdown": fit_end - metrics["ended_at"],
+               "evaluate": time.perf_counter() - t_eval}
+    return StudentResult(test_accuracy=test_acc, train_loss=float(metrics["train_loss"]),
                          epochs=int(metrics["epochs"]), history=history,
                          checkpoint_path=ckpt_path,
                          seconds=time.perf_counter() - t_start, num_workers=config.num_workers,
-                         device=str(metrics["device"]))
+                         device=str(metrics["device"]), train_seconds=float(metrics["train_seconds"]),
+                         timings={k: round(v, 3) for k, v in timings.items()})

@@ -1,0 +1,162 @@
+"""Calibration of the multi-message shuffle histogram protocol (negative-binomial shares).
+
+Protocol (Ghazi, Kumar, Manurangsi, Pagh, Sinha, "Differentially Private Aggregation in
+the Shuffle Model: Almost Central Accuracy in Almost a Single Message", ICML 2021,
+arXiv 2109.13158, correlated-noise protocol; its counting predecessor Ghazi, Kumar,
+Manurangsi, Pagh, "Private Counting from Anonymous Messages", ICML 2020, cited by
+paper 000), applied per cell of the d = s*|Y| BSVS vector.  Every message is a pair
+(cell j, sign +-1); each of n clients sends
+
+* its true messages: (j, +1) for each of the k*r cells each of its records votes into;
+* Z+_j, Z-_j ~ NB(1/n, p) messages (j, +1) and (j, -1), for every cell j.  Negative
+  binomials are infinitely divisible: the n shares of one cell sum to NB(1, p) =
+  Geometric, so sum(+) - sum(-) is exactly discrete Laplace DLap(p) (P[z] prop. p^|z|);
+* F_j ~ Poisson(mu/n) *flooding pairs* {(j, +1), (j, -1)} for every cell j, which
+  cancel in the estimate and hide where the geometric noise starts.
+
+The server estimates cell j by N+_j - N-_j = x_j + DLap(p): unbiased, variance
+2p/(1-p)^2, i.e. the error of the central discrete Laplace mechanism.
+
+Privacy (our derivation, exact; the cited theorem states the protocol's (eps, delta)
+asymptotically, and we compute the constants rather than copy them).  Per cell the
+view is (N+, N-) = (x + G+ + F, G- + F), G+- ~ Geometric, F ~ Poisson(mu).  With
+Phi(u) = sum_{f <= u} P[F=f] p^-2f = e^{mu (p^-2 - 1)} PoissonCDF(u; mu/p^2), the
+likelihood ratio of x vs x+1 is p on {N- <= N+ - x - 1} and p Phi(u)/Phi(u-1) on
+{N- >= N+ - x = u}, so the shift x -> x+1 is exactly the discrete pair
+
+    P(u) = (1-p) p^{2u} Phi(u),  Q(u) = (1-p) p^{2u-1} Phi(u-1),  u = 0, 1, ...
+    P(low) = 1 - sum P,           Q(low) = 1 - sum Q = P(low) / p.
+
+Replacing one record changes at most k*r cells by +1 and k*r by -1 (L1 = 2kr); the
+cells are independent, so the PLD of a neighbouring pair is the composition of
+ceil(L1/2) copies of (P, Q) and as many of (Q, P).  ``dp_accounting`` composes them
+(pessimistic discretisation: an upper bound) and reads off eps at delta.  Only the
+honest clients' noise is counted; it needs all ``n`` shares, so calibrate with the
+minimum number of clients that will send (extra senders only add noise).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import numpy as np
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from scipy import optimize, stats
+
+from rknn_ray.errors import ConfigError
+
+PLD_DISCRETIZATION = 1e-3
+_TAIL = 1e-16
+
+
+@dataclass(frozen=True)
+class MultiMessageCalibration:
+    """Public parameters of one round of the multi-message protocol."""
+    eps: float                 # central eps achieved (<= target)
+    delta: float
+    n: int                     # clients whose shares are counted
+    sensitivity_l1: int        # 2 k r
+    num_cells: int             # d = s |Y|
+    dlap_p: float              # DLap parameter p of the summed noise per cell
+    nb_shape: float            # per-client NB shape 1/n  (for numpy: negative_binomial(nb_shape, 1-dlap_p))
+    nb_success_prob: float     # 1 - p (numpy's success probability)
+    flood_mean_total: float    # mu: mean flooding pairs per cell, all clients together
+    flood_mean_per_client: float   # mu / n: Poisson mean of pairs per cell per client
+    noise_messages_per_client: float   # expected noise + flooding messages per client
+    true_messages_per_record: int      # k r
+    error_variance: float      # 2p/(1-p)^2 per cell (= DLap)
+    laplace_equivalent_scale: float    # sqrt(var/2): the Laplace scale with this variance
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _pmfs(p: float, mu: float) -> tuple[dict, dict]:
+    """log-pmfs of the per-cell pair (P, Q) on outcomes {'low', 0, 1, ...}."""
+    lam = mu / (p * p)
+    g_hi = math.log(_TAIL) / math.log(p) if p > 0 else 0.0
+    u_max = int(stats.poisson.isf(_TAIL, mu) + g_hi + 10)
+    u = np.arange(0, u_max + 1)
+    log_phi = mu * (1.0 / (p * p) - 1.0) + stats.poisson.logcdf(u, lam)
+    # Phi(u) = sum_{f<=u} e^-mu mu^f/f! p^-2f = e^{mu(p^-2-1)} PoissonCDF(u; mu/p^2)
+    lp = math.log1p(-p) + 2 * u * math.log(p) + log_phi
+    lq = np.full(u.shape, -np.inf)
+    lq[1:] = math.log1p(-p) + (2 * u[1:] - 1) * math.log(p) + log_phi[:-1]
+    sp, sq = float(np.exp(lp).sum()), float(np.exp(lq[1:]).sum())
+    P = {int(k): float(v) for k, v in zip(u, lp) if v > -745}
+    Q = {int(k): float(v) for k, v in zip(u, lq) if v > -745}
+    P["low"] = math.log(max(1e-300, 1.0 - sp))
+    Q["low"] = math.log(max(1e-300, 1.0 - sq))
+    return P, Q
+
+
+@lru_cache(maxsize=256)
+def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float) -> float:
+    """Central eps at ``delta`` of the protocol with DLap parameter p and flood mean mu."""
+    P, Q = _pmfs(p, mu)
+    half = int(math.ceil(sensitivity_l1 / 2))
+    up = pld_lib.from_two_probability_mass_functions(
+        P, Q, value_discretization_interval=PLD_DISCRETIZATION)
+    down = pld_lib.from_two_probability_mass_functions(
+        Q, P, value_discretization_interval=PLD_DISCRETIZATION)
+    total = up.self_compose(half).compose(down.self_compose(half))
+    return float(total.get_epsilon_for_delta(delta))
+
+
+def dlap_limit_eps(p: float, sensitivity_l1: int, delta: float) -> float:
+    """eps of the central DLap alone (the mu -> infinity limit of the protocol)."""
+    half = int(math.ceil(sensitivity_l1 / 2))
+    one = pld_lib.from_discrete_laplace_mechanism(-math.log(p), sensitivity=1,
+                                                  value_discretization_interval=PLD_DISCRETIZATION)
+    return float(one.self_compose(2 * half).get_epsilon_for_delta(delta))
+
+
+def calibrate_multi_message(eps: float, delta: float, n: int, sensitivity_l1: int,
+                            num_cells: int, dlap_share: float = 0.85,
+                            records_per_client: int = 1) -> MultiMessageCalibration:
+    """Parameters of the NB-share + flooding protocol meeting central (eps, delta).
+
+    1. The DLap parameter p is set so the noise *alone* (mu = infinity) would spend
+       eps at delta if its per-cell eps were 1/``dlap_share`` larger: the remaining
+       headroom pays for finite flooding.
+    2. The flood mean mu is the smallest (to 2%) that meets (eps, delta) exactly,
+       by bisection on log mu (the protocol's eps decreases in mu).
+    The shuffle mechanism samples, per client and cell, NB(nb_shape, nb_success_prob)
+    positive and negative noise messages and Poisson(flood_mean_per_client) pairs.
+    """
+    for key, ok in (("eps", 0 < eps < 50), ("delta", 0 < delta < 1), ("n", n >= 1),
+                    ("sensitivity_l1", sensitivity_l1 >= 1), ("num_cells", num_cells >= 1),
+                    ("dlap_share", 0 < dlap_share < 1)):
+        if not ok:
+            raise ConfigError(f"multi_message.{key}", f"{key} out of range",
+                              "use eps in (0,50), delta in (0,1), n>=1, L1>=1, d>=1, 0<dlap_share<1")
+    # largest per-cell eps1 (p = e^-eps1) whose pure-noise limit meets (eps, delta/2)
+    f = lambda e1: dlap_limit_eps(math.exp(-e1), sensitivity_l1, delta / 2) - eps  # noqa: E731
+    e1_max = optimize.brentq(f, 1e-4 * eps / sensitivity_l1, 4.0 * eps, xtol=1e-6)
+    p = math.exp(-dlap_share * e1_max)
+    lo, hi = math.log(1.0), math.log(max(10.0, 50 * math.log(2 / delta) / (1 - p) ** 2))
+    while protocol_eps(p, math.exp(hi), sensitivity_l1, delta) > eps:
+        hi += math.log(4.0)
+        if hi > math.log(1e9):
+            raise ConfigError("multi_message.eps", f"cannot reach eps={eps} at delta={delta} "
+                              "with flooding up to 1e9 pairs per cell",
+                              "raise eps or delta, or lower dlap_share")
+    while hi - lo > 0.02:
+        mid = 0.5 * (lo + hi)
+        if protocol_eps(p, math.exp(mid), sensitivity_l1, delta) <= eps:
+            hi = mid
+        else:
+            lo = mid
+    mu = math.exp(hi)
+    achieved = protocol_eps(p, mu, sensitivity_l1, delta)
+    mean_nb = p / (1 - p)
+    noise_msgs = num_cells * (2 * mean_nb + 2 * mu) / n
+    var = 2 * p / (1 - p) ** 2
+    return MultiMessageCalibration(
+        eps=achieved, delta=delta, n=int(n), sensitivity_l1=int(sensitivity_l1),
+        num_cells=int(num_cells), dlap_p=p, nb_shape=1.0 / n, nb_success_prob=1.0 - p,
+        flood_mean_total=mu, flood_mean_per_client=mu / n,
+        noise_messages_per_client=noise_msgs,
+        true_messages_per_record=int(math.ceil(sensitivity_l1 / 2)),
+        error_variance=var, laplace_equivalent_scale=math.sqrt(var / 2))

@@ -1,0 +1,140 @@
+"""Multi-message shuffle model: true messages plus distributed discrete-Laplace noise.
+
+Every message is a (cell, sign) pair packed in 4 bytes: ``cell << 1 | negative``.
+A client sends one (cell, +1) message per cell each of its records votes into
+(k*r per record) plus its share of the noise: negative-binomial NB(1/n, 1-p)
+messages (j, +1) and (j, -1) and Poisson(mu/n) flooding pairs per cell j.
+The n shares of a cell add up to a discrete Laplace DLap(p) on the difference,
+so the server's estimate N+_j - N-_j is unbiased with the central discrete
+Laplace variance 2p/(1-p)^2. Calibration, the (eps, delta) statement and its
+derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
+arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
+replace-one, for the n clients whose noise shares were counted.
+
+Simulation shortcut (the server's view is unchanged): within one batch of B
+clients the per-client shares of a cell are summed exactly -- a sum of B
+NB(1/n) is NB(B/n), a sum of B Poisson(mu/n) is Poisson(B mu/n) -- and each
+noise message is attributed to a uniformly chosen client of the batch. The
+multiset the shuffler forwards has exactly the protocol's distribution; only
+the per-client split of noise messages (invisible after shuffling) differs.
+
+Clients that drop out take their noise shares with them, so calibration uses
+``n_cal = floor(n * (1 - expected_dropout))`` and the shuffler refuses fewer
+distinct senders than that.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rknn_ray.accounting.multi_message import calibrate_multi_message
+from rknn_ray.answers import RecordAnswers
+from rknn_ray.errors import ConfigError, PrivacyBudgetError
+from rknn_ray.mechanisms import register
+from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.central import central_error_bound
+
+MESSAGE_BYTES = 4
+
+
+def encode_messages(cells: np.ndarray, negative: np.ndarray) -> np.ndarray:
+    """(M,) cells and signs -> (M, 4) uint8 rows."""
+    words = (cells.astype(np.uint32) << np.uint32(1)) | negative.astype(np.uint32)
+    return words.astype("<u4").view(np.uint8).reshape(-1, MESSAGE_BYTES)
+
+
+def decode_messages(payloads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(M, 4) uint8 rows -> (cells int64, negative bool)."""
+    words = np.ascontiguousarray(payloads).view("<u4").reshape(-1).astype(np.int64)
+    return words >> 1, (words & 1).astype(bool)
+
+
+class MultiMessageShuffle(Mechanism):
+    name = "multi"
+    model = "shuffle"
+
+    def __init__(self, params: MechanismParams):
+        super().__init__(params)
+        if not 0 < params.delta < 1:
+            raise ConfigError("privacy.delta", f"the shuffle model needs 0 < delta < 1, got "
+                              f"{params.delta}", "set privacy.delta, e.g. 1e-6")
+        self.expected_dropout = float(params.options.get("expected_dropout", 0.0))
+        if not 0 <= self.expected_dropout < 1:
+            raise ConfigError("privacy.options.expected_dropout", "must be in [0, 1)",
+                              "set it to the fraction of clients that may not send, e.g. 0.05")
+        self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
+        self.cal = calibrate_multi_message(params.eps, params.delta, self.n_cal,
+                                           params.sensitivity_l1, params.num_cells,
+                                           records_per_client=params.max_records_per_client)
+        self.senders_shuffled: int | None = None
+
+    @property
+    def message_size(self) -> int:
+        return MESSAGE_BYTES
+
+    def randomize(self, answers: RecordAnswers, rng: np.random.Generator) -> MessageBatch:
+        d, cal = self.params.num_cells, self.cal
+        true_cells = answers.flat_cells().ravel()
+        true_senders = np.repeat(answers.client_ids, answers.k * answers.r)
+        ids = np.unique(answers.client_ids)
+        share = ids.size / self.n_cal                       # B / n
+        plus = rng.negative_binomial(share, cal.nb_success_prob, size=d)
+        minus = rng.negative_binomial(share, cal.nb_success_prob, size=d)
+        flood = rng.poisson(share * cal.flood_mean_total, size=d)
+        cells = np.concatenate([true_cells,
+                                np.repeat(np.arange(d), plus + flood),
+                                np.repeat(np.arange(d), minus + flood)])
+        negative = np.zeros(cells.size, dtype=bool)
+        negative[true_cells.size + int((plus + flood).sum()):] = True
+        n_noise = cells.size - true_cells.size
+        senders = np.concatenate([true_senders, ids[rng.integers(0, ids.size, n_noise)]])
+        order = np.argsort(senders, kind="stable")
+        return MessageBatch(encode_messages(cells[order], negative[order]), senders[order])
+
+    def well_formed(self, payloads: np.ndarray) -> np.ndarray:
+        if payloads.ndim != 2 or payloads.shape[1] != MESSAGE_BYTES:
+            return np.zeros(payloads.shape[0] if payloads.ndim else 0, dtype=bool)
+        cells, _ = decode_messages(payloads)
+        return cells < self.params.num_cells
+
+    def estimate(self, payloads: np.ndarray, num_clients: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        d = self.params.num_cells
+        cells, negative = decode_messages(payloads)
+        if cells.size and cells.max() >= d:
+            raise ValueError("message cell index out of range; drop malformed messages first")
+        diff = np.bincount(cells[~negative], minlength=d) - np.bincount(cells[negative], minlength=d)
+        return diff.reshape(self.params.num_queries, self.params.num_classes).astype(np.float64)
+
+    def min_senders(self) -> int:
+        """Every calibrated noise share must be present: n_cal distinct senders."""
+        return self.n_cal
+
+    def guarantee_for(self, n: int) -> Guarantee:
+        if n < self.n_cal:
+            raise PrivacyBudgetError(
+                f"only {n} distinct senders were shuffled but the noise was split over "
+                f"{self.n_cal}; round refused, nothing released. Set "
+                "privacy.options.expected_dropout to the dropout you expect")
+        return Guarantee(self.cal.eps, self.params.delta, "shuffle", self.name, unit="record",
+                         n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
+                                        f"over {self.n_cal} clients + Poisson flooding "
+                                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell)")
+
+    def guarantee(self) -> Guarantee:
+        return self.guarantee_for(self.senders_shuffled or self.n_cal)
+
+    def error_bound(self, beta: float, num_clients: int = 0) -> float:
+        scale = -1.0 / math.log(self.cal.dlap_p)
+        return central_error_bound(scale, self.params.num_classes, beta, "discrete")
+
+    def describe(self) -> dict:
+        c = self.cal
+        return {**super().describe(), "calibration": c.to_dict(),
+                "messages_per_client_expected": c.true_messages_per_record
+                * self.params.max_records_per_client + c.noise_messages_per_client,
+                "bytes_per_message_payload": MESSAGE_BYTES, "n_calibrated": self.n_cal}
+
+
+register("shuffle", "multi")(MultiMessageShuffle)

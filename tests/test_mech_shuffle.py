@@ -1,0 +1,89 @@
+"""Shuffle-model mechanisms: single message at an amplified eps0, multi-message noise."""
+import math
+
+import numpy as np
+import pytest
+
+from rknn_ray.accounting import BOUNDS
+from rknn_ray.answers import RecordAnswers
+from rknn_ray.errors import ConfigError, PrivacyBudgetError
+from rknn_ray.mechanisms import MechanismParams, build
+from rknn_ray.mechanisms.shuffle_multi import decode_messages, encode_messages
+from rknn_ray.rng import seeded_generator
+
+
+def one_per_client(rng, n, s=10, c=10, k=1):
+    nb = np.argsort(rng.random((n, s)), axis=1)[:, :k]
+    return RecordAnswers(nb, rng.integers(0, c, (n, 1)), np.arange(n), s, c)
+
+
+@pytest.mark.parametrize("name", ["rr", "collision"])
+def test_single_message_eps0_and_sender_floor(name):
+    n, target, delta = 20000, 1.0, 1e-6
+    mech = build("shuffle", name, MechanismParams(10, 10, 1, target, delta=delta, num_clients=n))
+    eps0 = mech.local_eps
+    assert eps0 > target                     # amplification buys a larger local eps
+    bound = BOUNDS[mech.bound_name]
+    assert bound.central_eps(eps0, n, delta) <= target * (1 + 1e-9)
+    floor = mech.min_senders()
+    assert floor <= n
+    assert mech.central_eps(floor) <= target * (1 + 1e-9) < mech.central_eps(floor - 1)
+    g = mech.guarantee_for(n)
+    assert (g.model, g.unit, g.n, g.delta) == ("shuffle", "record", n, delta)
+    with pytest.raises(PrivacyBudgetError, match="Round refused"):
+        mech.guarantee_for(floor - 1)
+
+
+def test_single_message_estimator_unbiased_at_eps0():
+    rng = np.random.default_rng(0)
+    n = 20000
+    mech = build("shuffle", "rr", MechanismParams(5, 2, 1, 1.0, delta=1e-6, num_clients=n))
+    ans = one_per_client(rng, n, s=5, c=2)
+    est = np.stack([mech.estimate(mech.randomize(ans, seeded_generator(i)).payloads, n)
+                    for i in range(20)])
+    sd = est.std(axis=0).mean() / math.sqrt(20)
+    assert np.abs(est.mean(0) - ans.counts()).max() < 6 * sd
+
+
+def test_multi_message_round_trip_unbiased_and_dlap_variance():
+    rng = np.random.default_rng(1)
+    n = 3000
+    mech = build("shuffle", "multi", MechanismParams(4, 3, 1, 1.0, delta=1e-6, num_clients=n))
+    ans = one_per_client(rng, n, s=4, c=3)
+    errs = []
+    for i in range(60):
+        batch = mech.randomize(ans, seeded_generator(i))
+        assert mech.well_formed(batch.payloads).all()
+        assert np.unique(batch.senders).size == n    # every client sends
+        errs.append(mech.estimate(batch.payloads, n) - ans.counts())
+    errs = np.stack(errs)
+    var = mech.cal.error_variance
+    assert abs(errs.mean()) < 6 * math.sqrt(var / errs.size)
+    assert errs.var() == pytest.approx(var, rel=0.15)
+    assert mech.cal.eps <= 1.0 + 1e-9
+    assert mech.guarantee().eps == pytest.approx(mech.cal.eps)
+
+
+def test_multi_message_refuses_missing_noise_shares():
+    mech = build("shuffle", "multi", MechanismParams(4, 3, 1, 1.0, delta=1e-6, num_clients=1000,
+                                                     options={"expected_dropout": 0.1}))
+    assert mech.min_senders() == 900
+    mech.guarantee_for(900)
+    with pytest.raises(PrivacyBudgetError, match="expected_dropout"):
+        mech.guarantee_for(899)
+
+
+def test_message_codec_and_malformed():
+    cells = np.array([0, 5, 11]); neg = np.array([False, True, False])
+    p = encode_messages(cells, neg)
+    assert p.shape == (3, 4)
+    c2, n2 = decode_messages(p)
+    np.testing.assert_array_equal(c2, cells); np.testing.assert_array_equal(n2, neg)
+    mech = build("shuffle", "multi", MechanismParams(2, 3, 1, 1.0, delta=1e-6, num_clients=100))
+    np.testing.assert_array_equal(mech.well_formed(p), [True, True, False])
+
+
+def test_shuffle_needs_delta():
+    for name in ("rr", "multi"):
+        with pytest.raises(ConfigError, match="delta"):
+            build("shuffle", name, MechanismParams(4, 3, 1, 1.0, delta=0.0, num_clients=100))

@@ -1,0 +1,59 @@
+"""The student under real Ray Train (TorchTrainer, 2 CPU workers, DDP over gloo)."""
+import json
+import os
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from rknn_ray.errors import ConfigError
+from rknn_ray.student import StudentConfig, accuracy, load_student, train_student
+
+
+@pytest.fixture(scope="module")
+def digits():
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = d.target.astype(np.int64)
+    p = np.random.default_rng(0).permutation(len(y))
+    return x[p[:1200]], y[p[:1200]], x[p[1200:]], y[p[1200:]]
+
+
+def test_more_workers_than_cpus_is_refused_before_training(ray_session, digits, tmp_path):
+    xtr, ytr, xte, yte = digits
+    cpus = int(ray_session.cluster_resources()["CPU"])
+    with pytest.raises(ConfigError, match="student.num_workers"):
+        train_student(xtr, ytr, xte, yte, (1, 8, 8), 10,
+                      StudentConfig(epochs=1, num_workers=cpus + 1, use_gpu=False), storage_path=str(tmp_path))
+
+
+@pytest.mark.slow  # ~35-70 s here: ~30 s is TorchTrainer's fixed start-up cost
+def test_ray_train_two_workers_on_digits(ray_session, digits, tmp_path):
+    xtr, ytr, xte, yte = digits
+    # a sixth of the rows are "unlabeled queries": garbage labels, weight 0 -> must be ignored
+    weight = np.ones(len(ytr), dtype=np.float32)
+    weight[::6] = 0.0
+    labels = ytr.copy()
+    labels[::6] = (labels[::6] + 1) % 10
+    seen = []
+    res = train_student(xtr, labels, xte, yte, (1, 8, 8), 10,
+                        StudentConfig(epochs=8, num_workers=2, use_gpu=False, seed=0),
+                        storage_path=str(tmp_path / "ray"), checkpoint_dir=str(tmp_path / "ckpt"),
+                        progress=seen.append, sample_weight=weight)
+    assert res.num_workers == 2 and res.device == "cpu" and res.epochs == 8
+    assert len(res.history) == 8 and seen == res.history
+    assert res.history[-1]["train_loss"] < res.history[0]["train_loss"] / 3
+    assert res.history[-1]["train_accuracy"] > 0.9
+    assert res.test_accuracy >= 0.9
+    # the copied checkpoint is the model that was evaluated
+    assert res.checkpoint_path == str(tmp_path / "ckpt" / "student.pt")
+    assert accuracy(load_student(res.checkpoint_path), xte, yte) == res.test_accuracy
+    with open(tmp_path / "ckpt" / "history.json") as f:
+        assert json.load(f) == res.history
+    assert set(res.timings) >= {"workers_start", "train", "evaluate"}
+    # and Ray Train's own copy lives in the run folder
+    stored = [os.path.join(dp, f) for dp, _, fs in os.walk(tmp_path / "ray") for f in fs if f == "student.pt"]
+    assert len(stored) == 1
+    assert 0 < res.train_seconds < res.seconds
+    print(f"\nray train: total {res.seconds:.1f}s, in epoch loop {res.train_seconds:.1f}s, "
+          f"overhead {res.seconds - res.train_seconds:.1f}s, acc {res.test_accuracy:.3f}")
