@@ -78,7 +78,7 @@ def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> 
         scfg = StudentConfig(epochs=st["epochs"], batch_size=st["batch_size"], lr=st["lr"],
                              weight_decay=st["weight_decay"], num_workers=st["num_workers"],
                              use_gpu=st["use_gpu"], label_type=cfg["labels"]["type"],
-                             seed=cfg["run"]["seed"], arch=st["arch"])
+                             seed=cfg["run"]["seed"], arch=st["arch"], augment=st["augment"])
         if cfg["labels"]["train_on"] == "queries":
             train_x, targets = sp.public_x[qs.public_index], \
                 (lab.query_soft if scfg.label_type == "soft" else lab.query_labels)
@@ -111,7 +111,8 @@ def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> 
                      "nonprivate_query_labels": ref.query_accuracy},
         "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": ledger.spent()[0],
                     "delta": ledger.spent()[1], "unit": g.unit, "neighbour": g.neighbour,
-                    "rounds": [g.to_dict()], "ledger": ledger.to_dict(), **rnd.mechanism},
+                    "rounds": [g.to_dict()], "ledger": ledger.to_dict(),
+                    "details": rnd.mechanism},
         "counts": {"clients": data.num_clients, "records": int(len(sp.private_y)),
                    "queries": qs.size, "public": int(len(sp.public_y)),
                    "evaluation": int(len(sp.eval_y)), "messages": rnd.messages,
@@ -135,7 +136,7 @@ def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> 
     })
     write_parquet(os.path.join(out_dir, "labels.parquet"), labels_table)
     write_json(os.path.join(out_dir, "ledger.json"), ledger.to_dict())
-    bound = central_error_bound(rnd.mechanism.get("scale", 0) or 1, data.num_classes, 0.05) \
+    bound = central_error_bound(rnd.mechanism["scale"], data.num_classes, 0.05, "discrete") \
         if g.model == "central" else None
     run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history, gaps,
                     lab.query_labels == truth_q, bound)

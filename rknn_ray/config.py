@@ -28,7 +28,7 @@ DEFAULTS: dict = {
     "shuffle": {"min_senders": None, "onion_layers": 0, "dropout": 0.0},
     "labels": {"type": "hard", "train_on": "public"},
     "student": {"epochs": 30, "batch_size": 64, "lr": 0.001, "weight_decay": 0.0,
-                "num_workers": 2, "use_gpu": None, "arch": "auto"},
+                "num_workers": 2, "use_gpu": None, "arch": "auto", "augment": "none"},
     "cluster": {"shards": 2, "batch_clients": 20000, "shard_cpus": 0.5},
 }
 

@@ -1,6 +1,17 @@
-"""Privacy accounting: shuffle amplification bounds, multi-message calibration, ledger."""
+"""Privacy accounting: shuffle amplification bounds, multi-message calibration, ledger.
+
+* :mod:`.bounds` -- amplification upper bounds (FMT closed form, clones numerical,
+  variation-ratio), a lower bound, inverses (``amplified_local_eps``).
+* :mod:`.hockey` -- the exact, bounded-work hockey-stick computations behind them.
+* :mod:`.multi_message` -- NB-share + flooding histogram protocol calibration.
+* :mod:`.ledger` -- ``PrivacyLedger``: per-run releases, composition, budget cap.
+* :mod:`.audit` -- empirical audit (Clopper-Pearson) and simulated labeling error.
+"""
 from rknn_ray.accounting.bounds import (BOUNDS, AmplificationBound, VariationRatioBound,
                                         amplified_local_eps, get_bound, variation_ratio_bound)
+from rknn_ray.accounting.ledger import PrivacyLedger, atomic_write_json
+from rknn_ray.accounting.multi_message import MultiMessageCalibration, calibrate_multi_message
 
 __all__ = ["BOUNDS", "AmplificationBound", "VariationRatioBound", "amplified_local_eps",
-           "get_bound", "variation_ratio_bound"]
+           "get_bound", "variation_ratio_bound", "PrivacyLedger", "atomic_write_json",
+           "MultiMessageCalibration", "calibrate_multi_message"]

@@ -89,6 +89,7 @@ class PrivacyLedger:
         self.budget_eps, self.budget_delta = budget_eps, budget_delta
         self.accountant = accountant
         self.entries: list[LedgerEntry] = []
+        self._pld_total = None          # composed PLD of self.entries (cached)
 
     # ------------------------------------------------------------------ composition
     def _target_delta(self, entries: list[LedgerEntry]) -> float:
@@ -103,8 +104,10 @@ class PrivacyLedger:
         delta_sum = min(1.0, sum(e.guarantee.delta for e in entries))
         if self.accountant == "basic" or len(entries) == 1 and entries[0].event is None:
             return eps_sum, delta_sum
-        total = None
-        for e in entries:
+        # entries == self.entries (+ at most one candidate): reuse the cached total
+        cached = len(entries) >= len(self.entries) and entries[:len(self.entries)] == self.entries
+        total = self._pld_total if cached else None
+        for e in (entries[len(self.entries):] if cached else entries):
             pld = _pld_of(e.guarantee, e.event)
             if pld is None:
                 continue
@@ -154,6 +157,10 @@ class PrivacyLedger:
         """Check the budget, then append the release. Returns the new entry."""
         self.check(guarantee, event)
         entry = LedgerEntry(int(round_id), guarantee, event, dict(extra))
+        if self.accountant == "pld":
+            pld = _pld_of(guarantee, event)
+            if pld is not None:
+                self._pld_total = pld if self._pld_total is None else self._pld_total.compose(pld)
         self.entries.append(entry)
         return entry
 

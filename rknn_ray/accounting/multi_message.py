@@ -113,8 +113,7 @@ def dlap_limit_eps(p: float, sensitivity_l1: int, delta: float) -> float:
 
 
 def calibrate_multi_message(eps: float, delta: float, n: int, sensitivity_l1: int,
-                            num_cells: int, dlap_share: float = 0.85,
-                            records_per_client: int = 1) -> MultiMessageCalibration:
+                            num_cells: int, dlap_share: float = 0.85) -> MultiMessageCalibration:
     """Parameters of the NB-share + flooding protocol meeting central (eps, delta).
 
     1. The DLap parameter p is set so the noise *alone* (mu = infinity) would spend

@@ -1,0 +1,81 @@
+"""The amplification job: CLI JSON shapes, grid outputs, empirical audit."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jobs.amplification import main, run_grid
+from rknn_ray.accounting import BOUNDS
+from rknn_ray.accounting.audit import audit_binary_rr, clopper_pearson
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cli_json_eps0():
+    out = subprocess.run([sys.executable, "-m", "jobs.amplification", "--n", "100000",
+                          "--eps0", "4", "--delta", "1e-6", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)
+    by = {r["bound"]: r for r in rows}
+    assert {"fmt_closed_form", "clones_numerical", "variation_ratio", "lower_bound"} <= set(by)
+    assert all(set(r) >= {"bound", "eps", "seconds"} for r in rows)
+    assert by["fmt_closed_form"]["eps"] == pytest.approx(0.5346, abs=1e-4)
+    assert 0.1675 <= by["clones_numerical"]["eps"] <= 0.175
+
+
+def test_cli_json_target(capsys):
+    assert main(["--n", "10000", "--target-eps", "1", "--delta", "1e-6", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by = {r["bound"]: r["eps0"] for r in rows}
+    assert by["fmt_closed_form"] < by["clones_numerical"] < by["variation_ratio"] < by["lower_bound"]
+    assert BOUNDS["clones_numerical"].central_eps(by["clones_numerical"], 10000, 1e-6) <= 1.0
+
+
+def test_cli_closed_form_out_of_range_is_reported_not_crashing(capsys):
+    assert main(["--n", "1000", "--eps0", "4", "--delta", "1e-6", "--json"]) == 0
+    by = {r["bound"]: r for r in json.loads(capsys.readouterr().out)}
+    assert by["fmt_closed_form"]["eps"] is None and "Fix" in by["fmt_closed_form"]["error"]
+
+
+def test_small_grid_writes_results_and_plots(tmp_path):
+    res = run_grid(str(tmp_path), ns=(1000, 10000), eps0s=(1.0, 4.0), deltas=(1e-6,),
+                   targets=(1.0,), audit_trials=20_000)
+    names = sorted(os.listdir(tmp_path))
+    assert {"results.json", "table.txt", "central_eps_delta1e-06.png", "timing.png",
+            "granted_eps0_and_label_error.png"} <= set(names)
+    assert not [n for n in names if n.startswith(".tmp-")]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["order_violations"] == [] and data["red_flags"] == []
+    assert len(data["central"]) == 4 and len(data["audit"]) == 4
+    lab = data["inverse"][0]["labeling"]["clones_numerical"]
+    assert lab["eta_theory"] > 0 and 0 <= lab["label_error_sim"] <= 1
+    assert res["total_seconds"] < 60
+
+
+def test_audit_lower_bound_below_claimed_upper_and_positive():
+    rng = np.random.default_rng(7)
+    ub = BOUNDS["variation_ratio"].central_eps(4.0, 1000, 1e-6)
+    a = audit_binary_rr(1000, 4.0, 1e-6, {"variation_ratio": ub}, trials=400_000, rng=rng)
+    assert 0.1 < a.eps_lower_empirical <= BOUNDS["lower_bound"].central_eps(4.0, 1000, 1e-6)
+    assert a.red_flags == []
+    # a false claim is flagged
+    bad = audit_binary_rr(1000, 4.0, 1e-6, {"too_small": 0.01}, trials=400_000, rng=rng)
+    assert bad.red_flags == ["too_small"]
+
+
+def test_clopper_pearson_covers():
+    lo, hi = clopper_pearson(50, 100, 0.05)
+    assert lo < 0.5 < hi and lo == pytest.approx(0.398, abs=2e-3)
+    assert clopper_pearson(0, 10, 0.05)[0] == 0.0
+
+
+@pytest.mark.slow
+def test_full_grid_under_two_minutes(tmp_path):
+    t = time.perf_counter()
+    res = run_grid(str(tmp_path))
+    assert time.perf_counter() - t < 120
+    assert res["order_violations"] == [] and res["red_flags"] == []
