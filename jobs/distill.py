@@ -54,9 +54,9 @@ def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> 
 
     progress = progress or Progress(cfg["run"]["progress"])
     job_id = new_job_id()
-    write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(cfg, sort_keys=False))
     with progress.stage("data", f"loading {cfg['data']['dataset']} and partitioning"):
-        data = prepare_data(cfg)
+        data = prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
+    write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(cfg, sort_keys=False))
     sp = data.splits
     progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
                  f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")

@@ -189,14 +189,9 @@ def test_all_orders_of_three_are_equally_likely():
 # ----------------------------------------------------------------------------- Ray actors
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
+def ray_local(ray_session):
+    """The session's shared local Ray instance (tests/conftest.py)."""
+    return ray_session
 
 
 def test_shuffler_actor_end_to_end(ray_local):

@@ -65,8 +65,7 @@ class MultiMessageShuffle(Mechanism):
                               "set it to the fraction of clients that may not send, e.g. 0.05")
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
         self.cal = calibrate_multi_message(params.eps, params.delta, self.n_cal,
-                                           params.sensitivity_l1, params.num_cells,
-                                           records_per_client=params.max_records_per_client)
+                                           params.sensitivity_l1, params.num_cells)
         self.senders_shuffled: int | None = None
 
     @property

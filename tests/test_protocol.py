@@ -1,0 +1,116 @@
+"""The protocol on real actors and sealed reports: equality with direct aggregation,
+server-side rejection of bad reports, refusal of rounds that would miss the target."""
+import numpy as np
+import pytest
+
+from actors.server import Server
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.answers import RecordAnswers
+from rknn_ray.config import load_config
+from rknn_ray.errors import PrivacyBudgetError
+from rknn_ray.mechanisms import MechanismParams, build
+from rknn_ray.rng import seeded_generator
+from shuffler.envelope import RoundContext, from_arrow, seal_batch, to_arrow
+from shuffler.opening import ReportOpener, ServerKeyPair
+from shuffler.shuffler import ShufflePool
+
+
+def answers(n, s=6, c=3, seed=0):
+    rng = np.random.default_rng(seed)
+    nb = np.argsort(rng.random((n, s)), axis=1)[:, :1]
+    return RecordAnswers(nb, rng.integers(0, c, (n, 1)), np.arange(n), s, c)
+
+
+@pytest.mark.parametrize("model,name", [("shuffle", "collision"), ("shuffle", "rr"),
+                                        ("shuffle", "multi"), ("central", "laplace"),
+                                        ("local", "collision")])
+def test_shuffled_sealed_path_equals_direct_aggregation(model, name):
+    """Fixed randomness: seal -> shuffle -> open -> estimate == estimate of the same reports."""
+    n = 3000
+    ans = answers(n)
+    mech = build(model, name, MechanismParams(6, 3, 1, 1.0, delta=1e-6, num_clients=n))
+    batch = mech.randomize(ans, seeded_generator(5))
+    direct = mech.estimate(batch.payloads, n, seeded_generator(9))
+    keys, ctx = ServerKeyPair.generate(), RoundContext("job-eq", 0)
+    pool = ShufflePool(min_senders=n)
+    pool.add(to_arrow(seal_batch(keys.public_bytes(), batch.payloads, ctx), batch.senders))
+    opener = ReportOpener(keys, ctx, payload_len=mech.message_size)
+    opened = []
+    for rb in pool.release():
+        assert rb.schema.names == ["report"]          # no sender column reaches the server
+        p, rejected = opener.open_batch(from_arrow(rb)[0])
+        assert sum(rejected.values()) == 0
+        opened.append(p)
+    opened = np.concatenate(opened)
+    assert not np.array_equal(opened, batch.payloads)  # the order changed ...
+    assert sorted(map(bytes, opened)) == sorted(map(bytes, batch.payloads))  # ... not the multiset
+    np.testing.assert_array_equal(mech.estimate(opened, n, seeded_generator(9)), direct)
+
+
+def test_server_actor_rejects_and_counts_bad_reports(ray_session):
+    n = 200
+    ans = answers(n)
+    mech = build("central", "laplace", MechanismParams(6, 3, 1, 1.0))
+    payloads = mech.randomize(ans, seeded_generator(0)).payloads
+    server = Server.remote("job-x")
+    pub = ray_session.get(server.public_key.remote())
+    ctx = RoundContext("job-x", 0)
+    ray_session.get(server.begin_round.remote(ctx, mech))
+    good = seal_batch(pub, payloads, ctx)
+    tampered = good[:3].copy()
+    tampered[:, -5] ^= 0x01
+    other_round = seal_batch(pub, payloads[:2], RoundContext("job-x", 7))
+    other_job = seal_batch(pub, payloads[:1], RoundContext("job-y", 0))
+    forged = payloads[:4].copy()
+    forged.view("<u4")[:, 0] = 999                      # nnz beyond the slots: malformed
+    bad_payload = seal_batch(pub, forged, ctx)
+    batches = [to_arrow(good), to_arrow(np.concatenate([tampered, other_round, other_job,
+                                                        good[:5], bad_payload]))]
+    accepted = ray_session.get(server.receive.remote(batches))
+    out = ray_session.get(server.estimate.remote(n, "seeded", 1))
+    assert accepted == n and out["messages"] == n
+    rej = out["rejected"]
+    assert (rej["tampered"], rej["wrong_round"], rej["wrong_job"], rej["replayed"],
+            rej["malformed"]) == (3, 2, 1, 5, 4)
+    noise = out["counts"] - ans.counts()
+    assert np.all(noise == np.round(noise))
+    ray_session.kill(server)
+
+
+def _digits_cfg(*overrides):
+    return load_config("jobs/configs/digits_shuffle.yaml",
+                       ["run.rng=seeded", "cluster.shards=2", *overrides])
+
+
+def test_round_refused_when_dropouts_shrink_the_senders(ray_session):
+    from jobs.progress import Progress
+    from jobs.protocol import run_round
+    from rknn_ray.pipeline import fit_queries, prepare_data
+    cfg = _digits_cfg("shuffle.dropout=0.2")
+    data = prepare_data(cfg)
+    enc, _, qs = fit_queries(cfg, data)
+    ledger = PrivacyLedger()
+    with pytest.raises(PrivacyBudgetError, match="distinct senders"):
+        run_round(cfg, data, enc, qs, 0, "job-drop", ledger, Progress(False))
+    assert ledger.spent() == (0.0, 0.0) and not ledger.to_dict()["entries"]
+
+
+def test_shuffle_round_on_actors_with_onion_chain(ray_session):
+    """Two onion hops, multi-message: every message arrives, the guarantee meets the target
+    with the n actually shuffled, and the estimate is close to the exact counts."""
+    from jobs.progress import Progress
+    from jobs.protocol import run_round
+    from rknn_ray.pipeline import exact_answers, fit_queries, mechanism_params, prepare_data
+    cfg = _digits_cfg("privacy.mechanism=multi", "shuffle.onion_layers=2", "privacy.eps=1.0")
+    data = prepare_data(cfg)
+    enc, _, qs = fit_queries(cfg, data)
+    ledger = PrivacyLedger()
+    res = run_round(cfg, data, enc, qs, 0, "job-onion", ledger, Progress(False))
+    assert res.shuffler["senders"] == data.num_clients
+    assert len(res.shuffler["hops"]) == 2
+    assert sum(res.rejected.values()) == 0 and res.messages == res.shuffler["messages"]
+    assert res.guarantee.eps <= 1.0 + 1e-9 and res.guarantee.n == data.num_clients
+    exact = exact_answers(enc, data, qs, 1).counts()
+    sd = np.sqrt(build("shuffle", "multi", mechanism_params(cfg, data)).cal.error_variance)
+    assert np.abs(res.counts - exact).max() < 8 * sd
+    assert ledger.spent()[0] == pytest.approx(res.guarantee.eps)
