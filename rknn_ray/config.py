@@ -110,6 +110,11 @@ def _number(cfg: dict, path: str, kind=float, low=None, high=None, low_open=Fals
     v = cfg[section][key]
     if v is None and allow_none:
         return
+    if isinstance(v, str):      # YAML 1.1 reads '1e-6' (no dot) as a string
+        try:
+            v = cfg[section][key] = float(v) if kind is float else int(v)
+        except ValueError:
+            pass
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)):
         raise ConfigError(path, f"expected {'an integer' if kind is int else 'a number'}, got {v!r}",
                           f"set {path} to a {'whole ' if kind is int else ''}number")

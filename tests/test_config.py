@@ -20,6 +20,7 @@ def test_shipped_configs_validate(path):
 def test_override_parsing():
     assert parse_override("privacy.eps=0.5") == {"privacy": {"eps": 0.5}}
     assert parse_override("data.data_root=/x") == {"data": {"data_root": "/x"}}
+    assert load_config(None, ["privacy.delta=1e-6"])["privacy"]["delta"] == 1e-6  # YAML 1.1 str
     cfg = load_config(None, ["privacy.eps=2", "rknn.k=3", "queries.s=50"])
     assert (cfg["privacy"]["eps"], cfg["rknn"]["k"], cfg["queries"]["s"]) == (2, 3, 50)
 

@@ -87,3 +87,17 @@ def test_shuffle_needs_delta():
     for name in ("rr", "multi"):
         with pytest.raises(ConfigError, match="delta"):
             build("shuffle", name, MechanismParams(4, 3, 1, 1.0, delta=0.0, num_clients=100))
+
+
+def test_multi_message_accounting_stable_for_heavy_flooding():
+    """Regression: with many flooding pairs (small n, small eps) the pmf grid once lost
+    its mass (scipy's Poisson logcdf underflow) and eps came out 0 or inf."""
+    from rknn_ray.accounting.multi_message import (calibrate_multi_message, dlap_limit_eps,
+                                                   protocol_eps)
+    p = 0.8085605399276283
+    eps = [protocol_eps(p, mu, 2, 1e-6) for mu in (1e3, 3e3, 8e3, 1.6e4, 3e4, 1e5)]
+    assert all(math.isfinite(e) for e in eps)
+    assert all(a >= b - 1e-9 for a, b in zip(eps, eps[1:]))       # more flooding, less eps
+    assert eps[-1] >= dlap_limit_eps(p, 2, 1e-6) - 1e-6            # never below the limit
+    cal = calibrate_multi_message(0.5, 1e-6, 1079, 2, 100)
+    assert 0.45 <= cal.eps <= 0.5

@@ -76,9 +76,14 @@ def _pmfs(p: float, mu: float) -> tuple[dict, dict]:
     """log-pmfs of the per-cell pair (P, Q) on outcomes {'low', 0, 1, ...}."""
     lam = mu / (p * p)
     g_hi = math.log(_TAIL) / math.log(p) if p > 0 else 0.0
-    u_max = int(stats.poisson.isf(_TAIL, mu) + g_hi + 10)
+    # Phi(u) ramps up where PoissonCDF(u; lam) does, so the mass sits around lam = mu/p^2
+    # (not mu): cover lam's upper tail plus the geometric decay p^{2u} beyond it.
+    u_max = int(stats.poisson.isf(_TAIL, lam) + g_hi + 10)
     u = np.arange(0, u_max + 1)
-    log_phi = mu * (1.0 / (p * p) - 1.0) + stats.poisson.logcdf(u, lam)
+    # log PoissonCDF by a running logsumexp of log-pmfs: scipy's logcdf underflows to
+    # -inf in the far left tail, exactly where the mass sits when mu is large.
+    log_cdf = np.logaddexp.accumulate(stats.poisson.logpmf(u, lam))
+    log_phi = mu * (1.0 / (p * p) - 1.0) + log_cdf
     # Phi(u) = sum_{f<=u} e^-mu mu^f/f! p^-2f = e^{mu(p^-2-1)} PoissonCDF(u; mu/p^2)
     lp = math.log1p(-p) + 2 * u * math.log(p) + log_phi
     lq = np.full(u.shape, -np.inf)
@@ -86,6 +91,11 @@ def _pmfs(p: float, mu: float) -> tuple[dict, dict]:
     sp, sq = float(np.exp(lp).sum()), float(np.exp(lq[1:]).sum())
     P = {int(k): float(v) for k, v in zip(u, lp) if v > -745}
     Q = {int(k): float(v) for k, v in zip(u, lq) if v > -745}
+    # Exact identity Q(low) = P(low) / p: a truncated grid breaks it, and a silently
+    # truncated grid would put the missing mass on 'low' and understate eps.
+    if not math.isclose(1.0 - sq, (1.0 - sp) / p, rel_tol=1e-6, abs_tol=1e-12):
+        raise ArithmeticError(f"multi-message pmf grid lost mass (p={p}, mu={mu}); "
+                              "this is a bug: please report it")
     P["low"] = math.log(max(1e-300, 1.0 - sp))
     Q["low"] = math.log(max(1e-300, 1.0 - sq))
     return P, Q
