@@ -40,13 +40,16 @@ def _jsonable(obj):
         return float(obj)
     if isinstance(obj, np.ndarray):
         return obj.tolist()
-    raise TypeError(f"not JSON serializable: {type(obj)}")
+    return str(obj)
 
 
 def write_json(path: str, data) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w") as fh:
-        json.dump(data, fh, indent=2, default=_jsonable, allow_nan=True)
-        fh.write("\n")
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as fh:
+            json.dump(data, fh, indent=2, default=_jsonable, allow_nan=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def write_text(path: str, text: str) -> None:

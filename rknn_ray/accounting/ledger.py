@@ -17,9 +17,7 @@ composing guarantees about different units is meaningless, so it is refused.
 """
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +27,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.runio import write_json
 
 ACCOUNTANTS = ("basic", "pld")
 PLD_DISCRETIZATION = 1e-4
@@ -182,17 +181,5 @@ class PrivacyLedger:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write JSON atomically (the project's one implementation: rknn_ray.runio)."""
+    write_json(os.fspath(path), obj)
