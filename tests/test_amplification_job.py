@@ -43,16 +43,37 @@ def test_cli_closed_form_out_of_range_is_reported_not_crashing(capsys):
 
 def test_small_grid_writes_results_and_plots(tmp_path):
     res = run_grid(str(tmp_path), ns=(1000, 10000), eps0s=(1.0, 4.0), deltas=(1e-6,),
-                   targets=(1.0,), audit_trials=20_000)
+                   targets=(1.0,), audit_trials=20_000, real_audit_scale=0.05,
+                   sim_max_n=1000, sim_reports=20_000)
     names = sorted(os.listdir(tmp_path))
     assert {"results.json", "table.txt", "central_eps_delta1e-06.png", "timing.png",
-            "granted_eps0_and_label_error.png"} <= set(names)
+            "granted_eps0.png", "labeling_error.png", "audit.png"} <= set(names)
     assert not [n for n in names if n.startswith(".tmp-")]
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["order_violations"] == [] and data["red_flags"] == []
-    assert len(data["central"]) == 4 and len(data["audit"]) == 4
-    lab = data["inverse"][0]["labeling"]["clones_numerical"]
-    assert lab["eta_theory"] > 0 and 0 <= lab["label_error_sim"] <= 1
+    assert len(data["central"]) == 4
+    # 4 binary-RR reference audits + (shuffle, local) x (rr, collision) real ones
+    by_kind = {(a["model"], a["mechanism"]) for a in data["audit"]}
+    assert len(data["audit"]) == 8
+    assert {("shuffle", "rr"), ("shuffle", "collision"), ("local", "rr"),
+            ("local", "collision"), ("local", "binary_rr")} == by_kind
+    for a in data["audit"]:
+        assert a["eps_lower_empirical"] <= a["eps_pair_exact"]
+        ub = [v for k, v in a["claimed_upper"].items() if v is not None]
+        assert a["eps_pair_exact"] <= min(ub)
+    # labeling: theory and simulation of the real mechanisms at the granted eps0
+    small, big = data["inverse"]
+    for name in ("rr", "collision"):
+        lab = small["labeling"]["clones_numerical"][name]
+        assert lab["mechanism"] == name and lab["n"] == 1000 and lab["trials"] == 20
+        assert lab["eps0"] == pytest.approx(small["eps0"]["clones_numerical"])
+        assert lab["eta_theory"] > 0 and 0 <= lab["label_error_sim"] <= 1
+        assert lab["sup_err_q"] < lab["eta_theory"]
+        not_sim = big["labeling"]["clones_numerical"][name]       # n > sim_max_n: theory only
+        assert not_sim["trials"] == 0 and not_sim["label_error_sim"] is None
+        assert not_sim["eta_theory"] > 0
+    table = (tmp_path / "table.txt").read_text()
+    assert "shuffle collision" in table and "RED FLAG" not in table
     assert res["total_seconds"] < 60
 
 
