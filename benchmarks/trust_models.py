@@ -5,7 +5,8 @@
         [--protocol actors|library] [--student local|ray|none] [--epochs 5] [--json] [--out DIR]
 
 The setting of paper 000's Figure 5: one record per client (cross-device;
-60,000 clients on Fashion-MNIST), s = |Y| = 10 queries, k = 1. Data, encoder and
+60,000 clients on Fashion-MNIST), s = |Y| = 10 queries, k = 1 (``--s``, ``--k``
+change them). Data, encoder and
 queries are prepared once; each (model, mechanism, eps) then runs one round:
 
 * ``--protocol actors`` (default): the real path of jobs.distill -- ClientShard
@@ -34,13 +35,12 @@ DEFAULT_MODELS = ["central:laplace", "local:rr", "local:collision", "shuffle:rr"
                   "shuffle:collision", "shuffle:multi"]
 
 
-def library_round(cfg, data, encoder, qs, rng_seed):
+def library_round(cfg, data, ans, rng_seed):
     """One round without actors: randomize + estimate in-process (same mechanism code)."""
     from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import exact_answers, mechanism_params
+    from rknn_ray.pipeline import mechanism_params
     from rknn_ray.rng import seeded_generator
     mech = build(cfg["privacy"]["model"], cfg["privacy"]["mechanism"], mechanism_params(cfg, data))
-    ans = exact_answers(encoder, data, qs, cfg["rknn"]["k"])
     batch = mech.randomize(ans, seeded_generator(rng_seed))
     if hasattr(mech, "senders_shuffled"):
         mech.senders_shuffled = data.num_clients
@@ -58,8 +58,12 @@ def main(argv=None) -> int:
     ap.add_argument("--student", choices=["local", "ray", "none"], default="local")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--s", type=int, default=10)
+    ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--dim", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="library protocol: label accuracy averaged over this many "
+                         "independent randomizations (student trained on the first)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default="bench_out/trust_models")
     args = ap.parse_args(argv)
@@ -78,14 +82,15 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     base = [f"data.dataset={args.dataset}", "data.partition=one_per_client",
-            f"queries.s={args.s}", "rknn.k=1", f"represent.dim={args.dim}",
+            f"queries.s={args.s}", f"rknn.k={args.k}", f"represent.dim={args.dim}",
             f"run.seed={args.seed}", "run.rng=seeded", "labels.type=soft",
             f"privacy.delta={args.delta}"]
     cfg0 = load_config(None, base)
     data = prepare_data(cfg0)
     encoder, _, qs = fit_queries(cfg0, data)
     sp = data.splits
-    exact = exact_answers(encoder, data, qs, 1).counts()
+    answers = exact_answers(encoder, data, qs, args.k)
+    exact = answers.counts()
     ref = derive_labels(exact.astype(float), qs, sp.public_y, "soft")
     print(f"{args.dataset}: {data.num_clients} clients, s={args.s}; non-private label "
           f"accuracy {ref.label_accuracy:.4f}", file=sys.stderr, flush=True)
@@ -120,24 +125,31 @@ def main(argv=None) -> int:
                                     Progress(False))
                     counts, g, msgs, details = res.counts, res.guarantee, res.messages, res.mechanism
                 else:
-                    counts, g, msgs, details = library_round(cfg, data, encoder, qs, args.seed)
+                    counts, g, msgs, details = library_round(cfg, data, answers, args.seed)
+                    extra = [derive_labels(library_round(cfg, data, answers, args.seed + 7919 * r)[0],
+                                           qs, sp.public_y, "soft").label_accuracy
+                             for r in range(1, args.repeats)]
             except RknnError as exc:
                 row.update({"error": str(exc)})
                 rows.append(row)
                 print(f"  {spec} eps={eps}: infeasible ({exc})", file=sys.stderr, flush=True)
                 continue
             lab = derive_labels(counts, qs, sp.public_y, "soft")
-            row.update({"acc_labels": lab.label_accuracy, "eps_guarantee": g.eps,
+            accs = [lab.label_accuracy] + (extra if args.protocol == "library" else [])
+            row.update({"acc_labels": float(np.mean(accs)), "acc_labels_sd": float(np.std(accs)),
+                        "repeats": len(accs), "eps_guarantee": g.eps,
                         "delta_guarantee": g.delta, "eps0": details.get("eps0"),
                         "messages": msgs, "round_s": time.perf_counter() - t0,
                         "mean_abs_count_error": float(np.abs(counts - exact).mean())})
             row["acc_student"] = student_acc(lab)
             rows.append(row)
             st = "-" if row["acc_student"] is None else f"{row['acc_student']:.4f}"
-            print(f"  {spec:18s} eps={eps:<5} Acc_pl={lab.label_accuracy:.4f} Acc_pc={st} "
+            print(f"  {spec:18s} eps={eps:<5} Acc_pl={row['acc_labels']:.4f}"
+                  f"+-{row['acc_labels_sd']:.4f} (x{len(accs)}) Acc_pc={st} "
                   f"({row['round_s']:.1f}s, {msgs} messages)", file=sys.stderr, flush=True)
 
-    print(f"\n{args.dataset}, one record per client, s={args.s}, k=1, protocol={args.protocol}")
+    print(f"\n{args.dataset}, one record per client, s={args.s}, k={args.k}, "
+          f"protocol={args.protocol}")
     print("| model | mechanism | eps (target) | guarantee (eps, delta) | eps0 | Acc_pl | Acc_pc | messages |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -147,9 +159,11 @@ def main(argv=None) -> int:
         g = "-" if r["eps"] is None else f"({r['eps_guarantee']:.3g}, {r['delta_guarantee']:.0e})"
         e0 = "" if r.get("eps0") is None else f"{r['eps0']:.3g}"
         pc = "-" if r["acc_student"] is None else f"{r['acc_student']:.4f}"
+        sd = f" +- {r['acc_labels_sd']:.4f}" if r.get("repeats", 1) > 1 else ""
         print(f"| {r['model']} | {r['mechanism']} | {r['eps'] if r['eps'] is not None else 'inf'} | "
-              f"{g} | {e0} | {r['acc_labels']:.4f} | {pc} | {r.get('messages', '')} |")
-    write_json(os.path.join(args.out, f"{args.dataset}.json"), rows)
+              f"{g} | {e0} | {r['acc_labels']:.4f}{sd} | {pc} | {r.get('messages', '')} |")
+    write_json(os.path.join(args.out, f"{args.dataset}.json"),
+               {"args": vars(args), "rows": rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for spec in args.models:
         model, name = spec.split(":")
@@ -161,7 +175,8 @@ def main(argv=None) -> int:
         if rows[0].get(key) is not None:
             ax.axhline(rows[0][key], color="k", ls="--", label="non-private")
         ax.set_xscale("log"); ax.set_xlabel("eps"); ax.set_title(f"{args.dataset}: {title}")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     with atomic_path(os.path.join(args.out, f"{args.dataset}.png")) as tmp:
         fig.savefig(tmp, format="png", dpi=90)
