@@ -62,10 +62,11 @@ def _shuffle(cfg, mechanism, refs, hops, progress) -> tuple[list, dict]:
         stats = [ray.get(hops[0].stats.remote())]
         try:
             out = ray.get(hops[0].release_refs.remote())
+            stats[0] = ray.get(hops[0].stats.remote())     # now with what was released
             for hop in hops[1:]:
                 ray.get([hop.submit.remote(r) for r in out])
-                stats.append(ray.get(hop.stats.remote()))
                 out = ray.get(hop.release_refs.remote())
+                stats.append(ray.get(hop.stats.remote()))
         except ray.exceptions.RayTaskError as exc:
             cause = exc.as_instanceof_cause()
             if isinstance(cause, PrivacyBudgetError) or "PrivacyBudgetError" in str(exc):
