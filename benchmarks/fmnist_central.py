@@ -17,7 +17,6 @@ import os
 import sys
 import time
 
-import numpy as np
 
 
 def main(argv=None) -> int:
@@ -36,13 +35,12 @@ def main(argv=None) -> int:
 
     from jobs.ray_env import ensure_ray
     from rknn_ray.config import load_config
-    from rknn_ray.labels import accuracy
     from rknn_ray.mechanisms import build
     from rknn_ray.pipeline import (derive_labels, exact_answers, fit_queries,
                                    mechanism_params, prepare_data)
-    from rknn_ray.plots import plt
+    from rknn_ray.plots import plt, save_png
     from rknn_ray.rng import secure_generator
-    from rknn_ray.runio import atomic_path, write_json
+    from rknn_ray.runio import write_json
     from rknn_ray.student import StudentConfig, train_student
 
     os.makedirs(args.out, exist_ok=True)
@@ -98,8 +96,7 @@ def main(argv=None) -> int:
                     label=f"Acc_pc eps={'inf' if eps is None else eps}")
     ax.set_xlabel("queries s"); ax.set_ylabel("accuracy"); ax.set_title("Fashion-MNIST, central DP")
     ax.legend(fontsize=7); fig.tight_layout()
-    with atomic_path(os.path.join(args.out, "fmnist_central.png")) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
+    save_png(fig, os.path.join(args.out, "fmnist_central.png"))
     if args.json:
         print(json.dumps(rows))
     return 0

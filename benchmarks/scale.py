@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"| stage | seconds |\n|---|---|")
+        print("| stage | seconds |\n|---|---|")
         for k, v in res["stages_s"].items():
             print(f"| {k} | {v:.2f} |")
         print(f"| **round (wall)** | {res['wall_s']:.2f} |\n| crypto floor | {res['crypto_floor_s']:.2f} |")

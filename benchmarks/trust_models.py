@@ -68,7 +68,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_out/trust_models")
     args = ap.parse_args(argv)
 
-    import jobs  # noqa: F401  (loopback Ray for local runs)
     from jobs.progress import Progress
     from jobs.protocol import new_job_id, run_round
     from jobs.ray_env import ensure_ray
@@ -76,8 +75,8 @@ def main(argv=None) -> int:
     from rknn_ray.config import load_config
     from rknn_ray.errors import RknnError
     from rknn_ray.pipeline import derive_labels, exact_answers, fit_queries, prepare_data
-    from rknn_ray.plots import plt
-    from rknn_ray.runio import atomic_path, write_json
+    from rknn_ray.plots import plt, save_png
+    from rknn_ray.runio import write_json
     from rknn_ray.student import StudentConfig, train_student, train_student_local
 
     os.makedirs(args.out, exist_ok=True)
@@ -178,8 +177,7 @@ def main(argv=None) -> int:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    with atomic_path(os.path.join(args.out, f"{args.dataset}.png")) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
+    save_png(fig, os.path.join(args.out, f"{args.dataset}.png"))
     if args.json:
         print(json.dumps(rows))
     return 0

@@ -285,7 +285,7 @@ def format_table(rows, inverse, audits) -> str:
     for a in audits:
         flag = "RED FLAG: " + ",".join(a["red_flags"]) if a["red_flags"] else "ok"
         claimed = ", ".join(f"{k}={_f(v)}" for k, v in a["claimed_upper"].items())
-        what = (f"binary RR (reference)" if a["mechanism"] == "binary_rr"
+        what = ("binary RR (reference)" if a["mechanism"] == "binary_rr"
                 else f"{a['model']} {a['mechanism']}"
                 + (f" (target {a['target_eps']})" if a.get("target_eps") else ""))
         lines.append(f"{what:>28} n={a['n']} eps0={a['eps0']:.3f} delta={a['delta']:.0e} "

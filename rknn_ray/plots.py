@@ -10,6 +10,13 @@ import numpy as np  # noqa: E402
 from rknn_ray.runio import atomic_path  # noqa: E402
 
 
+def save_png(fig, path: str, dpi: int = 90) -> None:
+    """Write a figure atomically as PNG and close it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    plt.close(fig)
+
+
 def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarray,
                     correct: np.ndarray, noise_bound: float | None) -> None:
     """Three panels: accuracies, student training curve, count gap vs label correctness."""
@@ -49,6 +56,4 @@ def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarr
     axes[2].set_xlabel("non-private count gap (true class - best other)")
     axes[2].set_title("per-query gap vs private label")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
+    save_png(fig, path)

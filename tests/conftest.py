@@ -18,3 +18,15 @@ def ray_session():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """sklearn's real 8x8 digits as (N, 1, 8, 8) in [0, 1], split 1200 train / 597 test."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    y = d.target.astype(np.int64)
+    p = np.random.default_rng(0).permutation(len(y))
+    return x[p[:1200]], y[p[:1200]], x[p[1200:]], y[p[1200:]]

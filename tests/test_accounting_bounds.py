@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rknn_ray.accounting import BOUNDS, amplified_local_eps, variation_ratio_bound
-from rknn_ray.accounting.hockey import BlanketPair, PairDelta, eps_for_delta
+from rknn_ray.accounting.hockey import BlanketPair, PairDelta
 from rknn_ray.errors import ConfigError
 
 

@@ -1,6 +1,5 @@
 """The main job end to end through Ray (actors + Ray Train), and its bad-input behaviour."""
 import json
-import os
 
 import pyarrow.parquet as pq
 import pytest

@@ -6,7 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
 
 from rknn_ray.errors import ConfigError, DataError
 from rknn_ray.student import (StudentConfig, accuracy, build_model, hard_label_loss, load_student,
@@ -14,14 +13,6 @@ from rknn_ray.student import (StudentConfig, accuracy, build_model, hard_label_l
 from rknn_ray.student.train import _STATE_API_NOISE, _shard_indices, _without_noise
 
 
-@pytest.fixture(scope="module")
-def digits():
-    """sklearn's real 8x8 digits as (N, 1, 8, 8) in [0, 1], split 1200 train / 597 test."""
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
-    y = d.target.astype(np.int64)
-    p = np.random.default_rng(0).permutation(len(y))
-    return x[p[:1200]], y[p[:1200]], x[p[1200:]], y[p[1200:]]
 
 
 @pytest.mark.parametrize("shape, arch", [((1, 8, 8), "cnn8"), ((1, 28, 28), "cnn28"),

@@ -4,19 +4,11 @@ import os
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
 
 from rknn_ray.errors import ConfigError
 from rknn_ray.student import StudentConfig, accuracy, load_student, train_student
 
 
-@pytest.fixture(scope="module")
-def digits():
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
-    y = d.target.astype(np.int64)
-    p = np.random.default_rng(0).permutation(len(y))
-    return x[p[:1200]], y[p[:1200]], x[p[1200:]], y[p[1200:]]
 
 
 def test_more_workers_than_cpus_is_refused_before_training(ray_session, digits, tmp_path):
