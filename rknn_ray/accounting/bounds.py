@@ -41,6 +41,8 @@ delta(eps) minus the float slack.  delta must be >= 1e-13.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 import time
 from dataclasses import dataclass, field
@@ -68,14 +70,15 @@ def _check(eps0: float | None, n: int, delta: float, numerical: bool = True) -> 
                           f"use {lo:g} < delta < 1 (e.g. 1/n^1.1)")
 
 
-class AmplificationBound:
+class AmplificationBound(ABC):
     """A bound eps0 -> central eps; ``kind`` is 'upper' or 'lower'."""
     name = "abstract"
     kind = "upper"
     citation = ""
 
+    @abstractmethod
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
-        raise NotImplementedError
+        """Central eps at ``delta`` for n shuffled eps0-LDP reports."""
 
     def eps0_max(self, n: int, delta: float) -> float:
         """Largest eps0 the bound accepts (validity region)."""

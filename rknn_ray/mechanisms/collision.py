@@ -41,7 +41,7 @@ from rknn_ray.answers import RecordAnswers
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
-from rknn_ray.mechanisms.randomized_response import LocalMechanism
+from rknn_ray.mechanisms.randomized_response import FlatLocalMechanism
 
 PRIME = (1 << 31) - 1          # Mersenne prime 2^31 - 1: the hash field
 _P = np.uint64(PRIME)
@@ -240,7 +240,7 @@ def decode_reports(payloads: np.ndarray, z_bytes: list[int]) -> tuple[np.ndarray
 
 # ---------------------------------------------------------------- the flat mechanism
 
-class CollisionMechanism(LocalMechanism):
+class CollisionMechanism(FlatLocalMechanism):
     """Flat Collision on the s*|Y| cell vector with c = k r ones (Theorem 2).
 
     Option ``collision_l`` overrides the Bloom-filter length.

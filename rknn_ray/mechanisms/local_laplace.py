@@ -25,10 +25,10 @@ import numpy as np
 from rknn_ray.answers import RecordAnswers
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
-from rknn_ray.mechanisms.randomized_response import LocalMechanism
+from rknn_ray.mechanisms.randomized_response import FlatLocalMechanism
 
 
-class LocalLaplace(LocalMechanism):
+class LocalLaplace(FlatLocalMechanism):
     """Per-cell Laplace(2kr/eps) on each client's answer (see module docstring)."""
 
     name = "laplace"

@@ -33,6 +33,7 @@ Clients with several records (``options["multi_record"]``):
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 
 import numpy as np
 
@@ -123,17 +124,13 @@ class LocalMechanism(Mechanism):
         return payloads
 
     # ------------------------------------------------------------------ variance
+    @abstractmethod
     def _class_variances(self) -> dict:
         """Per-report variance of a cell estimate by input class.
 
         Flat mechanisms: keys 1 (cell in the record) and 0; product mechanisms:
         (a, b) for query-in-record a and label-in-record b.
         """
-        v1, v0 = self.flat_variances()
-        return {1: v1, 0: v0}
-
-    def flat_variances(self) -> tuple[float, float]:
-        raise NotImplementedError
 
     def client_fractions(self, answers: RecordAnswers) -> dict:
         """Sums over clients of the fractions F_i = A^i/m_i (and its parts).
@@ -180,8 +177,12 @@ class LocalMechanism(Mechanism):
 
     # ------------------------------------------------------------------ bounds
     def _range(self) -> float:
-        """Largest |per-report estimate - its mean| over cells (for Bernstein)."""
-        raise NotImplementedError
+        """Largest |per-report estimate - its mean| over cells (for Bernstein).
+
+        Bounded randomizers override this; unbounded ones (Laplace) have no range.
+        """
+        raise ValueError(f"{self.name}: reports are unbounded, so the Bernstein bound does not "
+                         "apply; use this mechanism's own error_bound method")
 
     def _bernstein(self, beta: float, num_clients: int, method: str) -> float:
         from rknn_ray.mechanisms import bounds
@@ -245,7 +246,19 @@ def rr_output_probability(outputs: np.ndarray, inputs: np.ndarray, q: float) -> 
     return q ** ham * (1 - q) ** (d - ham)
 
 
-class RandomizedResponse(LocalMechanism):
+class FlatLocalMechanism(LocalMechanism):
+    """A randomizer of the flattened d-cell vector: two variance classes per cell."""
+
+    @abstractmethod
+    def flat_variances(self) -> tuple[float, float]:
+        """(variance of a cell the record holds, variance of a cell it does not)."""
+
+    def _class_variances(self) -> dict:
+        v1, v0 = self.flat_variances()
+        return {1: v1, 0: v0}
+
+
+class RandomizedResponse(FlatLocalMechanism):
     """Per-bit randomized response on the flattened s*|Y| answer (Theorem 1)."""
 
     name = "rr"
