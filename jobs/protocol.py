@@ -110,7 +110,9 @@ def run_round(cfg: dict, data: PreparedData, encoder, qs, round_id: int, job_id:
                                           public_key, cfg["cluster"]["batch_clients"],
                                           None, hop_keys, dropout)
                     for s in shards]
-            ray.get(refs)
+            # wait without pulling the ciphertext into the driver (a shard's error
+            # surfaces where its batches are consumed: shuffler or server)
+            ray.wait(refs, num_returns=len(refs), fetch_local=False)
         shuffle_stats = None
         if model == "shuffle":
             refs, shuffle_stats = _shuffle(cfg, mechanism, refs, hops, progress)
