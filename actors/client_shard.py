@@ -21,8 +21,8 @@ from rknn_ray.answers import RecordAnswers
 from rknn_ray.mechanisms.base import Mechanism, MessageBatch
 from rknn_ray.rknn import build_answers
 from rknn_ray.rng import derived_generator
-from shuffler.envelope import RoundContext, seal_batch, to_arrow
-from shuffler.onion import seal_onion
+from sealing.envelope import RoundContext, seal_batch, to_arrow
+from sealing.onion import seal_onion
 
 
 class ClientShardImpl:

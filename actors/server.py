@@ -16,8 +16,9 @@ import ray
 
 from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.rng import make_generator
-from shuffler.envelope import RoundContext, from_arrow
-from shuffler.opening import ReportOpener, ServerKeyPair
+from sealing.envelope import RoundContext, from_arrow
+from server.keys import ServerKeyPair
+from server.opening import ReportOpener
 
 
 class ServerImpl:

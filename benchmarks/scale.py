@@ -54,9 +54,10 @@ def run(clients: int, batch: int = 20000, seed: int = 0) -> dict:
     from rknn_ray.queries import select_queries
     from rknn_ray.rknn import build_answers
     from rknn_ray.rng import derived_generator, new_client_secret
-    from shuffler.envelope import RoundContext, crypto_floor_seconds, seal_batch, to_arrow, from_arrow
-    from shuffler.opening import ReportOpener, ServerKeyPair
-    from shuffler.shuffler import ShufflePool
+    from sealing.envelope import RoundContext, crypto_floor_seconds, seal_batch, to_arrow, from_arrow
+    from server.keys import ServerKeyPair
+    from server.opening import ReportOpener
+    from shuffler.pool import ShufflePool
 
     stages: dict[str, float] = {}
 

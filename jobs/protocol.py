@@ -20,8 +20,8 @@ from rknn_ray.mechanisms import build
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray.pipeline import PreparedData, mechanism_params
 from rknn_ray.rng import derived_seed, new_client_secret
-from shuffler.envelope import RoundContext
-from shuffler.shuffler import Shuffler
+from sealing.envelope import RoundContext
+from actors.shuffler import Shuffler
 
 
 @dataclass

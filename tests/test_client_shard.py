@@ -4,8 +4,9 @@ import numpy as np
 from actors.client_shard import ClientShardImpl
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.represent import RawEncoder
-from shuffler.envelope import RoundContext, from_arrow
-from shuffler.opening import ReportOpener, ServerKeyPair
+from sealing.envelope import RoundContext, from_arrow
+from server.keys import ServerKeyPair
+from server.opening import ReportOpener
 
 
 def _shard(secret, seed=0, n=300):

@@ -10,9 +10,10 @@ from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.rng import seeded_generator
-from shuffler.envelope import RoundContext, from_arrow, seal_batch, to_arrow
-from shuffler.opening import ReportOpener, ServerKeyPair
-from shuffler.shuffler import ShufflePool
+from sealing.envelope import RoundContext, from_arrow, seal_batch, to_arrow
+from server.keys import ServerKeyPair
+from server.opening import ReportOpener
+from shuffler.pool import ShufflePool
 
 
 def answers(n, s=6, c=3, seed=0):

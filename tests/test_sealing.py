@@ -9,10 +9,12 @@ import pyarrow as pa
 import pytest
 
 from rknn_ray.errors import ConfigError
-from shuffler.envelope import (CONTEXT_LEN, HEADER_LEN, RoundContext, ciphertext_len,
+from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, RoundContext, ciphertext_len,
                                crypto_floor_seconds, from_arrow, seal_batch, to_arrow)
-from shuffler.onion import LayerKeyPair, LayerPeeler, seal_onion
-from shuffler.opening import REJECT_KINDS, ReportOpener, ServerKeyPair
+from sealing.onion import seal_onion
+from shuffler.layers import LayerKeyPair, LayerPeeler
+from server.keys import ServerKeyPair
+from server.opening import REJECT_KINDS, ReportOpener
 
 CTX = RoundContext("job-a", 7)
 

@@ -1,26 +1,19 @@
-"""Server side of the trust boundary: the job's key pair and report opening.
+"""The server's X25519 key pair: generated inside the Server actor, or loaded from a 0600 file.
 
-Imported only by the Server actor. The private key is generated inside that
-actor per job (or loaded from a key file the user names); only
-:meth:`ServerKeyPair.public_bytes` leaves it. No shuffler module imports this one.
+Only :meth:`ServerKeyPair.public_bytes` ever leaves the server's trust domain; the
+object refuses to be pickled so it cannot slip into Ray's object store by accident.
 """
 from __future__ import annotations
 
 import os
 import stat
 import tempfile
-from collections import Counter
 from pathlib import Path
 
-import numpy as np
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from rknn_ray.errors import ConfigError
-from shuffler.envelope import SERVER_LAYER, RoundContext
-from shuffler.unseal import REJECT_KINDS, ReplayGuard, empty_rejects, open_rows
-
-__all__ = ["ServerKeyPair", "ReportOpener", "REJECT_KINDS"]
 
 
 class ServerKeyPair:
@@ -89,38 +82,3 @@ class ServerKeyPair:
             raise ConfigError("server.key_file", f"{path} holds a {type(key).__name__}, not X25519",
                               "write it with ServerKeyPair.save")
         return cls(key)
-
-
-class ReportOpener:
-    """Opens one job's server-layer reports, rejecting and counting bad ones (never raises).
-
-    Kinds (:data:`REJECT_KINDS`): ``malformed`` (bad shape, version, layer, length or
-    padding), ``wrong_job`` / ``wrong_round`` (clear header names another job or
-    round), ``tampered`` (header matches, AEAD tag fails), ``replayed`` (an ephemeral
-    key already opened in this job: replays are caught across calls and rounds).
-    ``payload_len`` is the round's message size; if None, the first batch's most
-    common declared length is adopted for the job.
-    """
-
-    def __init__(self, keypair: ServerKeyPair, ctx: RoundContext, payload_len: int | None = None):
-        self.keypair, self.ctx, self.payload_len = keypair, ctx, payload_len
-        self._replays = ReplayGuard()
-        self.totals = empty_rejects()
-        self.opened = 0
-
-    def start_round(self, round_id: int) -> None:
-        """Move to the next round of the same job (replay memory is kept)."""
-        self.ctx = RoundContext(self.ctx.job_id, round_id, self.ctx.version)
-
-    def open_batch(self, ciphertexts: np.ndarray) -> tuple[np.ndarray, Counter]:
-        """``(payloads (M_ok, L) uint8, rejects Counter by kind)`` for one batch of reports."""
-        payloads, eph, _, rejects = open_rows(self.keypair.exchange, self.keypair.public_bytes(),
-                                              ciphertexts, self.ctx, SERVER_LAYER, self.payload_len)
-        fresh = self._replays.fresh(eph)
-        rejects["replayed"] += int((~fresh).sum())
-        payloads = payloads[fresh]
-        if self.payload_len is None and len(payloads):
-            self.payload_len = payloads.shape[1]
-        self.opened += len(payloads)
-        self.totals.update(rejects)
-        return payloads, rejects

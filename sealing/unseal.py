@@ -1,9 +1,9 @@
 """The inverse of sealing, for whoever holds a private key (server or onion layer).
 
 No key lives here: a key holder passes its ``exchange`` function, so this module
-can be shared by :mod:`shuffler.opening` (server layer) and :mod:`shuffler.onion`
+can be shared by :mod:`server.opening` (server layer) and :mod:`shuffler.layers`
 (a shuffler's own layer) without either importing the other. The plain
-shuffler (:mod:`shuffler.shuffler`) never imports it.
+shuffler pool (:mod:`shuffler.pool`) never imports it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from shuffler.envelope import (CONTEXT_LEN, HEADER_LEN, JOB_TAG_LEN, KEY_LEN, LEN_PREFIX, NONCE,
+from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, JOB_TAG_LEN, KEY_LEN, LEN_PREFIX, NONCE,
                                TAG_LEN, RoundContext, derive_key, layer_info)
 
 REJECT_KINDS = ("malformed", "wrong_job", "wrong_round", "tampered", "replayed")

@@ -1,15 +1,14 @@
 """Onion mode: a chain of shufflers, each peeling only its own layer.
 
-A client seals for the server first (layer 0), then wraps that report once per
-shuffler in the chain, innermost hop first, so the first hop's layer is
-outermost. Hop ``i`` (0-based) holds a :class:`LayerKeyPair` for layer ``i + 1``
-only, generated inside its actor; it peels that layer, re-shuffles and forwards.
-Anonymity then holds if any one shuffler is honest.
+Hop ``i`` (0-based) holds a :class:`LayerKeyPair` for layer ``i + 1`` only,
+generated inside its actor; it peels that layer, re-shuffles and forwards.
+Clients wrap with :func:`sealing.onion.seal_onion`. Anonymity then holds if any
+one shuffler is honest.
 
 A layer key can never open the server layer: the server layer is sealed to a
 different key, its header says layer 0 (which a peeler rejects before any
 cryptography), and the layer number is part of both the HKDF info and the
-AEAD associated data. This module does not import :mod:`shuffler.opening`.
+AEAD associated data. Nothing in this package imports :mod:`server`.
 """
 from __future__ import annotations
 
@@ -18,17 +17,8 @@ from collections import Counter
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from shuffler.envelope import SERVER_LAYER, RoundContext, seal_batch
-from shuffler.unseal import ReplayGuard, empty_rejects, open_rows
-
-
-def seal_onion(server_public_key: bytes, shuffler_public_keys: list[bytes], payloads: np.ndarray,
-               ctx: RoundContext, pad_to: int | None = None) -> np.ndarray:
-    """Seal for the server, then wrap once per shuffler (``shuffler_public_keys[0]`` = first hop)."""
-    sealed = seal_batch(server_public_key, payloads, ctx, pad_to, layer=SERVER_LAYER)
-    for hop in reversed(range(len(shuffler_public_keys))):
-        sealed = seal_batch(shuffler_public_keys[hop], sealed, ctx, layer=hop + 1)
-    return sealed
+from sealing.envelope import RoundContext
+from sealing.unseal import ReplayGuard, empty_rejects, open_rows
 
 
 class LayerKeyPair:

@@ -1,9 +1,9 @@
 """Sealed reports: the round context, the wire format, and sealing.
 
 Only a recipient's *public* key is needed here: clients seal, nobody opens.
-Opening lives with the key holders (:mod:`shuffler.opening` for the server,
-:mod:`shuffler.onion` for a shuffler's own layer), both built on
-:mod:`shuffler.unseal`; nothing in this module can open a report.
+Opening lives with the key holders (:mod:`server.opening` for the server,
+:mod:`shuffler.layers` for a shuffler's own layer), both built on
+:mod:`sealing.unseal`; nothing in this module can open a report.
 
 Each report is hybrid public-key encryption (ephemeral X25519, HKDF-SHA256,
 ChaCha20-Poly1305) of one fixed-length message, laid out as::
@@ -122,7 +122,7 @@ def seal_batch(server_public_key: bytes, payloads: np.ndarray, ctx: RoundContext
 
     Returns an (M, ciphertext_len(pad_to)) uint8 array, one report per row.
     ``layer`` is 0 for the server; onion layers for shufflers use 1, 2, ...
-    (see :func:`shuffler.onion.seal_onion`). The loop body is the bare
+    (see :func:`shuffler.layers.seal_onion`). The loop body is the bare
     per-message cryptography; padding and assembly are numpy.
     """
     pub_obj, pub_bytes = _public_key(server_public_key)

@@ -1,0 +1,73 @@
+"""The Shuffler actor: a thin Ray wrapper around :class:`shuffler.pool.ShufflePool`.
+
+Holds no key that can open a server-layer report: in onion mode it generates a key
+for its *own* layer only (:mod:`shuffler.layers`).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+import ray
+
+from sealing.envelope import RoundContext, from_arrow
+from shuffler.pool import ShufflePool
+
+
+class ShufflerImpl:
+    """The Ray actor body: a :class:`ShufflePool`, plus one onion layer when asked.
+
+    ``onion_layer`` (1-based hop index + 1) makes the actor generate its own layer
+    key pair; :meth:`public_key` hands out only the public half, and every
+    submitted batch is peeled (bad reports rejected and counted) before pooling.
+    """
+
+    def __init__(self, min_senders: int, max_batch_messages: int = 65536, *,
+                 ctx: RoundContext | None = None, onion_layer: int | None = None,
+                 forwarded_input: bool = False):
+        self.pool = ShufflePool(min_senders, max_batch_messages, forwarded_input=forwarded_input)
+        self._peeler = None
+        if onion_layer is not None:
+            if ctx is None:
+                raise ValueError("onion mode needs the RoundContext (job id, round id) to check headers")
+            from shuffler.layers import LayerKeyPair, LayerPeeler   # only onion hops load key code
+            self._peeler = LayerPeeler(LayerKeyPair.generate(onion_layer), ctx)
+
+    def public_key(self) -> bytes:
+        """The public key of this hop's onion layer (clients wrap their reports with it)."""
+        if self._peeler is None:
+            raise ValueError("this shuffler has no onion layer (start it with onion_layer=hop+1)")
+        return self._peeler.keypair.public_bytes()
+
+    def start_round(self, round_id: int) -> None:
+        """Next round of the same job (onion replay memory is kept)."""
+        if self._peeler is not None:
+            self._peeler.start_round(round_id)
+
+    def submit(self, batch: pa.RecordBatch) -> int:
+        """Accept one batch from a client shard (or upstream hop); returns reports pooled."""
+        if self._peeler is None:
+            return self.pool.add(batch)
+        ciphertexts, senders = from_arrow(batch)
+        inner, kept, _ = self._peeler.peel(ciphertexts)
+        return self.pool.add_reports(inner, None if senders is None else senders[kept])
+
+    def submit_all(self, batches: list) -> int:
+        """Accept every batch of one client shard's reply (a list of record batches)."""
+        return sum(self.submit(b) for b in batches)
+
+    def release(self) -> list[pa.RecordBatch]:
+        """All permuted batches (raises PrivacyBudgetError below the sender floor)."""
+        return list(self.pool.release())
+
+    def release_refs(self) -> list:
+        """Like :meth:`release`, but each batch goes to the object store as it is made."""
+        return [ray.put(b) for b in self.pool.release()]
+
+    def stats(self) -> dict:
+        out = self.pool.stats()
+        if self._peeler is not None:
+            out["onion_layer"] = self._peeler.keypair.layer
+            out["rejected"] = dict(self._peeler.totals)
+        return out
+
+
+Shuffler = ray.remote(ShufflerImpl)
