@@ -1,89 +1,115 @@
-"""Server: holds the private key, opens reports, estimates the label counts.
+"""Server: holds the private key, opens reports in its own opener processes, releases counts.
 
 The key pair is generated inside this actor (or loaded from a key file the user
-names); only the public key leaves it. Reports that fail to open or decode are
-counted by kind ("tampered", "malformed", "wrong_round", "replayed", ...) and
-dropped; the server never crashes on them. Central noise is added here, from the
-OS CSPRNG unless the run asked for a seeded generator.
+names); only the public key leaves it, and the opener processes are this actor's
+own children (:mod:`server.opener_pool`). Batches arrive one call at a time
+(``submit``); at most ``window`` of them are being opened at once, so a fast sender
+waits instead of filling memory. Reports that fail to open, decode or are
+duplicates are counted by kind and dropped; nothing a sender does crashes the
+server. Central noise is drawn once, in ``finish``, from the OS CSPRNG unless the
+run asked for a seeded generator.
 """
 from __future__ import annotations
 
+import threading
 import time
-from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, wait
 
 import numpy as np
 import ray
 
 from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.rng import make_generator
-from sealing.envelope import RoundContext, from_arrow
+from sealing.envelope import ID_LEN, RoundContext, from_arrow
+from sealing.unseal import ReplayGuard
+from server.accumulator import RoundAccumulator
 from server.keys import ServerKeyPair
-from server.opening import ReportOpener
+from server.opener_pool import OpenerPool
 
 
 class ServerImpl:
-    def __init__(self, job_id: str, key_file: str | None = None):
+    def __init__(self, job_id: str, key_file: str | None = None, openers: int = 0,
+                 window: int = 8):
         self.job_id = job_id
         self._keys = ServerKeyPair.load(key_file) if key_file else ServerKeyPair.generate()
-        self._opener = None
-        self._payloads: list[np.ndarray] = []
-        self.rejected: Counter = Counter()
-        self.received = 0
-        self.mechanism: Mechanism | None = None
+        self._guard = ReplayGuard(ID_LEN)          # report ids, across every round of the job
+        self._pool = OpenerPool(self._keys, openers)
+        self._window = max(1, int(window))
+        self._lock = threading.Lock()
+        self._inflight: set = set()
+        self._acc: RoundAccumulator | None = None
+        self._errors: list[BaseException] = []
         self.timings: dict[str, float] = {}
 
     def public_key(self) -> bytes:
         return self._keys.public_bytes()
 
     def begin_round(self, ctx: RoundContext, mechanism: Mechanism) -> None:
-        self._opener = ReportOpener(self._keys, ctx)
-        self.mechanism = mechanism
-        self._payloads, self.rejected, self.received = [], Counter(), 0
-        self.timings = {"open": 0.0, "decode": 0.0}
+        self._drain()
+        self._pool.begin_round(ctx, mechanism)
+        self._acc = RoundAccumulator(mechanism, self._guard)
+        self._errors = []
+        self.timings = {"open_wall": 0.0}
+        self._t0 = None
 
-    def receive(self, batches: list) -> int:
-        """Open a list of Arrow batches; returns how many messages were accepted."""
-        accepted = 0
-        batches = [ray.get(b) if isinstance(b, ray.ObjectRef) else b for b in batches]
-        for batch in batches:
-            ciphertexts, _senders = from_arrow(batch)   # any sender column is ignored
-            self.received += ciphertexts.shape[0]
-            t0 = time.perf_counter()
-            payloads, rejected = self._opener.open_batch(ciphertexts)
-            self.rejected.update(rejected)
-            t1 = time.perf_counter()
-            size = self.mechanism.message_size
-            if payloads.shape[0] and payloads.shape[1] != size:
-                self.rejected["malformed"] += payloads.shape[0]
-                continue
-            ok = self.mechanism.well_formed(payloads)
-            self.rejected["malformed"] += int((~ok).sum())
-            self._payloads.append(payloads[ok])
-            accepted += int(ok.sum())
-            self.timings["open"] += t1 - t0
-            self.timings["decode"] += time.perf_counter() - t1
-        return accepted
+    def submit(self, batch) -> int:
+        """Queue one Arrow batch for opening; returns its number of rows (0 if unreadable)."""
+        if self._acc is None:
+            raise RuntimeError("begin_round first")
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        try:
+            ciphertexts, _senders = from_arrow(batch)     # any sender column is ignored
+        except Exception:  # noqa: BLE001 - a batch that is not our format is counted, not fatal
+            with self._lock:
+                self._acc.received += 1
+                self._acc.rejected["malformed"] += 1
+            return 0
+        fut = self._pool.submit(ciphertexts)
+        with self._lock:
+            self._inflight.add(fut)
+        fut.add_done_callback(self._collect)
+        while True:
+            with self._lock:
+                pending = set(self._inflight)
+            if len(pending) < self._window:
+                break
+            wait(pending, return_when=FIRST_COMPLETED)
+        return int(ciphertexts.shape[0])
 
-    def num_accepted(self) -> int:
-        return int(sum(p.shape[0] for p in self._payloads))
+    def _collect(self, fut) -> None:
+        with self._lock:
+            self._inflight.discard(fut)
+            try:
+                self._acc.accumulate(fut.result())
+            except BaseException as exc:  # noqa: BLE001 - surfaced by finish()
+                self._errors.append(exc)
 
-    def set_mechanism(self, mechanism: Mechanism) -> None:
-        """Swap in the mechanism calibrated for the n actually shuffled (shuffle model)."""
-        self.mechanism = mechanism
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                pending = set(self._inflight)
+            if not pending:
+                return
+            wait(pending)
 
-    def estimate(self, num_clients: int, rng_kind: str = "secure",
-                 seed: int | None = None) -> dict:
-        """Decode, debias and (central model) add noise: the released counts."""
+    def finish(self, rng_kind: str = "secure", seed: int | None = None) -> dict:
+        """Wait for every queued batch, then release the round's counts (once)."""
+        self._drain()
+        if self._errors:
+            raise RuntimeError(f"opening failed: {self._errors[0]!r}") from self._errors[0]
+        if self._t0 is not None:
+            self.timings["open_wall"] = time.perf_counter() - self._t0
         t0 = time.perf_counter()
-        size = self.mechanism.message_size
-        payloads = (np.concatenate(self._payloads) if self._payloads
-                    else np.zeros((0, size), dtype=np.uint8))
         rng = make_generator(rng_kind, seed) if rng_kind == "seeded" else None
-        counts = self.mechanism.estimate(payloads, num_clients, rng)
-        self.timings["estimate"] = time.perf_counter() - t0
-        return {"counts": counts, "messages": int(payloads.shape[0]),
-                "received": int(self.received), "rejected": dict(self.rejected),
+        release = self._acc.finalize(rng)
+        self.timings["finalize"] = time.perf_counter() - t0
+        return {"counts": release.counts, "messages": release.accepted,
+                "received": release.received, "rejected": release.rejected,
                 "timings": dict(self.timings)}
+
+    def shutdown(self) -> None:
+        self._pool.close()
 
 
 Server = ray.remote(ServerImpl)

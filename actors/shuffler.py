@@ -37,8 +37,10 @@ class ShufflerImpl:
             raise ValueError("this shuffler has no onion layer (start it with onion_layer=hop+1)")
         return self._peeler.keypair.public_bytes()
 
-    def start_round(self, round_id: int) -> None:
-        """Next round of the same job (onion replay memory is kept)."""
+    def start_round(self, round_id: int, min_senders: int | None = None) -> None:
+        """Next round of the same job: its sender floor; onion replay memory is kept."""
+        if min_senders is not None:
+            self.pool.min_senders = int(min_senders)
         if self._peeler is not None:
             self._peeler.start_round(round_id)
 

@@ -5,7 +5,8 @@
 
 Works locally (starts a loopback Ray instance) and under ``ray job submit`` (joins
 the cluster through RAY_ADDRESS). Writes a run folder: config.yaml, report.json,
-ledger.json, labels.parquet, student.pt and summary.png.
+ledger.json, labels.parquet, student.pt and summary.png. ``rounds.count`` > 1 runs
+several private rounds on the same actors (see ``run``).
 """
 from __future__ import annotations
 
@@ -39,54 +40,86 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> dict:
-    """Run the job for a validated ``cfg`` into the prepared ``out_dir``; returns the report."""
+def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
+        shard_faults: dict | None = None) -> dict:
+    """Run the job for a validated ``cfg`` into the prepared ``out_dir``; returns the report.
+
+    ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
+    for the whole job); each round spends its share of ``privacy.eps`` and is one
+    ledger entry, and the ledger refuses any round that would exceed ``privacy.eps``.
+    """
     import ray
 
     from jobs.progress import Progress
-    from jobs.protocol import new_job_id, run_round
+    from jobs.protocol import ProtocolSession, new_job_id
     from jobs.ray_env import ensure_ray
     from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.mechanisms import build
     from rknn_ray.mechanisms.central import central_error_bound
-    from rknn_ray.pipeline import derive_labels, exact_answers, fit_queries, prepare_data
+    from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers, fit_queries,
+                                   mechanism_params, prepare_data, round_budgets)
     from rknn_ray.plots import run_summary_png
+    from rknn_ray.queries import NEXT_ROUND_SELECTORS, union_of_rounds
     from rknn_ray.student import StudentConfig, train_student
 
-    progress = progress or Progress(cfg["run"]["progress"])
+    progress = progress or Progress(cfg.run.progress)
     job_id = new_job_id()
-    with progress.stage("data", f"loading {cfg['data']['dataset']} and partitioning"):
+    with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         data = prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
-    write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(cfg, sort_keys=False))
+    write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     sp = data.splits
     progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
                  f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-    with progress.stage("queries", f"encoder + k-means: s = {cfg['queries']['s']} queries"):
-        encoder, _, qs = fit_queries(cfg, data)
-    p = cfg["privacy"]
-    ledger = PrivacyLedger(budget_eps=p["budget_eps"], budget_delta=p["budget_delta"],
-                           accountant=p["accountant"])
+    with progress.stage("queries", f"encoder + k-means: s = {cfg.queries.s} queries"):
+        encoder, public_emb, first_qs = fit_queries(cfg, data)
+    p = cfg.privacy
+    budget_eps = p.eps if p.budget_eps is None else min(p.budget_eps, p.eps)
+    budget_delta = p.delta if p.budget_delta is None else min(p.budget_delta, p.delta)
+    ledger = PrivacyLedger(budget_eps=budget_eps, budget_delta=budget_delta or None,
+                           accountant=p.accountant)
+    budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
     started = ensure_ray()
+    rounds, query_sets = [], []
     try:
-        rnd = run_round(cfg, data, encoder, qs, 0, job_id, ledger, progress, key_file)
+        with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
+            session = ProtocolSession(cfg, dataset_sources(cfg, data), job_id, key_file, progress,
+                                      shard_faults)
+        with session:
+            for t, (eps_t, delta_t) in enumerate(budgets):
+                if t == 0:
+                    qs = first_qs
+                else:
+                    taken = np.concatenate([q.public_index for q in query_sets])
+                    qs = NEXT_ROUND_SELECTORS[cfg.rounds.query_selection](
+                        public_emb, taken, cfg.queries.s, cfg.run.seed + t)
+                mechanism = build(p.model, p.mechanism, mechanism_params(cfg, data, eps=eps_t,
+                                                                         delta=delta_t))
+                with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
+                                    f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
+                    rounds.append(session.run_round(t, mechanism, encoder, qs.features, ledger))
+                query_sets.append(qs)
+        all_qs = union_of_rounds(public_emb, query_sets)
+        counts = np.concatenate([r.counts for r in rounds])
         with progress.stage("labels", "labels: private and non-private reference"):
-            lab = derive_labels(rnd.counts, qs, sp.public_y, cfg["labels"]["type"])
-            exact = exact_answers(encoder, data, qs, cfg["rknn"]["k"]).counts()
-            ref = derive_labels(exact.astype(float), qs, sp.public_y, cfg["labels"]["type"])
+            lab = derive_labels(counts, all_qs, sp.public_y, cfg.labels.type)
+            exact = np.concatenate([exact_answers(encoder, data, q, cfg.rknn.k).counts()
+                                    for q in query_sets])
+            ref = derive_labels(exact.astype(float), all_qs, sp.public_y, cfg.labels.type)
         progress.say(f"label accuracy {lab.label_accuracy:.4f} "
                      f"(non-private {ref.label_accuracy:.4f})")
-        st = cfg["student"]
-        scfg = StudentConfig(epochs=st["epochs"], batch_size=st["batch_size"], lr=st["lr"],
-                             weight_decay=st["weight_decay"], num_workers=st["num_workers"],
-                             use_gpu=st["use_gpu"], label_type=cfg["labels"]["type"],
-                             seed=cfg["run"]["seed"], arch=st["arch"], augment=st["augment"])
-        if cfg["labels"]["train_on"] == "queries":
-            train_x, targets = sp.public_x[qs.public_index], \
+        st = cfg.student
+        scfg = StudentConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
+                             weight_decay=st.weight_decay, num_workers=st.num_workers,
+                             use_gpu=st.use_gpu, label_type=cfg.labels.type,
+                             seed=cfg.run.seed, arch=st.arch, augment=st.augment)
+        if cfg.labels.train_on == "queries":
+            train_x, targets = sp.public_x[all_qs.public_index], \
                 (lab.query_soft if scfg.label_type == "soft" else lab.query_labels)
             weight = lab.query_weight if scfg.label_type == "soft" else None
         else:
             train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
-        with progress.stage("student", f"student: Ray Train, {st['num_workers']} workers, "
-                            f"{st['epochs']} epochs on {len(train_x)} labelled samples"):
+        with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
+                            f"{st.epochs} epochs on {len(train_x)} labelled samples"):
             student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
                                     data.num_classes, scfg, storage_path=out_dir,
                                     checkpoint_dir=out_dir, sample_weight=weight,
@@ -98,45 +131,53 @@ def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> 
         if started:
             ray.shutdown()
 
-    truth_q = sp.public_y[qs.public_index]
+    truth_q = sp.public_y[all_qs.public_index]
     rows = np.arange(exact.shape[0])
     others = exact.copy()
     others[rows, truth_q] = np.iinfo(np.int64).min
     gaps = exact[rows, truth_q] - others.max(axis=1)
-    g = rnd.guarantee
+    g = rounds[-1].guarantee
+    eps_spent, delta_spent = ledger.spent()
+    timings = dict(progress.timings)
+    for t, r in enumerate(rounds):
+        timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
     report = {
         "accuracy": {"labels": lab.label_accuracy, "student": student.test_accuracy,
                      "nonprivate_labels": ref.label_accuracy,
                      "query_labels": lab.query_accuracy,
                      "nonprivate_query_labels": ref.query_accuracy},
-        "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": ledger.spent()[0],
-                    "delta": ledger.spent()[1], "unit": g.unit, "neighbour": g.neighbour,
-                    "rounds": [g.to_dict()], "ledger": ledger.to_dict(),
-                    "details": rnd.mechanism},
+        "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,
+                    "delta": delta_spent, "unit": g.unit, "neighbour": g.neighbour,
+                    "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
+                    "details": [r.mechanism for r in rounds]},
         "counts": {"clients": data.num_clients, "records": int(len(sp.private_y)),
-                   "queries": qs.size, "public": int(len(sp.public_y)),
-                   "evaluation": int(len(sp.eval_y)), "messages": rnd.messages,
-                   "received": rnd.received, "rejected": rnd.rejected,
+                   "queries": all_qs.size, "public": int(len(sp.public_y)),
+                   "evaluation": int(len(sp.eval_y)),
+                   "messages": int(sum(r.messages for r in rounds)),
+                   "received": int(sum(r.received for r in rounds)),
+                   "rejected": _sum_dicts(r.rejected for r in rounds),
+                   "rounds": len(rounds),
                    "max_records_per_client": data.max_records_per_client},
         "split": sp.describe(),
         "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
-        "timings_s": {**progress.timings, **rnd.timings},
-        "rng": cfg["run"]["rng"], "version": __version__, "job_id": job_id,
-        "config": cfg,
+        "timings_s": timings,
+        "rng": cfg.run.rng, "version": __version__, "job_id": job_id,
+        "config": cfg.to_dict(),
     }
-    if rnd.shuffler is not None:
-        report["shuffler"] = rnd.shuffler
+    if any(r.shuffler is not None for r in rounds):
+        report["shuffler"] = [r.shuffler for r in rounds]
     labels_table = pa.table({
-        "public_index": np.arange(len(sp.public_y)), "query": qs.assignment,
+        "public_index": np.arange(len(sp.public_y)), "query": all_qs.assignment,
         "label": lab.public_hard, "true_label": sp.public_y,
         "nonprivate_label": ref.public_hard, "weight": lab.public_weight,
-        "soft": pa.array(list(lab.query_soft[qs.assignment]), type=pa.list_(pa.float32())),
+        "soft": pa.array(list(lab.query_soft[all_qs.assignment]), type=pa.list_(pa.float32())),
     })
     write_parquet(os.path.join(out_dir, "labels.parquet"), labels_table)
     write_json(os.path.join(out_dir, "ledger.json"), ledger.to_dict())
-    bound = central_error_bound(rnd.mechanism["scale"], data.num_classes, 0.05, "discrete") \
+    details = rounds[-1].mechanism
+    bound = central_error_bound(details["scale"], data.num_classes, 0.05, "discrete") \
         if g.model == "central" else None
     run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history, gaps,
                     lab.query_labels == truth_q, bound)
@@ -144,14 +185,22 @@ def run(cfg: dict, out_dir: str, key_file: str | None = None, progress=None) -> 
     return report
 
 
+def _sum_dicts(dicts) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
-        out = args.out or os.path.join("runs", f"{cfg['run']['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
-        out = prepare_run_dir(out, overwrite=args.overwrite)
         if args.quiet:
-            cfg["run"]["progress"] = False
+            cfg = cfg.with_overrides(["run.progress=false"])
+        out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        out = prepare_run_dir(out, overwrite=args.overwrite)
         report = run(cfg, out, key_file=args.key_file)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)

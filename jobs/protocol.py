@@ -1,12 +1,29 @@
-"""One round of the protocol on Ray actors: shards -> (shuffler) -> server.
+"""The protocol on Ray actors: shards -> (shufflers) -> server, streamed, for any number of rounds.
 
-The driver only wires actors together: ciphertext batches move from each
-ClientShard to the Server (or the Shuffler) as Ray object references, never
-through the driver's own memory. Actors are ended when the round is done so
-Ray Train gets the CPUs.
+A :class:`ProtocolSession` owns the actors of one job and keeps them across rounds:
+the client shards (each loads its own records once), the Server (its key pair, its
+opener processes and the job-wide memory of report ids) and, in the shuffle model,
+the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
+
+1. the ledger is checked *before* any client randomizes (a refused round releases nothing);
+2. every shard streams sealed batches (a Ray streaming generator with backpressure); a
+   driver thread per shard forwards each batch *reference* to the Shuffler (shuffle
+   model) or straight to the Server, which opens at most ``window`` batches at once:
+   memory is bounded by those windows, not by n, except in the shuffler, which must
+   hold the round's multiset;
+3. the shuffler refuses to release below its sender floor, else permutes and forwards;
+4. the Server releases the counts once; the guarantee and its event are computed from
+   the n actually shuffled and recorded in the ledger.
+
+A shard that dies mid-round is restarted by Ray and streams the round again from its
+first batch: the same randomness and the same report ids, so the server counts every
+report once (``rejected.replayed`` shows the re-sent copies).
 """
 from __future__ import annotations
 
+import os
+import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -15,19 +32,25 @@ import ray
 
 from actors.client_shard import ClientShard
 from actors.server import Server
-from rknn_ray.errors import PrivacyBudgetError
-from rknn_ray.mechanisms import build
-from rknn_ray.mechanisms.base import Guarantee
-from rknn_ray.pipeline import PreparedData, mechanism_params
+from actors.shuffler import Shuffler
+from rknn_ray.client_step import RoundSpec
+from rknn_ray.errors import PrivacyBudgetError, RknnError
+from rknn_ray.mechanisms.base import Guarantee, Mechanism
 from rknn_ray.rng import derived_seed, new_client_secret
 from sealing.envelope import RoundContext
-from actors.shuffler import Shuffler
+
+SHARD_RETRIES = 2
+
+
+class PartyFailure(RknnError):
+    """A protocol party (shard, shuffler, server) died and the round could not finish."""
 
 
 @dataclass
 class RoundResult:
     counts: np.ndarray
     guarantee: Guarantee
+    event: object
     mechanism: dict
     messages: int
     received: int
@@ -37,110 +60,205 @@ class RoundResult:
     shuffler: dict | None = None
 
 
-def start_shards(cfg: dict, data: PreparedData) -> list:
-    """Few ClientShard actors, each hosting a contiguous range of virtual clients."""
-    num_shards = min(cfg["cluster"]["shards"], data.num_clients)
-    ids = data.client_ids
-    bounds = np.linspace(0, ids.max() + 1, num_shards + 1).astype(np.int64)
-    seeded = cfg["run"]["rng"] == "seeded"
-    shards = []
-    for i in range(num_shards):
-        rows = np.flatnonzero((ids >= bounds[i]) & (ids < bounds[i + 1]))
-        secret = (derived_seed(str(cfg["run"]["seed"]).encode(), "shard", i).to_bytes(32, "big")
-                  if seeded else new_client_secret())
-        shard = ClientShard.options(num_cpus=cfg["cluster"]["shard_cpus"]).remote(
-            i, data.splits.private_x[rows], data.splits.private_y[rows], ids[rows], secret)
-        shards.append(shard)
-    return shards
+def new_job_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
-def _shuffle(cfg, mechanism, refs, hops, progress) -> tuple[list, dict]:
-    """Pass the shards' batches through the shuffler chain; returns (batch refs, stats)."""
-    with progress.stage("shuffle", f"shuffler{'s' if len(hops) > 1 else ''}: pool, check "
-                        f"senders >= {mechanism.min_senders()}, secure permutation"):
-        ray.get([hops[0].submit_all.remote(ref) for ref in refs])
+def shard_bounds(num_clients: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous client-id ranges, one per shard (clients are numbered 0..n-1)."""
+    shards = max(1, min(int(shards), int(num_clients)))
+    cuts = np.linspace(0, num_clients, shards + 1).astype(np.int64)
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def opener_processes(requested: int | None) -> int:
+    """Opener processes for the Server: as asked, else one per CPU of the cluster (at most 16)."""
+    if requested is not None:
+        return max(0, int(requested))
+    cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+    return max(1, min(16, cpus))
+
+
+class ProtocolSession:
+    """The actors of one job (see module docstring); use as a context manager."""
+
+    def __init__(self, cfg, sources: list, job_id: str, key_file: str | None = None,
+                 progress=None, shard_faults: dict | None = None):
+        self.cfg, self.job_id, self.progress = cfg, job_id, progress
+        cl = cfg.cluster
+        seeded = cfg.run.rng == "seeded"
+        self.server = Server.options(num_cpus=cl.server_cpus).remote(
+            job_id, key_file, opener_processes(cl.openers), cl.window)
+        self.shards = []
+        for i, src in enumerate(sources):
+            secret = (derived_seed(str(cfg.run.seed).encode(), "shard", i).to_bytes(32, "big")
+                      if seeded else new_client_secret())
+            self.shards.append(ClientShard.options(num_cpus=cl.shard_cpus).remote(
+                i, src, secret, (shard_faults or {}).get(i)))
+        self.hops: list = []
+        try:
+            self.server_public_key = ray.get(self.server.public_key.remote())
+            self.shard_clients = ray.get([s.num_clients.remote() for s in self.shards])
+        except ray.exceptions.RayActorError as exc:
+            self.close()
+            raise PartyFailure(_actor_death("a party failed to start", exc)) from None
+        self.num_clients = int(sum(self.shard_clients))
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        try:
+            ray.get(self.server.shutdown.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - best effort: the actor may already be gone
+            pass
+        for actor in self.shards + self.hops + [self.server]:
+            ray.kill(actor)
+        self.shards, self.hops = [], []
+
+    def _shufflers(self, floor: int) -> list:
+        """The shuffler chain (made once per job, reused by every round)."""
+        sh = self.cfg.shuffle
+        layers = int(sh.onion_layers)
+        if not self.hops:
+            ctx = RoundContext(self.job_id, 0)
+            self.hops = [Shuffler.options(num_cpus=self.cfg.cluster.shuffler_cpus).remote(
+                floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
+                forwarded_input=i > 0) for i in range(max(1, layers))]
+        return self.hops
+
+    # ------------------------------------------------------------------ one round
+    def run_round(self, round_id: int, mechanism: Mechanism, encoder, query_features: np.ndarray,
+                  ledger) -> RoundResult:
+        """Run one private labeling round end to end and record it in ``ledger``."""
+        cfg = self.cfg
+        model = mechanism.model
+        ctx = RoundContext(self.job_id, round_id)
+        ledger.check(mechanism.guarantee(), mechanism.event())   # refuse before any client works
+        say = self.progress.say if self.progress else (lambda _m: None)
+        timings: dict[str, float] = {}
+        hops, hop_keys = [], ()
+        if model == "shuffle":
+            floor = mechanism.min_senders()
+            if cfg.shuffle.min_senders is not None:
+                floor = max(floor, int(cfg.shuffle.min_senders))
+            hops = self._shufflers(floor)
+            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0)
+                     for i, h in enumerate(hops)])
+            if cfg.shuffle.onion_layers:
+                hop_keys = tuple(ray.get([h.public_key.remote() for h in hops]))
+        ray.get(self.server.begin_round.remote(ctx, mechanism))
+        spec = RoundSpec(ctx, mechanism, encoder, np.ascontiguousarray(query_features),
+                         int(cfg.rknn.k), int(mechanism.params.num_classes),
+                         self.server_public_key, hop_keys,
+                         float(cfg.shuffle.dropout) if model == "shuffle" else 0.0)
+        sink = hops[0] if hops else self.server
+        t0 = time.perf_counter()
+        self._stream_clients(ray.put(spec), sink, say)
+        timings["clients_wall"] = time.perf_counter() - t0
+        shuffle_stats = None
+        if hops:
+            t1 = time.perf_counter()
+            refs, shuffle_stats = self._shuffle(hops, mechanism)
+            timings["shuffle_wall"] = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            for ref in refs:                       # the Server's window bounds what is in flight
+                self._call(self.server.submit.remote(ref), "server")
+            timings["server_open_wall"] = time.perf_counter() - t2
+        n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
+        guarantee, event = mechanism.guarantee(n), mechanism.event(n)   # from the n actually shuffled
+        ledger.check(guarantee, event)
+        seed = cfg.run.seed + 1_000_003 * (round_id + 1)
+        out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server")
+        ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
+                      clients=self.num_clients)
+        for key, v in out["timings"].items():
+            timings[f"server_{key}"] = v
+        for t in ray.get([s.get_timings.remote() for s in self.shards]):
+            for key, v in t.items():
+                timings[f"shards_{key}_cpu"] = timings.get(f"shards_{key}_cpu", 0.0) + v
+        return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
+                           out["received"], self.num_clients, out["rejected"], timings,
+                           shuffle_stats)
+
+    def _call(self, ref, party: str):
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise PartyFailure(_actor_death(f"the {party} died", exc)) from None
+
+    def _stream_clients(self, spec_ref, sink, say) -> None:
+        """One driver thread per shard forwards its batch refs to ``sink`` as they appear."""
+        cl = self.cfg.cluster
+        total, done = self.num_clients, [0]
+        lock, errors = threading.Lock(), []
+        last = [time.perf_counter()]
+
+        def pump(i: int, shard) -> None:
+            for attempt in range(SHARD_RETRIES + 1):
+                try:
+                    gen = shard.stream_reports.options(
+                        num_returns="streaming",
+                        _generator_backpressure_num_objects=max(2, int(cl.window))
+                    ).remote(spec_ref, int(cl.batch_clients))
+                    sent = 0
+                    for ref in gen:
+                        ray.get(sink.submit.remote(ref))
+                        sent += 1
+                        with lock:
+                            done[0] += min(int(cl.batch_clients), self.shard_clients[i])
+                            if time.perf_counter() - last[0] > 5:
+                                last[0] = time.perf_counter()
+                                say(f"  clients sealed and sent: ~{min(done[0], total)}/{total}")
+                    return
+                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                    if attempt == SHARD_RETRIES:
+                        errors.append(PartyFailure(_actor_death(
+                            f"client shard {i} died {attempt + 1} times", exc)))
+                        return
+                    say(f"  client shard {i} died after {sent} batches; Ray restarted it and it "
+                        "re-sends the round (same reports, counted once)")
+                except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=pump, args=(i, s), daemon=True)
+                   for i, s in enumerate(self.shards)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            err = errors[0]
+            cause = err.as_instanceof_cause() if isinstance(err, ray.exceptions.RayTaskError) else err
+            raise cause
+
+    def _shuffle(self, hops: list, mechanism: Mechanism) -> tuple[list, dict]:
+        """Release through the shuffler chain; returns (batch refs for the server, stats)."""
         stats = [ray.get(hops[0].stats.remote())]
         try:
             out = ray.get(hops[0].release_refs.remote())
-            stats[0] = ray.get(hops[0].stats.remote())     # now with what was released
-            for hop in hops[1:]:
-                ray.get([hop.submit.remote(r) for r in out])
-                out = ray.get(hop.release_refs.remote())
-                stats.append(ray.get(hop.stats.remote()))
         except ray.exceptions.RayTaskError as exc:
-            cause = exc.as_instanceof_cause()
-            if isinstance(cause, PrivacyBudgetError) or "PrivacyBudgetError" in str(exc):
+            if isinstance(exc.as_instanceof_cause(), PrivacyBudgetError):
                 raise PrivacyBudgetError(
                     f"round refused by the shuffler: {stats[0]['senders']} distinct senders, "
                     f"the target needs {mechanism.min_senders()}; nothing was released") from None
             raise
-    return out, {"hops": stats, "senders": stats[0]["senders"],
-                 "messages": stats[-1]["messages"], "bytes": stats[0]["bytes"]}
+        except ray.exceptions.RayActorError as exc:
+            raise PartyFailure(_actor_death("the shuffler died; nothing was released", exc)) from None
+        stats[0] = ray.get(hops[0].stats.remote())
+        for hop in hops[1:]:
+            ray.get([hop.submit.remote(r) for r in out])
+            out = ray.get(hop.release_refs.remote())
+            stats.append(ray.get(hop.stats.remote()))
+        return out, {"hops": stats, "senders": stats[0]["senders"],
+                     "messages": stats[-1]["messages"], "bytes": stats[0]["bytes"]}
 
 
-def run_round(cfg: dict, data: PreparedData, encoder, qs, round_id: int, job_id: str,
-              ledger, progress, key_file: str | None = None) -> RoundResult:
-    """Run one private labeling round end to end and record it in ``ledger``."""
-    model = cfg["privacy"]["model"]
-    ctx = RoundContext(job_id=job_id, round_id=round_id)
-    params = mechanism_params(cfg, data)
-    mechanism = build(model, cfg["privacy"]["mechanism"], params)
-    ledger.check(mechanism.guarantee())          # refuse before any client works
-    server = Server.options(num_cpus=0.25).remote(job_id, key_file)
-    shards = start_shards(cfg, data)
-    hops = []
-    if model == "shuffle":
-        layers = int(cfg["shuffle"]["onion_layers"])
-        floor = mechanism.min_senders()
-        if cfg["shuffle"]["min_senders"] is not None:
-            floor = max(floor, int(cfg["shuffle"]["min_senders"]))
-        hops = [Shuffler.options(num_cpus=0.25).remote(
-            floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
-            forwarded_input=i > 0) for i in range(max(1, layers))]
-    try:
-        public_key = ray.get(server.public_key.remote())
-        hop_keys = ray.get([h.public_key.remote() for h in hops]) if model == "shuffle" \
-            and cfg["shuffle"]["onion_layers"] else None
-        ray.get(server.begin_round.remote(ctx, mechanism))
-        k, nc = cfg["rknn"]["k"], data.num_classes
-        dropout = float(cfg["shuffle"]["dropout"]) if model == "shuffle" else 0.0
-        with progress.stage("clients", f"{len(shards)} client shards: embed, reverse k-NN, "
-                            f"randomize, seal ({data.num_clients} virtual clients)"):
-            refs = [s.make_reports.remote(encoder, qs.features, k, nc, mechanism, ctx,
-                                          public_key, cfg["cluster"]["batch_clients"],
-                                          None, hop_keys, dropout)
-                    for s in shards]
-            # wait without pulling the ciphertext into the driver (a shard's error
-            # surfaces where its batches are consumed: shuffler or server)
-            ray.wait(refs, num_returns=len(refs), fetch_local=False)
-        shuffle_stats = None
-        if model == "shuffle":
-            refs, shuffle_stats = _shuffle(cfg, mechanism, refs, hops, progress)
-            mechanism.senders_shuffled = int(shuffle_stats["senders"])
-            ledger.check(mechanism.guarantee())   # from the n actually shuffled
-            ray.get(server.set_mechanism.remote(mechanism))
-            refs = [refs]
-        with progress.stage("server_open", "server: open and check reports"):
-            ray.get([server.receive.remote(ref) for ref in refs])
-        with progress.stage("server_estimate", "server: decode, estimate, add noise"):
-            seed = cfg["run"]["seed"] + 1_000_003 * (round_id + 1)
-            n = shuffle_stats["senders"] if shuffle_stats else data.num_clients
-            out = ray.get(server.estimate.remote(n, cfg["run"]["rng"], seed))
-        shard_timings = ray.get([s.get_timings.remote() for s in shards])
-    finally:
-        for actor in shards + hops + [server]:
-            ray.kill(actor)
-    guarantee = mechanism.guarantee()
-    ledger.record(guarantee, round_id=round_id, messages=out["messages"],
-                  clients=data.num_clients)
-    timings = {**{f"server_{k}": v for k, v in out["timings"].items()}}
-    for t in shard_timings:
-        for key, v in t.items():
-            timings[f"shards_{key}"] = timings.get(f"shards_{key}", 0.0) + v
-    return RoundResult(out["counts"], guarantee, mechanism.describe(), out["messages"],
-                       out["received"], data.num_clients, out["rejected"], timings,
-                       shuffle_stats)
-
-
-def new_job_id() -> str:
-    return uuid.uuid4().hex[:16]
+def _actor_death(what: str, exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{what} ({first[:200]})"

@@ -75,13 +75,14 @@ def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) ->
 
 
 def mechanism_params(cfg: dict, data: PreparedData, eps: float | None = None,
-                     num_clients: int | None = None) -> MechanismParams:
+                     num_clients: int | None = None, delta: float | None = None) -> MechanismParams:
     p = cfg["privacy"]
     options = {"noise": p["noise"], "multi_record": p["multi_record"],
                "bound": p["amplification_bound"], **(p.get("options") or {})}
     return MechanismParams(num_queries=cfg["queries"]["s"], num_classes=data.num_classes,
                            k=cfg["rknn"]["k"], r=cfg["rknn"]["r"],
-                           eps=float(p["eps"] if eps is None else eps), delta=float(p["delta"]),
+                           eps=float(p["eps"] if eps is None else eps),
+                           delta=float(p["delta"] if delta is None else delta),
                            num_clients=int(num_clients or data.num_clients),
                            max_records_per_client=data.max_records_per_client, options=options)
 
@@ -110,3 +111,29 @@ def derive_labels(counts: np.ndarray, qs: QuerySet, public_truth: np.ndarray,
     return Labeling(hard, soft, weight, targets, pub_weight, public_hard,
                     accuracy(public_hard, public_truth),
                     accuracy(hard, public_truth[qs.public_index]))
+
+
+def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
+    """One source spec per client shard: contiguous client-id ranges of the run's partition.
+
+    Each shard re-derives the same seeded split and partition from ``cfg`` and keeps
+    its own range (rknn_ray.data.sources), so no private record is shipped to it.
+    """
+    from rknn_ray.data.sources import DatasetShardSource
+    n = int(data.client_ids.max()) + 1 if data.client_ids.size else 0
+    count = max(1, min(int(shards or cfg.cluster.shards), n))
+    cuts = np.linspace(0, n, count + 1).astype(np.int64)
+    return [DatasetShardSource(cfg, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def round_budgets(eps: float, delta: float, count: int, split) -> list[tuple[float, float]]:
+    """(eps_t, delta_t) per round: ``split`` 'even' or fractions (sum <= 1) of the job's eps and delta.
+
+    With basic composition the rounds then add up to at most (eps, delta); the ledger
+    checks it again before every round.
+    """
+    fractions = [1.0 / count] * count if split == "even" else [float(f) for f in split]
+    if len(fractions) != count or min(fractions) <= 0 or sum(fractions) > 1 + 1e-12:
+        raise ValueError(f"rounds.budget_split {split!r} must be 'even' or {count} positive "
+                         "fractions summing to at most 1")
+    return [(eps * f, delta * f) for f in fractions]

@@ -69,3 +69,47 @@ def select_queries(public_emb: np.ndarray, s: int, restarts: int = 3, niter: int
     features = x[nearest_pub] if use_nearest_public else centroids
     _, assign = nearest(features, x, 1)
     return QuerySet(np.ascontiguousarray(features), nearest_pub, assign[:, 0].astype(np.int64), obj)
+
+
+def farthest_public_queries(public_emb: np.ndarray, taken: np.ndarray, s: int,
+                            seed: int = 0) -> QuerySet:
+    """The next round's queries: ``s`` public samples, each the farthest from all queries so far.
+
+    Greedy farthest-point traversal (Gonzalez) seeded with the queries already
+    released (``taken``: their public indices), over public samples only: public
+    information, no privacy cost. It spreads new queries into the regions the
+    earlier rounds covered worst. (The utility work replaces this default with
+    selection where the student is least certain.)
+    """
+    x = np.ascontiguousarray(public_emb, dtype=np.float32)
+    free = np.ones(x.shape[0], bool)
+    free[taken] = False
+    if s > int(free.sum()):
+        raise ValueError(f"only {int(free.sum())} public samples are not yet queries; "
+                         f"cannot pick {s} more (lower queries.s or rounds.count)")
+    if taken.size:
+        d2, _ = nearest(x[taken], x, 1)
+        d2 = d2[:, 0].astype(np.float64)
+    else:
+        d2 = np.full(x.shape[0], np.inf)
+        d2[np.random.default_rng(seed).integers(x.shape[0])] = -1.0
+    picks = np.empty(s, np.int64)
+    for i in range(s):
+        j = int(np.argmax(np.where(free, d2, -np.inf)))
+        picks[i], free[j] = j, False
+        d2 = np.minimum(d2, ((x - x[j]) ** 2).sum(axis=1))
+    _, assign = nearest(x[picks], x, 1)
+    return QuerySet(np.ascontiguousarray(x[picks]), picks, assign[:, 0].astype(np.int64), float("nan"))
+
+
+#: Query selection for rounds after the first: name -> f(public_emb, taken, s, seed) -> QuerySet.
+NEXT_ROUND_SELECTORS = {"farthest": farthest_public_queries}
+
+
+def union_of_rounds(public_emb: np.ndarray, rounds: list[QuerySet]) -> QuerySet:
+    """All rounds' queries as one set: every public sample joins its nearest query of any round."""
+    features = np.concatenate([q.features for q in rounds]).astype(np.float32)
+    public_index = np.concatenate([q.public_index for q in rounds])
+    _, assign = nearest(features, np.ascontiguousarray(public_emb, dtype=np.float32), 1)
+    return QuerySet(features, public_index, assign[:, 0].astype(np.int64),
+                    float(sum(q.objective for q in rounds)))

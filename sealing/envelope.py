@@ -8,8 +8,8 @@ Opening lives with the key holders (:mod:`server.opening` for the server,
 Each report is hybrid public-key encryption (ephemeral X25519, HKDF-SHA256,
 ChaCha20-Poly1305) of one fixed-length message, laid out as::
 
-    header (clear, 46 bytes)                      | sealed (2 + pad_to + 16 bytes)
-    version u8 | layer u8 | job tag 8 | round u32 | eph pub 32 | AEAD(len u16 | payload | zeros)
+    header (clear, 46 bytes)                      | sealed (16 + 2 + pad_to + 16 bytes)
+    version u8 | layer u8 | job tag 8 | round u32 | eph pub 32 | AEAD(report id 16 | len u16 | payload | zeros)
 
 The header says which job / round / layer the report is for, so a recipient
 can tell a report from another round (header mismatch) from a tampered one
@@ -17,6 +17,13 @@ can tell a report from another round (header mismatch) from a tampered one
 data (with the full SHA-256 of the job id), so editing it breaks the tag.
 Every plaintext is padded to ``pad_to`` bytes: all ciphertexts of a round have
 one length, which reveals nothing about the content.
+
+The *report id* inside the plaintext is the report's identity: a client derives it
+from its secret and (job, round, batch, message) with a PRF, so a retried or
+restarted client re-sends the same id even though every sealing uses a fresh
+ephemeral key, and the server counts the report once. To anyone without the
+client's secret the id is uniformly random: it links nothing across reports or
+rounds. Without ids (``report_ids=None``) each report gets 16 fresh random bytes.
 """
 from __future__ import annotations
 
@@ -29,12 +36,15 @@ import numpy as np
 import pyarrow as pa
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 KEY_LEN = 32                  # X25519 public key / AEAD key
 TAG_LEN = 16                  # Poly1305 tag
+ID_LEN = 16                   # report identity, first field of the plaintext
 LEN_PREFIX = 2                # u16 payload length inside the plaintext
+PLAIN_HEAD = ID_LEN + LEN_PREFIX
 JOB_TAG_LEN = 8
 HEADER_LEN = 1 + 1 + JOB_TAG_LEN + 4 + KEY_LEN   # 46
 CONTEXT_LEN = HEADER_LEN - KEY_LEN               # version, layer, job tag, round
@@ -75,7 +85,7 @@ class RoundContext:
 
 def ciphertext_len(pad_to: int) -> int:
     """Length of one sealed report whose payloads are padded to ``pad_to`` bytes."""
-    return HEADER_LEN + LEN_PREFIX + pad_to + TAG_LEN
+    return HEADER_LEN + PLAIN_HEAD + pad_to + TAG_LEN
 
 
 def derive_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes, info: bytes) -> bytes:
@@ -98,8 +108,21 @@ def _public_key(key: bytes | X25519PublicKey) -> tuple[X25519PublicKey, bytes]:
     return X25519PublicKey.from_public_bytes(key), key
 
 
-def _padded_plaintexts(payloads: np.ndarray, pad_to: int | None) -> np.ndarray:
-    """(M, 2 + pad_to) rows: u16 big-endian length, payload, zeros (numpy, no per-row loop)."""
+def report_ids_from_key(key: bytes, count: int) -> np.ndarray:
+    """``count`` pseudorandom 16-byte report ids: the ChaCha20 keystream of a 32-byte key.
+
+    The key is a PRF output of the client's secret and (job, round, batch), so the
+    same batch always gets the same ids (see the module docstring).
+    """
+    if len(key) != 32:
+        raise ValueError(f"a report-id key is 32 bytes, got {len(key)}")
+    stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    return np.frombuffer(stream.update(bytes(ID_LEN * count)), np.uint8).reshape(count, ID_LEN)
+
+
+def _padded_plaintexts(payloads: np.ndarray, pad_to: int | None,
+                       report_ids: np.ndarray | None = None) -> np.ndarray:
+    """(M, 18 + pad_to) rows: report id, u16 big-endian length, payload, zeros (numpy, no per-row loop)."""
     payloads = np.ascontiguousarray(payloads)
     if payloads.dtype != np.uint8 or payloads.ndim != 2:
         raise ValueError("payloads must be an (M, L) uint8 array, one fixed-length message per row")
@@ -110,14 +133,21 @@ def _padded_plaintexts(payloads: np.ndarray, pad_to: int | None) -> np.ndarray:
                          f"set pad_to >= {length}")
     if pad_to > MAX_PAYLOAD:
         raise ValueError(f"pad_to={pad_to} exceeds {MAX_PAYLOAD} bytes; split the message")
-    plain = np.zeros((m, LEN_PREFIX + pad_to), np.uint8)
-    plain[:, 0], plain[:, 1] = length >> 8, length & 0xFF
-    plain[:, LEN_PREFIX:LEN_PREFIX + length] = payloads
+    if report_ids is None:
+        report_ids = np.frombuffer(os.urandom(ID_LEN * m), np.uint8).reshape(m, ID_LEN)
+    report_ids = np.asarray(report_ids, np.uint8)
+    if report_ids.shape != (m, ID_LEN):
+        raise ValueError(f"report_ids must be ({m}, {ID_LEN}) uint8, got {report_ids.shape}")
+    plain = np.zeros((m, PLAIN_HEAD + pad_to), np.uint8)
+    plain[:, :ID_LEN] = report_ids
+    plain[:, ID_LEN], plain[:, ID_LEN + 1] = length >> 8, length & 0xFF
+    plain[:, PLAIN_HEAD:PLAIN_HEAD + length] = payloads
     return plain
 
 
 def seal_batch(server_public_key: bytes, payloads: np.ndarray, ctx: RoundContext,
-               pad_to: int | None = None, *, layer: int = SERVER_LAYER) -> np.ndarray:
+               pad_to: int | None = None, *, layer: int = SERVER_LAYER,
+               report_ids: np.ndarray | None = None) -> np.ndarray:
     """Seal each row of ``payloads`` for the holder of ``server_public_key``.
 
     Returns an (M, ciphertext_len(pad_to)) uint8 array, one report per row.
@@ -126,7 +156,7 @@ def seal_batch(server_public_key: bytes, payloads: np.ndarray, ctx: RoundContext
     per-message cryptography; padding and assembly are numpy.
     """
     pub_obj, pub_bytes = _public_key(server_public_key)
-    plain = _padded_plaintexts(payloads, pad_to)
+    plain = _padded_plaintexts(payloads, pad_to, report_ids)
     m, plen = plain.shape
     prefix = ctx.header_prefix(layer)
     aad_head = ctx.job_digest + prefix
@@ -164,7 +194,7 @@ def crypto_floor_seconds(num_messages: int, payload_len: int, sample: int = 2000
     n = max(1, min(int(sample), int(num_messages)))
     recipient = X25519PrivateKey.generate().public_key()
     recipient_bytes = recipient.public_bytes_raw()
-    plain = os.urandom(LEN_PREFIX + payload_len)
+    plain = os.urandom(PLAIN_HEAD + payload_len)
     aad = bytes(32 + HEADER_LEN)
     sha256 = hashes.SHA256()
     t0 = time.thread_time()

@@ -8,18 +8,26 @@ shuffler pool (:mod:`shuffler.pool`) never imports it.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, JOB_TAG_LEN, KEY_LEN, LEN_PREFIX, NONCE,
-                               TAG_LEN, RoundContext, derive_key, layer_info)
+from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, ID_LEN, JOB_TAG_LEN, KEY_LEN, NONCE,
+                               PLAIN_HEAD, TAG_LEN, RoundContext, derive_key, layer_info)
 
 REJECT_KINDS = ("malformed", "wrong_job", "wrong_round", "tampered", "replayed")
 
+
+class Opened(NamedTuple):
+    """What :func:`open_rows` returns: the good rows and the count of bad ones by kind."""
+    payloads: np.ndarray     # (M_ok, L) uint8 messages
+    report_ids: np.ndarray   # (M_ok,) 'S16' report identities (see sealing.envelope)
+    eph_pubs: np.ndarray     # (M_ok,) 'S32' ephemeral public keys (a byte-identical replay repeats one)
+    kept: np.ndarray         # (M_ok,) row index of each in the input
+    rejects: Counter
 
 
 def empty_rejects() -> Counter:
@@ -29,11 +37,12 @@ def empty_rejects() -> Counter:
 
 def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes,
               rows, ctx: RoundContext, layer: int,
-              payload_len: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, Counter]:
+              payload_len: int | None = None) -> Opened:
     """Open sealed rows with a key holder's ``exchange``; reject and count, never raise.
 
-    Returns ``(payloads (M_ok, L), eph_pubs (M_ok,) 'S32', kept_index (M_ok,), rejects)``.
-    Replay detection is the caller's (it owns the job-wide state). Classification:
+    ``payload_len`` is the length every message of the round must declare; None
+    adopts the most common declared length of this call (only for onion layers,
+    whose inner length is a ciphertext's). Replay detection is the caller's (it owns the job-wide state). Classification:
     bad shape / version / layer / length / padding -> malformed; job tag differs ->
     wrong_job; round differs -> wrong_round; header matches but the tag fails -> tampered.
     """
@@ -43,7 +52,7 @@ def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes
         ok_shape = rows.dtype == np.uint8 and rows.ndim == 2
     except Exception:  # noqa: BLE001 - arbitrary junk from the network is counted, not raised
         ok_shape = False
-    if not ok_shape or rows.shape[1] < HEADER_LEN + LEN_PREFIX + TAG_LEN:
+    if not ok_shape or rows.shape[1] < HEADER_LEN + PLAIN_HEAD + TAG_LEN:
         try:
             rejects["malformed"] += len(rows)
         except Exception:  # noqa: BLE001
@@ -87,36 +96,37 @@ def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes
         return _empty_result(payload_len, rejects)
     kept = np.asarray(kept, np.int64)
     plain = np.frombuffer(b"".join(opened), np.uint8).reshape(len(kept), plen)
-    lengths = plain[:, 0].astype(np.int64) << 8 | plain[:, 1]
+    lengths = plain[:, ID_LEN].astype(np.int64) << 8 | plain[:, ID_LEN + 1]
     if payload_len is None:   # the round's length: the most common declared one
         values, counts = np.unique(lengths, return_counts=True)
         payload_len = int(values[np.argmax(counts)])
     good = lengths == payload_len
-    if payload_len > plen - LEN_PREFIX:
+    if payload_len > plen - PLAIN_HEAD:
         good[:] = False
     else:
-        good &= ~np.any(plain[:, LEN_PREFIX + payload_len:], axis=1)   # padding must be zeros
+        good &= ~np.any(plain[:, PLAIN_HEAD + payload_len:], axis=1)   # padding must be zeros
     rejects["malformed"] += int((~good).sum())
     kept = kept[good]
-    payloads = plain[good, LEN_PREFIX:LEN_PREFIX + payload_len].copy()
+    payloads = plain[good, PLAIN_HEAD:PLAIN_HEAD + payload_len].copy()
+    ids = np.ascontiguousarray(plain[good, :ID_LEN]).view(f"S{ID_LEN}").ravel()
     eph = np.ascontiguousarray(rows[kept, CONTEXT_LEN:HEADER_LEN]).view(f"S{KEY_LEN}").ravel()
-    return payloads, eph, kept, rejects
+    return Opened(payloads, ids, eph, kept, rejects)
 
 
-def _empty_result(payload_len, rejects):
-    return (np.zeros((0, payload_len or 0), np.uint8), np.zeros(0, f"S{KEY_LEN}"),
-            np.zeros(0, np.int64), rejects)
+def _empty_result(payload_len, rejects) -> Opened:
+    return Opened(np.zeros((0, payload_len or 0), np.uint8), np.zeros(0, f"S{ID_LEN}"),
+                  np.zeros(0, f"S{KEY_LEN}"), np.zeros(0, np.int64), rejects)
 
 
 class ReplayGuard:
-    """Job-wide memory of the ephemeral keys already opened: a second sight is a replay.
+    """Job-wide memory of fixed-width keys already seen (report ids, ephemeral keys).
 
-    Kept as one sorted fixed-width byte array (32 bytes a report), merged per batch
-    by ``searchsorted`` + ``insert`` (linear), so a million reports cost 32 MB.
+    A second sight is a replay. Kept as one sorted fixed-width byte array, merged per
+    batch by ``searchsorted`` + ``insert`` (linear), so a million 16-byte ids cost 16 MB.
     """
 
-    def __init__(self):
-        self._seen = np.zeros(0, f"S{KEY_LEN}")
+    def __init__(self, width: int = KEY_LEN):
+        self._seen = np.zeros(0, f"S{width}")
 
     def __len__(self) -> int:
         return int(self._seen.size)

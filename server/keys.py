@@ -31,6 +31,13 @@ class ServerKeyPair:
         """The 32 raw public-key bytes clients seal to."""
         return self._public
 
+    def raw_private_bytes(self) -> bytes:
+        """The 32 raw private-key bytes, for the Server actor's own opener processes only
+        (:mod:`server.opener_pool` hands them over a pipe to its children, never to Ray)."""
+        return self._private.private_bytes(serialization.Encoding.Raw,
+                                           serialization.PrivateFormat.Raw,
+                                           serialization.NoEncryption())
+
     def exchange(self, peer_public):
         return self._private.exchange(peer_public)
 

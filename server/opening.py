@@ -5,12 +5,10 @@ Built on the keyless core :mod:`sealing.unseal`; the key comes from
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from sealing.envelope import SERVER_LAYER, RoundContext
-from sealing.unseal import REJECT_KINDS, ReplayGuard, empty_rejects, open_rows
+from sealing.unseal import REJECT_KINDS, Opened, empty_rejects, open_rows
 from server.keys import ServerKeyPair
 
 __all__ = ["ReportOpener", "REJECT_KINDS"]
@@ -21,31 +19,30 @@ class ReportOpener:
 
     Kinds (:data:`REJECT_KINDS`): ``malformed`` (bad shape, version, layer, length or
     padding), ``wrong_job`` / ``wrong_round`` (clear header names another job or
-    round), ``tampered`` (header matches, AEAD tag fails), ``replayed`` (an ephemeral
-    key already opened in this job: replays are caught across calls and rounds).
-    ``payload_len`` is the round's message size; if None, the first batch's most
-    common declared length is adopted for the job.
+    round), ``tampered`` (header matches, AEAD tag fails). Duplicates (``replayed``)
+    are the accumulator's to judge, by report id across the whole job
+    (:class:`server.accumulator.RoundAccumulator`), so that several openers can work
+    in parallel. ``payload_len`` is the round's message size, from the mechanism and
+    never from a report: one short report cannot redefine what the honest ones must be.
     """
 
-    def __init__(self, keypair: ServerKeyPair, ctx: RoundContext, payload_len: int | None = None):
-        self.keypair, self.ctx, self.payload_len = keypair, ctx, payload_len
-        self._replays = ReplayGuard()
+    def __init__(self, keypair: ServerKeyPair, ctx: RoundContext, payload_len: int):
+        if int(payload_len) < 0:
+            raise ValueError(f"payload_len must be >= 0, got {payload_len}")
+        self.keypair, self.ctx, self.payload_len = keypair, ctx, int(payload_len)
         self.totals = empty_rejects()
         self.opened = 0
 
-    def start_round(self, round_id: int) -> None:
-        """Move to the next round of the same job (replay memory is kept)."""
+    def start_round(self, round_id: int, payload_len: int | None = None) -> None:
+        """Move to the next round of the same job (its message size may differ)."""
         self.ctx = RoundContext(self.ctx.job_id, round_id, self.ctx.version)
+        if payload_len is not None:
+            self.payload_len = int(payload_len)
 
-    def open_batch(self, ciphertexts: np.ndarray) -> tuple[np.ndarray, Counter]:
-        """``(payloads (M_ok, L) uint8, rejects Counter by kind)`` for one batch of reports."""
-        payloads, eph, _, rejects = open_rows(self.keypair.exchange, self.keypair.public_bytes(),
-                                              ciphertexts, self.ctx, SERVER_LAYER, self.payload_len)
-        fresh = self._replays.fresh(eph)
-        rejects["replayed"] += int((~fresh).sum())
-        payloads = payloads[fresh]
-        if self.payload_len is None and len(payloads):
-            self.payload_len = payloads.shape[1]
-        self.opened += len(payloads)
-        self.totals.update(rejects)
-        return payloads, rejects
+    def open_batch(self, ciphertexts: np.ndarray) -> Opened:
+        """Open one batch: payloads, report ids, and rejects by kind."""
+        out = open_rows(self.keypair.exchange, self.keypair.public_bytes(), ciphertexts,
+                        self.ctx, SERVER_LAYER, self.payload_len)
+        self.opened += len(out.payloads)
+        self.totals.update(out.rejects)
+        return out

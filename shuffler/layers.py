@@ -67,7 +67,7 @@ class LayerPeeler:
 
     def peel(self, ciphertexts: np.ndarray) -> tuple[np.ndarray, np.ndarray, Counter]:
         """``(inner reports (M_ok, L_inner), kept row indices, rejects)``."""
-        inner, eph, kept, rejects = open_rows(self.keypair.exchange, self.keypair.public_bytes(),
+        inner, _ids, eph, kept, rejects = open_rows(self.keypair.exchange, self.keypair.public_bytes(),
                                               ciphertexts, self.ctx, self.keypair.layer,
                                               self._inner_len)
         fresh = self._replays.fresh(eph)

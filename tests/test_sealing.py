@@ -9,9 +9,10 @@ import pyarrow as pa
 import pytest
 
 from rknn_ray.errors import ConfigError
-from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, RoundContext, ciphertext_len,
+from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, RoundContext, ciphertext_len, report_ids_from_key,
                                crypto_floor_seconds, from_arrow, seal_batch, to_arrow)
 from sealing.onion import seal_onion
+from sealing.unseal import ReplayGuard
 from shuffler.layers import LayerKeyPair, LayerPeeler
 from server.keys import ServerKeyPair
 from server.opening import REJECT_KINDS, ReportOpener
@@ -28,6 +29,11 @@ def payloads(m, length=12, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (m, length), dtype=np.uint8)
 
 
+def opened_and_rejects(opener, ciphertexts):
+    out = opener.open_batch(ciphertexts)
+    return out.payloads, out.rejects
+
+
 def rejects_only(counter, **expected):
     want = dict.fromkeys(REJECT_KINDS, 0)
     want.update(expected)
@@ -37,8 +43,8 @@ def rejects_only(counter, **expected):
 def test_round_trip_fixed_length_and_randomized(keypair):
     p = payloads(50)
     ct = seal_batch(keypair.public_bytes(), p, CTX, pad_to=40)
-    assert ct.shape == (50, ciphertext_len(40)) == (50, HEADER_LEN + 2 + 40 + 16)
-    opened, rej = ReportOpener(keypair, CTX, payload_len=12).open_batch(ct)
+    assert ct.shape == (50, ciphertext_len(40)) == (50, HEADER_LEN + 16 + 2 + 40 + 16)
+    opened, rej = opened_and_rejects(ReportOpener(keypair, CTX, payload_len=12), ct)
     assert np.array_equal(opened, p)
     rejects_only(rej)
     # same message sealed twice gives unrelated ciphertexts (fresh ephemeral key each time)
@@ -61,7 +67,7 @@ def test_flipped_byte_anywhere_after_header_is_tampered(keypair):
     bad = ct.copy()
     cols = np.arange(20) % (ct.shape[1] - CONTEXT_LEN) + CONTEXT_LEN   # eph key, body or tag
     bad[np.arange(20), cols] ^= 0x01
-    opened, rej = ReportOpener(keypair, CTX).open_batch(np.concatenate([bad, ct]))
+    opened, rej = opened_and_rejects(ReportOpener(keypair, CTX, 12), np.concatenate([bad, ct]))
     assert len(opened) == 20
     rejects_only(rej, tampered=20)
 
@@ -71,38 +77,40 @@ def test_wrong_round_and_wrong_job_are_told_apart_from_tampering(keypair):
     other_round = seal_batch(pub, payloads(3), RoundContext("job-a", 8))
     other_job = seal_batch(pub, payloads(4), RoundContext("job-b", 7))
     good = seal_batch(pub, payloads(5), CTX)
-    opened, rej = ReportOpener(keypair, CTX).open_batch(np.concatenate([other_round, good, other_job]))
+    opened, rej = opened_and_rejects(ReportOpener(keypair, CTX, 12), np.concatenate([other_round, good, other_job]))
     assert len(opened) == 5
     rejects_only(rej, wrong_round=3, wrong_job=4)
     # rewriting the clear header to claim this round breaks the AEAD binding: tampered
     forged = other_round.copy()
     forged[:, :CONTEXT_LEN] = good[0, :CONTEXT_LEN]
-    _, rej = ReportOpener(keypair, CTX).open_batch(forged)
+    _, rej = opened_and_rejects(ReportOpener(keypair, CTX, 12), forged)
     rejects_only(rej, tampered=3)
 
 
-def test_replays_within_and_across_calls_and_rounds(keypair):
+def test_report_ids_survive_sealing_and_a_resealed_report_keeps_its_id(keypair):
+    """A retried client re-seals the same report under a fresh ephemeral key: the
+    ciphertexts differ, the report id does not (the accumulator counts it once)."""
     pub = keypair.public_bytes()
-    first = seal_batch(pub, payloads(6), CTX)
-    opener = ReportOpener(keypair, CTX)
-    opened, rej = opener.open_batch(np.concatenate([first, first[:2]]))  # duplicates in one batch
-    assert np.array_equal(opened, payloads(6))
-    rejects_only(rej, replayed=2)
-    fresh = seal_batch(pub, payloads(3, seed=1), CTX)
-    opened, rej = opener.open_batch(np.concatenate([first[3:], fresh]))  # replays a later call
-    assert np.array_equal(opened, payloads(3, seed=1))
-    rejects_only(rej, replayed=3)
-    opener.start_round(8)   # a replay into the next round is refused by its header
-    _, rej = opener.open_batch(first[:1])
-    rejects_only(rej, wrong_round=1)
-    assert opener.opened == 9 and opener.totals["replayed"] == 5
-    # a tampered copy of an honest report seen first must not block the honest one
-    opener2 = ReportOpener(keypair, CTX)
-    bad = first[:1].copy()
-    bad[0, -1] ^= 0xFF
-    opened, rej = opener2.open_batch(np.concatenate([bad, first[:1]]))
-    assert len(opened) == 1
-    rejects_only(rej, tampered=1)
+    ids = report_ids_from_key(bytes(32), 6)
+    assert np.array_equal(ids, report_ids_from_key(bytes(32), 6))          # derived, stable
+    assert not np.array_equal(ids, report_ids_from_key(b"\x01" + bytes(31), 6))
+    assert len({bytes(r) for r in ids}) == 6
+    first = seal_batch(pub, payloads(6), CTX, report_ids=ids)
+    again = seal_batch(pub, payloads(6), CTX, report_ids=ids)
+    assert not np.array_equal(first, again)
+    o1, o2 = [ReportOpener(keypair, CTX, 12).open_batch(c) for c in (first, again)]
+    assert np.array_equal(o1.report_ids, o2.report_ids)
+    assert np.array_equal(o1.report_ids, ids.view("S16").ravel())
+    assert not np.array_equal(o1.eph_pubs, o2.eph_pubs)
+    guard = ReplayGuard(16)
+    assert guard.fresh(o1.report_ids).all() and not guard.fresh(o2.report_ids).any()
+    # without ids every report gets fresh random ones
+    r1 = ReportOpener(keypair, CTX, 12).open_batch(seal_batch(pub, payloads(6), CTX)).report_ids
+    assert len(set(r1.tolist())) == 6 and not set(r1.tolist()) & set(o1.report_ids.tolist())
+    # a replay into the next round is refused by its header
+    opener = ReportOpener(keypair, CTX, 12)
+    opener.start_round(8)
+    rejects_only(opener.open_batch(first[:1]).rejects, wrong_round=1)
 
 
 @pytest.mark.parametrize("junk", [
@@ -112,7 +120,7 @@ def test_replays_within_and_across_calls_and_rounds(keypair):
     [[1, 2, 3]],                                  # not an array at all
 ])
 def test_malformed_input_is_counted_never_raised(keypair, junk):
-    opened, rej = ReportOpener(keypair, CTX).open_batch(junk)
+    opened, rej = opened_and_rejects(ReportOpener(keypair, CTX, 12), junk)
     assert len(opened) == 0 and rej["malformed"] >= 1
     assert sum(v for k, v in rej.items() if k != "malformed") == 0
 
@@ -127,33 +135,32 @@ def test_version_layer_length_and_padding_violations_are_malformed(keypair):
     random_rows = np.frombuffer(os.urandom(3 * ct.shape[1]), np.uint8).reshape(3, -1).copy()
     random_rows[:, :CONTEXT_LEN] = ct[0, :CONTEXT_LEN]                  # right header, junk body
     batch = np.concatenate([ct, bad_version, layered, other_len, random_rows])
-    opened, rej = ReportOpener(keypair, CTX, payload_len=12).open_batch(batch)
+    opened, rej = opened_and_rejects(ReportOpener(keypair, CTX, payload_len=12), batch)
     assert np.array_equal(opened, payloads(4))
     rejects_only(rej, malformed=1 + 1 + 2, tampered=3)
     # low-order ephemeral key (all-zero shared secret) is rejected, not a crash
     zero_point = ct[:1].copy()
     zero_point[0, CONTEXT_LEN:HEADER_LEN] = 0
-    _, rej = ReportOpener(keypair, CTX).open_batch(zero_point)
+    _, rej = opened_and_rejects(ReportOpener(keypair, CTX, 12), zero_point)
     rejects_only(rej, malformed=1)
 
 
 def test_fuzzed_batches_never_crash_and_account_for_every_row(keypair):
     rng = np.random.default_rng(3)
     ct = seal_batch(keypair.public_bytes(), payloads(40), CTX)
-    opener = ReportOpener(keypair, CTX)
+    opener = ReportOpener(keypair, CTX, 12)
     for trial in range(5):
         bad = ct.copy()
         rows = rng.choice(40, 15, replace=False)
         bad[rows, rng.integers(0, ct.shape[1], 15)] ^= rng.integers(1, 256, 15).astype(np.uint8)
-        opened, rej = opener.open_batch(bad)
+        opened, rej = opened_and_rejects(opener, bad)
         assert len(opened) + sum(rej.values()) == 40
-        if trial == 0:
-            assert len(opened) == 25   # the 25 untouched rows open; later trials replay them
+        assert len(opened) >= 25   # the untouched rows open (duplicates are the accumulator's)
 
 
 def test_another_servers_key_cannot_open(keypair):
     ct = seal_batch(ServerKeyPair.generate().public_bytes(), payloads(5), CTX)
-    opened, rej = ReportOpener(keypair, CTX).open_batch(ct)
+    opened, rej = opened_and_rejects(ReportOpener(keypair, CTX, 12), ct)
     assert len(opened) == 0
     rejects_only(rej, tampered=5)
 
@@ -165,7 +172,7 @@ def test_key_file_is_private_atomic_and_validated(tmp_path, keypair):
     loaded = ServerKeyPair.load(path)
     assert loaded.public_bytes() == keypair.public_bytes()
     ct = seal_batch(keypair.public_bytes(), payloads(3), CTX)
-    assert np.array_equal(ReportOpener(loaded, CTX).open_batch(ct)[0], payloads(3))
+    assert np.array_equal(ReportOpener(loaded, CTX, 12).open_batch(ct)[0], payloads(3))
     keypair.save(path)   # overwrite in place keeps 0600
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     os.chmod(path, 0o644)
@@ -210,9 +217,9 @@ def test_onion_layers_peel_in_order_and_never_open_the_server_layer(keypair):
     hops = [LayerKeyPair.generate(1), LayerKeyPair.generate(2)]
     p = payloads(8)
     ct = seal_onion(keypair.public_bytes(), [h.public_bytes() for h in hops], p, CTX, pad_to=20)
-    assert ct.shape[1] == ciphertext_len(20) + 2 * (HEADER_LEN + 2 + 16)
+    assert ct.shape[1] == ciphertext_len(20) + 2 * (HEADER_LEN + 16 + 2 + 16)
     # the server cannot skip the chain, and hop 2 cannot peel hop 1's layer
-    rejects_only(ReportOpener(keypair, CTX).open_batch(ct)[1], malformed=8)
+    rejects_only(ReportOpener(keypair, CTX, 12).open_batch(ct).rejects, malformed=8)
     rejects_only(LayerPeeler(hops[1], CTX).peel(ct)[2], malformed=8)
     inner, kept, rej = LayerPeeler(hops[0], CTX).peel(ct)
     assert np.array_equal(kept, np.arange(8))
@@ -220,7 +227,7 @@ def test_onion_layers_peel_in_order_and_never_open_the_server_layer(keypair):
     inner, _, rej = LayerPeeler(hops[1], CTX).peel(inner)
     rejects_only(rej)
     server_layer = inner
-    assert np.array_equal(ReportOpener(keypair, CTX).open_batch(server_layer)[0], p)
+    assert np.array_equal(ReportOpener(keypair, CTX, 12).open_batch(server_layer)[0], p)
     # a layer key never opens the server layer, even if the header is relabelled to its layer
     rejects_only(LayerPeeler(hops[0], CTX).peel(server_layer)[2], malformed=8)
     relabelled = server_layer.copy()

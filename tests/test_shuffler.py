@@ -168,7 +168,8 @@ def test_shuffler_actor_end_to_end(ray_local):
     assert (st["messages"], st["senders"], st["batches"]) == (30, 15, 3)
     batches = ray.get(actor.release.remote())
     assert [b.schema.names for b in batches] == [["report"]] * 4
-    opened, rejects = ReportOpener(keypair, CTX, payload_len=6).open_batch(rows_of(batches))
+    o = ReportOpener(keypair, CTX, payload_len=6).open_batch(rows_of(batches))
+    opened, rejects = o.payloads, o.rejects
     assert sum(rejects.values()) == 0
     assert sorted(map(bytes, opened)) == sorted(map(bytes, payloads))
     # below the floor the actor refuses, and the error crosses Ray as PrivacyBudgetError
@@ -197,7 +198,8 @@ def test_onion_chain_of_two_actors(ray_local):
     assert ray.get(hop1.submit.remote(make_batch(batch, np.arange(15)))) == 12
     refs = ray.get(hop1.release_refs.remote())
     assert sum(ray.get([hop2.submit.remote(r) for r in refs])) == 12
-    opened, rejects = ReportOpener(keypair, CTX).open_batch(rows_of(ray.get(hop2.release.remote())))
+    o = ReportOpener(keypair, CTX, 5).open_batch(rows_of(ray.get(hop2.release.remote())))
+    opened, rejects = o.payloads, o.rejects
     assert sum(rejects.values()) == 0
     assert sorted(map(bytes, opened)) == sorted(map(bytes, payloads))
     st1 = ray.get(hop1.stats.remote())

@@ -1,0 +1,83 @@
+"""The client step of a round, as a library function: records in, sealed Arrow batch out.
+
+    batch = client_step(spec, secret, batch_index, features, labels, client_ids)
+
+For one batch of virtual clients: embed the records with the public encoder,
+connect each to its k nearest queries (faiss), randomize each client's answer with
+the round's mechanism (vectorized over the batch), seal every message for the server
+(and wrap once per shuffler hop in onion mode) and return one Arrow batch with a
+``sender`` and a ``report`` column. ClientShard actors, the in-process benchmark and
+the tests all call this one function.
+
+Retries never re-randomize: the batch's randomness and its report ids are derived
+from the shard's secret and (job, round, batch index), so the same call re-creates
+the same reports and ids (the server counts an id once).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from rknn_ray.mechanisms.base import Mechanism, MessageBatch
+from rknn_ray.rknn import build_answers
+from rknn_ray.rng import derived_generator
+from sealing.envelope import RoundContext, report_ids_from_key, seal_batch, to_arrow
+from sealing.onion import seal_onion
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """Everything public a client needs for one round (sent once per round to each shard)."""
+    ctx: RoundContext
+    mechanism: Mechanism
+    encoder: object                  # rknn_ray.represent.Encoder, fitted on public data
+    query_features: np.ndarray       # (s, D) the round's queries
+    k: int
+    num_classes: int
+    server_public_key: bytes
+    hop_public_keys: tuple = ()      # onion mode: one per shuffler hop, first hop first
+    dropout: float = 0.0             # simulated: each client independently never sends
+    pad_to: int | None = None
+
+
+def batch_key(secret: bytes, ctx: RoundContext, batch_index: int, purpose: str) -> bytes:
+    """HMAC-SHA256(secret, purpose | job | round | batch): a per-batch key, stable across retries."""
+    msg = f"{purpose}\x00{ctx.job_id}\x00{ctx.round_id}\x00{batch_index}".encode()
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
+                labels: np.ndarray, client_ids: np.ndarray,
+                timings: dict | None = None) -> pa.RecordBatch:
+    """Sealed reports of one batch of whole clients (see module docstring)."""
+    t0 = time.perf_counter()
+    emb = spec.encoder.transform(features)
+    answers = build_answers(emb, labels, client_ids, spec.query_features, spec.k, spec.num_classes)
+    t1 = time.perf_counter()
+    ctx = spec.ctx
+    rng = derived_generator(secret, ctx.job_id, ctx.round_id, batch_index)
+    msgs = spec.mechanism.randomize(answers, rng)
+    if spec.dropout > 0:
+        ids = np.unique(client_ids)
+        gone = ids[rng.random(ids.size) < spec.dropout]
+        keep = ~np.isin(msgs.senders, gone)
+        msgs = MessageBatch(msgs.payloads[keep], msgs.senders[keep])
+    report_ids = report_ids_from_key(batch_key(secret, ctx, batch_index, "report-id"), len(msgs))
+    t2 = time.perf_counter()
+    if spec.hop_public_keys:
+        sealed = seal_onion(spec.server_public_key, list(spec.hop_public_keys), msgs.payloads, ctx,
+                            spec.pad_to, report_ids=report_ids)
+    else:
+        sealed = seal_batch(spec.server_public_key, msgs.payloads, ctx, spec.pad_to,
+                            report_ids=report_ids)
+    out = to_arrow(sealed, msgs.senders)
+    if timings is not None:
+        for name, took in (("embed_rknn", t1 - t0), ("randomize", t2 - t1),
+                           ("seal", time.perf_counter() - t2)):
+            timings[name] = timings.get(name, 0.0) + took
+    return out

@@ -1,0 +1,116 @@
+"""Where a client shard gets its private records: it loads them itself, they are never shipped.
+
+A source is a small picklable spec (a Ray actor's constructor argument, kept by Ray
+for restarts); the shard calls :meth:`open` when it starts and again after Ray
+restarts it, so private data never sits in the object store and a restarted shard
+holds exactly the records it held before.
+
+* :class:`DatasetShardSource` - the run's dataset, split and partition (all seeded,
+  so every shard derives the same partition), keeping the clients in ``[lo, hi)``.
+* :class:`SyntheticClientsSource` - one Gaussian-mixture record per client, made
+  batch by batch from (seed, client id): ten million clients without ten million
+  rows in memory (the scale benchmark).
+
+Both open to :class:`ShardRecords`-like objects with ``num_clients`` and
+``batches(batch_clients)``, which yields ``(features, labels, client_ids)`` holding
+whole clients, in a fixed order (a retry regenerates the same batches).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from rknn_ray.data.synthetic import class_means
+from rknn_ray.rng import seeded_generator
+
+
+@dataclass
+class ShardRecords:
+    """The private records of one shard, grouped by client (client ids sorted)."""
+    features: np.ndarray
+    labels: np.ndarray
+    client_ids: np.ndarray
+
+    def __post_init__(self):
+        order = np.argsort(self.client_ids, kind="stable")
+        if np.any(order != np.arange(order.size)):
+            self.features, self.labels = self.features[order], self.labels[order]
+            self.client_ids = self.client_ids[order]
+        self.client_ids = np.asarray(self.client_ids, np.int64)
+        self._ids, self._start = np.unique(self.client_ids, return_index=True)
+
+    @property
+    def num_clients(self) -> int:
+        return int(self._ids.size)
+
+    @property
+    def max_records_per_client(self) -> int:
+        return int(np.diff(np.append(self._start, self.client_ids.size)).max(initial=0))
+
+    def batches(self, batch_clients: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        ends = np.append(self._start, self.client_ids.size)
+        for lo in range(0, self.num_clients, batch_clients):
+            hi = min(lo + batch_clients, self.num_clients)
+            rows = slice(int(ends[lo]), int(ends[hi]))
+            yield self.features[rows], self.labels[rows], self.client_ids[rows]
+
+
+@dataclass(frozen=True)
+class DatasetShardSource:
+    """The clients ``[client_lo, client_hi)`` of the run's partitioned private split."""
+    config: object          # the run's Config (dataset, split, partition, seed)
+    client_lo: int
+    client_hi: int
+
+    def open(self) -> ShardRecords:
+        from rknn_ray.pipeline import prepare_data
+        data = prepare_data(self.config)
+        rows = np.flatnonzero((data.client_ids >= self.client_lo) & (data.client_ids < self.client_hi))
+        return ShardRecords(data.splits.private_x[rows], data.splits.private_y[rows],
+                            data.client_ids[rows])
+
+
+@dataclass(frozen=True)
+class SyntheticClientsSource:
+    """Clients ``[client_lo, client_hi)``, one mixture record each, generated on demand.
+
+    Client ``i``'s record depends only on (seed, i's chunk of ``CHUNK`` ids), so any
+    batching and any restart give the same records; labels are uniform classes.
+    """
+    client_lo: int
+    client_hi: int
+    num_classes: int = 10
+    dim: int = 32
+    seed: int = 0
+    separation: float = 4.0
+    CHUNK = 65536
+
+    @property
+    def num_clients(self) -> int:
+        return self.client_hi - self.client_lo
+
+    max_records_per_client = 1
+
+    def open(self) -> "SyntheticClientsSource":
+        return self
+
+    def records(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Features and labels of clients ``[lo, hi)`` (any range; chunk-aligned generation)."""
+        means = class_means(self.num_classes, self.dim, self.separation, self.seed).astype(np.float32)
+        xs, ys = [], []
+        for c0 in range(lo // self.CHUNK * self.CHUNK, hi, self.CHUNK):
+            rng = seeded_generator(self.seed * 1_000_003 + c0 // self.CHUNK + 1)
+            y = rng.integers(0, self.num_classes, self.CHUNK)
+            x = rng.standard_normal((self.CHUNK, self.dim), dtype=np.float32)
+            a, b = max(lo, c0) - c0, min(hi, c0 + self.CHUNK) - c0
+            xs.append(x[a:b] + means[y[a:b]])
+            ys.append(y[a:b])
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def batches(self, batch_clients: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for lo in range(self.client_lo, self.client_hi, batch_clients):
+            hi = min(lo + batch_clients, self.client_hi)
+            x, y = self.records(lo, hi)
+            yield x, y, np.arange(lo, hi, dtype=np.int64)

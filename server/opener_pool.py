@@ -1,0 +1,66 @@
+"""Opener processes inside the server's trust domain, feeding one accumulator.
+
+Opening costs an X25519 exchange, an HKDF and an AEAD open per report (~70 us of
+CPU), and ``cryptography`` holds the GIL, so threads do not scale: the Server actor
+starts child *processes* (spawn) and hands each the private key over a pipe from
+their parent. The key never goes through Ray (no object store, no task argument);
+the children die with the actor. ``processes=0`` opens in the calling process
+(tests, the in-process benchmark): same code, no pool.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+from concurrent.futures import Future, ProcessPoolExecutor
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from rknn_ray.mechanisms.base import Mechanism
+from sealing.envelope import RoundContext
+from server.accumulator import OpenedBatch, open_and_check
+from server.keys import ServerKeyPair
+from server.opening import ReportOpener
+
+_CHILD_KEY: ServerKeyPair | None = None
+
+
+def _child_init(raw_private_key: bytes) -> None:
+    global _CHILD_KEY
+    _CHILD_KEY = ServerKeyPair(X25519PrivateKey.from_private_bytes(raw_private_key))
+
+
+def _child_open(ctx: RoundContext, mechanism: Mechanism, ciphertexts: np.ndarray) -> OpenedBatch:
+    opener = ReportOpener(_CHILD_KEY, ctx, mechanism.message_size)
+    return open_and_check(opener, mechanism, ciphertexts)
+
+
+class OpenerPool:
+    """``submit(ciphertexts)`` -> Future of an :class:`OpenedBatch` for the current round."""
+
+    def __init__(self, keypair: ServerKeyPair, processes: int):
+        self.keypair, self.processes = keypair, int(processes)
+        self._ctx: RoundContext | None = None
+        self._mechanism: Mechanism | None = None
+        self._executor = None
+        if self.processes > 0:
+            raw = keypair.raw_private_bytes()
+            self._executor = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
+                                                 initializer=_child_init, initargs=(raw,))
+
+    def begin_round(self, ctx: RoundContext, mechanism: Mechanism) -> None:
+        self._ctx, self._mechanism = ctx, mechanism
+
+    def submit(self, ciphertexts: np.ndarray) -> Future:
+        if self._ctx is None:
+            raise RuntimeError("call begin_round(ctx, mechanism) before submitting reports")
+        if self._executor is not None:
+            return self._executor.submit(_child_open, self._ctx, self._mechanism, ciphertexts)
+        done: Future = Future()
+        opener = ReportOpener(self.keypair, self._ctx, self._mechanism.message_size)
+        done.set_result(open_and_check(opener, self._mechanism, ciphertexts))
+        return done
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
