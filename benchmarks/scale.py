@@ -1,26 +1,70 @@
-"""One shuffle round at scale: single message, Collision, sealed reports.
+"""One shuffle round at scale: single message, Collision, every report sealed.
 
-    python -m benchmarks.scale --clients 100000 [--json] [--out bench_out/scale]
+    python -m benchmarks.scale --clients 1000000 --protocol actors|inprocess [--json]
+        [--object-store-mb 512] [--shards 2] [--out bench_out/scale]
 
-Runs the same library code the actors run (ClientShard: reverse k-NN, randomize,
-seal; Shuffler: ShufflePool with a CSPRNG permutation; Server: ReportOpener,
-well-formedness checks, Collision estimator) in this one process, so every stage
-is timed on its own, one record per client on a synthetic Gaussian mixture
-(s = |Y| = 10, k = 1, central target eps = 1, delta = 1e-6). The *crypto floor*
-is the bare cost of the primitives alone (per message: X25519 key generation and
-exchange, HKDF-SHA256, ChaCha20-Poly1305 seal; and the server's exchange, HKDF
-and open), measured in the same run; ``ratio_to_floor`` = whole round / floor.
+``actors`` runs the path users run (ProtocolSession: ClientShard actors streaming
+sealed batches, the Shuffler actor, the Server with its opener processes);
+``inprocess`` runs the very same library steps (client_step, ShufflePool,
+open_and_check, RoundAccumulator) in this one process. One synthetic Gaussian-mixture
+record per client, made by each shard from (seed, client id); s = |Y| = 10, k = 1,
+central target eps = 1, delta = 1e-6.
+
+Printed (and written as JSON): wall time, time per stage, ``crypto_floor_s`` (CPU
+seconds of the bare primitives for all messages -- X25519 keygen + exchange, HKDF,
+ChaCha20-Poly1305 seal, and the server's exchange, HKDF, open -- measured in the same
+run), ``cores``, ``floor_wall_s`` = floor / cores, ``ratio_to_floor`` = wall /
+floor_wall, ``peak_rss_mb`` (peak of the summed proportional set size of this process
+and all its descendants: the driver, Ray's daemons, every actor and opener process)
+and ``spilled_mb`` (what Ray spilled to disk).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import resource
 import sys
+import threading
 import time
 
 import numpy as np
+
+SEED = 0
+NUM_CLASSES, DIM, S = 10, 32, 10
+
+
+class MemorySampler:
+    """Peak of the summed PSS of this process tree, sampled every ``period`` seconds."""
+
+    def __init__(self, period: float = 0.5):
+        import psutil
+        self._psutil, self.period, self.peak = psutil, period, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _total(self) -> float:
+        me = self._psutil.Process()
+        total = 0
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                total += p.memory_full_info().pss
+            except (self._psutil.Error, OSError):
+                continue
+        return total / 2 ** 20
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._total())
+            self._stop.wait(self.period)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._total())
 
 
 def opening_floor_seconds(num_messages: int, payload_len: int, sample: int = 2000) -> float:
@@ -48,91 +92,171 @@ def opening_floor_seconds(num_messages: int, payload_len: int, sample: int = 200
     return (time.thread_time() - t0) * num_messages / n
 
 
-def run(clients: int, batch: int = 20000, seed: int = 0) -> dict:
-    from rknn_ray.data import gaussian_mixture
+def _public_setup(clients: int):
+    """Queries and mechanism from public data only (2,000 mixture samples of another seed)."""
+    from rknn_ray.data.sources import SyntheticClientsSource
     from rknn_ray.mechanisms import MechanismParams, build
     from rknn_ray.queries import select_queries
-    from rknn_ray.rknn import build_answers
-    from rknn_ray.rng import derived_generator, new_client_secret
-    from sealing.envelope import RoundContext, crypto_floor_seconds, seal_batch, to_arrow, from_arrow
+    from rknn_ray.represent import make_encoder
+    public_x, _ = SyntheticClientsSource(0, 2000, NUM_CLASSES, DIM, SEED + 7).records(0, 2000)
+    encoder = make_encoder("raw").fit(public_x)
+    qs = select_queries(encoder.transform(public_x), S, restarts=1, seed=SEED)
+    mech = build("shuffle", "collision", MechanismParams(S, NUM_CLASSES, 1, 1.0, delta=1e-6,
+                                                         num_clients=clients))
+    return encoder, qs, mech
+
+
+def _exact_counts(clients: int, qs, batch: int = 1 << 20) -> np.ndarray:
+    """The true counts, for the error columns (regenerated the way the shards made them)."""
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.rknn import reverse_knn
+    src = SyntheticClientsSource(0, clients, NUM_CLASSES, DIM, SEED)
+    counts = np.zeros((S, NUM_CLASSES), np.int64)
+    for lo in range(0, clients, batch):
+        x, y = src.records(lo, min(clients, lo + batch))
+        np.add.at(counts, (reverse_knn(x, qs.features, 1)[:, 0], y), 1)
+    return counts
+
+
+def run_inprocess(clients: int, batch: int) -> dict:
+    from rknn_ray.client_step import RoundSpec, client_step
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.rng import new_client_secret
+    from sealing.envelope import RoundContext, from_arrow
+    from server.accumulator import RoundAccumulator, open_and_check
     from server.keys import ServerKeyPair
     from server.opening import ReportOpener
     from shuffler.pool import ShufflePool
 
     stages: dict[str, float] = {}
-
-    def timed(name, fn, *a, **kw):
-        t = time.perf_counter()
-        out = fn(*a, **kw)
-        stages[name] = stages.get(name, 0.0) + time.perf_counter() - t
-        return out
-
     t_all = time.perf_counter()
-    ds = timed("data", gaussian_mixture, num_samples=clients + 2000, num_classes=10, dim=32,
-               seed=seed)
-    x, y = ds.train_x, ds.train_y
-    qs = timed("queries", select_queries, x[:2000], 10, restarts=1, seed=seed)
-    priv_x, priv_y = x[2000:], y[2000:]
-    ans = timed("rknn", build_answers, priv_x, priv_y, np.arange(clients), qs.features, 1, 10)
-    mech = build("shuffle", "collision", MechanismParams(10, 10, 1, 1.0, delta=1e-6,
-                                                         num_clients=clients))
-    keys = ServerKeyPair.generate()
-    ctx = RoundContext(job_id="scale-bench", round_id=0)
+    encoder, qs, mech = _public_setup(clients)
+    keys, ctx = ServerKeyPair.generate(), RoundContext("scale-bench", 0)
+    spec = RoundSpec(ctx, mech, encoder, qs.features, 1, NUM_CLASSES, keys.public_bytes())
     secret = new_client_secret()
     pool = ShufflePool(mech.min_senders())
-    for b, lo in enumerate(range(0, clients, batch)):
-        part = ans.select(np.arange(lo, min(lo + batch, clients)))
-        msgs = timed("randomize", mech.randomize, part, derived_generator(secret, ctx.job_id, 0, b))
-        ct = timed("seal", seal_batch, keys.public_bytes(), msgs.payloads, ctx)
-        timed("shuffle", pool.add, to_arrow(ct, msgs.senders))
+    src = SyntheticClientsSource(0, clients, NUM_CLASSES, DIM, SEED)
+    for b, (x, y, ids) in enumerate(src.batches(batch)):
+        rb = client_step(spec, secret, b, x, y, ids, stages)
+        t = time.perf_counter()
+        pool.add(rb)
+        stages["shuffle"] = stages.get("shuffle", 0.0) + time.perf_counter() - t
     senders = pool.num_senders
-    opener = ReportOpener(keys, ctx, payload_len=mech.message_size)
-    payloads, rejected = [], {}
+    opener = ReportOpener(keys, ctx, mech.message_size)
+    acc = RoundAccumulator(mech)
     t = time.perf_counter()
     released = list(pool.release())
     stages["shuffle"] += time.perf_counter() - t
+    t = time.perf_counter()
     for rb in released:
-        ct, _ = from_arrow(rb)
-        p, rej = timed("open", opener.open_batch, ct)
-        ok = timed("decode", mech.well_formed, p)
-        payloads.append(p[ok])
-        for k, v in rej.items():
-            rejected[k] = rejected.get(k, 0) + v
-    mech.senders_shuffled = senders
-    est = timed("decode", mech.estimate, np.concatenate(payloads), senders)
-    wall = time.perf_counter() - t_all
-    floor = crypto_floor_seconds(clients, mech.message_size) + \
-        opening_floor_seconds(clients, mech.message_size)
-    err = np.abs(est - ans.counts())
-    return {"clients": clients, "wall_s": wall, "stages_s": stages, "crypto_floor_s": floor,
-            "ratio_to_floor": wall / floor, "crypto_stages_s": stages["seal"] + stages["open"],
-            "crypto_ratio": (stages["seal"] + stages["open"]) / floor,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "senders": int(senders), "messages": int(sum(len(p) for p in payloads)),
-            "rejected": rejected, "eps0": mech.local_eps, "eps": mech.guarantee().eps,
+        acc.accumulate(open_and_check(opener, mech, from_arrow(rb)[0]))
+    stages["open_decode"] = time.perf_counter() - t
+    t = time.perf_counter()
+    release = acc.finalize()
+    stages["finalize"] = time.perf_counter() - t
+    return {"wall_s": time.perf_counter() - t_all, "stages_s": stages, "senders": int(senders),
+            "messages": release.accepted, "rejected": release.rejected, "counts": release.counts,
+            "eps0": mech.local_eps, "eps": mech.guarantee(senders).eps, "qs": qs,
+            "message_size": mech.message_size, "cores": 1, "spilled_mb": 0.0}
+
+
+def _spilled_mb() -> float:
+    import ray
+    try:
+        from ray._private.internal_api import memory_summary
+        text = memory_summary(stats_only=True)
+    except Exception:  # noqa: BLE001 - the summary is best effort
+        return float("nan")
+    for line in text.splitlines():
+        if line.strip().startswith("Spilled"):
+            return float(line.split()[1])
+    return 0.0 if ray.is_initialized() else float("nan")
+
+
+def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | None) -> dict:
+    import ray
+
+    from jobs.progress import Progress
+    from jobs.protocol import ProtocolSession
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.config import load_config
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.student import quiet_train_logs
+
+    quiet_train_logs()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    cores = os.cpu_count() or 1
+    ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False,
+             object_store_memory=None if object_store_mb is None else object_store_mb * 2 ** 20)
+    try:
+        t_all = time.perf_counter()
+        encoder, qs, mech = _public_setup(clients)
+        cfg = load_config(None, ["privacy.model=shuffle", "privacy.mechanism=collision",
+                                 "privacy.delta=1e-6", f"cluster.shards={shards}",
+                                 f"cluster.batch_clients={batch}", "run.progress=false"])
+        cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
+        sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
+                   for a, b in zip(cuts[:-1], cuts[1:])]
+        t0 = time.perf_counter()
+        with ProtocolSession(cfg, sources, "scale-bench", progress=Progress(False)) as session:
+            start = time.perf_counter() - t0
+            res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+        stages = {"setup": start, **res.timings}
+        wall = time.perf_counter() - t_all
+        spilled = _spilled_mb()
+    finally:
+        ray.shutdown()
+    return {"wall_s": wall, "stages_s": stages, "senders": res.shuffler["senders"],
+            "messages": res.messages, "rejected": res.rejected, "counts": res.counts,
+            "eps0": mech.local_eps, "eps": res.guarantee.eps, "qs": qs,
+            "message_size": mech.message_size, "cores": cores, "spilled_mb": spilled}
+
+
+def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
+        object_store_mb: int | None = None) -> dict:
+    from sealing.envelope import crypto_floor_seconds
+    with MemorySampler() as mem:
+        res = (run_actors(clients, batch, shards, object_store_mb) if protocol == "actors"
+               else run_inprocess(clients, batch))
+    floor = crypto_floor_seconds(clients, res["message_size"]) + \
+        opening_floor_seconds(clients, res["message_size"])
+    cores = res["cores"]
+    err = np.abs(res["counts"] - _exact_counts(clients, res["qs"]))
+    return {"clients": clients, "protocol": protocol, "wall_s": res["wall_s"],
+            "stages_s": res["stages_s"], "crypto_floor_s": floor, "cores": cores,
+            "floor_wall_s": floor / cores, "ratio_to_floor": res["wall_s"] / (floor / cores),
+            "peak_rss_mb": mem.peak, "spilled_mb": res["spilled_mb"],
+            "senders": res["senders"], "messages": res["messages"], "rejected": res["rejected"],
+            "eps0": res["eps0"], "eps": res["eps"], "object_store_mb": object_store_mb,
             "max_abs_count_error": float(err.max()), "mean_abs_count_error": float(err.mean())}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=100000)
-    ap.add_argument("--batch", type=int, default=20000)
+    ap.add_argument("--protocol", choices=("actors", "inprocess"), default="actors")
+    ap.add_argument("--batch", type=int, default=20000, help="clients per sealed batch")
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--object-store-mb", type=int, default=None,
+                    help="cap Ray's object store (MB) so large rounds must spill")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    ap.add_argument("--out", default=None, help="also write result.json into this folder")
+    ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)
-    res = run(args.clients, args.batch)
+    res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb)
     if args.out:
         from rknn_ray.runio import write_json
-        write_json(os.path.join(args.out, "scale.json"), res)
+        write_json(os.path.join(args.out, f"scale-{args.protocol}-{args.clients}.json"), res)
     if args.json:
         print(json.dumps(res))
     else:
         print("| stage | seconds |\n|---|---|")
         for k, v in res["stages_s"].items():
             print(f"| {k} | {v:.2f} |")
-        print(f"| **round (wall)** | {res['wall_s']:.2f} |\n| crypto floor | {res['crypto_floor_s']:.2f} |")
-        print(f"ratio to floor {res['ratio_to_floor']:.2f}; seal+open / floor "
-              f"{res['crypto_ratio']:.2f}; peak RSS {res['peak_rss_mb']:.0f} MB")
+        print(f"| **round (wall)** | {res['wall_s']:.2f} |\n"
+              f"| crypto floor (CPU s) | {res['crypto_floor_s']:.2f} |\n"
+              f"| floor / {res['cores']} cores | {res['floor_wall_s']:.2f} |")
+        print(f"ratio to floor {res['ratio_to_floor']:.2f}; peak memory {res['peak_rss_mb']:.0f} MB; "
+              f"spilled {res['spilled_mb']:.0f} MB")
     return 0
 
 

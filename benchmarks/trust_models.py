@@ -40,7 +40,7 @@ def library_round(cfg, data, ans, rng_seed):
     from rknn_ray.mechanisms import build
     from rknn_ray.pipeline import mechanism_params
     from rknn_ray.rng import seeded_generator
-    mech = build(cfg["privacy"]["model"], cfg["privacy"]["mechanism"], mechanism_params(cfg, data))
+    mech = build(cfg.privacy.model, cfg.privacy.mechanism, mechanism_params(cfg, data))
     batch = mech.randomize(ans, seeded_generator(rng_seed))
     if hasattr(mech, "senders_shuffled"):
         mech.senders_shuffled = data.num_clients
@@ -69,12 +69,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from jobs.progress import Progress
-    from jobs.protocol import new_job_id, run_round
+    from jobs.protocol import ProtocolSession, new_job_id
     from jobs.ray_env import ensure_ray
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.errors import RknnError
-    from rknn_ray.pipeline import derive_labels, exact_answers, fit_queries, prepare_data
+    from rknn_ray.mechanisms import build
+    from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers, fit_queries,
+                                   mechanism_params, prepare_data)
     from rknn_ray.plots import plt, save_png
     from rknn_ray.runio import write_json
     from rknn_ray.student import StudentConfig, train_student, train_student_local
@@ -120,8 +122,10 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             try:
                 if args.protocol == "actors":
-                    res = run_round(cfg, data, encoder, qs, 0, new_job_id(), PrivacyLedger(),
-                                    Progress(False))
+                    mech = build(model, name, mechanism_params(cfg, data))
+                    with ProtocolSession(cfg, dataset_sources(cfg, data), new_job_id(),
+                                         progress=Progress(False)) as session:
+                        res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
                     counts, g, msgs, details = res.counts, res.guarantee, res.messages, res.mechanism
                 else:
                     counts, g, msgs, details = library_round(cfg, data, answers, args.seed)

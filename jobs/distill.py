@@ -100,13 +100,16 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                 query_sets.append(qs)
         all_qs = union_of_rounds(public_emb, query_sets)
         counts = np.concatenate([r.counts for r in rounds])
-        with progress.stage("labels", "labels: private and non-private reference"):
+        with progress.stage("labels", "labels from the released counts"):
             lab = derive_labels(counts, all_qs, sp.public_y, cfg.labels.type)
+        progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
+        ref = exact = None
+        if cfg.run.diagnostics:     # simulation only: exact private counts, never released
             exact = np.concatenate([exact_answers(encoder, data, q, cfg.rknn.k).counts()
                                     for q in query_sets])
             ref = derive_labels(exact.astype(float), all_qs, sp.public_y, cfg.labels.type)
-        progress.say(f"label accuracy {lab.label_accuracy:.4f} "
-                     f"(non-private {ref.label_accuracy:.4f})")
+            progress.say(f"[diagnostics, NOT private] non-private label accuracy "
+                         f"{ref.label_accuracy:.4f}")
         st = cfg.student
         scfg = StudentConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
                              weight_decay=st.weight_decay, num_workers=st.num_workers,
@@ -131,11 +134,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         if started:
             ray.shutdown()
 
-    truth_q = sp.public_y[all_qs.public_index]
-    rows = np.arange(exact.shape[0])
-    others = exact.copy()
-    others[rows, truth_q] = np.iinfo(np.int64).min
-    gaps = exact[rows, truth_q] - others.max(axis=1)
+    truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
     g = rounds[-1].guarantee
     eps_spent, delta_spent = ledger.spent()
     timings = dict(progress.timings)
@@ -143,9 +142,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
     report = {
         "accuracy": {"labels": lab.label_accuracy, "student": student.test_accuracy,
-                     "nonprivate_labels": ref.label_accuracy,
-                     "query_labels": lab.query_accuracy,
-                     "nonprivate_query_labels": ref.query_accuracy},
+                     "nonprivate_labels": None, "query_labels": lab.query_accuracy},
         "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,
                     "delta": delta_spent, "unit": g.unit, "neighbour": g.neighbour,
                     "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
@@ -170,8 +167,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         report["shuffler"] = [r.shuffler for r in rounds]
     labels_table = pa.table({
         "public_index": np.arange(len(sp.public_y)), "query": all_qs.assignment,
-        "label": lab.public_hard, "true_label": sp.public_y,
-        "nonprivate_label": ref.public_hard, "weight": lab.public_weight,
+        "label": lab.public_hard, "true_label": sp.public_y, "weight": lab.public_weight,
         "soft": pa.array(list(lab.query_soft[all_qs.assignment]), type=pa.list_(pa.float32())),
     })
     write_parquet(os.path.join(out_dir, "labels.parquet"), labels_table)
@@ -179,10 +175,47 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     details = rounds[-1].mechanism
     bound = central_error_bound(details["scale"], data.num_classes, 0.05, "discrete") \
         if g.model == "central" else None
-    run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history, gaps,
-                    lab.query_labels == truth_q, bound)
+    correct = lab.query_labels == truth_q
+    run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history,
+                    count_gaps(counts, truth_q), correct, bound, "released")
+    if cfg.run.diagnostics:
+        report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
+                                                  student.history, ref, exact, truth_q,
+                                                  correct, bound, len(sp.public_y))
     write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
     return report
+
+
+DIAGNOSTICS_README = """NOT PRIVATE. Everything in this folder was computed from the private data WITHOUT
+noise (run.diagnostics: true, a simulation setting): the labels the same pipeline gives
+with exact counts, and plots of exact per-query counts. No privacy guarantee covers it.
+Do not share this folder with anyone who may not see the private data; share the run
+folder without it.
+"""
+
+
+def count_gaps(counts: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per query: count of the (public) true class minus the best other class."""
+    rows = np.arange(counts.shape[0])
+    others = counts.astype(float).copy()
+    others[rows, truth] = -np.inf
+    return counts[rows, truth] - others.max(axis=1)
+
+
+def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, correct, bound,
+                      num_public: int) -> dict:
+    """The non-private reference, in its own folder with a README that says so."""
+    from rknn_ray.plots import run_summary_png
+    os.makedirs(folder, exist_ok=True)
+    write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
+    write_parquet(os.path.join(folder, "nonprivate_labels.parquet"), pa.table({
+        "public_index": np.arange(num_public), "nonprivate_label": ref.public_hard}))
+    diag = {"private": False, "folder": "diagnostics",
+            "nonprivate_labels": ref.label_accuracy, "nonprivate_query_labels": ref.query_accuracy}
+    run_summary_png(os.path.join(folder, "summary_nonprivate.png"),
+                    {**report, "diagnostics": diag}, history, count_gaps(exact, truth_q),
+                    correct, bound, "non-private")
+    return diag
 
 
 def _sum_dicts(dicts) -> dict:
@@ -208,8 +241,11 @@ def main(argv=None) -> int:
     acc, p = report["accuracy"], report["privacy"]
     print(f"run folder: {out}")
     print(f"{p['model']}/{p['mechanism']} eps={p['eps']:.4g} delta={p['delta']:.3g} "
-          f"({p['unit']}-level, {p['neighbour']}): label accuracy {acc['labels']:.4f} "
-          f"(non-private {acc['nonprivate_labels']:.4f}), student accuracy {acc['student']:.4f}")
+          f"({p['unit']}-level, {p['neighbour']}): label accuracy {acc['labels']:.4f}, "
+          f"student accuracy {acc['student']:.4f}")
+    if "diagnostics" in report:
+        print(f"[diagnostics, NOT private: {out}/diagnostics] non-private label accuracy "
+              f"{report['diagnostics']['nonprivate_labels']:.4f}")
     return 0
 
 

@@ -36,33 +36,33 @@ class PreparedData:
         return int(np.bincount(self.client_ids).max(initial=0))
 
 
-def prepare_data(cfg: dict) -> PreparedData:
+def prepare_data(cfg) -> PreparedData:
     """Load the dataset, make the split, check it, partition private records."""
-    from rknn_ray.config import validate
-    d = cfg["data"]
-    ds = load_dataset(d["dataset"], d["data_root"], **(d.get("synthetic") or {})) \
-        if d["dataset"] == "synthetic" else load_dataset(d["dataset"], d["data_root"])
-    splits = make_splits(ds, rule=d["split"], seed=cfg["run"]["seed"])
+    from rknn_ray.config import validate_with_data
+    d = cfg.data
+    ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {})) \
+        if d.dataset == "synthetic" else load_dataset(d.dataset, d.data_root)
+    splits = make_splits(ds, rule=d.split, seed=cfg.run.seed)
     validate_features(splits.private_x, splits.private_y, ds.num_classes, what="private data")
     validate_features(splits.public_x, splits.public_y, ds.num_classes, what="public data")
-    validate(cfg, public_size=len(splits.public_x), num_private=len(splits.private_x))
-    clients = len(splits.private_y) if d["partition"] == "one_per_client" else d["clients"]
-    client_ids = partition(splits.private_y, clients, scheme=d["partition"],
-                           alpha=d["alpha"], seed=cfg["run"]["seed"])
+    validate_with_data(cfg, len(splits.public_x), len(splits.private_x), ds.num_classes)
+    clients = len(splits.private_y) if d.partition == "one_per_client" else d.clients
+    client_ids = partition(splits.private_y, clients, scheme=d.partition,
+                           alpha=d.alpha, seed=cfg.run.seed)
     return PreparedData(splits, np.asarray(client_ids, dtype=np.int64), ds.num_classes,
                         tuple(ds.image_shape), ds.name)
 
 
-def fit_queries(cfg: dict, data: PreparedData) -> tuple[Encoder, np.ndarray, QuerySet]:
+def fit_queries(cfg, data: PreparedData) -> tuple[Encoder, np.ndarray, QuerySet]:
     """Fit the encoder on public data and pick the s queries (k-means centres)."""
-    r = cfg["represent"]
-    encoder = make_encoder(r["encoder"], dim=r["dim"], whiten=r["whiten"]) \
-        if r["encoder"] == "pca" else make_encoder(r["encoder"])
+    r = cfg.represent
+    encoder = make_encoder(r.encoder, dim=r.dim, whiten=r.whiten) \
+        if r.encoder == "pca" else make_encoder(r.encoder)
     encoder.fit(data.splits.public_x)
     public_emb = encoder.transform(data.splits.public_x)
-    q = cfg["queries"]
-    qs = select_queries(public_emb, q["s"], restarts=q["restarts"], niter=q["niter"],
-                        seed=cfg["run"]["seed"], use_nearest_public=q["use_nearest_public"])
+    q = cfg.queries
+    qs = select_queries(public_emb, q.s, restarts=q.restarts, niter=q.niter,
+                        seed=cfg.run.seed, use_nearest_public=q.use_nearest_public)
     return encoder, public_emb, qs
 
 
@@ -74,15 +74,15 @@ def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) ->
                          qs.features, k, data.num_classes)
 
 
-def mechanism_params(cfg: dict, data: PreparedData, eps: float | None = None,
+def mechanism_params(cfg, data: PreparedData, eps: float | None = None,
                      num_clients: int | None = None, delta: float | None = None) -> MechanismParams:
-    p = cfg["privacy"]
-    options = {"noise": p["noise"], "multi_record": p["multi_record"],
-               "bound": p["amplification_bound"], **(p.get("options") or {})}
-    return MechanismParams(num_queries=cfg["queries"]["s"], num_classes=data.num_classes,
-                           k=cfg["rknn"]["k"], r=cfg["rknn"]["r"],
-                           eps=float(p["eps"] if eps is None else eps),
-                           delta=float(p["delta"] if delta is None else delta),
+    p = cfg.privacy
+    options = {"noise": p.noise, "multi_record": p.multi_record,
+               "bound": p.amplification_bound, **(p.options or {})}
+    return MechanismParams(num_queries=cfg.queries.s, num_classes=data.num_classes,
+                           k=cfg.rknn.k, r=cfg.rknn.r,
+                           eps=float(p.eps if eps is None else eps),
+                           delta=float(p.delta if delta is None else delta),
                            num_clients=int(num_clients or data.num_clients),
                            max_records_per_client=data.max_records_per_client, options=options)
 

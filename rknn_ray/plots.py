@@ -18,12 +18,18 @@ def save_png(fig, path: str, dpi: int = 90) -> None:
 
 
 def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarray,
-                    correct: np.ndarray, noise_bound: float | None) -> None:
-    """Three panels: accuracies, student training curve, count gap vs label correctness."""
+                    correct: np.ndarray, noise_bound: float | None,
+                    gap_kind: str = "released") -> None:
+    """Three panels: accuracies, student training curve, count gap vs label correctness.
+
+    ``gap_kind`` says what the gaps were computed from: 'released' (the noisy counts:
+    safe to share) or 'non-private' (exact private counts: diagnostics only).
+    """
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     acc = report["accuracy"]
     names = ["labels (non-private)", "labels (private)", "student"]
-    vals = [acc.get("nonprivate_labels"), acc.get("labels"), acc.get("student")]
+    nonprivate = (report.get("diagnostics") or {}).get("nonprivate_labels")
+    vals = [nonprivate, acc.get("labels"), acc.get("student")]
     vals = [np.nan if v is None else v for v in vals]
     bars = axes[0].bar(names, vals, color=["#999999", "#4477aa", "#228833"])
     for b, v in zip(bars, vals):
@@ -53,7 +59,7 @@ def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarr
             axes[2].axvline(2 * noise_bound, color="k", ls="--",
                             label="2 x error bound (Remark 1)")
         axes[2].legend()
-    axes[2].set_xlabel("non-private count gap (true class - best other)")
+    axes[2].set_xlabel(f"{gap_kind} count gap (public true class - best other)")
     axes[2].set_title("per-query gap vs private label")
     fig.tight_layout()
     save_png(fig, path)

@@ -23,7 +23,8 @@ def test_digits_central_run_folder(ray_session, tmp_path):
     report = json.loads((out / "report.json").read_text())
     acc, priv, counts = report["accuracy"], report["privacy"], report["counts"]
     assert 0 <= acc["labels"] <= 1 and 0 <= acc["student"] <= 1
-    assert acc["nonprivate_labels"] >= 0.85            # the same pipeline without noise
+    assert acc["nonprivate_labels"] is None and "diagnostics" not in report   # nothing unprotected
+    assert not (out / "diagnostics").exists()
     assert (priv["model"], priv["mechanism"], priv["eps"], priv["delta"], priv["unit"]) == \
         ("central", "laplace", 1.0, 0.0, "record")
     assert priv["neighbour"] == "replace-one" and len(priv["rounds"]) == 1
@@ -34,7 +35,8 @@ def test_digits_central_run_folder(ray_session, tmp_path):
         assert report["timings_s"][stage] >= 0
     table = pq.read_table(out / "labels.parquet")
     assert table.num_rows == counts["public"]
-    assert {"label", "true_label", "query", "soft", "nonprivate_label"} <= set(table.column_names)
+    assert {"label", "true_label", "query", "soft"} <= set(table.column_names)
+    assert not any("nonprivate" in c for c in table.column_names)
     for f in ("student.pt", "summary.png", "ledger.json", "config.yaml"):
         assert (out / f).stat().st_size > 0, f
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -46,6 +48,26 @@ def test_digits_central_run_folder(ray_session, tmp_path):
     assert code == 2 and (out / "report.json").read_bytes() == before
 
 
+def test_two_rounds_with_diagnostics_spend_at_most_eps(ray_session, tmp_path):
+    """rounds.count=2 on one set of actors: two ledger entries, total <= privacy.eps; the
+    non-private reference exists only because diagnostics were asked for, apart."""
+    code, out = _run(tmp_path, "two", "digits_central.yaml", "run.rng=seeded", "rounds.count=2",
+                     "run.diagnostics=true", "privacy.eps=1.0")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    priv = report["privacy"]
+    assert priv["eps"] <= 1.0 + 1e-12 and len(priv["rounds"]) == 2
+    assert [r["eps"] for r in priv["rounds"]] == pytest.approx([0.5, 0.5])
+    assert len(priv["ledger"]["entries"]) == 2 and report["counts"]["rounds"] == 2
+    assert report["counts"]["queries"] == 60                      # 2 x s = 30, all distinct
+    diag = report["diagnostics"]
+    assert diag["private"] is False and diag["nonprivate_labels"] >= 0.8
+    assert report["accuracy"]["nonprivate_labels"] is None
+    assert "NOT PRIVATE" in (out / "diagnostics" / "README.txt").read_text()
+    assert (out / "diagnostics" / "nonprivate_labels.parquet").stat().st_size > 0
+    assert (out / "diagnostics" / "summary_nonprivate.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_digits_shuffle_single_message_job(ray_session, tmp_path):
     code, out = _run(tmp_path, "shuffle", "digits_shuffle.yaml", "privacy.eps=2.0")
     assert code == 0
@@ -53,8 +75,8 @@ def test_digits_shuffle_single_message_job(ray_session, tmp_path):
     priv = report["privacy"]
     assert priv["model"] == "shuffle" and priv["eps"] <= 2.0 + 1e-9 and priv["delta"] == 1e-6
     assert priv["rounds"][0]["n"] == report["counts"]["clients"] == 1079
-    assert priv["details"]["eps0"] > 2.0                       # amplification at work
-    assert report["shuffler"]["senders"] == 1079
+    assert priv["details"][0]["eps0"] > 2.0                    # amplification at work
+    assert report["shuffler"][0]["senders"] == 1079
     assert report["rng"] == "secure"
 
 

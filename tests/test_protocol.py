@@ -1,6 +1,7 @@
 """The protocol on real actors and sealed reports: equality with direct aggregation,
 server-side rejection of bad reports, refusal of rounds that would miss the target."""
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from actors.server import Server
@@ -39,9 +40,9 @@ def test_shuffled_sealed_path_equals_direct_aggregation(model, name):
     opened = []
     for rb in pool.release():
         assert rb.schema.names == ["report"]          # no sender column reaches the server
-        p, rejected = opener.open_batch(from_arrow(rb)[0])
-        assert sum(rejected.values()) == 0
-        opened.append(p)
+        out = opener.open_batch(from_arrow(rb)[0])
+        assert sum(out.rejects.values()) == 0
+        opened.append(out.payloads)
     opened = np.concatenate(opened)
     assert not np.array_equal(opened, batch.payloads)  # the order changed ...
     assert sorted(map(bytes, opened)) == sorted(map(bytes, batch.payloads))  # ... not the multiset
@@ -53,7 +54,7 @@ def test_server_actor_rejects_and_counts_bad_reports(ray_session):
     ans = answers(n)
     mech = build("central", "laplace", MechanismParams(6, 3, 1, 1.0))
     payloads = mech.randomize(ans, seeded_generator(0)).payloads
-    server = Server.remote("job-x")
+    server = Server.remote("job-x", None, 2, 4)          # two opener processes
     pub = ray_session.get(server.public_key.remote())
     ctx = RoundContext("job-x", 0)
     ray_session.get(server.begin_round.remote(ctx, mech))
@@ -65,48 +66,57 @@ def test_server_actor_rejects_and_counts_bad_reports(ray_session):
     forged = payloads[:4].copy()
     forged.view("<u4")[:, 0] = 999                      # nnz beyond the slots: malformed
     bad_payload = seal_batch(pub, forged, ctx)
-    batches = [to_arrow(good), to_arrow(np.concatenate([tampered, other_round, other_job,
-                                                        good[:5], bad_payload]))]
-    accepted = ray_session.get(server.receive.remote(batches))
-    out = ray_session.get(server.estimate.remote(n, "seeded", 1))
-    assert accepted == n and out["messages"] == n
+    short = seal_batch(pub, payloads[:6, :-4], ctx)      # honest crypto, short message
+    batches = [to_arrow(short), to_arrow(good),
+               to_arrow(np.concatenate([tampered, other_round, other_job, good[:5], bad_payload])),
+               to_arrow(good[:0]), pa.RecordBatch.from_pydict({"junk": [1, 2]})]
+    for b in batches:
+        ray_session.get(server.submit.remote(b))
+    out = ray_session.get(server.finish.remote("seeded", 1))
+    assert out["messages"] == n
     rej = out["rejected"]
     assert (rej["tampered"], rej["wrong_round"], rej["wrong_job"], rej["replayed"],
-            rej["malformed"]) == (3, 2, 1, 5, 4)
+            rej["malformed"]) == (3, 2, 1, 5, 4 + 6 + 1)
     noise = out["counts"] - ans.counts()
     assert np.all(noise == np.round(noise))
+    ray_session.get(server.shutdown.remote())
     ray_session.kill(server)
 
 
 def _digits_cfg(*overrides):
     return load_config("jobs/configs/digits_shuffle.yaml",
-                       ["run.rng=seeded", "cluster.shards=2", *overrides])
+                       ["run.rng=seeded", "cluster.shards=2", "cluster.batch_clients=200",
+                        "cluster.openers=1", *overrides])
+
+
+def _session_round(cfg, job_id="job-fixed", rounds=1, faults=None, ledger=None):
+    from jobs.progress import Progress
+    from jobs.protocol import ProtocolSession
+    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_params, prepare_data
+    data = prepare_data(cfg)
+    enc, _, qs = fit_queries(cfg, data)
+    ledger = ledger or PrivacyLedger()
+    mech = build(cfg.privacy.model, cfg.privacy.mechanism, mechanism_params(cfg, data))
+    with ProtocolSession(cfg, dataset_sources(cfg, data), job_id, progress=Progress(False),
+                         shard_faults=faults) as session:
+        results = [session.run_round(t, mech, enc, qs.features, ledger) for t in range(rounds)]
+    return data, enc, qs, ledger, results
 
 
 def test_round_refused_when_dropouts_shrink_the_senders(ray_session):
-    from jobs.progress import Progress
-    from jobs.protocol import run_round
-    from rknn_ray.pipeline import fit_queries, prepare_data
     cfg = _digits_cfg("shuffle.dropout=0.2")
-    data = prepare_data(cfg)
-    enc, _, qs = fit_queries(cfg, data)
     ledger = PrivacyLedger()
     with pytest.raises(PrivacyBudgetError, match="distinct senders"):
-        run_round(cfg, data, enc, qs, 0, "job-drop", ledger, Progress(False))
+        _session_round(cfg, ledger=ledger)
     assert ledger.spent() == (0.0, 0.0) and not ledger.to_dict()["entries"]
 
 
 def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     """Two onion hops, multi-message: every message arrives, the guarantee meets the target
     with the n actually shuffled, and the estimate is close to the exact counts."""
-    from jobs.progress import Progress
-    from jobs.protocol import run_round
-    from rknn_ray.pipeline import exact_answers, fit_queries, mechanism_params, prepare_data
+    from rknn_ray.pipeline import exact_answers, mechanism_params
     cfg = _digits_cfg("privacy.mechanism=multi", "shuffle.onion_layers=2", "privacy.eps=1.0")
-    data = prepare_data(cfg)
-    enc, _, qs = fit_queries(cfg, data)
-    ledger = PrivacyLedger()
-    res = run_round(cfg, data, enc, qs, 0, "job-onion", ledger, Progress(False))
+    data, enc, qs, ledger, (res,) = _session_round(cfg)
     assert res.shuffler["senders"] == data.num_clients
     assert len(res.shuffler["hops"]) == 2
     assert sum(res.rejected.values()) == 0 and res.messages == res.shuffler["messages"]
@@ -115,3 +125,29 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     sd = np.sqrt(build("shuffle", "multi", mechanism_params(cfg, data)).cal.error_variance)
     assert np.abs(res.counts - exact).max() < 8 * sd
     assert ledger.spent()[0] == pytest.approx(res.guarantee.eps)
+
+
+def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(ray_session,
+                                                                               tmp_path):
+    """Shard 0 dies after its first batch; Ray restarts it and it re-sends the round. The
+    re-sent reports carry the same ids: counted once, and the release is the same as a
+    round without the failure (same job id, seeded shard secrets and server noise)."""
+    cfg = _digits_cfg("privacy.eps=2.0")
+    _, _, _, _, (clean,) = _session_round(cfg, job_id="job-kill")
+    faults = {0: {"exit_after_batches": 1, "marker": str(tmp_path / "died")}}
+    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-kill", faults=faults)
+    assert (tmp_path / "died").exists()                  # the fault really happened
+    np.testing.assert_array_equal(hit.counts, clean.counts)
+    assert hit.messages == clean.messages == 1079
+    assert hit.rejected["replayed"] == 200                # the first batch, sent twice
+    assert hit.shuffler["senders"] == clean.shuffler["senders"] == 1079
+    assert len(ledger.to_dict()["entries"]) == 1
+
+
+def test_two_rounds_on_one_session_reuse_actors_and_ids_never_collide(ray_session):
+    cfg = _digits_cfg("privacy.model=central", "privacy.mechanism=laplace", "privacy.delta=0")
+    data, _, _, ledger, results = _session_round(cfg, rounds=2)
+    n = data.num_clients
+    assert [r.messages for r in results] == [n, n]       # no report of round 1 is a "replay"
+    assert all(r.rejected["replayed"] == 0 for r in results)
+    assert len(ledger.to_dict()["entries"]) == 2

@@ -1,16 +1,13 @@
-"""The privacy ledger of one run: every release, its guarantee, and the composed total.
+"""The privacy ledger of one run: every release as an event, its guarantee, and the total.
 
-Follows dp_accounting's split between *what happened* (an event per release) and
-*what it costs* (an accountant):
-
-* ``basic``: pure sums, sum eps and sum delta (exact for pure DP, valid always).
-* ``pld``: privacy-loss-distribution composition with Google's ``dp_accounting``
-  (pessimistic discretisation, so the composed eps is an upper bound). A release
-  whose guarantee comes with a ``LaplaceDpEvent`` / ``DiscreteLaplaceDpEvent`` is
-  composed from its exact PLD; any other (eps, delta) release from the PLD of the
-  generic (eps, delta) pair (the worst mechanism with that guarantee).  The PLD
-  total is reported at the ledger's delta (the budget delta, else the summed delta of
-  the entries, at least 1e-12) and never exceeds the basic total.
+Follows dp_accounting's split between *what happened* and *what it costs*: each entry
+keeps the release's event (rknn_ray.accounting.events; a mechanism builds it with
+``Mechanism.event(n)``) next to the guarantee the mechanism stated, and the total is
+computed by an accountant (rknn_ray.accounting.accountants: ``basic`` sums, ``pld``
+composes privacy-loss distributions with dp_accounting) from the events. An entry
+recorded without an event counts as its stated (eps, delta). The PLD total is
+reported at the ledger's delta (the budget delta, else twice the summed delta of the
+entries, at least 1e-12) and never exceeds the basic total.
 
 All entries must share one unit (record / client / label) and neighbour relation:
 composing guarantees about different units is meaningless, so it is refused.
@@ -21,40 +18,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from dp_accounting import dp_event
-from dp_accounting.pld import common as pld_common
-from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
+from rknn_ray.accounting.accountants import get_accountant
+from rknn_ray.accounting.events import ApproxDpEvent, event_to_dict
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray.runio import write_json
 
 ACCOUNTANTS = ("basic", "pld")
-PLD_DISCRETIZATION = 1e-4
-
-
-def _event_dict(event: Any) -> dict | None:
-    if event is None:
-        return None
-    if isinstance(event, dp_event.DpEvent):
-        return {"type": type(event).__name__, **{k: v for k, v in event.__dict__.items()}} \
-            if hasattr(event, "__dict__") else {"type": type(event).__name__}
-    return {"type": "custom", "repr": repr(event)}
-
-
-def _pld_of(g: Guarantee, event: Any):
-    """PLD of one release: exact for (discrete) Laplace events, generic otherwise."""
-    if isinstance(event, dp_event.LaplaceDpEvent):
-        return pld_lib.from_laplace_mechanism(event.noise_multiplier, sensitivity=1,
-                                              value_discretization_interval=PLD_DISCRETIZATION)
-    if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
-        return pld_lib.from_discrete_laplace_mechanism(
-            event.noise_parameter, sensitivity=event.sensitivity,
-            value_discretization_interval=PLD_DISCRETIZATION)
-    if g.eps == 0 and g.delta == 0:
-        return None
-    params = pld_common.DifferentialPrivacyParameters(g.eps, g.delta)
-    return pld_lib.from_privacy_parameters(params, value_discretization_interval=PLD_DISCRETIZATION)
 
 
 @dataclass
@@ -64,11 +34,17 @@ class LedgerEntry:
     event: Any = None
     extra: dict = field(default_factory=dict)
 
+    @property
+    def accounted_event(self):
+        """The event the accountant composes (the stated guarantee when none was given)."""
+        return self.event if self.event is not None else \
+            ApproxDpEvent(self.guarantee.eps, self.guarantee.delta)
+
     def to_dict(self) -> dict:
         g = self.guarantee
         return {"round": self.round_id, "model": g.model, "mechanism": g.mechanism,
                 "eps": g.eps, "delta": g.delta, "unit": g.unit, "neighbour": g.neighbour,
-                "n": g.n, "note": g.note, "event": _event_dict(self.event), **self.extra}
+                "n": g.n, "note": g.note, "event": event_to_dict(self.event), **self.extra}
 
 
 class PrivacyLedger:
@@ -88,7 +64,7 @@ class PrivacyLedger:
         self.budget_eps, self.budget_delta = budget_eps, budget_delta
         self.accountant = accountant
         self.entries: list[LedgerEntry] = []
-        self._pld_total = None          # composed PLD of self.entries (cached)
+        self._accountant = get_accountant(accountant)
 
     # ------------------------------------------------------------------ composition
     def _target_delta(self, entries: list[LedgerEntry]) -> float:
@@ -99,25 +75,8 @@ class PrivacyLedger:
     def _compose(self, entries: list[LedgerEntry]) -> tuple[float, float]:
         if not entries:
             return 0.0, 0.0
-        eps_sum = sum(e.guarantee.eps for e in entries)
-        delta_sum = min(1.0, sum(e.guarantee.delta for e in entries))
-        if self.accountant == "basic" or len(entries) == 1 and entries[0].event is None:
-            return eps_sum, delta_sum
-        # entries == self.entries (+ at most one candidate): reuse the cached total
-        cached = len(entries) >= len(self.entries) and entries[:len(self.entries)] == self.entries
-        total = self._pld_total if cached else None
-        for e in (entries[len(self.entries):] if cached else entries):
-            pld = _pld_of(e.guarantee, e.event)
-            if pld is None:
-                continue
-            total = pld if total is None else total.compose(pld)
-        if total is None:
-            return 0.0, 0.0
-        target = self._target_delta(entries)
-        eps = float(total.get_epsilon_for_delta(target))
-        if eps_sum <= eps and delta_sum <= target:   # basic is tighter here: report it
-            return eps_sum, delta_sum
-        return eps, target
+        return self._accountant.compose([e.accounted_event for e in entries],
+                                        self._target_delta(entries))
 
     def spent(self) -> tuple[float, float]:
         """Composed (eps, delta) of everything recorded so far."""
@@ -156,18 +115,13 @@ class PrivacyLedger:
         """Check the budget, then append the release. Returns the new entry."""
         self.check(guarantee, event)
         entry = LedgerEntry(int(round_id), guarantee, event, dict(extra))
-        if self.accountant == "pld":
-            pld = _pld_of(guarantee, event)
-            if pld is not None:
-                self._pld_total = pld if self._pld_total is None else self._pld_total.compose(pld)
         self.entries.append(entry)
         return entry
 
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
         eps, delta = self.spent()
-        basic = (sum(e.guarantee.eps for e in self.entries),
-                 min(1.0, sum(e.guarantee.delta for e in self.entries)))
+        basic = get_accountant("basic").compose([e.accounted_event for e in self.entries])
         return {"accountant": self.accountant,
                 "budget": {"eps": self.budget_eps, "delta": self.budget_delta},
                 "entries": [e.to_dict() for e in self.entries],

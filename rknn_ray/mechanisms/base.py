@@ -2,9 +2,18 @@
 
     mech = calibrate(params)                      # see rknn_ray.mechanisms.build
     batch = mech.randomize(answers, rng)          # client side, vectorized over clients
-    counts = mech.estimate(batch.payloads, n, rng)# server side: decode, debias (+ central noise)
-    mech.guarantee() -> Guarantee                 # eps, delta, model, unit, neighbour relation
+    stat = mech.statistic(payloads)               # server side: additive over reports
+    counts = mech.finalize(stat, m, rng)          # debias with the m reports accepted (+ central noise)
+    mech.estimate(payloads, n, rng)               # = finalize(statistic(payloads), len(payloads), rng)
+    mech.guarantee(n) -> Guarantee                # eps, delta, model, unit, neighbour relation
+    mech.event(n) -> DpEvent                      # what the release is, for the accountants
     mech.error_bound(beta, n) -> eta              # (eta, beta)-accuracy per bucket (sup norm)
+
+``statistic`` is additive (``statistic(a ++ b) == statistic(a) + statistic(b)``), so
+the server can open and decode batches in several processes, in any order, and add
+the parts (server.accumulator). ``guarantee`` and ``event`` are pure functions of the
+mechanism's public parameters and ``n``, the number of distinct senders actually
+shuffled (ignored by the central and local models; None = the calibrated n).
 
 Messages are fixed-length byte rows (``message_size`` bytes each) so that the
 sealing layer can pad every ciphertext of a round to one length. A client may send
@@ -114,14 +123,39 @@ class Mechanism(ABC):
     def randomize(self, answers: RecordAnswers, rng: np.random.Generator) -> MessageBatch:
         """Client side: the messages of every virtual client in ``answers``."""
 
-    @abstractmethod
-    def estimate(self, payloads: np.ndarray, num_clients: int,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        """Server side: an (s, |Y|) float estimate of the BSVS sum from the messages."""
+    @property
+    def statistic_size(self) -> int:
+        """Length of :meth:`statistic` (d = s |Y| unless a mechanism needs more)."""
+        return self.params.num_cells
 
     @abstractmethod
-    def guarantee(self) -> Guarantee:
-        """The (eps, delta) guarantee, its unit and neighbour relation."""
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        """Additive sufficient statistic of well-formed messages: a 1-D array of statistic_size."""
+
+    @abstractmethod
+    def finalize(self, stat: np.ndarray, num_reports: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        """The (s, |Y|) float64 estimate from the summed statistic of ``num_reports`` messages.
+
+        Central mechanisms draw their noise here (rng None: the OS CSPRNG).
+        """
+
+    def estimate(self, payloads: np.ndarray, num_clients: int | None = None,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        """Server side in one call: ``finalize(statistic(payloads), len(payloads), rng)``.
+
+        ``num_clients`` is kept for callers; estimators debias with the reports given.
+        """
+        payloads = np.asarray(payloads)
+        return self.finalize(self.statistic(payloads), int(payloads.shape[0]), rng)
+
+    @abstractmethod
+    def guarantee(self, n: int | None = None) -> Guarantee:
+        """The (eps, delta) guarantee, its unit and neighbour relation (see module docstring)."""
+
+    @abstractmethod
+    def event(self, n: int | None = None):
+        """The release as a dp_accounting-style event (rknn_ray.accounting.events)."""
 
     @abstractmethod
     def error_bound(self, beta: float, num_clients: int) -> float:

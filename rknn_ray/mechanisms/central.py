@@ -116,11 +116,22 @@ class CentralLaplace(Mechanism):
             rng = secure_generator()
         return counts + continuous_laplace(self.scale, counts.shape, rng)
 
-    def estimate(self, payloads: np.ndarray, num_clients: int,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        return self.add_noise(self.exact_sum(payloads), rng).astype(np.float64)
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        return decode_sparse_counts(payloads, self.slots, self.params.num_cells)
 
-    def guarantee(self) -> Guarantee:
+    def finalize(self, stat: np.ndarray, num_reports: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        counts = np.asarray(stat, np.int64).reshape(self.params.num_queries, self.params.num_classes)
+        return self.add_noise(counts, rng).astype(np.float64)
+
+    def event(self, n: int | None = None):
+        from dp_accounting import dp_event
+        if self.noise == "discrete":      # P[x] ~ exp(-a|x|), a = 1/scale; L1 sensitivity 2kr
+            return dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / self.scale,
+                                                  sensitivity=int(self.params.sensitivity_l1))
+        return dp_event.LaplaceDpEvent(noise_multiplier=self.scale / self.params.sensitivity_l1)
+
+    def guarantee(self, n: int | None = None) -> Guarantee:
         return Guarantee(self.params.eps, 0.0, "central", self.name, unit="record",
                          note=f"{self.noise} Laplace noise of scale 2kr/eps = {self.scale:.4g} "
                               "on every cell; trusted server")

@@ -281,15 +281,18 @@ class CollisionMechanism(FlatLocalMechanism):
         est = self.oracle.client_estimates(seeds, z)
         return est.reshape(-1, self.params.num_queries, self.params.num_classes)
 
-    def estimate(self, payloads: np.ndarray, num_clients: int,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        payloads = self._checked(payloads, num_clients)
-        seeds, (z,) = decode_reports(payloads, [self.oracle.z_bytes])
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        """Per cell: how many reports hit it (H_i(v) == z_i)."""
+        seeds, (z,) = decode_reports(self._checked(payloads), [self.oracle.z_bytes])
         hits = np.zeros(self.oracle.d, dtype=np.int64)
         for sl in self._chunks(len(z), self.oracle.d):
             hits += self.oracle.hits(seeds[sl], z[sl]).sum(axis=0, dtype=np.int64)
+        return hits
+
+    def finalize(self, stat: np.ndarray, num_reports: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
         p, q = self.oracle.rates
-        est = (hits - len(z) * q) / (p - q)
+        est = (np.asarray(stat, np.float64) - num_reports * q) / (p - q)
         return est.reshape(self.params.num_queries, self.params.num_classes)
 
     def flat_variances(self) -> tuple[float, float]:

@@ -102,14 +102,17 @@ class LocalLaplace(FlatLocalMechanism):
         vals = payloads.view("<i4" if self.discrete else "<f4").astype(np.float64)
         return vals.reshape(-1, p.num_queries, p.num_classes)
 
-    def estimate(self, payloads: np.ndarray, num_clients: int,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        payloads, p = np.ascontiguousarray(self._checked(payloads, num_clients)), self.params
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        payloads, p = np.ascontiguousarray(self._checked(payloads)), self.params
         total = np.zeros(p.num_cells)
         for sl in self._chunks(payloads.shape[0], p.num_cells):
             total += payloads[sl].view("<i4" if self.discrete else "<f4").sum(
                 axis=0, dtype=np.float64)
-        return total.reshape(p.num_queries, p.num_classes)
+        return total
+
+    def finalize(self, stat: np.ndarray, num_reports: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        return np.asarray(stat, np.float64).reshape(self.params.num_queries, self.params.num_classes)
 
     def flat_variances(self) -> tuple[float, float]:
         v = self.noise_variance()

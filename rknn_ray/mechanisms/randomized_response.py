@@ -117,10 +117,6 @@ class LocalMechanism(Mechanism):
             raise ReportError("malformed", f"{int((~ok).sum())} of {ok.size} {self.name} "
                               f"reports are not valid {self.message_size}-byte rows; drop them "
                               "with well_formed() before estimate()")
-        if num_clients is not None and num_clients != payloads.shape[0]:
-            raise ValueError(f"{self.name}: one report per client, but got {payloads.shape[0]} "
-                             f"reports for num_clients={num_clients}; pass the number of "
-                             "reports actually received")
         return payloads
 
     # ------------------------------------------------------------------ variance
@@ -206,7 +202,11 @@ class LocalMechanism(Mechanism):
                 "ln(1+(e^eps-1)/m_i) by sampling, not claimed); the estimate targets "
                 "sum_i A^i/m_i")
 
-    def guarantee(self) -> Guarantee:
+    def event(self, n: int | None = None):
+        from rknn_ray.accounting.events import LocalRandomizerDpEvent
+        return LocalRandomizerDpEvent(self.name, float(self.local_eps))
+
+    def guarantee(self, n: int | None = None) -> Guarantee:
         return Guarantee(self.local_eps, 0.0, model=self.model, mechanism=self.name,
                          unit="record",
                          note=f"eps-LDP per report ({self.name}, replace-one record); "
@@ -301,11 +301,14 @@ class RandomizedResponse(FlatLocalMechanism):
         bits = np.unpackbits(payloads, axis=1, count=p.num_cells)
         return ((bits - q) / (1 - 2 * q)).reshape(-1, p.num_queries, p.num_classes)
 
-    def estimate(self, payloads: np.ndarray, num_clients: int,
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        """Per cell: how many reports have its bit set."""
+        return self._ones(self._checked(payloads))
+
+    def finalize(self, stat: np.ndarray, num_reports: int,
                  rng: np.random.Generator | None = None) -> np.ndarray:
-        payloads = self._checked(payloads, num_clients)
         q, p = self.flip_probability, self.params
-        est = (self._ones(payloads) - payloads.shape[0] * q) / (1 - 2 * q)
+        est = (np.asarray(stat, np.float64) - num_reports * q) / (1 - 2 * q)
         return est.reshape(p.num_queries, p.num_classes)
 
     def flat_variances(self) -> tuple[float, float]:

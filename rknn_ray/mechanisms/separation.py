@@ -128,14 +128,18 @@ class SeparationMechanism(LocalMechanism):
         a, b = self._parts(seeds, zt, zy)
         return a[:, :, None] * b[:, None, :]
 
-    def estimate(self, payloads: np.ndarray, num_clients: int,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        seeds, (zt, zy) = decode_reports(self._checked(payloads, num_clients), self._zb)
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        """Sum over reports of the outer product of the query and label estimates."""
+        seeds, (zt, zy) = decode_reports(self._checked(payloads), self._zb)
         est = np.zeros((self.params.num_queries, self.params.num_classes))
         for sl in self._chunks(len(seeds), self.params.num_queries + self.params.num_classes):
             a, b = self._parts(seeds[sl], zt[sl], zy[sl])
             est += a.T @ b
-        return est
+        return est.ravel()
+
+    def finalize(self, stat: np.ndarray, num_reports: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        return np.asarray(stat, np.float64).reshape(self.params.num_queries, self.params.num_classes)
 
     def _class_variances(self) -> dict:
         return separation_client_variance(self.oracle_t.variances, self.oracle_y.variances)
@@ -201,10 +205,14 @@ class ConcatenationMechanism(LocalMechanism):
         g = q * xt[:, :, None] + q * xy[:, None, :] - xt[:, :, None] * xy[:, None, :] - q * q
         return g / (q * (p - q))
 
-    def estimate(self, payloads: np.ndarray, num_clients: int,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-        seeds, (z,) = decode_reports(self._checked(payloads, num_clients),
-                                     [self.oracle.z_bytes])
+    @property
+    def statistic_size(self) -> int:
+        s, ny = self.params.num_queries, self.params.num_classes
+        return s + ny + s * ny
+
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        """Query hits, label hits and their pairs, summed over reports (one flat vector)."""
+        seeds, (z,) = decode_reports(self._checked(payloads), [self.oracle.z_bytes])
         s, ny = self.params.num_queries, self.params.num_classes
         st, sy, pair = np.zeros(s), np.zeros(ny), np.zeros((s, ny))
         for sl in self._chunks(len(z), self.oracle.d):
@@ -212,8 +220,15 @@ class ConcatenationMechanism(LocalMechanism):
             st += xt.sum(axis=0)
             sy += xy.sum(axis=0)
             pair += xt.T @ xy
+        return np.concatenate([st, sy, pair.ravel()])
+
+    def finalize(self, stat: np.ndarray, num_reports: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        s, ny = self.params.num_queries, self.params.num_classes
+        stat = np.asarray(stat, np.float64)
+        st, sy, pair = stat[:s], stat[s:s + ny], stat[s + ny:].reshape(s, ny)
         p, q = self.oracle.rates
-        return (q * st[:, None] + q * sy[None, :] - pair - len(z) * q * q) / (q * (p - q))
+        return (q * st[:, None] + q * sy[None, :] - pair - num_reports * q * q) / (q * (p - q))
 
     def _class_variances(self) -> dict:
         return concatenation_client_variance(self.local_eps, self.oracle.l, self.oracle.c)

@@ -66,7 +66,6 @@ class MultiMessageShuffle(Mechanism):
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
         self.cal = calibrate_multi_message(params.eps, params.delta, self.n_cal,
                                            params.sensitivity_l1, params.num_cells)
-        self.senders_shuffled: int | None = None
 
     @property
     def message_size(self) -> int:
@@ -97,14 +96,19 @@ class MultiMessageShuffle(Mechanism):
         cells, _ = decode_messages(payloads)
         return cells < self.params.num_cells
 
-    def estimate(self, payloads: np.ndarray, num_clients: int,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
+    def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        """Per cell: (+) messages minus (-) messages (noise and flooding pairs included)."""
         d = self.params.num_cells
         cells, negative = decode_messages(payloads)
         if cells.size and cells.max() >= d:
             raise ValueError("message cell index out of range; drop malformed messages first")
-        diff = np.bincount(cells[~negative], minlength=d) - np.bincount(cells[negative], minlength=d)
-        return diff.reshape(self.params.num_queries, self.params.num_classes).astype(np.float64)
+        return (np.bincount(cells[~negative], minlength=d)
+                - np.bincount(cells[negative], minlength=d)).astype(np.int64)
+
+    def finalize(self, stat: np.ndarray, num_reports: int,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+        return np.asarray(stat).reshape(self.params.num_queries,
+                                        self.params.num_classes).astype(np.float64)
 
     def min_senders(self) -> int:
         """Every calibrated noise share must be present: n_cal distinct senders."""
@@ -121,8 +125,16 @@ class MultiMessageShuffle(Mechanism):
                                         f"over {self.n_cal} clients + Poisson flooding "
                                         f"(mu={self.cal.flood_mean_total:.4g} pairs/cell)")
 
-    def guarantee(self) -> Guarantee:
-        return self.guarantee_for(self.senders_shuffled or self.n_cal)
+    def guarantee(self, n: int | None = None) -> Guarantee:
+        return self.guarantee_for(self.n_cal if n is None else int(n))
+
+    def event(self, n: int | None = None):
+        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent
+        self.guarantee_for(self.n_cal if n is None else int(n))     # refuses below n_cal
+        c = self.cal
+        return MultiMessageShuffleDpEvent(c.dlap_p, c.flood_mean_total, self.n_cal,
+                                          int(self.params.sensitivity_l1),
+                                          int(self.params.num_cells), float(self.params.delta))
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:
         scale = -1.0 / math.log(self.cal.dlap_p)

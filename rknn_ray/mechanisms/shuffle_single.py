@@ -48,7 +48,6 @@ class ShuffleSingleMixin:
             raise ConfigError("privacy.eps", f"no local eps0 reaches the central target "
                               f"eps={params.eps}, delta={params.delta} with n={n} senders ({exc})",
                               "raise privacy.eps or privacy.delta, or use more clients") from exc
-        self.senders_shuffled: int | None = None
 
     @property
     def local_eps(self) -> float:
@@ -89,9 +88,15 @@ class ShuffleSingleMixin:
                          note=f"single message: {self.base_name} at local eps0={self._eps0:.4g}, "
                               f"amplified by shuffling {n} senders ({self.bound_name} bound)")
 
-    def guarantee(self) -> Guarantee:
-        n = self.senders_shuffled or int(self.params.num_clients)
-        return self.guarantee_for(n)
+    def guarantee(self, n: int | None = None) -> Guarantee:
+        return self.guarantee_for(int(self.params.num_clients) if n is None else int(n))
+
+    def event(self, n: int | None = None):
+        from rknn_ray.accounting.events import ShuffledLocalDpEvent
+        n = int(self.params.num_clients) if n is None else int(n)
+        self.guarantee_for(n)                      # refuses below the target
+        return ShuffledLocalDpEvent(self.base_name, float(self._eps0), n,
+                                    float(self.params.delta), self.bound_name)
 
     def describe(self) -> dict:
         return {**super().describe(), "eps0": self._eps0, "bound": self.bound_name,

@@ -1,0 +1,73 @@
+"""What a release *is*, as immutable events in the style of Google's ``dp_accounting``.
+
+An event records the mechanism and its public parameters, never a computed eps:
+the accountants (:mod:`rknn_ray.accounting.accountants`) decide what it costs. We use
+``dp_accounting``'s own events where one fits (the central model's discrete and
+continuous Laplace) and add small frozen events, subclasses of ``DpEvent``, for what
+it lacks: a pure eps-LDP report, a shuffled single-message release, and the
+multi-message histogram protocol. Every mechanism builds its event as a pure
+function of its parameters and the number of senders actually shuffled
+(``Mechanism.event(n)``).
+"""
+from __future__ import annotations
+
+import attr
+from dp_accounting import dp_event
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class LocalRandomizerDpEvent(dp_event.DpEvent):
+    """One report per client from an ``eps``-LDP randomizer (the local model).
+
+    ``eps`` is the randomizer's parameter (its worst-case likelihood ratio is e^eps
+    for one record, replace-one), not a derived cost.
+    """
+    mechanism: str
+    eps: float
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ShuffledLocalDpEvent(dp_event.DpEvent):
+    """Single-message shuffle: ``num_senders`` eps0-LDP reports, anonymized and shuffled.
+
+    The accountant turns it into a central (eps, delta) with the amplification
+    ``bound`` (rknn_ray.accounting.bounds) at this ``delta``.
+    """
+    local_mechanism: str
+    eps0: float
+    num_senders: int
+    delta: float
+    bound: str
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class MultiMessageShuffleDpEvent(dp_event.DpEvent):
+    """Multi-message shuffle: per cell, NB shares of DLap(dlap_p) over ``num_senders`` clients
+    plus Poisson(flood_mean_total) flooding pairs; one record moves ``sensitivity_l1`` cells.
+
+    The accountant computes eps at ``delta`` with rknn_ray.accounting.multi_message.
+    """
+    dlap_p: float
+    flood_mean_total: float
+    num_senders: int
+    sensitivity_l1: int
+    num_cells: int
+    delta: float
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class ApproxDpEvent(dp_event.DpEvent):
+    """A release known only by its stated (eps, delta) guarantee (no mechanism-level event)."""
+    eps: float
+    delta: float
+
+
+def event_to_dict(event) -> dict | None:
+    """JSON-able description: the event's type and its parameters (nested for composition)."""
+    if event is None:
+        return None
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return {"type": "ComposedDpEvent", "events": [event_to_dict(e) for e in event.events]}
+    if attr.has(type(event)):
+        return {"type": type(event).__name__, **attr.asdict(event, recurse=False)}
+    return {"type": type(event).__name__, "repr": repr(event)}
