@@ -138,6 +138,8 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     g = rounds[-1].guarantee
     eps_spent, delta_spent = ledger.spent()
     timings = dict(progress.timings)
+    for stage in ("clients", "shuffle", "server_open", "server_finalize"):
+        timings[stage] = sum(r.timings.get(stage, 0.0) for r in rounds)
     for t, r in enumerate(rounds):
         timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
     report = {

@@ -159,16 +159,16 @@ class ProtocolSession:
         sink = hops[0] if hops else self.server
         t0 = time.perf_counter()
         self._stream_clients(ray.put(spec), sink, say)
-        timings["clients_wall"] = time.perf_counter() - t0
+        timings["clients"] = time.perf_counter() - t0   # central/local: opening overlaps this
         shuffle_stats = None
         if hops:
             t1 = time.perf_counter()
             refs, shuffle_stats = self._shuffle(hops, mechanism)
-            timings["shuffle_wall"] = time.perf_counter() - t1
+            timings["shuffle"] = time.perf_counter() - t1
             t2 = time.perf_counter()
             for ref in refs:                       # the Server's window bounds what is in flight
                 self._call(self.server.submit.remote(ref), "server")
-            timings["server_open_wall"] = time.perf_counter() - t2
+            timings["server_open"] = time.perf_counter() - t2
         n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
         guarantee, event = mechanism.guarantee(n), mechanism.event(n)   # from the n actually shuffled
         ledger.check(guarantee, event)
@@ -176,8 +176,8 @@ class ProtocolSession:
         out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server")
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
-        for key, v in out["timings"].items():
-            timings[f"server_{key}"] = v
+        timings["server_finalize"] = out["timings"].get("finalize", 0.0)
+        timings.setdefault("server_open", out["timings"].get("open_wall", 0.0))
         for t in ray.get([s.get_timings.remote() for s in self.shards]):
             for key, v in t.items():
                 timings[f"shards_{key}_cpu"] = timings.get(f"shards_{key}_cpu", 0.0) + v
@@ -220,8 +220,12 @@ class ProtocolSession:
                         errors.append(PartyFailure(_actor_death(
                             f"client shard {i} died {attempt + 1} times", exc)))
                         return
-                    say(f"  client shard {i} died after {sent} batches; Ray restarted it and it "
-                        "re-sends the round (same reports, counted once)")
+                    say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
+                        "it; it re-sends the round (same reports, counted once)")
+                    if not _wait_alive(shard):
+                        errors.append(PartyFailure(_actor_death(
+                            f"client shard {i} died and did not come back", exc)))
+                        return
                 except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
                     errors.append(exc)
                     return
@@ -257,6 +261,18 @@ class ProtocolSession:
             stats.append(ray.get(hop.stats.remote()))
         return out, {"hops": stats, "senders": stats[0]["senders"],
                      "messages": stats[-1]["messages"], "bytes": stats[0]["bytes"]}
+
+
+def _wait_alive(actor, timeout: float = 120.0) -> bool:
+    """Block until a restarting actor answers again (False if it never does)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.num_clients.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            return True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            time.sleep(0.5)
+    return False
 
 
 def _actor_death(what: str, exc: BaseException) -> str:
