@@ -52,6 +52,7 @@ from scipy import stats
 
 from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT_SLACK_PER_TERM,
                                         TAIL_MASS, _window, eps_for_delta)
+from rknn_ray.accounting.calibration import monotone_edge
 from rknn_ray.errors import ConfigError
 
 EPS0_MAX = 30.0   # beyond this e^eps0 overflows the useful range of every bound
@@ -115,13 +116,7 @@ class AmplificationBound(ABC):
                                   f"eps={target_eps}, n={n}, delta={delta}",
                                   "raise the target eps or delta, or increase n")
             lo, hi = e, min(hi, 2 * e)
-        while hi - lo > rtol * max(lo, 1e-12):
-            mid = 0.5 * (lo + hi)
-            if ok(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return monotone_edge(ok, lo, hi, want="largest", tol=rtol, relative=True)
 
     numerical = True
 

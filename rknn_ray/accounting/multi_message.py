@@ -44,6 +44,7 @@ import numpy as np
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from scipy import optimize, stats
 
+from rknn_ray.accounting.calibration import monotone_edge
 from rknn_ray.errors import ConfigError
 
 PLD_DISCRETIZATION = 1e-3
@@ -151,13 +152,9 @@ def calibrate_multi_message(eps: float, delta: float, n: int, sensitivity_l1: in
             raise ConfigError("multi_message.eps", f"cannot reach eps={eps} at delta={delta} "
                               "with flooding up to 1e9 pairs per cell",
                               "raise eps or delta, or lower dlap_share")
-    while hi - lo > 0.02:
-        mid = 0.5 * (lo + hi)
-        if protocol_eps(p, math.exp(mid), sensitivity_l1, delta) <= eps:
-            hi = mid
-        else:
-            lo = mid
-    mu = math.exp(hi)
+    mu = math.exp(monotone_edge(
+        lambda log_mu: protocol_eps(p, math.exp(log_mu), sensitivity_l1, delta) <= eps,
+        lo, hi, want="smallest", tol=0.02))
     achieved = protocol_eps(p, mu, sensitivity_l1, delta)
     mean_nb = p / (1 - p)
     noise_msgs = num_cells * (2 * mean_nb + 2 * mu) / n

@@ -67,14 +67,9 @@ class ShuffleSingleMixin:
         target, hi = self.params.eps, int(self.params.num_clients)
         if self.central_eps(hi) > target * (1 + 1e-9):
             raise PrivacyBudgetError(f"eps0={self._eps0:.4g} misses the target at n={hi}")
-        lo = 1
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if self.central_eps(mid) <= target * (1 + 1e-9):
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        from rknn_ray.accounting.calibration import monotone_edge
+        return int(monotone_edge(lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi,
+                                 want="smallest", integer=True))
 
     def guarantee_for(self, n: int) -> Guarantee:
         """The guarantee from the n distinct senders actually shuffled."""

@@ -1,0 +1,132 @@
+"""Events and accountants: every mechanism describes its release as a pure, frozen event, and
+every accountant passes one conformance suite (the idea of dp_accounting's
+privacy_accountant_test: one abstract test class, one subclass per accountant)."""
+import attr
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.accountants import (BasicAccountant, PLDAccountant, UnknownEventError,
+                                             event_cost)
+from rknn_ray.accounting.calibration import monotone_edge
+from rknn_ray.accounting.events import (LocalRandomizerDpEvent, MultiMessageShuffleDpEvent,
+                                        ShuffledLocalDpEvent, event_to_dict)
+from rknn_ray.errors import PrivacyBudgetError
+from rknn_ray.mechanisms import MechanismParams, build
+
+PARAMS = MechanismParams(10, 4, 1, 1.0, delta=1e-6, num_clients=20000)
+MECHANISMS = [("central", "laplace"), ("local", "rr"), ("local", "collision"),
+              ("shuffle", "rr"), ("shuffle", "collision"), ("shuffle", "multi")]
+
+
+@pytest.mark.parametrize("model,name", MECHANISMS)
+def test_every_mechanism_states_its_release_as_a_pure_frozen_event(model, name):
+    mech = build(model, name, PARAMS)
+    e1, e2 = mech.event(), mech.event()
+    assert e1 == e2 and hash(e1) == hash(e2)                  # pure function of the parameters
+    assert isinstance(e1, dp_event.DpEvent) and attr.has(type(e1))
+    with pytest.raises(attr.exceptions.FrozenInstanceError):
+        setattr(e1, attr.fields(type(e1))[0].name, 0)
+    # the event costs what the mechanism promises, never more
+    eps, delta = event_cost(e1)
+    g = mech.guarantee()
+    assert eps == pytest.approx(g.eps, rel=1e-9) and delta == pytest.approx(g.delta)
+    assert event_to_dict(e1)["type"] == type(e1).__name__
+    assert "eps" not in event_to_dict(e1) or model == "local"   # no computed eps in an event
+
+
+def test_shuffle_events_follow_the_senders_actually_shuffled():
+    mech = build("shuffle", "collision", PARAMS)
+    floor = mech.min_senders()
+    assert mech.event(floor).num_senders == floor
+    assert event_cost(mech.event(floor))[0] <= PARAMS.eps * (1 + 1e-9)
+    assert event_cost(mech.event(2 * floor))[0] < event_cost(mech.event(floor))[0]  # more senders
+    with pytest.raises(PrivacyBudgetError):
+        mech.event(floor - 1)                                 # below the floor: no event, no release
+    multi = build("shuffle", "multi", PARAMS)
+    assert isinstance(multi.event(), MultiMessageShuffleDpEvent)
+    with pytest.raises(PrivacyBudgetError):
+        multi.event(multi.n_cal - 1)
+
+
+EVENTS = [dp_event.DiscreteLaplaceDpEvent(noise_parameter=0.5, sensitivity=2),
+          dp_event.LaplaceDpEvent(noise_multiplier=2.0),
+          LocalRandomizerDpEvent("rr", 0.7),
+          ShuffledLocalDpEvent("Collision", 3.0, 50000, 1e-6, "clones_numerical"),
+          build("shuffle", "multi", PARAMS).event()]
+
+
+class AccountantConformance:
+    """What every accountant must satisfy; subclasses name the accountant."""
+    accountant = None
+
+    def test_nothing_costs_nothing(self):
+        assert self.accountant.compose([], 1e-6) == (0.0, 0.0)
+        assert self.accountant.compose([dp_event.NoOpDpEvent()], 1e-6)[0] == 0.0
+
+    @pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
+    def test_one_event_is_never_looser_than_its_own_cost(self, event):
+        eps, delta = self.accountant.compose([event], max(1e-6, 2 * event_cost(event)[1]))
+        own = event_cost(event)
+        assert eps <= own[0] * (1 + 1e-9) + 1e-9
+        assert delta <= max(1e-6, 2 * own[1]) + 1e-15
+
+    def test_composition_is_monotone(self):
+        seen = []
+        last = 0.0
+        for e in EVENTS:
+            seen.append(e)
+            eps, _ = self.accountant.compose(seen, 1e-5)
+            assert eps >= last - 1e-9
+            last = eps
+
+    def test_never_above_basic_composition(self):
+        basic = BasicAccountant().compose(EVENTS)
+        eps, delta = self.accountant.compose(EVENTS, max(1e-5, basic[1]))
+        assert eps <= basic[0] * (1 + 1e-9)
+
+    def test_unknown_events_are_refused_with_a_clear_error(self):
+        with pytest.raises(UnknownEventError, match="event_cost"):
+            self.accountant.compose([dp_event.GaussianDpEvent(noise_multiplier=1.0)], 1e-6)
+
+
+class TestBasicAccountant(AccountantConformance):
+    accountant = BasicAccountant()
+
+    def test_basic_is_the_plain_sum(self):
+        eps, delta = self.accountant.compose(EVENTS[:3])
+        assert eps == pytest.approx(2 * 0.5 + 0.5 + 0.7) and delta == 0.0
+
+
+class TestPLDAccountant(AccountantConformance):
+    accountant = PLDAccountant()
+
+    def test_pld_beats_basic_for_many_laplace_releases(self):
+        events = [dp_event.LaplaceDpEvent(noise_multiplier=10.0)] * 200
+        eps, delta = self.accountant.compose(events, 1e-6)
+        assert delta == 1e-6 and eps < 0.8 * BasicAccountant().compose(events)[0]
+
+
+def test_the_ledger_keeps_events_and_totals_them_with_its_accountant():
+    ledger = PrivacyLedger(budget_eps=2.0, accountant="basic")
+    mech = build("central", "laplace", PARAMS)
+    ledger.record(mech.guarantee(), 0, event=mech.event())
+    entry = ledger.to_dict()["entries"][0]
+    assert entry["event"] == {"type": "DiscreteLaplaceDpEvent", "noise_parameter": 0.5,
+                              "sensitivity": 2}
+    assert ledger.spent() == (1.0, 0.0)
+    ledger.record(mech.guarantee(), 1, event=mech.event())
+    with pytest.raises(PrivacyBudgetError, match="refused"):
+        ledger.check(mech.guarantee(), mech.event())
+
+
+def test_one_monotone_search_serves_every_calibration():
+    assert monotone_edge(lambda x: x <= 2.5, 0.0, 10.0, want="largest", tol=1e-9) \
+        == pytest.approx(2.5)
+    assert monotone_edge(lambda n: n * n >= 50, 1, 100, want="smallest", integer=True) == 8
+    edge = monotone_edge(lambda x: x >= np.pi, 0.0, 4.0, want="smallest", tol=1e-3)
+    assert np.pi <= edge <= np.pi + 1e-3                      # always on the accepted side
+    mech = build("shuffle", "collision", PARAMS)
+    floor = mech.min_senders()
+    assert mech.central_eps(floor) <= PARAMS.eps * (1 + 1e-9) < mech.central_eps(floor - 1)
