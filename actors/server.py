@@ -27,6 +27,9 @@ from server.keys import ServerKeyPair
 from server.opener_pool import OpenerPool
 
 
+OPEN_CHUNK = 65536      # rows per opener task: big batches (a distributed shuffle's) are split
+
+
 class ServerImpl:
     def __init__(self, job_id: str, key_file: str | None = None, openers: int = 0,
                  window: int = 8):
@@ -65,16 +68,17 @@ class ServerImpl:
                 self._acc.received += 1
                 self._acc.rejected["malformed"] += 1
             return 0
-        fut = self._pool.submit(ciphertexts)
-        with self._lock:
-            self._inflight.add(fut)
-        fut.add_done_callback(self._collect)
-        while True:
+        for start in range(0, max(1, ciphertexts.shape[0]), OPEN_CHUNK):   # big batches: in parallel
+            fut = self._pool.submit(ciphertexts[start:start + OPEN_CHUNK])
             with self._lock:
-                pending = set(self._inflight)
-            if len(pending) < self._window:
-                break
-            wait(pending, return_when=FIRST_COMPLETED)
+                self._inflight.add(fut)
+            fut.add_done_callback(self._collect)
+            while True:
+                with self._lock:
+                    pending = set(self._inflight)
+                if len(pending) < self._window:
+                    break
+                wait(pending, return_when=FIRST_COMPLETED)
         return int(ciphertexts.shape[0])
 
     def _collect(self, fut) -> None:

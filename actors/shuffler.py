@@ -24,6 +24,7 @@ class ShufflerImpl:
                  ctx: RoundContext | None = None, onion_layer: int | None = None,
                  forwarded_input: bool = False):
         self.pool = ShufflePool(min_senders, max_batch_messages, forwarded_input=forwarded_input)
+        self._dist = None
         self._peeler = None
         if onion_layer is not None:
             if ctx is None:
@@ -37,12 +38,33 @@ class ShufflerImpl:
             raise ValueError("this shuffler has no onion layer (start it with onion_layer=hop+1)")
         return self._peeler.keypair.public_bytes()
 
-    def start_round(self, round_id: int, min_senders: int | None = None) -> None:
-        """Next round of the same job: its sender floor; onion replay memory is kept."""
-        if min_senders is not None:
-            self.pool.min_senders = int(min_senders)
+    def start_round(self, round_id: int, min_senders: int | None = None,
+                    distributed: bool = False) -> None:
+        """Next round of the same job: its sender floor, and whether the shuffle is distributed.
+
+        Distributed (large rounds, no onion layer): reports stay in Ray's object store and
+        are sorted by random keys across the cluster (:mod:`shuffler.distributed`).
+        Onion replay memory is kept across rounds.
+        """
+        floor = self.pool.min_senders if min_senders is None else int(min_senders)
+        self.pool = ShufflePool(floor, self.pool.max_batch_messages,
+                                forwarded_input=self.pool.forwarded_input)
+        self._dist = None
+        if distributed:
+            if self._peeler is not None:
+                raise ValueError("the distributed shuffle takes no onion layers; use "
+                                 "shuffle.onion_layers: 0 or keep the round below "
+                                 "shuffle.distributed_above")
+            from shuffler.distributed import DistributedShuffle
+            self._dist = DistributedShuffle(floor)
         if self._peeler is not None:
             self._peeler.start_round(round_id)
+
+    def submit_refs(self, refs: list) -> int:
+        """Batches by reference (a list, so Ray does not fetch them into this call)."""
+        if self._dist is not None:
+            return sum(self._dist.add_ref(r) for r in refs)
+        return sum(self.submit(ray.get(r)) for r in refs)
 
     def submit(self, batch: pa.RecordBatch) -> int:
         """Accept one batch from a client shard (or upstream hop); returns reports pooled."""
@@ -61,10 +83,17 @@ class ShufflerImpl:
         return list(self.pool.release())
 
     def release_refs(self) -> list:
+        if self._dist is not None:
+            return self._dist.release()
+        return self._release_local_refs()
+
+    def _release_local_refs(self) -> list:
         """Like :meth:`release`, but each batch goes to the object store as it is made."""
         return [ray.put(b) for b in self.pool.release()]
 
     def stats(self) -> dict:
+        if self._dist is not None:
+            return self._dist.stats()
         out = self.pool.stats()
         if self._peeler is not None:
             out["onion_layer"] = self._peeler.keypair.layer

@@ -147,7 +147,11 @@ class ProtocolSession:
             if cfg.shuffle.min_senders is not None:
                 floor = max(floor, int(cfg.shuffle.min_senders))
             hops = self._shufflers(floor)
-            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0)
+            expected = self.num_clients * float(mechanism.describe().get(
+                "messages_per_client_expected", 1.0))
+            distributed = (cfg.shuffle.distributed_above is not None and not cfg.shuffle.onion_layers
+                           and expected > cfg.shuffle.distributed_above)
+            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed)
                      for i, h in enumerate(hops)])
             if cfg.shuffle.onion_layers:
                 hop_keys = tuple(ray.get([h.public_key.remote() for h in hops]))
@@ -194,6 +198,7 @@ class ProtocolSession:
     def _stream_clients(self, spec_ref, sink, say) -> None:
         """One driver thread per shard forwards its batch refs to ``sink`` as they appear."""
         cl = self.cfg.cluster
+        is_shuffler = sink is not self.server
         total, done = self.num_clients, [0]
         lock, errors = threading.Lock(), []
         last = [time.perf_counter()]
@@ -207,7 +212,8 @@ class ProtocolSession:
                     ).remote(spec_ref, int(cl.batch_clients))
                     sent = 0
                     for ref in gen:
-                        ray.get(sink.submit.remote(ref))
+                        ray.get(sink.submit_refs.remote([ref]) if is_shuffler
+                                else sink.submit.remote(ref))
                         sent += 1
                         with lock:
                             done[0] += min(int(cl.batch_clients), self.shard_clients[i])
