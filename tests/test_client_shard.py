@@ -1,57 +1,70 @@
-"""ClientShard logic (run in-process): retries and restarts never re-randomize."""
+"""ClientShard logic (in-process): retries and restarts never re-randomize, ids are stable,
+records are loaded by the shard from its source spec, dropout removes whole clients."""
 import numpy as np
 
 from actors.client_shard import ClientShardImpl
+from rknn_ray.client_step import RoundSpec
+from rknn_ray.data.sources import ShardRecords, SyntheticClientsSource
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.represent import RawEncoder
 from sealing.envelope import RoundContext, from_arrow
 from server.keys import ServerKeyPair
 from server.opening import ReportOpener
 
-
-def _shard(secret, seed=0, n=300):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 4)).astype(np.float32)
-    y = rng.integers(0, 3, n)
-    return ClientShardImpl(0, x, y, np.arange(n), secret), x
+SOURCE = SyntheticClientsSource(0, 300, num_classes=3, dim=4, seed=1)
 
 
-def _open(batches, keys, ctx, size):
-    opener = ReportOpener(keys, ctx, payload_len=size)
-    return np.concatenate([opener.open_batch(from_arrow(b)[0])[0] for b in batches])
+def _spec(keys, round_id=0, dropout=0.0, k=2):
+    x, _ = SOURCE.records(0, 300)
+    mech = build("local", "rr", MechanismParams(8, 3, k, 1.0))
+    return RoundSpec(RoundContext("job-r", round_id), mech, RawEncoder().fit(x), x[:8], k, 3,
+                     keys.public_bytes(), dropout=dropout)
 
 
-def test_retry_and_restart_resend_the_same_reports():
-    secret = b"s" * 32
-    shard, x = _shard(secret)
-    enc = RawEncoder().fit(x)
-    queries = x[:8]
-    mech = build("local", "rr", MechanismParams(8, 3, 2, 1.0))
-    keys, ctx = ServerKeyPair.generate(), RoundContext("job-r", 0)
-    args = (enc, queries, 2, 3, mech, ctx, keys.public_bytes(), 128)
-    first = shard.make_reports(*args)
-    assert shard.make_reports(*args) is first                 # a retried call: cached
-    restarted, _ = _shard(secret)                            # same constructor args
-    again = restarted.make_reports(*args)
-    p1 = _open(first, keys, ctx, mech.message_size)
-    p2 = _open(again, keys, ctx, mech.message_size)
-    np.testing.assert_array_equal(p1, p2)                    # same randomized reports
-    # ...but the next round, or another shard secret, draws fresh randomness
-    other, _ = _shard(b"t" * 32)
-    p3 = _open(other.make_reports(*args), keys, ctx, mech.message_size)
-    assert not np.array_equal(p1, p3)
-    ctx1 = RoundContext("job-r", 1)
-    p4 = _open(shard.make_reports(enc, queries, 2, 3, mech, ctx1, keys.public_bytes(), 128),
-               keys, ctx1, mech.message_size)
-    assert not np.array_equal(p1, p4)
+def _open(batches, keys, spec):
+    opener = ReportOpener(keys, spec.ctx, spec.mechanism.message_size)
+    out = [opener.open_batch(from_arrow(b)[0]) for b in batches]
+    return np.concatenate([o.payloads for o in out]), np.concatenate([o.report_ids for o in out])
+
+
+def test_retry_and_restart_resend_the_same_reports_and_ids():
+    keys = ServerKeyPair.generate()
+    spec = _spec(keys)
+    shard = ClientShardImpl(0, SOURCE, b"s" * 32)
+    first = list(shard.stream_reports(spec, 128))
+    assert len(first) == 3                                     # 128 + 128 + 44 clients
+    again = list(shard.stream_reports(spec, 128))             # a retried call
+    restarted = list(ClientShardImpl(0, SOURCE, b"s" * 32).stream_reports(spec, 128))
+    p1, i1 = _open(first, keys, spec)
+    for other in (again, restarted):
+        p, i = _open(other, keys, spec)
+        np.testing.assert_array_equal(p, p1)                   # same randomized reports
+        np.testing.assert_array_equal(i, i1)                   # ... and the same report ids
+        assert not np.array_equal(from_arrow(other[0])[0], from_arrow(first[0])[0])  # fresh sealing
+    # ...but another shard secret, or the next round, draws fresh randomness and ids
+    p3, i3 = _open(list(ClientShardImpl(0, SOURCE, b"t" * 32).stream_reports(spec, 128)), keys, spec)
+    assert not np.array_equal(p1, p3) and not set(i1.tolist()) & set(i3.tolist())
+    spec1 = _spec(keys, round_id=1)
+    p4, i4 = _open(list(shard.stream_reports(spec1, 128)), keys, spec1)
+    assert not np.array_equal(p1, p4) and not set(i1.tolist()) & set(i4.tolist())
 
 
 def test_dropout_removes_whole_clients_deterministically():
-    shard, x = _shard(b"d" * 32)
-    enc = RawEncoder().fit(x)
-    mech = build("local", "rr", MechanismParams(8, 3, 1, 1.0))
-    keys, ctx = ServerKeyPair.generate(), RoundContext("job-d", 0)
-    batches = shard.make_reports(enc, x[:8], 1, 3, mech, ctx, keys.public_bytes(), 100,
-                                 None, None, 0.3)
-    senders = np.concatenate([from_arrow(b)[1] for b in batches])
+    keys = ServerKeyPair.generate()
+    spec = _spec(keys, dropout=0.3)
+    shard = ClientShardImpl(0, SOURCE, b"d" * 32)
+    senders = np.concatenate([from_arrow(b)[1] for b in shard.stream_reports(spec, 100)])
     assert 150 < senders.size < 270 and np.unique(senders).size == senders.size
+    again = np.concatenate([from_arrow(b)[1] for b in shard.stream_reports(spec, 100)])
+    np.testing.assert_array_equal(senders, again)
+
+
+def test_sources_load_the_same_records_in_any_batching():
+    x1, y1 = SOURCE.records(0, 300)
+    x2 = np.concatenate([SOURCE.records(a, min(300, a + 70))[0] for a in range(0, 300, 70)])
+    np.testing.assert_array_equal(x1, x2)
+    assert np.bincount(y1, minlength=3).min() > 60
+    recs = ShardRecords(x1[::-1].copy(), y1[::-1].copy(), np.arange(300)[::-1] // 2)
+    batches = list(recs.batches(40))
+    assert recs.num_clients == 150 and recs.max_records_per_client == 2
+    assert [len(np.unique(b[2])) for b in batches] == [40, 40, 40, 30]   # whole clients per batch
