@@ -27,12 +27,12 @@ from server.keys import ServerKeyPair
 from server.opener_pool import OpenerPool
 
 
-OPEN_CHUNK = 65536      # rows per opener task: big batches (a distributed shuffle's) are split
+OPEN_CHUNK = 8192       # rows per opener task: batches are split so every opener stays busy
 
 
 class ServerImpl:
     def __init__(self, job_id: str, key_file: str | None = None, openers: int = 0,
-                 window: int = 8):
+                 window: int = 16):
         self.job_id = job_id
         self._keys = ServerKeyPair.load(key_file) if key_file else ServerKeyPair.generate()
         self._guard = ReplayGuard(ID_LEN)          # report ids, across every round of the job

@@ -160,20 +160,47 @@ def run_inprocess(clients: int, batch: int) -> dict:
             "message_size": mech.message_size, "cores": 1, "spilled_mb": 0.0}
 
 
-def _spilled_mb() -> float:
-    import ray
-    try:
-        from ray._private.internal_api import memory_summary
-        text = memory_summary(stats_only=True)
-    except Exception:  # noqa: BLE001 - the summary is best effort
-        return float("nan")
-    for line in text.splitlines():
-        if line.strip().startswith("Spilled"):
-            return float(line.split()[1])
-    return 0.0 if ray.is_initialized() else float("nan")
+class StoreSampler:
+    """What Ray wrote to disk: spilled MiB (cumulative) and peak fallback-mmap MiB, sampled."""
+
+    def __init__(self, period: float = 2.0):
+        self.period, self.spilled, self.fallback_peak = period, 0.0, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        try:
+            from ray._private.internal_api import memory_summary
+            text = memory_summary(stats_only=True)
+        except Exception:  # noqa: BLE001 - best effort: the cluster may be shutting down
+            return
+        for line in text.splitlines():
+            words = line.strip().split()
+            if line.strip().startswith("Spilled"):
+                self.spilled = max(self.spilled, float(words[1]))
+            elif line.strip().startswith("Plasma filesystem mmap usage"):
+                self.fallback_peak = max(self.fallback_peak, float(words[4]))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    @property
+    def on_disk_mb(self) -> float:
+        return self.spilled + self.fallback_peak
 
 
-def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | None) -> dict:
+def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | None,
+               distributed_above: int | None = 5_000_000) -> dict:
     import ray
 
     from jobs.progress import Progress
@@ -193,30 +220,34 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
         encoder, qs, mech = _public_setup(clients)
         cfg = load_config(None, ["privacy.model=shuffle", "privacy.mechanism=collision",
                                  "privacy.delta=1e-6", f"cluster.shards={shards}",
-                                 f"cluster.batch_clients={batch}", "run.progress=false"])
+                                 f"cluster.batch_clients={batch}", "run.progress=false",
+                                 f"shuffle.distributed_above={distributed_above}"])
         cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
         sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
                    for a, b in zip(cuts[:-1], cuts[1:])]
         t0 = time.perf_counter()
-        with ProtocolSession(cfg, sources, "scale-bench", progress=Progress(False)) as session:
-            start = time.perf_counter() - t0
-            res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+        with StoreSampler() as store:
+            with ProtocolSession(cfg, sources, "scale-bench", progress=Progress(False)) as session:
+                start = time.perf_counter() - t0
+                res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+            wall = time.perf_counter() - t_all
         stages = {"setup": start, **res.timings}
-        wall = time.perf_counter() - t_all
-        spilled = _spilled_mb()
+        spilled = store.on_disk_mb
     finally:
         ray.shutdown()
     return {"wall_s": wall, "stages_s": stages, "senders": res.shuffler["senders"],
+            "shuffle_mode": res.shuffler["hops"][0].get("mode", "in-process"),
             "messages": res.messages, "rejected": res.rejected, "counts": res.counts,
             "eps0": mech.local_eps, "eps": res.guarantee.eps, "qs": qs,
             "message_size": mech.message_size, "cores": cores, "spilled_mb": spilled}
 
 
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
-        object_store_mb: int | None = None) -> dict:
+        object_store_mb: int | None = None, distributed_above: int | None = 5_000_000) -> dict:
     from sealing.envelope import crypto_floor_seconds
     with MemorySampler() as mem:
-        res = (run_actors(clients, batch, shards, object_store_mb) if protocol == "actors"
+        res = (run_actors(clients, batch, shards, object_store_mb, distributed_above)
+               if protocol == "actors"
                else run_inprocess(clients, batch))
     floor = crypto_floor_seconds(clients, res["message_size"]) + \
         opening_floor_seconds(clients, res["message_size"])
@@ -228,6 +259,7 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
             "peak_rss_mb": mem.peak, "spilled_mb": res["spilled_mb"],
             "senders": res["senders"], "messages": res["messages"], "rejected": res["rejected"],
             "eps0": res["eps0"], "eps": res["eps"], "object_store_mb": object_store_mb,
+            "shuffle_mode": res.get("shuffle_mode", "in-process"),
             "max_abs_count_error": float(err.max()), "mean_abs_count_error": float(err.mean())}
 
 
@@ -239,10 +271,13 @@ def main(argv=None) -> int:
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--object-store-mb", type=int, default=None,
                     help="cap Ray's object store (MB) so large rounds must spill")
+    ap.add_argument("--distributed-above", type=int, default=5_000_000,
+                    help="messages above which the shuffle runs distributed (shuffle.distributed_above)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)
-    res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb)
+    res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb,
+              args.distributed_above)
     if args.out:
         from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-{args.protocol}-{args.clients}.json"), res)

@@ -38,7 +38,7 @@ DEFAULTS: dict = {
     "student": {"epochs": 30, "batch_size": 64, "lr": 0.001, "weight_decay": 0.0,
                 "num_workers": 2, "use_gpu": None, "arch": "auto", "augment": "none"},
     "cluster": {"shards": 2, "batch_clients": 20000, "shard_cpus": 0.5, "server_cpus": 0.25,
-                "shuffler_cpus": 0.25, "openers": None, "window": 8},
+                "shuffler_cpus": 0.25, "openers": None, "window": 16},
     "rounds": {"count": 1, "budget_split": "even", "query_selection": "farthest"},
 }
 

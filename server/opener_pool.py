@@ -10,6 +10,7 @@ the children die with the actor. ``processes=0`` opens in the calling process
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
@@ -29,6 +30,15 @@ def _child_init(raw_private_key: bytes) -> None:
     _CHILD_KEY = ServerKeyPair(X25519PrivateKey.from_private_bytes(raw_private_key))
 
 
+def _child_warm() -> int:
+    """Import what opening and decoding need, so the first real batch does not pay for it."""
+    import time
+
+    import rknn_ray.mechanisms  # noqa: F401  (registers every mechanism: scipy, dp_accounting)
+    time.sleep(0.2)             # keep this worker busy so the pool starts the next one too
+    return os.getpid()
+
+
 def _child_open(ctx: RoundContext, mechanism: Mechanism, ciphertexts: np.ndarray) -> OpenedBatch:
     opener = ReportOpener(_CHILD_KEY, ctx, mechanism.message_size)
     return open_and_check(opener, mechanism, ciphertexts)
@@ -46,6 +56,8 @@ class OpenerPool:
             raw = keypair.raw_private_bytes()
             self._executor = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("spawn"),
                                                  initializer=_child_init, initargs=(raw,))
+            for _ in range(self.processes):     # start and warm every child now, not mid-round
+                self._executor.submit(_child_warm)
 
     def begin_round(self, ctx: RoundContext, mechanism: Mechanism) -> None:
         self._ctx, self._mechanism = ctx, mechanism
