@@ -36,7 +36,7 @@ NUM_CLASSES, DIM, S = 10, 32, 10
 class MemorySampler:
     """Peak of the summed PSS of this process tree, sampled every ``period`` seconds."""
 
-    def __init__(self, period: float = 0.5):
+    def __init__(self, period: float = 1.0):
         import psutil
         self._psutil, self.period, self.peak = psutil, period, 0.0
         self._stop = threading.Event()
