@@ -21,8 +21,9 @@ import yaml
 
 from rknn_ray import __version__
 from rknn_ray.config import load_config
-from rknn_ray.errors import RknnError
-from rknn_ray.runio import prepare_run_dir, write_json, write_parquet, write_text
+from rknn_ray.errors import PrivacyBudgetError, RknnError
+from rknn_ray.errors import ConfigError
+from rknn_ray.runio import mark_incomplete, prepare_run_dir, write_json, write_parquet, write_text
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -34,53 +35,109 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="override a config value, e.g. --set privacy.eps=0.5 (repeatable)")
     ap.add_argument("--out", default=None, help="run folder (default runs/<name>-<time>)")
     ap.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    ap.add_argument("--resume", metavar="RUN", default=None,
+                    help="finish a run folder whose release.npz exists (labels, student, report) "
+                         "with its own config.yaml: no new private round, no budget spent")
     ap.add_argument("--key-file", default=None,
                     help="server X25519 key file (default: a fresh key pair per job)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--ledger", default=None,
+                    help="privacy ledger (SQLite) that keeps each dataset's budget across jobs "
+                         "(default: $RKNN_RAY_LEDGER or ~/.local/share/rknn-ray/ledger.sqlite)")
     return ap.parse_args(argv)
 
 
 def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
-        shard_faults: dict | None = None) -> dict:
+        shard_faults: dict | None = None, ledger_path: str | None = None,
+        resume: bool = False) -> dict:
     """Run the job for a validated ``cfg`` into the prepared ``out_dir``; returns the report.
 
     ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
-    for the whole job); each round spends its share of ``privacy.eps`` and is one
-    ledger entry, and the ledger refuses any round that would exceed ``privacy.eps``.
+    for the whole job); each round spends its share of ``privacy.eps``, is one ledger
+    entry, and is saved to ``release.npz`` the moment it is released. ``resume=True``
+    finishes labels, student and report from the saved release without a new private
+    round (and without touching the budget). A failure leaves ``incomplete.json``.
+    """
+    from jobs.progress import Progress
+    from jobs.release_file import load_release
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
+    from rknn_ray.errors import DataError
+    from rknn_ray.pipeline import fit_queries, prepare_data
+
+    progress = progress or Progress(cfg.run.progress)
+    with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
+        data = prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
+    sp = data.splits
+    store = BudgetStore(ledger_path)
+    identity, described = dataset_identity(cfg, sp.private_x, sp.private_y, data.client_ids)
+    if resume:
+        encoder, public_emb, _ = fit_queries(cfg, data)        # public only, deterministic
+        job_id, saved_identity, rounds, query_sets = load_release(out_dir, public_emb)
+        if saved_identity != identity:
+            raise DataError(f"{out_dir}/release.npz was released from other private data than "
+                            f"this config loads ({saved_identity} vs {identity}). Fix: resume with "
+                            "the run folder's own config.yaml, unchanged")
+        ledger = PrivacyLedger(accountant=cfg.privacy.accountant)
+        for t, r in enumerate(rounds):
+            ledger.record(r.guarantee, round_id=t, event=r.event, messages=r.messages,
+                          clients=r.clients)
+        budget = store.budget(identity) or (float("nan"), float("nan"))
+        progress.say(f"resuming from release.npz: {len(rounds)} round(s) already released; "
+                     "no new private round, no budget spent")
+    else:
+        from jobs.protocol import new_job_id
+        job_id = new_job_id()
+        p = cfg.privacy
+        # the budget lasts across jobs: reserve this job's whole spend before anything randomizes
+        budget = store.reserve(identity, described, job_id, p.eps, p.delta,
+                               (p.budget_eps or p.eps, p.budget_delta if p.budget_delta is not None
+                                else p.delta))
+        progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
+                     f"this job reserved eps={p.eps:g} (ledger {store.path})")
+        write_text(os.path.join(out_dir, "config.yaml"),
+                   yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
+                     f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+        with progress.stage("queries", f"encoder + k-means: s = {cfg.queries.s} queries"):
+            encoder, public_emb, first_qs = fit_queries(cfg, data)
+        rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,
+                                                     store, identity, job_id, out_dir, key_file,
+                                                     progress, shard_faults)
+    return _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
+                   described, budget, job_id, out_dir, progress)
+
+
+def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, job_id, out_dir,
+                    key_file, progress, shard_faults):
+    """The only phase that touches private data: T rounds on one ProtocolSession.
+
+    Each release is committed to the persistent ledger and saved to release.npz at once.
+    On a failure the job's unreleased reservation is returned, unless the failure came
+    where a release may already have happened (then it stays counted).
     """
     import ray
 
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession, new_job_id
+    from jobs.protocol import ProtocolSession
     from jobs.ray_env import ensure_ray
+    from jobs.release_file import save_release
     from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.accounting.events import event_to_dict
     from rknn_ray.mechanisms import build
-    from rknn_ray.mechanisms.central import central_error_bound
-    from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers, fit_queries,
-                                   mechanism_params, prepare_data, round_budgets)
-    from rknn_ray.plots import run_summary_png
-    from rknn_ray.queries import NEXT_ROUND_SELECTORS, union_of_rounds
-    from rknn_ray.student import StudentConfig, train_student
+    from rknn_ray.pipeline import dataset_sources, mechanism_params, round_budgets
+    from rknn_ray.queries import NEXT_ROUND_SELECTORS
 
-    progress = progress or Progress(cfg.run.progress)
-    job_id = new_job_id()
-    with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
-        data = prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
-    write_text(os.path.join(out_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    sp = data.splits
-    progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
-                 f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-    with progress.stage("queries", f"encoder + k-means: s = {cfg.queries.s} queries"):
-        encoder, public_emb, first_qs = fit_queries(cfg, data)
     p = cfg.privacy
     budget_eps = p.eps if p.budget_eps is None else min(p.budget_eps, p.eps)
     budget_delta = p.delta if p.budget_delta is None else min(p.budget_delta, p.delta)
     ledger = PrivacyLedger(budget_eps=budget_eps, budget_delta=budget_delta or None,
                            accountant=p.accountant)
     budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
-    started = ensure_ray()
     rounds, query_sets = [], []
+    released = False
+    started = False
     try:
+        started = ensure_ray()
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
             session = ProtocolSession(cfg, dataset_sources(cfg, data), job_id, key_file, progress,
                                       shard_faults)
@@ -96,31 +153,76 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                                                                          delta=delta_t))
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
                                     f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
-                    rounds.append(session.run_round(t, mechanism, encoder, qs.features, ledger))
+                    try:
+                        rounds.append(session.run_round(t, mechanism, encoder, qs.features, ledger))
+                    except PrivacyBudgetError:      # refused before the server released anything
+                        raise
+                    except BaseException:
+                        released = True             # the server may have drawn its noise
+                        raise
                 query_sets.append(qs)
-        all_qs = union_of_rounds(public_emb, query_sets)
-        counts = np.concatenate([r.counts for r in rounds])
-        with progress.stage("labels", "labels from the released counts"):
-            lab = derive_labels(counts, all_qs, sp.public_y, cfg.labels.type)
-        progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
-        ref = exact = None
-        if cfg.run.diagnostics:     # simulation only: exact private counts, never released
-            exact = np.concatenate([exact_answers(encoder, data, q, cfg.rknn.k).counts()
-                                    for q in query_sets])
-            ref = derive_labels(exact.astype(float), all_qs, sp.public_y, cfg.labels.type)
-            progress.say(f"[diagnostics, NOT private] non-private label accuracy "
-                         f"{ref.label_accuracy:.4f}")
-        st = cfg.student
-        scfg = StudentConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
-                             weight_decay=st.weight_decay, num_workers=st.num_workers,
-                             use_gpu=st.use_gpu, label_type=cfg.labels.type,
-                             seed=cfg.run.seed, arch=st.arch, augment=st.augment)
-        if cfg.labels.train_on == "queries":
-            train_x, targets = sp.public_x[all_qs.public_index], \
-                (lab.query_soft if scfg.label_type == "soft" else lab.query_labels)
-            weight = lab.query_weight if scfg.label_type == "soft" else None
-        else:
-            train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
+                store.commit_round(identity, job_id, t, rounds[-1].guarantee.eps,
+                                   rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event))
+                save_release(out_dir, job_id, identity, rounds, query_sets)
+    except BaseException as exc:
+        what = f"job failed ({type(exc).__name__}: {_first_line(exc)})"
+        if released:
+            store.mark_failed(identity, job_id, what + "; reservation kept: a release may have "
+                              "happened")
+        else:                   # every round so far is committed; nothing else can be out
+            store.close_job(identity, job_id, what + f"; {len(rounds)} round(s) released, the "
+                            "rest of the reservation returned")
+        raise
+    finally:
+        if started:
+            ray.shutdown()
+    store.close_job(identity, job_id, f"job finished: {len(rounds)} round(s) released")
+    return rounds, query_sets, ledger
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
+            described, budget, job_id, out_dir, progress) -> dict:
+    """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
+    import ray
+
+    from jobs.ray_env import ensure_ray
+    from rknn_ray.mechanisms.central import central_error_bound
+    from rknn_ray.pipeline import derive_labels, exact_answers
+    from rknn_ray.plots import run_summary_png
+    from rknn_ray.queries import union_of_rounds
+    from rknn_ray.student import StudentConfig, train_student
+
+    sp = data.splits
+    all_qs = union_of_rounds(public_emb, query_sets)
+    counts = np.concatenate([r.counts for r in rounds])
+    with progress.stage("labels", "labels from the released counts"):
+        lab = derive_labels(counts, all_qs, sp.public_y, cfg.labels.type)
+    progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
+    ref = exact = None
+    if cfg.run.diagnostics:     # simulation only: exact private counts, never released
+        exact = np.concatenate([exact_answers(encoder, data, q, cfg.rknn.k).counts()
+                                for q in query_sets])
+        ref = derive_labels(exact.astype(float), all_qs, sp.public_y, cfg.labels.type)
+        progress.say(f"[diagnostics, NOT private] non-private label accuracy "
+                     f"{ref.label_accuracy:.4f}")
+    st = cfg.student
+    scfg = StudentConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
+                         weight_decay=st.weight_decay, num_workers=st.num_workers,
+                         use_gpu=st.use_gpu, label_type=cfg.labels.type,
+                         seed=cfg.run.seed, arch=st.arch, augment=st.augment)
+    if cfg.labels.train_on == "queries":
+        train_x, targets = sp.public_x[all_qs.public_index], \
+            (lab.query_soft if scfg.label_type == "soft" else lab.query_labels)
+        weight = lab.query_weight if scfg.label_type == "soft" else None
+    else:
+        train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
+    started = ensure_ray()
+    try:
         with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
                             f"{st.epochs} epochs on {len(train_x)} labelled samples"):
             student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
@@ -129,10 +231,10 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                                     progress=lambda row: progress.say(
                                         "  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
                                                                else f"{k} {v}" for k, v in row.items())))
-        progress.say(f"student test accuracy {student.test_accuracy:.4f}")
     finally:
         if started:
             ray.shutdown()
+    progress.say(f"student test accuracy {student.test_accuracy:.4f}")
 
     truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
     g = rounds[-1].guarantee
@@ -148,7 +250,11 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,
                     "delta": delta_spent, "unit": g.unit, "neighbour": g.neighbour,
                     "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
-                    "details": [r.mechanism for r in rounds]},
+                    "details": [r.mechanism for r in rounds],
+                    "budget": {"dataset": identity, "description": described,
+                               "eps": budget[0], "delta": budget[1],
+                               "spent_eps": store.spent(identity).eps, "ledger": store.path},
+                    "release_file": "release.npz"},
         "counts": {"clients": data.num_clients, "records": int(len(sp.private_y)),
                    "queries": all_qs.size, "public": int(len(sp.public_y)),
                    "evaluation": int(len(sp.eval_y)),
@@ -185,6 +291,8 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                                                   student.history, ref, exact, truth_q,
                                                   correct, bound, len(sp.public_y))
     write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
+    if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
+        os.unlink(os.path.join(out_dir, "incomplete.json"))
     return report
 
 
@@ -230,16 +338,46 @@ def _sum_dicts(dicts) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    out, created = None, False
     try:
-        cfg = load_config(args.config, args.overrides)
+        if args.resume:
+            out = os.path.abspath(args.resume)
+            if not os.path.isfile(os.path.join(out, "release.npz")):
+                raise ConfigError("--resume", f"{out} has no release.npz",
+                                  "resume a run folder whose private round finished")
+            if os.path.exists(os.path.join(out, "report.json")):
+                raise ConfigError("--resume", f"{out} is already complete (report.json)",
+                                  "nothing to resume; start a new run instead")
+            cfg = load_config(os.path.join(out, "config.yaml"), args.overrides)
+        else:
+            cfg = load_config(args.config, args.overrides)
         if args.quiet:
             cfg = cfg.with_overrides(["run.progress=false"])
-        out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-        out = prepare_run_dir(out, overwrite=args.overwrite)
-        report = run(cfg, out, key_file=args.key_file)
-    except RknnError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        if not args.resume:
+            out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            created = not os.path.exists(out)
+            out = prepare_run_dir(out, overwrite=args.overwrite)
+        report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
+                     resume=bool(args.resume))
+    except (RknnError, KeyboardInterrupt, Exception) as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        message = "interrupted (SIGINT)" if interrupted else f"{type(exc).__name__}: {exc}"
+        print(f"error: {message}" if isinstance(exc, RknnError) or interrupted
+              else f"error: the job failed: {message}", file=sys.stderr)
+        if out and os.path.isdir(out):
+            if created and not os.listdir(out):
+                os.rmdir(out)                 # leave no empty run folder behind
+            elif not os.path.exists(os.path.join(out, "report.json")):
+                released = os.path.exists(os.path.join(out, "release.npz"))
+                mark_incomplete(out, message, release_saved=released,
+                                next_step=(f"python -m jobs.distill --resume {out}" if released
+                                           else "nothing was released; fix the cause and re-run"))
+                print(f"run folder {out} is marked incomplete (incomplete.json); "
+                      + (f"its release is saved: finish it with --resume {out}" if released
+                         else "nothing was released"), file=sys.stderr)
+        if not isinstance(exc, (RknnError, KeyboardInterrupt)):
+            raise
+        return 130 if interrupted else 2
     acc, p = report["accuracy"], report["privacy"]
     print(f"run folder: {out}")
     print(f"{p['model']}/{p['mechanism']} eps={p['eps']:.4g} delta={p['delta']:.3g} "

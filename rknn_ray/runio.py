@@ -16,6 +16,10 @@ import numpy as np
 from rknn_ray.errors import ConfigError
 
 RUN_MARKER = "report.json"
+INCOMPLETE_MARKER = "incomplete.json"
+#: What a run writes: cleared by --overwrite so no file of the old run sits beside the new config.
+RUN_FILES = ("report.json", "ledger.json", "labels.parquet", "release.npz", "summary.png",
+             "student.pt", "history.json", "config.yaml", INCOMPLETE_MARKER)
 
 
 @contextlib.contextmanager
@@ -75,5 +79,17 @@ def prepare_run_dir(path: str, overwrite: bool = False) -> str:
         if not os.path.exists(os.path.join(path, RUN_MARKER)) and not overwrite:
             raise ConfigError("--out", f"{path} exists and is not empty",
                               "choose a new or empty --out folder, or pass --overwrite")
+    if overwrite and os.path.isdir(path):
+        import shutil
+        for name in RUN_FILES:
+            if os.path.isfile(os.path.join(path, name)):
+                os.unlink(os.path.join(path, name))
+        shutil.rmtree(os.path.join(path, "diagnostics"), ignore_errors=True)
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def mark_incomplete(path: str, reason: str, **facts) -> None:
+    """Say in the run folder that this run did not finish, and why (report.json is never written)."""
+    write_json(os.path.join(path, INCOMPLETE_MARKER),
+               {"status": "incomplete", "reason": reason, **facts})

@@ -6,6 +6,14 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def isolated_privacy_ledger(tmp_path, monkeypatch):
+    """Every test gets its own persistent privacy ledger (never the user's)."""
+    path = tmp_path / "privacy-ledger.sqlite"
+    monkeypatch.setenv("RKNN_RAY_LEDGER", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

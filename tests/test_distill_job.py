@@ -93,3 +93,31 @@ def test_bad_input_fails_fast_with_a_fix(tmp_path, capsys, override, needle):
     err = capsys.readouterr().err
     assert code == 2 and needle in err and ("Fix" in err or "fix" in err or "install" in err)
     assert not (out / "report.json").exists()
+
+
+def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new_round(
+        ray_session, tmp_path, monkeypatch, isolated_privacy_ledger):
+    """SIGINT during the student: the release is already saved and in the persistent ledger;
+    the folder says incomplete; --resume finishes it and spends nothing more."""
+    import rknn_ray.student
+    from rknn_ray.accounting.budget_store import BudgetStore
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(rknn_ray.student, "train_student", interrupted)
+    code, out = _run(tmp_path, "cut", "digits_central.yaml", "run.rng=seeded")
+    assert code == 130
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert marker["release_saved"] is True and "--resume" in marker["next_step"]
+    assert not (out / "report.json").exists() and (out / "release.npz").exists()
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    assert dataset["spent"]["eps"] == pytest.approx(1.0) and dataset["released"] == 1
+    monkeypatch.undo()
+    monkeypatch.setenv("RKNN_RAY_LEDGER", str(isolated_privacy_ledger))
+    assert main(["--resume", str(out), "--quiet", "--set", "student.epochs=1"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["privacy"]["eps"] == pytest.approx(1.0) and len(report["privacy"]["rounds"]) == 1
+    assert not (out / "incomplete.json").exists()
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    assert dataset["spent"]["eps"] == pytest.approx(1.0) and dataset["released"] == 1
+    assert main(["--resume", str(out), "--quiet"]) == 2                 # complete: nothing to do

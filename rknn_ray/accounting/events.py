@@ -71,3 +71,17 @@ def event_to_dict(event) -> dict | None:
     if attr.has(type(event)):
         return {"type": type(event).__name__, **attr.asdict(event, recurse=False)}
     return {"type": type(event).__name__, "repr": repr(event)}
+
+
+def event_from_dict(d: dict | None):
+    """Inverse of :func:`event_to_dict` for the events this project writes (resume from a release)."""
+    if d is None:
+        return None
+    if d["type"] == "ComposedDpEvent":
+        return dp_event.ComposedDpEvent([event_from_dict(e) for e in d["events"]])
+    known = {c.__name__: c for c in (LocalRandomizerDpEvent, ShuffledLocalDpEvent,
+                                     MultiMessageShuffleDpEvent, ApproxDpEvent,
+                                     dp_event.DiscreteLaplaceDpEvent, dp_event.LaplaceDpEvent)}
+    if d["type"] not in known:
+        raise ValueError(f"cannot rebuild event type {d['type']!r} from a saved release")
+    return known[d["type"]](**{k: v for k, v in d.items() if k != "type"})

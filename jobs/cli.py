@@ -1,0 +1,23 @@
+"""The ``rknn-ray`` console script: run the job, or manage the privacy budgets.
+
+    rknn-ray --config FILE [--set k=v ...]      # = python -m jobs.distill
+    rknn-ray budget [list | set DATASET --eps X]  # = python -m jobs.budget
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "budget":
+        from jobs.budget import main as budget_main
+        return budget_main(argv[1:])
+    if argv and argv[0] == "run":
+        argv = argv[1:]
+    from jobs.distill import main as distill_main
+    return distill_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The released counts, saved the moment they are released: ``release.npz`` in the run folder.
+
+Written atomically after every round (counts, that round's queries, its guarantee and
+event, its counts of messages and rejects), so a job that fails after a release --
+in labeling, in the student, on an interrupt -- can be finished from the saved release
+with ``--resume RUN`` instead of spending budget on a new private round.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from rknn_ray.accounting.events import event_from_dict, event_to_dict
+from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.queries import QuerySet
+from rknn_ray.runio import atomic_path
+
+RELEASE_FILE = "release.npz"
+
+
+def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_sets: list) -> str:
+    """All rounds released so far (overwrites the previous file, atomically)."""
+    arrays = {}
+    meta = {"job_id": job_id, "dataset": dataset, "rounds": []}
+    for t, (r, q) in enumerate(zip(rounds, query_sets)):
+        arrays[f"counts_{t}"] = np.asarray(r.counts, np.float64)
+        arrays[f"query_features_{t}"] = np.asarray(q.features, np.float32)
+        arrays[f"query_public_index_{t}"] = np.asarray(q.public_index, np.int64)
+        meta["rounds"].append({"guarantee": r.guarantee.to_dict(), "event": event_to_dict(r.event),
+                               "mechanism": r.mechanism, "messages": r.messages,
+                               "received": r.received, "clients": r.clients,
+                               "rejected": r.rejected, "timings": r.timings,
+                               "shuffler": r.shuffler})
+    arrays["meta"] = np.array(json.dumps(meta, default=float))
+    path = os.path.join(out_dir, RELEASE_FILE)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return path
+
+
+def load_release(run_dir: str, public_emb: np.ndarray):
+    """(job_id, dataset identity, rounds as RoundResult, their QuerySets) from a run folder."""
+    from jobs.protocol import RoundResult
+    from rknn_ray.queries import nearest
+    path = os.path.join(run_dir, RELEASE_FILE)
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        rounds, query_sets = [], []
+        for t, m in enumerate(meta["rounds"]):
+            feats = z[f"query_features_{t}"]
+            _, assign = nearest(feats, public_emb, 1)
+            query_sets.append(QuerySet(feats, z[f"query_public_index_{t}"],
+                                       assign[:, 0].astype(np.int64), float("nan")))
+            rounds.append(RoundResult(z[f"counts_{t}"], Guarantee(**m["guarantee"]),
+                                      event_from_dict(m["event"]), m["mechanism"], m["messages"],
+                                      m["received"], m["clients"], m["rejected"], m["timings"],
+                                      m["shuffler"]))
+    return meta["job_id"], meta["dataset"], rounds, query_sets

@@ -1,0 +1,100 @@
+"""A budget that lasts across jobs: the SQLite ledger keyed by the private data's identity."""
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
+from rknn_ray.config import load_config
+from rknn_ray.errors import PrivacyBudgetError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_reserve_commit_close_and_refuse(tmp_path):
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    budget = store.reserve("ds1", "digits", "job-a", 1.0, 0.0, (1.5, 0.0))
+    assert budget == (1.5, 0.0) and store.spent("ds1").eps == pytest.approx(1.0)
+    store.commit_round("ds1", "job-a", 0, 0.5, 0.0, {"type": "DiscreteLaplaceDpEvent"})
+    assert store.spent("ds1").eps == pytest.approx(1.0)          # moved, not added
+    store.close_job("ds1", "job-a", "finished after one round")    # the unused 0.5 comes back
+    assert store.spent("ds1").eps == pytest.approx(0.5)
+    store.reserve("ds1", "digits", "job-b", 1.0, 0.0, (99.0, 0.0))  # budget was set once: 1.5
+    with pytest.raises(PrivacyBudgetError, match="budget set ds1"):
+        store.reserve("ds1", "digits", "job-c", 0.1, 0.0, (99.0, 0.0))
+    store.mark_failed("ds1", "job-b", "server died mid-round")     # a crash keeps it counted
+    assert store.spent("ds1").eps == pytest.approx(1.5)
+    with pytest.raises(PrivacyBudgetError, match="allow-lower"):
+        store.set_budget("ds1", 1.0, 0.0)
+    store.set_budget("ds1", 3.0, 0.0)
+    store.reserve("ds1", "digits", "job-d", 1.5, 0.0, (1.0, 0.0))
+    rows = store.datasets()
+    assert rows[0]["budget"]["eps"] == 3.0 and rows[0]["spent"]["eps"] == pytest.approx(3.0)
+    kinds = [r["status"] for r in rows[0]["releases"]]
+    assert kinds.count("released") == 1 and kinds.count("reserved") == 2
+
+
+def _racer(path, name, results):
+    try:
+        BudgetStore(path).reserve("ds", "race", name, 1.0, 0.0, (1.0, 0.0))
+        results.put("ok")
+    except PrivacyBudgetError:
+        results.put("refused")
+
+
+def test_two_jobs_at_once_cannot_both_fit_under_the_budget(tmp_path):
+    path = str(tmp_path / "race.sqlite")
+    BudgetStore(path).set_budget("ds", 1.0, 0.0, "race")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(path, f"job-{i}", results)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    outcomes = sorted(results.get(timeout=5) for _ in procs)
+    assert outcomes == ["ok", "refused", "refused", "refused"]
+
+
+def test_identity_follows_the_private_data_not_the_run():
+    cfg = load_config(None)
+    x, y, c = np.zeros((5, 3), np.float32), np.arange(5), np.arange(5)
+    a, desc = dataset_identity(cfg, x, y, c)
+    assert a == dataset_identity(cfg.with_overrides(["privacy.eps=3", "run.name=x"]), x, y, c)[0]
+    assert a != dataset_identity(cfg, x + 1, y, c)[0]                  # other records
+    assert a != dataset_identity(cfg.with_overrides(["run.seed=1"]), x, y, c)[0]   # other split
+    assert "digits" in desc
+
+
+def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_path,
+                                                              isolated_privacy_ledger):
+    from jobs.distill import main
+    common = ["--config", "jobs/configs/digits_central.yaml", "--quiet",
+              "--set", "privacy.budget_eps=1.5", "--set", "student.epochs=1",
+              "--set", "queries.restarts=1"]
+    assert main([*common, "--out", str(tmp_path / "first")]) == 0
+    report = json.loads((tmp_path / "first" / "report.json").read_text())
+    assert report["privacy"]["budget"]["eps"] == 1.5
+    assert report["privacy"]["budget"]["spent_eps"] == pytest.approx(1.0)
+    t0 = time.perf_counter()
+    second = subprocess.run([sys.executable, "-m", "jobs.distill", *common,
+                             "--out", str(tmp_path / "second")], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120,
+                            env={**os.environ, "RKNN_RAY_LEDGER": str(isolated_privacy_ledger)})
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert "privacy budget of eps=1.5" in second.stderr and "rknn-ray budget set" in second.stderr
+    assert "Started a local Ray instance" not in second.stderr       # refused before Ray starts
+    assert not (tmp_path / "second").exists()                          # and no empty folder
+    assert time.perf_counter() - t0 < 60
+    listed = subprocess.run([sys.executable, "-m", "jobs.cli", "budget", "list", "--json"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "RKNN_RAY_LEDGER": str(isolated_privacy_ledger)})
+    (dataset,) = json.loads(listed.stdout)
+    assert dataset["budget"]["eps"] == 1.5 and dataset["spent"]["eps"] == pytest.approx(1.0)
+    assert [r["status"] for r in dataset["releases"]] == ["unused", "released"]
+    assert dataset["releases"][1]["event"]["type"] == "DiscreteLaplaceDpEvent"
