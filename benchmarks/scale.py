@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from abc import ABC, abstractmethod
 import os
 import sys
 import threading
@@ -33,14 +34,40 @@ SEED = 0
 NUM_CLASSES, DIM, S = 10, 32, 10
 
 
-class MemorySampler:
-    """Peak of the summed PSS of this process tree, sampled every ``period`` seconds."""
+class Sampler(ABC):
+    """Calls ``sample()`` every ``period`` seconds in a thread, and once more at the end."""
+
+    def __init__(self, period: float):
+        self.period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @abstractmethod
+    def sample(self) -> None:
+        """Take one measurement."""
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.sample()
+
+    def __enter__(self):
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+class MemorySampler(Sampler):
+    """Peak of the summed PSS of this process tree."""
 
     def __init__(self, period: float = 1.0):
         import psutil
-        self._psutil, self.period, self.peak = psutil, period, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(period)
+        self._psutil, self.peak = psutil, 0.0
 
     def _total(self) -> float:
         me = self._psutil.Process()
@@ -52,18 +79,7 @@ class MemorySampler:
                 continue
         return total / 2 ** 20
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._total())
-            self._stop.wait(self.period)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
         self.peak = max(self.peak, self._total())
 
 
@@ -160,15 +176,14 @@ def run_inprocess(clients: int, batch: int) -> dict:
             "message_size": mech.message_size, "cores": 1, "spilled_mb": 0.0}
 
 
-class StoreSampler:
-    """What Ray wrote to disk: spilled MiB (cumulative) and peak fallback-mmap MiB, sampled."""
+class StoreSampler(Sampler):
+    """What Ray wrote to disk: spilled MiB (cumulative) and peak fallback-mmap MiB."""
 
     def __init__(self, period: float = 2.0):
-        self.period, self.spilled, self.fallback_peak = period, 0.0, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(period)
+        self.spilled, self.fallback_peak = 0.0, 0.0
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         try:
             from ray._private.internal_api import memory_summary
             text = memory_summary(stats_only=True)
@@ -180,19 +195,6 @@ class StoreSampler:
                 self.spilled = max(self.spilled, float(words[1]))
             elif line.strip().startswith("Plasma filesystem mmap usage"):
                 self.fallback_peak = max(self.fallback_peak, float(words[4]))
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            self._sample()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self._sample()
 
     @property
     def on_disk_mb(self) -> float:

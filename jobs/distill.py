@@ -20,7 +20,7 @@ import pyarrow as pa
 import yaml
 
 from rknn_ray import __version__
-from rknn_ray.config import load_config
+from rknn_ray.config import load_config, validate_resources
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.errors import ConfigError
 from rknn_ray.runio import mark_incomplete, prepare_run_dir, write_json, write_parquet, write_text
@@ -353,6 +353,11 @@ def main(argv=None) -> int:
             cfg = load_config(args.config, args.overrides)
         if args.quiet:
             cfg = cfg.with_overrides(["run.progress=false"])
+        if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
+            validate_resources(cfg, float(os.cpu_count() or 1))
+        if args.key_file:
+            from server.keys import check_key_file
+            check_key_file(args.key_file)
         if not args.resume:
             out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             created = not os.path.exists(out)

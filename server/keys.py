@@ -71,15 +71,7 @@ class ServerKeyPair:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ServerKeyPair":
         """Read a key file written by :meth:`save`; refuse one others can read."""
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError("server.key_file", f"no key file at {path}",
-                              "give the path of a file written by ServerKeyPair.save, or omit it "
-                              "to generate a fresh key for this job")
-        mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & 0o077:
-            raise ConfigError("server.key_file", f"{path} is accessible by others (mode {mode:o})",
-                              f"run: chmod 600 {path}")
+        path = check_key_file(path)
         try:
             key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         except (ValueError, TypeError) as exc:
@@ -89,3 +81,23 @@ class ServerKeyPair:
             raise ConfigError("server.key_file", f"{path} holds a {type(key).__name__}, not X25519",
                               "write it with ServerKeyPair.save")
         return cls(key)
+
+
+def check_key_file(path: str | os.PathLike) -> Path:
+    """The checks a key file must pass, without reading the key: the driver runs them before
+    Ray starts, so a wrong path or mode is a clear error, not a dead Server actor."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("--key-file", f"no key file at {path}",
+                          "give the path of a file written by ServerKeyPair.save, or omit it "
+                          "to generate a fresh key for this job")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise ConfigError("--key-file", f"{path} is accessible by others (mode {mode:o})",
+                          f"run: chmod 600 {path}")
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+    if not head.startswith(b"-----BEGIN PRIVATE KEY-----"):
+        raise ConfigError("--key-file", f"{path} is not a PEM private key file",
+                          "write it with ServerKeyPair.save")
+    return path

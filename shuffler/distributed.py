@@ -27,6 +27,7 @@ import ray
 
 from rknn_ray.errors import PrivacyBudgetError
 from sealing.envelope import from_arrow, to_arrow
+from shuffler.pool import round_width
 
 KEY_BYTES = 16
 TARGET_BUCKET_BYTES = 64 << 20
@@ -98,10 +99,7 @@ class DistributedShuffle:
         m, width = ct.shape
         if m == 0:
             return 0
-        if self._width is not None and width != self._width:
-            raise ValueError(f"report length {width} differs from this round's {self._width}: every "
-                             "report of a round is padded to one length")
-        self._width = width
+        self._width = round_width(self._width, width)
         self._sender_ids.append(np.array(senders, np.int64, copy=True))
         self._refs.append(ref)
         self._messages += m

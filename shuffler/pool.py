@@ -28,6 +28,14 @@ from rknn_ray.errors import PrivacyBudgetError
 from sealing.envelope import RoundContext, from_arrow, to_arrow
 
 
+def round_width(expected: int | None, width: int) -> int:
+    """Every report of a round has one length (sealed with one pad_to); the first sets it."""
+    if expected is not None and width != expected:
+        raise ValueError(f"report length {width} differs from this round's {expected}: every "
+                         "report of a round is padded to one length (seal with the same pad_to)")
+    return width
+
+
 def secure_permutation(n: int) -> np.ndarray:
     """A uniformly random permutation of ``range(n)`` keyed by ``os.urandom``.
 
@@ -87,10 +95,7 @@ class ShufflePool:
         m, width = ciphertexts.shape
         if m == 0:
             return 0
-        if self._width is not None and width != self._width:
-            raise ValueError(f"report length {width} differs from this round's {self._width}: every "
-                             "report of a round is padded to one length (seal with the same pad_to)")
-        self._width = width
+        self._width = round_width(self._width, width)
         self._chunks.append(np.array(ciphertexts, np.uint8, copy=True))   # own it; free Ray's buffer
         if not self.forwarded_input:
             self._sender_ids.append(np.array(senders, np.int64, copy=True))

@@ -86,13 +86,31 @@ def test_digits_shuffle_single_message_job(ray_session, tmp_path):
     ("queries.s=1000", "queries.s"),
     ("data.dataset=nope", "data.dataset"),
     ("data.data_root=/nonexistent", "fashion-mnist"),
+    ("cluster.shards=8", "cluster.shards"),
+    ("shuffle.dropout=1.5", "shuffle.dropout"),
+    ("student.arch=resnet999", "student.arch"),
 ])
 def test_bad_input_fails_fast_with_a_fix(tmp_path, capsys, override, needle):
     config = "fmnist_central.yaml" if "data_root" in override else "digits_central.yaml"
     code, out = _run(tmp_path, "bad", config, override)
     err = capsys.readouterr().err
     assert code == 2 and needle in err and ("Fix" in err or "fix" in err or "install" in err)
-    assert not (out / "report.json").exists()
+    assert not out.exists()                                  # no traceback, no empty folder
+
+
+def test_key_file_problems_are_caught_before_ray_starts(tmp_path, capsys):
+    key = tmp_path / "server.pem"
+    key.write_text("not a key")
+    key.chmod(0o644)
+    args = ["--config", "jobs/configs/digits_central.yaml", "--out", str(tmp_path / "k")]
+    assert main([*args, "--key-file", str(key)]) == 2
+    assert "chmod 600" in capsys.readouterr().err
+    key.chmod(0o600)
+    assert main([*args, "--key-file", str(key)]) == 2
+    assert "not a PEM private key" in capsys.readouterr().err
+    assert main([*args, "--key-file", str(tmp_path / "missing.pem")]) == 2
+    assert "no key file" in capsys.readouterr().err
+    assert not (tmp_path / "k").exists()
 
 
 def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new_round(
