@@ -49,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         shard_faults: dict | None = None, ledger_path: str | None = None,
-        resume: bool = False) -> dict:
+        resume: bool = False, party_faults: dict | None = None) -> dict:
     """Run the job for a validated ``cfg`` into the prepared ``out_dir``; returns the report.
 
     ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
@@ -103,13 +103,13 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
             encoder, public_emb, first_qs = fit_queries(cfg, data)
         rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,
                                                      store, identity, job_id, out_dir, key_file,
-                                                     progress, shard_faults)
+                                                     progress, shard_faults, party_faults)
     return _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
                    described, budget, job_id, out_dir, progress)
 
 
 def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, job_id, out_dir,
-                    key_file, progress, shard_faults):
+                    key_file, progress, shard_faults, party_faults=None):
     """The only phase that touches private data: T rounds on one ProtocolSession.
 
     Each release is committed to the persistent ledger and saved to release.npz at once.
@@ -118,7 +118,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     """
     import ray
 
-    from jobs.protocol import ProtocolSession
+    from jobs.protocol import PartyFailure, ProtocolSession
     from jobs.ray_env import ensure_ray
     from jobs.release_file import save_release
     from rknn_ray.accounting import PrivacyLedger
@@ -140,7 +140,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
         started = ensure_ray()
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
             session = ProtocolSession(cfg, dataset_sources(cfg, data), job_id, key_file, progress,
-                                      shard_faults)
+                                      shard_faults, party_faults)
         with session:
             for t, (eps_t, delta_t) in enumerate(budgets):
                 if t == 0:
@@ -157,8 +157,11 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                         rounds.append(session.run_round(t, mechanism, encoder, qs.features, ledger))
                     except PrivacyBudgetError:      # refused before the server released anything
                         raise
+                    except PartyFailure as exc:     # the party knows whether counts may be out
+                        released = exc.released
+                        raise
                     except BaseException:
-                        released = True             # the server may have drawn its noise
+                        released = True             # unknown: count it as released
                         raise
                 query_sets.append(qs)
                 store.commit_round(identity, job_id, t, rounds[-1].guarantee.eps,

@@ -43,7 +43,16 @@ SHARD_RETRIES = 2
 
 
 class PartyFailure(RknnError):
-    """A protocol party (shard, shuffler, server) died and the round could not finish."""
+    """A protocol party (shard, shuffler, server) died and the round could not finish.
+
+    ``released`` says whether the round's counts may have been released: only a Server
+    that dies while finalizing can have drawn its noise; a shard, a shuffler, or a
+    server that dies while opening leaves nothing released.
+    """
+
+    def __init__(self, message: str, party: str, released: bool = False):
+        super().__init__(message)
+        self.party, self.released = party, released
 
 
 @dataclass
@@ -83,8 +92,9 @@ class ProtocolSession:
     """The actors of one job (see module docstring); use as a context manager."""
 
     def __init__(self, cfg, sources: list, job_id: str, key_file: str | None = None,
-                 progress=None, shard_faults: dict | None = None):
+                 progress=None, shard_faults: dict | None = None, party_faults: dict | None = None):
         self.cfg, self.job_id, self.progress = cfg, job_id, progress
+        self.party_faults = dict(party_faults or {})
         cl = cfg.cluster
         seeded = cfg.run.rng == "seeded"
         self.server = Server.options(num_cpus=cl.server_cpus).remote(
@@ -101,7 +111,8 @@ class ProtocolSession:
             self.shard_clients = ray.get([s.num_clients.remote() for s in self.shards])
         except ray.exceptions.RayActorError as exc:
             self.close()
-            raise PartyFailure(_actor_death("a party failed to start", exc)) from None
+            raise PartyFailure(_actor_death("a party failed to start; nothing was released", exc),
+                               "startup") from None
         self.num_clients = int(sum(self.shard_clients))
 
     # ------------------------------------------------------------------ lifecycle
@@ -167,15 +178,17 @@ class ProtocolSession:
         shuffle_stats = None
         if hops:
             t1 = time.perf_counter()
+            self._inject("before_shuffle")
             refs, shuffle_stats = self._shuffle(hops, mechanism)
             timings["shuffle"] = time.perf_counter() - t1
             for ref in refs:                       # the Server's window bounds what is in flight
-                self._call(self.server.submit.remote(ref), "server")
+                self._call(self.server.submit.remote(ref), "server", released=False)
         n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
         guarantee, event = mechanism.guarantee(n), mechanism.event(n)   # from the n actually shuffled
         ledger.check(guarantee, event)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
-        out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server")
+        self._inject("before_finish")
+        out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
         timings["server_finalize"] = out["timings"].get("finalize", 0.0)
@@ -188,11 +201,23 @@ class ProtocolSession:
                            out["received"], self.num_clients, out["rejected"], timings,
                            shuffle_stats)
 
-    def _call(self, ref, party: str):
+    def _call(self, ref, party: str, released: bool):
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            raise PartyFailure(_actor_death(f"the {party} died", exc)) from None
+            what = ("the counts may have been released" if released
+                    else "nothing was released")
+            raise PartyFailure(_actor_death(f"the {party} died; {what}", exc), party,
+                               released) from None
+
+    def _inject(self, stage: str) -> None:
+        """Fault injection for tests (``party_faults={"stage": "party"}``): kill that actor here."""
+        party = self.party_faults.get(stage)
+        if party == "server":
+            ray.kill(self.server, no_restart=True)
+        elif party == "shuffler":
+            for hop in self.hops:
+                ray.kill(hop, no_restart=True)
 
     def _stream_clients(self, spec_ref, sink, say) -> None:
         """One driver thread per shard forwards its batch refs to ``sink`` as they appear."""
@@ -223,13 +248,15 @@ class ProtocolSession:
                 except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                     if attempt == SHARD_RETRIES:
                         errors.append(PartyFailure(_actor_death(
-                            f"client shard {i} died {attempt + 1} times", exc)))
+                            f"client shard {i} died {attempt + 1} times; nothing was released",
+                            exc), f"client shard {i}"))
                         return
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
                         "it; it re-sends the round (same reports, counted once)")
                     if not _wait_alive(shard):
                         errors.append(PartyFailure(_actor_death(
-                            f"client shard {i} died and did not come back", exc)))
+                            f"client shard {i} died and did not come back; nothing was released",
+                            exc), f"client shard {i}"))
                         return
                 except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
                     errors.append(exc)
@@ -248,8 +275,8 @@ class ProtocolSession:
 
     def _shuffle(self, hops: list, mechanism: Mechanism) -> tuple[list, dict]:
         """Release through the shuffler chain; returns (batch refs for the server, stats)."""
-        stats = [ray.get(hops[0].stats.remote())]
         try:
+            stats = [ray.get(hops[0].stats.remote())]
             out = ray.get(hops[0].release_refs.remote())
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.as_instanceof_cause(), PrivacyBudgetError):
@@ -258,7 +285,8 @@ class ProtocolSession:
                     f"the target needs {mechanism.min_senders()}; nothing was released") from None
             raise
         except ray.exceptions.RayActorError as exc:
-            raise PartyFailure(_actor_death("the shuffler died; nothing was released", exc)) from None
+            raise PartyFailure(_actor_death("the shuffler died; nothing was released", exc),
+                               "shuffler") from None
         stats[0] = ray.get(hops[0].stats.remote())
         for hop in hops[1:]:
             ray.get([hop.submit.remote(r) for r in out])

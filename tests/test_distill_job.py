@@ -139,3 +139,31 @@ def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new
     (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
     assert dataset["spent"]["eps"] == pytest.approx(1.0) and dataset["released"] == 1
     assert main(["--resume", str(out), "--quiet"]) == 2                 # complete: nothing to do
+
+
+@pytest.mark.parametrize("stage,party,kept", [("before_finish", "server", True),
+                                              ("before_shuffle", "shuffler", False)])
+def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
+        ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger, stage, party, kept):
+    """Fault injection per party: the job ends with one message naming the party, the run folder
+    says incomplete, and the persistent ledger keeps the reservation exactly when the counts may
+    have been released (a server dying at its release), and returns it otherwise."""
+    import functools
+
+    import jobs.distill as distill
+    from rknn_ray.accounting.budget_store import BudgetStore
+    monkeypatch.setattr(distill, "run", functools.partial(distill.run, party_faults={stage: party}))
+    code, out = _run(tmp_path, party, "digits_shuffle.yaml", "run.rng=seeded")
+    err = capsys.readouterr().err
+    assert code == 2 and f"the {party} died" in err and "Traceback" not in err
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert f"the {party} died" in marker["reason"] and marker["release_saved"] is False
+    assert not (out / "report.json").exists()
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    (entry,) = dataset["releases"]
+    if kept:
+        assert entry["status"] == "reserved" and "may have" in entry["note"]
+        assert dataset["spent"]["eps"] == pytest.approx(2.0)
+    else:
+        assert entry["status"] == "unused" and dataset["spent"]["eps"] == 0.0
+        assert "nothing was released" in entry["note"]
