@@ -92,7 +92,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         # the budget lasts across jobs: reserve this job's whole spend before anything randomizes
         budget = store.reserve(identity, described, job_id, p.eps, p.delta,
                                (p.budget_eps or p.eps, p.budget_delta if p.budget_delta is not None
-                                else p.delta))
+                                else p.delta), accountant=p.accountant)
         progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
                      f"this job reserved eps={p.eps:g} (ledger {store.path})")
         write_text(os.path.join(out_dir, "config.yaml"),

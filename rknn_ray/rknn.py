@@ -9,6 +9,7 @@ import faiss
 import numpy as np
 
 from rknn_ray.answers import RecordAnswers
+from rknn_ray.errors import DataError
 
 
 def reverse_knn(record_emb: np.ndarray, query_features: np.ndarray, k: int,
@@ -33,6 +34,16 @@ def build_answers(record_emb: np.ndarray, labels: np.ndarray, client_ids: np.nda
     labels = np.asarray(labels, dtype=np.int64)
     if labels.ndim == 1:
         labels = labels[:, None]
+    bad = np.flatnonzero(((labels < 0) | (labels >= num_classes)).any(axis=1))
+    if bad.size:      # would silently vote into another query's cells
+        raise DataError(f"{bad.size} records have labels outside 0..{num_classes - 1} (first at "
+                        f"row {bad[0]}: {labels[bad[0]].tolist()}). Fix: map labels to class indices")
+    emb = np.asarray(record_emb)
+    if emb.size and not np.isfinite(emb).all():
+        rows = np.flatnonzero(~np.isfinite(emb.reshape(len(emb), -1)).all(axis=1))
+        raise DataError(f"{rows.size} records have NaN or infinite embeddings (first at row "
+                        f"{rows[0]}): faiss would connect them to arbitrary queries. Fix: drop or "
+                        "impute those records before embedding")
     neighbors = reverse_knn(record_emb, query_features, k)
     return RecordAnswers(neighbors, labels, np.asarray(client_ids, dtype=np.int64),
                          int(query_features.shape[0]), int(num_classes))

@@ -85,7 +85,15 @@ def prepare_run_dir(path: str, overwrite: bool = False) -> str:
             if os.path.isfile(os.path.join(path, name)):
                 os.unlink(os.path.join(path, name))
         shutil.rmtree(os.path.join(path, "diagnostics"), ignore_errors=True)
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".write-test")
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot write the run folder {path} ({exc.strerror or exc})",
+                          "choose a folder you can write to") from None
     return path
 
 

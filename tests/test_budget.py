@@ -98,3 +98,23 @@ def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_p
     assert dataset["budget"]["eps"] == 1.5 and dataset["spent"]["eps"] == pytest.approx(1.0)
     assert [r["status"] for r in dataset["releases"]] == ["unused", "released"]
     assert dataset["releases"][1]["event"]["type"] == "DiscreteLaplaceDpEvent"
+
+
+def test_the_store_composes_with_the_runs_accountant(tmp_path):
+    """Forty small Laplace releases: the PLD accountant admits a job the plain sum refuses."""
+    from dp_accounting import dp_event
+
+    from rknn_ray.accounting.events import event_to_dict
+    store = BudgetStore(str(tmp_path / "pld.sqlite"))
+    store.set_budget("ds", 3.5, 1e-6, "many releases")
+    release = event_to_dict(dp_event.LaplaceDpEvent(noise_multiplier=10.0))     # eps 0.1 each
+    for i in range(30):
+        store.reserve("ds", "d", f"job-{i}", 0.1, 0.0, (3.5, 1e-6))
+        store.commit_round("ds", f"job-{i}", 0, 0.1, 0.0, release)
+        store.close_job("ds", f"job-{i}", "done")
+    assert store.composed("ds", "basic")[0] == pytest.approx(3.0)
+    pld_eps, pld_delta = store.composed("ds", "pld")
+    assert pld_eps < 3.0 and pld_delta <= 1e-6
+    with pytest.raises(PrivacyBudgetError, match="basic composition"):
+        store.reserve("ds", "d", "job-basic", 1.0, 0.0, (3.5, 1e-6), accountant="basic")
+    store.reserve("ds", "d", "job-pld", 1.0, 0.0, (3.5, 1e-6), accountant="pld")

@@ -91,3 +91,22 @@ def test_labels_hard_soft_propagate():
     prop = propagate(hard_labels(counts), np.array([2, 2, 0, 1]))
     np.testing.assert_array_equal(prop, [1, 1, 0, 2])
     assert accuracy(prop, np.array([1, 0, 0, 2])) == 0.75
+
+
+def test_library_refuses_labels_out_of_range_and_nan_features():
+    """Passed straight to the library (no job in front), bad records are an error, not a miscount."""
+    import numpy as np
+    import pytest
+
+    from rknn_ray.data import validate_features
+    from rknn_ray.errors import DataError
+    from rknn_ray.rknn import build_answers
+    q = np.eye(3, dtype=np.float32)
+    x = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    with pytest.raises(DataError, match="outside 0..3"):
+        build_answers(x, np.array([0, 1, 2, 3, 4, 0]), np.arange(6), q, 1, 4)
+    x[2, 1] = np.nan
+    with pytest.raises(DataError, match="NaN"):
+        build_answers(x, np.zeros(6, np.int64), np.arange(6), q, 1, 4)
+    with pytest.raises(DataError, match="no records"):
+        validate_features(np.zeros((0, 3), np.float32), np.zeros(0, np.int64), 4, "private data")

@@ -167,3 +167,21 @@ def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
     else:
         assert entry["status"] == "unused" and dataset["spent"]["eps"] == 0.0
         assert "nothing was released" in entry["note"]
+
+
+def test_empty_idx_files_and_an_unwritable_out_are_clear_errors(tmp_path, capsys):
+    import numpy as np
+
+    from rknn_ray.data.idx import write_idx
+    root = tmp_path / "fm"
+    root.mkdir()
+    for split, n in (("train", 0), ("t10k", 100)):
+        write_idx(str(root / f"{split}-images-idx3-ubyte"), np.zeros((n, 28, 28), np.uint8))
+        write_idx(str(root / f"{split}-labels-idx1-ubyte"), np.zeros((n,), np.uint8))
+    code, out = _run(tmp_path, "empty", "fmnist_central.yaml", f"data.data_root={root}",
+                     "queries.s=10")
+    err = capsys.readouterr().err
+    assert code == 2 and "no records" in err and "Fix" in err and "Traceback" not in err
+    assert not out.exists()
+    assert main(["--config", "jobs/configs/digits_central.yaml", "--out", "/proc/rknn-run"]) == 2
+    assert "cannot write the run folder" in capsys.readouterr().err

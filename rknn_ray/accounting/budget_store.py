@@ -9,7 +9,9 @@ else its ``privacy.eps``) and raised only by ``rknn-ray budget set``.
 A job *reserves* its whole planned spend in one transaction before any client
 randomizes, and *commits* each round's release (with its event) after it. A crash
 leaves the reservation counted: a release that may have happened is never forgotten.
-A job that would go over the budget is refused before Ray starts.
+A job that would go over the budget is refused before Ray starts. What is spent is
+composed by the job's accountant (``basic`` sums, or ``pld``) from the stored events,
+an open reservation counting at its stated (eps, delta).
 
 SQLite in WAL mode (stdlib ``sqlite3``), ``BEGIN IMMEDIATE`` for every check-and-write,
 so two jobs started at once cannot both squeeze under the budget.
@@ -176,8 +178,46 @@ class BudgetStore:
                 con.execute("UPDATE datasets SET budget_eps = ?, budget_delta = ? WHERE identity = ?",
                             (eps, delta, identity))
 
+    def _events(self, con, identity: str) -> list:
+        """Every counted row as an event: a release's own event, a reservation's stated cost."""
+        from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict
+        events = []
+        for status, eps, delta, event in con.execute(
+                "SELECT status, eps, delta, event FROM releases WHERE identity = ? AND "
+                "status != 'unused'", (identity,)):
+            parsed = json.loads(event) if event else None
+            if status == "released" and parsed:
+                try:
+                    events.append(event_from_dict(parsed))
+                    continue
+                except (ValueError, TypeError):
+                    pass                     # an event this version cannot rebuild: its cost
+            if eps > 0 or delta > 0:
+                events.append(ApproxDpEvent(float(eps), float(delta)))
+        return events
+
+    def composed(self, identity: str, accountant: str = "basic", extra=None,
+                 target_delta: float | None = None, con=None) -> tuple[float, float]:
+        """(eps, delta) of everything counted on ``identity`` (+ ``extra`` events), composed
+        by the named accountant -- the same accountants a run uses."""
+        from rknn_ray.accounting.accountants import get_accountant
+
+        def q(c):
+            events = self._events(c, identity) + list(extra or [])
+            if target_delta is None:
+                row = c.execute("SELECT budget_delta FROM datasets WHERE identity = ?",
+                                (identity,)).fetchone()
+                delta = float(row[0]) if row else 0.0
+            else:
+                delta = target_delta
+            return get_accountant(accountant).compose(events, max(delta, 1e-12))
+        if con is not None:
+            return q(con)
+        with self._connect() as c:
+            return q(c)
+
     def reserve(self, identity: str, description: str, job_id: str, eps: float, delta: float,
-                default_budget: tuple[float, float]) -> tuple[float, float]:
+                default_budget: tuple[float, float], accountant: str = "basic") -> tuple[float, float]:
         """Reserve a job's whole planned spend, or refuse it; returns the dataset's budget.
 
         The first job on a dataset sets its budget to ``default_budget``; later jobs find
@@ -192,15 +232,19 @@ class BudgetStore:
                 con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
                             (identity, description, row[0], row[1], time.time()))
             b_eps, b_delta = float(row[0]), float(row[1])
+            from rknn_ray.accounting.events import ApproxDpEvent
             spend = self.spent(identity, con)
-            over_eps = spend.eps + eps > b_eps * (1 + SLACK)
-            over_delta = spend.delta + delta > b_delta * (1 + SLACK) + 1e-300
+            total_eps, total_delta = self.composed(identity, accountant, [ApproxDpEvent(eps, delta)],
+                                                   b_delta, con)
+            over_eps = total_eps > b_eps * (1 + SLACK)
+            over_delta = total_delta > b_delta * (1 + SLACK) + 1e-300
             if over_eps or over_delta:
                 raise PrivacyBudgetError(
                     f"refused before any work: {description} has a privacy budget of eps={b_eps:g}, "
                     f"delta={b_delta:g}; {spend.eps:.6g} / {spend.delta:.3g} is already spent or "
                     f"reserved ({spend.releases} releases, {spend.reserved} open reservations), and "
-                    f"this job needs eps={eps:g}, delta={delta:g}. Fix: lower privacy.eps, or raise "
+                    f"this job needs eps={eps:g}, delta={delta:g}: {accountant} composition gives "
+                    f"eps={total_eps:.6g}, delta={total_delta:.3g}. Fix: lower privacy.eps, or raise "
                     f"the budget explicitly: rknn-ray budget set {identity} --eps <new total> "
                     f"(ledger: {self.path})")
             con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "

@@ -66,6 +66,9 @@ def validate_features(x: np.ndarray, y: np.ndarray, num_classes: int, what: str 
     if len(x) != len(y):
         raise DataError(f"{what}: {len(x)} feature rows but {len(y)} labels. "
                         "Fix: pass one label per record.")
+    if len(x) == 0:
+        raise DataError(f"{what}: no records at all (an empty file or split). "
+                        "Fix: check the data files under data.data_root, or the split rule.")
     if not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{what}: labels must be integers, got dtype {y.dtype}. "
                         "Fix: convert class labels to int64 indices 0..num_classes-1.")
