@@ -58,7 +58,10 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     finishes labels, student and report from the saved release without a new private
     round (and without touching the budget). A failure leaves ``incomplete.json``.
     """
+    import ray
+
     from jobs.progress import Progress
+    from jobs.ray_env import ensure_ray
     from jobs.release_file import load_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
@@ -101,11 +104,17 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                      f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
         with progress.stage("queries", f"encoder + k-means: s = {cfg.queries.s} queries"):
             encoder, public_emb, first_qs = fit_queries(cfg, data)
-        rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,
-                                                     store, identity, job_id, out_dir, key_file,
-                                                     progress, shard_faults, party_faults)
-    return _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
-                   described, budget, job_id, out_dir, progress)
+    started = ensure_ray()                 # one Ray for the whole job, after the budget check
+    try:
+        if not resume:
+            rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,
+                                                         store, identity, job_id, out_dir, key_file,
+                                                         progress, shard_faults, party_faults)
+        return _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
+                       described, budget, job_id, out_dir, progress)
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, job_id, out_dir,
@@ -116,10 +125,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     On a failure the job's unreleased reservation is returned, unless the failure came
     where a release may already have happened (then it stays counted).
     """
-    import ray
-
     from jobs.protocol import PartyFailure, ProtocolSession
-    from jobs.ray_env import ensure_ray
     from jobs.release_file import save_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.events import event_to_dict
@@ -135,9 +141,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
     rounds, query_sets = [], []
     released = False
-    started = False
     try:
-        started = ensure_ray()
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
             session = ProtocolSession(cfg, dataset_sources(cfg, data), job_id, key_file, progress,
                                       shard_faults, party_faults)
@@ -176,9 +180,6 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
             store.close_job(identity, job_id, what + f"; {len(rounds)} round(s) released, the "
                             "rest of the reservation returned")
         raise
-    finally:
-        if started:
-            ray.shutdown()
     store.close_job(identity, job_id, f"job finished: {len(rounds)} round(s) released")
     return rounds, query_sets, ledger
 
@@ -191,9 +192,6 @@ def _first_line(exc: BaseException) -> str:
 def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
             described, budget, job_id, out_dir, progress) -> dict:
     """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
-    import ray
-
-    from jobs.ray_env import ensure_ray
     from rknn_ray.mechanisms.central import central_error_bound
     from rknn_ray.pipeline import derive_labels, exact_answers
     from rknn_ray.plots import run_summary_png
@@ -224,19 +222,14 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         weight = lab.query_weight if scfg.label_type == "soft" else None
     else:
         train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
-    started = ensure_ray()
-    try:
-        with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
-                            f"{st.epochs} epochs on {len(train_x)} labelled samples"):
-            student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
-                                    data.num_classes, scfg, storage_path=out_dir,
-                                    checkpoint_dir=out_dir, sample_weight=weight,
-                                    progress=lambda row: progress.say(
-                                        "  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
-                                                               else f"{k} {v}" for k, v in row.items())))
-    finally:
-        if started:
-            ray.shutdown()
+    with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
+                        f"{st.epochs} epochs on {len(train_x)} labelled samples"):
+        student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
+                                data.num_classes, scfg, storage_path=out_dir,
+                                checkpoint_dir=out_dir, sample_weight=weight,
+                                progress=lambda row: progress.say(
+                                    "  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
+                                                           else f"{k} {v}" for k, v in row.items())))
     progress.say(f"student test accuracy {student.test_accuracy:.4f}")
 
     truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
