@@ -27,11 +27,14 @@ def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarr
     """
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     acc = report["accuracy"]
-    names = ["labels (non-private)", "labels (private)", "student"]
+    names, vals, colors = ["labels (private)", "student"], [acc.get("labels"), acc.get("student")], \
+        ["#4477aa", "#228833"]
     nonprivate = (report.get("diagnostics") or {}).get("nonprivate_labels")
-    vals = [nonprivate, acc.get("labels"), acc.get("student")]
+    if nonprivate is not None:            # diagnostics only: never in a default run folder
+        names, vals, colors = ["labels (non-private)"] + names, [nonprivate] + vals, \
+            ["#999999"] + colors
     vals = [np.nan if v is None else v for v in vals]
-    bars = axes[0].bar(names, vals, color=["#999999", "#4477aa", "#228833"])
+    bars = axes[0].bar(names, vals, color=colors)
     for b, v in zip(bars, vals):
         axes[0].text(b.get_x() + b.get_width() / 2, (0 if np.isnan(v) else v) + 0.01,
                      "n/a" if np.isnan(v) else f"{v:.3f}", ha="center")
@@ -60,6 +63,6 @@ def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarr
                             label="2 x error bound (Remark 1)")
         axes[2].legend()
     axes[2].set_xlabel(f"{gap_kind} count gap (public true class - best other)")
-    axes[2].set_title("per-query gap vs private label")
+    axes[2].set_title(f"per-query {gap_kind} count gap vs label correctness")
     fig.tight_layout()
     save_png(fig, path)
