@@ -362,7 +362,8 @@ def main(argv=None) -> int:
                      resume=bool(args.resume))
     except (RknnError, KeyboardInterrupt, Exception) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
-        message = "interrupted (SIGINT)" if interrupted else f"{type(exc).__name__}: {exc}"
+        message = ("interrupted (SIGINT)" if interrupted else str(exc)
+                   if isinstance(exc, RknnError) else f"{type(exc).__name__}: {exc}")
         print(f"error: {message}" if isinstance(exc, RknnError) or interrupted
               else f"error: the job failed: {message}", file=sys.stderr)
         if out and os.path.isdir(out):
