@@ -1,8 +1,9 @@
 """rknn-ray: record-level private knowledge distillation by reverse k-NN labeling.
 
 The library (this package) is pure numpy / torch / faiss; Ray appears only where
-Ray is the job (student training with Ray Train). Actors live in ``actors/``, the
-trust boundary (sealing, shuffling) in ``shuffler/``.
+Ray is the job (student training with Ray Train). The parties' packages sit beside it:
+``sealing/`` (the shared report format), ``shuffler/`` (the untrusted middle) and
+``server/`` (the key holder); ``actors/`` holds their thin Ray wrappers.
 """
 
 __version__ = "0.1.0"
