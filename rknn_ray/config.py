@@ -454,7 +454,7 @@ def _validate(cfg: dict) -> None:
         holder, key = _at(cfg, path)
         if not isinstance(holder[key], bool):
             raise ConfigError(path, f"{holder[key]!r} is not true or false", f"set {path}: true or false")
-    if cfg["student"]["use_gpu"] not in (None, True, False):
+    if not (cfg["student"]["use_gpu"] is None or isinstance(cfg["student"]["use_gpu"], bool)):
         raise ConfigError("student.use_gpu", f"{cfg['student']['use_gpu']!r} is not true, false "
                           "or null", "set student.use_gpu: null (automatic), true or false")
     _check_strings(cfg)
