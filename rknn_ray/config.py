@@ -367,7 +367,7 @@ NUMBERS = {
 BOOLS = ("run.progress", "run.diagnostics", "represent.whiten", "queries.use_nearest_public")
 
 
-def choices() -> dict[str, tuple]:
+def allowed_values() -> dict[str, tuple]:
     """Allowed values per key, taken from the modules that act on them."""
     from rknn_ray.accounting import BOUNDS
     from rknn_ray.accounting.ledger import ACCOUNTANTS
@@ -440,7 +440,7 @@ def _validate(cfg: dict) -> None:
         cfg["data"]["dataset"] = canonical_name(cfg["data"]["dataset"])
     except ConfigError as exc:
         raise ConfigError("data.dataset", exc.problem, exc.fix) from None
-    for path, allowed in choices().items():
+    for path, allowed in allowed_values().items():
         holder, key = _at(cfg, path)
         if not isinstance(holder[key], str) or holder[key] not in allowed:
             raise ConfigError(path, f"{holder[key]!r} is not supported", f"use one of {list(allowed)}")
