@@ -1,19 +1,25 @@
 """Run configuration: YAML file + ``--set dotted.key=value`` overrides, validated
-once, up front, so a bad value fails in milliseconds, before data loads or Ray starts.
+once, up front, so a bad value fails before data loads or Ray starts.
 
 ``load_config`` returns a frozen :class:`Config` with one frozen dataclass per
 section (``cfg.privacy.eps``, ``cfg.rounds.count``); ``cfg.to_dict()`` is the plain
 nested dict written to config.yaml and report.json, and ``cfg.with_overrides([...])``
-derives a changed, re-validated copy. The defaults below are the single source of
-truth for every key; a key that is not here is a typo and is rejected with the
-closest known key. Free-form sections (``privacy.options``, ``data.synthetic``) are
-merged key by key, and their keys are checked against what the code reads.
+derives a changed, re-validated copy. The section dataclasses below are the single
+source of truth for every key and default; a key that is not there is a typo and is
+rejected with the closest known key.
+
+Free-form sections (``privacy.options``, ``data.synthetic``) are merged key by key
+(file, then each override); a key set to null is dropped (its default applies again)
+and the whole section set to null is emptied. Their keys are checked against what
+the code reads. The lists of allowed values come from the modules that use them.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import difflib
+import inspect
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -21,388 +27,123 @@ import yaml
 
 from rknn_ray.errors import ConfigError
 
-DEFAULTS: dict = {
-    "run": {"name": "run", "seed": 0, "rng": "secure", "progress": True, "diagnostics": False},
-    "data": {"dataset": "digits", "data_root": None, "split": "paper", "clients": 100,
-             "partition": "iid", "alpha": 0.5, "synthetic": {}},
-    "represent": {"encoder": "pca", "dim": 32, "whiten": False},
-    "queries": {"s": 100, "restarts": 3, "niter": 25, "use_nearest_public": False},
-    "rknn": {"k": 1, "r": 1},
-    "privacy": {"model": "central", "mechanism": "laplace", "eps": 1.0, "delta": 0.0,
-                "noise": "discrete", "multi_record": "sample", "options": {},
-                "budget_eps": None, "budget_delta": None, "accountant": "basic",
-                "amplification_bound": "clones_numerical"},
-    "shuffle": {"min_senders": None, "onion_layers": 0, "dropout": 0.0,
-                "distributed_above": 5_000_000},
-    "labels": {"type": "hard", "train_on": "public"},
-    "student": {"epochs": 30, "batch_size": 64, "lr": 0.001, "weight_decay": 0.0,
-                "num_workers": 2, "use_gpu": None, "arch": "auto", "augment": "none"},
-    "cluster": {"shards": 2, "batch_clients": 20000, "shard_cpus": 0.5, "server_cpus": 0.25,
-                "shuffler_cpus": 0.25, "openers": None, "window": 16},
-    "rounds": {"count": 1, "budget_split": "even", "query_selection": "farthest"},
-}
 
-#: Keys the code reads from the free-form sections (anything else is a typo).
-PRIVACY_OPTIONS = ("collision_l", "separation_split", "expected_dropout")
-SYNTHETIC_KEYS = ("num_samples", "num_classes", "dim", "seed", "separation")
-TRAIN_ON = ("public", "queries")
-ENCODERS = ("pca", "raw")
-NOISE_KINDS = ("discrete", "continuous")
-MULTI_RECORD = ("sample", "normalize")
-ACCOUNTANTS = ("basic", "pld")
+class FrozenDict(dict):
+    """A read-only dict: the free-form sections of a frozen :class:`Config`."""
 
-MODELS = ("central", "local", "shuffle")
-RNG_KINDS = ("secure", "seeded")
-PARTITIONS = ("iid", "dirichlet", "one_per_client")
-LABEL_TYPES = ("hard", "soft")
-FREE_FORM = {("privacy", "options"), ("data", "synthetic")}
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("a Config is read-only; derive a changed copy with "
+                        "cfg.with_overrides(['privacy.options.<key>=<value>'])")
 
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
 
-def _flat_keys(d: dict, prefix: str = "") -> list[str]:
-    keys = []
-    for k, v in d.items():
-        path = f"{prefix}{k}"
-        keys.append(path)
-        if isinstance(v, dict) and tuple(path.split(".")) not in FREE_FORM:
-            keys.extend(_flat_keys(v, path + "."))
-    return keys
+    def __reduce__(self):        # pickle / deepcopy / Ray rebuild it without __setitem__
+        return (FrozenDict, (dict(self),))
 
-
-def _merge(base: dict, extra: dict, prefix: str = "") -> dict:
-    out = copy.deepcopy(base)
-    known = _flat_keys(DEFAULTS)
-    for k, v in (extra or {}).items():
-        path = f"{prefix}{k}"
-        if path not in known:
-            near = difflib.get_close_matches(path, known, n=1)
-            hint = f"did you mean '{near[0]}'?" if near else "see jobs/configs/*.yaml for the keys"
-            raise ConfigError(path, "unknown key", hint)
-        if isinstance(out.get(k), dict) and tuple(path.split(".")) not in FREE_FORM:
-            if not isinstance(v, dict):
-                raise ConfigError(path, f"expected a mapping, got {v!r}", f"write {path}.<key>: value")
-            out[k] = _merge(out[k], v, path + ".")
-        elif tuple(path.split(".")) in FREE_FORM:        # merged key by key, never replaced
-            if v is not None and not isinstance(v, dict):
-                raise ConfigError(path, f"expected a mapping, got {v!r}", f"write {path}.<key>: value")
-            out[k] = {**(out.get(k) or {}), **(v or {})}
-        else:
-            out[k] = v
-    return out
-
-
-def parse_override(text: str) -> dict:
-    """'a.b.c=value' -> {'a': {'b': {'c': value}}} (value parsed as YAML)."""
-    if "=" not in text:
-        raise ConfigError(text, "override is not key=value", "write --set privacy.eps=0.5")
-    key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else None
-    out: dict = {}
-    cur = out
-    parts = key.strip().split(".")
-    for p in parts[:-1]:
-        cur = cur.setdefault(p, {})
-    cur[parts[-1]] = value
-    return out
-
-
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> dict:
-    """Defaults <- YAML file <- overrides, validated once: a frozen :class:`Config`."""
-    cfg = copy.deepcopy(DEFAULTS)
-    if path:
-        cfg = _merge(cfg, _read_yaml(path))
-    return _finish(cfg, overrides)
-
-
-def _read_yaml(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise ConfigError("--config", f"file {path!r} not found",
-                          "pass a path to a YAML file, e.g. jobs/configs/digits_central.yaml")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError("--config", f"{path} is not a valid YAML text file "
-                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
-                          "pass a YAML config such as jobs/configs/digits_central.yaml") from None
-    if not isinstance(loaded, dict):
-        raise ConfigError("--config", f"{path} must hold a mapping", "see jobs/configs/")
-    return loaded
-
-
-def _finish(cfg: dict, overrides: list[str] | None) -> "Config":
-    for text in overrides or []:
-        cfg = _merge(cfg, parse_override(text))
-    validate(cfg)
-    return Config.from_dict(cfg)
-
-
-def _number(cfg: dict, path: str, kind=float, low=None, high=None, low_open=False,
-            high_open=False, allow_none=False):
-    section, key = path.split(".")
-    v = cfg[section][key]
-    if v is None and allow_none:
-        return
-    if isinstance(v, str):      # YAML 1.1 reads '1e-6' (no dot) as a string
-        try:
-            v = cfg[section][key] = float(v) if kind is float else int(v)
-        except ValueError:
-            pass
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and v != int(v)):
-        raise ConfigError(path, f"expected {'an integer' if kind is int else 'a number'}, got {v!r}",
-                          f"set {path} to a {'whole ' if kind is int else ''}number")
-    if v != v:  # NaN
-        raise ConfigError(path, "is NaN", f"set {path} to a finite number")
-    bad_low = low is not None and (v <= low if low_open else v < low)
-    bad_high = high is not None and (v >= high if high_open else v > high)
-    if bad_low or bad_high:
-        lo = "" if low is None else f"{'(' if low_open else '['}{low}"
-        hi = "" if high is None else f"{high}{')' if high_open else ']'}"
-        raise ConfigError(path, f"{v} is out of range", f"choose {path} in {lo or '(-inf'}, {hi or 'inf)'}")
-
-
-def _choice(cfg: dict, path: str, choices) -> None:
-    section, key = path.split(".")
-    if cfg[section][key] not in choices:
-        raise ConfigError(path, f"{cfg[section][key]!r} is not supported",
-                          f"use one of {list(choices)}")
-
-
-def validate(cfg: dict, public_size: int | None = None, num_private: int | None = None) -> None:
-    """Check every value; with data sizes known, also s <= public size and clients <= records."""
-    from rknn_ray.data import canonical_name
-    try:
-        cfg["data"]["dataset"] = canonical_name(cfg["data"]["dataset"])
-    except ConfigError as exc:
-        raise ConfigError("data.dataset", exc.problem, exc.fix) from None
-    _choice(cfg, "run.rng", RNG_KINDS)
-    if cfg["run"]["rng"] == "seeded":
-        _number(cfg, "run.seed", int, 0)
-    _choice(cfg, "data.partition", PARTITIONS)
-    _choice(cfg, "privacy.model", MODELS)
-    _choice(cfg, "labels.type", LABEL_TYPES)
-    _number(cfg, "data.clients", int, 1)
-    _number(cfg, "data.alpha", float, 0, low_open=True)
-    _number(cfg, "represent.dim", int, 1)
-    _number(cfg, "queries.s", int, 1)
-    _number(cfg, "queries.restarts", int, 1)
-    _number(cfg, "rknn.k", int, 1)
-    _number(cfg, "rknn.r", int, 1)
-    _number(cfg, "privacy.eps", float, 0, low_open=True)
-    if cfg["privacy"]["eps"] == float("inf"):
-        raise ConfigError("privacy.eps", "is infinite", "use a finite eps > 0 "
-                          "(the report always includes the non-private reference)")
-    _number(cfg, "privacy.delta", float, 0, 1, high_open=True)
-    if cfg["privacy"]["model"] == "shuffle":
-        _number(cfg, "privacy.delta", float, 0, 1, low_open=True, high_open=True)
-    _number(cfg, "privacy.budget_eps", float, 0, low_open=True, allow_none=True)
-    _number(cfg, "privacy.budget_delta", float, 0, 1, high_open=True, allow_none=True)
-    _number(cfg, "student.epochs", int, 1)
-    _number(cfg, "student.batch_size", int, 1)
-    _number(cfg, "student.lr", float, 0, low_open=True)
-    _number(cfg, "student.num_workers", int, 1)
-    _number(cfg, "cluster.shards", int, 1)
-    _number(cfg, "cluster.batch_clients", int, 1)
-    _choice(cfg, "labels.train_on", TRAIN_ON)
-    _choice(cfg, "represent.encoder", ENCODERS)
-    _choice(cfg, "privacy.noise", NOISE_KINDS)
-    _choice(cfg, "privacy.multi_record", MULTI_RECORD)
-    _choice(cfg, "privacy.accountant", ACCOUNTANTS)
-    from rknn_ray.accounting import BOUNDS
-    _choice(cfg, "privacy.amplification_bound",
-            sorted(b for b in BOUNDS if BOUNDS[b].kind == "upper"))
-    from rknn_ray.student.models import ARCHS
-    from rknn_ray.student.train import AUGMENTATIONS
-    _choice(cfg, "student.arch", ARCHS)
-    _choice(cfg, "student.augment", AUGMENTATIONS)
-    if cfg["student"]["use_gpu"] not in (None, True, False):
-        raise ConfigError("student.use_gpu", f"{cfg['student']['use_gpu']!r} is not true, false "
-                          "or null", "set student.use_gpu: null (automatic), true or false")
-    for key in ("run.progress", "run.diagnostics", "queries.use_nearest_public", "represent.whiten"):
-        section, name = key.split(".")
-        if not isinstance(cfg[section][name], bool):
-            raise ConfigError(key, f"{cfg[section][name]!r} is not true or false", f"set {key}: true or false")
-    _number(cfg, "student.weight_decay", float, 0)
-    _number(cfg, "queries.niter", int, 1)
-    _number(cfg, "shuffle.dropout", float, 0, 1, high_open=True)
-    _number(cfg, "shuffle.onion_layers", int, 0, 8)
-    _number(cfg, "shuffle.min_senders", int, 1, allow_none=True)
-    _number(cfg, "shuffle.distributed_above", int, 1, allow_none=True)
-    _number(cfg, "cluster.shard_cpus", float, 0, low_open=True)
-    _number(cfg, "cluster.server_cpus", float, 0, low_open=True)
-    _number(cfg, "cluster.shuffler_cpus", float, 0, low_open=True)
-    _number(cfg, "cluster.openers", int, 0, 64, allow_none=True)
-    _number(cfg, "cluster.window", int, 1, 1024)
-    _number(cfg, "rounds.count", int, 1, 100)
-    _choice(cfg, "rounds.query_selection", ("farthest",))
-    _check_split(cfg["rounds"]["budget_split"], cfg["rounds"]["count"])
-    _check_free_form(cfg["privacy"]["options"], "privacy.options", PRIVACY_OPTIONS)
-    _check_free_form(cfg["data"]["synthetic"], "data.synthetic", SYNTHETIC_KEYS)
-    if cfg["privacy"]["eps"] < 1e-6:
-        raise ConfigError("privacy.eps", f"{cfg['privacy']['eps']} is below 1e-6: its noise scale "
-                          "2kr/eps would dwarf any count", "use privacy.eps >= 1e-6")
-    s, k = cfg["queries"]["s"], cfg["rknn"]["k"]
-    if k > s:
-        raise ConfigError("rknn.k", f"k = {k} exceeds the number of queries s = {s}",
-                          f"set rknn.k <= {s} or raise queries.s")
-    if public_size is not None and s > public_size:
-        raise ConfigError("queries.s", f"s = {s} exceeds the {public_size} public samples",
-                          f"set queries.s <= {public_size}")
-    if public_size is not None and s * cfg["rounds"]["count"] > public_size:
-        raise ConfigError("rounds.count", f"{cfg['rounds']['count']} rounds of s = {s} new queries "
-                          f"need {s * cfg['rounds']['count']} public samples, there are {public_size}",
-                          "lower rounds.count or queries.s")
-    if num_private is not None and cfg["data"]["partition"] != "one_per_client" \
-            and cfg["data"]["clients"] > num_private:
-        raise ConfigError("data.clients", f"{cfg['data']['clients']} clients for only "
-                          f"{num_private} private records",
-                          f"set data.clients <= {num_private} or data.partition=one_per_client")
-    from rknn_ray.mechanisms import available
-    names = available().get(cfg["privacy"]["model"], [])
-    if cfg["privacy"]["mechanism"] not in names:
-        raise ConfigError("privacy.mechanism", f"{cfg['privacy']['mechanism']!r} is not a "
-                          f"{cfg['privacy']['model']} mechanism", f"use one of {sorted(names)}")
-
-
-def _check_split(split, count: int) -> None:
-    if split == "even":
-        return
-    if not isinstance(split, (list, tuple)) or len(split) != count or not all(
-            isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in split) \
-            or sum(split) > 1 + 1e-12:
-        raise ConfigError("rounds.budget_split", f"{split!r} is not 'even' or {count} positive "
-                          "fractions summing to at most 1",
-                          f"use 'even' or a list of {count} fractions, e.g. {[round(1 / count, 3)] * count}")
-
-
-def _check_free_form(section: dict, path: str, known: tuple) -> None:
-    for key in section or {}:
-        if key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean '{path}.{near[0]}'?" if near else f"known keys: {list(known)}"
-            raise ConfigError(f"{path}.{key}", "unknown key", hint)
-
-
-def validate_with_data(cfg: "Config", public_size: int, num_private: int,
-                       num_classes: int) -> None:
-    """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|)."""
-    validate(cfg.to_dict(), public_size=public_size, num_private=num_private)
-    if cfg.rknn.r > num_classes:
-        raise ConfigError("rknn.r", f"r = {cfg.rknn.r} labels per record exceeds the "
-                          f"{num_classes} classes", f"set rknn.r <= {num_classes}")
-
-
-def validate_resources(cfg: "Config", available_cpus: float) -> None:
-    """Shards, the Server and the shufflers must fit the cluster's CPUs (Ray would wait forever)."""
-    hops = max(1, cfg.shuffle.onion_layers) if cfg.privacy.model == "shuffle" else 0
-    need = cfg.cluster.shards * cfg.cluster.shard_cpus + cfg.cluster.server_cpus \
-        + hops * cfg.cluster.shuffler_cpus
-    if need > available_cpus + 1e-9:
-        raise ConfigError("cluster.shards", f"{cfg.cluster.shards} shards x {cfg.cluster.shard_cpus} "
-                          f"CPU + server {cfg.cluster.server_cpus} + {hops} shuffler(s) x "
-                          f"{cfg.cluster.shuffler_cpus} = {need:g} CPUs, but the cluster has "
-                          f"{available_cpus:g}", "lower cluster.shards or cluster.shard_cpus")
+    def __hash__(self):
+        return hash(frozenset(self.items()))
 
 
 # ---------------------------------------------------------------------- typed sections
 
 @dataclass(frozen=True)
 class RunConfig:
-    name: str
-    seed: int
-    rng: str
-    progress: bool
-    diagnostics: bool
+    name: str = "run"                 # names the run folder runs/<name>-<time>
+    seed: int = 0                     # split / partition seed (and all randomness if rng=seeded)
+    rng: str = "secure"               # "secure" (OS CSPRNG) or "seeded" (reproducible simulation)
+    progress: bool = True
+    diagnostics: bool = False
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str
-    data_root: str | None
-    split: str
-    clients: int
-    partition: str
-    alpha: float
-    synthetic: dict = field(default_factory=dict)
+    dataset: str = "digits"
+    data_root: str | None = None
+    split: str = "paper"
+    clients: int = 100
+    partition: str = "iid"
+    alpha: float = 0.5                # Dirichlet concentration (partition=dirichlet)
+    synthetic: FrozenDict = field(default_factory=FrozenDict)   # gaussian_mixture arguments
 
 
 @dataclass(frozen=True)
 class RepresentConfig:
-    encoder: str
-    dim: int
-    whiten: bool
+    encoder: str = "pca"
+    dim: int = 32
+    whiten: bool = False
 
 
 @dataclass(frozen=True)
 class QueriesConfig:
-    s: int
-    restarts: int
-    niter: int
-    use_nearest_public: bool
+    s: int = 100
+    restarts: int = 3
+    niter: int = 25
+    use_nearest_public: bool = False
 
 
 @dataclass(frozen=True)
 class RknnConfig:
-    k: int
-    r: int
+    k: int = 1
+    r: int = 1
 
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    model: str
-    mechanism: str
-    eps: float
-    delta: float
-    noise: str
-    multi_record: str
-    options: dict
-    budget_eps: float | None
-    budget_delta: float | None
-    accountant: str
-    amplification_bound: str
+    model: str = "central"
+    mechanism: str = "laplace"
+    eps: float = 1.0
+    delta: float = 0.0
+    noise: str = "discrete"
+    multi_record: str = "sample"
+    options: FrozenDict = field(default_factory=FrozenDict)     # mechanism tuning, see PRIVACY_OPTIONS
+    budget_eps: float | None = None
+    budget_delta: float | None = None
+    accountant: str = "basic"
+    amplification_bound: str = "clones_numerical"
 
 
 @dataclass(frozen=True)
 class ShuffleConfig:
-    min_senders: int | None
-    onion_layers: int
-    dropout: float
-    distributed_above: int | None
+    min_senders: int | None = None
+    onion_layers: int = 0
+    dropout: float = 0.0
+    distributed_above: int | None = 5_000_000
 
 
 @dataclass(frozen=True)
 class LabelsConfig:
-    type: str
-    train_on: str
+    type: str = "hard"
+    train_on: str = "public"
 
 
 @dataclass(frozen=True)
 class StudentSection:
-    epochs: int
-    batch_size: int
-    lr: float
-    weight_decay: float
-    num_workers: int
-    use_gpu: bool | None
-    arch: str
-    augment: str
+    epochs: int = 30
+    batch_size: int = 64
+    lr: float = 0.001
+    weight_decay: float = 0.0
+    num_workers: int = 2
+    use_gpu: bool | None = None       # null: use a GPU when Ray has one
+    arch: str = "auto"
+    augment: str = "none"
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    shards: int
-    batch_clients: int
-    shard_cpus: float
-    server_cpus: float
-    shuffler_cpus: float
-    openers: int | None
-    window: int
+    shards: int = 2
+    batch_clients: int = 20000
+    shard_cpus: float = 0.5
+    server_cpus: float = 0.25
+    shuffler_cpus: float = 0.25
+    openers: int | None = None
+    window: int = 16
 
 
 @dataclass(frozen=True)
 class RoundsConfig:
-    count: int
-    budget_split: object            # "even" or a tuple of fractions
-    query_selection: str
+    count: int = 1                                   # T labeling rounds in one job
+    budget_split: str | tuple[float, ...] = "even"   # or T fractions of (eps, delta), sum <= 1
+    query_selection: str = "farthest"
 
 
 SECTIONS = {"run": RunConfig, "data": DataConfig, "represent": RepresentConfig,
@@ -411,9 +152,30 @@ SECTIONS = {"run": RunConfig, "data": DataConfig, "represent": RepresentConfig,
             "cluster": ClusterConfig, "rounds": RoundsConfig}
 
 
+def _plain(value):
+    """FrozenDict -> dict, tuple -> list (what YAML and JSON write)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _section_dict(section) -> dict:
+    return {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
+
+
+#: Every key and its default, as a plain nested dict (derived from the sections).
+DEFAULTS: dict = {name: _section_dict(cls()) for name, cls in SECTIONS.items()}
+
+
 @dataclass(frozen=True)
 class Config:
-    """A validated run configuration: one frozen section per key of DEFAULTS."""
+    """A validated run configuration: one frozen section per key of DEFAULTS.
+
+    Build it with :func:`load_config`, :meth:`from_dict` or :meth:`with_overrides`
+    (all validate); the constructor itself does not.
+    """
     run: RunConfig
     data: DataConfig
     represent: RepresentConfig
@@ -428,24 +190,401 @@ class Config:
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "Config":
-        """From a merged, *validated* dict (use load_config)."""
-        parts = {}
-        for name, section in SECTIONS.items():
-            values = dict(cfg[name])
-            if name == "rounds" and isinstance(values["budget_split"], list):
-                values["budget_split"] = tuple(values["budget_split"])
-            parts[name] = section(**values)
-        return cls(**parts)
+        """Defaults <- ``cfg`` (e.g. report.json's "config"), validated."""
+        return _finish(_merge(DEFAULTS, cfg), None)
 
     def to_dict(self) -> dict:
-        out = {}
-        for f in dataclasses.fields(self):
-            sec = dataclasses.asdict(getattr(self, f.name))
-            if f.name == "rounds" and isinstance(sec["budget_split"], tuple):
-                sec["budget_split"] = list(sec["budget_split"])
-            out[f.name] = sec
-        return out
+        """The plain nested dict (lists, dicts, scalars) for config.yaml and report.json."""
+        return {f.name: _section_dict(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     def with_overrides(self, overrides: list[str]) -> "Config":
         """A changed copy (``["run.progress=false", ...]``), validated again."""
         return _finish(self.to_dict(), overrides)
+
+
+def _build(cfg: dict) -> Config:
+    """From a merged, validated dict."""
+    parts = {}
+    for name, section in SECTIONS.items():
+        values = dict(cfg[name])
+        for key, value in values.items():
+            if isinstance(value, dict):
+                values[key] = FrozenDict(value)
+            elif isinstance(value, list):
+                values[key] = tuple(value)
+        parts[name] = section(**values)
+    return Config(**parts)
+
+
+# ---------------------------------------------------------------------- loading
+
+FREE_FORM = {("privacy", "options"), ("data", "synthetic")}
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file <- overrides, validated once: a frozen :class:`Config`."""
+    cfg = _merge(DEFAULTS, _read_yaml(path)) if path else _merge(DEFAULTS, {})
+    return _finish(cfg, overrides)
+
+
+def parse_override(text: str) -> dict:
+    """'a.b.c=value' -> {'a': {'b': {'c': value}}} (value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(text, "override is not key=value", "write --set privacy.eps=0.5")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(key, "override key is empty or has an empty part",
+                          "write a dotted key such as privacy.eps")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(key, f"value {raw!r} is not valid YAML ({str(exc).splitlines()[0]})",
+                          "quote the value or write a list as [a, b]") from None
+    out: dict = {}
+    cur = out
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
+
+
+def _read_yaml(path: str) -> dict:
+    fix = "pass a YAML config such as jobs/configs/digits_central.yaml"
+    if not os.path.isfile(path):
+        problem = "is a folder" if os.path.isdir(path) else "not found"
+        raise ConfigError("--config", f"file {path!r} {problem}", fix)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            loaded = yaml.safe_load(fh)
+    except (yaml.YAMLError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError("--config", f"{path} is not a valid YAML text file "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})", fix) from None
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}",
+                          "check the file's permissions") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError("--config", f"{path} holds a {type(loaded).__name__}, not a mapping of "
+                          "sections", "write sections such as 'privacy: {eps: 1.0}'; " + fix)
+    return loaded
+
+
+def _flat_keys(d: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in d.items():
+        path = f"{prefix}{k}"
+        keys.append(path)
+        if isinstance(v, dict) and tuple(path.split(".")) not in FREE_FORM:
+            keys.extend(_flat_keys(v, path + "."))
+    return keys
+
+
+KNOWN_KEYS = _flat_keys(DEFAULTS)
+
+
+def _unknown(path: str, known: list[str], fallback: str) -> ConfigError:
+    near = difflib.get_close_matches(path, known, n=1)
+    return ConfigError(path, "unknown key", f"did you mean '{near[0]}'?" if near else fallback)
+
+
+def _merge(base: dict, extra: dict, prefix: str = "") -> dict:
+    """``base`` updated by ``extra``; sections recursively, free-form sections key by key."""
+    out = copy.deepcopy(base)
+    if not isinstance(extra, dict):
+        raise ConfigError(prefix.rstrip(".") or "--config", f"expected a mapping, got {extra!r}",
+                          "write sections as 'section: {key: value}'")
+    for k, v in extra.items():
+        path = f"{prefix}{k}"
+        if path not in KNOWN_KEYS:
+            raise _unknown(path, KNOWN_KEYS, "see jobs/configs/*.yaml for the keys")
+        if tuple(path.split(".")) in FREE_FORM:
+            if v is not None and not isinstance(v, dict):
+                raise ConfigError(path, f"expected a mapping, got {v!r}", f"write {path}.<key>=value")
+            merged = {} if v is None else {**out[k], **v}
+            out[k] = {key: val for key, val in merged.items() if val is not None}
+        elif isinstance(out.get(k), dict):
+            if not isinstance(v, dict):
+                raise ConfigError(path, f"expected a mapping, got {v!r}", f"write {path}.<key>=value")
+            out[k] = _merge(out[k], v, path + ".")
+        else:
+            out[k] = v
+    return out
+
+
+def _finish(cfg: dict, overrides: list[str] | None) -> Config:
+    for text in overrides or []:
+        cfg = _merge(cfg, parse_override(text))
+    _validate(cfg)
+    return _build(cfg)
+
+
+# ---------------------------------------------------------------------- validation
+
+TRAIN_ON = ("public", "queries")    # jobs/distill.py: train on propagated public labels or the queries
+#: privacy.options keys the mechanisms read -> (kind, low, high, low_open, high_open).
+PRIVACY_OPTIONS = {"collision_l": (int, 2, None, False, False),
+                   "separation_split": (float, 0, 1, True, True),
+                   "expected_dropout": (float, 0, 1, False, True)}
+#: Options the pipeline fills from a dedicated key (an options entry would override it).
+SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_record",
+                    "bound": "privacy.amplification_bound"}
+
+#: key -> (kind, low, high, low_open, high_open, allow_none)
+NUMBERS = {
+    "run.seed": (int, 0, None, False, False, False),
+    "data.clients": (int, 1, None, False, False, False),
+    "data.alpha": (float, 0, None, True, False, False),
+    "represent.dim": (int, 1, None, False, False, False),
+    "queries.s": (int, 1, None, False, False, False),
+    "queries.restarts": (int, 1, None, False, False, False),
+    "queries.niter": (int, 1, None, False, False, False),
+    "rknn.k": (int, 1, None, False, False, False),
+    "rknn.r": (int, 1, None, False, False, False),
+    "privacy.eps": (float, 0, None, True, False, False),
+    "privacy.delta": (float, 0, 1, False, True, False),
+    "privacy.budget_eps": (float, 0, None, True, False, True),
+    "privacy.budget_delta": (float, 0, 1, False, True, True),
+    "shuffle.min_senders": (int, 1, None, False, False, True),
+    "shuffle.onion_layers": (int, 0, 8, False, False, False),
+    "shuffle.dropout": (float, 0, 1, False, True, False),
+    "shuffle.distributed_above": (int, 1, None, False, False, True),
+    "student.epochs": (int, 1, None, False, False, False),
+    "student.batch_size": (int, 1, None, False, False, False),
+    "student.lr": (float, 0, None, True, False, False),
+    "student.weight_decay": (float, 0, None, False, False, False),
+    "student.num_workers": (int, 1, None, False, False, False),
+    "cluster.shards": (int, 1, None, False, False, False),
+    "cluster.batch_clients": (int, 1, None, False, False, False),
+    "cluster.shard_cpus": (float, 0, None, True, False, False),
+    "cluster.server_cpus": (float, 0, None, True, False, False),
+    "cluster.shuffler_cpus": (float, 0, None, True, False, False),
+    "cluster.openers": (int, 0, 64, False, False, True),
+    "cluster.window": (int, 1, 1024, False, False, False),
+    "rounds.count": (int, 1, 100, False, False, False),
+}
+BOOLS = ("run.progress", "run.diagnostics", "represent.whiten", "queries.use_nearest_public")
+
+
+def allowed_values() -> dict[str, tuple]:
+    """Allowed values per key, taken from the modules that act on them."""
+    from rknn_ray.accounting import BOUNDS
+    from rknn_ray.accounting.ledger import ACCOUNTANTS
+    from rknn_ray.data.partition import SCHEMES
+    from rknn_ray.data.splits import RULES
+    from rknn_ray.mechanisms import available
+    from rknn_ray.mechanisms.central import NOISE_KINDS
+    from rknn_ray.mechanisms.randomized_response import MULTI_RECORD
+    from rknn_ray.queries import NEXT_ROUND_SELECTORS
+    from rknn_ray.represent import ENCODERS
+    from rknn_ray.rng import RNG_KINDS
+    from rknn_ray.student.models import ARCHS
+    from rknn_ray.student.train import AUGMENTATIONS, LABEL_TYPES
+    return {"run.rng": RNG_KINDS, "data.split": RULES, "data.partition": SCHEMES,
+            "represent.encoder": tuple(ENCODERS), "privacy.model": tuple(available()),
+            "privacy.noise": NOISE_KINDS, "privacy.multi_record": MULTI_RECORD,
+            "privacy.accountant": tuple(ACCOUNTANTS),
+            "privacy.amplification_bound": tuple(sorted(b for b in BOUNDS
+                                                        if BOUNDS[b].kind == "upper")),
+            "labels.type": LABEL_TYPES, "labels.train_on": TRAIN_ON,
+            "student.arch": ARCHS, "student.augment": AUGMENTATIONS,
+            "rounds.query_selection": tuple(NEXT_ROUND_SELECTORS)}
+
+
+def synthetic_keys() -> dict[str, type]:
+    """data.synthetic keys: gaussian_mixture's parameters, typed by their defaults."""
+    from rknn_ray.data.synthetic import gaussian_mixture
+    return {name: type(p.default) for name, p in inspect.signature(gaussian_mixture).parameters.items()}
+
+
+def _number(holder: dict, key: str, path: str, kind=float, low=None, high=None,
+            low_open=False, high_open=False, allow_none=False) -> None:
+    """Check ``holder[key]`` and store it normalized (numeric strings parsed, ints as int)."""
+    v = holder[key]
+    if v is None and allow_none:
+        return
+    if isinstance(v, str):      # YAML 1.1 reads '1e-6' (no dot) as a string
+        try:
+            v = float(v.strip())
+        except ValueError:
+            pass
+    whole = "whole " if kind is int else ""
+    fix = f"set {path} to a finite {whole}number" + (" or null" if allow_none else "")
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ConfigError(path, f"expected {'an integer' if kind is int else 'a number'}, got {v!r}", fix)
+    if not math.isfinite(v):
+        raise ConfigError(path, f"{v} is not finite", fix)
+    if kind is int:
+        if v != int(v):
+            raise ConfigError(path, f"expected an integer, got {v!r}", fix)
+        v = int(v)
+    holder[key] = v
+    bad_low = low is not None and (v <= low if low_open else v < low)
+    bad_high = high is not None and (v >= high if high_open else v > high)
+    if bad_low or bad_high:
+        lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low}"
+        hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
+        raise ConfigError(path, f"{v} is out of range", f"choose {path} in {lo}, {hi}")
+
+
+def _at(cfg: dict, path: str) -> tuple[dict, str]:
+    section, key = path.split(".")
+    return cfg[section], key
+
+
+def _validate(cfg: dict) -> None:
+    """Check every value of a merged dict, normalizing it in place (names, numbers)."""
+    from rknn_ray.data import canonical_name
+    try:
+        cfg["data"]["dataset"] = canonical_name(cfg["data"]["dataset"])
+    except ConfigError as exc:
+        raise ConfigError("data.dataset", exc.problem, exc.fix) from None
+    for path, allowed in allowed_values().items():
+        holder, key = _at(cfg, path)
+        if not isinstance(holder[key], str) or holder[key] not in allowed:
+            raise ConfigError(path, f"{holder[key]!r} is not supported", f"use one of {list(allowed)}")
+    eps = cfg["privacy"]["eps"]
+    if isinstance(eps, float) and math.isinf(eps):
+        raise ConfigError("privacy.eps", "is infinite", "use a finite eps > 0 "
+                          "(the report always includes the non-private reference)")
+    for path, spec in NUMBERS.items():
+        _number(*_at(cfg, path), path, *spec)
+    for path in BOOLS:
+        holder, key = _at(cfg, path)
+        if not isinstance(holder[key], bool):
+            raise ConfigError(path, f"{holder[key]!r} is not true or false", f"set {path}: true or false")
+    if not (cfg["student"]["use_gpu"] is None or isinstance(cfg["student"]["use_gpu"], bool)):
+        raise ConfigError("student.use_gpu", f"{cfg['student']['use_gpu']!r} is not true, false "
+                          "or null", "set student.use_gpu: null (automatic), true or false")
+    _check_strings(cfg)
+    _check_relations(cfg)
+    cfg["rounds"]["budget_split"] = _check_split(cfg["rounds"]["budget_split"], cfg["rounds"]["count"])
+    _check_options(cfg)
+    _check_synthetic(cfg)
+
+
+def _check_strings(cfg: dict) -> None:
+    name = cfg["run"]["name"]
+    if not isinstance(name, str) or not name.strip() or os.sep in name or "/" in name:
+        raise ConfigError("run.name", f"{name!r} is not a plain folder name",
+                          "set run.name to a non-empty name without '/' (it names runs/<name>-<time>)")
+    root = cfg["data"]["data_root"]
+    if root is not None and not isinstance(root, str):
+        raise ConfigError("data.data_root", f"{root!r} is not a path",
+                          "set data.data_root to a folder path, or null for the default location")
+
+
+def _check_relations(cfg: dict) -> None:
+    p = cfg["privacy"]
+    if p["eps"] < 1e-6:
+        raise ConfigError("privacy.eps", f"{p['eps']} is below 1e-6: its noise scale 2kr/eps "
+                          "would dwarf any count", "use privacy.eps >= 1e-6")
+    if p["model"] == "shuffle" and p["delta"] <= 0:
+        raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
+                          "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
+    from rknn_ray.mechanisms import available
+    names = available().get(p["model"], [])
+    if p["mechanism"] not in names:
+        raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
+                          "mechanism", f"use one of {sorted(names)}")
+    s, k = cfg["queries"]["s"], cfg["rknn"]["k"]
+    if k > s:
+        raise ConfigError("rknn.k", f"k = {k} exceeds the number of queries s = {s}",
+                          f"set rknn.k <= {s} or raise queries.s")
+
+
+def _check_split(split, count: int):
+    """'even', or ``count`` positive fractions summing to at most 1 (numeric strings parsed)."""
+    fix = f"use 'even' or a list of {count} fractions, e.g. {[round(1 / count, 3)] * count}"
+    if split == "even":
+        return split
+    if not isinstance(split, (list, tuple)):
+        raise ConfigError("rounds.budget_split", f"{split!r} is not 'even' or a list", fix)
+    holder = list(split)
+    for i in range(len(holder)):
+        _number(holder, i, f"rounds.budget_split[{i}]", float, 0, 1, low_open=True)
+    if len(holder) != count or sum(holder) > 1 + 1e-12:
+        raise ConfigError("rounds.budget_split", f"{list(split)!r} is not {count} positive "
+                          "fractions summing to at most 1", fix)
+    return holder
+
+
+def _check_options(cfg: dict) -> None:
+    options = cfg["privacy"]["options"]
+    for key in options:
+        path = f"privacy.options.{key}"
+        if key in SHADOWED_OPTIONS:
+            raise ConfigError(path, f"is set by {SHADOWED_OPTIONS[key]}",
+                              f"write {SHADOWED_OPTIONS[key]}=<value> instead")
+        if key not in PRIVACY_OPTIONS:
+            raise _unknown(path, [f"privacy.options.{o}" for o in PRIVACY_OPTIONS],
+                           f"known keys: {list(PRIVACY_OPTIONS)}")
+        kind, low, high, low_open, high_open = PRIVACY_OPTIONS[key]
+        _number(options, key, path, kind, low, high, low_open, high_open)
+    c = cfg["rknn"]["k"] * cfg["rknn"]["r"]
+    if options.get("collision_l", c + 1) <= c:
+        raise ConfigError("privacy.options.collision_l", f"l = {options['collision_l']} must "
+                          f"exceed k*r = {c} (the Collision mechanism's domain)",
+                          f"set privacy.options.collision_l > {c}, or null for the variance-optimal l")
+
+
+def _check_synthetic(cfg: dict) -> None:
+    synthetic = cfg["data"]["synthetic"]
+    known = synthetic_keys()
+    for key in synthetic:
+        path = f"data.synthetic.{key}"
+        if key not in known:
+            raise _unknown(path, [f"data.synthetic.{k}" for k in known], f"known keys: {list(known)}")
+        _number(synthetic, key, path, int if known[key] is int else float)
+    if synthetic and cfg["data"]["dataset"] != "synthetic":
+        raise ConfigError("data.synthetic", f"is only read for data.dataset=synthetic, not "
+                          f"{cfg['data']['dataset']!r}", "set data.synthetic=null or data.dataset=synthetic")
+
+
+# ---------------------------------------------------------------------- after loading
+
+def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int) -> None:
+    """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|)."""
+    s, count = cfg.queries.s, cfg.rounds.count
+    if s > public_size:
+        raise ConfigError("queries.s", f"s = {s} exceeds the {public_size} public samples",
+                          f"set queries.s <= {public_size}")
+    if s * count > public_size:
+        raise ConfigError("rounds.count", f"{count} rounds of s = {s} new queries need "
+                          f"{s * count} public samples, there are {public_size}",
+                          "lower rounds.count or queries.s")
+    if cfg.data.partition != "one_per_client" and cfg.data.clients > num_private:
+        raise ConfigError("data.clients", f"{cfg.data.clients} clients for only {num_private} "
+                          "private records",
+                          f"set data.clients <= {num_private} or data.partition=one_per_client")
+    if cfg.rknn.r > num_classes:
+        raise ConfigError("rknn.r", f"r = {cfg.rknn.r} labels per record exceeds the "
+                          f"{num_classes} classes", f"set rknn.r <= {num_classes}")
+
+
+def protocol_cpus(cfg: Config) -> float:
+    """CPUs the protocol's actors reserve (jobs/protocol.py): every ClientShard
+    ``cluster.shard_cpus``, the Server ``cluster.server_cpus``, and in the shuffle model
+    max(1, onion_layers) Shuffler hops ``cluster.shuffler_cpus`` each."""
+    cl = cfg.cluster
+    hops = max(1, cfg.shuffle.onion_layers) if cfg.privacy.model == "shuffle" else 0
+    return cl.shards * cl.shard_cpus + cl.server_cpus + hops * cl.shuffler_cpus
+
+
+def validate_resources(cfg: Config, available_cpus: float) -> None:
+    """The protocol's actors must fit the cluster's CPUs (Ray would wait for them forever)."""
+    need = protocol_cpus(cfg)
+    if need <= available_cpus + 1e-9:
+        return
+    cl = cfg.cluster
+    hops = max(1, cfg.shuffle.onion_layers) if cfg.privacy.model == "shuffle" else 0
+    fixed = cl.server_cpus + hops * cl.shuffler_cpus
+    fits = math.floor((available_cpus - fixed) / cl.shard_cpus + 1e-9)
+    fix = (f"set cluster.shards <= {fits} (or lower cluster.shard_cpus)" if fits >= 1 else
+           f"lower cluster.server_cpus / cluster.shuffler_cpus / cluster.shard_cpus, or use a "
+           f"cluster with at least {need:g} CPUs")
+    raise ConfigError("cluster.shards", f"the protocol reserves {cl.shards} shards x "
+                      f"{cl.shard_cpus:g} CPU + server {cl.server_cpus:g} + {hops} shuffler(s) x "
+                      f"{cl.shuffler_cpus:g} = {need:g} CPUs, but the cluster has {available_cpus:g}",
+                      fix)

@@ -1,132 +1,329 @@
 """Config loading, overrides and every bad-input case, checked before work starts."""
+import copy
+import dataclasses
 import glob
 import os
+import pickle
+import re
 
 import pytest
+import yaml
 
-from rknn_ray.config import load_config, parse_override, validate_resources, validate_with_data
+from rknn_ray.config import (DEFAULTS, PRIVACY_OPTIONS, SHADOWED_OPTIONS, Config, load_config,
+                             parse_override, protocol_cpus, validate_resources, validate_with_data)
 from rknn_ray.errors import ConfigError
 from rknn_ray.runio import prepare_run_dir, write_json
 
-CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "jobs", "configs", "*.yaml")))
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "jobs", "configs", "*.yaml")))
+LOCAL_COLLISION = ["privacy.model=local", "privacy.mechanism=collision"]
+SYNTHETIC = ["data.dataset=synthetic"]
 
+
+def _dump(tmp_path, data, name="c.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+# ---------------------------------------------------------------------- round trips
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
-def test_shipped_configs_validate(path):
+def test_shipped_configs_validate_and_round_trip(path, tmp_path):
     cfg = load_config(path)
     assert cfg.privacy.eps > 0
-    assert load_config(None, _as_overrides(cfg.to_dict())) == cfg     # round trip
+    again = load_config(_dump(tmp_path, cfg.to_dict()))      # what distill writes to config.yaml
+    assert again == cfg and Config.from_dict(cfg.to_dict()) == cfg
 
+
+def test_round_trip_keeps_free_form_sections_and_budget_split(tmp_path):
+    cfg = load_config(None, SYNTHETIC + LOCAL_COLLISION + [
+        "data.synthetic.dim=3", "privacy.options.collision_l=7", "rounds.count=2",
+        "rounds.budget_split=[0.25, 0.5]"])
+    plain = cfg.to_dict()
+    assert plain["rounds"]["budget_split"] == [0.25, 0.5] and type(plain["privacy"]["options"]) is dict
+    assert load_config(_dump(tmp_path, plain)) == cfg
+    assert cfg.with_overrides([]) == cfg
+
+
+def test_defaults_are_the_sections_defaults():
+    assert load_config(None).to_dict() == DEFAULTS
+    assert DEFAULTS["rounds"] == {"count": 1, "budget_split": "even", "query_selection": "farthest"}
+    assert DEFAULTS["run"]["diagnostics"] is False
+
+
+# ---------------------------------------------------------------------- parsing and merging
 
 def test_override_parsing():
     assert parse_override("privacy.eps=0.5") == {"privacy": {"eps": 0.5}}
     assert parse_override("data.data_root=/x") == {"data": {"data_root": "/x"}}
-    assert load_config(None, ["privacy.delta=1e-6"]).privacy.delta == 1e-6  # YAML 1.1 str
     cfg = load_config(None, ["privacy.eps=2", "rknn.k=3", "queries.s=50"])
     assert (cfg.privacy.eps, cfg.rknn.k, cfg.queries.s) == (2, 3, 50)
 
 
-def _as_overrides(d: dict) -> list[str]:
-    import json
-    return [f"{sec}.{k}={json.dumps(v)}" for sec, vals in d.items() for k, v in vals.items()]
+def test_yaml_1_1_exponent_strings_are_numbers(tmp_path):
+    # YAML 1.1 reads 1e-6 (no dot) as the string '1e-6'
+    path = tmp_path / "c.yaml"
+    path.write_text("privacy: {eps: 5e-1, delta: 1e-6}\nqueries: {s: 1e2}\n")
+    cfg = load_config(str(path), ["student.lr=2e-3", "rounds.count=2", "rounds.budget_split=[1e-1, 5e-1]"])
+    assert (cfg.privacy.eps, cfg.privacy.delta, cfg.student.lr) == (0.5, 1e-6, 2e-3)
+    assert cfg.queries.s == 100 and type(cfg.queries.s) is int
+    assert cfg.rounds.budget_split == (0.1, 0.5)
+    assert type(load_config(None, ["student.epochs=2.0"]).student.epochs) is int
 
+
+def test_free_form_sections_merge_key_by_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {dataset: synthetic, synthetic: {num_samples: 900, seed: 3}}\n"
+                    "privacy: {model: local, mechanism: separation, options: {collision_l: 9}}\n")
+    cfg = load_config(str(path), ["data.synthetic.num_classes=4", "data.synthetic.dim=3",
+                                  "data.synthetic.dim=5", "privacy.options.separation_split=0.3"])
+    assert cfg.data.synthetic == {"num_samples": 900, "seed": 3, "num_classes": 4, "dim": 5}
+    assert cfg.privacy.options == {"collision_l": 9, "separation_split": 0.3}
+    # a mapping override merges too; null drops one key; a null section empties it
+    assert load_config(str(path), ["privacy.options={expected_dropout: 0.1}"]).privacy.options == \
+        {"collision_l": 9, "expected_dropout": 0.1}
+    assert load_config(str(path), ["data.synthetic.seed=null"]).data.synthetic == {"num_samples": 900}
+    assert load_config(str(path), ["privacy.options=null"]).privacy.options == {}
+    assert cfg.with_overrides(["privacy.options.collision_l=11"]).privacy.options == \
+        {"collision_l": 11, "separation_split": 0.3}
+
+
+# ---------------------------------------------------------------------- frozen
 
 def test_config_is_frozen_and_overrides_make_validated_copies():
-    import dataclasses
-    cfg = load_config(None)
+    cfg = load_config(None, SYNTHETIC + ["data.synthetic.dim=3"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.privacy.eps = 3.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rounds = None
+    for change in (lambda d: d.__setitem__("dim", 4), lambda d: d.update(dim=4),
+                   lambda d: d.pop("dim"), lambda d: d.clear()):
+        with pytest.raises(TypeError, match="with_overrides"):
+            change(cfg.data.synthetic)
+    assert cfg.data.synthetic == {"dim": 3}
     quiet = cfg.with_overrides(["run.progress=false"])
     assert quiet.run.progress is False and cfg.run.progress is True
     with pytest.raises(ConfigError, match="privacy.eps"):
         cfg.with_overrides(["privacy.eps=-1"])
 
 
-def test_free_form_sections_merge_key_by_key(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text("data: {dataset: synthetic, synthetic: {num_samples: 900, seed: 3}}\n"
-                    "privacy: {model: local, mechanism: collision, options: {collision_l: 9}}\n")
-    cfg = load_config(str(path), ["data.synthetic.num_classes=4", "data.synthetic.dim=3",
-                                  "privacy.options.separation_split=0.3"])
-    assert cfg.data.synthetic == {"num_samples": 900, "seed": 3, "num_classes": 4, "dim": 3}
-    assert cfg.privacy.options == {"collision_l": 9, "separation_split": 0.3}
+def test_config_survives_pickle_and_deepcopy_read_only():
+    # Ray ships the Config to every ClientShard: it must come back equal and still read-only
+    cfg = load_config(None, LOCAL_COLLISION + ["privacy.options.collision_l=5"])
+    for copied in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg)):
+        assert copied == cfg and hash(copied) == hash(cfg)
+        with pytest.raises(TypeError):
+            copied.privacy.options["collision_l"] = 6
 
 
-@pytest.mark.parametrize("override,match", [
-    ("privacy.eps=0", "privacy.eps"),
-    ("privacy.eps=-1", "privacy.eps"),
-    ("privacy.eps=.nan", "privacy.eps"),
-    ("privacy.eps=abc", "privacy.eps"),
-    ("privacy.delta=1.5", "privacy.delta"),
-    ("privacy.delta=-0.1", "privacy.delta"),
-    ("rknn.k=0", "rknn.k"),
-    ("rknn.k=500", "exceeds the number of queries"),
-    ("data.dataset=imagenet", "unknown data set"),
-    ("privacy.model=trusted", "privacy.model"),
-    ("privacy.mechanism=gauss", "privacy.mechanism"),
+# ---------------------------------------------------------------------- every bad value
+
+BAD = [
+    # (overrides, key the error must name)
+    (["privacy.eps=0"], "privacy.eps"),
+    (["privacy.eps=-1"], "privacy.eps"),
+    (["privacy.eps=.nan"], "privacy.eps"),
+    (["privacy.eps=.inf"], "privacy.eps"),
+    (["privacy.eps=abc"], "privacy.eps"),
+    (["privacy.eps=1e-300"], "privacy.eps"),
+    (["privacy.delta=1.5"], "privacy.delta"),
+    (["privacy.delta=-0.1"], "privacy.delta"),
+    (["privacy.model=shuffle", "privacy.mechanism=collision", "privacy.delta=0"], "privacy.delta"),
+    (["privacy.budget_eps=0"], "privacy.budget_eps"),
+    (["privacy.budget_delta=1"], "privacy.budget_delta"),
+    (["rknn.k=0"], "rknn.k"),
+    (["rknn.k=500"], "rknn.k"),
+    (["rknn.r=0"], "rknn.r"),
+    (["data.dataset=imagenet"], "data.dataset"),
+    (["data.split=random"], "data.split"),
+    (["data.partition=random"], "data.partition"),
+    (["data.clients=0"], "data.clients"),
+    (["data.alpha=0"], "data.alpha"),
+    (["data.data_root=[1]"], "data.data_root"),
+    (["privacy.model=trusted"], "privacy.model"),
+    (["privacy.mechanism=gauss"], "privacy.mechanism"),
+    (["privacy.model=central", "privacy.mechanism=collision"], "privacy.mechanism"),
+    (["privacy.epsilon=1"], "privacy.epsilon"),
+    (["run.rng=mersenne"], "run.rng"),
+    (["run.seed=-1"], "run.seed"),
+    (["run.name=a/b"], "run.name"),
+    (["run.name="], "run.name"),
+    (["run.diagnostics=sometimes"], "run.diagnostics"),
+    (["run.progress=1"], "run.progress"),
+    (["represent.encoder=hog"], "represent.encoder"),
+    (["represent.dim=0"], "represent.dim"),
+    (["queries.s=2.5"], "queries.s"),
+    (["student.epochs=0"], "student.epochs"),
+    (["student.epochs=.inf"], "student.epochs"),
+    (["student.lr=0"], "student.lr"),
+    (["student.arch=resnet999"], "student.arch"),
+    (["student.augment=mixup"], "student.augment"),
+    (["student.use_gpu=maybe"], "student.use_gpu"),
+    (["student.use_gpu=1"], "student.use_gpu"),
+    (["privacy.noise=gaussian"], "privacy.noise"),
+    (["privacy.multi_record=all"], "privacy.multi_record"),
+    (["privacy.accountant=rdp"], "privacy.accountant"),
+    (["privacy.amplification_bound=lower_bound"], "privacy.amplification_bound"),
+    (["privacy.amplification_bound=tightest"], "privacy.amplification_bound"),
+    (["shuffle.dropout=1"], "shuffle.dropout"),
+    (["shuffle.dropout=-0.1"], "shuffle.dropout"),
+    (["shuffle.onion_layers=9"], "shuffle.onion_layers"),
+    (["shuffle.onion_layers=-1"], "shuffle.onion_layers"),
+    (["shuffle.onion_layers=1.5"], "shuffle.onion_layers"),
+    (["shuffle.min_senders=0"], "shuffle.min_senders"),
+    (["shuffle.min_senders=many"], "shuffle.min_senders"),
+    (["cluster.shard_cpus=0"], "cluster.shard_cpus"),
+    (["cluster.shard_cpus=-1"], "cluster.shard_cpus"),
+    (["cluster.shards=0"], "cluster.shards"),
+    (["cluster.server_cpus=0"], "cluster.server_cpus"),
+    (["cluster.openers=65"], "cluster.openers"),
+    (["labels.train_on=private"], "labels.train_on"),
+    (["labels.type=fuzzy"], "labels.type"),
+    (["rounds.query_selection=random"], "rounds.query_selection"),
+    (["privacy.options.colision_l=3"], "privacy.options.colision_l"),
+    (["privacy.options.noise=continuous"], "privacy.options.noise"),
+    (LOCAL_COLLISION + ["privacy.options.collision_l=1"], "privacy.options.collision_l"),
+    (LOCAL_COLLISION + ["rknn.k=2", "rknn.r=2", "privacy.options.collision_l=4"],
+     "privacy.options.collision_l"),
+    (["privacy.options.separation_split=1"], "privacy.options.separation_split"),
+    (["privacy.options.expected_dropout=1"], "privacy.options.expected_dropout"),
+    (["privacy.options=3"], "privacy.options"),
+    (SYNTHETIC + ["data.synthetic.samples=3"], "data.synthetic.samples"),
+    (SYNTHETIC + ["data.synthetic.dim=abc"], "data.synthetic.dim"),
+    (["data.synthetic.dim=3"], "data.synthetic"),        # only read for the synthetic data set
+    (["privacy=3"], "privacy"),
+    (["privacy..eps=1"], "privacy..eps"),
+    (["rounds.budget_split=[0.5,"], "rounds.budget_split"),
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD, ids=lambda v: v if isinstance(v, str) else ",".join(v))
+def test_bad_values_name_the_key_and_fix(overrides, key):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert info.value.key == key
+    assert "Fix:" in str(info.value) and info.value.fix
+
+
+@pytest.mark.parametrize("override,hint", [
     ("privacy.epsilon=1", "did you mean 'privacy.eps'"),
-    ("data.partition=random", "data.partition"),
-    ("run.rng=mersenne", "run.rng"),
-    ("student.epochs=0", "student.epochs"),
-    ("student.arch=resnet999", "student.arch"),
-    ("student.augment=mixup", "student.augment"),
-    ("student.use_gpu=maybe", "student.use_gpu"),
-    ("privacy.noise=gaussian", "privacy.noise"),
-    ("privacy.accountant=rdp", "privacy.accountant"),
-    ("privacy.amplification_bound=lower_bound", "privacy.amplification_bound"),
-    ("privacy.eps=1e-300", "privacy.eps"),
     ("privacy.options.colision_l=3", "did you mean 'privacy.options.collision_l'"),
-    ("data.synthetic.samples=3", "data.synthetic.samples"),
-    ("shuffle.dropout=1.5", "shuffle.dropout"),
-    ("shuffle.onion_layers=20", "shuffle.onion_layers"),
-    ("cluster.shard_cpus=0", "cluster.shard_cpus"),
-    ("labels.train_on=private", "labels.train_on"),
-    ("rounds.count=0", "rounds.count"),
-    ("rounds.budget_split=[0.7, 0.7]", "rounds.budget_split"),
-    ("run.diagnostics=sometimes", "run.diagnostics"),
+    ("privacy.options.noise=continuous", "privacy.noise="),
+    ("data.synthetic.dims=3", "did you mean 'data.synthetic.dim'"),
+    ("cluster.shard_cpu=1", "did you mean 'cluster.shard_cpus'"),
 ])
-def test_bad_values_name_the_key_and_fix(override, match):
-    with pytest.raises(ConfigError, match=match) as info:
-        load_config(None, [override])
-    assert "Fix:" in str(info.value)
+def test_unknown_keys_suggest_the_right_one(override, hint):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, (SYNTHETIC if "synthetic" in override else []) + [override])
+    assert hint in info.value.fix
 
 
-def test_rounds_split_and_resources():
-    cfg = load_config(None, ["rounds.count=2", "rounds.budget_split=[0.25, 0.75]"])
-    assert cfg.rounds.budget_split == (0.25, 0.75)
-    with pytest.raises(ConfigError, match="rounds.budget_split"):
-        load_config(None, ["rounds.count=3", "rounds.budget_split=[0.5, 0.5]"])
-    validate_resources(load_config(None), 2)             # 2 x 0.5 + 0.25 fits 2 CPUs
-    with pytest.raises(ConfigError, match="cluster.shards"):
+# ---------------------------------------------------------------------- rounds
+
+@pytest.mark.parametrize("overrides", [
+    ["rounds.count=0"],
+    ["rounds.count=101"],
+    ["rounds.count=two"],
+    ["rounds.count=3", "rounds.budget_split=[0.5, 0.5]"],           # length != count
+    ["rounds.count=2", "rounds.budget_split=[0.5, 0]"],             # a round with no budget
+    ["rounds.count=2", "rounds.budget_split=[1.5, -0.5]"],
+    ["rounds.count=2", "rounds.budget_split=[0.7, 0.7]"],           # sum > 1
+    ["rounds.count=1", "rounds.budget_split=uneven"],
+    ["rounds.count=1", "rounds.budget_split=0.5"],
+    ["rounds.count=1", "rounds.budget_split=[half]"],
+], ids=lambda v: ",".join(v))
+def test_rounds_validation(overrides):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert info.value.key.startswith("rounds.")
+
+
+def test_valid_rounds():
+    cfg = load_config(None, ["rounds.count=3", "rounds.budget_split=[0.25, 0.25, 0.5]"])
+    assert (cfg.rounds.count, cfg.rounds.budget_split) == (3, (0.25, 0.25, 0.5))
+    assert load_config(None, ["rounds.count=2", "rounds.budget_split=[0.2, 0.3]"]).rounds.budget_split \
+        == (0.2, 0.3)                                               # sum < 1: spend less
+    assert load_config(None, ["rounds.count=4"]).rounds.budget_split == "even"
+
+
+# ---------------------------------------------------------------------- free-form keys are real
+
+def test_privacy_options_are_the_keys_the_mechanisms_read():
+    read = set()
+    for path in glob.glob(os.path.join(ROOT, "rknn_ray", "mechanisms", "*.py")):
+        text = open(path, encoding="utf-8").read()
+        read |= set(re.findall(r"options(?:\.get\(|\[)\s*[\"'](\w+)[\"']", text))
+    assert read == set(PRIVACY_OPTIONS) | set(SHADOWED_OPTIONS)
+
+
+# ---------------------------------------------------------------------- after loading
+
+def test_resources_fit_or_name_the_fix():
+    cfg = load_config(None)
+    assert protocol_cpus(cfg) == 2 * 0.5 + 0.25                     # shards + server, no shuffler
+    validate_resources(cfg, 2)
+    shuffle = load_config("jobs/configs/digits_shuffle.yaml", ["shuffle.onion_layers=3"])
+    assert protocol_cpus(shuffle) == 2 * 0.5 + 0.25 + 3 * 0.25      # + one shuffler per onion layer
+    validate_resources(shuffle, 2)
+    with pytest.raises(ConfigError, match="cluster.shards <= 3") as info:
         validate_resources(load_config(None, ["cluster.shards=8"]), 2)
+    assert info.value.key == "cluster.shards" and "server 0.25" in info.value.problem
+    with pytest.raises(ConfigError, match="cluster.server_cpus"):
+        validate_resources(load_config(None, ["cluster.server_cpus=4"]), 2)
 
 
 def test_sizes_known_after_loading():
     cfg = load_config(None, ["queries.s=100"])
+    validate_with_data(cfg, 100, 1000, 10)
     with pytest.raises(ConfigError, match="public samples"):
         validate_with_data(cfg, 50, 1000, 10)
     with pytest.raises(ConfigError, match="clients"):
         validate_with_data(load_config(None, ["data.clients=1000"]), 500, 10, 10)
+    validate_with_data(load_config(None, ["data.clients=1000", "data.partition=one_per_client"]),
+                       500, 10, 10)
     with pytest.raises(ConfigError, match="rknn.r"):
         validate_with_data(load_config(None, ["rknn.r=3", "queries.s=10"]), 500, 1000, 2)
     with pytest.raises(ConfigError, match="rounds.count"):
         validate_with_data(load_config(None, ["rounds.count=3", "queries.s=100"]), 250, 1000, 10)
 
 
-def test_binary_config_file_is_a_clear_error(tmp_path):
-    binary = tmp_path / "c.yaml"
-    binary.write_bytes(bytes(range(256)) * 4)
-    with pytest.raises(ConfigError, match="not a valid YAML"):
-        load_config(str(binary))
+def test_student_config_from_run_config():
+    from rknn_ray.student import StudentConfig
+    cfg = load_config("jobs/configs/digits_shuffle.yaml")
+    scfg = StudentConfig.from_config(cfg).validate()
+    assert (scfg.epochs, scfg.batch_size, scfg.augment, scfg.label_type, scfg.seed) == \
+        (cfg.student.epochs, cfg.student.batch_size, "shift", cfg.labels.type, cfg.run.seed)
 
 
-def test_missing_and_broken_config_files(tmp_path):
+# ---------------------------------------------------------------------- files
+
+@pytest.mark.parametrize("content,problem", [
+    (bytes(range(256)) * 4, "not a valid YAML"),
+    (b"privacy: [1, 2\n", "not a valid YAML"),
+    (b"- privacy\n- eps\n", "holds a list"),
+    (b"just text\n", "holds a str"),
+], ids=["binary", "broken", "list", "scalar"])
+def test_unusable_config_files_are_clear_errors(tmp_path, content, problem):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=problem) as info:
+        load_config(str(path))
+    assert info.value.key == "--config"
+
+
+def test_missing_folder_and_empty_config_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(str(tmp_path / "nope.yaml"))
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("privacy: [1, 2\n")
-    with pytest.raises(ConfigError, match="not a valid YAML"):
-        load_config(str(bad))
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(str(tmp_path))
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing set\n")
+    assert load_config(str(empty)) == load_config(None)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("privacy: 3\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(str(nested))
 
 
 def test_run_dir_never_clobbers_a_run(tmp_path):

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
 import numpy as np
@@ -50,6 +50,13 @@ class StudentConfig:
     seed: int = 0
     arch: str = "auto"
     augment: str = "none"       # "shift": random translations of image inputs (small data)
+
+    @classmethod
+    def from_config(cls, cfg) -> "StudentConfig":
+        """From a run :class:`rknn_ray.config.Config`: its student section, label type and seed."""
+        st = cfg.student
+        return cls(**{f.name: getattr(st, f.name) for f in fields(st)},
+                   label_type=cfg.labels.type, seed=cfg.run.seed)
 
     def validate(self) -> "StudentConfig":
         if self.augment not in AUGMENTATIONS:
