@@ -1,10 +1,14 @@
-"""Privacy accounting: shuffle amplification bounds, multi-message calibration, ledger.
+"""Privacy accounting: amplification bounds, calibration, events, accountants, ledgers.
 
 * :mod:`.bounds` -- amplification upper bounds (FMT closed form, clones numerical,
   variation-ratio), a lower bound, inverses (``amplified_local_eps``).
 * :mod:`.hockey` -- the exact, bounded-work hockey-stick computations behind them.
 * :mod:`.multi_message` -- NB-share + flooding histogram protocol calibration.
-* :mod:`.ledger` -- ``PrivacyLedger``: per-run releases, composition, budget cap.
+* :mod:`.calibration` -- the one monotone search behind eps0, the sender floor and flooding.
+* :mod:`.events` -- what a release is (dp_accounting-style frozen events, JSON round trip).
+* :mod:`.accountants` -- what events cost together: ``basic`` sums, ``pld`` composes PLDs.
+* :mod:`.ledger` -- ``PrivacyLedger``: per-run releases (event + guarantee), budget cap.
+* :mod:`.budget_store` -- the budget that lasts across jobs (SQLite, same accountants).
 * :mod:`.audit` -- empirical audit (Clopper-Pearson) and simulated labeling error.
 """
 from rknn_ray.accounting.bounds import (BOUNDS, AmplificationBound, VariationRatioBound,

@@ -13,6 +13,7 @@ tests/test_accountants.py.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 from dp_accounting import dp_event
@@ -103,6 +104,8 @@ class PLDAccountant(Accountant):
             return 0.0, 0.0
         target = max(float(target_delta), 1e-12)
         eps = float(total.get_epsilon_for_delta(target))
+        if not math.isfinite(eps):      # target below the events' own deltas: PLD says nothing
+            return basic
         if basic[0] <= eps and basic[1] <= target:      # basic is tighter here: report it
             return basic
         return eps, target

@@ -130,7 +130,11 @@ class Mechanism(ABC):
 
     @abstractmethod
     def statistic(self, payloads: np.ndarray) -> np.ndarray:
-        """Additive sufficient statistic of well-formed messages: a 1-D array of statistic_size."""
+        """Additive sufficient statistic of well-formed messages: a 1-D array of statistic_size.
+
+        int64 wherever the reports are integers, so that sums of batches in any order
+        are bit-identical to the one-shot statistic; float64 only for float reports.
+        """
 
     @abstractmethod
     def finalize(self, stat: np.ndarray, num_reports: int,

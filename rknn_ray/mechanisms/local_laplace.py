@@ -103,11 +103,12 @@ class LocalLaplace(FlatLocalMechanism):
         return vals.reshape(-1, p.num_queries, p.num_classes)
 
     def statistic(self, payloads: np.ndarray) -> np.ndarray:
+        """Per cell: the sum of the noisy reports (int64, exact, for integer noise; else float64)."""
         payloads, p = np.ascontiguousarray(self._checked(payloads)), self.params
-        total = np.zeros(p.num_cells)
+        dtype = np.int64 if self.discrete else np.float64
+        total = np.zeros(p.num_cells, dtype)
         for sl in self._chunks(payloads.shape[0], p.num_cells):
-            total += payloads[sl].view("<i4" if self.discrete else "<f4").sum(
-                axis=0, dtype=np.float64)
+            total += payloads[sl].view("<i4" if self.discrete else "<f4").sum(axis=0, dtype=dtype)
         return total
 
     def finalize(self, stat: np.ndarray, num_reports: int,

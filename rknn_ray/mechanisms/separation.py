@@ -79,6 +79,35 @@ def concatenation_client_variance(eps: float, l: int, c: int) -> dict:
     return {key: v for key, (_, v) in concatenation_moments(eps, l, c).items()}
 
 
+# ---------------------------------------------------------------- the pair statistic
+# Both estimators are linear in a report's query hits X_T (s,), label hits X_y (|Y|,)
+# and their outer product, so the server only needs the three integer sums.
+
+def _pair_statistic_size(s: int, ny: int) -> int:
+    return s + ny + s * ny
+
+
+def _pair_statistic(hit_chunks, s: int, ny: int) -> np.ndarray:
+    """[sum X_T, sum X_y, sum X_T X_y^T (flat)] over chunks of (B, s), (B, |Y|) 0/1 hits."""
+    st, sy, pair = np.zeros(s, np.int64), np.zeros(ny, np.int64), np.zeros((s, ny), np.int64)
+    for xt, xy in hit_chunks:
+        st += xt.sum(axis=0, dtype=np.int64)
+        sy += xy.sum(axis=0, dtype=np.int64)
+        # 0/1 products summed in float64 are exact below 2^53 reports per chunk
+        pair += np.rint(xt.astype(np.float64).T @ xy.astype(np.float64)).astype(np.int64)
+    return np.concatenate([st, sy, pair.ravel()])
+
+
+def _pair_parts(stat: np.ndarray, s: int, ny: int):
+    """(query hits, label hits, pair hits (s, |Y|)) of a pair statistic, as float64."""
+    stat = np.asarray(stat, np.float64)
+    if stat.shape != (_pair_statistic_size(s, ny),):
+        raise ValueError(f"statistic has shape {stat.shape}, expected "
+                         f"({_pair_statistic_size(s, ny)},): sum statistic() outputs of this "
+                         "mechanism only")
+    return stat[:s], stat[s:s + ny], stat[s + ny:].reshape(s, ny)
+
+
 class SeparationMechanism(LocalMechanism):
     """Two Collision reports, T at f*eps and y at (1-f)*eps, one seed."""
 
@@ -128,18 +157,26 @@ class SeparationMechanism(LocalMechanism):
         a, b = self._parts(seeds, zt, zy)
         return a[:, :, None] * b[:, None, :]
 
+    @property
+    def statistic_size(self) -> int:
+        return _pair_statistic_size(self.params.num_queries, self.params.num_classes)
+
     def statistic(self, payloads: np.ndarray) -> np.ndarray:
-        """Sum over reports of the outer product of the query and label estimates."""
+        """Query hits, label hits and their pairs, summed over reports (int64, exact)."""
         seeds, (zt, zy) = decode_reports(self._checked(payloads), self._zb)
-        est = np.zeros((self.params.num_queries, self.params.num_classes))
-        for sl in self._chunks(len(seeds), self.params.num_queries + self.params.num_classes):
-            a, b = self._parts(seeds[sl], zt[sl], zy[sl])
-            est += a.T @ b
-        return est.ravel()
+        return _pair_statistic(((self.oracle_t.hits(seeds[sl], zt[sl]),
+                                 self.oracle_y.hits(seeds[sl], zy[sl]))
+                                for sl in self._chunks(len(seeds), self.params.num_queries
+                                                       + self.params.num_classes)),
+                               self.params.num_queries, self.params.num_classes)
 
     def finalize(self, stat: np.ndarray, num_reports: int,
                  rng: np.random.Generator | None = None) -> np.ndarray:
-        return np.asarray(stat, np.float64).reshape(self.params.num_queries, self.params.num_classes)
+        """sum_i a_i b_i^T expanded: a_i = (X_i - q_T)/(p_T - q_T), b_i likewise for labels."""
+        st, sy, pair = _pair_parts(stat, self.params.num_queries, self.params.num_classes)
+        (pt, qt), (py, qy) = self.oracle_t.rates, self.oracle_y.rates
+        return (pair - qy * st[:, None] - qt * sy[None, :] + num_reports * qt * qy) \
+            / ((pt - qt) * (py - qy))
 
     def _class_variances(self) -> dict:
         return separation_client_variance(self.oracle_t.variances, self.oracle_y.variances)
@@ -207,26 +244,22 @@ class ConcatenationMechanism(LocalMechanism):
 
     @property
     def statistic_size(self) -> int:
-        s, ny = self.params.num_queries, self.params.num_classes
-        return s + ny + s * ny
+        return _pair_statistic_size(self.params.num_queries, self.params.num_classes)
 
     def statistic(self, payloads: np.ndarray) -> np.ndarray:
-        """Query hits, label hits and their pairs, summed over reports (one flat vector)."""
+        """Query hits, label hits and their pairs, summed over reports (int64, exact)."""
         seeds, (z,) = decode_reports(self._checked(payloads), [self.oracle.z_bytes])
         s, ny = self.params.num_queries, self.params.num_classes
-        st, sy, pair = np.zeros(s), np.zeros(ny), np.zeros((s, ny))
-        for sl in self._chunks(len(z), self.oracle.d):
-            xt, xy = self._hits(seeds[sl], z[sl])
-            st += xt.sum(axis=0)
-            sy += xy.sum(axis=0)
-            pair += xt.T @ xy
-        return np.concatenate([st, sy, pair.ravel()])
+
+        def parts():
+            for sl in self._chunks(len(z), self.oracle.d):
+                x = self.oracle.hits(seeds[sl], z[sl])
+                yield x[:, :s], x[:, s:]
+        return _pair_statistic(parts(), s, ny)
 
     def finalize(self, stat: np.ndarray, num_reports: int,
                  rng: np.random.Generator | None = None) -> np.ndarray:
-        s, ny = self.params.num_queries, self.params.num_classes
-        stat = np.asarray(stat, np.float64)
-        st, sy, pair = stat[:s], stat[s:s + ny], stat[s + ny:].reshape(s, ny)
+        st, sy, pair = _pair_parts(stat, self.params.num_queries, self.params.num_classes)
         p, q = self.oracle.rates
         return (q * st[:, None] + q * sy[None, :] - pair - num_reports * q * q) / (q * (p - q))
 

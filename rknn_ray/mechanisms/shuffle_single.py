@@ -90,7 +90,8 @@ class ShuffleSingleMixin:
         from rknn_ray.accounting.events import ShuffledLocalDpEvent
         n = int(self.params.num_clients) if n is None else int(n)
         self.guarantee_for(n)                      # refuses below the target
-        return ShuffledLocalDpEvent(self.base_name, float(self._eps0), n,
+        # local_mechanism: the randomizer's registry name, as in LocalRandomizerDpEvent
+        return ShuffledLocalDpEvent(self.name, float(self._eps0), n,
                                     float(self.params.delta), self.bound_name)
 
     def describe(self) -> dict:

@@ -1,0 +1,138 @@
+"""Every mechanism's guarantee and event are pure functions of its public parameters and n.
+
+Covers every registered mechanism (and the options that change the noise): the event
+is a frozen dp_accounting DpEvent that survives a JSON round trip (the ledger and the
+budget store save it), costs exactly the stated guarantee, and for the central model
+matches dp_accounting's own definition of (discrete) Laplace with our noise."""
+import json
+import math
+
+import attr
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.accountants import BasicAccountant, PLDAccountant, event_cost
+from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict, event_to_dict
+from rknn_ray.errors import PrivacyBudgetError
+from rknn_ray.mechanisms import MechanismParams, available, build
+from rknn_ray.mechanisms.noise import discrete_laplace_pmf
+
+N = 20000
+VARIANTS = [(model, name, {}) for model, names in available().items() for name in names] + [
+    ("central", "laplace", {"noise": "continuous"}),
+    ("local", "laplace", {"multi_record": "normalize"}),
+]
+
+
+def params(**options) -> MechanismParams:
+    return MechanismParams(10, 4, 2, 1.0, delta=1e-6, num_clients=N, options=options)
+
+
+def variant_id(v):
+    return "-".join([v[0], v[1], *map(str, v[2].values())])
+
+
+@pytest.fixture(scope="module", params=VARIANTS, ids=variant_id)
+def mech(request):
+    model, name, opts = request.param
+    return build(model, name, params(**opts))
+
+
+def test_the_event_is_frozen_pure_and_survives_json(mech):
+    event = mech.event()
+    assert isinstance(event, dp_event.DpEvent) and attr.has(type(event))
+    assert event == mech.event() and hash(event) == hash(mech.event())
+    with pytest.raises(attr.exceptions.FrozenInstanceError):
+        setattr(event, attr.fields(type(event))[0].name, 0)
+    saved = json.loads(json.dumps(event_to_dict(event)))     # what report.json / the store keep
+    assert saved["type"] == type(event).__name__
+    assert event_from_dict(saved) == event
+
+
+def test_the_event_costs_exactly_the_stated_guarantee(mech):
+    n = mech.min_senders() if mech.model == "shuffle" else None
+    for m in ([None] if n is None else [None, n, 3 * n]):
+        g, eps_delta = mech.guarantee(m), event_cost(mech.event(m))
+        assert eps_delta == pytest.approx((g.eps, g.delta), rel=1e-12)
+
+
+def test_asking_for_a_guarantee_changes_nothing(mech):
+    assert not hasattr(mech, "senders_shuffled")
+    before = mech.describe()
+    if mech.model == "shuffle":
+        floor = mech.min_senders()
+        assert mech.guarantee(5 * floor).n == 5 * floor
+        assert mech.guarantee(5 * floor).eps <= mech.guarantee(floor).eps
+    else:                                         # n is ignored outside the shuffle model
+        assert mech.guarantee(7) == mech.guarantee() and mech.event(7) == mech.event()
+    assert mech.describe() == before and mech.guarantee() == mech.guarantee()
+
+
+def test_no_event_below_the_sender_floor():
+    for name in available()["shuffle"]:
+        mech = build("shuffle", name, params())
+        floor = mech.min_senders()
+        mech.event(floor)
+        with pytest.raises(PrivacyBudgetError, match="refused"):
+            mech.event(floor - 1)
+        with pytest.raises(PrivacyBudgetError, match="refused"):
+            mech.guarantee(floor - 1)
+
+
+def test_central_discrete_laplace_event_is_dp_accountings_definition_of_our_noise():
+    mech = build("central", "laplace", params())
+    event = mech.event()
+    assert isinstance(event, dp_event.DiscreteLaplaceDpEvent)
+    assert event.sensitivity == 2 * 2 * 1                    # replace-one L1: 2 k r
+    a, x = event.noise_parameter, np.arange(-6, 7)
+    # dp_accounting: P[x] = exp(-a|x|) tanh(a/2); ours: P[x] ~ exp(-|x|/scale)
+    np.testing.assert_allclose(discrete_laplace_pmf(x, mech.scale),
+                               np.exp(-a * np.abs(x)) * np.tanh(a / 2), rtol=1e-12)
+    pld = pld_lib.from_discrete_laplace_mechanism(a, sensitivity=event.sensitivity)
+    assert pld.get_epsilon_for_delta(0.0) == pytest.approx(mech.guarantee().eps, rel=1e-3)
+
+
+def test_central_continuous_laplace_event_is_scale_over_sensitivity():
+    mech = build("central", "laplace", params(noise="continuous"))
+    event = mech.event()
+    assert isinstance(event, dp_event.LaplaceDpEvent)
+    assert event.noise_multiplier * mech.params.sensitivity_l1 == pytest.approx(mech.scale)
+    pld = pld_lib.from_laplace_mechanism(event.noise_multiplier, sensitivity=1)
+    assert pld.get_epsilon_for_delta(0.0) == pytest.approx(mech.guarantee().eps, rel=1e-3)
+
+
+def test_shuffle_events_hold_parameters_not_a_computed_eps():
+    for name in available()["shuffle"]:
+        fields = event_to_dict(build("shuffle", name, params()).event())
+        assert "eps" not in fields
+    single = build("shuffle", "collision", params()).event()
+    assert (single.local_mechanism, single.bound) == ("collision", "clones_numerical")
+    assert single.eps0 == build("shuffle", "collision", params()).local_eps
+
+
+def test_a_ledger_of_every_trust_model_is_json_and_totals_from_its_events():
+    mechs = [build(m, n, params(**o)) for m, n, o in VARIANTS]
+    totals = {}
+    for accountant in ("basic", "pld"):
+        ledger = PrivacyLedger(accountant=accountant)
+        for i, m in enumerate(mechs):
+            ledger.record(m.guarantee(), i, event=m.event(), mechanism_name=m.name)
+        ledger.record(mechs[0].guarantee(), len(mechs))       # no event: its stated cost
+        out = json.loads(json.dumps(ledger.to_dict()))
+        assert [e["event"]["type"] if e["event"] else None for e in out["entries"]] == \
+            [type(m.event()).__name__ for m in mechs] + [None]
+        totals[accountant] = (out["total"]["eps"], out["total"]["delta"])
+    stated = [m.guarantee() for m in mechs] + [mechs[0].guarantee()]
+    assert totals["basic"][0] == pytest.approx(sum(g.eps for g in stated), rel=1e-9)
+    assert totals["basic"][1] == pytest.approx(sum(g.delta for g in stated), rel=1e-9)
+    assert totals["pld"][0] <= totals["basic"][0] * (1 + 1e-9)
+
+
+def test_pld_falls_back_to_basic_when_the_target_delta_is_below_the_events_own():
+    events = [ApproxDpEvent(1.0, 1e-3), dp_event.LaplaceDpEvent(noise_multiplier=2.0)]
+    eps, delta = PLDAccountant().compose(events, 1e-6)
+    assert math.isfinite(eps)
+    assert (eps, delta) == BasicAccountant().compose(events)
