@@ -42,10 +42,8 @@ def library_round(cfg, data, ans, rng_seed):
     from rknn_ray.rng import seeded_generator
     mech = build(cfg.privacy.model, cfg.privacy.mechanism, mechanism_params(cfg, data))
     batch = mech.randomize(ans, seeded_generator(rng_seed))
-    if hasattr(mech, "senders_shuffled"):
-        mech.senders_shuffled = data.num_clients
     counts = mech.estimate(batch.payloads, data.num_clients, seeded_generator(rng_seed + 1))
-    return counts, mech.guarantee(), len(batch), mech.describe()
+    return counts, mech.guarantee(data.num_clients), len(batch), mech.describe()
 
 
 def main(argv=None) -> int:

@@ -99,6 +99,7 @@ class RoundAccumulator:
             raise RuntimeError("finalize() releases once per round; a second release would "
                                "draw fresh noise and double the privacy cost")
         self._finalized = True
-        stat = self.stat if self.stat is not None else np.zeros(self.mechanism.statistic_size)
+        stat = self.stat if self.stat is not None else \
+            self.mechanism.statistic(np.zeros((0, self.mechanism.message_size), np.uint8))
         counts = self.mechanism.finalize(stat, self.accepted, rng)
         return Release(counts, self.accepted, self.received, dict(self.rejected))
