@@ -14,6 +14,7 @@ byte-for-byte the same plaintexts and ids, which the server counts once.
 from __future__ import annotations
 
 import os
+import time
 
 import ray
 
@@ -48,6 +49,7 @@ class ClientShardImpl:
         after, marker = self._fault.get("exit_after_batches"), self._fault.get("marker")
         if after is not None and sent >= after and marker and not os.path.exists(marker):
             open(marker, "w").close()
+            time.sleep(2.0)     # let Ray deliver the batches already yielded: they get re-sent
             os._exit(1)
 
     def get_timings(self) -> dict:
