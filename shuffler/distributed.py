@@ -24,10 +24,10 @@ Two engines, one contract (:class:`DistributedShuffle`, :class:`RayDataShuffle`)
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -136,6 +136,15 @@ class _DistributedRound:
         ids = np.unique(np.concatenate(self._sender_ids))
         self._sender_ids = [ids]
         return int(ids.size)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def take_refs(self) -> list:
+        """Hand this round's input refs to another shuffle (the in-process pool); this one is done."""
+        refs, self._refs, self._sender_ids, self._released = self._refs, [], [], True
+        return refs
 
     def _check_floor(self) -> None:
         n = self.num_senders
@@ -251,39 +260,54 @@ def _finish_block(table: pa.Table, pieces: int, max_rows: int):
 @contextlib.contextmanager
 def quiet_ray_data(max_block_bytes: int):
     """Ray Data settings for one shuffle: no progress bars or stats on the console, output
-    order kept, blocks bounded; the caller's DataContext is restored afterwards."""
+    order kept, blocks bounded; the process's DataContext is restored afterwards."""
     from ray.data import DataContext
-    previous = DataContext.get_current()
-    ctx = copy.deepcopy(previous)
-    ctx.enable_progress_bars = False
-    ctx.enable_auto_log_stats = False
+    ctx = DataContext.get_current()
+    wanted = {"enable_progress_bars": False, "enable_auto_log_stats": False,
+              "target_max_block_size": max_block_bytes}
+    previous = {k: getattr(ctx, k) for k in wanted}
+    previous_order = ctx.execution_options.preserve_order
+    for k, v in wanted.items():
+        setattr(ctx, k, v)
     ctx.execution_options.preserve_order = True
-    ctx.target_max_block_size = max_block_bytes
     console = [h for h in logging.getLogger("ray.data").handlers
                if not isinstance(h, logging.FileHandler)]
     levels = [h.level for h in console]
     for h in console:   # Ray Data still writes everything to its log file in the session dir
         h.setLevel(logging.ERROR)
-    DataContext._set_current(ctx)
     try:
         yield ctx
     finally:
-        DataContext._set_current(previous)
+        for k, v in previous.items():
+            setattr(ctx, k, v)
+        ctx.execution_options.preserve_order = previous_order
         for h, lv in zip(console, levels):
             h.setLevel(lv)
+
+
+def _wait_for_free_cpu(timeout_s: float) -> float:
+    """Free CPUs once one whole CPU is free (tasks that just finished return theirs within
+    a moment), or after ``timeout_s``: actors holding CPUs for good would deadlock the sort."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        free = ray.available_resources().get("CPU", 0.0)
+        if free >= 1.0 or time.monotonic() > deadline:
+            return free
+        time.sleep(0.2)
 
 
 class RayDataShuffle(_DistributedRound):
     """One round's reports as object refs, keyed by ``map_batches`` and sorted by ``Dataset.sort``."""
 
     engine = "ray_data"
+    cpu_wait_s = 30.0
 
     def _sort(self) -> list:
-        free = ray.available_resources().get("CPU", 0.0)
+        free = _wait_for_free_cpu(self.cpu_wait_s)
         if free < 1.0:
             raise RuntimeError(
                 f"the Ray Data shuffle needs one free CPU (its sort tasks each reserve a whole "
-                f"CPU) but the cluster has {free:g} free; nothing was released. Fix: use the "
+                f"CPU) but the cluster had {free:g} free for {self.cpu_wait_s:g} s; nothing was released. Fix: use the "
                 "'tasks' engine, or give the cluster a CPU the protocol's actors do not reserve")
         from ray.data import from_arrow_refs
         bits = _bucket_bits(self._bytes, self.target_bucket_bytes)
