@@ -310,7 +310,9 @@ class RayDataShuffle(_DistributedRound):
                 f"CPU) but the cluster had {free:g} free for {self.cpu_wait_s:g} s; nothing was released. Fix: use the "
                 "'tasks' engine, or give the cluster a CPU the protocol's actors do not reserve")
         from ray.data import from_arrow_refs
-        bits = _bucket_bits(self._bytes, self.target_bucket_bytes)
+        # at least 2 partitions: with no boundaries Ray Data would sample keys and make one
+        # partition per input block (a P x P exchange; 100 x 100 took 18x longer at 1M)
+        bits = max(1, _bucket_bits(self._bytes, self.target_bucket_bytes))
         self.buckets = parts = 1 << bits
         # int64 key_hi splits evenly at these values: equal expected rows per partition
         bounds = [i * (1 << 64) // parts - (1 << 63) for i in range(1, parts)]
@@ -319,7 +321,7 @@ class RayDataShuffle(_DistributedRound):
             ds = (from_arrow_refs(self._refs)
                   .map_batches(_attach_keys, batch_format="pyarrow", batch_size=None,
                                zero_copy_batch=True, num_cpus=self.task_cpus)
-                  .sort(["key_hi", "key_lo"], boundaries=bounds or None))
+                  .sort(["key_hi", "key_lo"], boundaries=bounds))
             out = []
             for bundle in ds.iter_internal_ref_bundles():
                 for entry in bundle.blocks:
