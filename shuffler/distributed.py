@@ -27,6 +27,7 @@ import contextlib
 import logging
 import math
 import os
+from abc import ABC, abstractmethod
 import time
 
 import numpy as np
@@ -68,7 +69,7 @@ def _report_batches(ct: np.ndarray, max_rows: int) -> list[pa.RecordBatch]:
 
 
 # --------------------------------------------------------------- shared bookkeeping
-class _DistributedRound:
+class _DistributedRound(ABC):
     """What both engines share: input refs, distinct-sender count, the floor, stats."""
 
     mode = "distributed"
@@ -170,8 +171,9 @@ class _DistributedRound:
         self._released_batches = len(out)
         return out
 
+    @abstractmethod
     def _sort(self) -> list:
-        raise NotImplementedError
+        """The engine's sort by random keys: refs of report-only batches, in key order."""
 
     def stats(self) -> dict:
         """What this round's shuffler saw, for the run report (no ids, no order)."""
