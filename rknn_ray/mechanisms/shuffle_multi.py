@@ -11,6 +11,10 @@ derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
 
+The shares are drawn by exact integer samplers (:mod:`rknn_ray.mechanisms.exact`,
+ChaCha20 stream): NB with decay rate -ln p rounded down and Poisson means rounded up
+on a 2^-40 grid, i.e. at least the calibrated noise.
+
 Simulation shortcut (the server's view is unchanged): within one batch of B
 clients the per-client shares of a cell are summed exactly -- a sum of B
 NB(1/n) is NB(B/n), a sum of B Poisson(mu/n) is Poisson(B mu/n) -- and each
@@ -25,6 +29,7 @@ distinct senders than that.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -34,6 +39,7 @@ from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.central import central_error_bound
+from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
 
 MESSAGE_BYTES = 4
 
@@ -66,6 +72,9 @@ class MultiMessageShuffle(Mechanism):
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
         self.cal = calibrate_multi_message(params.eps, params.delta, self.n_cal,
                                            params.sensitivity_l1, params.num_cells)
+        # exact samplers: NB(B/n, q) with q = e^-rate >= p and Poisson means rounded up
+        # (both towards more noise, by < 2^-40 relative; see rknn_ray.mechanisms.exact)
+        self.nb_rate = noisier_rate(-math.log(self.cal.dlap_p))
 
     @property
     def message_size(self) -> int:
@@ -76,10 +85,10 @@ class MultiMessageShuffle(Mechanism):
         true_cells = answers.flat_cells().ravel()
         true_senders = np.repeat(answers.client_ids, answers.k * answers.r)
         ids = np.unique(answers.client_ids)
-        share = ids.size / self.n_cal                       # B / n
-        plus = rng.negative_binomial(share, cal.nb_success_prob, size=d)
-        minus = rng.negative_binomial(share, cal.nb_success_prob, size=d)
-        flood = rng.poisson(share * cal.flood_mean_total, size=d)
+        share = Fraction(int(ids.size), self.n_cal)         # B / n, exactly
+        plus = negative_binomial(rng, share, self.nb_rate, d)
+        minus = negative_binomial(rng, share, self.nb_rate, d)
+        flood = poisson(rng, noisier_mean(share * Fraction(cal.flood_mean_total)), d)
         cells = np.concatenate([true_cells,
                                 np.repeat(np.arange(d), plus + flood),
                                 np.repeat(np.arange(d), minus + flood)])
