@@ -36,7 +36,8 @@ from actors.shuffler import Shuffler
 from rknn_ray.client_step import RoundSpec
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
-from rknn_ray.rng import derived_seed, new_client_secret
+from rknn_ray.rng import derived_key, new_client_secret
+from sealing.credentials import CredentialIssuer
 from sealing.envelope import RoundContext
 
 SHARD_RETRIES = 2
@@ -67,6 +68,8 @@ class RoundResult:
     rejected: dict
     timings: dict = field(default_factory=dict)
     shuffler: dict | None = None
+    authenticated_senders: int | None = None   # senders with an admitted, authenticated message
+    missing: int | None = None                 # clients whose report was not counted (1 per client)
 
 
 def new_job_id() -> str:
@@ -99,12 +102,18 @@ class ProtocolSession:
         seeded = cfg.run.rng == "seeded"
         self.server = Server.options(num_cpus=cl.server_cpus).remote(
             job_id, key_file, opener_processes(cl.openers), cl.window)
+        # the simulation's credential authority: one key per shard, for its clients only
+        issuer = CredentialIssuer(job_id, derived_key(str(cfg.run.seed).encode(), "credentials")
+                                  if seeded else None)
+        ranges = [(int(src.client_lo), int(src.client_hi)) for src in sources]
+        self.verifier = issuer.verifier(ranges)
         self.shards = []
         for i, src in enumerate(sources):
-            secret = (derived_seed(str(cfg.run.seed).encode(), "shard", i).to_bytes(32, "big")
+            secret = (derived_key(str(cfg.run.seed).encode(), "shard", i)
                       if seeded else new_client_secret())
             self.shards.append(ClientShard.options(num_cpus=cl.shard_cpus).remote(
-                i, src, secret, (shard_faults or {}).get(i)))
+                i, src, secret, (shard_faults or {}).get(i),
+                issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         try:
             self.server_public_key = ray.get(self.server.public_key.remote())
@@ -162,11 +171,15 @@ class ProtocolSession:
                 "messages_per_client_expected", 1.0))
             distributed = (cfg.shuffle.distributed_above is not None and not cfg.shuffle.onion_layers
                            and expected > cfg.shuffle.distributed_above)
-            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed)
+            admission = (self.verifier, ctx, mechanism.messages_per_sender())
+            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
+                                          admission if i == 0 else None)
                      for i, h in enumerate(hops)])
             if cfg.shuffle.onion_layers:
                 hop_keys = tuple(ray.get([h.public_key.remote() for h in hops]))
-        ray.get(self.server.begin_round.remote(ctx, mechanism))
+        # the party that sees senders admits them: the first shuffler, else the server
+        ray.get(self.server.begin_round.remote(
+            ctx, mechanism, None if hops else (self.verifier, mechanism.messages_per_sender())))
         spec = RoundSpec(ctx, mechanism, encoder, np.ascontiguousarray(query_features),
                          int(cfg.rknn.k), int(mechanism.params.num_classes),
                          self.server_public_key, hop_keys,
@@ -191,15 +204,24 @@ class ProtocolSession:
         out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
-        timings["server_finalize"] = out["timings"].get("finalize", 0.0)
+        # no timing of the release itself: the exact samplers' run time grows with the noise
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         for t in ray.get([s.get_timings.remote() for s in self.shards]):
             for key, v in t.items():
                 timings[f"shards_{key}_cpu"] = timings.get(f"shards_{key}_cpu", 0.0) + v
+        rejected = dict(out["rejected"])
+        if shuffle_stats is not None:            # what the first hop's admission dropped
+            for kind, v in shuffle_stats["hops"][0].get("admission", {}).get("rejected", {}).items():
+                rejected[kind] = rejected.get(kind, 0) + v
+        authenticated = (shuffle_stats["senders"] if shuffle_stats
+                         else out.get("authenticated_senders", self.num_clients))
+        # one report per client (every model but multi-message): reports that never arrived
+        missing = (max(0, self.num_clients - out["messages"])
+                   if mechanism.messages_per_sender() == 1 else None)
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
-                           out["received"], self.num_clients, out["rejected"], timings,
-                           shuffle_stats)
+                           out["received"], self.num_clients, rejected, timings,
+                           shuffle_stats, authenticated, missing)
 
     def _call(self, ref, party: str, released: bool):
         try:

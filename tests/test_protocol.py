@@ -130,8 +130,9 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
 def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(ray_session,
                                                                                tmp_path):
     """Shard 0 dies after its first batch; Ray restarts it and it re-sends the round. The
-    re-sent reports carry the same ids: counted once, and the release is the same as a
-    round without the failure (same job id, seeded shard secrets and server noise)."""
+    re-sent messages carry the same (sender, seq): the shuffler's admission drops the copies
+    (the server would drop them by report id), and the release is the same as a round without
+    the failure (same job id, seeded shard secrets and server noise)."""
     cfg = _digits_cfg("privacy.eps=2.0")
     _, _, _, _, (clean,) = _session_round(cfg, job_id="job-kill")
     faults = {0: {"exit_after_batches": 1, "marker": str(tmp_path / "died")}}
@@ -139,7 +140,8 @@ def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(
     assert (tmp_path / "died").exists()                  # the fault really happened
     np.testing.assert_array_equal(hit.counts, clean.counts)
     assert hit.messages == clean.messages == 1079
-    assert hit.rejected["replayed"] == 200                # the first batch, sent twice
+    assert hit.rejected["duplicate_message"] == 200       # the first batch, sent twice
+    assert hit.rejected["replayed"] == 0 and hit.authenticated_senders == 1079
     assert hit.shuffler["senders"] == clean.shuffler["senders"] == 1079
     assert len(ledger.to_dict()["entries"]) == 1
 
