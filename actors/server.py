@@ -50,7 +50,8 @@ class ServerImpl:
 
     def begin_round(self, ctx: RoundContext, mechanism: Mechanism,
                     admission: tuple | None = None) -> None:
-        """Start a round. ``admission = (verifier, allowance)`` in the central and local models,
+        """Start a round. ``admission = (verifier, ctx, allowance, report_width)`` in the central
+        and local models,
         where the server is the party that sees senders: each batch is admitted by sender
         credential and per-sender allowance (:mod:`sealing.credentials`) before opening."""
         self._drain()
@@ -59,8 +60,7 @@ class ServerImpl:
         self._admission = None
         if admission is not None:
             from sealing.credentials import SenderAdmission
-            verifier, allowance = admission
-            self._admission = SenderAdmission(verifier, ctx, allowance)
+            self._admission = SenderAdmission(*admission)
             self._acc.rejected.update(dict.fromkeys(self._admission.rejected, 0))
         self._errors = []
         self.timings = {"open_wall": 0.0}

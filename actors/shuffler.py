@@ -63,7 +63,7 @@ class ShufflerImpl:
         are sorted by random keys across the cluster (:mod:`shuffler.distributed`).
         Onion replay memory is kept across rounds.
 
-        ``admission = (verifier, ctx, allowance)`` (first hop): every batch is admitted by
+        ``admission = (verifier, ctx, allowance, report_width)`` (first hop): every batch is admitted by
         sender credential and per-sender allowance before it is pooled
         (:class:`sealing.credentials.SenderAdmission`); the floor and the reported
         ``senders`` then count authenticated senders only.
@@ -71,8 +71,7 @@ class ShufflerImpl:
         self._admission = None
         if admission is not None:
             from sealing.credentials import SenderAdmission
-            verifier, ctx, allowance = admission
-            self._admission = SenderAdmission(verifier, ctx, allowance)
+            self._admission = SenderAdmission(*admission)
         floor = self.pool.min_senders if min_senders is None else int(min_senders)
         self.pool = ShufflePool(floor, self.pool.max_batch_messages,
                                 forwarded_input=self.pool.forwarded_input)

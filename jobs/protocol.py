@@ -33,7 +33,7 @@ import ray
 from actors.client_shard import ClientShard
 from actors.server import Server
 from actors.shuffler import Shuffler
-from rknn_ray.client_step import RoundSpec
+from rknn_ray.client_step import RoundSpec, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
 from rknn_ray.rng import derived_key, new_client_secret
@@ -171,19 +171,20 @@ class ProtocolSession:
                 "messages_per_client_expected", 1.0))
             distributed = (cfg.shuffle.distributed_above is not None and not cfg.shuffle.onion_layers
                            and expected > cfg.shuffle.distributed_above)
-            admission = (self.verifier, ctx, mechanism.messages_per_sender())
-            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
-                                          admission if i == 0 else None)
-                     for i, h in enumerate(hops)])
             if cfg.shuffle.onion_layers:
                 hop_keys = tuple(ray.get([h.public_key.remote() for h in hops]))
-        # the party that sees senders admits them: the first shuffler, else the server
-        ray.get(self.server.begin_round.remote(
-            ctx, mechanism, None if hops else (self.verifier, mechanism.messages_per_sender())))
         spec = RoundSpec(ctx, mechanism, encoder, np.ascontiguousarray(query_features),
                          int(cfg.rknn.k), int(mechanism.params.num_classes),
                          self.server_public_key, hop_keys,
                          float(cfg.shuffle.dropout) if model == "shuffle" else 0.0)
+        # the party that sees senders admits them (credentials, allowance, the round's one
+        # report length): the first shuffler, else the server
+        admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec))
+        if hops:
+            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
+                                          admission if i == 0 else None)
+                     for i, h in enumerate(hops)])
+        ray.get(self.server.begin_round.remote(ctx, mechanism, None if hops else admission))
         sink = hops[0] if hops else self.server
         t0 = time.perf_counter()
         self._stream_clients(ray.put(spec), sink, say)

@@ -53,6 +53,17 @@ def batch_key(secret: bytes, ctx: RoundContext, batch_index: int, purpose: str) 
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
+def sealed_width(spec: RoundSpec) -> int:
+    """The one ciphertext length of the round (what an honest client's reports measure)."""
+    dummy = np.zeros((1, spec.mechanism.message_size), np.uint8)
+    if spec.hop_public_keys:
+        sealed = seal_onion(spec.server_public_key, list(spec.hop_public_keys), dummy, spec.ctx,
+                            spec.pad_to)
+    else:
+        sealed = seal_batch(spec.server_public_key, dummy, spec.ctx, spec.pad_to)
+    return int(sealed.shape[1])
+
+
 def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
                 labels: np.ndarray, client_ids: np.ndarray,
                 timings: dict | None = None, credential=None) -> pa.RecordBatch:

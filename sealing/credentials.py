@@ -16,7 +16,9 @@ Every message carries three clear columns beside its sealed ``report``:
 
 The party that sees senders -- the first shuffler in the shuffle model, the server in
 the central and local models -- admits a batch with :class:`SenderAdmission`: unknown
-ids (``unknown_sender``), ``seq`` beyond the mechanism's per-sender allowance
+ids (``unknown_sender``), a batch whose reports are not the round's one sealed length
+(``wrong_length``: the length comes from the mechanism, never from a report), ``seq``
+beyond the mechanism's per-sender allowance
 (``over_limit``), a wrong tag or missing columns (``bad_credential``) and a second
 message under the same (sender, seq) (``duplicate_message``: a retried client's copy,
 or a second message a sender tries to slip in) are dropped and counted. Tags are checked
@@ -39,7 +41,8 @@ from sealing.envelope import RoundContext, from_arrow
 from sealing.unseal import ReplayGuard
 
 TAG_LEN = 16
-CREDENTIAL_REJECT_KINDS = ("bad_credential", "unknown_sender", "over_limit", "duplicate_message")
+CREDENTIAL_REJECT_KINDS = ("bad_credential", "unknown_sender", "over_limit", "duplicate_message",
+                           "wrong_length")
 _DOMAIN = b"rknn-ray/credential/v1"
 
 
@@ -179,10 +182,12 @@ class SenderVerifier:
 class SenderAdmission:
     """One round's admission at the party that sees senders (see module docstring)."""
 
-    def __init__(self, verifier: SenderVerifier, ctx: RoundContext, allowance: int):
+    def __init__(self, verifier: SenderVerifier, ctx: RoundContext, allowance: int,
+                 report_width: int | None = None):
         if int(allowance) < 1:
             raise ValueError(f"the per-sender allowance must be >= 1 message, got {allowance}")
         self.verifier, self.ctx, self.allowance = verifier, ctx, int(allowance)
+        self.report_width = None if report_width is None else int(report_width)
         self._slots = ReplayGuard(12)          # (sender, seq) admitted so far
         self._senders = ReplayGuard(8)         # senders with at least one admitted message
         self.authenticated_senders = 0
@@ -198,9 +203,11 @@ class SenderAdmission:
             if senders is None:
                 raise ValueError("no sender column")
         except Exception:  # noqa: BLE001 - an unreadable batch is counted, never fatal
-            rejects["bad_credential"] += int(batch.num_rows) if hasattr(batch, "num_rows") else 1
-            self.rejected.update(rejects)
-            return np.zeros((0, 0), np.uint8), np.zeros(0, np.int64), rejects
+            rejects["bad_credential"] += _rows(batch)
+            return self._nothing(rejects)
+        if self.report_width is not None and reports.shape[1] != self.report_width:
+            rejects["wrong_length"] += len(senders)
+            return self._nothing(rejects)
         keep = np.ones(len(senders), bool)
         shards = self.verifier.shard_of(senders)
         unknown = shards < 0
@@ -230,9 +237,22 @@ class SenderAdmission:
         self.rejected.update(rejects)
         return reports[keep], out_senders, rejects
 
+    def _nothing(self, rejects: Counter):
+        self.rejected.update(rejects)
+        width = self.report_width or 0
+        return np.zeros((0, width), np.uint8), np.zeros(0, np.int64), rejects
+
     def stats(self) -> dict:
         return {"authenticated_senders": self.authenticated_senders, "admitted": self.admitted,
                 "allowance_per_sender": self.allowance, "rejected": dict(self.rejected)}
+
+
+def _rows(batch) -> int:
+    """Rows of something that arrived as a batch (1 for anything that is not a table)."""
+    try:
+        return int(batch.num_rows)
+    except Exception:  # noqa: BLE001
+        return 1
 
 
 def _credential_columns(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
