@@ -153,3 +153,25 @@ def test_two_rounds_on_one_session_reuse_actors_and_ids_never_collide(ray_sessio
     assert [r.messages for r in results] == [n, n]       # no report of round 1 is a "replay"
     assert all(r.rejected["replayed"] == 0 for r in results)
     assert len(ledger.to_dict()["entries"]) == 2
+
+
+@pytest.mark.parametrize("model,mechanism", [("central", "laplace")])
+def test_a_flooding_client_moves_the_release_by_at_most_its_allowance(ray_session, model,
+                                                                       mechanism):
+    """The issue's attack on real actors: one client of shard 1 sends 1,000 validly signed
+    reports. Same seeds as a clean round: the central noise is the same draw, so the
+    release differs from the clean one by that client's own contribution at most. (The
+    shuffle model's admission is the same code, exercised by tests/test_hostile_streams.py.)"""
+    extra = ["privacy.delta=0"] if model == "central" else []
+    cfg = _digits_cfg(f"privacy.model={model}", f"privacy.mechanism={mechanism}", *extra)
+    _, _, _, _, (clean,) = _session_round(cfg, job_id="job-flood")
+    _, _, _, _, (hit,) = _session_round(cfg, job_id="job-flood", faults={1: {"flood": 1000}})
+    assert hit.rejected["over_limit"] == 999 and hit.rejected["duplicate_message"] == 1
+    assert hit.messages == clean.messages == hit.clients
+    assert hit.authenticated_senders == clean.authenticated_senders == hit.clients
+    k, r = cfg.rknn.k, cfg.rknn.r
+    moved = np.abs(hit.counts - clean.counts).sum()
+    if model == "central":
+        assert moved <= 2 * k * r            # at most its one report replaced by another
+    else:
+        assert hit.shuffler["senders"] == clean.shuffler["senders"]
