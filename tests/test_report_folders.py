@@ -173,3 +173,22 @@ def test_no_html_prints_only(tmp_path, capsys):
     assert main([run, "--no-html"]) == 0
     assert not os.path.exists(os.path.join(run, "report.html"))
     assert "report:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("config", sorted(f for f in os.listdir("jobs/configs") if f.endswith(".yaml")))
+def test_report_for_every_named_config(tmp_path, config, capsys):
+    """A run folder shaped by each named config (its trust model, mechanism, eps, delta and
+    resolved config); the digits ones also run for real in test_report_runs.py."""
+    from rknn_ray.config import load_config
+    cfg = load_config(os.path.join("jobs/configs", config))
+    p = cfg.privacy
+    run = write_run(str(tmp_path / config[:-5]), p.model, p.mechanism, eps=p.eps,
+                    delta=p.delta or 0.0, shuffler=p.model == "shuffle")
+    rep_path = os.path.join(run, "report.json")
+    report = json.load(open(rep_path))
+    report["config"] = cfg.to_dict()
+    json.dump(report, open(rep_path, "w"))
+    assert main([run]) == 0
+    out = capsys.readouterr().out
+    assert f"trust model       {p.model}" in out and f"dataset              {cfg.data.dataset}" in out
+    assert (tmp_path / config[:-5] / "report.html").exists()
