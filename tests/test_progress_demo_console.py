@@ -13,9 +13,12 @@ FIXED = ("Grad strides do not match", "Token authentication is enabled", "Preemp
          "core_worker.cc", "Reporting training result", "Requesting resources",
          "Setting up process group", "Wrapping provided model", "Moving model to device",
          "Started training worker group", "Checkpoint successfully created")
-# conditions of a shared test machine, not of the demo: another Ray instance on the same
-# host confuses Train's PlacementGroupCleaner, an overloaded CPU times out its resource request
-ENVIRONMENT = ("PlacementGroupCleaner", "Failed to send resource request", "TrainController")
+# conditions of a shared test machine, not of the demo: another Ray instance on the same host
+# confuses Train's PlacementGroupCleaner; an overloaded CPU (load 25 on 2 cores seen here) times
+# out the controller's 5 s resource request. Their lines (a traceback each) are excused only
+# when the message that names the condition is there.
+ENVIRONMENT = {"Found multiple active Ray instances": "(PlacementGroupCleaner pid=",
+               "Failed to send resource request": "(TrainController pid="}
 
 
 @pytest.mark.slow
@@ -35,7 +38,8 @@ def test_readme_demo_console_is_clean_and_live(tmp_path):
     for needle in FIXED:
         assert not any(needle in line for line in lines), (needle, proc.stderr[-3000:])
     foreign = [line for line in lines if not PROJECT_LINE.match(line)]
-    unexplained = [line for line in foreign if not any(e in line for e in ENVIRONMENT)]
+    excused = [prefix for cause, prefix in ENVIRONMENT.items() if cause in proc.stderr]
+    unexplained = [line for line in foreign if not any(p in line for p in excused)]
     assert not unexplained, "\n".join(unexplained)
     if foreign:
         print(f"{len(foreign)} lines from this machine's conditions:\n" + "\n".join(foreign[:5]))
