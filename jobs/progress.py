@@ -17,6 +17,8 @@ per-epoch reports relayed by :mod:`rknn_ray.student.live`); :meth:`Bar.update` a
 """
 from __future__ import annotations
 
+import io
+import os
 import sys
 import threading
 import time
@@ -102,8 +104,10 @@ class Bar:
         self._tqdm = None
         if progress.mode == "bars":
             from tqdm import tqdm
+            width = _term_width(progress.stream)      # 0: a terminal that reports no size
             self._tqdm = tqdm(total=total, desc=f"  {desc}", unit=f" {unit}", file=progress.stream,
-                              leave=True, dynamic_ncols=True, mininterval=0.2,
+                              leave=True, dynamic_ncols=width > 0, ncols=None if width > 0 else 100,
+                              mininterval=0.2,
                               unit_scale=total is not None and total >= 10_000)
 
     def __enter__(self) -> "Bar":
@@ -176,6 +180,13 @@ class EpochBar:
 
     def __exit__(self, *exc) -> None:
         self.bar.close()
+
+
+def _term_width(stream) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return 0
 
 
 def _is_tty(stream) -> bool:
