@@ -144,3 +144,17 @@ def test_local_ray_env_sets_defaults_and_respects_the_user(monkeypatch):
     ray_env.local_ray_env()
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and calls == []
     assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+
+
+def test_forwarded_cleaner_traceback_of_a_shared_host_is_dropped_other_lines_kept():
+    from rknn_ray.student.train import _without_noise
+    got = []
+    emit = _without_noise(got.append)
+    tb = ["Exception in thread PlacementGroupCleanerMonitor:", "Traceback (most recent call last):",
+          "ConnectionError: Found multiple active Ray instances: {'127.0.0.1:1', '127.0.0.1:2'}."]
+    emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "is_err": True, "lines": tb})
+    assert got == []
+    emit({"actor_name": "RayTrainWorker", "pid": 2, "is_err": True, "lines": tb})   # not the cleaner
+    emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "is_err": True,
+          "lines": ["some other error"]})
+    assert [d["actor_name"] for d in got] == ["RayTrainWorker", "PlacementGroupCleaner"]
