@@ -154,6 +154,16 @@ def test_forwarded_cleaner_traceback_of_a_shared_host_is_dropped_other_lines_kep
           "ConnectionError: Found multiple active Ray instances: {'127.0.0.1:1', '127.0.0.1:2'}."]
     emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "is_err": True, "lines": tb})
     assert got == []
+    # split over batches, as Ray forwards it: held back, then dropped
+    for part in (tb[:1], tb[1:2] + ["  File \"x.py\", line 1, in f", "    ^^^^"], tb[2:]):
+        emit({"actor_name": "PlacementGroupCleaner", "pid": 3, "is_err": True, "lines": part})
+    assert got == []
+    # another traceback of the cleaner is passed on whole
+    other = tb[:2] + ["ValueError: something else"]
+    for part in (other[:1], other[1:]):
+        emit({"actor_name": "PlacementGroupCleaner", "pid": 4, "is_err": True, "lines": part})
+    assert [d["lines"] for d in got] == [other]
+    got.clear()
     emit({"actor_name": "RayTrainWorker", "pid": 2, "is_err": True, "lines": tb})   # not the cleaner
     emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "is_err": True,
           "lines": ["some other error"]})

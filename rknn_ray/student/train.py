@@ -34,9 +34,6 @@ HISTORY_FILE = "history.json"
 LABEL_TYPES = ("hard", "soft")
 AUGMENTATIONS = ("none", "shift")
 _STATE_API_NOISE = "State API may be temporarily unavailable"
-# the same cleaner, when several local Ray instances share a host, dies with a traceback ending
-# in this (it cannot reach the State API either way with the dashboard off: harmless locally)
-_CLEANER_NO_ADDRESS = ("PlacementGroupCleaner", "Found multiple active Ray instances")
 
 
 @dataclass
@@ -415,11 +412,16 @@ def _filter_forwarded_worker_logs() -> None:
 
 
 def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
+    from rknn_ray.student.live import CleanerTracebackFilter
+    cleaner = CleanerTracebackFilter()      # the same cleaner's known traceback (see there)
+
     def emit(data: dict) -> None:
         lines = data.get("lines")
-        if lines and data.get("actor_name") == _CLEANER_NO_ADDRESS[0] \
-                and any(_CLEANER_NO_ADDRESS[1] in line for line in lines):
-            return
+        if lines and data.get("actor_name") == "PlacementGroupCleaner":
+            lines = cleaner(data)
+            if not lines:
+                return
+            data = {**data, "lines": lines}
         if lines and any(_STATE_API_NOISE in line for line in lines):
             lines = [line for line in lines if _STATE_API_NOISE not in line]
             if not lines:
