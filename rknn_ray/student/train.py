@@ -8,7 +8,8 @@ Data's shards), so every rank takes the same number of steps; ``batch_size`` is 
 global batch, split evenly over workers. Rank 0 saves the final weights as a
 checkpoint and reports the metrics with it (Train V2 keeps metrics only when a
 checkpoint rides along). Test accuracy is computed on the driver after loading that
-checkpoint, which also proves the checkpoint is usable.
+checkpoint, which also proves the checkpoint is usable. Per-epoch metrics reach the
+driver while training runs through :mod:`rknn_ray.student.live`.
 """
 from __future__ import annotations
 
