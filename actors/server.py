@@ -117,6 +117,11 @@ class ServerImpl:
                 return
             wait(pending)
 
+    def opened(self) -> int:
+        """Reports opened so far this round (accepted + rejected): for progress bars only."""
+        with self._lock:
+            return 0 if self._acc is None else int(self._acc.received)
+
     def finish(self, rng_kind: str = "secure", seed: int | None = None) -> dict:
         """Wait for every queued batch, then release the round's counts (once)."""
         self._drain()

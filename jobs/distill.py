@@ -40,7 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "with its own config.yaml: no new private round, no budget spent")
     ap.add_argument("--key-file", default=None,
                     help="server X25519 key file (default: a fresh key pair per job)")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bars: plain stage lines, at most one progress line per 5 s "
+                         "(without a terminal this is the default; run.progress=false: silent)")
     ap.add_argument("--insecure-seeded", action="store_true",
                     help="allow run.rng=seeded: a reproducible simulation that is NOT private "
                          "(every secret and the noise follow from run.seed)")
@@ -227,13 +229,11 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     else:
         train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
     with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
-                        f"{st.epochs} epochs on {len(train_x)} labelled samples"):
+                        f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
+            progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
                                 data.num_classes, scfg, storage_path=out_dir,
-                                checkpoint_dir=out_dir, sample_weight=weight,
-                                progress=lambda row: progress.say(
-                                    "  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
-                                                           else f"{k} {v}" for k, v in row.items())))
+                                checkpoint_dir=out_dir, sample_weight=weight, progress=on_epoch)
     progress.say(f"student test accuracy {student.test_accuracy:.4f}")
 
     truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
@@ -373,8 +373,6 @@ def main(argv=None) -> int:
             cfg = load_config(os.path.join(out, "config.yaml"), args.overrides)
         else:
             cfg = load_config(args.config, args.overrides)
-        if args.quiet:
-            cfg = cfg.with_overrides(["run.progress=false"])
         check_rng_consent(cfg, args.insecure_seeded)
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
             validate_resources(cfg, float(os.cpu_count() or 1))
@@ -385,8 +383,10 @@ def main(argv=None) -> int:
             out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             created = not os.path.exists(out)
             out = prepare_run_dir(out, overwrite=args.overwrite)
+        from jobs.progress import Progress
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
-                     resume=bool(args.resume))
+                     resume=bool(args.resume),
+                     progress=Progress.for_console(cfg.run.progress, quiet=args.quiet))
     except (RknnError, KeyboardInterrupt, Exception) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         message = ("interrupted (SIGINT)" if interrupted else str(exc)

@@ -33,6 +33,7 @@ import ray
 from actors.client_shard import ClientShard
 from actors.server import Server
 from actors.shuffler import Shuffler
+from jobs.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
@@ -132,6 +133,8 @@ class ProtocolSession:
         self.close()
 
     def close(self) -> None:
+        if getattr(self, "_opened", None) is not None:
+            self._opened.close()           # a round that failed leaves its progress poller running
         try:
             ray.get(self.server.shutdown.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - best effort: the actor may already be gone
@@ -186,6 +189,9 @@ class ProtocolSession:
                      for i, h in enumerate(hops)])
         ray.get(self.server.begin_round.remote(ctx, mechanism, None if hops else admission))
         sink = hops[0] if hops else self.server
+        self._opened = opened = PolledBar(      # closed below, or by close() after a failure
+            bar_for(self.progress, "reports opened", None, "reports"),
+            lambda: ray.get(self.server.opened.remote(), timeout=10))
         t0 = time.perf_counter()
         self._stream_clients(ray.put(spec), sink, say)
         timings["clients"] = time.perf_counter() - t0   # central/local: opening overlaps this
@@ -203,6 +209,7 @@ class ProtocolSession:
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         self._inject("before_finish")
         out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
+        opened.close(out["received"])
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
         # no timing of the release itself: the exact samplers' run time grows with the noise
@@ -246,9 +253,10 @@ class ProtocolSession:
         """One driver thread per shard forwards its batch refs to ``sink`` as they appear."""
         cl = self.cfg.cluster
         is_shuffler = sink is not self.server
-        total, done = self.num_clients, [0]
         lock, errors = threading.Lock(), []
-        last = [time.perf_counter()]
+        sealed = bar_for(self.progress, "clients sealed", self.num_clients, "clients")
+        pooled = bar_for(self.progress, "messages into the shuffler", None, "msgs") \
+            if is_shuffler else None
 
         def pump(i: int, shard) -> None:
             for attempt in range(SHARD_RETRIES + 1):
@@ -259,14 +267,15 @@ class ProtocolSession:
                     ).remote(spec_ref, int(cl.batch_clients))
                     sent = 0
                     for ref in gen:
-                        ray.get(sink.submit_refs.remote([ref]) if is_shuffler
-                                else sink.submit.remote(ref))
+                        rows = ray.get(sink.submit_refs.remote([ref]) if is_shuffler
+                                       else sink.submit.remote(ref))
                         sent += 1
-                        with lock:
-                            done[0] += min(int(cl.batch_clients), self.shard_clients[i])
-                            if time.perf_counter() - last[0] > 5:
-                                last[0] = time.perf_counter()
-                                say(f"  clients sealed and sent: ~{min(done[0], total)}/{total}")
+                        if attempt == 0:      # a re-sent round is not new progress
+                            with lock:
+                                sealed.update(min(int(cl.batch_clients),
+                                                  self.shard_clients[i] - (sent - 1) * int(cl.batch_clients)))
+                                if pooled is not None:
+                                    pooled.update(int(rows or 0))
                     return
                 except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                     if attempt == SHARD_RETRIES:
@@ -291,6 +300,9 @@ class ProtocolSession:
             t.start()
         for t in threads:
             t.join()
+        sealed.close()
+        if pooled is not None:
+            pooled.close()
         if errors:
             err = errors[0]
             cause = err.as_instanceof_cause() if isinstance(err, ray.exceptions.RayTaskError) else err
