@@ -21,7 +21,7 @@ import ray
 from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.rng import make_generator
 from sealing.envelope import ID_LEN, RoundContext, from_arrow
-from sealing.unseal import ReplayGuard
+from sealing.replay import ReplayGuard
 from server.accumulator import RoundAccumulator
 from server.keys import ServerKeyPair
 from server.opener_pool import OpenerPool

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from sealing.envelope import RoundContext, from_arrow
-from sealing.unseal import ReplayGuard
+from sealing.replay import ReplayGuard
 
 TAG_LEN = 16
 CREDENTIAL_REJECT_KINDS = ("bad_credential", "unknown_sender", "over_limit", "duplicate_message",

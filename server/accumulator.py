@@ -16,7 +16,8 @@ import numpy as np
 
 from rknn_ray.mechanisms.base import Mechanism
 from sealing.envelope import ID_LEN
-from sealing.unseal import ReplayGuard, empty_rejects
+from sealing.replay import ReplayGuard
+from sealing.unseal import empty_rejects
 from server.opening import ReportOpener
 
 

@@ -18,7 +18,8 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from sealing.envelope import RoundContext
-from sealing.unseal import ReplayGuard, empty_rejects, open_rows
+from sealing.replay import ReplayGuard
+from sealing.unseal import empty_rejects, open_rows
 
 
 class LayerKeyPair:

@@ -7,7 +7,7 @@ from rknn_ray.answers import RecordAnswers
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.rng import seeded_generator
 from sealing.envelope import RoundContext, report_ids_from_key, seal_batch
-from sealing.unseal import ReplayGuard
+from sealing.replay import ReplayGuard
 from server.accumulator import RoundAccumulator, open_and_check
 from server.keys import ServerKeyPair
 from server.opener_pool import OpenerPool

@@ -12,7 +12,7 @@ from rknn_ray.errors import ConfigError
 from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, RoundContext, ciphertext_len, report_ids_from_key,
                                crypto_floor_seconds, from_arrow, seal_batch, to_arrow)
 from sealing.onion import seal_onion
-from sealing.unseal import ReplayGuard
+from sealing.replay import ReplayGuard
 from shuffler.layers import LayerKeyPair, LayerPeeler
 from server.keys import ServerKeyPair
 from server.opening import REJECT_KINDS, ReportOpener
