@@ -49,7 +49,7 @@ def _cbr(c_in: int, c_out: int, stride: int = 1) -> list[nn.Module]:
 class SmallConvNet(nn.Module):
     """3 conv blocks, global average pool: ``dim`` features. 28x28 pools twice, 8x8 never."""
 
-    def __init__(self, in_channels: int, side: int, dim: int = 128, width: int = 32):
+    def __init__(self, in_channels: int, side: int, dim: int = 64, width: int = 16):
         super().__init__()
         pool = side > 12
         layers = _cbr(in_channels, width) + ([nn.MaxPool2d(2)] if pool else [])
@@ -92,7 +92,7 @@ class ResNet18Small(nn.Module):
         return self.body(x)
 
 
-def build_backbone(image_shape: tuple, dim: int, backbone: str = "auto") -> nn.Module:
+def build_backbone(image_shape: tuple, dim: int, backbone: str = "auto", width: int = 16) -> nn.Module:
     shape = tuple(int(s) for s in image_shape)
     if len(shape) != 3:
         raise ConfigError("represent.encoder", f"the contrastive encoder needs (C, H, W) images, "
@@ -102,7 +102,7 @@ def build_backbone(image_shape: tuple, dim: int, backbone: str = "auto") -> nn.M
     side = max(shape[1:])
     if backbone == "resnet" or (backbone == "auto" and side >= 32):
         return ResNet18Small(shape[0], dim)
-    return SmallConvNet(shape[0], side, dim)
+    return SmallConvNet(shape[0], side, dim, width)
 
 
 class SimCLRNet(nn.Module):
@@ -253,6 +253,7 @@ class ContrastiveEncoder(Encoder):
             self.state_dict, self.history = payload["state_dict"], payload["history"]
         else:
             threads = torch.get_num_threads()
+            torch.set_num_threads(int(os.environ.get("RKNN_RAY_TORCH_THREADS") or threads))
             try:
                 self.state_dict, self.history = train_contrastive_loop(
                     x, cfg, on_epoch=lambda r: self._say(f"  encoder epoch {r['epoch']} loss {r['loss']:.4f}"))

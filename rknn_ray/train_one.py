@@ -5,7 +5,8 @@ supervised student does: the worker gets the data through the object store, runs
 ``loop(data, config, device) -> payload`` (a dict of tensors and plain values),
 and reports the payload as its checkpoint; the driver loads it back. On a GPU
 cluster the worker takes a GPU; on CPU it takes the free CPUs of one node (at most
-``max_cpus``) and as many torch threads.
+``max_cpus``) and as many torch threads (``RKNN_RAY_TORCH_THREADS`` overrides: on
+a CPU shared with other jobs, 1 thread is often faster than 2 that contend).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _worker(config: dict) -> None:
     import ray
     import ray.train
     import ray.train.torch
-    torch.set_num_threads(max(1, int(config["threads"])))
+    torch.set_num_threads(max(1, int(os.environ.get("RKNN_RAY_TORCH_THREADS") or config["threads"])))
     module, name = config["loop"].rsplit(":", 1)
     loop = getattr(importlib.import_module(module), name)
     data = ray.get(config["data_ref"])
