@@ -33,7 +33,7 @@ class AutoChoice:
 
 
 def choose_s_k(num_records: int, num_public: int, num_classes: int, noise_std_k1: float,
-               r: int = 1, target_snr: float = 2.0, votes: float = 20.0, max_k: int = 5,
+               r: int = 1, target_snr: float = 2.0, votes: float = 30.0, max_k: int = 5,
                fixed_s: int | None = None, fixed_k: int | None = None) -> AutoChoice:
     """(s, k) and a one-line reason; ``noise_std_k1`` is the noise std per count at k = 1.
 
