@@ -105,7 +105,7 @@ class BackboneClassifier(nn.Module):
 def build_semi_model(image_shape, num_classes: int, encoder_meta: dict | None) -> nn.Module:
     """Backbone of the contrastive encoder's architecture (its weights if given) + linear head."""
     from rknn_ray.contrastive import build_backbone
-    dim = int(encoder_meta["dim"]) if encoder_meta else 128
+    dim = int(encoder_meta["dim"]) if encoder_meta else 64
     backbone = build_backbone(image_shape, dim, encoder_meta.get("backbone", "auto") if encoder_meta else "auto")
     if encoder_meta and encoder_meta.get("state_dict") is not None:
         backbone.load_state_dict(encoder_meta["state_dict"])
@@ -174,7 +174,7 @@ def semi_loop(data: dict, cfg: dict, device="cpu", on_epoch=None) -> dict:
     meta = data.get("encoder") or {}
     return {"state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "history": history, "image_shape": list(x.shape[1:]), "num_classes": num_classes,
-            "encoder_dim": int(meta.get("dim", 128)), "backbone": meta.get("backbone", "auto"),
+            "encoder_dim": int(meta.get("dim", 64)), "backbone": meta.get("backbone", "auto"),
             "device": str(device)}
 
 
