@@ -222,6 +222,12 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                          weight_decay=st.weight_decay, num_workers=st.num_workers,
                          use_gpu=st.use_gpu, label_type=cfg.labels.type,
                          seed=cfg.run.seed, arch=st.arch, augment=st.augment)
+    eval_x, image_shape = sp.eval_x, data.image_shape
+    if st.input == "features":     # the student is encoder -> MLP; the encoder is public (issue 11)
+        from rknn_ray.pipeline import feature_inputs
+        sp, eval_x, image_shape = feature_inputs(encoder, sp, public_emb, out_dir)
+        utility["student"] = {"input": "features", "encoder": cfg.represent.encoder,
+                              "dim": int(image_shape[0])}
     if cfg.labels.train_on == "queries":
         train_x, targets = sp.public_x[all_qs.public_index], \
             (lab.query_soft if scfg.label_type == "soft" else lab.query_labels)
@@ -233,7 +239,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         if st.method == "semi":              # rknn_ray/student/semi.py (issue 11)
             student = train_semi(cfg, data, encoder, lab, utility, out_dir, progress)
         else:
-            student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
+            student = train_student(train_x, targets, eval_x, sp.eval_y, image_shape,
                                     data.num_classes, scfg, storage_path=out_dir,
                                     checkpoint_dir=out_dir, sample_weight=weight,
                                     progress=lambda row: progress.say(

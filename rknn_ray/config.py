@@ -138,6 +138,7 @@ class StudentSection:
     target: str = "weighted"          # semi: hard | soft | weighted
     threshold: float = 0.9            # semi: model confidence for a consistency target
     init: str = "encoder"             # semi: encoder (the simclr backbone, if any) | scratch
+    input: str = "images"             # images | features: an MLP on the (public) encoder's features
 
 
 @dataclass(frozen=True)
@@ -410,7 +411,7 @@ def allowed_values() -> dict[str, tuple]:
             "rounds.query_selection": tuple(NEXT_ROUND_SELECTORS),
             "represent.backbone": ("auto", "cnn", "resnet"), "represent.trainer": ("ray", "local"),
             "student.method": ("supervised", "semi"), "student.target": ("hard", "soft", "weighted"),
-            "student.init": ("encoder", "scratch")}
+            "student.init": ("encoder", "scratch"), "student.input": ("images", "features")}
 
 
 def synthetic_keys() -> dict[str, type]:

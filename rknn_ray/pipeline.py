@@ -266,3 +266,20 @@ def train_semi(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, out_
                        "init": "encoder" if init is not None else "scratch",
                        "train_samples": int(len(sp.public_x))}
     return result
+
+
+def feature_inputs(encoder: Encoder, splits, public_emb: np.ndarray, out_dir: str | None):
+    """The student's inputs when it learns on the encoder's features (``student.input:
+    features``): public and evaluation images mapped by the public encoder. Returns a
+    view of ``splits`` whose public_x are the features, the evaluation features and the
+    feature shape; the fitted encoder is pickled to ``out_dir/encoder.pkl`` so the
+    student (encoder -> MLP) can be used on new images."""
+    import dataclasses
+    import os
+    import pickle
+    eval_emb = encoder.transform(splits.eval_x)
+    if out_dir:
+        with open(os.path.join(out_dir, "encoder.pkl"), "wb") as fh:
+            pickle.dump(encoder, fh)
+    view = dataclasses.replace(splits, public_x=np.ascontiguousarray(public_emb, dtype=np.float32))
+    return view, eval_emb, (int(public_emb.shape[1]),)
