@@ -73,6 +73,10 @@ def fit_queries(cfg, data: PreparedData, progress=None) -> tuple[Encoder, np.nda
     encoder.fit(data.splits.public_x)          # public inputs only: never private records
     public_emb = encoder.transform(data.splits.public_x)
     q = cfg.queries
+    if q.s == len(public_emb):      # every public sample is a query: k-means would return them
+        idx = np.arange(len(public_emb), dtype=np.int64)
+        return encoder, public_emb, QuerySet(np.ascontiguousarray(public_emb, dtype=np.float32),
+                                             idx, idx.copy(), 0.0)
     qs = select_queries(public_emb, q.s, restarts=q.restarts, niter=q.niter,
                         seed=cfg.run.seed, use_nearest_public=q.use_nearest_public)
     return encoder, public_emb, qs
