@@ -114,3 +114,19 @@ def test_hog_encoder_public_fit_and_pca_reduction():
     np.testing.assert_array_equal(f, e.transform(x[:5]))
     r = HOGEncoder(dim=8).fit(x)
     assert r.transform(x).shape == (30, 8)
+
+
+def test_feature_student_inputs_and_every_public_sample_a_query(digits_data, tmp_path):
+    import pickle
+
+    from rknn_ray.pipeline import feature_inputs
+    cfg, data = digits_data
+    n = len(data.splits.public_x)
+    encoder, emb, qs = fit_queries(cfg.with_overrides([f"queries.s={n}"]), data)
+    np.testing.assert_array_equal(qs.public_index, np.arange(n))      # no k-means needed
+    np.testing.assert_array_equal(qs.assignment, np.arange(n))
+    view, eval_emb, shape = feature_inputs(encoder, data.splits, emb, str(tmp_path))
+    assert shape == (emb.shape[1],) and view.public_x.shape == emb.shape
+    assert data.splits.public_x.ndim == 4                             # the original is untouched
+    with open(tmp_path / "encoder.pkl", "rb") as fh:
+        np.testing.assert_allclose(pickle.load(fh).transform(data.splits.eval_x), eval_emb, atol=1e-5)
