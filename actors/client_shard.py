@@ -9,7 +9,9 @@ sealing and memory is bounded by the generator's backpressure window.
 
 Retries never re-randomize: batch ``b`` of round ``t`` draws its randomness and its
 report ids from the shard's secret and ``(job, t, b)``; a restarted shard re-sends
-byte-for-byte the same plaintexts and ids, which the server counts once.
+byte-for-byte the same plaintexts and ids, which the server counts once. Every message
+is signed with the shard's credential for its sender (:mod:`sealing.credentials`), so the
+party that sees senders can authenticate them and enforce the per-sender allowance.
 """
 from __future__ import annotations
 
@@ -22,10 +24,12 @@ from rknn_ray.client_step import RoundSpec, client_step
 
 
 class ClientShardImpl:
-    def __init__(self, shard_id: int, source, secret: bytes, fault: dict | None = None):
+    def __init__(self, shard_id: int, source, secret: bytes, fault: dict | None = None,
+                 credential=None):
         self.shard_id = shard_id
         self.records = source.open()
         self._secret = secret
+        self._credential = credential        # sealing.credentials.ShardCredential for its clients
         self._fault = fault or {}
         self.timings: dict[str, float] = {}
 
@@ -38,8 +42,28 @@ class ClientShardImpl:
     def stream_reports(self, spec: RoundSpec, batch_clients: int):
         """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order."""
         for b, (x, y, ids) in enumerate(self.records.batches(batch_clients)):
-            yield client_step(spec, self._secret, b, x, y, ids, self.timings)
+            if b == 0 and self._fault.get("flood"):
+                flood = self._flood(spec, x[:1], y[:1], ids[:1], int(self._fault["flood"]))
+            yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
             self._maybe_crash(b + 1)
+        if self._fault.get("flood"):
+            yield flood
+
+    def _flood(self, spec: RoundSpec, x, y, ids, count: int):
+        """Fault injection for tests: a hostile client sends ``count`` validly signed reports.
+
+        Its first client re-randomizes its record ``count`` times (fresh batch keys) and signs
+        every report with its real credential and seq 0..count-1 -- the attack the per-sender
+        allowance exists for.
+        """
+        import numpy as np
+        from sealing.credentials import with_credentials
+        from sealing.envelope import from_arrow, to_arrow
+        reports = np.concatenate([from_arrow(client_step(spec, self._secret, 10**6 + j, x, y, ids))[0]
+                                  for j in range(count)])
+        senders = np.repeat(ids[:1], count)
+        seqs, tags = self._credential.sign(spec.ctx, senders, reports)
+        return with_credentials(to_arrow(reports, senders), seqs, tags)
 
     def _maybe_crash(self, sent: int) -> None:
         """Fault injection for tests: die once after ``exit_after_batches`` batches.

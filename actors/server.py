@@ -41,16 +41,27 @@ class ServerImpl:
         self._lock = threading.Lock()
         self._inflight: set = set()
         self._acc: RoundAccumulator | None = None
+        self._admission = None
         self._errors: list[BaseException] = []
         self.timings: dict[str, float] = {}
 
     def public_key(self) -> bytes:
         return self._keys.public_bytes()
 
-    def begin_round(self, ctx: RoundContext, mechanism: Mechanism) -> None:
+    def begin_round(self, ctx: RoundContext, mechanism: Mechanism,
+                    admission: tuple | None = None) -> None:
+        """Start a round. ``admission = (verifier, ctx, allowance, report_width)`` in the central
+        and local models,
+        where the server is the party that sees senders: each batch is admitted by sender
+        credential and per-sender allowance (:mod:`sealing.credentials`) before opening."""
         self._drain()
         self._pool.begin_round(ctx, mechanism)
         self._acc = RoundAccumulator(mechanism, self._guard)
+        self._admission = None
+        if admission is not None:
+            from sealing.credentials import SenderAdmission
+            self._admission = SenderAdmission(*admission)
+            self._acc.rejected.update(dict.fromkeys(self._admission.rejected, 0))
         self._errors = []
         self.timings = {"open_wall": 0.0}
         self._t0 = None
@@ -61,13 +72,22 @@ class ServerImpl:
             raise RuntimeError("begin_round first")
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        try:
-            ciphertexts, _senders = from_arrow(batch)     # any sender column is ignored
-        except Exception:  # noqa: BLE001 - a batch that is not our format is counted, not fatal
+        if self._admission is not None:
+            ciphertexts, _senders, rejects = self._admission.admit(batch)
+            dropped = sum(rejects.values())
             with self._lock:
-                self._acc.received += 1
-                self._acc.rejected["malformed"] += 1
-            return 0
+                self._acc.received += dropped
+                self._acc.rejected.update(rejects)
+            if len(ciphertexts) == 0:
+                return 0
+        else:
+            try:
+                ciphertexts, _senders = from_arrow(batch)     # any sender column is ignored
+            except Exception:  # noqa: BLE001 - a batch that is not our format is counted, not fatal
+                with self._lock:
+                    self._acc.received += 1
+                    self._acc.rejected["malformed"] += 1
+                return 0
         for start in range(0, max(1, ciphertexts.shape[0]), OPEN_CHUNK):   # big batches: in parallel
             fut = self._pool.submit(ciphertexts[start:start + OPEN_CHUNK])
             with self._lock:
@@ -97,6 +117,11 @@ class ServerImpl:
                 return
             wait(pending)
 
+    def opened(self) -> int:
+        """Reports opened so far this round (accepted + rejected): for progress bars only."""
+        with self._lock:
+            return 0 if self._acc is None else int(self._acc.received)
+
     def finish(self, rng_kind: str = "secure", seed: int | None = None) -> dict:
         """Wait for every queued batch, then release the round's counts (once)."""
         self._drain()
@@ -108,9 +133,12 @@ class ServerImpl:
         rng = make_generator(rng_kind, seed) if rng_kind == "seeded" else None
         release = self._acc.finalize(rng)
         self.timings["finalize"] = time.perf_counter() - t0
-        return {"counts": release.counts, "messages": release.accepted,
-                "received": release.received, "rejected": release.rejected,
-                "timings": dict(self.timings)}
+        out = {"counts": release.counts, "messages": release.accepted,
+               "received": release.received, "rejected": release.rejected,
+               "timings": dict(self.timings)}
+        if self._admission is not None:
+            out["authenticated_senders"] = self._admission.authenticated_senders
+        return out
 
     def shutdown(self) -> None:
         self._pool.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import ray
 
-from sealing.envelope import RoundContext, from_arrow
+from sealing.envelope import RoundContext, from_arrow, to_arrow
 from shuffler.pool import ShufflePool
 
 
@@ -42,6 +42,7 @@ class ShufflerImpl:
         self._dist = None
         self._staged = None      # distributed_above: this round's batches, by ref, until release
         self._peeler = None
+        self._admission = None   # set per round by start_round(admission=...)
         if onion_layer is not None:
             if ctx is None:
                 raise ValueError("onion mode needs the RoundContext (job id, round id) to check headers")
@@ -55,13 +56,22 @@ class ShufflerImpl:
         return self._peeler.keypair.public_bytes()
 
     def start_round(self, round_id: int, min_senders: int | None = None,
-                    distributed: bool = False) -> None:
+                    distributed: bool = False, admission: tuple | None = None) -> None:
         """Next round of the same job: its sender floor, and whether the shuffle is distributed.
 
         Distributed (large rounds, no onion layer): reports stay in Ray's object store and
         are sorted by random keys across the cluster (:mod:`shuffler.distributed`).
         Onion replay memory is kept across rounds.
+
+        ``admission = (verifier, ctx, allowance, report_width)`` (first hop): every batch is admitted by
+        sender credential and per-sender allowance before it is pooled
+        (:class:`sealing.credentials.SenderAdmission`); the floor and the reported
+        ``senders`` then count authenticated senders only.
         """
+        self._admission = None
+        if admission is not None:
+            from sealing.credentials import SenderAdmission
+            self._admission = SenderAdmission(*admission)
         floor = self.pool.min_senders if min_senders is None else int(min_senders)
         self.pool = ShufflePool(floor, self.pool.max_batch_messages,
                                 forwarded_input=self.pool.forwarded_input)
@@ -80,9 +90,26 @@ class ShufflerImpl:
     def submit_refs(self, refs: list) -> int:
         """Batches by reference (a list, so Ray does not fetch them into this call)."""
         target = self._ref_target()
-        if target is not None:
+        if target is None:
+            return sum(self.submit(ray.get(r)) for r in refs)
+        if self._admission is None:
             return sum(target.add(r) for r in refs)
-        return sum(self.submit(ray.get(r)) for r in refs)
+        total = 0
+        for ref in refs:          # read zero-copy; a fully admitted batch keeps its ref
+            batch = ray.get(ref)
+            reports, senders, _ = self._admission.admit(batch)
+            if len(senders) == batch.num_rows:
+                total += target.add(ref)
+            elif len(senders):
+                total += target.add(to_arrow(reports, senders))
+        return total
+
+    def _admit(self, batch: pa.RecordBatch):
+        """(reports, senders) of the admitted messages (all of them when no admission is set)."""
+        if self._admission is None:
+            return from_arrow(batch)
+        reports, senders, _ = self._admission.admit(batch)
+        return reports, senders
 
     def _ref_target(self):
         """Where batches go by reference this round: the distributed shuffle, the staging
@@ -101,10 +128,17 @@ class ShufflerImpl:
         """Accept one batch from a client shard (or upstream hop); returns reports pooled."""
         target = self._ref_target()
         if target is not None:
-            return target.add(batch)
+            if self._admission is None:
+                return target.add(batch)
+            reports, senders = self._admit(batch)
+            return target.add(to_arrow(reports, senders)) if len(senders) else 0
+        ciphertexts, senders = self._admit(batch)
         if self._peeler is None:
-            return self.pool.add(batch)
-        ciphertexts, senders = from_arrow(batch)
+            if senders is not None and len(senders) == 0:
+                return 0
+            return self.pool.add_reports(ciphertexts, senders)
+        if len(ciphertexts) == 0:
+            return 0
         inner, kept, _ = self._peeler.peel(ciphertexts)
         return self.pool.add_reports(inner, None if senders is None else senders[kept])
 
@@ -148,15 +182,21 @@ class ShufflerImpl:
         return [ray.put(b) for b in self.pool.release()]
 
     def stats(self) -> dict:
+        """Messages, distinct (authenticated) senders, bytes; and what admission rejected."""
         if self._dist is not None:
-            return self._dist.stats()
-        if self._staged is not None:
+            out = self._dist.stats()
+        elif self._staged is not None:
             st = self._staged.stats()
-            return st if self._staged.released else {**st, "mode": "staged"}
-        out = self.pool.stats()
-        if self._peeler is not None:
-            out["onion_layer"] = self._peeler.keypair.layer
-            out["rejected"] = dict(self._peeler.totals)
+            out = st if self._staged.released else {**st, "mode": "staged"}
+        else:
+            out = self.pool.stats()
+            if self._peeler is not None:
+                out["onion_layer"] = self._peeler.keypair.layer
+                out["rejected"] = dict(self._peeler.totals)
+        if self._admission is not None:
+            adm = self._admission.stats()
+            out["admission"] = adm
+            out["rejected"] = {**out.get("rejected", {}), **adm["rejected"]}
         return out
 
 

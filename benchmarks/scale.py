@@ -221,7 +221,8 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
         t_all = time.perf_counter()
         encoder, qs, mech = _public_setup(clients)
         cfg = load_config(None, ["privacy.model=shuffle", "privacy.mechanism=collision",
-                                 "privacy.delta=1e-6", f"cluster.shards={shards}",
+                                 f"privacy.delta={min(1e-6, 0.1 / clients):.3g}",
+                                 f"cluster.shards={shards}",
                                  f"cluster.batch_clients={batch}", "run.progress=false",
                                  f"shuffle.distributed_above={distributed_above}"])
         cuts = np.linspace(0, clients, shards + 1).astype(np.int64)

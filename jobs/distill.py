@@ -40,7 +40,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "with its own config.yaml: no new private round, no budget spent")
     ap.add_argument("--key-file", default=None,
                     help="server X25519 key file (default: a fresh key pair per job)")
-    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--quiet", action="store_true",
+                    help="no progress bars: plain stage lines, at most one progress line per 5 s "
+                         "(without a terminal this is the default; run.progress=false: silent)")
+    ap.add_argument("--insecure-seeded", action="store_true",
+                    help="allow run.rng=seeded: a reproducible simulation that is NOT private "
+                         "(every secret and the noise follow from run.seed)")
     ap.add_argument("--ledger", default=None,
                     help="privacy ledger (SQLite) that keeps each dataset's budget across jobs "
                          "(default: $RKNN_RAY_LEDGER or ~/.local/share/rknn-ray/ledger.sqlite)")
@@ -172,7 +177,8 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                         raise
                 query_sets.append(qs)
                 store.commit_round(identity, job_id, t, rounds[-1].guarantee.eps,
-                                   rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event))
+                                   rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
+                                   note=_rng_marks(cfg).get("warning", "released"))
                 save_release(out_dir, job_id, identity, rounds, query_sets)
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {_first_line(exc)})"
@@ -235,16 +241,14 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     else:
         train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
     with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
-                        f"{st.epochs} epochs on {len(train_x)} labelled samples"):
+                        f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
+            progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         if st.method == "semi":              # rknn_ray/student/semi.py (issue 11)
             student = train_semi(cfg, data, encoder, lab, utility, out_dir, progress)
         else:
             student = train_student(train_x, targets, eval_x, sp.eval_y, image_shape,
                                     data.num_classes, scfg, storage_path=out_dir,
-                                    checkpoint_dir=out_dir, sample_weight=weight,
-                                    progress=lambda row: progress.say(
-                                        "  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
-                                                               else f"{k} {v}" for k, v in row.items())))
+                                    checkpoint_dir=out_dir, sample_weight=weight, progress=on_epoch)
     progress.say(f"student test accuracy {student.test_accuracy:.4f}")
     if hasattr(encoder, "save"):              # a learned encoder travels with the run
         utility["encoder"] = {**encoder.describe(), "file": os.path.basename(encoder.save(out_dir))}
@@ -253,7 +257,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     g = rounds[-1].guarantee
     eps_spent, delta_spent = ledger.spent()
     timings = dict(progress.timings)
-    for stage in ("clients", "shuffle", "server_open", "server_finalize"):
+    for stage in ("clients", "shuffle", "server_open"):
         timings[stage] = sum(r.timings.get(stage, 0.0) for r in rounds)
     for t, r in enumerate(rounds):
         timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
@@ -267,13 +271,15 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                     "budget": {"dataset": identity, "description": described,
                                "eps": budget[0], "delta": budget[1],
                                "spent_eps": store.spent(identity).eps, "ledger": store.path},
-                    "release_file": "release.npz"},
+                    "release_file": "release.npz", **_rng_marks(cfg)},
         "counts": {"clients": data.num_clients, "records": int(len(sp.private_y)),
                    "queries": all_qs.size, "public": int(len(sp.public_y)),
                    "evaluation": int(len(sp.eval_y)),
                    "messages": int(sum(r.messages for r in rounds)),
                    "received": int(sum(r.received for r in rounds)),
                    "rejected": _sum_dicts(r.rejected for r in rounds),
+                   "authenticated_senders": [r.authenticated_senders for r in rounds],
+                   "missing": [r.missing for r in rounds],
                    "rounds": len(rounds),
                    "max_records_per_client": data.max_records_per_client},
         "split": sp.describe(),
@@ -342,12 +348,32 @@ def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, c
     return diag
 
 
+def _rng_marks(cfg) -> dict:
+    """report.json's privacy section: ``private`` is False (with why) for a seeded simulation."""
+    from rknn_ray.rng import NOT_PRIVATE
+    return {"private": True} if cfg.run.rng == "secure" else {"private": False,
+                                                              "warning": NOT_PRIVATE}
+
+
 def _sum_dicts(dicts) -> dict:
     out: dict = {}
     for d in dicts:
         for k, v in d.items():
             out[k] = out.get(k, 0) + v
     return out
+
+
+def check_rng_consent(cfg, insecure_seeded: bool) -> None:
+    """A seeded run is predictable: it runs only when the command line says so, and says so."""
+    from rknn_ray.rng import NOT_PRIVATE
+    if cfg.run.rng != "seeded":
+        return
+    if not insecure_seeded:
+        raise ConfigError("run.rng", "'seeded' makes every client secret and the server's noise "
+                          "predictable from run.seed: the release would not be private",
+                          "use run.rng=secure (the default), or add --insecure-seeded to run a "
+                          "reproducible simulation that is marked NOT PRIVATE everywhere")
+    print(f"WARNING: {NOT_PRIVATE}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -365,8 +391,7 @@ def main(argv=None) -> int:
             cfg = load_config(os.path.join(out, "config.yaml"), args.overrides)
         else:
             cfg = load_config(args.config, args.overrides)
-        if args.quiet:
-            cfg = cfg.with_overrides(["run.progress=false"])
+        check_rng_consent(cfg, args.insecure_seeded)
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
             validate_resources(cfg, float(os.cpu_count() or 1))
         if args.key_file:
@@ -376,8 +401,10 @@ def main(argv=None) -> int:
             out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             created = not os.path.exists(out)
             out = prepare_run_dir(out, overwrite=args.overwrite)
+        from jobs.progress import Progress
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
-                     resume=bool(args.resume))
+                     resume=bool(args.resume),
+                     progress=Progress.for_console(cfg.run.progress, quiet=args.quiet))
     except (RknnError, KeyboardInterrupt, Exception) as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)
         message = ("interrupted (SIGINT)" if interrupted else str(exc)
@@ -400,6 +427,8 @@ def main(argv=None) -> int:
         return 130 if interrupted else 2
     acc, p = report["accuracy"], report["privacy"]
     print(f"run folder: {out}")
+    if not p.get("private", True):
+        print(f"NOT PRIVATE: {p['warning']}")
     print(f"{p['model']}/{p['mechanism']} eps={p['eps']:.4g} delta={p['delta']:.3g} "
           f"({p['unit']}-level, {p['neighbour']}): label accuracy {acc['labels']:.4f}, "
           f"student accuracy {acc['student']:.4f}")

@@ -1,21 +1,68 @@
-"""Progress lines and stage timings for long jobs (stderr, so stdout stays clean)."""
+"""Progress for long jobs: stage lines, live bars, stage timings (stderr; stdout stays clean).
+
+Three modes, chosen once per job (:meth:`Progress.for_console`):
+
+- ``bars``: a terminal. Each long stage gets a ``tqdm`` bar (clients sealed, messages
+  shuffled, reports opened, student epochs with the latest loss and accuracy);
+  ordinary lines are written above the bars.
+- ``lines``: ``--quiet``, or stderr is not a terminal (a log file, CI, ``ray job
+  submit``). No bars: a plain line when a bar starts, then at most one every
+  ``interval`` seconds, and one when it ends.
+- ``off``: ``run.progress: false``. Nothing is printed; timings are still kept.
+
+Bars are updated from driver threads that see the actors' work as it happens (the
+shards' streaming generators, the Server's count of opened reports, Ray Train's
+per-epoch reports relayed by :mod:`rknn_ray.student.live`); :meth:`Bar.update` and
+:meth:`Bar.set` are thread-safe.
+"""
 from __future__ import annotations
 
+import io
+import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
+MODES = ("bars", "lines", "off")
+
 
 class Progress:
-    def __init__(self, enabled: bool = True, stream=None):
-        self.enabled = enabled
+    def __init__(self, enabled: bool = True, stream=None, mode: str | None = None,
+                 interval: float = 5.0):
         self.stream = stream or sys.stderr
+        if mode is None:
+            mode = "off" if not enabled else ("bars" if _is_tty(self.stream) else "lines")
+        if mode not in MODES:
+            raise ValueError(f"progress mode {mode!r}: use one of {MODES}")
+        self.mode = mode
+        self.enabled = mode != "off"
+        self.interval = float(interval)
         self.t0 = time.perf_counter()
         self.timings: dict[str, float] = {}
+        self._bars: list[Bar] = []
+        self._lock = threading.RLock()
+
+    @classmethod
+    def for_console(cls, enabled: bool = True, quiet: bool = False, stream=None) -> "Progress":
+        """Bars on a terminal; plain periodic lines with ``quiet`` or without a terminal."""
+        if not enabled:
+            return cls(False, stream)
+        return cls(True, stream, mode="lines" if quiet else None)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
 
     def say(self, msg: str) -> None:
-        if self.enabled:
-            print(f"[{time.perf_counter() - self.t0:7.1f}s] {msg}", file=self.stream, flush=True)
+        if not self.enabled:
+            return
+        line = f"[{self.elapsed():7.1f}s] {msg}"
+        with self._lock:
+            if any(b._tqdm is not None for b in self._bars):
+                from tqdm import tqdm
+                tqdm.write(line, file=self.stream)
+            else:
+                print(line, file=self.stream, flush=True)
 
     @contextmanager
     def stage(self, name: str, what: str | None = None):
@@ -25,3 +72,182 @@ class Progress:
         took = time.perf_counter() - start
         self.timings[name] = self.timings.get(name, 0.0) + took
         self.say(f"{what or name} done in {took:.1f}s")
+
+    def bar(self, desc: str, total: int | None = None, unit: str = "it") -> "Bar":
+        """A live bar (or periodic lines); close it, or use it as a context manager."""
+        bar = Bar(self, desc, total, unit)
+        with self._lock:
+            self._bars.append(bar)
+        return bar
+
+    def epochs(self, total: int) -> "EpochBar":
+        """A bar over the student's epochs; ``__call__(row)`` takes one epoch's metrics."""
+        return EpochBar(self.bar("student epochs", total, "epoch"))
+
+    def _closed(self, bar: "Bar") -> None:
+        with self._lock:
+            if bar in self._bars:
+                self._bars.remove(bar)
+
+
+class Bar:
+    """One stage's counter: a tqdm bar in ``bars`` mode, periodic lines in ``lines`` mode."""
+
+    def __init__(self, progress: Progress, desc: str, total: int | None, unit: str):
+        self.progress, self.desc, self.total, self.unit = progress, desc, total, unit
+        self.n = 0
+        self.postfix = ""
+        self.closed = False
+        self._lock = threading.Lock()
+        self._last_line = None
+        self._said = None
+        self._tqdm = None
+        if progress.mode == "bars":
+            from tqdm import tqdm
+            width = _term_width(progress.stream)      # 0: a terminal that reports no size
+            self._tqdm = tqdm(total=total, desc=f"  {desc}", unit=f" {unit}", file=progress.stream,
+                              leave=True, dynamic_ncols=width > 0, ncols=None if width > 0 else 100,
+                              mininterval=0.2,
+                              unit_scale=total is not None and total >= 10_000)
+
+    def __enter__(self) -> "Bar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.set(self.n + int(n))
+
+    def set(self, n: int, postfix: str | None = None) -> None:
+        """Move the counter to ``n`` (absolute: suits values polled from an actor)."""
+        with self._lock:
+            if self.closed:
+                return
+            n = int(n) if self.total is None else min(int(n), int(self.total))
+            step, self.n = n - self.n, n
+            if postfix is not None:
+                self.postfix = postfix
+            if self._tqdm is not None:
+                if postfix is not None:
+                    self._tqdm.set_postfix_str(postfix, refresh=False)
+                if step > 0:
+                    self._tqdm.update(step)
+                elif postfix is not None:
+                    self._tqdm.refresh()
+                return
+            now = time.perf_counter()
+            if self.progress.enabled and (self._last_line is None
+                                          or now - self._last_line >= self.progress.interval):
+                self._last_line = now
+                self._said = self._line()
+                self.progress.say(self._said)
+
+    def _line(self) -> str:
+        count = f"{self.n}/{self.total}" if self.total is not None else f"{self.n}"
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        return f"  {self.desc}: {count} {self.unit}{pct}" + (f", {self.postfix}" if self.postfix else "")
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self._tqdm is not None:
+                self._tqdm.close()
+        if self._tqdm is None and self.progress.enabled and self._line() != self._said:
+            self.progress.say(self._line())     # the final count, unless just printed
+        self.progress._closed(self)
+
+
+class EpochBar:
+    """Feeds per-epoch metric rows (``{"epoch", "train_loss", "train_accuracy"}``) to a bar."""
+
+    def __init__(self, bar: Bar):
+        self.bar = bar
+        self.rows: list[dict] = []
+        self.times: list[float] = []      # seconds since the job started, per row received
+
+    def __call__(self, row: dict) -> None:
+        self.rows.append(dict(row))
+        self.times.append(self.bar.progress.elapsed())
+        extra = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in row.items() if k != "epoch")
+        self.bar.set(int(row.get("epoch", len(self.rows))), postfix=extra)
+
+    def __enter__(self) -> "EpochBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+
+
+def _term_width(stream) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return 0
+
+
+def _is_tty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class NullBar:
+    """What :func:`bar_for` gives when there is no Progress at all."""
+
+    n = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set(self, n: int, postfix: str | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def bar_for(progress: Progress | None, desc: str, total: int | None = None, unit: str = "it"):
+    """``progress.bar(...)``, or a bar that does nothing when ``progress`` is None."""
+    return progress.bar(desc, total, unit) if progress is not None else NullBar()
+
+
+class PolledBar:
+    """Sets ``bar`` from ``poll()`` (e.g. a count an actor keeps) every ``interval`` s.
+
+    The thread stops at :meth:`close`, which sets the final value when given. A poll
+    that fails is skipped: progress never fails a job.
+    """
+
+    def __init__(self, bar, poll, interval: float = 0.5):
+        self.bar, self.poll, self.interval = bar, poll, float(interval)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rknn-progress-poll", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                value = self.poll()
+            except Exception:  # noqa: BLE001 - cosmetic
+                continue
+            if self._stop.is_set():
+                return
+            self.bar.set(value)
+
+    def close(self, final: int | None = None) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 5)
+        if final is not None:
+            self.bar.set(final)
+        self.bar.close()

@@ -33,10 +33,12 @@ import ray
 from actors.client_shard import ClientShard
 from actors.server import Server
 from actors.shuffler import Shuffler
-from rknn_ray.client_step import RoundSpec
+from jobs.progress import PolledBar, bar_for
+from rknn_ray.client_step import RoundSpec, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
-from rknn_ray.rng import derived_seed, new_client_secret
+from rknn_ray.rng import derived_key, new_client_secret
+from sealing.credentials import CredentialIssuer
 from sealing.envelope import RoundContext
 
 SHARD_RETRIES = 2
@@ -67,6 +69,8 @@ class RoundResult:
     rejected: dict
     timings: dict = field(default_factory=dict)
     shuffler: dict | None = None
+    authenticated_senders: int | None = None   # senders with an admitted, authenticated message
+    missing: int | None = None                 # clients whose report was not counted (1 per client)
 
 
 def new_job_id() -> str:
@@ -99,12 +103,18 @@ class ProtocolSession:
         seeded = cfg.run.rng == "seeded"
         self.server = Server.options(num_cpus=cl.server_cpus).remote(
             job_id, key_file, opener_processes(cl.openers), cl.window)
+        # the simulation's credential authority: one key per shard, for its clients only
+        issuer = CredentialIssuer(job_id, derived_key(str(cfg.run.seed).encode(), "credentials")
+                                  if seeded else None)
+        ranges = [(int(src.client_lo), int(src.client_hi)) for src in sources]
+        self.verifier = issuer.verifier(ranges)
         self.shards = []
         for i, src in enumerate(sources):
-            secret = (derived_seed(str(cfg.run.seed).encode(), "shard", i).to_bytes(32, "big")
+            secret = (derived_key(str(cfg.run.seed).encode(), "shard", i)
                       if seeded else new_client_secret())
             self.shards.append(ClientShard.options(num_cpus=cl.shard_cpus).remote(
-                i, src, secret, (shard_faults or {}).get(i)))
+                i, src, secret, (shard_faults or {}).get(i),
+                issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         try:
             self.server_public_key = ray.get(self.server.public_key.remote())
@@ -123,6 +133,8 @@ class ProtocolSession:
         self.close()
 
     def close(self) -> None:
+        if getattr(self, "_opened", None) is not None:
+            self._opened.close()           # a round that failed leaves its progress poller running
         try:
             ray.get(self.server.shutdown.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - best effort: the actor may already be gone
@@ -162,16 +174,24 @@ class ProtocolSession:
                 "messages_per_client_expected", 1.0))
             distributed = (cfg.shuffle.distributed_above is not None and not cfg.shuffle.onion_layers
                            and expected > cfg.shuffle.distributed_above)
-            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed)
-                     for i, h in enumerate(hops)])
             if cfg.shuffle.onion_layers:
                 hop_keys = tuple(ray.get([h.public_key.remote() for h in hops]))
-        ray.get(self.server.begin_round.remote(ctx, mechanism))
         spec = RoundSpec(ctx, mechanism, encoder, np.ascontiguousarray(query_features),
                          int(cfg.rknn.k), int(mechanism.params.num_classes),
                          self.server_public_key, hop_keys,
                          float(cfg.shuffle.dropout) if model == "shuffle" else 0.0)
+        # the party that sees senders admits them (credentials, allowance, the round's one
+        # report length): the first shuffler, else the server
+        admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec))
+        if hops:
+            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
+                                          admission if i == 0 else None)
+                     for i, h in enumerate(hops)])
+        ray.get(self.server.begin_round.remote(ctx, mechanism, None if hops else admission))
         sink = hops[0] if hops else self.server
+        self._opened = opened = PolledBar(      # closed below, or by close() after a failure
+            bar_for(self.progress, "reports opened", None, "reports"),
+            lambda: ray.get(self.server.opened.remote(), timeout=10))
         t0 = time.perf_counter()
         self._stream_clients(ray.put(spec), sink, say)
         timings["clients"] = time.perf_counter() - t0   # central/local: opening overlaps this
@@ -189,17 +209,27 @@ class ProtocolSession:
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         self._inject("before_finish")
         out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
+        opened.close(out["received"])
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
-        timings["server_finalize"] = out["timings"].get("finalize", 0.0)
+        # no timing of the release itself: the exact samplers' run time grows with the noise
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         for t in ray.get([s.get_timings.remote() for s in self.shards]):
             for key, v in t.items():
                 timings[f"shards_{key}_cpu"] = timings.get(f"shards_{key}_cpu", 0.0) + v
+        rejected = dict(out["rejected"])
+        if shuffle_stats is not None:            # what the first hop's admission dropped
+            for kind, v in shuffle_stats["hops"][0].get("admission", {}).get("rejected", {}).items():
+                rejected[kind] = rejected.get(kind, 0) + v
+        authenticated = (shuffle_stats["senders"] if shuffle_stats
+                         else out.get("authenticated_senders", self.num_clients))
+        # one report per client (every model but multi-message): reports that never arrived
+        missing = (max(0, self.num_clients - out["messages"])
+                   if mechanism.messages_per_sender() == 1 else None)
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
-                           out["received"], self.num_clients, out["rejected"], timings,
-                           shuffle_stats)
+                           out["received"], self.num_clients, rejected, timings,
+                           shuffle_stats, authenticated, missing)
 
     def _call(self, ref, party: str, released: bool):
         try:
@@ -223,9 +253,10 @@ class ProtocolSession:
         """One driver thread per shard forwards its batch refs to ``sink`` as they appear."""
         cl = self.cfg.cluster
         is_shuffler = sink is not self.server
-        total, done = self.num_clients, [0]
         lock, errors = threading.Lock(), []
-        last = [time.perf_counter()]
+        sealed = bar_for(self.progress, "clients sealed", self.num_clients, "clients")
+        pooled = bar_for(self.progress, "messages into the shuffler", None, "msgs") \
+            if is_shuffler else None
 
         def pump(i: int, shard) -> None:
             for attempt in range(SHARD_RETRIES + 1):
@@ -236,14 +267,15 @@ class ProtocolSession:
                     ).remote(spec_ref, int(cl.batch_clients))
                     sent = 0
                     for ref in gen:
-                        ray.get(sink.submit_refs.remote([ref]) if is_shuffler
-                                else sink.submit.remote(ref))
+                        rows = ray.get(sink.submit_refs.remote([ref]) if is_shuffler
+                                       else sink.submit.remote(ref))
                         sent += 1
-                        with lock:
-                            done[0] += min(int(cl.batch_clients), self.shard_clients[i])
-                            if time.perf_counter() - last[0] > 5:
-                                last[0] = time.perf_counter()
-                                say(f"  clients sealed and sent: ~{min(done[0], total)}/{total}")
+                        if attempt == 0:      # a re-sent round is not new progress
+                            with lock:
+                                sealed.update(min(int(cl.batch_clients),
+                                                  self.shard_clients[i] - (sent - 1) * int(cl.batch_clients)))
+                                if pooled is not None:
+                                    pooled.update(int(rows or 0))
                     return
                 except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                     if attempt == SHARD_RETRIES:
@@ -268,6 +300,9 @@ class ProtocolSession:
             t.start()
         for t in threads:
             t.join()
+        sealed.close()
+        if pooled is not None:
+            pooled.close()
         if errors:
             err = errors[0]
             cause = err.as_instanceof_cause() if isinstance(err, ray.exceptions.RayTaskError) else err

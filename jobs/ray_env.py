@@ -3,6 +3,13 @@
 With ``RAY_ADDRESS`` set (``ray job submit``, a cluster) we join that cluster and
 touch nothing else. Otherwise we start a local instance bound to loopback:
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before Ray starts (DESIGN.md).
+
+A local instance is also started so that its console stays readable
+(:func:`local_ray_env`): token authentication is chosen explicitly (what Ray does
+anyway for a new local instance, minus its warning that it did), and Ray Train's
+preemption watcher, which only matters for nodes that can be taken away and logs a
+red ``core_worker`` error line at every start, is off. Explicit settings in the
+environment always win; nothing here applies to a cluster joined through RAY_ADDRESS.
 """
 from __future__ import annotations
 
@@ -17,6 +24,29 @@ def quiet_ray_logs() -> None:
     quiet_train_logs()
 
 
+LOCAL_ENV = {
+    # Train V2 starts a PreemptionWatcher actor per run; on one machine nothing is preempted
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+
+def local_ray_env() -> None:
+    """Environment for a local instance this process is about to start (set-if-unset)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    for key, value in LOCAL_ENV.items():
+        os.environ.setdefault(key, value)
+    if "RAY_AUTH_MODE" not in os.environ:
+        # Ray enables token auth for a new local instance by default and warns that it did;
+        # choosing it ourselves keeps the protection without the warning. Ray caches its
+        # config when imported, so refresh it (as Ray's own _enable_token_auth does).
+        os.environ["RAY_AUTH_MODE"] = "token"
+        try:
+            from ray._raylet import Config
+            Config.initialize("")
+        except Exception:  # noqa: BLE001 - Ray moved it: its warning simply shows again
+            os.environ.pop("RAY_AUTH_MODE", None)
+
+
 def ensure_ray(num_cpus: int | None = None) -> bool:
     """Init Ray if needed; returns True when this call started a local instance."""
     import ray
@@ -26,7 +56,7 @@ def ensure_ray(num_cpus: int | None = None) -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return False
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    local_ray_env()
     ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
              log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
     return True

@@ -32,7 +32,9 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
                                "mechanism": r.mechanism, "messages": r.messages,
                                "received": r.received, "clients": r.clients,
                                "rejected": r.rejected, "timings": r.timings,
-                               "shuffler": r.shuffler})
+                               "shuffler": r.shuffler,
+                               "authenticated_senders": r.authenticated_senders,
+                               "missing": r.missing})
     arrays["meta"] = np.array(json.dumps(meta, default=float))
     path = os.path.join(out_dir, RELEASE_FILE)
     with atomic_path(path) as tmp:
@@ -59,5 +61,6 @@ def load_release(run_dir: str, public_emb: np.ndarray):
             rounds.append(RoundResult(z[f"counts_{t}"], Guarantee(**m["guarantee"]),
                                       event_from_dict(m["event"]), m["mechanism"], m["messages"],
                                       m["received"], m["clients"], m["rejected"], m["timings"],
-                                      m["shuffler"]))
+                                      m["shuffler"], m.get("authenticated_senders"),
+                                      m.get("missing")))
     return meta["job_id"], meta["dataset"], rounds, query_sets

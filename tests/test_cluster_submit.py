@@ -1,7 +1,9 @@
-"""The cluster path, proven: a separate local head started with `ray start --head` (loopback),
-`ray job submit --working-dir .` of the main job, the run folder checked, the head stopped
-(by its own process group: never `ray stop`, which would end every Ray on the machine).
-Also: cluster.yaml passes Ray's own cluster-config validation."""
+"""The cluster path, proven: a separate local head started with `ray start --head` (loopback,
+token authentication on, as Ray 2.5x+ clusters run), `ray job submit --working-dir .` of the
+main job with the token, the run folder checked, a request without the token refused, the
+head stopped (by its own process group: never `ray stop`, which would end every Ray on the
+machine). Also: cluster.yaml passes Ray's own cluster-config validation."""
+import secrets
 import json
 import os
 import shutil
@@ -11,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -41,12 +44,15 @@ def _ray_cli() -> str:
 
 @pytest.fixture
 def local_head():
-    """A Ray head of its own on 127.0.0.1 (token auth off for this local test cluster)."""
+    """A Ray head of its own on 127.0.0.1 with token authentication (a fresh token)."""
     ray = _ray_cli()
     gcs, dash, agent, client, metrics, rt_agent, agent_grpc = _free_ports(7)
     temp_dir = tempfile.mkdtemp(prefix="rkh", dir="/tmp")       # short: unix socket path limits
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}    # SIGTERM stops it now, not in 30 s
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
     proc = subprocess.Popen(
         [ray, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
@@ -61,6 +67,8 @@ def local_head():
         while True:
             try:
                 urllib.request.urlopen(f"{address}/api/version", timeout=2).read()
+                break
+            except urllib.error.HTTPError:      # up, and refusing us without the token
                 break
             except OSError:
                 if proc.poll() is not None:
@@ -93,17 +101,23 @@ def test_ray_job_submit_runs_the_main_job_on_a_local_cluster(local_head, tmp_pat
            "python", "-m", "jobs.distill", "--config", "jobs/configs/digits_central.yaml",
            "--out", str(out), "--quiet", "--set", "student.epochs=1",
            "--set", "student.num_workers=1", "--set", "queries.restarts=1"]
+    no_token = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN"}
+    refused = subprocess.run([*cmd[:4], "--submission-id", sub_id + "-x", "--no-wait", "--",
+                              "true"], cwd=ROOT, env={**no_token, "RAY_AUTH_TOKEN": "0" * 64},
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0                   # token auth is really on
     submitted = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
-    from ray.job_submission import JobStatus, JobSubmissionClient
-    client = JobSubmissionClient(address)
+
+    def ray_job(*args):
+        return subprocess.run([_ray_cli(), "job", *args, "--address", address, sub_id], env=env,
+                              capture_output=True, text=True, timeout=60).stdout
     deadline = time.monotonic() + 420
-    while client.get_job_status(sub_id) not in {JobStatus.SUCCEEDED, JobStatus.FAILED,
-                                                 JobStatus.STOPPED}:
+    while not any(s in ray_job("status") for s in ("SUCCEEDED", "FAILED", "STOPPED")):
         assert time.monotonic() < deadline, "the submitted job did not finish in 7 minutes"
         time.sleep(2)
-    logs = client.get_job_logs(sub_id)
-    assert client.get_job_status(sub_id) == JobStatus.SUCCEEDED, logs[-4000:]
+    logs = ray_job("logs")
+    assert "SUCCEEDED" in ray_job("status"), logs[-4000:]
     report = json.loads((out / "report.json").read_text())
     assert report["privacy"]["model"] == "central" and report["counts"]["clients"] == 100
     assert 0 <= report["accuracy"]["student"] <= 1

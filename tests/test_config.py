@@ -286,6 +286,10 @@ def test_sizes_known_after_loading():
         validate_with_data(load_config(None, ["rknn.r=3", "queries.s=10"]), 500, 1000, 2)
     with pytest.raises(ConfigError, match="rounds.count"):
         validate_with_data(load_config(None, ["rounds.count=3", "queries.s=100"]), 250, 1000, 10)
+    shuffle = ["privacy.model=shuffle", "privacy.mechanism=collision", "queries.s=10"]
+    validate_with_data(load_config(None, shuffle + ["privacy.delta=1e-4"]), 500, 1000, 10)
+    with pytest.raises(ConfigError, match=r"1/n = 0.001 for n = 1000.*below 0.0001"):
+        validate_with_data(load_config(None, shuffle + ["privacy.delta=1e-3"]), 500, 1000, 10)
 
 
 def test_student_config_from_run_config():

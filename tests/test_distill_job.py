@@ -14,6 +14,8 @@ def _run(tmp_path, name, config, *overrides):
     args = ["--config", f"jobs/configs/{config}", "--out", str(out), "--quiet"]
     for o in [*FAST, *overrides]:
         args += ["--set", o]
+    if "run.rng=seeded" in overrides:
+        args.append("--insecure-seeded")
     return main(args), out
 
 
@@ -31,6 +33,7 @@ def test_digits_central_run_folder(ray_session, tmp_path):
     assert counts["clients"] == 100 and counts["records"] == 1079 and counts["messages"] == 100
     assert sum(counts["rejected"].values()) == 0
     assert report["rng"] == "seeded" and report["version"]
+    assert priv["private"] is False and "NOT PRIVATE" in priv["warning"]
     for stage in ("data", "queries", "clients", "server_open", "student"):
         assert report["timings_s"][stage] >= 0
     table = pq.read_table(out / "labels.parquet")
@@ -132,13 +135,27 @@ def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new
     assert dataset["spent"]["eps"] == pytest.approx(1.0) and dataset["released"] == 1
     monkeypatch.undo()
     monkeypatch.setenv("RKNN_RAY_LEDGER", str(isolated_privacy_ledger))
-    assert main(["--resume", str(out), "--quiet", "--set", "student.epochs=1"]) == 0
+    assert main(["--resume", str(out), "--quiet", "--set", "student.epochs=1"]) == 2  # seeded
+    assert main(["--resume", str(out), "--quiet", "--insecure-seeded",
+                 "--set", "student.epochs=1"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["privacy"]["eps"] == pytest.approx(1.0) and len(report["privacy"]["rounds"]) == 1
     assert not (out / "incomplete.json").exists()
     (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
     assert dataset["spent"]["eps"] == pytest.approx(1.0) and dataset["released"] == 1
-    assert main(["--resume", str(out), "--quiet"]) == 2                 # complete: nothing to do
+    assert main(["--resume", str(out), "--quiet", "--insecure-seeded"]) == 2   # complete: nothing to do
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    (row,) = [r for r in dataset["releases"] if r["status"] == "released"]
+    assert "NOT PRIVATE" in row["note"]                  # the ledger marks the seeded release
+
+
+def test_a_seeded_run_needs_insecure_seeded_on_the_command_line(tmp_path, capsys):
+    out = tmp_path / "seeded"
+    code = main(["--config", "jobs/configs/digits_central.yaml", "--out", str(out), "--quiet",
+                 "--set", "run.rng=seeded"])
+    err = capsys.readouterr().err
+    assert code == 2 and "run.rng" in err and "--insecure-seeded" in err and "not be private" in err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("stage,party,kept", [("before_finish", "server", True),

@@ -130,8 +130,9 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
 def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(ray_session,
                                                                                tmp_path):
     """Shard 0 dies after its first batch; Ray restarts it and it re-sends the round. The
-    re-sent reports carry the same ids: counted once, and the release is the same as a
-    round without the failure (same job id, seeded shard secrets and server noise)."""
+    re-sent messages carry the same (sender, seq): the shuffler's admission drops the copies
+    (the server would drop them by report id), and the release is the same as a round without
+    the failure (same job id, seeded shard secrets and server noise)."""
     cfg = _digits_cfg("privacy.eps=2.0")
     _, _, _, _, (clean,) = _session_round(cfg, job_id="job-kill")
     faults = {0: {"exit_after_batches": 1, "marker": str(tmp_path / "died")}}
@@ -139,7 +140,8 @@ def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(
     assert (tmp_path / "died").exists()                  # the fault really happened
     np.testing.assert_array_equal(hit.counts, clean.counts)
     assert hit.messages == clean.messages == 1079
-    assert hit.rejected["replayed"] == 200                # the first batch, sent twice
+    assert hit.rejected["duplicate_message"] == 200       # the first batch, sent twice
+    assert hit.rejected["replayed"] == 0 and hit.authenticated_senders == 1079
     assert hit.shuffler["senders"] == clean.shuffler["senders"] == 1079
     assert len(ledger.to_dict()["entries"]) == 1
 
@@ -151,3 +153,25 @@ def test_two_rounds_on_one_session_reuse_actors_and_ids_never_collide(ray_sessio
     assert [r.messages for r in results] == [n, n]       # no report of round 1 is a "replay"
     assert all(r.rejected["replayed"] == 0 for r in results)
     assert len(ledger.to_dict()["entries"]) == 2
+
+
+@pytest.mark.parametrize("model,mechanism", [("central", "laplace")])
+def test_a_flooding_client_moves_the_release_by_at_most_its_allowance(ray_session, model,
+                                                                       mechanism):
+    """The issue's attack on real actors: one client of shard 1 sends 1,000 validly signed
+    reports. Same seeds as a clean round: the central noise is the same draw, so the
+    release differs from the clean one by that client's own contribution at most. (The
+    shuffle model's admission is the same code, exercised by tests/test_hostile_streams.py.)"""
+    extra = ["privacy.delta=0"] if model == "central" else []
+    cfg = _digits_cfg(f"privacy.model={model}", f"privacy.mechanism={mechanism}", *extra)
+    _, _, _, _, (clean,) = _session_round(cfg, job_id="job-flood")
+    _, _, _, _, (hit,) = _session_round(cfg, job_id="job-flood", faults={1: {"flood": 1000}})
+    assert hit.rejected["over_limit"] == 999 and hit.rejected["duplicate_message"] == 1
+    assert hit.messages == clean.messages == hit.clients
+    assert hit.authenticated_senders == clean.authenticated_senders == hit.clients
+    k, r = cfg.rknn.k, cfg.rknn.r
+    moved = np.abs(hit.counts - clean.counts).sum()
+    if model == "central":
+        assert moved <= 2 * k * r            # at most its one report replaced by another
+    else:
+        assert hit.shuffler["senders"] == clean.shuffler["senders"]

@@ -254,8 +254,11 @@ class BudgetStore:
         return b_eps, b_delta
 
     def commit_round(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
-                     event: dict | None) -> None:
-        """Move one round's spend from the job's reservation to a release with its event."""
+                     event: dict | None, note: str = "released") -> None:
+        """Move one round's spend from the job's reservation to a release with its event.
+
+        ``note`` marks the release (a seeded simulation says NOT PRIVATE here).
+        """
         with self._transaction() as con:
             res = con.execute("SELECT id, eps, delta FROM releases WHERE identity = ? AND job_id = ? "
                               "AND status = 'reserved'", (identity, job_id)).fetchone()
@@ -268,7 +271,7 @@ class BudgetStore:
             con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
                         "note, created, updated) VALUES (?, ?, ?, 'released', ?, ?, ?, ?, ?, ?)",
                         (identity, job_id, round_id, eps, delta, json.dumps(event, default=str),
-                         "released", time.time(), time.time()))
+                         note, time.time(), time.time()))
 
     def close_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended normally: what it reserved and did not release is given back."""

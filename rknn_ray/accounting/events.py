@@ -45,7 +45,9 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     """Multi-message shuffle: per cell, NB shares of DLap(dlap_p) over ``num_senders`` clients
     plus Poisson(flood_mean_total) flooding pairs; one record moves ``sensitivity_l1`` cells.
 
-    The accountant computes eps at ``delta`` with rknn_ray.accounting.multi_message.
+    The accountant computes eps at ``delta`` with rknn_ray.accounting.multi_message and
+    adds ``cap_failure`` (the chance that an honest client's noise exceeds the per-sender
+    message cap, see rknn_ray.mechanisms.shuffle_multi.noise_message_cap) to delta.
     """
     dlap_p: float
     flood_mean_total: float
@@ -53,6 +55,7 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     sensitivity_l1: int
     num_cells: int
     delta: float
+    cap_failure: float = 0.0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

@@ -165,6 +165,14 @@ class Mechanism(ABC):
     def error_bound(self, beta: float, num_clients: int) -> float:
         """eta such that the estimate is (eta, beta)-accurate at each bucket."""
 
+    def messages_per_sender(self) -> int:
+        """The most messages one client may send in a round (the admitting party enforces it).
+
+        One report per client for the central, local and single-message shuffle models;
+        the multi-message mechanism allows its true messages plus a noise cap.
+        """
+        return 1
+
     def well_formed(self, payloads: np.ndarray) -> np.ndarray:
         """Boolean mask of messages that decode to a valid report.
 

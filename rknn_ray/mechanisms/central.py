@@ -132,8 +132,11 @@ class CentralLaplace(Mechanism):
         return dp_event.LaplaceDpEvent(noise_multiplier=self.scale / self.params.sensitivity_l1)
 
     def guarantee(self, n: int | None = None) -> Guarantee:
+        how = ("exact discrete" if self.noise == "discrete" else
+               "approximate, float sampling: the eps of ideal real-valued Laplace, not of "
+               "float64 arithmetic (Mironov 2012);")
         return Guarantee(self.params.eps, 0.0, "central", self.name, unit="record",
-                         note=f"{self.noise} Laplace noise of scale 2kr/eps = {self.scale:.4g} "
+                         note=f"{how} Laplace noise of scale 2kr/eps = {self.scale:.4g} "
                               "on every cell; trusted server")
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:

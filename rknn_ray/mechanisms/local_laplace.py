@@ -6,25 +6,28 @@ the L1 distance between two valid inputs is <= 2kr (a kr-hot record, or under
 nonnegative), so noise of scale 2kr/eps per cell is eps-LDP.
 
 * ``multi_record=sample`` (default): the input is a 0/1 record vector; the noise is
-  discrete Laplace, P[x] ~ exp(-|x| eps/(2kr)), drawn as the difference of two
-  geometric variables (numpy's geometric sampler; integers, so no floating-point
-  low-bit leak). Report: d little-endian int32 (4 d bytes). Variance 2a/(1-a)^2,
-  a = e^{-eps/(2kr)}.
+  discrete Laplace, P[x] ~ exp(-|x| eps/(2kr)), drawn *exactly* from integer
+  arithmetic (:mod:`rknn_ray.mechanisms.exact`; the rate eps/(2kr) is rounded down to
+  a 2^-40 grid, i.e. towards more noise). Report: d little-endian int32 (4 d bytes).
+  Variance 2a/(1-a)^2, a = e^{-eps/(2kr)}.
 * ``multi_record=normalize``: the input A^i/m_i is fractional, so integer noise
   cannot hide it; the noise is the paper's continuous Laplace(2kr/eps) in float64,
   sent as float32 (4 d bytes). Variance 2 (2kr/eps)^2. Floating-point Laplace is
   open to Mironov's (2012) attack: the eps is that of the ideal real-valued
-  mechanism; use this as a baseline only (describe() says so).
+  mechanism; the guarantee says "approximate, float sampling". Use it as a baseline
+  only (describe() says so).
 """
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from rknn_ray.answers import RecordAnswers
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
+from rknn_ray.mechanisms.exact import geometric, noisier_rate
 from rknn_ray.mechanisms.randomized_response import FlatLocalMechanism
 
 
@@ -43,9 +46,14 @@ class LocalLaplace(FlatLocalMechanism):
         return self.params.sensitivity_l1 / self.local_eps
 
     @property
+    def rate(self):
+        """The exact sampler's decay rate: 1/scale rounded down to a 2^-40 grid (more noise)."""
+        return noisier_rate(1 / Fraction(self.scale))
+
+    @property
     def decay(self) -> float:
-        """a = e^{-1/scale}: the discrete Laplace pmf is proportional to a^|x|."""
-        return math.exp(-1.0 / self.scale)
+        """a = e^{-rate}: the discrete Laplace pmf is proportional to a^|x|."""
+        return math.exp(-float(self.rate))
 
     @property
     def message_size(self) -> int:
@@ -75,10 +83,11 @@ class LocalLaplace(FlatLocalMechanism):
             ids, rec = self.client_records(answers, rng)
             cells = rec.flat_cells()
             out = np.empty((len(ids), d), dtype="<i4")
-            g = 1.0 - self.decay
+            rate = self.rate
             for sl in self._chunks(len(ids), d):
                 shape = (sl.stop - sl.start, d)
-                noisy = rng.geometric(g, shape) - rng.geometric(g, shape)
+                size = shape[0] * d
+                noisy = (geometric(rng, rate, size) - geometric(rng, rate, size)).reshape(shape)
                 noisy[np.arange(shape[0])[:, None], cells[sl]] += 1
                 out[sl] = noisy
         else:
@@ -127,9 +136,18 @@ class LocalLaplace(FlatLocalMechanism):
         return bounds.laplace_sum_bound(num_clients, self.params.num_classes, beta,
                                         self.scale, discrete=self.discrete)
 
+    def guarantee(self, n: int | None = None):
+        g = super().guarantee(n)
+        if self.discrete:
+            return g
+        from dataclasses import replace
+        return replace(g, note="approximate, float sampling: the eps of ideal real-valued "
+                               "Laplace, not of float64/float32 arithmetic (Mironov 2012); "
+                               + g.note)
+
     def _facts(self) -> dict:
         return {"scale": self.scale,
-                "noise": "discrete (geometric difference, int32)" if self.discrete else
+                "noise": "exact discrete Laplace (integer sampler, int32)" if self.discrete else
                          "continuous float Laplace (baseline only: floating-point Laplace "
                          "is open to Mironov's attack)"}
 

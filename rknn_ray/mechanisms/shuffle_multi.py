@@ -11,6 +11,10 @@ derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
 
+The shares are drawn by exact integer samplers (:mod:`rknn_ray.mechanisms.exact`,
+ChaCha20 stream): NB with decay rate -ln p rounded down and Poisson means rounded up
+on a 2^-40 grid, i.e. at least the calibrated noise.
+
 Simulation shortcut (the server's view is unchanged): within one batch of B
 clients the per-client shares of a cell are summed exactly -- a sum of B
 NB(1/n) is NB(B/n), a sum of B Poisson(mu/n) is Poisson(B mu/n) -- and each
@@ -25,6 +29,7 @@ distinct senders than that.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -34,8 +39,40 @@ from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.central import central_error_bound
+from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
 
 MESSAGE_BYTES = 4
+CAP_DELTA_SHARE = 1e-3      # share of delta spent on an honest client exceeding the message cap
+
+
+def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells: int,
+                      beta: float) -> int:
+    """Smallest M with P[one client's noise messages >= M] <= beta (Chernoff bound).
+
+    A client's noise messages are X = sum over d cells of NB(1/n, p) + NB(1/n, p) +
+    2 Poisson(mu/n); log E[e^{tX}] = d (2/n ln((1-p)/(1-p e^t)) + mu/n (e^{2t} - 1)) for
+    t < -ln p, and P[X >= M] <= exp(log E[e^{tX}] - t M). The admitting party drops a
+    sender's messages beyond its allowance; an honest client loses noise only with
+    probability <= n beta, which the guarantee adds to delta: with caller's beta =
+    cap_failure / ((1 + e^eps) n), capped and uncapped outputs differ by at most
+    cap_failure in the (eps, delta) inequality in both directions.
+    (The simulation shortcut attributes a batch's noise to uniform clients of the batch: a
+    thinning of NB(B/n), lighter-tailed than the protocol's per-client NB(1/n).)
+    """
+    from scipy import optimize
+    d, log_beta = float(num_cells), math.log(beta)
+    t_max = -math.log(dlap_p)
+
+    def log_mgf(t):
+        return d * (2.0 / n * math.log((1 - dlap_p) / (1 - dlap_p * math.exp(t)))
+                    + flood_mean_total / n * (math.exp(2 * t) - 1))
+
+    def m_at(t):
+        return (log_mgf(t) - log_beta) / t
+
+    res = optimize.minimize_scalar(m_at, bounds=(1e-9 * t_max, t_max * (1 - 1e-9)),
+                                   method="bounded")
+    return int(math.ceil(min(res.fun, m_at(t_max / 2))))
 
 
 def encode_messages(cells: np.ndarray, negative: np.ndarray) -> np.ndarray:
@@ -64,8 +101,16 @@ class MultiMessageShuffle(Mechanism):
             raise ConfigError("privacy.options.expected_dropout", "must be in [0, 1)",
                               "set it to the fraction of clients that may not send, e.g. 0.05")
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
-        self.cal = calibrate_multi_message(params.eps, params.delta, self.n_cal,
+        # delta = delta_core (the protocol's accounting) + the cap's failure probability
+        self.cap_failure = CAP_DELTA_SHARE * params.delta
+        self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure, self.n_cal,
                                            params.sensitivity_l1, params.num_cells)
+        self.noise_cap = noise_message_cap(self.cal.dlap_p, self.cal.flood_mean_total, self.n_cal,
+                                           params.num_cells, self.cap_failure
+                                           / ((1 + math.exp(self.cal.eps)) * self.n_cal))
+        # exact samplers: NB(B/n, q) with q = e^-rate >= p and Poisson means rounded up
+        # (both towards more noise, by < 2^-40 relative; see rknn_ray.mechanisms.exact)
+        self.nb_rate = noisier_rate(-math.log(self.cal.dlap_p))
 
     @property
     def message_size(self) -> int:
@@ -76,10 +121,10 @@ class MultiMessageShuffle(Mechanism):
         true_cells = answers.flat_cells().ravel()
         true_senders = np.repeat(answers.client_ids, answers.k * answers.r)
         ids = np.unique(answers.client_ids)
-        share = ids.size / self.n_cal                       # B / n
-        plus = rng.negative_binomial(share, cal.nb_success_prob, size=d)
-        minus = rng.negative_binomial(share, cal.nb_success_prob, size=d)
-        flood = rng.poisson(share * cal.flood_mean_total, size=d)
+        share = Fraction(int(ids.size), self.n_cal)         # B / n, exactly
+        plus = negative_binomial(rng, share, self.nb_rate, d)
+        minus = negative_binomial(rng, share, self.nb_rate, d)
+        flood = poisson(rng, noisier_mean(share * Fraction(cal.flood_mean_total)), d)
         cells = np.concatenate([true_cells,
                                 np.repeat(np.arange(d), plus + flood),
                                 np.repeat(np.arange(d), minus + flood)])
@@ -114,6 +159,11 @@ class MultiMessageShuffle(Mechanism):
         """Every calibrated noise share must be present: n_cal distinct senders."""
         return self.n_cal
 
+    def messages_per_sender(self) -> int:
+        """True messages (k r per record) plus the noise cap (see :func:`noise_message_cap`)."""
+        p = self.params
+        return int(p.k * p.r * p.max_records_per_client) + self.noise_cap
+
     def guarantee_for(self, n: int) -> Guarantee:
         if n < self.n_cal:
             raise PrivacyBudgetError(
@@ -123,7 +173,10 @@ class MultiMessageShuffle(Mechanism):
         return Guarantee(self.cal.eps, self.params.delta, "shuffle", self.name, unit="record",
                          n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
                                         f"over {self.n_cal} clients + Poisson flooding "
-                                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell)")
+                                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
+                                        f"{self.messages_per_sender()} messages per sender "
+                                        f"(noise cap {self.noise_cap}, failure probability "
+                                        f"{self.cap_failure:.2g} included in delta)")
 
     def guarantee(self, n: int | None = None) -> Guarantee:
         return self.guarantee_for(self.n_cal if n is None else int(n))
@@ -134,7 +187,8 @@ class MultiMessageShuffle(Mechanism):
         c = self.cal
         return MultiMessageShuffleDpEvent(c.dlap_p, c.flood_mean_total, self.n_cal,
                                           int(self.params.sensitivity_l1),
-                                          int(self.params.num_cells), float(self.params.delta))
+                                          int(self.params.num_cells), float(c.delta),
+                                          float(self.cap_failure))
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:
         scale = -1.0 / math.log(self.cal.dlap_p)

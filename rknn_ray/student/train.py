@@ -8,7 +8,8 @@ Data's shards), so every rank takes the same number of steps; ``batch_size`` is 
 global batch, split evenly over workers. Rank 0 saves the final weights as a
 checkpoint and reports the metrics with it (Train V2 keeps metrics only when a
 checkpoint rides along). Test accuracy is computed on the driver after loading that
-checkpoint, which also proves the checkpoint is usable.
+checkpoint, which also proves the checkpoint is usable. Per-epoch metrics reach the
+driver while training runs through :mod:`rknn_ray.student.live`.
 """
 from __future__ import annotations
 
@@ -178,7 +179,9 @@ def random_shift(xb: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     cols = (dx[:, None] + torch.arange(w)[None, :]).to(xb.device)       # (B, W)
     b = torch.arange(xb.shape[0], device=xb.device)[:, None, None]
     out = padded.permute(0, 2, 3, 1)[b, rows[:, :, None], cols[:, None, :]]
-    return out.permute(0, 3, 1, 2).contiguous()
+    # a real copy in NCHW order: with one channel, .contiguous() keeps the channels-last
+    # strides, the conv weight grads follow them and DDP warns about bucket view strides
+    return out.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
 
 def _shard_indices(n: int, seed: int, rank: int, world: int) -> np.ndarray:
     """Rank's fixed shard of a seeded permutation, padded so every rank has ceil(n/world) rows."""
@@ -259,7 +262,10 @@ def _train_loop_per_worker(config: dict) -> None:
     device = ray.train.torch.get_device()
     t0 = time.perf_counter()
     started = time.time()
-    history = _run_epochs(model, x, t, w, config, device, rank, world)
+    from rknn_ray.student.live import quiet_worker_console, relay_pusher
+    quiet_worker_console()          # Train's INFO lines go to Ray's log folder, not the console
+    history = _run_epochs(model, x, t, w, config, device, rank, world,      # live epochs (rank 0)
+                          on_epoch=relay_pusher(config.get("epoch_relay") if rank == 0 else None))
     metrics = {"train_loss": history[-1]["train_loss"], "train_accuracy": history[-1]["train_accuracy"],
                "epochs": len(history), "train_seconds": time.perf_counter() - t0, "device": str(device),
                "world_size": world, "entered_at": entered, "started_at": started, "ended_at": time.time()}
@@ -408,8 +414,16 @@ def _filter_forwarded_worker_logs() -> None:
 
 
 def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
+    from rknn_ray.student.live import CleanerTracebackFilter
+    cleaner = CleanerTracebackFilter()      # the same cleaner's known traceback (see there)
+
     def emit(data: dict) -> None:
         lines = data.get("lines")
+        if lines and data.get("actor_name") == "PlacementGroupCleaner":
+            lines = cleaner(data)
+            if not lines:
+                return
+            data = {**data, "lines": lines}
         if lines and any(_STATE_API_NOISE in line for line in lines):
             lines = [line for line in lines if _STATE_API_NOISE not in line]
             if not lines:
@@ -429,13 +443,15 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
     Needs a running Ray (``ray.init`` first; a local one is started if none is).
     ``storage_path`` is Ray Train's storage (the run folder); the final checkpoint is
     also copied to ``checkpoint_dir/student.pt`` when given. ``progress(row)`` is called
-    for each epoch once training returns (workers run remotely).
+    for each epoch while training runs (rank 0 pushes every epoch to a relay actor
+    that a driver thread polls: :mod:`rknn_ray.student.live`), once per epoch. Train's
+    own INFO lines stay in Ray's log folder.
     """
     if "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS"):
         # a Ray we may start below stays on loopback; Ray reads this once, at import
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     config = (config or StudentConfig()).validate()
@@ -456,16 +472,24 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
     loop_cfg = _loop_config(config, image_shape, num_classes, meta)
     loop_cfg["data_ref"] = ray.put((x, t, w))
     storage = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "rknn_ray_train"))
+    from rknn_ray.student.live import LiveEpochs
+    live = LiveEpochs(progress) if progress is not None else None
+    loop_cfg["epoch_relay"] = live.relay if live else None
     trainer = TorchTrainer(
         _train_loop_per_worker,
         train_loop_config=loop_cfg,
         scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu),
         run_config=RunConfig(name=f"student-{uuid.uuid4().hex[:8]}", storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
-                             failure_config=FailureConfig(max_failures=0)),
+                             failure_config=FailureConfig(max_failures=0),
+                             logging_config=LoggingConfig(log_level="WARNING")),
     )
     fit_start = time.time()
-    result = trainer.fit()
+    if live:
+        with live:
+            result = trainer.fit()
+    else:
+        result = trainer.fit()
     fit_end = time.time()
     if result.checkpoint is None or result.metrics is None:
         raise RknnError("Ray Train finished without a checkpoint or metrics; see the worker logs above")
@@ -481,9 +505,8 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
         model = load_student(src)
         with open(os.path.join(ckpt_dir, HISTORY_FILE)) as f:
             history = json.load(f)
-    if progress is not None:
-        for row in history:
-            progress(row)
+    if live:
+        live.finish(history)     # any epoch that did not arrive live (never twice)
     t_eval = time.perf_counter()
     test_acc = accuracy(model, test_x, test_y)
     timings = {"workers_start": metrics["entered_at"] - fit_start,      # controller + worker processes

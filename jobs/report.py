@@ -1,0 +1,450 @@
+"""A readable report of a run folder, or of a folder of runs (a comparison, a grid).
+
+    rknn-ray report RUN_DIR [--out FILE] [--no-html] [--include-diagnostics]
+    python -m jobs.report RUN_DIR ...
+
+Prints a summary to stdout (privacy, accuracy, counts, timings) and writes one
+self-contained ``report.html`` into the folder (or ``--out``): inline CSS, the PNG
+plots embedded as base64, no file or network it depends on, so it can be mailed or
+attached as it is.
+
+What a folder may be:
+
+- a run folder (``report.json``, written last by ``python -m jobs.distill``);
+- an unfinished run (``incomplete.json``, maybe ``release.npz``): what happened and
+  how to finish it;
+- a folder of runs (a comparison or grid folder): every run folder below it (up to
+  three levels down) becomes one row of a comparison table, and what the folder
+  itself holds is shown as it is: JSON files (``compare.json``, ``results.json``)
+  pretty-printed, CSV files as tables, ``.txt`` tables, PNG plots embedded.
+
+Privacy: a run's ``diagnostics/`` subfolder holds NON-private values (exact counts);
+the report names it but embeds nothing from it unless ``--include-diagnostics`` is
+given, and then marks that part and the page title as not private.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import html
+import json
+import os
+import sys
+import time
+
+REPORT = "report.json"
+INCOMPLETE = "incomplete.json"
+HTML_NAME = "report.html"
+MAX_DEPTH = 3
+MAX_CSV_ROWS = 200
+MAX_TEXT_CHARS = 20_000
+STAGES = ("data", "queries", "actors", "labels", "student")   # the job's own stages, in order
+ROUND_PARTS = ("clients", "shuffle", "server_open", "server_finalize")
+
+
+class ReportError(Exception):
+    """The folder holds nothing a report can be made from."""
+
+
+# ------------------------------------------------------------------ reading
+
+def _read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
+
+
+def find_runs(folder: str, max_depth: int = MAX_DEPTH) -> list[str]:
+    """Run folders (with report.json or incomplete.json) below ``folder``, sorted by path."""
+    found = []
+    base = os.path.abspath(folder)
+    for root, dirs, files in os.walk(base):
+        depth = os.path.relpath(root, base).count(os.sep) + (root != base)
+        if root != base and (REPORT in files or INCOMPLETE in files):
+            found.append(root)
+            dirs[:] = []            # a run's own subfolders (diagnostics, Train storage) are not runs
+            continue
+        if depth >= max_depth:
+            dirs[:] = []
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return sorted(found)
+
+
+def load_run(folder: str) -> dict:
+    """What a run folder says: its report (or incomplete marker), plots, diagnostics, history."""
+    folder = os.path.abspath(folder)
+    run = {"path": folder, "name": os.path.basename(folder.rstrip(os.sep)), "report": None,
+           "incomplete": None, "plots": [], "history": None,
+           "diagnostics": os.path.isdir(os.path.join(folder, "diagnostics"))}
+    rp, ip = os.path.join(folder, REPORT), os.path.join(folder, INCOMPLETE)
+    if os.path.isfile(rp):
+        run["report"] = _read_json(rp)
+    elif os.path.isfile(ip):
+        run["incomplete"] = _read_json(ip)
+        run["release_saved"] = os.path.isfile(os.path.join(folder, "release.npz"))
+    else:
+        raise ReportError(f"{folder} is not a run folder (no {REPORT} or {INCOMPLETE})")
+    run["plots"] = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".png"))
+    hp = os.path.join(folder, "history.json")
+    if os.path.isfile(hp):
+        try:
+            run["history"] = _read_json(hp)
+        except (OSError, ValueError):
+            pass
+    return run
+
+
+# ------------------------------------------------------------------ numbers to text
+
+def _fmt(v, digits: int = 4) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        if v != v:
+            return "n/a"
+        return f"{v:.{digits}g}" if abs(v) < 1e5 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _seconds(v) -> str:
+    return "n/a" if v is None else f"{float(v):.1f} s"
+
+
+def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The summary as (section, [(label, value)]) pairs: one source for text and HTML."""
+    rep = run["report"]
+    if rep is None:
+        inc = run["incomplete"] or {}
+        rows = [(k, _fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v))
+                for k, v in inc.items()]
+        rows.append(("release saved", "yes (release.npz): finish with "
+                     f"python -m jobs.distill --resume {run['path']}" if run.get("release_saved")
+                     else "no: nothing was released"))
+        return [("Unfinished run", rows)]
+    acc, p, c = rep.get("accuracy", {}), rep.get("privacy", {}), rep.get("counts", {})
+    cfg = rep.get("config") or {}
+    data = cfg.get("data") or {}
+    privacy = [("trust model", _fmt(p.get("model"))), ("mechanism", _fmt(p.get("mechanism"))),
+               ("guarantee", f"eps = {_fmt(p.get('eps'))}, delta = {_fmt(p.get('delta'))}"),
+               ("unit, neighbours", f"{_fmt(p.get('unit'))}-level, {_fmt(p.get('neighbour'))}"),
+               ("rounds", _fmt(len(p.get("rounds") or []) or c.get("rounds")))]
+    budget = p.get("budget") or {}
+    if budget:
+        privacy.append(("dataset budget", f"eps = {_fmt(budget.get('eps'))} "
+                        f"(spent {_fmt(budget.get('spent_eps'))} after this job) on "
+                        f"{_fmt(budget.get('description'))}"))
+    privacy.append(("randomness", _fmt(rep.get("rng"))))
+    accuracy = [("label accuracy (public set)", _fmt(acc.get("labels"))),
+                ("student accuracy (evaluation set)", _fmt(acc.get("student"))),
+                ("query label accuracy", _fmt(acc.get("query_labels")))]
+    diag = rep.get("diagnostics")
+    if diag:
+        accuracy.append(("non-private label accuracy [diagnostics, NOT private]",
+                         _fmt(diag.get("nonprivate_labels"))))
+    counts = [("dataset", _fmt(data.get("dataset"))), ("clients", _fmt(c.get("clients"))),
+              ("private records", _fmt(c.get("records"))), ("queries", _fmt(c.get("queries"))),
+              ("public / evaluation", f"{_fmt(c.get('public'))} / {_fmt(c.get('evaluation'))}"),
+              ("messages accepted", _fmt(c.get("messages"))),
+              ("reports received", _fmt(c.get("received")))]
+    rejected = {k: v for k, v in (c.get("rejected") or {}).items() if v}
+    counts.append(("reports rejected", ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(rejected.items()))
+                   if rejected else "none"))
+    for i, sh in enumerate(rep.get("shuffler") or []):
+        if sh:
+            counts.append((f"round {i + 1} shuffled", f"{_fmt(sh.get('messages'))} messages from "
+                           f"{_fmt(sh.get('senders'))} senders"))
+    timings = rep.get("timings_s") or {}
+    times = [(k, _seconds(timings[k])) for k in STAGES if k in timings]
+    times += [(k, _seconds(v)) for k, v in sorted(timings.items())
+              if k.startswith("round_") and k.count("_") == 1]
+    times += [(f"  {k} (all rounds)", _seconds(timings[k])) for k in ROUND_PARTS if timings.get(k)]
+    total = sum(timings.get(k, 0.0) for k in STAGES) + sum(
+        v for k, v in timings.items() if k.startswith("round_") and k.count("_") == 1)
+    times.append(("total of the stages", _seconds(total)))
+    student = rep.get("student") or {}
+    if student:
+        times.append(("student run", f"{_fmt(student.get('epochs'))} epochs, "
+                      f"{_fmt(student.get('num_workers'))} workers on {_fmt(student.get('device'))}, "
+                      f"{_fmt(student.get('train_samples'))} samples"))
+    about = [("folder", run["path"]), ("job id", _fmt(rep.get("job_id"))),
+             ("version", _fmt(rep.get("version")))]
+    if run.get("diagnostics"):
+        about.append(("diagnostics/", "present: NOT private, do not share (not embedded here)"
+                      if not run.get("include_diagnostics") else "embedded below: NOT private"))
+    return [("Privacy", privacy), ("Accuracy", accuracy), ("Counts", counts),
+            ("Timings", times), ("Run", about)]
+
+
+def run_row(run: dict) -> dict:
+    """One line of a comparison table."""
+    rep = run["report"]
+    if rep is None:
+        return {"run": run["name"], "status": "incomplete"}
+    p, acc, c = rep.get("privacy", {}), rep.get("accuracy", {}), rep.get("counts", {})
+    t = rep.get("timings_s") or {}
+    wall = sum(t.get(k, 0.0) for k in STAGES) + sum(
+        v for k, v in t.items() if k.startswith("round_") and k.count("_") == 1)
+    return {"run": run["name"], "status": "complete", "model": p.get("model"),
+            "mechanism": p.get("mechanism"), "eps": p.get("eps"), "delta": p.get("delta"),
+            "unit": p.get("unit"), "labels": acc.get("labels"), "student": acc.get("student"),
+            "clients": c.get("clients"), "queries": c.get("queries"),
+            "messages": c.get("messages"), "seconds": wall}
+
+
+ROW_COLUMNS = ("run", "status", "model", "mechanism", "eps", "delta", "unit", "labels", "student",
+               "clients", "queries", "messages", "seconds")
+
+
+def text_summary(run: dict) -> str:
+    title = f"run {run['name']}" + ("" if run["report"] else " (unfinished)")
+    out = [title, "=" * len(title)]
+    for section, rows in run_sections(run):
+        out.append(f"{section}:")
+        width = max(len(k) for k, _ in rows)
+        out += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+    if run["plots"]:
+        out.append("plots: " + ", ".join(os.path.basename(p) for p in run["plots"]))
+    return "\n".join(out)
+
+
+def table_text(rows: list[dict], columns=ROW_COLUMNS) -> str:
+    cells = [[_fmt(r.get(col)) if col != "seconds" or r.get(col) is None else f"{r[col]:.1f}"
+              for col in columns] for r in rows]
+    widths = [max([len(col)] + [len(row[i]) for row in cells]) for i, col in enumerate(columns)]
+    lines = ["  ".join(col.ljust(w) for col, w in zip(columns, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ HTML
+
+CSS = """
+body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1100px;
+     color:#222;padding:0 1em;background:#fff}
+h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
+.sub{color:#666;margin-top:0} table{border-collapse:collapse;margin:.5em 0;font-size:.92em}
+td,th{border:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}
+th{background:#f3f5f8} .kv td:first-child{color:#555;white-space:nowrap}
+.cards{display:flex;gap:1em;flex-wrap:wrap;margin:1em 0}
+.card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em;background:#f9fafb}
+.card .v{font-size:1.5em;font-weight:600} .card .k{color:#666;font-size:.85em}
+.warn{background:#fff3cd;border:1px solid #e0c36a;padding:.6em 1em;border-radius:6px}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0} pre{background:#f6f8fa;padding:.8em;overflow:auto}
+"""
+
+
+def _png_tag(path: str, alt: str) -> str:
+    with open(path, "rb") as f:
+        data = base64.b64encode(f.read()).decode("ascii")
+    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">' \
+           f"<figcaption>{html.escape(alt)}</figcaption></figure>"
+
+
+def _kv_table(rows) -> str:
+    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="kv">{body}</table>'
+
+
+def _table(header, rows) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>"
+                   for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cards(run: dict) -> str:
+    rep = run["report"] or {}
+    p, acc = rep.get("privacy", {}), rep.get("accuracy", {})
+    cards = [("student accuracy", _fmt(acc.get("student"), 3)),
+             ("label accuracy", _fmt(acc.get("labels"), 3)),
+             ("eps", _fmt(p.get("eps"))), ("delta", _fmt(p.get("delta"))),
+             ("trust model", f"{_fmt(p.get('model'))}/{_fmt(p.get('mechanism'))}")]
+    return '<div class="cards">' + "".join(
+        f'<div class="card"><div class="v">{html.escape(v)}</div><div class="k">{html.escape(k)}</div></div>'
+        for k, v in cards) + "</div>"
+
+
+def _history_svg(history: list[dict] | None) -> str:
+    """The training curve as inline SVG (train loss and accuracy per epoch), if there is one."""
+    if not history:
+        return ""
+    w, h, pad = 520, 180, 30
+    epochs = [r.get("epoch", i + 1) for i, r in enumerate(history)]
+    lo, hi = min(epochs), max(epochs)
+    span = max(hi - lo, 1)
+
+    def path(values, top):
+        finite = [v for v in values if isinstance(v, (int, float))]
+        if not finite:
+            return ""
+        vmax = top if top is not None else max(finite) or 1.0
+        pts = [f"{pad + (e - lo) / span * (w - 2 * pad):.1f},"
+               f"{h - pad - (v / vmax) * (h - 2 * pad):.1f}" for e, v in zip(epochs, values)
+               if isinstance(v, (int, float))]
+        return "M" + " L".join(pts)
+
+    loss = path([r.get("train_loss") for r in history], None)
+    accp = path([r.get("train_accuracy") for r in history], 1.0)
+    return (f'<svg width="{w}" height="{h}" role="img" aria-label="training curve">'
+            f'<rect x="0" y="0" width="{w}" height="{h}" fill="#fff" stroke="#ddd"/>'
+            f'<path d="{loss}" fill="none" stroke="#cc3311" stroke-width="2"/>'
+            f'<path d="{accp}" fill="none" stroke="#228833" stroke-width="2"/>'
+            f'<text x="{pad}" y="18" font-size="12" fill="#cc3311">train loss (scaled to its max)</text>'
+            f'<text x="{w - 190}" y="18" font-size="12" fill="#228833">train accuracy (0..1)</text>'
+            f'<text x="{pad}" y="{h - 8}" font-size="11" fill="#666">epoch {lo}</text>'
+            f'<text x="{w - pad - 50}" y="{h - 8}" font-size="11" fill="#666">epoch {hi}</text>'
+            "</svg>")
+
+
+def run_html_body(run: dict, heading: str = "h2") -> str:
+    parts = []
+    if run["report"] is None:
+        parts.append('<p class="warn">This run did not finish.</p>')
+    else:
+        parts.append(_cards(run))
+    for section, rows in run_sections(run):
+        parts.append(f"<{heading}>{html.escape(section)}</{heading}>{_kv_table(rows)}")
+    if run["plots"] or run["history"]:
+        parts.append(f"<{heading}>Plots</{heading}>")
+        parts += [_png_tag(p, os.path.basename(p)) for p in run["plots"]]
+        if run["history"] and not run["plots"]:      # summary.png already has the curve
+            parts.append(_history_svg(run["history"]))
+    if run.get("include_diagnostics") and run.get("diagnostics"):
+        folder = os.path.join(run["path"], "diagnostics")
+        parts.append(f'<{heading}>Diagnostics</{heading}><p class="warn">NOT PRIVATE: computed from '
+                     "the private data without noise. Do not share this page.</p>")
+        parts += [_png_tag(os.path.join(folder, f), f"diagnostics/{f}")
+                  for f in sorted(os.listdir(folder)) if f.endswith(".png")]
+    return "\n".join(parts)
+
+
+def page(title: str, subtitle: str, body: str) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><p class=\"sub\">{html.escape(subtitle)} &middot; "
+            f"report made {html.escape(stamp)} by rknn-ray report</p>{body}</body></html>")
+
+
+def _folder_artifacts(folder: str) -> tuple[str, str]:
+    """(text, html) of what a collection folder itself holds: JSON, CSV, TXT, PNG."""
+    texts, blocks = [], []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path) or name == HTML_NAME:
+            continue
+        try:
+            if name.endswith(".json"):
+                body = json.dumps(_read_json(path), indent=2)[:MAX_TEXT_CHARS]
+                blocks.append(f"<h2>{html.escape(name)}</h2><pre>{html.escape(body)}</pre>")
+                texts.append(f"{name}: JSON ({os.path.getsize(path):,} bytes)")
+            elif name.endswith(".csv"):
+                with open(path, newline="") as f:
+                    rows = list(csv.reader(f))
+                if rows:
+                    shown = rows[1:MAX_CSV_ROWS + 1]
+                    more = len(rows) - 1 - len(shown)
+                    blocks.append(f"<h2>{html.escape(name)}</h2>" + _table(rows[0], shown)
+                                  + (f"<p>{more} more rows in the file</p>" if more > 0 else ""))
+                    texts.append(f"{name}: {len(rows) - 1} rows x {len(rows[0])} columns")
+            elif name.endswith(".txt") or name.endswith(".md"):
+                with open(path, errors="replace") as f:
+                    body = f.read(MAX_TEXT_CHARS)
+                blocks.append(f"<h2>{html.escape(name)}</h2><pre>{html.escape(body)}</pre>")
+                texts.append(f"{name}:\n{body.rstrip()}")
+            elif name.endswith(".png"):
+                blocks.append(_png_tag(path, name))
+                texts.append(f"{name}: plot")
+        except (OSError, ValueError) as exc:          # show what is broken, keep going
+            blocks.append(f'<p class="warn">{html.escape(name)}: could not read ({html.escape(str(exc))})</p>')
+            texts.append(f"{name}: could not read ({exc})")
+    return "\n".join(texts), "\n".join(blocks)
+
+
+# ------------------------------------------------------------------ the command
+
+def build_report(path: str, out: str | None = None, write_html: bool = True,
+                 include_diagnostics: bool = False) -> tuple[str, str | None]:
+    """Returns (the text summary, the HTML file written or None)."""
+    folder = os.path.abspath(path)
+    if not os.path.isdir(folder):
+        raise ReportError(f"{path} is not a folder")
+    is_run = os.path.isfile(os.path.join(folder, REPORT)) or \
+        os.path.isfile(os.path.join(folder, INCOMPLETE))
+    if is_run:
+        run = load_run(folder)
+        run["include_diagnostics"] = include_diagnostics
+        text = text_summary(run)
+        title = f"rknn-ray run {run['name']}" + (" [includes NOT private diagnostics]"
+                                                   if include_diagnostics and run["diagnostics"] else "")
+        rep = run["report"] or {}
+        sub = (f"{(rep.get('privacy') or {}).get('model', '?')} model, version {rep.get('version', '?')}"
+               if rep else "unfinished run")
+        doc = page(title, sub, run_html_body(run))
+    else:
+        runs = []
+        for f in find_runs(folder):
+            try:
+                runs.append(load_run(f))
+            except (OSError, ValueError, ReportError) as exc:
+                runs.append({"path": f, "name": os.path.relpath(f, folder), "report": None,
+                             "incomplete": {"error": f"unreadable: {exc}"}, "plots": [],
+                             "history": None, "diagnostics": False})
+        for r in runs:
+            r["name"] = os.path.relpath(r["path"], folder)
+        art_text, art_html = _folder_artifacts(folder)
+        if not runs and not art_text:
+            raise ReportError(f"{path} holds no run folder ({REPORT} or {INCOMPLETE}) and no "
+                              "results (JSON, CSV, TXT, PNG) to report")
+        rows = [run_row(r) for r in runs]
+        text = f"folder {folder}: {len(runs)} run(s)"
+        if rows:
+            text += "\n" + table_text(rows)
+        if art_text:
+            text += "\n" + art_text
+        body = []
+        if rows:
+            body.append("<h2>Runs</h2>" + _table(
+                ROW_COLUMNS, [[_fmt(r.get(c)) if c != "seconds" or r.get(c) is None
+                               else f"{r[c]:.1f}" for c in ROW_COLUMNS] for r in rows]))
+        body.append(art_html)
+        for r in runs:
+            body.append(f"<h2>Run {html.escape(r['name'])}</h2>" + run_html_body(r, "h3"))
+        doc = page(f"rknn-ray runs in {os.path.basename(folder)}", f"{len(runs)} run(s)",
+                   "\n".join(body))
+    written = None
+    if write_html:
+        written = os.path.abspath(out or os.path.join(folder, HTML_NAME))
+        tmp = written + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(doc)
+        os.replace(tmp, written)
+    return text, written
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rknn-ray report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", help="a run folder, or a folder of runs (comparison, grid)")
+    ap.add_argument("--out", default=None, help=f"HTML file (default PATH/{HTML_NAME})")
+    ap.add_argument("--no-html", action="store_true", help="print the summary only")
+    ap.add_argument("--include-diagnostics", action="store_true",
+                    help="embed the NOT private diagnostics/ plots too (the page says so)")
+    args = ap.parse_args(argv)
+    try:
+        text, written = build_report(args.path, args.out, not args.no_html, args.include_diagnostics)
+    except (ReportError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(text)
+    if written:
+        print(f"report: {written}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

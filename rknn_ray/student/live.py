@@ -1,0 +1,162 @@
+"""Live per-epoch metrics from Ray Train workers to a callback in the driver.
+
+Rank 0 pushes each epoch's row (``{"epoch", "train_loss", "train_accuracy"}``, already
+averaged over all ranks) to an :class:`EpochRelay` actor: a fire-and-forget call to a
+list behind two methods, no CPU. A driver thread (:class:`LiveEpochs`) drains the
+relay every ``interval`` seconds and hands each row to the callback, so epoch lines
+and bars move while the student trains instead of all at once when ``fit()`` returns.
+
+Why not one ``ray.train.report`` per epoch: Train V2's controller takes one report per
+worker per health-check poll (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s) through a
+queue of size 1, and every report is also a barrier across ranks. Measured on the
+README demo (40 epochs, 2 CPU workers): training took 78 s with a report per epoch
+instead of 7.5 s. The workers report once, at the end, with the only checkpoint
+(``CheckpointConfig(num_to_keep=1)`` keeps Train's storage bounded).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+import ray
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class EpochRelay:
+    """Rows pushed by rank 0, drained by the driver (in order)."""
+
+    def __init__(self):
+        self._rows: list[dict] = []
+
+    def push(self, row: dict) -> None:
+        self._rows.append(row)
+
+    def drain(self) -> list[dict]:
+        rows, self._rows = self._rows, []
+        return rows
+
+
+def relay_pusher(relay) -> Callable[[dict], None] | None:
+    """The worker side: an ``on_epoch`` that forwards rows without waiting (None: no relay)."""
+    if relay is None:
+        return None
+    return lambda row: relay.push.remote(dict(row))
+
+
+class LiveEpochs:
+    """Driver side: start the relay, poll it in a thread, stop with a last drain.
+
+    ``seen`` lists every row delivered, so callers can tell which epochs never
+    arrived live (a failed poll, a relay that died) and deliver them afterwards.
+    """
+
+    def __init__(self, callback: Callable[[dict], None], interval: float = 0.5):
+        self.callback, self.interval = callback, float(interval)
+        self.seen: list[dict] = []
+        self.relay = EpochRelay.remote()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="rknn-live-epochs", daemon=True)
+
+    def _deliver(self) -> None:
+        try:
+            rows = ray.get(self.relay.drain.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - progress is cosmetic; the history file has every epoch
+            return
+        for row in rows:
+            self.seen.append(row)
+            self.callback(row)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._deliver()
+
+    def __enter__(self) -> "LiveEpochs":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._deliver()
+        ray.kill(self.relay)
+
+    def finish(self, history: list[dict]) -> None:
+        """Deliver the epochs of ``history`` that did not arrive live (never twice)."""
+        done = {row.get("epoch") for row in self.seen}
+        for row in history:
+            if row.get("epoch") not in done:
+                self.seen.append(row)
+                self.callback(row)
+
+
+class _BelowWarningFrom(logging.Filter):
+    def __init__(self, name: str):
+        super().__init__()
+        self.logger_name = name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name != self.logger_name or record.levelno >= logging.WARNING
+
+
+def quiet_worker_console() -> None:
+    """In a Train worker: keep Train's INFO lines that escape ``LoggingConfig`` off the console.
+
+    Ray 2.60's ``ray/train/v2/_internal/execution/context.py`` names its logger by file
+    path (``getLogger(__file__)``), so ``LoggingConfig(log_level="WARNING")`` does not
+    reach its "Reporting training result ..." lines: they propagate to the root logger.
+    The filter goes on the root's console handlers only, so Train's log files in Ray's
+    log folder still get them. Warnings and errors still show.
+    """
+    try:
+        import ray.train.v2._internal.execution.context as train_context
+        name = train_context.logger.name
+    except Exception:  # noqa: BLE001 - another Ray: nothing to do
+        return
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
+                and not any(isinstance(f, _BelowWarningFrom) for f in handler.filters):
+            handler.addFilter(_BelowWarningFrom(name))
+
+
+CLEANER = "PlacementGroupCleaner"
+CLEANER_NO_ADDRESS = "Found multiple active Ray instances"
+
+
+class CleanerTracebackFilter:
+    """Forwarded-log filter (driver side) for one known-harmless traceback of Train V2.
+
+    With several local Ray instances on one host, Train's ``PlacementGroupCleaner`` actor
+    cannot pick the State API address and its monitor thread dies with a traceback ending
+    in ``ConnectionError: Found multiple active Ray instances``. With the dashboard off it
+    cannot reach the State API either way (the same reason its 'State API may be
+    temporarily unavailable' warnings are dropped), so locally nothing is lost. The
+    traceback arrives split over several batches: lines from ``Exception in thread`` up
+    to the exception line are held back, dropped if that line is the known one, and
+    passed on otherwise. Every other line passes at once.
+    """
+
+    def __init__(self):
+        self.held: dict = {}          # pid -> lines held back
+
+    def __call__(self, data: dict) -> list[str]:
+        lines = list(data.get("lines") or [])
+        if data.get("actor_name") != CLEANER:
+            return lines
+        pid, out = data.get("pid"), []
+        for line in lines:
+            held = self.held.get(pid)
+            if held is None:
+                if line.startswith("Exception in thread"):
+                    self.held[pid] = [line]
+                else:
+                    out.append(line)
+                continue
+            held.append(line)
+            body = line.strip()
+            if line[:1].isspace() or body.startswith(("Traceback", "File ")) or not body:
+                continue
+            del self.held[pid]                    # the exception line: decide
+            if CLEANER_NO_ADDRESS not in line:
+                out.extend(held)
+        return out

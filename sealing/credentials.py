@@ -1,0 +1,272 @@
+"""Sender credentials: who may send in a round, and how many messages each may send.
+
+The simulation's credential authority (:class:`CredentialIssuer`, held by the job
+driver) has a 32-byte master key. Client shard ``i``, hosting the virtual clients with
+ids in ``[lo, hi)``, receives ``shard_key = HMAC(master, job | i | lo | hi)``; virtual
+client ``c`` of that shard signs with ``client_key(c) = HMAC(shard_key, c)``. A shard
+can therefore speak for its own clients only, and nobody but the authority and the
+verifier can speak for anyone.
+
+Every message carries three clear columns beside its sealed ``report``:
+
+* ``sender`` (int64): the client id;
+* ``seq`` (uint32): the message's number for that sender in this round, 0, 1, ...;
+* ``tag`` (16 bytes): HMAC-SHA256(client_key, round header | sender | seq | report), cut
+  to 128 bits, so the credential binds the exact ciphertext.
+
+The party that sees senders -- the first shuffler in the shuffle model, the server in
+the central and local models -- admits a batch with :class:`SenderAdmission`: unknown
+ids (``unknown_sender``), a batch whose reports are not the round's one sealed length
+(``wrong_length``: the length comes from the mechanism, never from a report), ``seq``
+beyond the mechanism's per-sender allowance
+(``over_limit``), a wrong tag or missing columns (``bad_credential``) and a second
+message under the same (sender, seq) (``duplicate_message``: a retried client's copy,
+or a second message a sender tries to slip in) are dropped and counted. Tags are checked
+before duplicates, so a forged message cannot use up an honest sender's slot. The
+number of *authenticated* distinct senders (at least one admitted message) is the n the
+amplification uses. The shuffler forwards only the ``report`` column: the server never
+learns who sent what in the shuffle model.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from sealing.envelope import RoundContext, from_arrow
+from sealing.unseal import ReplayGuard
+
+TAG_LEN = 16
+CREDENTIAL_REJECT_KINDS = ("bad_credential", "unknown_sender", "over_limit", "duplicate_message",
+                           "wrong_length")
+_DOMAIN = b"rknn-ray/credential/v1"
+
+
+def empty_credential_rejects() -> Counter:
+    return Counter(dict.fromkeys(CREDENTIAL_REJECT_KINDS, 0))
+
+
+def _shard_key(master: bytes, job_id: str, shard: int, lo: int, hi: int) -> bytes:
+    msg = b"%s|shard|%s|%d|%d|%d" % (_DOMAIN, job_id.encode(), shard, lo, hi)
+    return hmac.digest(master, msg, "sha256")
+
+
+def _client_key(shard_key: bytes, sender: int) -> bytes:
+    return hmac.digest(shard_key, b"client" + int(sender).to_bytes(8, "big", signed=True), "sha256")
+
+
+def _tag_prefix(ctx: RoundContext) -> bytes:
+    return _DOMAIN + ctx.job_digest + int(ctx.round_id).to_bytes(4, "big")
+
+
+def _tags(keys: list[bytes], prefix: bytes, senders: np.ndarray, seqs: np.ndarray,
+          reports: np.ndarray) -> np.ndarray:
+    """(M, 16) uint8 tags; ``keys[j]`` is message j's client key."""
+    out = np.empty((len(keys), TAG_LEN), np.uint8)
+    sb = senders.astype(">i8").tobytes()
+    qb = seqs.astype(">u4").tobytes()
+    rows = np.ascontiguousarray(reports)
+    for j, key in enumerate(keys):
+        msg = prefix + sb[8 * j:8 * j + 8] + qb[4 * j:4 * j + 4] + rows[j].tobytes()
+        out[j] = np.frombuffer(hmac.digest(key, msg, "sha256")[:TAG_LEN], np.uint8)
+    return out
+
+
+def sequence_numbers(senders: np.ndarray) -> np.ndarray:
+    """0, 1, 2, ... per sender, in the order the messages appear."""
+    senders = np.asarray(senders, np.int64)
+    order = np.argsort(senders, kind="stable")
+    s = senders[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(s)) + 1] if s.size else np.zeros(0, np.int64)
+    run_start = np.repeat(starts, np.diff(np.r_[starts, s.size]))
+    seq = np.empty(senders.size, np.int64)
+    seq[order] = np.arange(s.size) - run_start
+    return seq.astype(np.uint32)
+
+
+@dataclass(frozen=True)
+class ShardCredential:
+    """What one client shard holds: the key for its client-id range (never the master)."""
+    job_id: str
+    shard: int
+    lo: int
+    hi: int
+    key: bytes
+
+    def sign(self, ctx: RoundContext, senders: np.ndarray, reports: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """(seq uint32, tags (M, 16) uint8) for messages of this shard's clients."""
+        senders = np.asarray(senders, np.int64)
+        if senders.size and (senders.min() < self.lo or senders.max() >= self.hi):
+            raise ValueError(f"shard {self.shard} holds credentials for clients [{self.lo}, "
+                             f"{self.hi}) only")
+        seqs = sequence_numbers(senders)
+        cache: dict[int, bytes] = {}
+        keys = []
+        for c in senders.tolist():
+            key = cache.get(c)
+            if key is None:
+                key = cache[c] = _client_key(self.key, c)
+            keys.append(key)
+        return seqs, _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
+
+
+def with_credentials(batch: pa.RecordBatch, seqs: np.ndarray, tags: np.ndarray) -> pa.RecordBatch:
+    """Add the ``seq`` and ``tag`` columns to a ``sender`` + ``report`` batch."""
+    tags = np.ascontiguousarray(tags, np.uint8)
+    tag_col = pa.FixedSizeBinaryArray.from_buffers(pa.binary(TAG_LEN), len(tags),
+                                                   [None, pa.py_buffer(tags)])
+    return pa.RecordBatch.from_arrays([*batch.columns, pa.array(seqs, pa.uint32()), tag_col],
+                                      names=[*batch.schema.names, "seq", "tag"])
+
+
+class CredentialIssuer:
+    """The simulation's credential authority: issues shard keys, builds verifiers."""
+
+    def __init__(self, job_id: str, master: bytes | None = None):
+        self.job_id = job_id
+        self._master = master if master is not None else os.urandom(32)
+        if len(self._master) != 32:
+            raise ValueError("the credential master key has 32 bytes")
+
+    def shard_credential(self, shard: int, lo: int, hi: int) -> ShardCredential:
+        return ShardCredential(self.job_id, int(shard), int(lo), int(hi),
+                               _shard_key(self._master, self.job_id, shard, lo, hi))
+
+    def verifier(self, ranges: list[tuple[int, int]]) -> "SenderVerifier":
+        """A verifier for shards 0..len(ranges)-1 with these client-id ranges."""
+        return SenderVerifier(self.job_id, self._master, tuple((int(a), int(b)) for a, b in ranges))
+
+
+@dataclass(frozen=True)
+class SenderVerifier:
+    """Checks tags for any client of the job (held by the party that sees senders)."""
+    job_id: str
+    master: bytes
+    ranges: tuple[tuple[int, int], ...]
+
+    def __post_init__(self):
+        los = [a for a, _ in self.ranges]
+        if los != sorted(los) or any(a > b for a, b in self.ranges):
+            raise ValueError("shard ranges must be ordered, non-overlapping [lo, hi) pairs")
+
+    def shard_of(self, senders: np.ndarray) -> np.ndarray:
+        """Shard index per sender, -1 for an id no shard hosts."""
+        lo = np.array([a for a, _ in self.ranges], np.int64)
+        hi = np.array([b for _, b in self.ranges], np.int64)
+        idx = np.searchsorted(lo, senders, side="right") - 1
+        ok = (idx >= 0) & (senders < hi[np.clip(idx, 0, None)]) if lo.size else \
+            np.zeros(senders.size, bool)
+        return np.where(ok, idx, -1)
+
+    def valid(self, ctx: RoundContext, senders: np.ndarray, seqs: np.ndarray,
+              reports: np.ndarray, tags: np.ndarray, shards: np.ndarray) -> np.ndarray:
+        """Mask of messages whose tag is right (``shards`` from :meth:`shard_of`, all >= 0)."""
+        shard_keys = [_shard_key(self.master, self.job_id, i, a, b)
+                      for i, (a, b) in enumerate(self.ranges)]
+        cache: dict[int, bytes] = {}
+        keys = []
+        for c, sh in zip(senders.tolist(), shards.tolist()):
+            key = cache.get(c)
+            if key is None:
+                key = cache[c] = _client_key(shard_keys[sh], c)
+            keys.append(key)
+        want = _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
+        return np.all(want == tags, axis=1)    # all 16 bytes of every row: no early exit
+
+
+class SenderAdmission:
+    """One round's admission at the party that sees senders (see module docstring)."""
+
+    def __init__(self, verifier: SenderVerifier, ctx: RoundContext, allowance: int,
+                 report_width: int | None = None):
+        if int(allowance) < 1:
+            raise ValueError(f"the per-sender allowance must be >= 1 message, got {allowance}")
+        self.verifier, self.ctx, self.allowance = verifier, ctx, int(allowance)
+        self.report_width = None if report_width is None else int(report_width)
+        self._slots = ReplayGuard(12)          # (sender, seq) admitted so far
+        self._senders = ReplayGuard(8)         # senders with at least one admitted message
+        self.authenticated_senders = 0
+        self.admitted = 0
+        self.rejected = empty_credential_rejects()
+
+    def admit(self, batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray, Counter]:
+        """(reports (M', L) uint8, senders (M',), this batch's rejects) of the admitted messages."""
+        rejects = empty_credential_rejects()
+        try:
+            reports, senders = from_arrow(batch)
+            seqs, tags = _credential_columns(batch)
+            if senders is None:
+                raise ValueError("no sender column")
+        except Exception:  # noqa: BLE001 - an unreadable batch is counted, never fatal
+            rejects["bad_credential"] += _rows(batch)
+            return self._nothing(rejects)
+        if self.report_width is not None and reports.shape[1] != self.report_width:
+            rejects["wrong_length"] += len(senders)
+            return self._nothing(rejects)
+        keep = np.ones(len(senders), bool)
+        shards = self.verifier.shard_of(senders)
+        unknown = shards < 0
+        rejects["unknown_sender"] += int(unknown.sum())
+        over = ~unknown & (seqs >= self.allowance)
+        rejects["over_limit"] += int(over.sum())
+        keep &= ~unknown & ~over
+        idx = np.flatnonzero(keep)
+        if idx.size:
+            good = self.verifier.valid(self.ctx, senders[idx], seqs[idx], reports[idx], tags[idx],
+                                       shards[idx])
+            rejects["bad_credential"] += int((~good).sum())
+            keep[idx[~good]] = False
+        idx = np.flatnonzero(keep)
+        if idx.size:
+            slot = np.empty((idx.size, 12), np.uint8)
+            slot[:, :8] = senders[idx].astype(">i8").view(np.uint8).reshape(-1, 8)
+            slot[:, 8:] = seqs[idx].astype(">u4").view(np.uint8).reshape(-1, 4)
+            fresh = self._slots.fresh(slot.view("S12").ravel())
+            rejects["duplicate_message"] += int((~fresh).sum())
+            keep[idx[~fresh]] = False
+        out_senders = senders[keep]
+        if out_senders.size:
+            ids = np.unique(out_senders).astype(">i8").view("S8")
+            self.authenticated_senders += int(self._senders.fresh(ids).sum())
+        self.admitted += int(keep.sum())
+        self.rejected.update(rejects)
+        return reports[keep], out_senders, rejects
+
+    def _nothing(self, rejects: Counter):
+        self.rejected.update(rejects)
+        width = self.report_width or 0
+        return np.zeros((0, width), np.uint8), np.zeros(0, np.int64), rejects
+
+    def stats(self) -> dict:
+        return {"authenticated_senders": self.authenticated_senders, "admitted": self.admitted,
+                "allowance_per_sender": self.allowance, "rejected": dict(self.rejected)}
+
+
+def _rows(batch) -> int:
+    """Rows of something that arrived as a batch (1 for anything that is not a table)."""
+    try:
+        return int(batch.num_rows)
+    except Exception:  # noqa: BLE001
+        return 1
+
+
+def _credential_columns(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    names = batch.schema.names
+    if "seq" not in names or "tag" not in names:
+        raise ValueError("no credential columns")
+    seq_col, tag_col = batch.column("seq"), batch.column("tag")
+    if seq_col.null_count or tag_col.null_count or not pa.types.is_fixed_size_binary(tag_col.type) \
+            or tag_col.type.byte_width != TAG_LEN:
+        raise ValueError("malformed credential columns")
+    seqs = seq_col.to_numpy(zero_copy_only=False).astype(np.int64)
+    if seqs.size and seqs.min() < 0:
+        raise ValueError("negative seq")
+    buf = tag_col.buffers()[1]
+    flat = np.frombuffer(buf, np.uint8)
+    tags = flat[tag_col.offset * TAG_LEN:(tag_col.offset + len(tag_col)) * TAG_LEN]
+    return seqs, tags.reshape(-1, TAG_LEN)

@@ -1,0 +1,141 @@
+"""Sender credentials and admission (sealing.credentials), without Ray."""
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rknn_ray.mechanisms import build
+from rknn_ray.mechanisms.base import MechanismParams
+from sealing.credentials import (CredentialIssuer, SenderAdmission, sequence_numbers,
+                                 with_credentials)
+from sealing.envelope import RoundContext, to_arrow
+
+CTX = RoundContext("job-cred", 3)
+RANGES = [(0, 10), (10, 20)]
+
+
+def _signed(cred, senders, width=40, seed=0, ctx=CTX):
+    reports = np.random.default_rng(seed).integers(0, 256, (len(senders), width), dtype=np.uint8)
+    seqs, tags = cred.sign(ctx, np.asarray(senders), reports)
+    return with_credentials(to_arrow(reports, np.asarray(senders)), seqs, tags)
+
+
+@pytest.fixture
+def issuer():
+    return CredentialIssuer(CTX.job_id)
+
+
+def test_sequence_numbers_count_per_sender_in_order():
+    assert sequence_numbers(np.array([5, 3, 5, 5, 3, 9])).tolist() == [0, 0, 1, 2, 1, 0]
+    assert sequence_numbers(np.array([], np.int64)).size == 0
+
+
+def test_a_shard_can_sign_only_for_its_own_clients(issuer):
+    cred = issuer.shard_credential(0, *RANGES[0])
+    with pytest.raises(ValueError, match=r"clients \[0, 10\) only"):
+        _signed(cred, [3, 12])
+
+
+def test_honest_messages_are_admitted_and_senders_counted_once(issuer):
+    adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=2, report_width=40)
+    a = _signed(issuer.shard_credential(0, *RANGES[0]), [1, 2, 2])
+    b = _signed(issuer.shard_credential(1, *RANGES[1]), [15, 1 + 10], seed=1)
+    for batch in (a, b):
+        reports, senders, rejects = adm.admit(batch)
+        assert len(reports) == batch.num_rows and sum(rejects.values()) == 0
+    assert adm.authenticated_senders == 4 and adm.admitted == 5
+
+
+@pytest.mark.parametrize("column", ["report", "tag", "seq", "sender"])
+def test_any_changed_bit_fails_the_credential(issuer, column):
+    batch = _signed(issuer.shard_credential(0, *RANGES[0]), [1, 2, 3])
+    cols = {name: batch.column(name) for name in batch.schema.names}
+    if column in ("report", "tag"):
+        raw = np.frombuffer(cols[column].buffers()[1], np.uint8).copy()
+        raw[5] ^= 1
+        width = cols[column].type.byte_width
+        cols[column] = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), 3,
+                                                            [None, pa.py_buffer(raw)])
+    else:
+        vals = cols[column].to_numpy().copy()
+        vals[0] ^= 1 if column == "sender" else 2       # stay in range for sender, seq < allowance
+        cols[column] = pa.array(vals, cols[column].type)
+    bad = pa.RecordBatch.from_arrays(list(cols.values()), names=list(cols))
+    adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=4)
+    _, senders, rejects = adm.admit(bad)
+    assert rejects["bad_credential"] == 1 and len(senders) == 2
+
+
+def test_other_job_round_or_issuer_fails(issuer):
+    other_round = RoundContext(CTX.job_id, CTX.round_id + 1)
+    for batch in (_signed(CredentialIssuer(CTX.job_id).shard_credential(0, 0, 10), [1, 2]),
+                  _signed(issuer.shard_credential(0, 0, 10), [1, 2], ctx=other_round),
+                  _signed(issuer.shard_credential(0, 0, 20), [1, 2])):   # not the issued range
+        adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=1)
+        _, senders, rejects = adm.admit(batch)
+        assert rejects["bad_credential"] == 2 and senders.size == 0 and adm.authenticated_senders == 0
+
+
+def test_flood_from_one_sender_keeps_only_its_allowance(issuer):
+    cred = issuer.shard_credential(0, *RANGES[0])
+    adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=3)
+    _, senders, rejects = adm.admit(_signed(cred, [4] * 1000))
+    assert senders.tolist() == [4, 4, 4] and rejects["over_limit"] == 997
+    assert adm.authenticated_senders == 1
+
+
+def test_retried_copies_and_second_messages_on_a_slot_are_duplicates(issuer):
+    cred = issuer.shard_credential(0, *RANGES[0])
+    adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=1)
+    adm.admit(_signed(cred, [1, 2, 3]))
+    _, senders, rejects = adm.admit(_signed(cred, [1, 2, 3], seed=7))    # re-sealed, same slots
+    assert senders.size == 0 and rejects["duplicate_message"] == 3
+    assert adm.authenticated_senders == 3
+
+
+def test_forgery_cannot_use_up_an_honest_slot(issuer):
+    """Tags are checked before duplicates: a forged (sender, seq) first does not block the real one."""
+    cred = issuer.shard_credential(0, *RANGES[0])
+    adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=1)
+    forged = _signed(CredentialIssuer("evil").shard_credential(0, 0, 10), [5])
+    assert adm.admit(forged)[2]["bad_credential"] == 1
+    _, senders, _ = adm.admit(_signed(cred, [5]))
+    assert senders.tolist() == [5]
+
+
+def test_unknown_senders_wrong_lengths_and_garbage_are_counted_not_raised(issuer):
+    adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=1, report_width=40)
+    cred = issuer.shard_credential(0, *RANGES[0])
+    ok = _signed(cred, [1, 2])
+    unknown = pa.RecordBatch.from_arrays(
+        [pa.array([10**9, -1], pa.int64()), *ok.columns[1:]], names=ok.schema.names)
+    assert adm.admit(unknown)[2]["unknown_sender"] == 2
+    assert adm.admit(_signed(cred, [3], width=39))[2]["wrong_length"] == 1
+    assert adm.admit(to_arrow(np.zeros((2, 40), np.uint8), np.array([1, 2])))[2]["bad_credential"] == 2
+    assert adm.admit(pa.RecordBatch.from_arrays([pa.array([1, 2, 3])], names=["x"]))[2][
+        "bad_credential"] == 3
+    assert adm.admit("not a batch")[2]["bad_credential"] == 1
+    assert adm.admit(ok.slice(0, 0))[1].size == 0
+    assert adm.authenticated_senders == 0
+
+
+def test_multi_message_allowance_covers_honest_clients_and_caps_a_flood():
+    """The noise cap: honest clients of a simulated round stay under it; the guarantee says so."""
+    from rknn_ray.answers import RecordAnswers
+    p = MechanismParams(num_queries=20, num_classes=5, k=2, eps=1.0, delta=1e-6, num_clients=400)
+    mech = build("shuffle", "multi", p)
+    allow = mech.messages_per_sender()
+    assert allow > mech.describe()["messages_per_client_expected"]
+    assert f"at most {allow} messages per sender" in mech.guarantee().note
+    assert mech.event().cap_failure == pytest.approx(1e-3 * p.delta)
+    from rknn_ray.accounting.accountants import event_cost
+    assert event_cost(mech.event())[1] == pytest.approx(p.delta)
+    rng = np.random.default_rng(0)
+    ids = np.arange(400)
+    first = rng.integers(0, 20, 400)
+    neighbors = np.stack([first, (first + 1 + rng.integers(0, 19, 400)) % 20], axis=1)
+    answers = RecordAnswers(neighbors, rng.integers(0, 5, (400, 1)), ids, 20, 5)
+    worst = 0
+    for seed in range(5):
+        msgs = mech.randomize(answers, np.random.Generator(np.random.PCG64(seed)))
+        worst = max(worst, int(np.bincount(msgs.senders).max()))
+    assert worst <= allow

@@ -1,0 +1,170 @@
+"""Progress output without Ray: bars on a terminal, periodic lines otherwise, nothing when off;
+the console fixes that need no cluster (DDP-friendly strides, the local Ray environment)."""
+import io
+import re
+import threading
+
+import pytest
+import torch
+
+from jobs.progress import Bar, NullBar, PolledBar, Progress, bar_for
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_mode_follows_the_terminal_and_quiet():
+    assert Progress(True, io.StringIO()).mode == "lines"            # a log file, CI, ray job submit
+    assert Progress(True, FakeTTY()).mode == "bars"
+    assert Progress.for_console(True, quiet=True, stream=FakeTTY()).mode == "lines"
+    assert Progress.for_console(False, stream=FakeTTY()).mode == "off"
+    with pytest.raises(ValueError):
+        Progress(True, io.StringIO(), mode="fancy")
+
+
+def test_lines_mode_prints_periodically_and_the_final_count(monkeypatch):
+    out = io.StringIO()
+    p = Progress(True, out, interval=3600)          # only the first update and the close print
+    with p.bar("clients sealed", 100, "clients") as bar:
+        for _ in range(10):
+            bar.update(10)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("clients sealed: 10/100 clients (10%)")
+    assert lines[1].endswith("clients sealed: 100/100 clients (100%)")
+    out2 = io.StringIO()
+    p2 = Progress(True, out2, interval=0.0)         # every update prints, the close adds nothing new
+    with p2.bar("reports opened", None, "reports") as bar:
+        bar.set(5)
+        bar.set(7)
+    assert [ln.split("] ")[1] for ln in out2.getvalue().splitlines()] == \
+        ["  reports opened: 5 reports", "  reports opened: 7 reports"]
+
+
+def test_bars_mode_draws_tqdm_bars_and_keeps_lines_above_them():
+    out = FakeTTY()
+    p = Progress(True, out)
+    bar = p.bar("clients sealed", 4, "clients")
+    p.say("a line while a bar is open")
+    bar.update(4)
+    bar.close()
+    text = out.getvalue()
+    assert "clients sealed" in text and "4/4" in text and "100%" in text
+    assert "a line while a bar is open" in text
+
+
+def test_off_mode_prints_nothing_but_keeps_timings():
+    out = io.StringIO()
+    p = Progress(False, out)
+    with p.stage("data"):
+        with p.bar("clients sealed", 3) as bar:
+            bar.update(3)
+        ep = p.epochs(2)
+        ep({"epoch": 1, "train_loss": 1.0})
+        ep.bar.close()
+    assert out.getvalue() == "" and "data" in p.timings
+    assert isinstance(bar_for(None, "x"), NullBar)
+
+
+def test_epoch_bar_shows_latest_metrics():
+    out = io.StringIO()
+    p = Progress(True, out, interval=0.0)
+    with p.epochs(3) as on_epoch:
+        for e in (1, 2, 3):
+            on_epoch({"epoch": e, "train_loss": 1.0 / e, "train_accuracy": 0.3 * e})
+    last = out.getvalue().splitlines()[-1]
+    assert re.search(r"student epochs: 3/3 epoch \(100%\), train_loss 0\.3333, train_accuracy 0\.9", last)
+    assert [r["epoch"] for r in on_epoch.rows] == [1, 2, 3] and len(on_epoch.times) == 3
+
+
+def test_bar_is_thread_safe():
+    p = Progress(True, io.StringIO(), interval=3600)
+    bar = p.bar("x", None)
+    threads = [threading.Thread(target=lambda: [bar.update(1) for _ in range(1000)]) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bar.n == 4000
+    bar.close()
+
+
+def test_polled_bar_follows_the_poll_and_sets_the_final_value():
+    p = Progress(True, io.StringIO(), interval=0.0)
+    values = iter(range(1, 1000))
+    bar = p.bar("reports opened", None)
+    polled = PolledBar(bar, lambda: next(values), interval=0.01)
+    import time
+    deadline = time.time() + 5
+    while bar.n < 3 and time.time() < deadline:
+        time.sleep(0.01)
+    assert bar.n >= 3
+    polled.close(final=5000)
+    assert bar.n == 5000 and bar.closed
+    broken = PolledBar(p.bar("y", None), lambda: 1 / 0, interval=0.01)   # a failing poll is skipped
+    time.sleep(0.05)
+    broken.close()
+    assert isinstance(broken.bar, Bar) and broken.bar.closed
+
+
+def test_random_shift_returns_standard_strides_for_one_channel():
+    """With one channel, .contiguous() kept channels-last strides and DDP warned
+    'Grad strides do not match bucket view strides'; the shift now copies to NCHW."""
+    from rknn_ray.student.train import random_shift
+    gen = torch.Generator().manual_seed(0)
+    for c in (1, 3):
+        x = torch.rand(5, c, 8, 8)
+        out = random_shift(x, gen)
+        assert out.shape == x.shape
+        assert out.stride() == torch.empty(5, c, 8, 8).stride()
+
+
+def test_local_ray_env_sets_defaults_and_respects_the_user(monkeypatch):
+    import ray._raylet
+    from jobs import ray_env
+    calls = []
+
+    class FakeConfig:                   # Ray's own is immutable; the real refresh is tested end to end
+        @staticmethod
+        def initialize(s):
+            calls.append(s)
+    monkeypatch.setattr(ray._raylet, "Config", FakeConfig)
+    for key in ("RAY_AUTH_MODE", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"):
+        monkeypatch.delenv(key, raising=False)
+    ray_env.local_ray_env()
+    import os
+    assert os.environ["RAY_AUTH_MODE"] == "token" and calls == [""]
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "0"
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")        # an explicit choice wins
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")
+    calls.clear()
+    ray_env.local_ray_env()
+    assert os.environ["RAY_AUTH_MODE"] == "disabled" and calls == []
+    assert os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
+
+
+def test_forwarded_cleaner_traceback_of_a_shared_host_is_dropped_other_lines_kept():
+    from rknn_ray.student.train import _without_noise
+    got = []
+    emit = _without_noise(got.append)
+    tb = ["Exception in thread PlacementGroupCleanerMonitor:", "Traceback (most recent call last):",
+          "ConnectionError: Found multiple active Ray instances: {'127.0.0.1:1', '127.0.0.1:2'}."]
+    emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "is_err": True, "lines": tb})
+    assert got == []
+    # split over batches, as Ray forwards it: held back, then dropped
+    for part in (tb[:1], tb[1:2] + ["  File \"x.py\", line 1, in f", "    ^^^^"], tb[2:]):
+        emit({"actor_name": "PlacementGroupCleaner", "pid": 3, "is_err": True, "lines": part})
+    assert got == []
+    # another traceback of the cleaner is passed on whole
+    other = tb[:2] + ["ValueError: something else"]
+    for part in (other[:1], other[1:]):
+        emit({"actor_name": "PlacementGroupCleaner", "pid": 4, "is_err": True, "lines": part})
+    assert [d["lines"] for d in got] == [other]
+    got.clear()
+    emit({"actor_name": "RayTrainWorker", "pid": 2, "is_err": True, "lines": tb})   # not the cleaner
+    emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "is_err": True,
+          "lines": ["some other error"]})
+    assert [d["actor_name"] for d in got] == ["RayTrainWorker", "PlacementGroupCleaner"]
