@@ -71,16 +71,19 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
     from rknn_ray.errors import DataError
-    from rknn_ray.pipeline import fit_queries, prepare_data
+    from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto
 
     progress = progress or Progress(cfg.run.progress)
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         data = prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
+    cfg, auto_choice = resolve_auto(cfg, data)     # queries.s / rknn.k: auto (public info only)
+    if auto_choice:
+        progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} ({auto_choice['reason']})")
     sp = data.splits
     store = BudgetStore(ledger_path)
     identity, described = dataset_identity(cfg, sp.private_x, sp.private_y, data.client_ids)
     if resume:
-        encoder, public_emb, _ = fit_queries(cfg, data)        # public only, deterministic
+        encoder, public_emb, _ = fit_queries(cfg, data, progress.say)   # public only, deterministic
         job_id, saved_identity, rounds, query_sets = load_release(out_dir, public_emb)
         if saved_identity != identity:
             raise DataError(f"{out_dir}/release.npz was released from other private data than "
@@ -108,7 +111,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
                      f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
         with progress.stage("queries", f"encoder + k-means: s = {cfg.queries.s} queries"):
-            encoder, public_emb, first_qs = fit_queries(cfg, data)
+            encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
     started = ensure_ray()                 # one Ray for the whole job, after the budget check
     try:
         if not resume:
@@ -116,7 +119,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                                                          store, identity, job_id, out_dir, key_file,
                                                          progress, shard_faults, party_faults)
         return _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
-                       described, budget, job_id, out_dir, progress)
+                       described, budget, job_id, out_dir, progress, auto_choice)
     finally:
         if started:
             ray.shutdown()
@@ -196,7 +199,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
-            described, budget, job_id, out_dir, progress) -> dict:
+            described, budget, job_id, out_dir, progress, auto_choice=None) -> dict:
     """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
     from rknn_ray.mechanisms.central import central_error_bound
     from rknn_ray.pipeline import derive_labels, exact_answers
@@ -207,14 +210,17 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     sp = data.splits
     all_qs = union_of_rounds(public_emb, query_sets)
     counts = np.concatenate([r.counts for r in rounds])
+    from rknn_ray.pipeline import finish_labels, train_semi
     with progress.stage("labels", "labels from the released counts"):
-        lab = derive_labels(counts, all_qs, sp.public_y, cfg.labels.type)
+        lab, utility = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, progress)
+    utility["auto"] = auto_choice
     progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
     ref = exact = None
     if cfg.run.diagnostics:     # simulation only: exact private counts, never released
         exact = np.concatenate([exact_answers(encoder, data, q, cfg.rknn.k).counts()
                                 for q in query_sets])
-        ref = derive_labels(exact.astype(float), all_qs, sp.public_y, cfg.labels.type)
+        ref, _ = finish_labels(cfg, data, exact.astype(float), all_qs, public_emb, rounds, None,
+                               noise_std=0.0)
         progress.say(f"[diagnostics, NOT private] non-private label accuracy "
                      f"{ref.label_accuracy:.4f}")
     st = cfg.student
@@ -222,6 +228,12 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                          weight_decay=st.weight_decay, num_workers=st.num_workers,
                          use_gpu=st.use_gpu, label_type=cfg.labels.type,
                          seed=cfg.run.seed, arch=st.arch, augment=st.augment)
+    eval_x, image_shape = sp.eval_x, data.image_shape
+    if st.input == "features":     # the student is encoder -> MLP; the encoder is public (issue 11)
+        from rknn_ray.pipeline import feature_inputs
+        sp, eval_x, image_shape = feature_inputs(encoder, sp, public_emb, out_dir)
+        utility["student"] = {"input": "features", "encoder": cfg.represent.encoder,
+                              "dim": int(image_shape[0])}
     if cfg.labels.train_on == "queries":
         train_x, targets = sp.public_x[all_qs.public_index], \
             (lab.query_soft if scfg.label_type == "soft" else lab.query_labels)
@@ -231,10 +243,15 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
                         f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
-        student = train_student(train_x, targets, sp.eval_x, sp.eval_y, data.image_shape,
-                                data.num_classes, scfg, storage_path=out_dir,
-                                checkpoint_dir=out_dir, sample_weight=weight, progress=on_epoch)
+        if st.method == "semi":              # rknn_ray/student/semi.py (issue 11)
+            student = train_semi(cfg, data, encoder, lab, utility, out_dir, progress)
+        else:
+            student = train_student(train_x, targets, eval_x, sp.eval_y, image_shape,
+                                    data.num_classes, scfg, storage_path=out_dir,
+                                    checkpoint_dir=out_dir, sample_weight=weight, progress=on_epoch)
     progress.say(f"student test accuracy {student.test_accuracy:.4f}")
+    if hasattr(encoder, "save"):              # a learned encoder travels with the run
+        utility["encoder"] = {**encoder.describe(), "file": os.path.basename(encoder.save(out_dir))}
 
     truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
     g = rounds[-1].guarantee
@@ -270,6 +287,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,
+        "utility": {k: v for k, v in utility.items() if k != "confidence"},
         "rng": cfg.run.rng, "version": __version__, "job_id": job_id,
         "config": cfg.to_dict(),
     }

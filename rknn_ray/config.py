@@ -71,11 +71,18 @@ class RepresentConfig:
     encoder: str = "pca"
     dim: int = 32
     whiten: bool = False
+    # learned encoder (simclr), rknn_ray.contrastive; trained on public data only and cached
+    epochs: int = 15
+    batch_size: int = 256
+    flip: bool = True                 # left-right mirror augmentation (false for digits)
+    backbone: str = "auto"            # auto | cnn | resnet (32x32, GPU)
+    trainer: str = "ray"              # ray (one-worker Ray Train) | local
+    cache_dir: str | None = None      # null: $RKNN_RAY_CACHE/encoders or ~/.cache/rknn-ray/encoders
 
 
 @dataclass(frozen=True)
 class QueriesConfig:
-    s: int = 100
+    s: int | str = 100                # or "auto": rknn_ray.autotune from n, eps and public data
     restarts: int = 3
     niter: int = 25
     use_nearest_public: bool = False
@@ -83,7 +90,7 @@ class QueriesConfig:
 
 @dataclass(frozen=True)
 class RknnConfig:
-    k: int = 1
+    k: int | str = 1                  # or "auto" (with queries.s: auto)
     r: int = 1
 
 
@@ -114,6 +121,7 @@ class ShuffleConfig:
 class LabelsConfig:
     type: str = "hard"
     train_on: str = "public"
+    smooth: int | str = 1             # public-graph neighbours for denoising (1: off) or "auto"
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,11 @@ class StudentSection:
     use_gpu: bool | None = None       # null: use a GPU when Ray has one
     arch: str = "auto"
     augment: str = "none"
+    method: str = "supervised"        # supervised (train.py) | semi (student/semi.py, FixMatch-like)
+    target: str = "weighted"          # semi: hard | soft | weighted
+    threshold: float = 0.9            # semi: model confidence for a consistency target
+    init: str = "encoder"             # semi: encoder (the simclr backbone, if any) | scratch
+    input: str = "images"             # images | features: an MLP on the (public) encoder's features
 
 
 @dataclass(frozen=True)
@@ -338,6 +351,9 @@ NUMBERS = {
     "data.alpha": (float, 0, None, True, False, False),
     "represent.dim": (int, 1, None, False, False, False),
     "queries.s": (int, 1, None, False, False, False),
+    "represent.epochs": (int, 1, None, False, False, False),
+    "represent.batch_size": (int, 2, None, False, False, False),
+    "student.threshold": (float, 0, 1, True, False, False),
     "queries.restarts": (int, 1, None, False, False, False),
     "queries.niter": (int, 1, None, False, False, False),
     "rknn.k": (int, 1, None, False, False, False),
@@ -364,7 +380,10 @@ NUMBERS = {
     "cluster.window": (int, 1, 1024, False, False, False),
     "rounds.count": (int, 1, 100, False, False, False),
 }
-BOOLS = ("run.progress", "run.diagnostics", "represent.whiten", "queries.use_nearest_public")
+BOOLS = ("run.progress", "run.diagnostics", "represent.whiten", "queries.use_nearest_public",
+         "represent.flip")
+#: keys that take "auto" instead of a number (rknn_ray.autotune / rknn_ray.denoise decide)
+AUTO_KEYS = ("queries.s", "rknn.k", "labels.smooth")
 
 
 def allowed_values() -> dict[str, tuple]:
@@ -389,7 +408,10 @@ def allowed_values() -> dict[str, tuple]:
                                                         if BOUNDS[b].kind == "upper")),
             "labels.type": LABEL_TYPES, "labels.train_on": TRAIN_ON,
             "student.arch": ARCHS, "student.augment": AUGMENTATIONS,
-            "rounds.query_selection": tuple(NEXT_ROUND_SELECTORS)}
+            "rounds.query_selection": tuple(NEXT_ROUND_SELECTORS),
+            "represent.backbone": ("auto", "cnn", "resnet"), "represent.trainer": ("ray", "local"),
+            "student.method": ("supervised", "semi"), "student.target": ("hard", "soft", "weighted"),
+            "student.init": ("encoder", "scratch"), "student.input": ("images", "features")}
 
 
 def synthetic_keys() -> dict[str, type]:
@@ -449,7 +471,15 @@ def _validate(cfg: dict) -> None:
         raise ConfigError("privacy.eps", "is infinite", "use a finite eps > 0 "
                           "(the report always includes the non-private reference)")
     for path, spec in NUMBERS.items():
+        if path in AUTO_KEYS and _at(cfg, path)[0][_at(cfg, path)[1]] == "auto":
+            continue
         _number(*_at(cfg, path), path, *spec)
+    holder, key = _at(cfg, "labels.smooth")
+    if holder[key] != "auto":
+        _number(holder, key, "labels.smooth", int, 1, None)
+    cd = cfg["represent"]["cache_dir"]
+    if cd is not None and not isinstance(cd, str):
+        raise ConfigError("represent.cache_dir", f"{cd!r} is not a path", "set a folder path or null")
     for path in BOOLS:
         holder, key = _at(cfg, path)
         if not isinstance(holder[key], bool):
@@ -489,6 +519,8 @@ def _check_relations(cfg: dict) -> None:
         raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
                           "mechanism", f"use one of {sorted(names)}")
     s, k = cfg["queries"]["s"], cfg["rknn"]["k"]
+    if "auto" in (s, k):
+        return
     if k > s:
         raise ConfigError("rknn.k", f"k = {k} exceeds the number of queries s = {s}",
                           f"set rknn.k <= {s} or raise queries.s")
@@ -522,7 +554,7 @@ def _check_options(cfg: dict) -> None:
                            f"known keys: {list(PRIVACY_OPTIONS)}")
         kind, low, high, low_open, high_open = PRIVACY_OPTIONS[key]
         _number(options, key, path, kind, low, high, low_open, high_open)
-    c = cfg["rknn"]["k"] * cfg["rknn"]["r"]
+    c = (1 if cfg["rknn"]["k"] == "auto" else cfg["rknn"]["k"]) * cfg["rknn"]["r"]
     if options.get("collision_l", c + 1) <= c:
         raise ConfigError("privacy.options.collision_l", f"l = {options['collision_l']} must "
                           f"exceed k*r = {c} (the Collision mechanism's domain)",
@@ -548,6 +580,8 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
     """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|,
     delta < 1/n in the shuffle model)."""
     s, count = cfg.queries.s, cfg.rounds.count
+    if s == "auto":
+        s = 1
     if s > public_size:
         raise ConfigError("queries.s", f"s = {s} exceeds the {public_size} public samples",
                           f"set queries.s <= {public_size}")

@@ -53,14 +53,30 @@ def prepare_data(cfg) -> PreparedData:
                         tuple(ds.image_shape), ds.name)
 
 
-def fit_queries(cfg, data: PreparedData) -> tuple[Encoder, np.ndarray, QuerySet]:
-    """Fit the encoder on public data and pick the s queries (k-means centres)."""
+def encoder_from_config(cfg, progress=None) -> Encoder:
+    """An unfitted encoder as ``cfg.represent`` describes it."""
     r = cfg.represent
-    encoder = make_encoder(r.encoder, dim=r.dim, whiten=r.whiten) \
-        if r.encoder == "pca" else make_encoder(r.encoder)
-    encoder.fit(data.splits.public_x)
+    if r.encoder == "pca":
+        return make_encoder("pca", dim=r.dim, whiten=r.whiten)
+    if r.encoder == "hog":
+        return make_encoder("hog", dim=r.dim)
+    if r.encoder == "simclr":
+        return make_encoder("simclr", dim=r.dim, epochs=r.epochs, batch_size=r.batch_size,
+                            flip=r.flip, backbone=r.backbone, seed=cfg.run.seed, trainer=r.trainer,
+                            cache_dir=r.cache_dir, use_gpu=cfg.student.use_gpu, progress=progress)
+    return make_encoder(r.encoder)
+
+
+def fit_queries(cfg, data: PreparedData, progress=None) -> tuple[Encoder, np.ndarray, QuerySet]:
+    """Fit the encoder on public data and pick the s queries (k-means centres)."""
+    encoder = encoder_from_config(cfg, progress)
+    encoder.fit(data.splits.public_x)          # public inputs only: never private records
     public_emb = encoder.transform(data.splits.public_x)
     q = cfg.queries
+    if q.s == len(public_emb):      # every public sample is a query: k-means would return them
+        idx = np.arange(len(public_emb), dtype=np.int64)
+        return encoder, public_emb, QuerySet(np.ascontiguousarray(public_emb, dtype=np.float32),
+                                             idx, idx.copy(), 0.0)
     qs = select_queries(public_emb, q.s, restarts=q.restarts, niter=q.niter,
                         seed=cfg.run.seed, use_nearest_public=q.use_nearest_public)
     return encoder, public_emb, qs
@@ -137,3 +153,137 @@ def round_budgets(eps: float, delta: float, count: int, split) -> list[tuple[flo
         raise ValueError(f"rounds.budget_split {split!r} must be 'even' or {count} positive "
                          "fractions summing to at most 1")
     return [(eps * f, delta * f) for f in fractions]
+
+
+# ---------------------------------------------------------------------- utility (issue 11)
+
+def noise_std_per_count(cfg, data: PreparedData, k: int = 1, s: int | None = None,
+                        eps: float | None = None) -> float:
+    """Standard deviation of the mechanism's error on one count, from its error bound:
+    the bound at beta = 1/2 read as a Laplace union bound over |Y| cells,
+    eta = b*ln(2|Y|), gives the equivalent scale b and std sqrt(2)*b. Public parameters only."""
+    import math
+
+    from rknn_ray.mechanisms import build
+    p = cfg.privacy
+    import dataclasses
+    params = dataclasses.replace(mechanism_params(cfg, data, eps=eps), k=int(k),
+                                 num_queries=int(s or len(data.splits.public_y)))
+    mech = build(p.model, p.mechanism, params)
+    eta = float(mech.error_bound(0.5, data.num_clients))
+    return math.sqrt(2.0) * eta / math.log(2 * data.num_classes)
+
+
+def resolve_auto(cfg, data: PreparedData):
+    """Replace ``queries.s: auto`` / ``rknn.k: auto`` by values chosen from public information
+    (rknn_ray.autotune); returns (cfg, choice dict or None)."""
+    if cfg.queries.s != "auto" and cfg.rknn.k != "auto":
+        return cfg, None
+    from rknn_ray.autotune import choose_s_k
+    sigma = noise_std_per_count(cfg, data, k=1)
+    choice = choose_s_k(len(data.splits.private_y), len(data.splits.public_y), data.num_classes,
+                        sigma, r=cfg.rknn.r,
+                        fixed_s=None if cfg.queries.s == "auto" else cfg.queries.s,
+                        fixed_k=None if cfg.rknn.k == "auto" else cfg.rknn.k)
+    cfg = cfg.with_overrides([f"queries.s={choice.s}", f"rknn.k={choice.k}"])
+    return cfg, {**choice.to_dict(), "noise_std_k1": sigma}
+
+
+def smoothed_labels(counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray, public_truth,
+                    label_type: str, neighbours: int, noise_std: float) -> tuple[Labeling, np.ndarray]:
+    """Labels from released counts smoothed over the public k-NN graph (rknn_ray.denoise).
+
+    Post-processing of the release: reads only the noisy ``counts``, the query assignment
+    and public embeddings (public truth is used for the accuracy figures only). Returns
+    the Labeling (public targets from the smoothed vectors) and the (N, |Y|) smoothed counts.
+    """
+    from rknn_ray.denoise import public_knn_graph, smooth_counts
+    lab = derive_labels(counts, qs, public_truth, label_type)
+    graph = public_knn_graph(public_emb, neighbours)
+    sm = smooth_counts(counts, qs.assignment, graph)
+    hard = hard_labels(sm)
+    soft, weight = soft_labels(sm)
+    targets = soft if label_type == "soft" else hard
+    pub_weight = weight if label_type == "soft" else np.ones(len(hard), np.float32)
+    return Labeling(lab.query_labels, lab.query_soft, lab.query_weight, targets, pub_weight, hard,
+                    accuracy(hard, public_truth), lab.query_accuracy), sm
+
+
+def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray,
+                  rounds, progress=None, noise_std: float | None = None) -> tuple[Labeling, dict]:
+    """Labels for the student from the released counts, smoothed over the public graph when
+    ``labels.smooth`` != 1 (post-processing; rknn_ray.denoise). Returns (Labeling, info)
+    where info records the noise std, the number of neighbours and why, and per-sample
+    confidences (``info["confidence"]``, dropped from the report)."""
+    from rknn_ray.denoise import choose_neighbours
+    from rknn_ray.student.semi import label_confidence
+    if noise_std is None:        # the noisiest round's per-count std (its share of eps)
+        eps = min(float(r.guarantee.eps) for r in rounds) if rounds else cfg.privacy.eps
+        noise_std = noise_std_per_count(cfg, data, k=cfg.rknn.k, s=qs.size, eps=eps)
+    n_pub = len(data.splits.public_y)
+    if cfg.labels.smooth == "auto":
+        choice = choose_neighbours(len(data.splits.private_y), cfg.rknn.k, cfg.rknn.r, qs.size,
+                                   n_pub, noise_std, data.num_classes)
+        m, why = choice.neighbours, choice.reason
+    else:
+        m, why = int(cfg.labels.smooth), "labels.smooth fixed by the config"
+    lab, sm = smoothed_labels(counts, qs, public_emb, data.splits.public_y, cfg.labels.type, m,
+                              noise_std)
+    q_eff = max(1.0, m * qs.size / n_pub)
+    conf = label_confidence(sm, noise_std / np.sqrt(q_eff))
+    if progress is not None:
+        progress.say(f"denoising: {m} public neighbours ({why}); label accuracy "
+                     f"{lab.label_accuracy:.4f}")
+    info = {"noise_std": noise_std, "denoise": {"neighbours": m, "reason": why,
+                                                "post_processing": True},
+            "encoder": encoder_info(cfg), "confidence": conf}
+    return lab, info
+
+
+def encoder_info(cfg) -> dict:
+    return {"encoder": cfg.represent.encoder, "dim": cfg.represent.dim}
+
+
+def train_semi(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, out_dir: str | None,
+               progress=None):
+    """The semi-supervised student (rknn_ray.student.semi) on every public sample, with the
+    released (smoothed) labels weighted by their confidence; initialized from the
+    contrastive encoder's backbone when there is one and ``student.init: encoder``."""
+    from rknn_ray.student.semi import SemiConfig, train_semi_student
+    st = cfg.student
+    sp = data.splits
+    init = encoder if (st.init == "encoder" and getattr(encoder, "name", "") == "simclr") else None
+    scfg = SemiConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
+                      weight_decay=st.weight_decay or 5e-4, threshold=st.threshold,
+                      target=st.target, flip=cfg.represent.flip, seed=cfg.run.seed,
+                      trainer=cfg.represent.trainer)
+    targets = lab.public_targets if st.target == "soft" else lab.public_hard
+    say = progress.say if progress is not None else None
+    result = train_semi_student(
+        sp.public_x, targets, info.get("confidence"), sp.eval_x, sp.eval_y, data.num_classes,
+        scfg, encoder=init, checkpoint_dir=out_dir,
+        progress=(lambda row: say("  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
+                                                         else f"{k} {v}" for k, v in row.items())))
+        if say else None)
+    info.pop("confidence", None)
+    info["student"] = {"method": "semi", "target": st.target, "threshold": st.threshold,
+                       "init": "encoder" if init is not None else "scratch",
+                       "train_samples": int(len(sp.public_x))}
+    return result
+
+
+def feature_inputs(encoder: Encoder, splits, public_emb: np.ndarray, out_dir: str | None):
+    """The student's inputs when it learns on the encoder's features (``student.input:
+    features``): public and evaluation images mapped by the public encoder. Returns a
+    view of ``splits`` whose public_x are the features, the evaluation features and the
+    feature shape; the fitted encoder is pickled to ``out_dir/encoder.pkl`` so the
+    student (encoder -> MLP) can be used on new images."""
+    import dataclasses
+    import os
+    import pickle
+    eval_emb = encoder.transform(splits.eval_x)
+    if out_dir:
+        with open(os.path.join(out_dir, "encoder.pkl"), "wb") as fh:
+            pickle.dump(encoder, fh)
+    view = dataclasses.replace(splits, public_x=np.ascontiguousarray(public_emb, dtype=np.float32))
+    return view, eval_emb, (int(public_emb.shape[1]),)

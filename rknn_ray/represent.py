@@ -3,7 +3,10 @@
 An encoder is fitted on *public* data only (it is public), then shipped to the
 client shards, which embed their private records locally. ``raw`` flattens;
 ``pca`` projects onto the top principal components of the public data (faiss
-PCAMatrix, optionally whitened). Learned encoders join by implementing ``Encoder``.
+PCAMatrix, optionally whitened); ``hog`` computes histograms of oriented gradients
+(scikit-image), optionally reduced by PCA fitted on the public HOG features;
+``simclr`` is a contrastive encoder learned from the public images
+(rknn_ray.contrastive). Other encoders join by implementing ``Encoder``.
 """
 from __future__ import annotations
 
@@ -104,7 +107,62 @@ class PCAEncoder(Encoder):
             self.matrix = m
 
 
-ENCODERS = {"raw": RawEncoder, "pca": PCAEncoder}
+class HOGEncoder(Encoder):
+    """Histograms of oriented gradients (scikit-image) of each image channel-mean, cells of
+    ``cell`` pixels (default: side // 7, so 4 px for 28x28, 2 px for 8x8), 2x2-cell blocks,
+    L2-Hys normalized; optionally projected to ``dim`` components by PCA on the public HOG
+    features (``dim`` <= 0 keeps all)."""
+    name = "hog"
+
+    def __init__(self, dim: int = 0, orientations: int = 9, cell: int | None = None):
+        self.out_dim, self.orientations, self.cell = int(dim), int(orientations), cell
+        self.pca = None
+        self._dim = None
+
+    def _cell(self, side: int) -> int:
+        return int(self.cell) if self.cell else max(2, side // 7)
+
+    def _hog(self, x: np.ndarray) -> np.ndarray:
+        try:
+            from skimage.feature import hog
+        except ImportError:
+            raise ConfigError("represent.encoder", "the hog encoder needs scikit-image",
+                              "pip install scikit-image, or use represent.encoder=pca") from None
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim == 4:
+            x = x.mean(axis=1)
+        if x.ndim != 3:
+            raise ConfigError("represent.encoder", f"hog needs images, got shape {x.shape}",
+                              "use represent.encoder=pca for flat features")
+        c = self._cell(max(x.shape[1:]))
+        feats = [hog(im, orientations=self.orientations, pixels_per_cell=(c, c),
+                     cells_per_block=(2, 2), block_norm="L2-Hys") for im in x]
+        return np.ascontiguousarray(np.stack(feats), dtype=np.float32) if feats else \
+            np.zeros((0, self._dim or 0), np.float32)
+
+    def fit(self, public_x):
+        feats = self._hog(public_x)
+        self._dim = feats.shape[1]
+        if 0 < self.out_dim < self._dim:
+            self.pca = PCAEncoder(self.out_dim).fit(feats)
+            self._dim = self.out_dim
+        return self
+
+    def transform(self, x):
+        feats = self._hog(x)
+        return feats if self.pca is None else self.pca.transform(feats)
+
+    @property
+    def dim(self):
+        return self._dim
+
+
+def _contrastive(**kwargs) -> Encoder:
+    from rknn_ray.contrastive import ContrastiveEncoder
+    return ContrastiveEncoder(**kwargs)
+
+
+ENCODERS = {"raw": RawEncoder, "pca": PCAEncoder, "hog": HOGEncoder, "simclr": _contrastive}
 
 
 def make_encoder(name: str, **kwargs) -> Encoder:

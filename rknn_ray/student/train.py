@@ -56,7 +56,8 @@ class StudentConfig:
     def from_config(cls, cfg) -> "StudentConfig":
         """From a run :class:`rknn_ray.config.Config`: its student section, label type and seed."""
         st = cfg.student
-        return cls(**{f.name: getattr(st, f.name) for f in fields(st)},
+        own = {f.name for f in fields(cls)}     # student.method/target/... belong to semi.py
+        return cls(**{f.name: getattr(st, f.name) for f in fields(st) if f.name in own},
                    label_type=cfg.labels.type, seed=cfg.run.seed)
 
     def validate(self) -> "StudentConfig":

@@ -1,0 +1,63 @@
+"""Choosing s (queries) and k (neighbours per record) from public information only.
+
+Inputs: the number of private records n (a count the protocol already discloses),
+r, the privacy parameters through the mechanism's noise standard deviation per
+count, the number of public samples and classes. No private record and no public
+label is read, so the choice itself costs no privacy.
+
+The rule. A query receives on average mu = n*k*r/s votes; the mechanism adds noise
+of standard deviation sigma(k) per count, and for the additive mechanisms sigma
+grows linearly in k (sensitivity 2kr), so the per-query signal-to-noise ratio
+mu/sigma = n*r/(s*sigma(1)) does not depend on k. We take the largest s (finer
+clusters give purer labels) whose per-query SNR reaches ``target_snr`` (after the
+public-graph smoothing of rknn_ray.denoise raises it further), clipped to
+[min_s, number of public samples]. Then k: each query should hear from about
+``votes`` records so that its majority is stable; k = ceil(votes*s/(n*r)),
+clipped to [1, max_k] (k > 1 also spreads each record's vote to its k nearest
+queries, a kernel over the query graph).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class AutoChoice:
+    s: int
+    k: int
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"s": self.s, "k": self.k, "reason": self.reason}
+
+
+def choose_s_k(num_records: int, num_public: int, num_classes: int, noise_std_k1: float,
+               r: int = 1, target_snr: float = 2.0, votes: float = 30.0, max_k: int = 5,
+               fixed_s: int | None = None, fixed_k: int | None = None) -> AutoChoice:
+    """(s, k) and a one-line reason; ``noise_std_k1`` is the noise std per count at k = 1.
+
+    ``fixed_s`` / ``fixed_k``: a value the config fixed (only the other one is chosen).
+    Monotone: a larger eps (smaller noise) never gives a smaller s.
+    """
+    n = max(1, int(num_records))
+    min_s = min(num_public, max(2 * num_classes, 10))
+    if fixed_s is not None:
+        s = int(fixed_s)
+        why_s = f"s = {s} fixed by the config"
+    elif noise_std_k1 <= 0:
+        s = int(num_public)
+        why_s = f"no noise: s = every public sample ({s})"
+    else:
+        s_snr = n * r / (target_snr * noise_std_k1)
+        s = int(max(min_s, min(num_public, math.floor(s_snr))))
+        why_s = (f"largest s with per-query SNR n*r/(s*sigma) >= {target_snr:g}: "
+                 f"n={n}, sigma(k=1)={noise_std_k1:.3g} -> {s_snr:.0f}, clipped to "
+                 f"[{min_s}, {num_public}] -> s = {s}")
+    if fixed_k is not None:
+        k = int(fixed_k)
+        why_k = f"k = {k} fixed by the config"
+    else:
+        k = int(max(1, min(max_k, s, math.ceil(votes * s / (n * r)))))
+        why_k = f"~{votes:g} votes per query: k = ceil({votes:g}*s/(n*r)) in [1, {max_k}] -> k = {k}"
+    return AutoChoice(s, k, f"{why_s}; {why_k}")

@@ -1,0 +1,83 @@
+"""Denoising over the public graph: post-processing of released counts only; s/k auto."""
+import types
+
+import numpy as np
+import pytest
+
+from rknn_ray.autotune import choose_s_k
+from rknn_ray.config import load_config
+from rknn_ray.denoise import choose_neighbours, public_knn_graph, smooth_counts
+from rknn_ray.pipeline import PreparedData, finish_labels, prepare_data, resolve_auto
+from rknn_ray.queries import select_queries
+
+
+def _clusters(rng, n=600, c=4, d=5):
+    centres = rng.normal(0, 6, (c, d))
+    y = rng.integers(0, c, n)
+    return (centres[y] + rng.normal(0, 1, (n, d))).astype(np.float32), y
+
+
+def test_one_neighbour_is_cluster_propagation():
+    rng = np.random.default_rng(0)
+    emb, _ = _clusters(rng)
+    counts = rng.normal(0, 1, (50, 4))
+    assign = rng.integers(0, 50, len(emb))
+    graph = public_knn_graph(emb, 1)
+    np.testing.assert_array_equal(graph[:, 0], np.arange(len(emb)))
+    np.testing.assert_allclose(smooth_counts(counts, assign, graph), counts[assign])
+
+
+def test_smoothing_recovers_labels_under_heavy_noise():
+    rng = np.random.default_rng(1)
+    emb, y = _clusters(rng)
+    s = len(emb)                                    # every public sample a query
+    exact = np.eye(4)[y] * 10.0
+    noisy = exact + rng.laplace(0, 10.0, exact.shape)
+    before = np.mean(noisy.argmax(1) == y)
+    after = np.mean(smooth_counts(noisy, np.arange(s), public_knn_graph(emb, 20)).argmax(1) == y)
+    assert after > before + 0.2 and after > 0.9
+
+
+def test_finish_labels_reads_released_counts_and_public_data_only():
+    """No private record is reachable: the data object carries public arrays and a record count."""
+    rng = np.random.default_rng(2)
+    emb, y = _clusters(rng, n=300)
+    qs = select_queries(emb, 30, restarts=1)
+    splits = types.SimpleNamespace(public_y=y, public_x=emb,
+                                   private_y=np.zeros(3000, np.int64))   # only its length is read
+    data = PreparedData(splits, np.arange(3000) % 100, 4, (5,), "synthetic")
+    cfg = load_config(None, ["labels.smooth=auto", "queries.s=30", "privacy.eps=0.5"])
+    counts = rng.normal(20, 5, (30, 4))
+    lab, info = finish_labels(cfg, data, counts, qs, emb, rounds=[], progress=None)
+    assert info["denoise"]["post_processing"] and info["denoise"]["neighbours"] >= 1
+    assert lab.public_hard.shape == (300,) and info["confidence"].shape == (300,)
+    # the same released counts give the same labels: a function of counts + public data
+    lab2, _ = finish_labels(cfg, data, counts, qs, emb, rounds=[], progress=None)
+    np.testing.assert_array_equal(lab.public_hard, lab2.public_hard)
+
+
+def test_neighbours_grow_with_noise_and_are_one_without():
+    kw = dict(num_records=60000, k=1, r=1, s=1000, num_public=5000, num_classes=10)
+    ms = [choose_neighbours(noise_std=sd, **kw).neighbours for sd in (0.0, 3.0, 30.0, 300.0)]
+    assert ms[0] == 1 and ms == sorted(ms) and ms[-1] <= 30
+
+
+def test_auto_s_is_monotone_in_eps_and_k_in_range():
+    sigmas = [2 * np.sqrt(2) / eps for eps in (0.05, 0.1, 0.5, 1.0, 4.0)]   # Laplace 2/eps, k = 1
+    picks = [choose_s_k(60000, 5000, 10, sd) for sd in sigmas]
+    s_values = [p.s for p in picks]
+    assert s_values == sorted(s_values) and s_values[-1] == 5000 and s_values[0] >= 20
+    assert all(1 <= p.k <= 5 and p.k <= p.s for p in picks) and all(p.reason for p in picks)
+    assert choose_s_k(60000, 5000, 10, 1.0, fixed_s=300).s == 300
+
+
+def test_resolve_auto_on_digits_records_the_choice():
+    cfg = load_config("jobs/configs/digits_central.yaml", ["queries.s=auto", "rknn.k=auto"])
+    data = prepare_data(cfg)
+    low, c_low = resolve_auto(cfg.with_overrides(["privacy.eps=0.1"]), data)
+    high, c_high = resolve_auto(cfg.with_overrides(["privacy.eps=2.0"]), data)
+    assert isinstance(high.queries.s, int) and isinstance(high.rknn.k, int)
+    assert low.queries.s <= high.queries.s and "SNR" in c_high["reason"]
+    plain = load_config("jobs/configs/digits_central.yaml")
+    fixed, none = resolve_auto(plain, data)
+    assert none is None and fixed.queries.s == plain.queries.s
