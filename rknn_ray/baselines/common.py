@@ -79,7 +79,11 @@ def prepare(cfg) -> BaselineSetup:
 
 def rdp_epsilon(event, delta: float, orders=RDP_ORDERS) -> float:
     """eps at ``delta`` of a dp_accounting event under add/remove-one (RdpAccountant)."""
+    import logging
+
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    # orders whose series does not converge are skipped by dp_accounting (a logged warning)
+    logging.getLogger("absl").setLevel(logging.ERROR)
     acc = rdp.RdpAccountant(list(orders))
     acc.compose(event)
     return float(acc.get_epsilon(delta))

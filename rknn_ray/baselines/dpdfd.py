@@ -72,8 +72,8 @@ def selective_rr(teacher_labels: np.ndarray, priors: np.ndarray, eps: float,
     return out, sizes
 
 
-def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 4, seed: int | None = None,
-              hidden: int = 0, ledger=None) -> BaselineResult:
+def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 2, seed: int | None = None,
+              hidden: int = 0, prior_weight_decay: float = 0.05, ledger=None) -> BaselineResult:
     """Label the run's queries in ``stages`` with selective RR at ``target_eps`` (label DP)."""
     t0 = time.perf_counter()
     seed = setup.cfg.run.seed if seed is None else seed
@@ -91,7 +91,8 @@ def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 4, seed: in
     done: list[int] = []
     for chunk in chunks:
         if done:
-            student = fit_classifiers([qx[done]], [labels[done]], C, steps=150, seed=seed)
+            student = fit_classifiers([qx[done]], [labels[done]], C, steps=150,
+                                      weight_decay=prior_weight_decay, seed=seed)
             priors = student.predict_proba(qx[chunk])[0]
         else:
             priors = np.full((len(chunk), C), 1.0 / C)
