@@ -2,6 +2,7 @@
 
     rknn-ray --config FILE [--set k=v ...]      # = python -m jobs.distill
     rknn-ray budget [list | set DATASET --eps X]  # = python -m jobs.budget
+    rknn-ray compare --dataset digits --eps 0.1 1 4 --out DIR  # = python -m jobs.compare
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "budget":
         from jobs.budget import main as budget_main
         return budget_main(argv[1:])
+    if argv and argv[0] == "compare":
+        from jobs.compare import main as compare_main
+        return compare_main(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     from jobs.distill import main as distill_main

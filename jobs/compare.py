@@ -187,7 +187,8 @@ def plot(rows: list[dict], path: str, dataset: str) -> None:
     ax.set_ylabel("student test accuracy")
     ax.set_ylim(0, 1)
     ax.set_title(f"{dataset}: accuracy vs eps")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, path)
 
@@ -217,6 +218,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     os.makedirs(out, exist_ok=True)
     ledger_path = os.path.join(os.path.abspath(out), "ledger.sqlite")
+    saved_env = os.environ.get("RKNN_RAY_LEDGER")
     os.environ["RKNN_RAY_LEDGER"] = ledger_path          # isolated: nothing here touches the user's
     store = BudgetStore(ledger_path)
     torch.set_num_threads(1)
@@ -262,6 +264,10 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                 meta["wall_s"] = time.perf_counter() - t_all
                 write_outputs(out, rows, meta, ledgers)
     finally:
+        if saved_env is None:
+            os.environ.pop("RKNN_RAY_LEDGER", None)
+        else:
+            os.environ["RKNN_RAY_LEDGER"] = saved_env
         if started:
             import ray
             ray.shutdown()
