@@ -180,8 +180,12 @@ def plot(rows: list[dict], path: str, dataset: str) -> None:
                      and not math.isnan(r["accuracy"]))
         if pts:
             unit = next(r["unit"] for r in rows if r["method"] == m)
+            big = max((r["delta"] for r in rows if r["method"] == m and r["delta"] == r["delta"]),
+                      default=0.0)
+            note = f", delta up to {big:.2g}" if big > 1e-3 else ""   # NFDP: delta ~ k/n
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    ls="--" if unit == "label" else "-", label=f"{m} ({unit})")
+                    ls="--" if unit == "label" else (":" if note else "-"),
+                    label=f"{m} ({unit}{note})")
     ax.set_xscale("log")
     ax.set_xlabel("target eps")
     ax.set_ylabel("student test accuracy")
