@@ -3,6 +3,7 @@
     rknn-ray --config FILE [--set k=v ...]      # = python -m jobs.distill
     rknn-ray budget [list | set DATASET --eps X]  # = python -m jobs.budget
     rknn-ray report RUN_DIR [--out FILE]          # = python -m jobs.report
+    rknn-ray compare --dataset digits --eps 0.1 1 4 --out DIR  # = python -m jobs.compare
 """
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "report":
         from jobs.report import main as report_main
         return report_main(argv[1:])
+    if argv and argv[0] == "compare":
+        from jobs.compare import main as compare_main
+        return compare_main(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     from jobs.distill import main as distill_main

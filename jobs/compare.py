@@ -1,0 +1,297 @@
+"""Every private distillation method side by side, on the same data, at the same eps.
+
+    python -m jobs.compare --dataset digits --eps 0.1 1 4 --out runs/compare-digits [--json]
+        [--methods rknn_central pate_gnmax ...] [--delta 1e-5] [--student-epochs N]
+
+Runs reverse k-NN (jobs.distill with jobs/configs/<dataset>_{central,local,shuffle}.yaml)
+and the baselines of rknn_ray.baselines at each eps, on the dataset's split,
+partition, public encoder and queries, with the same student. Writes into ``--out``
+(atomically): compare.json (a list of rows ``{method, dataset, eps, delta, unit,
+accuracy, label_accuracy, rounds, bytes_per_client, wall_s, ...}``), compare.csv,
+compare.md, compare.png (accuracy vs eps), meta.json (total wall time, settings),
+the baselines' ledgers (ledgers.json) and the rknn run folders (runs/). Privacy is
+recorded in an isolated SQLite ledger, ``--out``/ledger.sqlite (every release of
+every method as an event), so the comparison neither spends nor is blocked by the
+user's budgets.
+
+Columns: ``eps``/``delta`` are what each method's accountant reports for the run
+(``target_eps`` is what was asked); ``unit`` is what the guarantee protects:
+``record`` (one private record, add/remove or replace-one: see ``neighbour``) or
+``label`` (one query's label: DP-DFD; not comparable with record-level rows).
+``rounds``: private interactions (rknn / NFDP rounds, DP-DFD stages, DP-SGD steps).
+``bytes_per_client``: what one data holder uploads (rknn: its messages; NFDP:
+predictions up and consensus down; PATE: one vote per query per teacher silo;
+central methods whose server needs the records: the records themselves).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+
+RKNN_METHODS = ("rknn_central", "rknn_local", "rknn_shuffle")
+BASELINE_METHODS = ("fedmd_nfdp", "fedmd_nfdp_wor", "dpdfd_selective_rr", "pate_lnmax",
+                    "pate_gnmax", "private_knn", "dpsgd_head")
+METHODS = RKNN_METHODS + BASELINE_METHODS
+CONFIG_PREFIX = {"digits": "digits", "fashion_mnist": "fmnist"}
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
+COLUMNS = ("method", "dataset", "eps", "delta", "unit", "accuracy", "label_accuracy", "rounds",
+           "bytes_per_client", "wall_s", "target_eps", "neighbour", "model", "error")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="rknn-ray compare", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dataset", choices=sorted(CONFIG_PREFIX), default="digits")
+    ap.add_argument("--eps", type=float, nargs="+", default=[0.1, 1.0, 4.0])
+    ap.add_argument("--delta", type=float, default=1e-5, help="delta where a method needs one")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--student-epochs", type=int, default=None,
+                    help="override every student's epochs (default: the dataset config's)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap.parse_args(argv)
+
+
+def config_path(dataset: str, model: str) -> str:
+    return os.path.join(CONFIG_DIR, f"{CONFIG_PREFIX[dataset]}_{model}.yaml")
+
+
+def _overrides(seed: int, student_epochs: int | None) -> list[str]:
+    out = ["run.progress=false", f"run.seed={seed}"]
+    if student_epochs:
+        out.append(f"student.epochs={student_epochs}")
+    return out
+
+
+# ----------------------------------------------------------------------------- reverse k-NN
+
+def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, ledger_path: str,
+             seed: int = 0, student_epochs: int | None = None) -> dict:
+    """One jobs.distill run; returns its comparison row."""
+    from jobs.distill import run
+    from rknn_ray.config import load_config
+    from rknn_ray.runio import prepare_run_dir
+    # large budgets on the compare's own ledger: the eps grid must not be refused (the local and
+    # shuffle configs share one dataset identity, so both need room for the shuffle's delta)
+    over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", "privacy.budget_eps=1000000",
+                                                "privacy.budget_delta=0.5", "student.num_workers=1"]
+    if model == "shuffle":
+        over += [f"privacy.delta={delta}"]
+    cfg = load_config(config_path(dataset, model), over)
+    out = prepare_run_dir(out_dir, overwrite=True)
+    t0 = time.perf_counter()
+    report = run(cfg, out, ledger_path=ledger_path)
+    wall = time.perf_counter() - t0
+    p, c = report["privacy"], report["counts"]
+    msg_bytes = (p["details"][-1] or {}).get("message_bytes") or 0
+    return {"method": f"rknn_{model}", "dataset": dataset, "eps": p["eps"], "delta": p["delta"],
+            "unit": p["unit"], "accuracy": report["accuracy"]["student"],
+            "label_accuracy": report["accuracy"]["labels"], "rounds": c["rounds"],
+            "bytes_per_client": float(c["messages"]) * msg_bytes / max(1, c["clients"]),
+            "wall_s": wall, "target_eps": eps, "neighbour": p["neighbour"],
+            "model": p["model"], "error": ""}
+
+
+# ----------------------------------------------------------------------------- baselines
+
+def run_baseline(method: str, setup, eps: float, delta: float):
+    """One baseline at one eps; returns its BaselineResult."""
+    from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
+    if method == "fedmd_nfdp":
+        return nfdp.run_nfdp(setup, eps, replacement=True, use_ray=True)
+    if method == "fedmd_nfdp_wor":
+        return nfdp.run_nfdp(setup, eps, replacement=False, use_ray=True)
+    if method == "dpdfd_selective_rr":
+        return dpdfd.run_dpdfd(setup, eps)
+    if method == "pate_lnmax":
+        return pate.run_pate(setup, eps, delta, aggregator="lnmax")
+    if method == "pate_gnmax":
+        return pate.run_pate(setup, eps, delta, aggregator="gnmax", data_dependent=True)
+    if method == "private_knn":
+        return private_knn.run_private_knn(setup, eps, delta)
+    if method == "dpsgd_head":
+        return dpsgd.run_dpsgd(setup, eps, delta)
+    raise ValueError(f"unknown baseline {method!r}")
+
+
+def record_in_store(store, setup, result, job_id: str) -> None:
+    """Every release of a baseline into the compare's persistent ledger (its own budget line
+    per method: the units and neighbour relations of different methods do not compose)."""
+    from rknn_ray.accounting.budget_store import dataset_identity
+    sp = setup.splits
+    identity, described = dataset_identity(setup.cfg, sp.private_x, sp.private_y,
+                                           setup.data.client_ids)
+    ident = f"{identity}/{result.method}"
+    entries = result.ledger.get("entries", [])
+    total_eps = sum(e["eps"] for e in entries)
+    total_delta = min(1.0, sum(e["delta"] for e in entries))
+    store.reserve(ident, f"{described} [{result.method}, {result.unit}-level]", job_id, total_eps,
+                  total_delta, (1e9, 1.0))
+    for e in entries:
+        store.commit_round(ident, job_id, e["round"], e["eps"], e["delta"], e["event"])
+    store.close_job(ident, job_id, f"compare: {result.method} at target eps {result.target_eps}")
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def _fmt(v, nd=4):
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "n/a"
+        return f"{v:.{nd}g}"
+    return "" if v is None else str(v)
+
+
+def to_markdown(rows: list[dict], meta: dict) -> str:
+    cols = ("method", "target_eps", "eps", "delta", "unit", "accuracy", "label_accuracy",
+            "rounds", "bytes_per_client", "wall_s")
+    lines = [f"# Comparison on {meta['dataset']} (delta = {meta['delta']:g} where needed)", "",
+             f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared).", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |"
+                     + (f" error: {r['error']}" if r.get("error") else ""))
+    lines += ["", "unit `label` (DP-DFD) protects one query's label, not a record: not comparable "
+              "with the record-level rows. FedMD-NFDP's delta is ~k/n, far above 1/n.", ""]
+    return "\n".join(lines)
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    return buf.getvalue()
+
+
+def plot(rows: list[dict], path: str, dataset: str) -> None:
+    from rknn_ray.plots import plt, save_png
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for m in dict.fromkeys(r["method"] for r in rows):
+        pts = sorted((r["target_eps"], r["accuracy"]) for r in rows
+                     if r["method"] == m and r["accuracy"] is not None
+                     and not math.isnan(r["accuracy"]))
+        if pts:
+            unit = next(r["unit"] for r in rows if r["method"] == m)
+            big = max((r["delta"] for r in rows if r["method"] == m and r["delta"] == r["delta"]),
+                      default=0.0)
+            note = f", delta up to {big:.2g}" if big > 1e-3 else ""   # NFDP: delta ~ k/n
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                    ls="--" if unit == "label" else (":" if note else "-"),
+                    label=f"{m} ({unit}{note})")
+    ax.set_xscale("log")
+    ax.set_xlabel("target eps")
+    ax.set_ylabel("student test accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{dataset}: accuracy vs eps")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None:
+    from rknn_ray.runio import write_json, write_text
+    write_json(os.path.join(out, "compare.json"), rows)
+    write_text(os.path.join(out, "compare.csv"), to_csv(rows))
+    write_text(os.path.join(out, "compare.md"), to_markdown(rows, meta))
+    write_json(os.path.join(out, "meta.json"), meta)
+    write_json(os.path.join(out, "ledgers.json"), ledgers)
+    plot(rows, os.path.join(out, "compare.png"), meta["dataset"])
+
+
+# ----------------------------------------------------------------------------- driver
+
+def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
+            student_epochs: int | None = None, log=None) -> list[dict]:
+    """Run everything; returns the rows (also written to ``out``)."""
+    import uuid
+
+    import torch
+
+    from jobs.ray_env import ensure_ray
+    from rknn_ray.accounting.budget_store import BudgetStore
+    from rknn_ray.config import load_config
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    os.makedirs(out, exist_ok=True)
+    ledger_path = os.path.join(os.path.abspath(out), "ledger.sqlite")
+    saved_env = os.environ.get("RKNN_RAY_LEDGER")
+    os.environ["RKNN_RAY_LEDGER"] = ledger_path          # isolated: nothing here touches the user's
+    store = BudgetStore(ledger_path)
+    torch.set_num_threads(1)
+    t_all = time.perf_counter()
+    started = ensure_ray()
+    rows, ledgers = [], {}
+    setup = None
+    meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
+            "seed": seed, "student_epochs": student_epochs, "wall_s": 0.0,
+            "cpus": os.cpu_count(), "ledger": ledger_path, "complete": False}
+    try:
+        for eps in eps_list:
+            for method in methods:
+                t0 = time.perf_counter()
+                try:
+                    if method in RKNN_METHODS:
+                        model = method.split("_", 1)[1]
+                        row = run_rknn(dataset, model, eps, delta,
+                                       os.path.join(out, "runs", f"{method}-eps{eps:g}"),
+                                       ledger_path, seed, student_epochs)
+                    else:
+                        if setup is None:
+                            from rknn_ray.baselines.common import prepare
+                            setup = prepare(load_config(config_path(dataset, "central"),
+                                                        _overrides(seed, student_epochs)))
+                        res = run_baseline(method, setup, eps, delta)
+                        record_in_store(store, setup, res, f"compare-{uuid.uuid4().hex[:12]}")
+                        ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
+                        row = {**res.row(), "model": res.ledger["entries"][0]["model"], "error": ""}
+                except Exception as exc:        # one failed cell must not lose the table
+                    row = {"method": method, "dataset": dataset, "eps": float("nan"),
+                           "delta": float("nan"), "unit": "", "accuracy": float("nan"),
+                           "label_accuracy": float("nan"), "rounds": 0,
+                           "bytes_per_client": float("nan"), "wall_s": time.perf_counter() - t0,
+                           "target_eps": eps, "neighbour": "", "model": "",
+                           "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                           if str(exc) else type(exc).__name__}
+                rows.append(row)
+                log(f"{method:20s} eps={eps:<5g} acc={_fmt(row['accuracy'])} "
+                    f"labels={_fmt(row['label_accuracy'])} eps_spent={_fmt(row['eps'])} "
+                    f"delta={_fmt(row['delta'])} unit={row['unit']} {row['wall_s']:.1f}s"
+                    + (f" ERROR {row['error']}" if row["error"] else ""))
+                meta["wall_s"] = time.perf_counter() - t_all
+                write_outputs(out, rows, meta, ledgers)
+    finally:
+        if saved_env is None:
+            os.environ.pop("RKNN_RAY_LEDGER", None)
+        else:
+            os.environ["RKNN_RAY_LEDGER"] = saved_env
+        if started:
+            import ray
+            ray.shutdown()
+    meta["complete"] = True
+    meta["wall_s"] = time.perf_counter() - t_all
+    write_outputs(out, rows, meta, ledgers)
+    return rows
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
+                   args.student_epochs)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        with open(os.path.join(args.out, "compare.md")) as fh:
+            print(fh.read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Baselines run on the project's data, queries, students and ledger (issue 12).
+
+One module per system; each states its guarantee, unit and neighbour relation:
+
+* :mod:`~rknn_ray.baselines.nfdp`: FedMD-NFDP (paper 003), record-level (eps, delta), add/remove
+* :mod:`~rknn_ray.baselines.dpdfd`: DP-DFD selective randomized response (paper 004), label DP
+* :mod:`~rknn_ray.baselines.pate`: PATE LNMax / GNMax, record-level, RDP
+* :mod:`~rknn_ray.baselines.private_knn`: Private-kNN, record-level, RDP
+* :mod:`~rknn_ray.baselines.dpsgd`: DP-SGD head on the public representation, record-level
+"""

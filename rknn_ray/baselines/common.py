@@ -1,0 +1,284 @@
+"""What every baseline shares: the data, the public queries, small batched models,
+RDP conversion and noise calibration, the student, and the result row.
+
+All baselines run on exactly the data reverse k-NN runs on: ``prepare`` calls
+``rknn_ray.pipeline.prepare_data`` (same dataset, split, partition into clients)
+and ``fit_queries`` (same public encoder and the same ``s`` k-means queries). A
+labeling baseline labels those ``s`` queries privately; the labels propagate to
+the public set along the query clusters and the project's student
+(``rknn_ray.student.train_student_local``, the config's student section) is
+trained on them and scored on the evaluation split -- the same path reverse k-NN
+takes. Teachers and local models are small: multinomial logistic regressions
+(optionally one hidden layer) on the public-fitted representation, trained in
+torch as one batch of ``G`` independent models.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.mechanisms.base import Guarantee
+
+#: RDP orders used for every RDP conversion here (dp_accounting's default grid, extended).
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) +
+                   [64, 80, 96, 128, 192, 256, 512, 1024])
+
+NEIGHBOUR_ADD_REMOVE = "add-remove-one"
+NEIGHBOUR_LABEL = "change-one-query-label"
+
+
+# ----------------------------------------------------------------------------- data
+
+@dataclass
+class BaselineSetup:
+    """The run's data in the representation space (everything public-fitted)."""
+    cfg: object
+    data: object                 # rknn_ray.pipeline.PreparedData
+    encoder: object
+    public_emb: np.ndarray       # (N_pub, D)
+    queries: object              # rknn_ray.queries.QuerySet: the s points every method labels
+    private_emb: np.ndarray      # (m, D) private records, embedded with the public encoder
+    eval_emb: np.ndarray         # (N_eval, D)
+    seconds: float = 0.0
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.data.num_classes)
+
+    @property
+    def splits(self):
+        return self.data.splits
+
+    @property
+    def query_emb(self) -> np.ndarray:
+        return self.public_emb[self.queries.public_index]
+
+    @property
+    def query_truth(self) -> np.ndarray:
+        """Public ground truth of the queries: measurement only, never trains."""
+        return self.splits.public_y[self.queries.public_index]
+
+
+def prepare(cfg) -> BaselineSetup:
+    """Data, split, partition, encoder and queries exactly as ``jobs.distill`` makes them."""
+    from rknn_ray.pipeline import fit_queries, prepare_data
+    t0 = time.perf_counter()
+    data = prepare_data(cfg)
+    encoder, public_emb, qs = fit_queries(cfg, data)
+    sp = data.splits
+    return BaselineSetup(cfg, data, encoder, public_emb, qs, encoder.transform(sp.private_x),
+                         encoder.transform(sp.eval_x), time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- accounting
+
+def rdp_epsilon(event, delta: float, orders=RDP_ORDERS) -> float:
+    """eps at ``delta`` of a dp_accounting event under add/remove-one (RdpAccountant)."""
+    import logging
+
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    # orders whose series does not converge are skipped by dp_accounting (a logged warning)
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    acc = rdp.RdpAccountant(list(orders))
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def pld_epsilon(event, delta: float) -> float:
+    """eps at ``delta`` of a dp_accounting event (PLD accountant, add/remove-one)."""
+    from dp_accounting.pld import pld_privacy_accountant as pld
+    acc = pld.PLDAccountant(value_discretization_interval=1e-3)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def calibrate_decreasing(eps_of, target: float, lo: float = 1e-3, hi: float = 1e4,
+                         iters: int = 60) -> float:
+    """Smallest noise ``x`` in [lo, hi] with ``eps_of(x) <= target`` (eps_of decreasing in x).
+
+    Bisection in log space; the returned ``x`` always satisfies the target (it is the
+    upper end of the final bracket), so a calibrated mechanism never overspends.
+    """
+    if eps_of(hi) > target:
+        raise ValueError(f"even noise {hi:g} gives eps {eps_of(hi):.4g} > target {target:g}")
+    if eps_of(lo) <= target:
+        return lo
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        m = 0.5 * (a + b)
+        if eps_of(math.exp(m)) <= target:
+            b = m
+        else:
+            a = m
+    return math.exp(b)
+
+
+def new_ledger(accountant: str = "basic") -> PrivacyLedger:
+    return PrivacyLedger(accountant=accountant)
+
+
+# ----------------------------------------------------------------------------- small models
+
+@dataclass
+class LinearModels:
+    """``G`` independent softmax classifiers (optionally one hidden ReLU layer)."""
+    params: list                  # torch tensors, leading dim G
+    hidden: int = 0
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (N, D) shared or (G, N, D) per model -> (G, N, C)."""
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.params[0].shape[0], -1, -1)
+        if self.hidden:
+            w1, b1, w2, b2 = self.params
+            h = torch.relu(torch.bmm(x, w1) + b1[:, None, :])
+            return torch.bmm(h, w2) + b2[:, None, :]
+        w, b = self.params
+        return torch.bmm(x, w) + b[:, None, :]
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return torch.softmax(self.logits(torch.as_tensor(x, dtype=torch.float32)), -1).numpy()
+
+    def predict_logits(self, x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return self.logits(torch.as_tensor(x, dtype=torch.float32)).numpy()
+
+
+def init_models(groups: int, dim: int, num_classes: int, hidden: int = 0,
+                seed: int = 0) -> LinearModels:
+    g = torch.Generator().manual_seed(int(seed))
+    if hidden:
+        params = [torch.randn(groups, dim, hidden, generator=g) * (1.0 / math.sqrt(dim)),
+                  torch.zeros(groups, hidden),
+                  torch.randn(groups, hidden, num_classes, generator=g) * (1.0 / math.sqrt(hidden)),
+                  torch.zeros(groups, num_classes)]
+    else:
+        params = [torch.zeros(groups, dim, num_classes), torch.zeros(groups, num_classes)]
+    return LinearModels([p.requires_grad_(True) for p in params], hidden)
+
+
+def pad_groups(xs: list[np.ndarray], targets: list[np.ndarray], num_classes: int):
+    """Stack ragged per-model data into (G, n_max, D), (G, n_max, C) soft targets, (G, n_max) mask."""
+    g = len(xs)
+    n_max = max(1, max(len(x) for x in xs))
+    dim = xs[0].shape[1] if xs and xs[0].ndim == 2 else 0
+    X = np.zeros((g, n_max, dim), np.float32)
+    T = np.zeros((g, n_max, num_classes), np.float32)
+    M = np.zeros((g, n_max), np.float32)
+    for i, (x, t) in enumerate(zip(xs, targets)):
+        n = len(x)
+        if n == 0:
+            continue
+        X[i, :n] = x
+        t = np.asarray(t)
+        T[i, :n] = np.eye(num_classes, dtype=np.float32)[t] if t.ndim == 1 else t
+        M[i, :n] = 1.0
+    return X, T, M
+
+
+def fit_models(models: LinearModels, X: np.ndarray, T: np.ndarray, M: np.ndarray,
+               steps: int = 200, lr: float = 0.05, weight_decay: float = 1e-3) -> LinearModels:
+    """Full-batch Adam on the masked soft-target cross-entropy of every model at once."""
+    x = torch.as_tensor(X)
+    t = torch.as_tensor(T)
+    m = torch.as_tensor(M)
+    denom = m.sum(1).clamp_min(1.0)
+    opt = torch.optim.Adam(models.params, lr=lr)
+    for _ in range(int(steps)):
+        opt.zero_grad()
+        logp = torch.log_softmax(models.logits(x), -1)
+        per_model = -((t * logp).sum(-1) * m).sum(1) / denom
+        reg = sum((p ** 2).sum() for p in models.params[::2]) * weight_decay
+        (per_model.sum() + reg).backward()
+        opt.step()
+    return models
+
+
+def fit_classifiers(xs, ys, num_classes: int, hidden: int = 0, steps: int = 200,
+                    lr: float = 0.05, weight_decay: float = 1e-3, seed: int = 0) -> LinearModels:
+    """One classifier per (x, y) pair (labels (n,) or soft (n, C)), trained together."""
+    X, T, M = pad_groups(xs, ys, num_classes)
+    models = init_models(len(xs), X.shape[2], num_classes, hidden, seed)
+    return fit_models(models, X, T, M, steps, lr, weight_decay)
+
+
+# ----------------------------------------------------------------------------- result
+
+@dataclass
+class BaselineResult:
+    """One row of the comparison table, plus the ledger and details behind it."""
+    method: str
+    dataset: str
+    eps: float                   # the composed eps the ledger reports
+    delta: float
+    unit: str                    # record | client | label
+    neighbour: str
+    accuracy: float              # student (or released model) accuracy on the evaluation split
+    label_accuracy: float        # released labels vs public truth (propagated to the public set)
+    rounds: int
+    bytes_per_client: float
+    wall_s: float
+    target_eps: float | None = None
+    ledger: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+    def row(self) -> dict:
+        return {"method": self.method, "dataset": self.dataset, "eps": self.eps,
+                "delta": self.delta, "unit": self.unit, "accuracy": self.accuracy,
+                "label_accuracy": self.label_accuracy, "rounds": self.rounds,
+                "bytes_per_client": self.bytes_per_client, "wall_s": self.wall_s,
+                "target_eps": self.target_eps, "neighbour": self.neighbour}
+
+
+def record(ledger: PrivacyLedger, guarantee: Guarantee, event, round_id: int = 0, **extra):
+    """Record one release; returns the ledger entry."""
+    return ledger.record(guarantee, round_id=round_id, event=event, **extra)
+
+
+def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: int | None = None,
+                              seed: int | None = None) -> tuple[float, float, object]:
+    """Labels from per-query (noisy) counts or scores -> public set -> the project's student.
+
+    Returns (student test accuracy, label accuracy on the public set, Labeling).
+    """
+    from rknn_ray.pipeline import derive_labels
+    from rknn_ray.student import StudentConfig
+    from rknn_ray.student.train import train_student_local
+    cfg = setup.cfg
+    sp = setup.splits
+    lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries, sp.public_y,
+                        cfg.labels.type)
+    st = cfg.student
+    scfg = StudentConfig(epochs=int(epochs or st.epochs), batch_size=st.batch_size, lr=st.lr,
+                         weight_decay=st.weight_decay, num_workers=1, use_gpu=False,
+                         label_type=cfg.labels.type, seed=cfg.run.seed if seed is None else seed,
+                         arch=st.arch, augment=st.augment)
+    if cfg.labels.train_on == "queries":
+        qi = setup.queries.public_index
+        train_x = sp.public_x[qi]
+        targets = lab.query_soft if scfg.label_type == "soft" else lab.query_labels
+        weight = lab.query_weight if scfg.label_type == "soft" else None
+    else:
+        train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
+    res = train_student_local(train_x, targets, sp.eval_x, sp.eval_y, setup.data.image_shape,
+                              setup.num_classes, scfg, sample_weight=weight)
+    return float(res.test_accuracy), float(lab.label_accuracy), lab
+
+
+def one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    return np.eye(num_classes, dtype=np.float64)[np.asarray(labels, dtype=np.int64)]
+
+
+def vote_histogram(votes: np.ndarray, num_classes: int) -> np.ndarray:
+    """(T, Q) integer votes -> (Q, C) counts."""
+    q = votes.shape[1]
+    h = np.zeros((q, num_classes), np.float64)
+    for t in range(votes.shape[0]):
+        h[np.arange(q), votes[t]] += 1
+    return h

@@ -1,0 +1,113 @@
+"""Each baseline end to end on digits (small student): a row, a guarantee with its unit,
+and its privacy recorded as events in a ledger."""
+import numpy as np
+import pytest
+
+from rknn_ray.accounting.events import event_to_dict
+from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
+from rknn_ray.baselines.common import fit_classifiers, prepare
+from rknn_ray.baselines.events import (DpSgdDpEvent, NfdpSubsampleDpEvent, PateDpEvent,
+                                       PrivateKnnDpEvent, SelectiveRRDpEvent,
+                                       baseline_event_from_dict)
+from rknn_ray.config import load_config
+from rknn_ray.errors import PrivacyBudgetError
+from rknn_ray.mechanisms.base import Guarantee
+
+ROW_KEYS = {"method", "dataset", "eps", "delta", "unit", "accuracy", "label_accuracy", "rounds",
+            "bytes_per_client", "wall_s"}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = load_config("jobs/configs/digits_central.yaml",
+                      ["run.progress=false", "student.epochs=2", "student.augment=none"])
+    return prepare(cfg)
+
+
+def check(result, event_type, unit="record", target=None):
+    row = result.row()
+    assert ROW_KEYS <= set(row)
+    assert row["unit"] == unit
+    assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["label_accuracy"] <= 1.0
+    entries = result.ledger["entries"]
+    assert entries and entries[0]["event"]["type"] == event_type.__name__
+    assert entries[0]["unit"] == unit
+    ev = baseline_event_from_dict(entries[0]["event"])
+    assert isinstance(ev, event_type)
+    assert event_to_dict(ev) == entries[0]["event"]
+    if target is not None:
+        assert row["eps"] <= target * (1 + 1e-9)
+    return row
+
+
+def test_batched_classifiers_learn(setup):
+    y = setup.splits.private_y
+    m = fit_classifiers([setup.private_emb], [y], 10, steps=200)
+    acc = np.mean(m.predict_proba(setup.eval_emb)[0].argmax(-1) == setup.splits.eval_y)
+    assert acc > 0.85
+
+
+def test_nfdp_on_ray_actors(setup, ray_session):
+    r = nfdp.run_nfdp(setup, 1.0, parties=10, rounds=2, use_ray=True)
+    row = check(r, NfdpSubsampleDpEvent, target=1.0)
+    k, n = r.details["k"], min(r.details["party_sizes"])
+    assert (row["eps"], row["delta"]) == pytest.approx(nfdp.nfdp_epsilon_delta(k, n, True))
+    assert r.details["delta_exceeds_1_over_n"] and row["delta"] > 1.0 / n
+    assert row["rounds"] == 2 and row["accuracy"] > 0.5
+    assert r.ledger["entries"][0]["neighbour"] == "add-remove-one"
+
+
+def test_nfdp_without_replacement_in_process(setup):
+    r = nfdp.run_nfdp(setup, 0.1, replacement=False, rounds=1, use_ray=False, mode="logits")
+    row = check(r, NfdpSubsampleDpEvent, target=0.1)
+    assert row["method"] == "fedmd_nfdp_wor"
+    assert row["delta"] == pytest.approx(r.details["k"] / min(r.details["party_sizes"]))
+
+
+def test_nfdp_refuses_when_k_would_be_zero(setup):
+    with pytest.raises(ValueError, match="k=1"):
+        nfdp.run_nfdp(setup, 1e-4, use_ray=False)
+
+
+@pytest.mark.parametrize("agg", ["lnmax", "gnmax"])
+def test_pate(setup, agg):
+    r = pate.run_pate(setup, 4.0, 1e-5, aggregator=agg, num_teachers=20,
+                      data_dependent=agg == "gnmax")
+    check(r, PateDpEvent, target=4.0)
+    assert r.details["plurality_accuracy"] > 0.7
+    if agg == "gnmax":
+        assert "data_dependent_eps_reference_only" in r.details
+
+
+def test_private_knn(setup):
+    r = private_knn.run_private_knn(setup, 4.0, 1e-5, gamma=0.3)
+    check(r, PrivateKnnDpEvent, target=4.0)
+    assert r.details["noiseless_vote_accuracy"] > 0.7
+
+
+def test_dpsgd_head(setup):
+    r = dpsgd.run_dpsgd(setup, 4.0, 1e-5, epochs=3)
+    check(r, DpSgdDpEvent, target=4.0)
+    assert r.accuracy > 0.5                     # a linear head on PCA-16 digits at eps 4
+
+
+def test_dpdfd_is_label_level(setup):
+    r = dpdfd.run_dpdfd(setup, 4.0)
+    row = check(r, SelectiveRRDpEvent, unit="label")
+    assert row["eps"] == 4.0 and row["delta"] == 0.0
+    assert r.ledger["entries"][0]["neighbour"] == "change-one-query-label"
+    # a label-level guarantee cannot be composed with record-level ones in one ledger
+    from rknn_ray.accounting import PrivacyLedger
+    led = PrivacyLedger()
+    led.record(Guarantee(1.0, 0.0, "central", "x"), 0)
+    with pytest.raises(PrivacyBudgetError):
+        led.record(Guarantee(1.0, 0.0, "central", "selective_rr", unit="label"), 1)
+
+
+def test_baseline_events_cost_in_project_accountants():
+    from rknn_ray.accounting.accountants import get_accountant
+    evs = [PateDpEvent(1.0, 1e-5, aggregator="gnmax", noise=3.0, num_queries=3, num_teachers=5),
+           DpSgdDpEvent(0.5, 1e-5, sampling_rate=0.1, noise_multiplier=1.0, steps=10)]
+    assert get_accountant("basic").compose(evs) == pytest.approx((1.5, 2e-5))
+    eps, _ = get_accountant("pld").compose(evs, 1e-4)
+    assert eps <= 1.5 + 1e-9
