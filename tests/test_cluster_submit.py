@@ -109,9 +109,10 @@ def test_ray_job_submit_runs_the_main_job_on_a_local_cluster(local_head, tmp_pat
     submitted = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
 
-    def ray_job(*args):
-        return subprocess.run([_ray_cli(), "job", *args, "--address", address, sub_id], env=env,
-                              capture_output=True, text=True, timeout=60).stdout
+    def ray_job(*args):                              # the CLI logs its answer on stderr
+        done = subprocess.run([_ray_cli(), "job", *args, "--address", address, sub_id], env=env,
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout + done.stderr
     deadline = time.monotonic() + 420
     while not any(s in ray_job("status") for s in ("SUCCEEDED", "FAILED", "STOPPED")):
         assert time.monotonic() < deadline, "the submitted job did not finish in 7 minutes"
