@@ -85,7 +85,7 @@ def test_digits_shuffle_single_message_job(ray_session, tmp_path):
 
 @pytest.mark.parametrize("override,needle", [
     ("privacy.eps=0", "privacy.eps"),
-    ("rknn.k=31", "rknn.k"),
+    ("rknn.k=61", "rknn.k"),          # digits_central has s = 60 queries
     ("queries.s=1000", "queries.s"),
     ("data.dataset=nope", "data.dataset"),
     ("data.data_root=/nonexistent", "fashion-mnist"),
