@@ -62,7 +62,8 @@ def test_two_rounds_with_diagnostics_spend_at_most_eps(ray_session, tmp_path):
     assert priv["eps"] <= 1.0 + 1e-12 and len(priv["rounds"]) == 2
     assert [r["eps"] for r in priv["rounds"]] == pytest.approx([0.5, 0.5])
     assert len(priv["ledger"]["entries"]) == 2 and report["counts"]["rounds"] == 2
-    assert report["counts"]["queries"] == 60                      # 2 x s = 30, all distinct
+    s = report["config"]["queries"]["s"]
+    assert report["counts"]["queries"] == 2 * s                  # two rounds of s, all distinct
     diag = report["diagnostics"]
     assert diag["private"] is False and diag["nonprivate_labels"] >= 0.8
     assert report["accuracy"]["nonprivate_labels"] is None
