@@ -4,7 +4,8 @@ An encoder is fitted on *public* data only (it is public), then shipped to the
 client shards, which embed their private records locally. ``raw`` flattens;
 ``pca`` projects onto the top principal components of the public data (faiss
 PCAMatrix, optionally whitened); ``hog`` computes histograms of oriented gradients
-(scikit-image), optionally reduced by PCA fitted on the public HOG features;
+(rknn_ray.hog: scikit-image's descriptor, batched), optionally reduced by PCA fitted
+on the public HOG features;
 ``simclr`` is a contrastive encoder learned from the public images
 (rknn_ray.contrastive). Other encoders join by implementing ``Encoder``.
 """
@@ -108,8 +109,8 @@ class PCAEncoder(Encoder):
 
 
 class HOGEncoder(Encoder):
-    """Histograms of oriented gradients (scikit-image) of each image channel-mean, cells of
-    ``cell`` pixels (default: side // 7, so 4 px for 28x28, 2 px for 8x8), 2x2-cell blocks,
+    """Histograms of oriented gradients (rknn_ray.hog: scikit-image's descriptor, batched)
+    of each image's channel mean, cells of ``cell`` pixels (default: side // 7, so 4 px for 28x28, 2 px for 8x8), 2x2-cell blocks,
     L2-Hys normalized; optionally projected to ``dim`` components by PCA on the public HOG
     features (``dim`` <= 0 keeps all)."""
     name = "hog"
@@ -123,22 +124,17 @@ class HOGEncoder(Encoder):
         return int(self.cell) if self.cell else max(2, side // 7)
 
     def _hog(self, x: np.ndarray) -> np.ndarray:
-        try:
-            from skimage.feature import hog
-        except ImportError:
-            raise ConfigError("represent.encoder", "the hog encoder needs scikit-image",
-                              "pip install scikit-image, or use represent.encoder=pca") from None
+        from rknn_ray.hog import hog_features
         x = np.asarray(x, dtype=np.float32)
         if x.ndim == 4:
             x = x.mean(axis=1)
         if x.ndim != 3:
             raise ConfigError("represent.encoder", f"hog needs images, got shape {x.shape}",
                               "use represent.encoder=pca for flat features")
-        c = self._cell(max(x.shape[1:]))
-        feats = [hog(im, orientations=self.orientations, pixels_per_cell=(c, c),
-                     cells_per_block=(2, 2), block_norm="L2-Hys") for im in x]
-        return np.ascontiguousarray(np.stack(feats), dtype=np.float32) if feats else \
-            np.zeros((0, self._dim or 0), np.float32)
+        if x.shape[0] == 0:
+            return np.zeros((0, self._dim or 0), np.float32)
+        return hog_features(x, orientations=self.orientations, cell=self._cell(max(x.shape[1:])),
+                            block=2)
 
     def fit(self, public_x):
         feats = self._hog(public_x)
