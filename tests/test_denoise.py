@@ -59,7 +59,7 @@ def test_finish_labels_reads_released_counts_and_public_data_only():
 def test_neighbours_grow_with_noise_and_are_one_without():
     kw = dict(num_records=60000, k=1, r=1, s=1000, num_public=5000, num_classes=10)
     ms = [choose_neighbours(noise_std=sd, **kw).neighbours for sd in (0.0, 3.0, 30.0, 300.0)]
-    assert ms[0] == 1 and ms == sorted(ms) and ms[-1] <= 30
+    assert ms[0] == 1 and ms == sorted(ms) and ms[-1] <= 10
 
 
 def test_auto_s_is_monotone_in_eps_and_k_in_range():
@@ -81,3 +81,16 @@ def test_resolve_auto_on_digits_records_the_choice():
     plain = load_config("jobs/configs/digits_central.yaml")
     fixed, none = resolve_auto(plain, data)
     assert none is None and fixed.queries.s == plain.queries.s
+
+
+def test_auto_s_accounts_for_smoothing_and_is_continuous():
+    from rknn_ray.autotune import smoothed_snr_limit
+    # Fashion-MNIST sizes: eps = 0.1 -> a few hundred coarse queries, k = 1; eps = 1 -> all 5000
+    low = choose_s_k(60000, 5000, 10, 33.0)
+    high = choose_s_k(60000, 5000, 10, 3.3)
+    assert 150 <= low.s <= 300 and low.k == 1 and "sqrt" in low.reason
+    assert (high.s, high.k) == (5000, 3)
+    # the two pieces of the rule meet where m*s = N, and the limit never decreases with signal
+    limits = [smoothed_snr_limit(sig, 5000, 10, 8.0) for sig in np.linspace(100, 20000, 400)]
+    assert all(b >= a for a, b in zip(limits, limits[1:]))
+    assert smoothed_snr_limit(4000.0, 5000, 10, 8.0) == 500.0     # exactly on the seam
