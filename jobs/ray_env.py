@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+
+# Ray waits a hard-coded 30 s for a new local raylet to register; on a machine whose
+# cores are busy with other work that is not always enough, and a second try usually is.
+STARTUP_TIMEOUT = "timed out during startup"
+START_ATTEMPTS = 3
 
 
 def quiet_ray_logs() -> None:
@@ -57,6 +63,15 @@ def ensure_ray(num_cpus: int | None = None) -> bool:
         ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
         return False
     local_ray_env()
-    ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-             log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                     log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
+            return True
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS:
+                raise
+            ray.shutdown()      # stop the half-started processes before the next try
+            print(f"Ray's raylet did not register within Ray's fixed 30 s (a busy machine); "
+                  f"starting it again ({attempt + 1}/{START_ATTEMPTS})", file=sys.stderr)
     return True

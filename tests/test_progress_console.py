@@ -168,3 +168,31 @@ def test_forwarded_cleaner_traceback_of_a_shared_host_is_dropped_other_lines_kep
     emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "is_err": True,
           "lines": ["some other error"]})
     assert [d["actor_name"] for d in got] == ["RayTrainWorker", "PlacementGroupCleaner"]
+
+
+def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, capsys):
+    """Ray's fixed 30 s raylet wait can expire on a busy machine; ensure_ray tries again
+    (after shutting the half-started instance down) and re-raises any other error."""
+    import ray
+
+    from jobs import ray_env
+    calls, shutdowns = [], []
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+
+    def flaky_init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup. This could happen ...")
+    monkeypatch.setattr(ray, "init", flaky_init)
+    assert ray_env.ensure_ray(num_cpus=1) is True
+    assert len(calls) == 2 and len(shutdowns) == 1
+    assert "starting it again (2/3)" in capsys.readouterr().err
+
+    def broken_init(**kwargs):
+        raise ValueError("bad address")
+    monkeypatch.setattr(ray, "init", broken_init)
+    import pytest
+    with pytest.raises(ValueError, match="bad address"):
+        ray_env.ensure_ray(num_cpus=1)
