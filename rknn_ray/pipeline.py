@@ -40,8 +40,12 @@ def prepare_data(cfg) -> PreparedData:
     """Load the dataset, make the split, check it, partition private records."""
     from rknn_ray.config import validate_with_data
     d = cfg.data
-    ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {})) \
-        if d.dataset == "synthetic" else load_dataset(d.dataset, d.data_root)
+    if d.dataset == "synthetic":
+        ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {}))
+    elif d.dataset == "svhn":
+        ds = load_dataset(d.dataset, d.data_root, include_extra=d.include_extra)
+    else:
+        ds = load_dataset(d.dataset, d.data_root)
     splits = make_splits(ds, rule=d.split, seed=cfg.run.seed)
     validate_features(splits.private_x, splits.private_y, ds.num_classes, what="private data")
     validate_features(splits.public_x, splits.public_y, ds.num_classes, what="public data")
