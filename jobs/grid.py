@@ -366,8 +366,11 @@ def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], me
              f"{meta['cells']} private runs, median over {len(meta['axes']['seed'])} seed(s); "
              f"wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores"
              + ("" if meta.get("complete") else " (INCOMPLETE: still running or interrupted)")
-             + ".", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+             + ".", ""]
+    if not meta.get("private", True):
+        from rknn_ray.rng import NOT_PRIVATE
+        lines += [f"**NOT PRIVATE: run.rng = seeded. {NOT_PRIVATE}**", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in summary:
         cells = [r["encoder"], str(r["s"]), str(r["k"]), r["model"],
                  f"{fmt(r['target_eps'])} / {fmt(r['eps'])}", fmt(r["delta"]), str(r["seeds"]),
@@ -467,12 +470,15 @@ def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: d
 # ----------------------------------------------------------------------------- driver
 
 def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=None, eps=None,
-         seeds=None, delta=None, student_epochs=None, reference: bool = True, log=None) -> dict:
+         seeds=None, delta=None, student_epochs=None, reference: bool = True, log=None,
+         insecure_seeded: bool = False) -> dict:
     """Plan (validating every cell), run what is not done yet, write the outputs; returns
     the grid.json document."""
+    from jobs.distill import check_rng_consent
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     base, planned, axes = plan(config, sets, encoders, s, k, models, eps, seeds, delta,
                                student_epochs)
+    check_rng_consent(base, insecure_seeded)       # run.rng=seeded: only when asked, marked
     if not os.environ.get("RAY_ADDRESS"):
         from rknn_ray.config import validate_resources
         for _, cfg in planned:
@@ -483,6 +489,7 @@ def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=N
     meta = {"config": config, "dataset": base.data.dataset, "sets": list(sets),
             "axes": axes, "student_epochs": student_epochs, "reference": reference,
             "cells": len(cells), "cpus": os.cpu_count(), "wall_s": 0.0, "complete": False,
+            "private": base.run.rng == "secure",
             "ledger": os.path.join(out, "ledger.sqlite")}
     log(f"grid: {len(cells)} private cells ({' x '.join(f'{len(v)} {a}' for a, v in axes.items())})"
         f" of {config} into {out}" + (" + the NOT PRIVATE reference per (encoder, s, k, seed)"
@@ -552,6 +559,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-reference", action="store_true",
                     help="skip the NOT PRIVATE reference (a table safe to share)")
     ap.add_argument("--json", action="store_true", help="print grid.json instead of grid.md")
+    ap.add_argument("--insecure-seeded", action="store_true",
+                    help="allow run.rng=seeded (a reproducible simulation, NOT private)")
     return ap.parse_args(argv)
 
 
@@ -560,7 +569,7 @@ def main(argv=None) -> int:
     try:
         doc = grid(args.config, args.out, args.sets, args.encoder, args.s, args.k, args.model,
                    args.eps, args.seeds, args.delta, args.student_epochs,
-                   reference=not args.no_reference)
+                   reference=not args.no_reference, insecure_seeded=args.insecure_seeded)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

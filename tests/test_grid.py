@@ -100,6 +100,7 @@ def test_grid_resumes_without_rerunning(digits_grid):
     (["--s", "30", "--k", "40"], "rknn.k.*in grid cell pca_s30_k40"),
     (["--model", "central/rr"], "privacy.mechanism.*not a central mechanism"),
     (["--encoder", "pca:x"], "--encoder.*NAME:DIM"),
+    (["--set", "run.rng=seeded"], "run.rng.*--insecure-seeded"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, args, match):
     import re
