@@ -3,7 +3,7 @@
     python -m jobs.grid --config jobs/configs/digits_central.yaml --out runs/grid-digits \\
         [--encoder pca hog:64] [--s 30 60] [--k 1 3] [--model central shuffle/collision] \\
         [--eps 0.1 1] [--seeds 0 1 2] [--set KEY=VALUE ...] [--student-epochs N] \\
-        [--delta 1e-5] [--no-reference] [--json]
+        [--delta 1e-5] [--no-reference] [--json] [--insecure-seeded]
     rknn-ray grid ...                        # the same
 
 Every cell is a real ``jobs.distill`` run of the base config with the cell's values
