@@ -4,6 +4,7 @@
     rknn-ray budget [list | set DATASET --eps X]  # = python -m jobs.budget
     rknn-ray report RUN_DIR [--out FILE]          # = python -m jobs.report
     rknn-ray compare --dataset digits --eps 0.1 1 4 --out DIR  # = python -m jobs.compare
+    rknn-ray grid --config FILE --eps 0.1 1 --s 30 60 --out DIR  # = python -m jobs.grid
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def main(argv=None) -> int:
     if argv and argv[0] == "compare":
         from jobs.compare import main as compare_main
         return compare_main(argv[1:])
+    if argv and argv[0] == "grid":
+        from jobs.grid import main as grid_main
+        return grid_main(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     from jobs.distill import main as distill_main

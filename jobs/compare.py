@@ -34,6 +34,8 @@ import os
 import sys
 import time
 
+from jobs.cells import error_text, fmt, isolated_ledger
+
 RKNN_METHODS = ("rknn_central", "rknn_local", "rknn_shuffle")
 BASELINE_METHODS = ("fedmd_nfdp", "fedmd_nfdp_wor", "dpdfd_selective_rr", "pate_lnmax",
                     "pate_gnmax", "private_knn", "dpsgd_head")
@@ -74,20 +76,14 @@ def _overrides(seed: int, student_epochs: int | None) -> list[str]:
 def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, ledger_path: str,
              seed: int = 0, student_epochs: int | None = None) -> dict:
     """One jobs.distill run; returns its comparison row."""
-    from jobs.distill import run
+    from jobs.cells import ISOLATED_BUDGET, run_distill
     from rknn_ray.config import load_config
-    from rknn_ray.runio import prepare_run_dir
-    # large budgets on the compare's own ledger: the eps grid must not be refused (the local and
-    # shuffle configs share one dataset identity, so both need room for the shuffle's delta)
-    over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", "privacy.budget_eps=1000000",
-                                                "privacy.budget_delta=0.5", "student.num_workers=1"]
+    over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", *ISOLATED_BUDGET,
+                                                "student.num_workers=1"]
     if model == "shuffle":
         over += [f"privacy.delta={delta}"]
     cfg = load_config(config_path(dataset, model), over)
-    out = prepare_run_dir(out_dir, overwrite=True)
-    t0 = time.perf_counter()
-    report = run(cfg, out, ledger_path=ledger_path)
-    wall = time.perf_counter() - t0
+    report, wall = run_distill(cfg, out_dir, ledger_path)
     p, c = report["privacy"], report["counts"]
     msg_bytes = (p["details"][-1] or {}).get("message_bytes") or 0
     return {"method": f"rknn_{model}", "dataset": dataset, "eps": p["eps"], "delta": p["delta"],
@@ -140,12 +136,7 @@ def record_in_store(store, setup, result, job_id: str) -> None:
 
 # ----------------------------------------------------------------------------- outputs
 
-def _fmt(v, nd=4):
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        return f"{v:.{nd}g}"
-    return "" if v is None else str(v)
+_fmt = fmt
 
 
 def to_markdown(rows: list[dict], meta: dict) -> str:
@@ -212,6 +203,14 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None
 def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
             student_epochs: int | None = None, log=None) -> list[dict]:
     """Run everything; returns the rows (also written to ``out``)."""
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    os.makedirs(out, exist_ok=True)
+    with isolated_ledger(out) as ledger_path:       # isolated: nothing here touches the user's
+        return _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log,
+                        ledger_path)
+
+
+def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, ledger_path):
     import uuid
 
     import torch
@@ -219,11 +218,6 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     from jobs.ray_env import ensure_ray
     from rknn_ray.accounting.budget_store import BudgetStore
     from rknn_ray.config import load_config
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    os.makedirs(out, exist_ok=True)
-    ledger_path = os.path.join(os.path.abspath(out), "ledger.sqlite")
-    saved_env = os.environ.get("RKNN_RAY_LEDGER")
-    os.environ["RKNN_RAY_LEDGER"] = ledger_path          # isolated: nothing here touches the user's
     store = BudgetStore(ledger_path)
     torch.set_num_threads(1)
     t_all = time.perf_counter()
@@ -258,8 +252,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                            "label_accuracy": float("nan"), "rounds": 0,
                            "bytes_per_client": float("nan"), "wall_s": time.perf_counter() - t0,
                            "target_eps": eps, "neighbour": "", "model": "",
-                           "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                           if str(exc) else type(exc).__name__}
+                           "error": error_text(exc)}
                 rows.append(row)
                 log(f"{method:20s} eps={eps:<5g} acc={_fmt(row['accuracy'])} "
                     f"labels={_fmt(row['label_accuracy'])} eps_spent={_fmt(row['eps'])} "
@@ -268,10 +261,6 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                 meta["wall_s"] = time.perf_counter() - t_all
                 write_outputs(out, rows, meta, ledgers)
     finally:
-        if saved_env is None:
-            os.environ.pop("RKNN_RAY_LEDGER", None)
-        else:
-            os.environ["RKNN_RAY_LEDGER"] = saved_env
         if started:
             import ray
             ray.shutdown()

@@ -205,12 +205,11 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     from rknn_ray.pipeline import derive_labels, exact_answers
     from rknn_ray.plots import run_summary_png
     from rknn_ray.queries import union_of_rounds
-    from rknn_ray.student import StudentConfig, train_student
 
     sp = data.splits
     all_qs = union_of_rounds(public_emb, query_sets)
     counts = np.concatenate([r.counts for r in rounds])
-    from rknn_ray.pipeline import finish_labels, train_semi
+    from rknn_ray.pipeline import finish_labels
     with progress.stage("labels", "labels from the released counts"):
         lab, utility = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, progress)
     utility["auto"] = auto_choice
@@ -224,31 +223,13 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         progress.say(f"[diagnostics, NOT private] non-private label accuracy "
                      f"{ref.label_accuracy:.4f}")
     st = cfg.student
-    scfg = StudentConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
-                         weight_decay=st.weight_decay, num_workers=st.num_workers,
-                         use_gpu=st.use_gpu, label_type=cfg.labels.type,
-                         seed=cfg.run.seed, arch=st.arch, augment=st.augment)
-    eval_x, image_shape = sp.eval_x, data.image_shape
-    if st.input == "features":     # the student is encoder -> MLP; the encoder is public (issue 11)
-        from rknn_ray.pipeline import feature_inputs
-        sp, eval_x, image_shape = feature_inputs(encoder, sp, public_emb, out_dir)
-        utility["student"] = {"input": "features", "encoder": cfg.represent.encoder,
-                              "dim": int(image_shape[0])}
-    if cfg.labels.train_on == "queries":
-        train_x, targets = sp.public_x[all_qs.public_index], \
-            (lab.query_soft if scfg.label_type == "soft" else lab.query_labels)
-        weight = lab.query_weight if scfg.label_type == "soft" else None
-    else:
-        train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
+    from rknn_ray.pipeline import fit_student, student_inputs
+    inputs = student_inputs(cfg, data, encoder, lab, all_qs, public_emb, utility, out_dir)
+    train_x = inputs.train_x
     with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
                         f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
-        if st.method == "semi":              # rknn_ray/student/semi.py (issue 11)
-            student = train_semi(cfg, data, encoder, lab, utility, out_dir, progress)
-        else:
-            student = train_student(train_x, targets, eval_x, sp.eval_y, image_shape,
-                                    data.num_classes, scfg, storage_path=out_dir,
-                                    checkpoint_dir=out_dir, sample_weight=weight, progress=on_epoch)
+        student = fit_student(cfg, data, encoder, lab, utility, inputs, out_dir, progress, on_epoch)
     progress.say(f"student test accuracy {student.test_accuracy:.4f}")
     if hasattr(encoder, "save"):              # a learned encoder travels with the run
         utility["encoder"] = {**encoder.describe(), "file": os.path.basename(encoder.save(out_dir))}

@@ -63,6 +63,7 @@ class DataConfig:
     clients: int = 100
     partition: str = "iid"
     alpha: float = 0.5                # Dirichlet concentration (partition=dirichlet)
+    include_extra: bool = False       # SVHN: extra_32x32.mat joins the private train set
     synthetic: FrozenDict = field(default_factory=FrozenDict)   # gaussian_mixture arguments
 
 
@@ -380,7 +381,7 @@ NUMBERS = {
     "cluster.window": (int, 1, 1024, False, False, False),
     "rounds.count": (int, 1, 100, False, False, False),
 }
-BOOLS = ("run.progress", "run.diagnostics", "represent.whiten", "queries.use_nearest_public",
+BOOLS = ("run.progress", "run.diagnostics", "data.include_extra", "represent.whiten", "queries.use_nearest_public",
          "represent.flip")
 #: keys that take "auto" instead of a number (rknn_ray.autotune / rknn_ray.denoise decide)
 AUTO_KEYS = ("queries.s", "rknn.k", "labels.smooth")
@@ -499,6 +500,9 @@ def _check_strings(cfg: dict) -> None:
     if not isinstance(name, str) or not name.strip() or os.sep in name or "/" in name:
         raise ConfigError("run.name", f"{name!r} is not a plain folder name",
                           "set run.name to a non-empty name without '/' (it names runs/<name>-<time>)")
+    if cfg["data"]["include_extra"] and cfg["data"]["dataset"] != "svhn":
+        raise ConfigError("data.include_extra", f"is only read for SVHN, not "
+                          f"{cfg['data']['dataset']!r}", "set data.include_extra: false")
     root = cfg["data"]["data_root"]
     if root is not None and not isinstance(root, str):
         raise ConfigError("data.data_root", f"{root!r} is not a path",

@@ -40,8 +40,12 @@ def prepare_data(cfg) -> PreparedData:
     """Load the dataset, make the split, check it, partition private records."""
     from rknn_ray.config import validate_with_data
     d = cfg.data
-    ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {})) \
-        if d.dataset == "synthetic" else load_dataset(d.dataset, d.data_root)
+    if d.dataset == "synthetic":
+        ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {}))
+    elif d.dataset == "svhn":
+        ds = load_dataset(d.dataset, d.data_root, include_extra=d.include_extra)
+    else:
+        ds = load_dataset(d.dataset, d.data_root)
     splits = make_splits(ds, rule=d.split, seed=cfg.run.seed)
     validate_features(splits.private_x, splits.private_y, ds.num_classes, what="private data")
     validate_features(splits.public_x, splits.public_y, ds.num_classes, what="public data")
@@ -287,3 +291,50 @@ def feature_inputs(encoder: Encoder, splits, public_emb: np.ndarray, out_dir: st
             pickle.dump(encoder, fh)
     view = dataclasses.replace(splits, public_x=np.ascontiguousarray(public_emb, dtype=np.float32))
     return view, eval_emb, (int(public_emb.shape[1]),)
+
+
+@dataclass
+class StudentInputs:
+    """What the student trains and is evaluated on, as ``cfg.student`` / ``cfg.labels`` say."""
+    train_x: np.ndarray
+    targets: np.ndarray
+    weight: np.ndarray | None
+    eval_x: np.ndarray
+    eval_y: np.ndarray
+    image_shape: tuple
+    config: object                  # rknn_ray.student.StudentConfig
+
+
+def student_inputs(cfg, data: PreparedData, encoder, lab: Labeling, qs: QuerySet,
+                   public_emb: np.ndarray, info: dict, out_dir: str | None) -> StudentInputs:
+    """The student's training set from a Labeling: public images (or the public encoder's
+    features, ``student.input: features``), labelled by propagation (``labels.train_on:
+    public``) or only the queries (``queries``). Used by jobs.distill on released labels
+    and by rknn_ray.reference on the non-private ones, so both train the same student."""
+    from rknn_ray.student import StudentConfig
+    scfg = StudentConfig.from_config(cfg)
+    sp, eval_x, image_shape = data.splits, data.splits.eval_x, data.image_shape
+    if cfg.student.input == "features":     # encoder -> MLP; the encoder is public (issue 11)
+        sp, eval_x, image_shape = feature_inputs(encoder, sp, public_emb, out_dir)
+        info["student"] = {"input": "features", "encoder": cfg.represent.encoder,
+                           "dim": int(image_shape[0])}
+    if cfg.labels.train_on == "queries":
+        soft = scfg.label_type == "soft"
+        return StudentInputs(sp.public_x[qs.public_index],
+                             lab.query_soft if soft else lab.query_labels,
+                             lab.query_weight if soft else None, eval_x, sp.eval_y,
+                             image_shape, scfg)
+    return StudentInputs(sp.public_x, lab.public_targets, lab.public_weight, eval_x, sp.eval_y,
+                         image_shape, scfg)
+
+
+def fit_student(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, inputs: StudentInputs,
+                out_dir: str | None, progress=None, on_epoch=None):
+    """Train the configured student (Ray Train; ``student.method: semi`` -> train_semi)."""
+    from rknn_ray.student import train_student
+    if cfg.student.method == "semi":
+        return train_semi(cfg, data, encoder, lab, info, out_dir, progress)
+    return train_student(inputs.train_x, inputs.targets, inputs.eval_x, inputs.eval_y,
+                         inputs.image_shape, data.num_classes, inputs.config,
+                         storage_path=out_dir, checkpoint_dir=out_dir,
+                         sample_weight=inputs.weight, progress=on_epoch)

@@ -1,0 +1,59 @@
+"""One jobs.distill run as a cell of a bigger experiment (jobs.compare, jobs.grid).
+
+An experiment runs many private jobs on one dataset. Each is a real run (real
+mechanism, a release recorded as an event), but in an isolated ledger inside the
+experiment's folder, so the user's dataset budgets are neither spent nor in the way;
+the isolated ledger gets budgets large enough for the whole grid of eps values.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+
+#: Budgets of the isolated ledger: an eps grid must not be refused there (local and shuffle
+#: configs of one dataset share an identity, so both need room for the shuffle's delta).
+ISOLATED_BUDGET = ("privacy.budget_eps=1000000", "privacy.budget_delta=0.5")
+
+
+@contextlib.contextmanager
+def isolated_ledger(out: str):
+    """``out``/ledger.sqlite as the process's ledger ($RKNN_RAY_LEDGER) for the block; the
+    caller's setting is restored afterwards. Yields the ledger's path."""
+    path = os.path.join(os.path.abspath(out), "ledger.sqlite")
+    saved = os.environ.get("RKNN_RAY_LEDGER")
+    os.environ["RKNN_RAY_LEDGER"] = path
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop("RKNN_RAY_LEDGER", None)
+        else:
+            os.environ["RKNN_RAY_LEDGER"] = saved
+
+
+def run_distill(cfg, out_dir: str, ledger_path: str) -> tuple[dict, float]:
+    """One jobs.distill run of the validated ``cfg`` into ``out_dir`` (replacing a run
+    there); returns (report, wall seconds)."""
+    from jobs.distill import run
+    from rknn_ray.runio import prepare_run_dir
+    out = prepare_run_dir(out_dir, overwrite=True)
+    t0 = time.perf_counter()
+    report = run(cfg, out, ledger_path=ledger_path)
+    return report, time.perf_counter() - t0
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: first line`` of an exception, for a failed cell's row."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
+
+
+def fmt(v, nd: int = 4) -> str:
+    """A table cell: floats to ``nd`` significant digits, NaN as n/a, None as empty."""
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "n/a"
+        return f"{v:.{nd}g}"
+    return "" if v is None else str(v)

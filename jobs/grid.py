@@ -1,0 +1,585 @@
+"""An experiment grid: private runs over (encoder, s, k, model, eps, seed), one table.
+
+    python -m jobs.grid --config jobs/configs/digits_central.yaml --out runs/grid-digits \\
+        [--encoder pca hog:64] [--s 30 60] [--k 1 3] [--model central shuffle/collision] \\
+        [--eps 0.1 1] [--seeds 0 1 2] [--set KEY=VALUE ...] [--student-epochs N] \\
+        [--delta 1e-5] [--no-reference] [--json] [--insecure-seeded]
+    rknn-ray grid ...                        # the same
+
+Every cell is a real ``jobs.distill`` run of the base config with the cell's values
+(``represent.encoder[/dim]``, ``queries.s``, ``rknn.k``, ``privacy.model[/mechanism]``,
+``privacy.eps``, ``run.seed``) in ``--out``/runs/<cell>/, its release recorded as an
+event in an isolated ledger (``--out``/ledger.sqlite), so the user's budgets are
+neither spent nor in the way. An axis left out takes the base config's value.
+
+* ``--encoder NAME[:DIM]``: pca, hog, simclr, raw (``hog:64`` also sets represent.dim).
+* ``--model MODEL[/MECHANISM]``: the trust model and its mechanism (central/laplace,
+  local/rr, local/collision, shuffle/collision, shuffle/multi, ...); without a
+  mechanism: the config's if its model matches, else laplace (central) or collision.
+  Shuffle cells need delta: ``--delta`` (default: the config's, else 1e-5).
+* ``--s`` / ``--k``: numbers or ``auto`` (rknn_ray.autotune picks them per cell).
+
+Per (encoder, resolved s, resolved k, seed) the grid also runs the NON-PRIVATE reference
+of the same pipeline (rknn_ray.reference: exact counts, same labels and student) in
+``--out``/reference/ (a README there says NOT PRIVATE); ``--no-reference`` skips it.
+Private run folders never hold it.
+
+Outputs (atomic, rewritten after every cell): grid.json (cells, per-seed rows; summary,
+the median over seeds per (encoder, s, k, model, eps); reference, marked private:
+false; paper, paper 000 Table 1's "Ours" rows at the same dataset), grid.csv (the
+summary table), grid.md (summary + per-seed tables), grid.png (student accuracy vs eps:
+one line per (encoder, s, k, model), the reference dashed, the paper's numbers as
+stars), meta.json. Resumable: a cell whose run folder holds report.json and the same
+cell spec (grid_cell.json) is not run again; a failed cell is a row with its error and
+runs again next time.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from jobs.cells import ISOLATED_BUDGET, error_text, fmt, isolated_ledger, run_distill
+from rknn_ray.errors import ConfigError, RknnError
+
+DEFAULT_MECHANISM = {"central": "laplace", "local": "collision", "shuffle": "collision"}
+CELL_FILE = "grid_cell.json"
+REFERENCE_FILE = "reference.json"
+SUMMARY_COLUMNS = ("encoder", "s", "k", "model", "target_eps", "eps", "delta", "unit", "seeds",
+                   "accuracy", "label_accuracy", "accuracy_per_seed", "s_used", "k_used",
+                   "reference_accuracy", "reference_label_accuracy", "paper_accuracy",
+                   "paper_label_accuracy", "paper_nonprivate_accuracy", "paper_setting", "errors")
+NOT_PRIVATE_NOTE = ("reference_* columns are NOT PRIVATE: the same pipeline on the exact private "
+                    "counts (no noise), computed in reference/; leave them out (--no-reference) "
+                    "before sharing this table with anyone who may not see the private data")
+
+
+# ----------------------------------------------------------------------------- the grid
+
+@dataclass(frozen=True)
+class Cell:
+    encoder: str            # "pca" or "hog:64"
+    s: object               # int or "auto"
+    k: object
+    model: str              # "central/laplace"
+    eps: float
+    seed: int
+    overrides: tuple = field(default=(), compare=False)
+
+    @property
+    def name(self) -> str:
+        return (f"{self.encoder.replace(':', '-')}_s{self.s}_k{self.k}_"
+                f"{self.model.replace('/', '-')}_eps{self.eps:g}_seed{self.seed}")
+
+    @property
+    def group(self) -> tuple:
+        """What the median runs over seeds for."""
+        return (self.encoder, self.s, self.k, self.model, self.eps)
+
+
+def _axis(values, default, what: str, parse):
+    vals = list(default if values is None else values)
+    if not vals:
+        raise ConfigError(what, "is empty: the grid would have no cells",
+                          f"give {what} at least one value, or leave it out to use the config's")
+    out = []
+    for v in vals:
+        v = parse(v)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _int_or_auto(what: str):
+    def parse(v):
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ConfigError(what, f"{v!r} is not a whole number or 'auto'",
+                              f"write {what} 60 200 or {what} auto") from None
+        if f != int(f) or f < 1:
+            raise ConfigError(what, f"{v!r} is not a whole number >= 1", f"write {what} 60 200")
+        return int(f)
+    return parse
+
+
+def _eps(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError("--eps", f"{v!r} is not a number", "write --eps 0.1 1 4") from None
+    if not math.isfinite(f) or f <= 0:
+        raise ConfigError("--eps", f"{v!r}: eps must be a finite number > 0",
+                          "write --eps 0.1 1 4 (the non-private reference is computed "
+                          "separately; no eps = 0 or inf cell is needed)")
+    return f
+
+
+def _seed(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = -1.0
+    if f != int(f) or f < 0:
+        raise ConfigError("--seeds", f"{v!r} is not a whole number >= 0", "write --seeds 0 1 2")
+    return int(f)
+
+
+def _encoder(v):
+    name, _, dim = str(v).strip().partition(":")
+    if not name or (dim and not dim.isdigit()):
+        raise ConfigError("--encoder", f"{v!r} is not NAME or NAME:DIM", "write --encoder pca hog:64")
+    return f"{name}:{int(dim)}" if dim else name
+
+
+def _model(base):
+    def parse(v):
+        model, _, mech = str(v).strip().partition("/")
+        if not mech:
+            mech = base.privacy.mechanism if model == base.privacy.model \
+                else DEFAULT_MECHANISM.get(model, "")
+        return f"{model}/{mech}"
+    return parse
+
+
+def plan(config: str, sets=(), encoders=None, s=None, k=None, models=None, eps=None, seeds=None,
+         delta=None, student_epochs=None):
+    """The base config and every cell, each validated as a full config (a bad key or value
+    fails here, before anything runs). Returns (base Config, [(Cell, Config)])."""
+    from rknn_ray.config import load_config
+    base = load_config(config, list(sets))
+    axes = {
+        "encoder": _axis(encoders, [base.represent.encoder], "--encoder", _encoder),
+        "s": _axis(s, [base.queries.s], "--s", _int_or_auto("--s")),
+        "k": _axis(k, [base.rknn.k], "--k", _int_or_auto("--k")),
+        "model": _axis(models, [base.privacy.model], "--model", _model(base)),
+        "eps": _axis(eps, [base.privacy.eps], "--eps", _eps),
+        "seed": _axis(seeds, [base.run.seed], "--seeds", _seed),
+    }
+    if delta is not None and not (0 < float(delta) < 1):
+        raise ConfigError("--delta", f"{delta!r} is not in (0, 1)", "write --delta 1e-5")
+    cells = []
+    for enc, s_, k_, model, e, seed in itertools.product(*axes.values()):
+        name, _, dim = enc.partition(":")
+        m, mech = model.split("/", 1)
+        over = list(sets) + [f"represent.encoder={name}"] + ([f"represent.dim={dim}"] if dim else [])
+        over += [f"queries.s={s_}", f"rknn.k={k_}", f"privacy.model={m}",
+                 f"privacy.mechanism={mech}", f"privacy.eps={e!r}", f"run.seed={seed}",
+                 "run.progress=false", "run.diagnostics=false", *ISOLATED_BUDGET]
+        if m == "shuffle":
+            d = delta if delta is not None else (base.privacy.delta or 1e-5)
+            over.append(f"privacy.delta={float(d)!r}")
+        if student_epochs:
+            over.append(f"student.epochs={int(student_epochs)}")
+        cell = Cell(enc, s_, k_, model, e, seed, tuple(over))
+        try:
+            cfg = load_config(config, over)
+        except ConfigError as exc:
+            raise ConfigError(exc.key, f"{exc.problem} (in grid cell {cell.name})", exc.fix) from None
+        cells.append((cell, cfg))
+    return base, cells, axes
+
+
+def _digest(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- one cell
+
+def _cell_row(cell: Cell, report: dict | None, wall: float, run_dir: str, error: str = "") -> dict:
+    row = {"kind": "private", "encoder": cell.encoder, "s": cell.s, "k": cell.k,
+           "model": cell.model, "target_eps": cell.eps, "seed": cell.seed, "run": run_dir,
+           "wall_s": wall, "error": error, "eps": float("nan"), "delta": float("nan"),
+           "unit": "", "accuracy": float("nan"), "label_accuracy": float("nan"),
+           "s_used": None, "k_used": None}
+    if report is not None:
+        p, c = report["privacy"], report["counts"]
+        row.update(eps=p["eps"], delta=p["delta"], unit=p["unit"], neighbour=p.get("neighbour"),
+                   accuracy=report["accuracy"]["student"],
+                   label_accuracy=report["accuracy"]["labels"], s_used=c["queries"],
+                   k_used=report["config"]["rknn"]["k"], private=p.get("private", True),
+                   dataset=report["config"]["data"]["dataset"])
+    return row
+
+
+def _load_done(run_dir: str, digest: str) -> dict | None:
+    """The saved row of a finished cell with this spec, else None."""
+    path = os.path.join(run_dir, CELL_FILE)
+    if not (os.path.isfile(path) and os.path.isfile(os.path.join(run_dir, "report.json"))):
+        return None
+    try:
+        with open(path) as fh:
+            saved = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return saved.get("row") if saved.get("spec") == digest else None
+
+
+def run_cell(cell: Cell, cfg, out: str, ledger_path: str) -> tuple[dict, bool]:
+    """Run one cell (or take it from a finished run folder); returns (row, was_skipped)."""
+    from rknn_ray.runio import write_json
+    run_dir = os.path.join(out, "runs", cell.name)
+    digest = _digest(cfg.to_dict())
+    done = _load_done(run_dir, digest)
+    if done is not None:
+        return done, True
+    t0 = time.perf_counter()
+    try:
+        report, wall = run_distill(cfg, run_dir, ledger_path)
+    except Exception as exc:      # one failed cell must not lose the table
+        return _cell_row(cell, None, time.perf_counter() - t0, run_dir, error_text(exc)), False
+    row = _cell_row(cell, report, wall, run_dir)
+    write_json(os.path.join(run_dir, CELL_FILE), {"spec": digest, "overrides": list(cell.overrides),
+                                                  "row": row})
+    return row, False
+
+
+# ----------------------------------------------------------------------------- reference
+
+def reference_config(cell_cfg, row: dict):
+    """The cell's config with the s and k its private run used (``auto`` resolved)."""
+    if row.get("s_used") is None:
+        if "auto" in (cell_cfg.queries.s, cell_cfg.rknn.k):
+            return None
+        return cell_cfg
+    return cell_cfg.with_overrides([f"queries.s={row['s_used']}", f"rknn.k={row['k_used']}"])
+
+
+def reference_key(cell: Cell, ref_cfg) -> tuple[str, str]:
+    """(folder name, spec digest): everything but the privacy section and run flags matters."""
+    d = ref_cfg.to_dict()
+    d.pop("privacy")
+    d["run"] = {"seed": d["run"]["seed"]}
+    digest = _digest(d)
+    name = (f"{cell.encoder.replace(':', '-')}_s{ref_cfg.queries.s}_k{ref_cfg.rknn.k}_"
+            f"seed{cell.seed}_{digest[:8]}")
+    return name, digest
+
+
+def run_reference(name: str, digest: str, ref_cfg, out: str) -> tuple[dict, bool]:
+    """The NON-PRIVATE reference in ``out``/reference/<name> (or the saved one)."""
+    from rknn_ray.reference import NOT_PRIVATE, nonprivate_reference
+    from rknn_ray.runio import write_json
+    folder = os.path.join(out, "reference", name)
+    path = os.path.join(folder, REFERENCE_FILE)
+    if os.path.isfile(path):
+        try:
+            with open(path) as fh:
+                saved = json.load(fh)
+            if saved.get("spec") == digest:
+                return saved["row"], True
+        except (OSError, ValueError):
+            pass
+    base = {"kind": "reference", "private": False, "warning": NOT_PRIVATE, "name": name,
+            "folder": folder, "s": ref_cfg.queries.s, "k": ref_cfg.rknn.k,
+            "encoder": ref_cfg.represent.encoder, "seed": ref_cfg.run.seed}
+    t0 = time.perf_counter()
+    try:
+        res = nonprivate_reference(ref_cfg, folder)
+    except Exception as exc:
+        return {**base, "accuracy": float("nan"), "label_accuracy": float("nan"),
+                "wall_s": time.perf_counter() - t0, "error": error_text(exc)}, False
+    row = {**base, "accuracy": res["student_accuracy"], "label_accuracy": res["label_accuracy"],
+           "query_accuracy": res["query_accuracy"], "wall_s": res["wall_s"], "error": ""}
+    write_json(path, {"spec": digest, "row": row, "result": res,
+                      "config": ref_cfg.to_dict()})
+    return row, False
+
+
+# ----------------------------------------------------------------------------- tables
+
+def _median(vals):
+    vals = sorted(v for v in vals if isinstance(v, (int, float)) and not math.isnan(v))
+    if not vals:
+        return float("nan")
+    n = len(vals)
+    return vals[n // 2] if n % 2 else 0.5 * (vals[n // 2 - 1] + vals[n // 2])
+
+
+def summarize(cells: list[Cell], rows: dict, refs: dict, ref_of: dict, dataset: str) -> list[dict]:
+    """One row per (encoder, s, k, model, eps): medians over seeds, the reference (NOT
+    PRIVATE) of the same cells, the paper's numbers at the same dataset and eps."""
+    from rknn_ray.paper_numbers import matching
+    groups: dict = {}
+    for c in cells:
+        groups.setdefault(c.group, []).append(c)
+    out = []
+    for (enc, s, k, model, eps), members in groups.items():
+        got = [rows[c.name] for c in members if c.name in rows]
+        ok = [r for r in got if not r["error"]]
+        ref = [refs[ref_of[c.name]] for c in members if ref_of.get(c.name) in refs]
+        paper = matching(dataset, eps, s if isinstance(s, int) else None)
+        p0 = paper[0] if paper else None
+        out.append({
+            "encoder": enc, "s": s, "k": k, "model": model, "target_eps": eps,
+            "eps": max((r["eps"] for r in ok), default=float("nan")),
+            "delta": max((r["delta"] for r in ok), default=float("nan")),
+            "unit": ok[0]["unit"] if ok else "", "seeds": len(ok),
+            "accuracy": _median(r["accuracy"] for r in ok),
+            "label_accuracy": _median(r["label_accuracy"] for r in ok),
+            "accuracy_per_seed": " / ".join(f"{r['accuracy']:.4f}" for r in ok),
+            "s_used": " ".join(sorted({str(r["s_used"]) for r in ok})),
+            "k_used": " ".join(sorted({str(r["k_used"]) for r in ok})),
+            "reference_accuracy": _median(r["accuracy"] for r in ref),
+            "reference_label_accuracy": _median(r["label_accuracy"] for r in ref),
+            "paper_accuracy": p0.test_accuracy if p0 else None,
+            "paper_label_accuracy": p0.label_accuracy if p0 else None,
+            "paper_nonprivate_accuracy": p0.nonprivate_accuracy if p0 else None,
+            "paper_setting": "; ".join(f"{p.label} (k={p.k}, T={p.rounds}, {p.representation})"
+                                       for p in paper),
+            "errors": "; ".join(r["error"] for r in got if r["error"]),
+        })
+    return out
+
+
+def to_csv(summary: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(SUMMARY_COLUMNS), extrasaction="ignore")
+    w.writeheader()
+    for r in summary:
+        w.writerow(r)
+    return buf.getvalue()
+
+
+def _pct(v) -> str:
+    return "" if v is None else fmt(v)
+
+
+def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], meta: dict) -> str:
+    ref_on = meta.get("reference", True)
+    head = ["encoder", "s", "k", "model", "eps (target / spent)", "delta", "seeds",
+            "student acc (median)", "label acc (median)", "student acc per seed", "s, k used"]
+    if ref_on:
+        head += ["NOT PRIVATE ref. student", "NOT PRIVATE ref. labels"]
+    head += ["paper student", "paper labels", "paper non-private", "paper setting"]
+    lines = [f"# Experiment grid on {meta['dataset']} ({meta['config']})", "",
+             f"{meta['cells']} private runs, median over {len(meta['axes']['seed'])} seed(s); "
+             f"wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores"
+             + ("" if meta.get("complete") else " (INCOMPLETE: still running or interrupted)")
+             + ".", ""]
+    if not meta.get("private", True):
+        from rknn_ray.rng import NOT_PRIVATE
+        lines += [f"**NOT PRIVATE: run.rng = seeded. {NOT_PRIVATE}**", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in summary:
+        cells = [r["encoder"], str(r["s"]), str(r["k"]), r["model"],
+                 f"{fmt(r['target_eps'])} / {fmt(r['eps'])}", fmt(r["delta"]), str(r["seeds"]),
+                 fmt(r["accuracy"]), fmt(r["label_accuracy"]), r["accuracy_per_seed"],
+                 f"{r['s_used']}, {r['k_used']}"]
+        if ref_on:
+            cells += [fmt(r["reference_accuracy"]), fmt(r["reference_label_accuracy"])]
+        cells += [_pct(r["paper_accuracy"]), _pct(r["paper_label_accuracy"]),
+                  _pct(r["paper_nonprivate_accuracy"]), r["paper_setting"]]
+        lines.append("| " + " | ".join(cells) + " |" + (f" errors: {r['errors']}" if r["errors"] else ""))
+    lines += ["", "Student accuracy: the student on the evaluation split; label accuracy: the "
+              "released labels propagated to the public set (Acc_pl). eps spent and delta are "
+              "what the run's accountant reports (record level, replace-one)."]
+    if ref_on:
+        lines += ["", f"**{NOT_PRIVATE_NOTE}.**"]
+    lines += ["", "paper: paper 000 Table 1 \"Ours\" rows at the same dataset and eps "
+              "(rknn_ray/paper_numbers.py); its representation and student differ from ours "
+              "(see the setting column and jobs/configs/<dataset>_*.yaml).", "",
+              "## Per seed", "", "| cell | seed | student acc | label acc | eps spent | delta | "
+              "s, k used | wall s | error |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in cell_rows:
+        lines.append(f"| {r['encoder']} s={r['s']} k={r['k']} {r['model']} eps={fmt(r['target_eps'])}"
+                     f" | {r['seed']} | {fmt(r['accuracy'])} | {fmt(r['label_accuracy'])} | "
+                     f"{fmt(r['eps'])} | {fmt(r['delta'])} | {r['s_used']}, {r['k_used']} | "
+                     f"{r['wall_s']:.0f} | {r['error']} |")
+    if refs:
+        lines += ["", "## NOT PRIVATE reference (exact counts, same pipeline; reference/)", "",
+                  "| encoder | s | k | seed | student acc | label acc | wall s | error |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in refs:
+            lines.append(f"| {r['encoder']} | {r['s']} | {r['k']} | {r['seed']} | "
+                         f"{fmt(r['accuracy'])} | {fmt(r['label_accuracy'])} | "
+                         f"{r['wall_s']:.0f} | {r['error']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: list[dict], path: str, dataset: str) -> None:
+    """Student accuracy vs eps per (encoder, s, k, model); reference dashed; paper as stars."""
+    from rknn_ray.paper_numbers import paper_rows
+    from rknn_ray.plots import plt, save_png
+    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    lines: dict = {}
+    for r in summary:
+        lines.setdefault((r["encoder"], r["s"], r["k"], r["model"]), []).append(r)
+    eps_all = [r["target_eps"] for r in summary]
+    for i, (key, rs) in enumerate(lines.items()):
+        color = f"C{i % 10}"
+        rs = sorted(rs, key=lambda r: r["target_eps"])
+        pts = [(r["target_eps"], r["accuracy"]) for r in rs if not math.isnan(r["accuracy"])]
+        enc, s, k, model = key
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color,
+                    label=f"{enc} s={s} k={k} {model}")
+        ref = [(r["target_eps"], r["reference_accuracy"]) for r in rs
+               if not math.isnan(r["reference_accuracy"])]
+        if ref:
+            xs = [p[0] for p in ref]
+            ys = [p[1] for p in ref]
+            if len(ref) == 1:       # a level, drawn across the eps range
+                xs, ys = [min(eps_all), max(eps_all)], ys * 2
+            ax.plot(xs, ys, ls="--", color=color, alpha=0.8,
+                    label=f"NOT PRIVATE reference ({enc} s={s} k={k})")
+    for j, p in enumerate(paper_rows(dataset)):
+        ax.plot([p.eps], [p.test_accuracy], marker="*", ms=13, ls="none", color="k",
+                alpha=0.75, label="paper 000 Table 1 (Ours)" if j == 0 else None)
+        ax.annotate(f"{p.setting} s={p.queries}", (p.eps, p.test_accuracy), fontsize=7,
+                    xytext=(4, -10), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("eps (target)")
+    ax.set_ylabel("student test accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"{dataset}: accuracy vs eps (median over seeds)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: dict,
+                  meta: dict) -> dict:
+    from rknn_ray.paper_numbers import paper_rows
+    from rknn_ray.runio import write_json, write_text
+    cell_rows = [rows[c.name] for c in cells if c.name in rows]
+    ref_rows = list(refs.values())
+    summary = summarize(cells, rows, refs, ref_of, meta["dataset"])
+    doc = {"meta": meta, "summary": summary, "cells": cell_rows, "reference": ref_rows,
+           "paper": [p.to_dict() for p in paper_rows(meta["dataset"])],
+           "reference_note": NOT_PRIVATE_NOTE if meta.get("reference", True) else None}
+    write_json(os.path.join(out, "grid.json"), doc)
+    write_text(os.path.join(out, "grid.csv"), to_csv(summary))
+    write_text(os.path.join(out, "grid.md"), to_markdown(summary, cell_rows, ref_rows, meta))
+    write_json(os.path.join(out, "meta.json"), meta)
+    plot(summary, os.path.join(out, "grid.png"), meta["dataset"])
+    return doc
+
+
+# ----------------------------------------------------------------------------- driver
+
+def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=None, eps=None,
+         seeds=None, delta=None, student_epochs=None, reference: bool = True, log=None,
+         insecure_seeded: bool = False) -> dict:
+    """Plan (validating every cell), run what is not done yet, write the outputs; returns
+    the grid.json document."""
+    from jobs.distill import check_rng_consent
+    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    base, planned, axes = plan(config, sets, encoders, s, k, models, eps, seeds, delta,
+                               student_epochs)
+    check_rng_consent(base, insecure_seeded)       # run.rng=seeded: only when asked, marked
+    if not os.environ.get("RAY_ADDRESS"):
+        from rknn_ray.config import validate_resources
+        for _, cfg in planned:
+            validate_resources(cfg, float(os.cpu_count() or 1))
+    os.makedirs(out, exist_ok=True)
+    out = os.path.abspath(out)
+    cells = [c for c, _ in planned]
+    meta = {"config": config, "dataset": base.data.dataset, "sets": list(sets),
+            "axes": axes, "student_epochs": student_epochs, "reference": reference,
+            "cells": len(cells), "cpus": os.cpu_count(), "wall_s": 0.0, "complete": False,
+            "private": base.run.rng == "secure",
+            "ledger": os.path.join(out, "ledger.sqlite")}
+    log(f"grid: {len(cells)} private cells ({' x '.join(f'{len(v)} {a}' for a, v in axes.items())})"
+        f" of {config} into {out}" + (" + the NOT PRIVATE reference per (encoder, s, k, seed)"
+                                      if reference else ""))
+    rows, refs, ref_of = {}, {}, {}
+    t_all = time.perf_counter()
+    with isolated_ledger(out) as ledger_path:
+        from jobs.ray_env import ensure_ray
+        started = ensure_ray()
+        try:
+            for i, (cell, cfg) in enumerate(planned, 1):
+                row, skipped = run_cell(cell, cfg, out, ledger_path)
+                rows[cell.name] = row
+                log(f"[{i}/{len(cells)}] {cell.name}: " + (
+                    "done before, skipped" if skipped else
+                    f"ERROR {row['error']}" if row["error"] else
+                    f"student {row['accuracy']:.4f}, labels {row['label_accuracy']:.4f}, "
+                    f"eps {fmt(row['eps'])}, delta {fmt(row['delta'])}, s={row['s_used']}, "
+                    f"k={row['k_used']} ({row['wall_s']:.0f} s)"))
+                meta["wall_s"] = time.perf_counter() - t_all
+                write_outputs(out, cells, rows, refs, ref_of, meta)
+            if reference:
+                todo: dict = {}
+                for cell, cfg in planned:
+                    ref_cfg = reference_config(cfg, rows[cell.name])
+                    if ref_cfg is None:
+                        continue
+                    name, digest = reference_key(cell, ref_cfg)
+                    ref_of[cell.name] = name
+                    todo.setdefault(name, (digest, ref_cfg))
+                for j, (name, (digest, ref_cfg)) in enumerate(todo.items(), 1):
+                    row, skipped = run_reference(name, digest, ref_cfg, out)
+                    refs[name] = row
+                    log(f"[reference {j}/{len(todo)}, NOT PRIVATE] {name}: " + (
+                        "done before, skipped" if skipped else
+                        f"ERROR {row['error']}" if row["error"] else
+                        f"student {row['accuracy']:.4f}, labels {row['label_accuracy']:.4f} "
+                        f"({row['wall_s']:.0f} s)"))
+                    meta["wall_s"] = time.perf_counter() - t_all
+                    write_outputs(out, cells, rows, refs, ref_of, meta)
+        finally:
+            if started:
+                import ray
+                ray.shutdown()
+    meta["complete"] = True
+    meta["wall_s"] = time.perf_counter() - t_all
+    return write_outputs(out, cells, rows, refs, ref_of, meta)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="rknn-ray grid", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "configs",
+                                                     "digits_central.yaml"))
+    ap.add_argument("--out", required=True, help="grid folder (resumable)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value in every cell (repeatable)")
+    ap.add_argument("--encoder", nargs="+", default=None, help="NAME[:DIM] ... (pca hog:64)")
+    ap.add_argument("--s", nargs="+", default=None, help="queries s ... (numbers or auto)")
+    ap.add_argument("--k", nargs="+", default=None, help="neighbours k ... (numbers or auto)")
+    ap.add_argument("--model", nargs="+", default=None,
+                    help="MODEL[/MECHANISM] ... (central, local/rr, shuffle/collision, ...)")
+    ap.add_argument("--eps", nargs="+", default=None, help="target eps ... (> 0)")
+    ap.add_argument("--seeds", nargs="+", default=None, help="run.seed values (median over them)")
+    ap.add_argument("--delta", type=float, default=None,
+                    help="delta of shuffle cells (default: the config's, else 1e-5)")
+    ap.add_argument("--student-epochs", type=int, default=None)
+    ap.add_argument("--no-reference", action="store_true",
+                    help="skip the NOT PRIVATE reference (a table safe to share)")
+    ap.add_argument("--json", action="store_true", help="print grid.json instead of grid.md")
+    ap.add_argument("--insecure-seeded", action="store_true",
+                    help="allow run.rng=seeded (a reproducible simulation, NOT private)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        doc = grid(args.config, args.out, args.sets, args.encoder, args.s, args.k, args.model,
+                   args.eps, args.seeds, args.delta, args.student_epochs,
+                   reference=not args.no_reference, insecure_seeded=args.insecure_seeded)
+    except RknnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        with open(os.path.join(args.out, "grid.md")) as fh:
+            print(fh.read())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The NON-PRIVATE reference of the pipeline: the same run with exact (noise-free) counts.
+
+Same data, split, encoder, queries, reverse k-NN, label smoothing and student as a
+private run of ``cfg``; only the released counts are replaced by the exact private
+counts. It is what the privacy costs are measured against (the "Non-priv Acc." column
+of paper 000, Table 1). No privacy guarantee covers anything computed here: the
+results are marked ``"private": false`` and the folder gets a README saying so.
+Nothing is released and no ledger is touched (no mechanism runs).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+NOT_PRIVATE = ("NOT PRIVATE: computed from the private records without noise (the "
+               "non-private reference of the same pipeline); no privacy guarantee covers it")
+
+README = """NOT PRIVATE. Everything in this folder was computed from the private data WITHOUT
+noise: the labels and the student that the same pipeline gives with the exact private
+counts (rknn_ray/reference.py). It is a yardstick for the private runs, not a release.
+Do not share this folder with anyone who may not see the private data.
+"""
+
+
+def nonprivate_reference(cfg, out_dir: str | None = None, progress=None) -> dict:
+    """Run the pipeline of ``cfg`` on exact counts; returns its accuracies (NOT private).
+
+    ``queries.s`` / ``rknn.k`` must be numbers here (resolve ``auto`` first, e.g. from a
+    private run's report, so both use the same s and k). With ``out_dir`` the student
+    checkpoint and a README land there. Needs Ray for the student (Ray Train).
+    """
+    from rknn_ray.errors import ConfigError
+    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, fit_student,
+                                   prepare_data, student_inputs)
+    if "auto" in (cfg.queries.s, cfg.rknn.k):
+        raise ConfigError("queries.s", "the non-private reference needs fixed s and k, got "
+                          f"s = {cfg.queries.s}, k = {cfg.rknn.k}",
+                          "take s and k from a private run's report.json (config section)")
+    if out_dir:
+        from rknn_ray.runio import write_text
+        os.makedirs(out_dir, exist_ok=True)
+        write_text(os.path.join(out_dir, "README.txt"), README)
+    t0 = time.perf_counter()
+    data = prepare_data(cfg)
+    encoder, public_emb, qs = fit_queries(cfg, data)
+    exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts().astype(float)
+    lab, info = finish_labels(cfg, data, exact, qs, public_emb, rounds=[], noise_std=0.0)
+    inputs = student_inputs(cfg, data, encoder, lab, qs, public_emb, info, out_dir)
+    student = fit_student(cfg, data, encoder, lab, info, inputs, out_dir, progress)
+    return {"private": False, "warning": NOT_PRIVATE,
+            "label_accuracy": float(lab.label_accuracy),
+            "query_accuracy": float(lab.query_accuracy),
+            "student_accuracy": float(student.test_accuracy),
+            "queries": int(qs.size), "k": int(cfg.rknn.k),
+            "smoothing": info["denoise"]["neighbours"],
+            "records": int(len(data.splits.private_y)),
+            "votes_per_query": float(np.asarray(exact).sum() / max(1, qs.size)),
+            "wall_s": time.perf_counter() - t0}
