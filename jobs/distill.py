@@ -202,14 +202,13 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
             described, budget, job_id, out_dir, progress, auto_choice=None) -> dict:
     """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
     from rknn_ray.mechanisms.central import central_error_bound
-    from rknn_ray.pipeline import derive_labels, exact_answers
+    from rknn_ray.pipeline import exact_answers, finish_labels, fit_student, student_inputs
     from rknn_ray.plots import run_summary_png
     from rknn_ray.queries import union_of_rounds
 
     sp = data.splits
     all_qs = union_of_rounds(public_emb, query_sets)
     counts = np.concatenate([r.counts for r in rounds])
-    from rknn_ray.pipeline import finish_labels
     with progress.stage("labels", "labels from the released counts"):
         lab, utility = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, progress)
     utility["auto"] = auto_choice
@@ -223,7 +222,6 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         progress.say(f"[diagnostics, NOT private] non-private label accuracy "
                      f"{ref.label_accuracy:.4f}")
     st = cfg.student
-    from rknn_ray.pipeline import fit_student, student_inputs
     inputs = student_inputs(cfg, data, encoder, lab, all_qs, public_emb, utility, out_dir)
     train_x = inputs.train_x
     with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
