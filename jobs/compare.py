@@ -14,6 +14,12 @@ recorded in an isolated SQLite ledger, ``--out``/ledger.sqlite (every release of
 every method as an event), so the comparison neither spends nor is blocked by the
 user's budgets.
 
+Every rknn row is a full jobs.distill run (actors, sealed reports, ledger events) with
+``RKNN_OVERRIDES``: its student is trained in the driver by the same loop the baselines'
+students use (``student.trainer=local``; no Ray Train start-up per row), and its diagnostics
+give ``nonprivate_label_accuracy``, the same labels from exact counts. Ray is started once
+for all rows; meta.json samples the load average after every row.
+
 Columns: ``eps``/``delta`` are what each method's accountant reports for the run
 (``target_eps`` is what was asked); ``unit`` is what the guarantee protects:
 ``record`` (one private record, add/remove or replace-one: see ``neighbour``) or
@@ -41,7 +47,18 @@ METHODS = RKNN_METHODS + BASELINE_METHODS
 CONFIG_PREFIX = {"digits": "digits", "fashion_mnist": "fmnist"}
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 COLUMNS = ("method", "dataset", "eps", "delta", "unit", "accuracy", "label_accuracy", "rounds",
-           "bytes_per_client", "wall_s", "target_eps", "neighbour", "model", "error")
+           "bytes_per_client", "wall_s", "target_eps", "neighbour", "model", "error",
+           "nonprivate_label_accuracy")
+# Every rknn row runs jobs.distill with these on top of its config: the student is trained by
+# the same loop in the driver process that every baseline's student uses (student.trainer=local:
+# no Ray Train start-up per row), and the run's diagnostics give the labels the same queries get
+# from EXACT counts (nonprivate_label_accuracy: that row's labels without the noise, so the gap
+# to label_accuracy is what the noise costs; a simulation figure, not private, kept in
+# runs/*/diagnostics).
+RKNN_OVERRIDES = ("student.trainer=local", "run.diagnostics=true")
+# per dataset: digits' ~1,000 reports are opened by the Server itself (no opener processes to
+# spawn per row); Fashion-MNIST's 60,000 keep the default pool
+DATASET_OVERRIDES = {"digits": ("cluster.openers=0",), "fashion_mnist": ()}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,7 +97,8 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
     # large budgets on the compare's own ledger: the eps grid must not be refused (the local and
     # shuffle configs share one dataset identity, so both need room for the shuffle's delta)
     over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", "privacy.budget_eps=1000000",
-                                                "privacy.budget_delta=0.5", "student.num_workers=1"]
+                                                "privacy.budget_delta=0.5", "student.num_workers=1",
+                                                *RKNN_OVERRIDES, *DATASET_OVERRIDES[dataset]]
     if model == "shuffle":
         over += [f"privacy.delta={delta}"]
     cfg = load_config(config_path(dataset, model), over)
@@ -95,7 +113,8 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
             "label_accuracy": report["accuracy"]["labels"], "rounds": c["rounds"],
             "bytes_per_client": float(c["messages"]) * msg_bytes / max(1, c["clients"]),
             "wall_s": wall, "target_eps": eps, "neighbour": p["neighbour"],
-            "model": p["model"], "error": ""}
+            "model": p["model"], "error": "",
+            "nonprivate_label_accuracy": (report.get("diagnostics") or {}).get("nonprivate_labels")}
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -148,17 +167,28 @@ def _fmt(v, nd=4):
     return "" if v is None else str(v)
 
 
+def _load_note(loads) -> str:
+    if not loads:
+        return ""
+    return (f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f}, median "
+            f"{sorted(loads)[len(loads) // 2]:.1f}, sampled after each row")
+
+
 def to_markdown(rows: list[dict], meta: dict) -> str:
     cols = ("method", "target_eps", "eps", "delta", "unit", "accuracy", "label_accuracy",
-            "rounds", "bytes_per_client", "wall_s")
+            "nonprivate_label_accuracy", "rounds", "bytes_per_client", "wall_s")
     lines = [f"# Comparison on {meta['dataset']} (delta = {meta['delta']:g} where needed)", "",
-             f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared).", "",
+             f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared"
+             + _load_note(meta.get("load_average_1min")) + ").", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |"
                      + (f" error: {r['error']}" if r.get("error") else ""))
     lines += ["", "unit `label` (DP-DFD) protects one query's label, not a record: not comparable "
-              "with the record-level rows. FedMD-NFDP's delta is ~k/n, far above 1/n.", ""]
+              "with the record-level rows. FedMD-NFDP's delta is ~k/n, far above 1/n. "
+              "nonprivate_label_accuracy (rknn rows): the labels the same queries and label "
+              "pipeline give from exact, noise-free counts (a simulation diagnostic, not private); "
+              "label_accuracy minus it is what the noise costs.", ""]
     return "\n".join(lines)
 
 
@@ -232,7 +262,8 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     setup = None
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
             "seed": seed, "student_epochs": student_epochs, "wall_s": 0.0,
-            "cpus": os.cpu_count(), "ledger": ledger_path, "complete": False}
+            "cpus": os.cpu_count(), "ledger": ledger_path, "complete": False,
+            "load_average_1min": []}        # sampled after every row: how shared the machine was
     try:
         for eps in eps_list:
             for method in methods:
@@ -251,13 +282,15 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                         res = run_baseline(method, setup, eps, delta)
                         record_in_store(store, setup, res, f"compare-{uuid.uuid4().hex[:12]}")
                         ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
-                        row = {**res.row(), "model": res.ledger["entries"][0]["model"], "error": ""}
+                        row = {**res.row(), "model": res.ledger["entries"][0]["model"], "error": "",
+                               "nonprivate_label_accuracy": None}
                 except Exception as exc:        # one failed cell must not lose the table
                     row = {"method": method, "dataset": dataset, "eps": float("nan"),
                            "delta": float("nan"), "unit": "", "accuracy": float("nan"),
                            "label_accuracy": float("nan"), "rounds": 0,
                            "bytes_per_client": float("nan"), "wall_s": time.perf_counter() - t0,
                            "target_eps": eps, "neighbour": "", "model": "",
+                           "nonprivate_label_accuracy": None,
                            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                            if str(exc) else type(exc).__name__}
                 rows.append(row)
@@ -266,6 +299,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                     f"delta={_fmt(row['delta'])} unit={row['unit']} {row['wall_s']:.1f}s"
                     + (f" ERROR {row['error']}" if row["error"] else ""))
                 meta["wall_s"] = time.perf_counter() - t_all
+                meta["load_average_1min"].append(round(os.getloadavg()[0], 2))
                 write_outputs(out, rows, meta, ledgers)
     finally:
         if saved_env is None:

@@ -205,7 +205,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     from rknn_ray.pipeline import derive_labels, exact_answers
     from rknn_ray.plots import run_summary_png
     from rknn_ray.queries import union_of_rounds
-    from rknn_ray.student import StudentConfig, train_student
+    from rknn_ray.student import StudentConfig, train_student, train_student_local
 
     sp = data.splits
     all_qs = union_of_rounds(public_emb, query_sets)
@@ -240,15 +240,17 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         weight = lab.query_weight if scfg.label_type == "soft" else None
     else:
         train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
-    with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
+    how = f"Ray Train, {st.num_workers} workers" if st.trainer == "ray" else "in this process"
+    with progress.stage("student", f"student: {how}, "
                         f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         if st.method == "semi":              # rknn_ray/student/semi.py (issue 11)
             student = train_semi(cfg, data, encoder, lab, utility, out_dir, progress)
-        else:
-            student = train_student(train_x, targets, eval_x, sp.eval_y, image_shape,
-                                    data.num_classes, scfg, storage_path=out_dir,
-                                    checkpoint_dir=out_dir, sample_weight=weight, progress=on_epoch)
+        else:            # student.trainer: ray (Ray Train) | local (the same loop in this process)
+            fit = train_student if st.trainer == "ray" else train_student_local
+            student = fit(train_x, targets, eval_x, sp.eval_y, image_shape,
+                          data.num_classes, scfg, storage_path=out_dir,
+                          checkpoint_dir=out_dir, sample_weight=weight, progress=on_epoch)
     progress.say(f"student test accuracy {student.test_accuracy:.4f}")
     if hasattr(encoder, "save"):              # a learned encoder travels with the run
         utility["encoder"] = {**encoder.describe(), "file": os.path.basename(encoder.save(out_dir))}
@@ -284,6 +286,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                    "max_records_per_client": data.max_records_per_client},
         "split": sp.describe(),
         "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,
+                    "trainer": st.trainer,
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,
