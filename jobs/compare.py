@@ -56,9 +56,12 @@ COLUMNS = ("method", "dataset", "eps", "delta", "unit", "accuracy", "label_accur
 # to label_accuracy is what the noise costs; a simulation figure, not private, kept in
 # runs/*/diagnostics).
 RKNN_OVERRIDES = ("student.trainer=local", "run.diagnostics=true")
-# per dataset: digits' ~1,000 reports are opened by the Server itself (no opener processes to
-# spawn per row); Fashion-MNIST's 60,000 keep the default pool
-DATASET_OVERRIDES = {"digits": ("cluster.openers=0",), "fashion_mnist": ()}
+# per dataset: digits' ~1,000 clients fit one client shard, and their reports are opened by the
+# Server itself (no opener processes to spawn per row); Fashion-MNIST's 60,000 keep the configs'
+# 2 shards and the default opener pool
+DATASET_OVERRIDES = {"digits": ("cluster.shards=1", "cluster.openers=0"), "fashion_mnist": ()}
+# FedMD-NFDP's 10 parties are one batched torch model; one NfdpShard actor hosts them on digits
+NFDP_SHARDS = {"digits": 1, "fashion_mnist": 2}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,6 +75,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--student-epochs", type=int, default=None,
                     help="override every student's epochs (default: the dataset config's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline-s", type=int, default=None,
+                    help="queries the labeling baselines label (default: the central config's s, "
+                         "resolved as jobs.distill resolves it; Fashion-MNIST's auto s at eps 1 "
+                         "is every public sample)")
     return ap.parse_args(argv)
 
 
@@ -122,10 +129,11 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
 def run_baseline(method: str, setup, eps: float, delta: float):
     """One baseline at one eps; returns its BaselineResult."""
     from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
+    shards = NFDP_SHARDS.get(setup.data.dataset, 2)
     if method == "fedmd_nfdp":
-        return nfdp.run_nfdp(setup, eps, replacement=True, use_ray=True)
+        return nfdp.run_nfdp(setup, eps, replacement=True, use_ray=True, shards=shards)
     if method == "fedmd_nfdp_wor":
-        return nfdp.run_nfdp(setup, eps, replacement=False, use_ray=True)
+        return nfdp.run_nfdp(setup, eps, replacement=False, use_ray=True, shards=shards)
     if method == "dpdfd_selective_rr":
         return dpdfd.run_dpdfd(setup, eps)
     if method == "pate_lnmax":
@@ -240,7 +248,8 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None
 # ----------------------------------------------------------------------------- driver
 
 def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
-            student_epochs: int | None = None, log=None) -> list[dict]:
+            student_epochs: int | None = None, log=None,
+            baseline_s: int | None = None) -> list[dict]:
     """Run everything; returns the rows (also written to ``out``)."""
     import uuid
 
@@ -261,7 +270,8 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     rows, ledgers = [], {}
     setup = None
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
-            "seed": seed, "student_epochs": student_epochs, "wall_s": 0.0,
+            "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
+            "wall_s": 0.0,
             "cpus": os.cpu_count(), "ledger": ledger_path, "complete": False,
             "load_average_1min": []}        # sampled after every row: how shared the machine was
     try:
@@ -278,7 +288,10 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                         if setup is None:
                             from rknn_ray.baselines.common import prepare
                             setup = prepare(load_config(config_path(dataset, "central"),
-                                                        _overrides(seed, student_epochs)))
+                                                        _overrides(seed, student_epochs)
+                                                        + ([f"queries.s={baseline_s}"]
+                                                           if baseline_s else [])))
+                            meta["baseline_queries"] = int(setup.queries.size)
                         res = run_baseline(method, setup, eps, delta)
                         record_in_store(store, setup, res, f"compare-{uuid.uuid4().hex[:12]}")
                         ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
@@ -318,7 +331,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
-                   args.student_epochs)
+                   args.student_epochs, baseline_s=args.baseline_s)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
