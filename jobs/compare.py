@@ -14,6 +14,12 @@ recorded in an isolated SQLite ledger, ``--out``/ledger.sqlite (every release of
 every method as an event), so the comparison neither spends nor is blocked by the
 user's budgets.
 
+Every rknn row is a full jobs.distill run (actors, sealed reports, ledger events) with
+``RKNN_OVERRIDES``: its student is trained in the driver by the same loop the baselines'
+students use (``student.trainer=local``; no Ray Train start-up per row), and its diagnostics
+give ``nonprivate_label_accuracy``, the same labels from exact counts. Ray is started once
+for all rows; meta.json samples the load average after every row.
+
 Columns: ``eps``/``delta`` are what each method's accountant reports for the run
 (``target_eps`` is what was asked); ``unit`` is what the guarantee protects:
 ``record`` (one private record, add/remove or replace-one: see ``neighbour``) or
@@ -43,7 +49,21 @@ METHODS = RKNN_METHODS + BASELINE_METHODS
 CONFIG_PREFIX = {"digits": "digits", "fashion_mnist": "fmnist"}
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 COLUMNS = ("method", "dataset", "eps", "delta", "unit", "accuracy", "label_accuracy", "rounds",
-           "bytes_per_client", "wall_s", "target_eps", "neighbour", "model", "error")
+           "bytes_per_client", "wall_s", "target_eps", "neighbour", "model", "error",
+           "nonprivate_label_accuracy")
+# Every rknn row runs jobs.distill with these on top of its config: the student is trained by
+# the same loop in the driver process that every baseline's student uses (student.trainer=local:
+# no Ray Train start-up per row), and the run's diagnostics give the labels the same queries get
+# from EXACT counts (nonprivate_label_accuracy: that row's labels without the noise, so the gap
+# to label_accuracy is what the noise costs; a simulation figure, not private, kept in
+# runs/*/diagnostics).
+RKNN_OVERRIDES = ("student.trainer=local", "run.diagnostics=true")
+# per dataset: digits' ~1,000 clients fit one client shard, and their reports are opened by the
+# Server itself (no opener processes to spawn per row); Fashion-MNIST's 60,000 keep the configs'
+# 2 shards and the default opener pool
+DATASET_OVERRIDES = {"digits": ("cluster.shards=1", "cluster.openers=0"), "fashion_mnist": ()}
+# FedMD-NFDP's 10 parties are one batched torch model; one NfdpShard actor hosts them on digits
+NFDP_SHARDS = {"digits": 1, "fashion_mnist": 2}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -57,6 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--student-epochs", type=int, default=None,
                     help="override every student's epochs (default: the dataset config's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline-s", type=int, default=None,
+                    help="queries the labeling baselines label (default: the central config's s, "
+                         "resolved as jobs.distill resolves it; Fashion-MNIST's auto s at eps 1 "
+                         "is every public sample)")
     return ap.parse_args(argv)
 
 
@@ -79,7 +103,8 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
     from jobs.cells import ISOLATED_BUDGET, run_distill
     from rknn_ray.config import load_config
     over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", *ISOLATED_BUDGET,
-                                                "student.num_workers=1"]
+                                                "student.num_workers=1", *RKNN_OVERRIDES,
+                                                *DATASET_OVERRIDES[dataset]]
     if model == "shuffle":
         over += [f"privacy.delta={delta}"]
     cfg = load_config(config_path(dataset, model), over)
@@ -91,7 +116,8 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
             "label_accuracy": report["accuracy"]["labels"], "rounds": c["rounds"],
             "bytes_per_client": float(c["messages"]) * msg_bytes / max(1, c["clients"]),
             "wall_s": wall, "target_eps": eps, "neighbour": p["neighbour"],
-            "model": p["model"], "error": ""}
+            "model": p["model"], "error": "",
+            "nonprivate_label_accuracy": (report.get("diagnostics") or {}).get("nonprivate_labels")}
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -99,10 +125,11 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
 def run_baseline(method: str, setup, eps: float, delta: float):
     """One baseline at one eps; returns its BaselineResult."""
     from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
+    shards = NFDP_SHARDS.get(setup.data.dataset, 2)
     if method == "fedmd_nfdp":
-        return nfdp.run_nfdp(setup, eps, replacement=True, use_ray=True)
+        return nfdp.run_nfdp(setup, eps, replacement=True, use_ray=True, shards=shards)
     if method == "fedmd_nfdp_wor":
-        return nfdp.run_nfdp(setup, eps, replacement=False, use_ray=True)
+        return nfdp.run_nfdp(setup, eps, replacement=False, use_ray=True, shards=shards)
     if method == "dpdfd_selective_rr":
         return dpdfd.run_dpdfd(setup, eps)
     if method == "pate_lnmax":
@@ -139,17 +166,28 @@ def record_in_store(store, setup, result, job_id: str) -> None:
 _fmt = fmt
 
 
+def _load_note(loads) -> str:
+    if not loads:
+        return ""
+    return (f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f}, median "
+            f"{sorted(loads)[len(loads) // 2]:.1f}, sampled after each row")
+
+
 def to_markdown(rows: list[dict], meta: dict) -> str:
     cols = ("method", "target_eps", "eps", "delta", "unit", "accuracy", "label_accuracy",
-            "rounds", "bytes_per_client", "wall_s")
+            "nonprivate_label_accuracy", "rounds", "bytes_per_client", "wall_s")
     lines = [f"# Comparison on {meta['dataset']} (delta = {meta['delta']:g} where needed)", "",
-             f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared).", "",
+             f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared"
+             + _load_note(meta.get("load_average_1min")) + ").", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |"
                      + (f" error: {r['error']}" if r.get("error") else ""))
     lines += ["", "unit `label` (DP-DFD) protects one query's label, not a record: not comparable "
-              "with the record-level rows. FedMD-NFDP's delta is ~k/n, far above 1/n.", ""]
+              "with the record-level rows. FedMD-NFDP's delta is ~k/n, far above 1/n. "
+              "nonprivate_label_accuracy (rknn rows): the labels the same queries and label "
+              "pipeline give from exact, noise-free counts (a simulation diagnostic, not private); "
+              "label_accuracy minus it is what the noise costs.", ""]
     return "\n".join(lines)
 
 
@@ -201,16 +239,18 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None
 # ----------------------------------------------------------------------------- driver
 
 def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
-            student_epochs: int | None = None, log=None) -> list[dict]:
+            student_epochs: int | None = None, log=None,
+            baseline_s: int | None = None) -> list[dict]:
     """Run everything; returns the rows (also written to ``out``)."""
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     os.makedirs(out, exist_ok=True)
     with isolated_ledger(out) as ledger_path:       # isolated: nothing here touches the user's
         return _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log,
-                        ledger_path)
+                        ledger_path, baseline_s)
 
 
-def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, ledger_path):
+def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, ledger_path,
+             baseline_s=None):
     import uuid
 
     import torch
@@ -225,8 +265,10 @@ def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, 
     rows, ledgers = [], {}
     setup = None
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
-            "seed": seed, "student_epochs": student_epochs, "wall_s": 0.0,
-            "cpus": os.cpu_count(), "ledger": ledger_path, "complete": False}
+            "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
+            "wall_s": 0.0,
+            "cpus": os.cpu_count(), "ledger": ledger_path, "complete": False,
+            "load_average_1min": []}        # sampled after every row: how shared the machine was
     try:
         for eps in eps_list:
             for method in methods:
@@ -241,17 +283,22 @@ def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, 
                         if setup is None:
                             from rknn_ray.baselines.common import prepare
                             setup = prepare(load_config(config_path(dataset, "central"),
-                                                        _overrides(seed, student_epochs)))
+                                                        _overrides(seed, student_epochs)
+                                                        + ([f"queries.s={baseline_s}"]
+                                                           if baseline_s else [])))
+                            meta["baseline_queries"] = int(setup.queries.size)
                         res = run_baseline(method, setup, eps, delta)
                         record_in_store(store, setup, res, f"compare-{uuid.uuid4().hex[:12]}")
                         ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
-                        row = {**res.row(), "model": res.ledger["entries"][0]["model"], "error": ""}
+                        row = {**res.row(), "model": res.ledger["entries"][0]["model"], "error": "",
+                               "nonprivate_label_accuracy": None}
                 except Exception as exc:        # one failed cell must not lose the table
                     row = {"method": method, "dataset": dataset, "eps": float("nan"),
                            "delta": float("nan"), "unit": "", "accuracy": float("nan"),
                            "label_accuracy": float("nan"), "rounds": 0,
                            "bytes_per_client": float("nan"), "wall_s": time.perf_counter() - t0,
                            "target_eps": eps, "neighbour": "", "model": "",
+                           "nonprivate_label_accuracy": None,
                            "error": error_text(exc)}
                 rows.append(row)
                 log(f"{method:20s} eps={eps:<5g} acc={_fmt(row['accuracy'])} "
@@ -259,6 +306,7 @@ def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, 
                     f"delta={_fmt(row['delta'])} unit={row['unit']} {row['wall_s']:.1f}s"
                     + (f" ERROR {row['error']}" if row["error"] else ""))
                 meta["wall_s"] = time.perf_counter() - t_all
+                meta["load_average_1min"].append(round(os.getloadavg()[0], 2))
                 write_outputs(out, rows, meta, ledgers)
     finally:
         if started:
@@ -273,7 +321,7 @@ def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, 
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
-                   args.student_epochs)
+                   args.student_epochs, baseline_s=args.baseline_s)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:

@@ -224,7 +224,8 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     st = cfg.student
     inputs = student_inputs(cfg, data, encoder, lab, all_qs, public_emb, utility, out_dir)
     train_x = inputs.train_x
-    with progress.stage("student", f"student: Ray Train, {st.num_workers} workers, "
+    how = f"Ray Train, {st.num_workers} workers" if st.trainer == "ray" else "in this process"
+    with progress.stage("student", f"student: {how}, "
                         f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         student = fit_student(cfg, data, encoder, lab, utility, inputs, out_dir, progress, on_epoch)
@@ -263,6 +264,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                    "max_records_per_client": data.max_records_per_client},
         "split": sp.describe(),
         "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,
+                    "trainer": st.trainer,
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,

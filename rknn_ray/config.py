@@ -140,6 +140,8 @@ class StudentSection:
     threshold: float = 0.9            # semi: model confidence for a consistency target
     init: str = "encoder"             # semi: encoder (the simclr backbone, if any) | scratch
     input: str = "images"             # images | features: an MLP on the (public) encoder's features
+    trainer: str = "ray"              # ray (Ray Train, num_workers workers) | local (this process,
+                                      # the same training loop; no Train start-up cost)
 
 
 @dataclass(frozen=True)
@@ -412,7 +414,8 @@ def allowed_values() -> dict[str, tuple]:
             "rounds.query_selection": tuple(NEXT_ROUND_SELECTORS),
             "represent.backbone": ("auto", "cnn", "resnet"), "represent.trainer": ("ray", "local"),
             "student.method": ("supervised", "semi"), "student.target": ("hard", "soft", "weighted"),
-            "student.init": ("encoder", "scratch"), "student.input": ("images", "features")}
+            "student.init": ("encoder", "scratch"), "student.input": ("images", "features"),
+            "student.trainer": ("ray", "local")}
 
 
 def synthetic_keys() -> dict[str, type]:

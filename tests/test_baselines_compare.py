@@ -55,3 +55,25 @@ def test_cli_dispatches_compare(monkeypatch):
 @pytest.mark.parametrize("ds,model", [("digits", "central"), ("fashion_mnist", "shuffle")])
 def test_rknn_configs_exist(ds, model):
     assert os.path.isfile(compare.config_path(ds, model))
+
+
+def test_rknn_row_is_a_full_distill_run_with_its_ledger_event(tmp_path, ray_session):
+    """An rknn cell: a real jobs.distill run (actors, sealed reports) whose student is trained
+    in the driver (student.trainer=local), with the noise-free reference labels beside it and
+    its release recorded as an event in the compare's ledger."""
+    ledger = tmp_path / "ledger.sqlite"
+    row = compare.run_rknn("digits", "local", 4.0, 1e-5, str(tmp_path / "run"), str(ledger),
+                           student_epochs=1)
+    assert set(compare.COLUMNS) <= set(row) and row["method"] == "rknn_local"
+    assert row["eps"] == 4.0 and row["unit"] == "record" and row["model"] == "local"
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["student"]["trainer"] == "local" and report["student"]["epochs"] == 1
+    assert os.path.isfile(report["student"]["checkpoint"])
+    # s = 10 queries: the noise-free labels are the row's reference (digits: 0.80)
+    assert 0.7 < row["nonprivate_label_accuracy"] <= 1.0
+    assert row["nonprivate_label_accuracy"] == report["diagnostics"]["nonprivate_labels"]
+    assert (tmp_path / "run" / "diagnostics" / "README.txt").is_file()
+    with sqlite3.connect(ledger) as con:
+        events = [json.loads(e) for (e,) in con.execute(
+            "SELECT event FROM releases WHERE status = 'released'")]
+    assert [e["type"] for e in events] == ["LocalRandomizerDpEvent"]

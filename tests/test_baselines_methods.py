@@ -111,3 +111,17 @@ def test_baseline_events_cost_in_project_accountants():
     assert get_accountant("basic").compose(evs) == pytest.approx((1.5, 2e-5))
     eps, _ = get_accountant("pld").compose(evs, 1e-4)
     assert eps <= 1.5 + 1e-9
+
+
+def test_baselines_train_the_configs_feature_student_and_resolve_auto_s():
+    """student.input: features (Fashion-MNIST's central config) is the student every baseline
+    trains too, and queries.s: auto is resolved the way jobs.distill resolves it."""
+    from rknn_ray.baselines.common import student_from_query_counts
+    cfg = load_config("jobs/configs/digits_central.yaml",
+                      ["run.progress=false", "student.epochs=2", "student.input=features",
+                       "queries.s=auto", "rknn.k=auto"])
+    st = prepare(cfg)
+    assert isinstance(st.cfg.queries.s, int) and st.queries.size == st.cfg.queries.s
+    truth = np.eye(st.num_classes)[st.query_truth] * 10.0       # exact-looking query counts
+    acc, lab_acc, _ = student_from_query_counts(st, truth)
+    assert lab_acc > 0.8 and acc > 0.5       # an MLP on the public PCA features learns them

@@ -342,3 +342,10 @@ def test_run_dir_never_clobbers_a_run(tmp_path):
     with pytest.raises(ConfigError, match="not empty"):
         prepare_run_dir(str(tmp_path / "other"))
     assert not [f for f in os.listdir(out) if f.startswith(".tmp-")]
+
+
+def test_student_trainer_is_ray_or_local():
+    assert load_config(None).student.trainer == "ray"
+    assert load_config(None, ["student.trainer=local"]).student.trainer == "local"
+    with pytest.raises(ConfigError, match="student.trainer"):
+        load_config(None, ["student.trainer=spark"])

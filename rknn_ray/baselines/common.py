@@ -66,9 +66,10 @@ class BaselineSetup:
 
 def prepare(cfg) -> BaselineSetup:
     """Data, split, partition, encoder and queries exactly as ``jobs.distill`` makes them."""
-    from rknn_ray.pipeline import fit_queries, prepare_data
+    from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto
     t0 = time.perf_counter()
     data = prepare_data(cfg)
+    cfg, _ = resolve_auto(cfg, data)     # queries.s: auto -> the s jobs.distill picks at cfg's eps
     encoder, public_emb, qs = fit_queries(cfg, data)
     sp = data.splits
     return BaselineSetup(cfg, data, encoder, public_emb, qs, encoder.transform(sp.private_x),
@@ -259,14 +260,21 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
                          weight_decay=st.weight_decay, num_workers=1, use_gpu=False,
                          label_type=cfg.labels.type, seed=cfg.run.seed if seed is None else seed,
                          arch=st.arch, augment=st.augment)
+    # the student reverse k-NN trains: on images, or (student.input: features) an MLP on the
+    # public encoder's features, exactly as jobs.distill feeds it
+    if st.input == "features":
+        public_x, eval_x = setup.public_emb.astype(np.float32), setup.eval_emb.astype(np.float32)
+        shape = (int(setup.public_emb.shape[1]),)
+    else:
+        public_x, eval_x, shape = sp.public_x, sp.eval_x, setup.data.image_shape
     if cfg.labels.train_on == "queries":
         qi = setup.queries.public_index
-        train_x = sp.public_x[qi]
+        train_x = public_x[qi]
         targets = lab.query_soft if scfg.label_type == "soft" else lab.query_labels
         weight = lab.query_weight if scfg.label_type == "soft" else None
     else:
-        train_x, targets, weight = sp.public_x, lab.public_targets, lab.public_weight
-    res = train_student_local(train_x, targets, sp.eval_x, sp.eval_y, setup.data.image_shape,
+        train_x, targets, weight = public_x, lab.public_targets, lab.public_weight
+    res = train_student_local(train_x, targets, eval_x, sp.eval_y, shape,
                               setup.num_classes, scfg, sample_weight=weight)
     return float(res.test_accuracy), float(lab.label_accuracy), lab
 

@@ -33,7 +33,6 @@ from fractions import Fraction
 
 import numpy as np
 
-from rknn_ray.accounting.multi_message import calibrate_multi_message
 from rknn_ray.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
@@ -103,6 +102,9 @@ class MultiMessageShuffle(Mechanism):
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
         # delta = delta_core (the protocol's accounting) + the cap's failure probability
         self.cap_failure = CAP_DELTA_SHARE * params.delta
+        # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
+        # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
+        from rknn_ray.accounting.multi_message import calibrate_multi_message
         self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure, self.n_cal,
                                            params.sensitivity_l1, params.num_cells)
         self.noise_cap = noise_message_cap(self.cal.dlap_p, self.cal.flood_mean_total, self.n_cal,
