@@ -147,7 +147,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     ledger = PrivacyLedger(budget_eps=budget_eps, budget_delta=budget_delta or None,
                            accountant=p.accountant)
     budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
-    rounds, query_sets = [], []
+    rounds, query_sets, selections = [], [], []
     released = False
     try:
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
@@ -157,10 +157,24 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
             for t, (eps_t, delta_t) in enumerate(budgets):
                 if t == 0:
                     qs = first_qs
-                else:
+                    selections.append({"round": 0, "rule": "kmeans", "queries": qs.size})
+                elif cfg.rounds.query_selection in NEXT_ROUND_SELECTORS:
                     taken = np.concatenate([q.public_index for q in query_sets])
                     qs = NEXT_ROUND_SELECTORS[cfg.rounds.query_selection](
                         public_emb, taken, cfg.queries.s, cfg.run.seed + t)
+                    selections.append({"round": t, "rule": cfg.rounds.query_selection,
+                                       "queries": qs.size})
+                else:                  # uncertain: post-processing of the rounds released so far
+                    from rknn_ray.adaptive import next_round_uncertain
+                    with progress.stage(f"select_{t}", f"round {t + 1}: interim student, queries "
+                                        f"where it is least certain ({cfg.rounds.uncertainty})"):
+                        qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,
+                                                        cfg.run.seed + t)
+                    selections.append({"round": t, "queries": qs.size, **info})
+                    progress.say(f"round {t + 1} queries: {qs.size} among the {info['pool']} least "
+                                 f"certain; uncertainty chosen {info['uncertainty_chosen']:.3f} vs "
+                                 f"all {info['uncertainty_all']:.3f}; interim student agrees with "
+                                 f"the released labels on {info['interim_agreement_released']:.3f}")
                 mechanism = build(p.model, p.mechanism, mechanism_params(cfg, data, eps=eps_t,
                                                                          delta=delta_t))
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
@@ -179,7 +193,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                 store.commit_round(identity, job_id, t, rounds[-1].guarantee.eps,
                                    rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
                                    note=_rng_marks(cfg).get("warning", "released"))
-                save_release(out_dir, job_id, identity, rounds, query_sets)
+                save_release(out_dir, job_id, identity, rounds, query_sets, selections)
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {_first_line(exc)})"
         if released:
@@ -201,6 +215,7 @@ def _first_line(exc: BaseException) -> str:
 def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
             described, budget, job_id, out_dir, progress, auto_choice=None) -> dict:
     """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
+    from jobs.release_file import load_selections
     from rknn_ray.mechanisms.central import central_error_bound
     from rknn_ray.pipeline import derive_labels, exact_answers
     from rknn_ray.plots import run_summary_png
@@ -287,6 +302,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,
+        "selection": load_selections(out_dir),      # per round: rule, pool, uncertainty
         "utility": {k: v for k, v in utility.items() if k != "confidence"},
         "rng": cfg.run.rng, "version": __version__, "job_id": job_id,
         "config": cfg.to_dict(),

@@ -48,7 +48,8 @@ def test_round_trip_keeps_free_form_sections_and_budget_split(tmp_path):
 
 def test_defaults_are_the_sections_defaults():
     assert load_config(None).to_dict() == DEFAULTS
-    assert DEFAULTS["rounds"] == {"count": 1, "budget_split": "even", "query_selection": "farthest"}
+    assert DEFAULTS["rounds"] == {"count": 1, "budget_split": "even", "query_selection": "farthest",
+                                  "uncertainty": "margin", "pool_factor": 2.0}
     assert DEFAULTS["run"]["diagnostics"] is False
 
 
@@ -181,6 +182,9 @@ BAD = [
     (["labels.train_on=private"], "labels.train_on"),
     (["labels.type=fuzzy"], "labels.type"),
     (["rounds.query_selection=random"], "rounds.query_selection"),
+    (["rounds.query_selection=uncertain", "rounds.uncertainty=variance"], "rounds.uncertainty"),
+    (["rounds.pool_factor=0.5"], "rounds.pool_factor"),
+    (["rounds.pool_factor=many"], "rounds.pool_factor"),
     (["privacy.options.colision_l=3"], "privacy.options.colision_l"),
     (["privacy.options.noise=continuous"], "privacy.options.noise"),
     (LOCAL_COLLISION + ["privacy.options.collision_l=1"], "privacy.options.collision_l"),
