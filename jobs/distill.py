@@ -6,7 +6,9 @@
 Works locally (starts a loopback Ray instance) and under ``ray job submit`` (joins
 the cluster through RAY_ADDRESS). Writes a run folder: config.yaml, report.json,
 ledger.json, labels.parquet, student.pt and summary.png. ``rounds.count`` > 1 runs
-several private rounds on the same actors (see ``run``).
+several private rounds on the same actors (see ``run``); rounds after the first pick
+their queries by ``rounds.query_selection`` (``farthest``, or ``uncertain``: where an
+interim student fitted on the labels released so far is least certain, rknn_ray/adaptive.py).
 """
 from __future__ import annotations
 
