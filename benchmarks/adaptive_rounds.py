@@ -44,6 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="extra config override for every run (repeatable)")
     ap.add_argument("--out", default="bench_out/adaptive_rounds")
     ap.add_argument("--json", action="store_true", help="print the aggregated table as JSON")
+    ap.add_argument("--labels-only", action="store_true",
+                    help="in-process simulation of the label path (exact counts + the "
+                         "mechanism's noise, seeded; no actors, no student): many seeds fast")
     return ap.parse_args(argv)
 
 
@@ -90,6 +93,71 @@ def run_cell(cell: dict, args, ledger_path: str) -> dict:
             "run": folder, "wall_s": wall}
 
 
+_PREPARED: dict = {}
+
+
+def label_only_cell(cell: dict, args) -> dict:
+    """The driver's label path in one process, for many seeds in minutes: the same data,
+    encoder, queries, selection and ``finish_labels``, with each round's counts computed
+    exactly and noised by the configured central mechanism at eps/T (the statistics of
+    the real release, without actors and sealed reports), no student. The noise comes
+    from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
+    one (seed, T) share their round-1 release exactly (a paired comparison of the
+    selection): a simulation, NOT private."""
+    from jobs.protocol import RoundResult
+    from rknn_ray.adaptive import next_round_uncertain
+    from rknn_ray.config import load_config
+    from rknn_ray.mechanisms import build
+    import dataclasses
+
+    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_params,
+                                   prepare_data, round_budgets, round_query_counts)
+    from rknn_ray.queries import NEXT_ROUND_SELECTORS, union_of_rounds
+    from rknn_ray.rng import seeded_generator
+    over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['eps']}", f"rounds.count={cell['T']}",
+            *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
+            *args.overrides]
+    cfg = load_config(args.config, over)
+    sizes = round_query_counts(cfg)
+    key = (cell["seed"], sizes[0], tuple(args.overrides))
+    if key not in _PREPARED:           # data, encoder and round-1 queries: seed and round-1 s only
+        data = prepare_data(cfg)
+        _PREPARED[key] = (data, *fit_queries(cfg, data, s=sizes[0]))
+    data, encoder, public_emb, first = _PREPARED[key]
+    p = cfg.privacy
+    rounds, query_sets, uncertain = [], [], []
+    for t, (eps_t, delta_t) in enumerate(round_budgets(p.eps, p.delta, cfg.rounds.count,
+                                                       cfg.rounds.budget_split)):
+        if t == 0:
+            qs = first
+        elif cfg.rounds.query_selection in NEXT_ROUND_SELECTORS:
+            taken = np.concatenate([q.public_index for q in query_sets])
+            qs = NEXT_ROUND_SELECTORS[cfg.rounds.query_selection](
+                public_emb, taken, sizes[t], cfg.run.seed + t)
+        else:
+            qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,
+                                            cfg.run.seed + t, sizes[t])
+            uncertain.append(info)
+        mech = build(p.model, p.mechanism, dataclasses.replace(
+            mechanism_params(cfg, data, eps=eps_t, delta=delta_t), num_queries=qs.size))
+        exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts()
+        noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + t)).astype(float)
+        rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))
+        query_sets.append(qs)
+    all_qs = union_of_rounds(public_emb, query_sets)
+    lab, _ = finish_labels(cfg, data, np.concatenate([r.counts for r in rounds]), all_qs,
+                           public_emb, rounds, None)
+    return {**cell, "label_accuracy": lab.label_accuracy, "student_accuracy": float("nan"),
+            "query_accuracy": lab.query_accuracy,
+            "eps_spent": float(sum(r.guarantee.eps for r in rounds)),
+            "round_eps": [r.guarantee.eps for r in rounds], "ledger_events": len(rounds),
+            "queries": all_qs.size,
+            "uncertainty_chosen": [u["uncertainty_chosen"] for u in uncertain],
+            "uncertainty_all": [u["uncertainty_all"] for u in uncertain],
+            "interim_agreement_released": [u["interim_agreement_released"] for u in uncertain],
+            "run": None, "wall_s": None}
+
+
 def aggregate(rows: list[dict]) -> list[dict]:
     table = []
     keys = sorted({(r["eps"], r["T"], r["selection"]) for r in rows},
@@ -97,7 +165,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for eps, T, sel in keys:
         sub = [r for r in rows if (r["eps"], r["T"], r["selection"]) == (eps, T, sel)]
         lab = np.array([r["label_accuracy"] for r in sub])
-        stu = np.array([r["student_accuracy"] for r in sub])
+        stu = np.array([r["student_accuracy"] for r in sub], dtype=float)
         table.append({"eps": eps, "T": T, "selection": sel, "seeds": len(sub),
                       "queries": sub[0]["queries"], "eps_spent": max(r["eps_spent"] for r in sub),
                       "label_mean": float(lab.mean()), "label_std": float(lab.std()),
@@ -145,12 +213,13 @@ def main(argv=None) -> int:
     from rknn_ray.runio import write_json, write_text
     os.makedirs(args.out, exist_ok=True)
     ledger_path = os.path.join(os.path.abspath(args.out), "ledger.sqlite")   # never the user's
-    started = ensure_ray()
+    started = False if args.labels_only else ensure_ray()
     rows = []
     t_all = time.perf_counter()
     try:
         for cell in cells(args):
-            row = run_cell(cell, args, ledger_path)
+            row = label_only_cell(cell, args) if args.labels_only else \
+                run_cell(cell, args, ledger_path)
             rows.append(row)
             print(f"eps={cell['eps']:g} T={cell['T']} {cell['selection']:9s} seed={cell['seed']}: "
                   f"labels {row['label_accuracy']:.4f}, student {row['student_accuracy']:.4f}, "

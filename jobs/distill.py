@@ -13,6 +13,7 @@ interim student fitted on the labels released so far is least certain, rknn_ray/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -73,7 +74,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
     from rknn_ray.errors import DataError
-    from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto
+    from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto, round_query_counts
 
     progress = progress or Progress(cfg.run.progress)
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
@@ -84,6 +85,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     sp = data.splits
     store = BudgetStore(ledger_path)
     identity, described = dataset_identity(cfg, sp.private_x, sp.private_y, data.client_ids)
+    fit_s = round_query_counts(cfg)[0]
     if resume:
         encoder, public_emb, _ = fit_queries(cfg, data, progress.say)   # public only, deterministic
         job_id, saved_identity, rounds, query_sets = load_release(out_dir, public_emb)
@@ -112,7 +114,9 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                    yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
                      f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-        with progress.stage("queries", f"encoder + k-means: s = {cfg.queries.s} queries"):
+        with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
+                            + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
+                               if cfg.rounds.split_queries else "")):
             encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
     started = ensure_ray()                 # one Ray for the whole job, after the budget check
     try:
@@ -140,7 +144,8 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.events import event_to_dict
     from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import dataset_sources, mechanism_params, round_budgets
+    from rknn_ray.pipeline import (dataset_sources, mechanism_params, round_budgets,
+                                   round_query_counts)
     from rknn_ray.queries import NEXT_ROUND_SELECTORS
 
     p = cfg.privacy
@@ -149,6 +154,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     ledger = PrivacyLedger(budget_eps=budget_eps, budget_delta=budget_delta or None,
                            accountant=p.accountant)
     budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
+    sizes = round_query_counts(cfg)            # new queries per round
     rounds, query_sets, selections = [], [], []
     released = False
     try:
@@ -163,7 +169,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                 elif cfg.rounds.query_selection in NEXT_ROUND_SELECTORS:
                     taken = np.concatenate([q.public_index for q in query_sets])
                     qs = NEXT_ROUND_SELECTORS[cfg.rounds.query_selection](
-                        public_emb, taken, cfg.queries.s, cfg.run.seed + t)
+                        public_emb, taken, sizes[t], cfg.run.seed + t)
                     selections.append({"round": t, "rule": cfg.rounds.query_selection,
                                        "queries": qs.size})
                 else:                  # uncertain: post-processing of the rounds released so far
@@ -171,14 +177,15 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                     with progress.stage(f"select_{t}", f"round {t + 1}: interim student, queries "
                                         f"where it is least certain ({cfg.rounds.uncertainty})"):
                         qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,
-                                                        cfg.run.seed + t)
+                                                        cfg.run.seed + t, sizes[t])
                     selections.append({"round": t, "queries": qs.size, **info})
                     progress.say(f"round {t + 1} queries: {qs.size} among the {info['pool']} least "
                                  f"certain; uncertainty chosen {info['uncertainty_chosen']:.3f} vs "
                                  f"all {info['uncertainty_all']:.3f}; interim student agrees with "
                                  f"the released labels on {info['interim_agreement_released']:.3f}")
-                mechanism = build(p.model, p.mechanism, mechanism_params(cfg, data, eps=eps_t,
-                                                                         delta=delta_t))
+                params = dataclasses.replace(mechanism_params(cfg, data, eps=eps_t, delta=delta_t),
+                                             num_queries=qs.size)     # this round's s
+                mechanism = build(p.model, p.mechanism, params)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
                                     f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
                     try:

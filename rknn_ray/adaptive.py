@@ -126,12 +126,13 @@ def select_uncertain(public_emb: np.ndarray, probs: np.ndarray, taken: np.ndarra
 
 
 def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_emb: np.ndarray,
-                         seed: int) -> tuple[QuerySet, dict]:
+                         seed: int, s: int | None = None) -> tuple[QuerySet, dict]:
     """Round t >= 1's queries for the driver: labels from the counts released so far
     (``finish_labels``, as the job's final labels), the interim student, then
     :func:`select_uncertain`. ``data`` is read for public quantities only (public
     labels to *measure* the interim student; n, clients and |Y| as the final labels use
-    them); the selection itself sees only public embeddings and released-derived labels."""
+    them); the selection itself sees only public embeddings and released-derived labels.
+    ``s``: how many new queries (default queries.s; the driver passes this round's share)."""
     from rknn_ray.labels import accuracy
     from rknn_ray.pipeline import finish_labels
     from rknn_ray.queries import union_of_rounds
@@ -141,7 +142,7 @@ def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_e
     probs = interim_student_probs(public_emb, lab.public_targets, lab.public_weight,
                                   data.num_classes, cfg.labels.type, seed)
     taken = np.concatenate([q.public_index for q in query_sets])
-    qs, info = select_uncertain(public_emb, probs, taken, cfg.queries.s, seed,
+    qs, info = select_uncertain(public_emb, probs, taken, cfg.queries.s if s is None else s, seed,
                                 cfg.rounds.uncertainty, cfg.rounds.pool_factor)
     predicted = probs.argmax(axis=1)
     info.update({

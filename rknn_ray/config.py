@@ -159,6 +159,7 @@ class RoundsConfig:
     query_selection: str = "farthest"               # farthest | uncertain (rknn_ray/adaptive.py)
     uncertainty: str = "margin"                      # uncertain: margin | entropy
     pool_factor: float = 2.0                         # uncertain: pick s among the pool_factor*s least certain
+    split_queries: bool = False                      # true: queries.s in total, divided over the rounds
 
 
 SECTIONS = {"run": RunConfig, "data": DataConfig, "represent": RepresentConfig,
@@ -384,7 +385,7 @@ NUMBERS = {
     "rounds.pool_factor": (float, 1, None, False, False, False),
 }
 BOOLS = ("run.progress", "run.diagnostics", "represent.whiten", "queries.use_nearest_public",
-         "represent.flip")
+         "represent.flip", "rounds.split_queries")
 #: keys that take "auto" instead of a number (rknn_ray.autotune / rknn_ray.denoise decide)
 AUTO_KEYS = ("queries.s", "rknn.k", "labels.smooth")
 
@@ -529,6 +530,12 @@ def _check_relations(cfg: dict) -> None:
     if k > s:
         raise ConfigError("rknn.k", f"k = {k} exceeds the number of queries s = {s}",
                           f"set rknn.k <= {s} or raise queries.s")
+    count = cfg["rounds"]["count"]
+    if cfg["rounds"]["split_queries"] is True and isinstance(count, int) and s // count < max(1, k):
+        raise ConfigError("rounds.split_queries", f"s = {s} queries split over {count} rounds "
+                          f"leaves {s // count} per round, fewer than k = {k}",
+                          f"raise queries.s to >= {count * max(1, k)}, lower rounds.count, or set "
+                          "rounds.split_queries=false")
 
 
 def _check_split(split, count: int):
@@ -590,6 +597,8 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
     if s > public_size:
         raise ConfigError("queries.s", f"s = {s} exceeds the {public_size} public samples",
                           f"set queries.s <= {public_size}")
+    if cfg.rounds.split_queries:            # s in total over the rounds (round_query_counts)
+        count = 1
     if s * count > public_size:
         raise ConfigError("rounds.count", f"{count} rounds of s = {s} new queries need "
                           f"{s * count} public samples (every round picks s public samples "

@@ -128,3 +128,12 @@ def test_next_round_never_reads_private_records_or_public_labels():
                                         public_emb, seed=1)
     np.testing.assert_array_equal(picked.public_index, again.public_index)
     assert info2["uncertainty_chosen"] == pytest.approx(info["uncertainty_chosen"])
+
+
+def test_round_query_counts_each_round_or_split():
+    from rknn_ray.config import load_config
+    from rknn_ray.pipeline import round_query_counts
+    assert round_query_counts(load_config(None, ["queries.s=60", "rounds.count=3"])) == [60] * 3
+    split = ["queries.s=61", "rounds.count=3", "rounds.split_queries=true"]
+    assert round_query_counts(load_config(None, split)) == [21, 20, 20]
+    assert round_query_counts(load_config(None, ["queries.s=61"])) == [61]
