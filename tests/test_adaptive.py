@@ -137,3 +137,18 @@ def test_round_query_counts_each_round_or_split():
     split = ["queries.s=61", "rounds.count=3", "rounds.split_queries=true"]
     assert round_query_counts(load_config(None, split)) == [21, 20, 20]
     assert round_query_counts(load_config(None, ["queries.s=61"])) == [61]
+
+
+def test_rknn_ray_report_names_each_rounds_selection():
+    from jobs.report import run_sections
+    report = {"privacy": {"rounds": [{}, {}]}, "counts": {}, "accuracy": {},
+              "timings_s": {"round_0": 1.0, "round_1": 1.0, "select_1": 2.0},
+              "selection": [{"round": 0, "rule": "kmeans", "queries": 30},
+                            {"round": 1, "rule": "uncertain/margin", "queries": 30, "pool": 60,
+                             "uncertainty_chosen": 0.8, "uncertainty_all": 0.5}]}
+    sections = dict(run_sections({"report": report, "path": "run", "incomplete": None}))
+    counts = dict(sections["Counts"])
+    assert counts["round 2 queries"] == ("uncertain/margin: 30 among the 60 least certain "
+                                         "(uncertainty 0.8 vs 0.5 over all public)")
+    times = dict(sections["Timings"])
+    assert times["select_1"] == "2.0 s" and times["total of the stages"] == "4.0 s"
