@@ -6,11 +6,14 @@
 Works locally (starts a loopback Ray instance) and under ``ray job submit`` (joins
 the cluster through RAY_ADDRESS). Writes a run folder: config.yaml, report.json,
 ledger.json, labels.parquet, student.pt and summary.png. ``rounds.count`` > 1 runs
-several private rounds on the same actors (see ``run``).
+several private rounds on the same actors (see ``run``); rounds after the first pick
+their queries by ``rounds.query_selection`` (``farthest``, or ``uncertain``: where an
+interim student fitted on the labels released so far is least certain, rknn_ray/adaptive.py).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -71,7 +74,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
     from rknn_ray.errors import DataError
-    from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto
+    from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto, round_query_counts
 
     progress = progress or Progress(cfg.run.progress)
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
@@ -82,6 +85,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     sp = data.splits
     store = BudgetStore(ledger_path)
     identity, described = dataset_identity(cfg, sp.private_x, sp.private_y, data.client_ids)
+    fit_s = round_query_counts(cfg)[0]
     if resume:
         encoder, public_emb, _ = fit_queries(cfg, data, progress.say)   # public only, deterministic
         job_id, saved_identity, rounds, query_sets = load_release(out_dir, public_emb)
@@ -110,7 +114,9 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                    yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
                      f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-        with progress.stage("queries", f"encoder + k-means: s = {cfg.queries.s} queries"):
+        with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
+                            + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
+                               if cfg.rounds.split_queries else "")):
             encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
     started = ensure_ray()                 # one Ray for the whole job, after the budget check
     try:
@@ -138,7 +144,8 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.events import event_to_dict
     from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import dataset_sources, mechanism_params, round_budgets
+    from rknn_ray.pipeline import (dataset_sources, mechanism_params, round_budgets,
+                                   round_query_counts)
     from rknn_ray.queries import NEXT_ROUND_SELECTORS
 
     p = cfg.privacy
@@ -147,7 +154,8 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     ledger = PrivacyLedger(budget_eps=budget_eps, budget_delta=budget_delta or None,
                            accountant=p.accountant)
     budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
-    rounds, query_sets = [], []
+    sizes = round_query_counts(cfg)            # new queries per round
+    rounds, query_sets, selections = [], [], []
     released = False
     try:
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
@@ -157,12 +165,27 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
             for t, (eps_t, delta_t) in enumerate(budgets):
                 if t == 0:
                     qs = first_qs
-                else:
+                    selections.append({"round": 0, "rule": "kmeans", "queries": qs.size})
+                elif cfg.rounds.query_selection in NEXT_ROUND_SELECTORS:
                     taken = np.concatenate([q.public_index for q in query_sets])
                     qs = NEXT_ROUND_SELECTORS[cfg.rounds.query_selection](
-                        public_emb, taken, cfg.queries.s, cfg.run.seed + t)
-                mechanism = build(p.model, p.mechanism, mechanism_params(cfg, data, eps=eps_t,
-                                                                         delta=delta_t))
+                        public_emb, taken, sizes[t], cfg.run.seed + t)
+                    selections.append({"round": t, "rule": cfg.rounds.query_selection,
+                                       "queries": qs.size})
+                else:                  # uncertain: post-processing of the rounds released so far
+                    from rknn_ray.adaptive import next_round_uncertain
+                    with progress.stage(f"select_{t}", f"round {t + 1}: interim student, queries "
+                                        f"where it is least certain ({cfg.rounds.uncertainty})"):
+                        qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,
+                                                        cfg.run.seed + t, sizes[t])
+                    selections.append({"round": t, "queries": qs.size, **info})
+                    progress.say(f"round {t + 1} queries: {qs.size} among the {info['pool']} least "
+                                 f"certain; uncertainty chosen {info['uncertainty_chosen']:.3f} vs "
+                                 f"all {info['uncertainty_all']:.3f}; interim student agrees with "
+                                 f"the released labels on {info['interim_agreement_released']:.3f}")
+                params = dataclasses.replace(mechanism_params(cfg, data, eps=eps_t, delta=delta_t),
+                                             num_queries=qs.size)     # this round's s
+                mechanism = build(p.model, p.mechanism, params)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
                                     f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
                     try:
@@ -179,7 +202,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                 store.commit_round(identity, job_id, t, rounds[-1].guarantee.eps,
                                    rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
                                    note=_rng_marks(cfg).get("warning", "released"))
-                save_release(out_dir, job_id, identity, rounds, query_sets)
+                save_release(out_dir, job_id, identity, rounds, query_sets, selections)
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {_first_line(exc)})"
         if released:
@@ -201,6 +224,7 @@ def _first_line(exc: BaseException) -> str:
 def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
             described, budget, job_id, out_dir, progress, auto_choice=None) -> dict:
     """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
+    from jobs.release_file import load_selections
     from rknn_ray.mechanisms.central import central_error_bound
     from rknn_ray.pipeline import exact_answers, finish_labels, fit_student, student_inputs
     from rknn_ray.plots import run_summary_png
@@ -268,6 +292,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,
+        "selection": load_selections(out_dir),      # per round: rule, pool, uncertainty
         "utility": {k: v for k, v in utility.items() if k != "confidence"},
         "rng": cfg.run.rng, "version": __version__, "job_id": job_id,
         "config": cfg.to_dict(),

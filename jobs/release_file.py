@@ -20,10 +20,13 @@ from rknn_ray.runio import atomic_path
 RELEASE_FILE = "release.npz"
 
 
-def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_sets: list) -> str:
-    """All rounds released so far (overwrites the previous file, atomically)."""
+def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_sets: list,
+                 selections: list | None = None) -> str:
+    """All rounds released so far (overwrites the previous file, atomically); ``selections``:
+    how each round's queries were chosen (public facts, for report.json's ``selection``)."""
     arrays = {}
-    meta = {"job_id": job_id, "dataset": dataset, "rounds": []}
+    meta = {"job_id": job_id, "dataset": dataset, "rounds": [],
+            "selections": list(selections or [])[:len(rounds)]}
     for t, (r, q) in enumerate(zip(rounds, query_sets)):
         arrays[f"counts_{t}"] = np.asarray(r.counts, np.float64)
         arrays[f"query_features_{t}"] = np.asarray(q.features, np.float32)
@@ -64,3 +67,10 @@ def load_release(run_dir: str, public_emb: np.ndarray):
                                       m["shuffler"], m.get("authenticated_senders"),
                                       m.get("missing")))
     return meta["job_id"], meta["dataset"], rounds, query_sets
+
+
+def load_selections(run_dir: str) -> list:
+    """How each released round's queries were chosen (``[]`` for a release saved before
+    this was recorded)."""
+    with np.load(os.path.join(run_dir, RELEASE_FILE), allow_pickle=False) as z:
+        return json.loads(str(z["meta"])).get("selections", [])

@@ -157,13 +157,23 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         if sh:
             counts.append((f"round {i + 1} shuffled", f"{_fmt(sh.get('messages'))} messages from "
                            f"{_fmt(sh.get('senders'))} senders"))
+    for sel in rep.get("selection") or []:        # how each round's queries were chosen
+        if sel.get("round", 0) > 0 and "pool" in sel:
+            counts.append((f"round {sel['round'] + 1} queries",
+                           f"{_fmt(sel.get('rule'))}: {_fmt(sel.get('queries'))} among the "
+                           f"{_fmt(sel.get('pool'))} least certain (uncertainty "
+                           f"{_fmt(sel.get('uncertainty_chosen'))} vs "
+                           f"{_fmt(sel.get('uncertainty_all'))} over all public)"))
+        elif sel.get("round", 0) > 0:
+            counts.append((f"round {sel['round'] + 1} queries",
+                           f"{_fmt(sel.get('rule'))}: {_fmt(sel.get('queries'))}"))
     timings = rep.get("timings_s") or {}
     times = [(k, _seconds(timings[k])) for k in STAGES if k in timings]
     times += [(k, _seconds(v)) for k, v in sorted(timings.items())
-              if k.startswith("round_") and k.count("_") == 1]
+              if k.startswith(("round_", "select_")) and k.count("_") == 1]
     times += [(f"  {k} (all rounds)", _seconds(timings[k])) for k in ROUND_PARTS if timings.get(k)]
     total = sum(timings.get(k, 0.0) for k in STAGES) + sum(
-        v for k, v in timings.items() if k.startswith("round_") and k.count("_") == 1)
+        v for k, v in timings.items() if k.startswith(("round_", "select_")) and k.count("_") == 1)
     times.append(("total of the stages", _seconds(total)))
     student = rep.get("student") or {}
     if student:

@@ -159,7 +159,10 @@ class ClusterConfig:
 class RoundsConfig:
     count: int = 1                                   # T labeling rounds in one job
     budget_split: str | tuple[float, ...] = "even"   # or T fractions of (eps, delta), sum <= 1
-    query_selection: str = "farthest"
+    query_selection: str = "farthest"               # farthest | uncertain (rknn_ray/adaptive.py)
+    uncertainty: str = "margin"                      # uncertain: margin | entropy
+    pool_factor: float = 2.0                         # uncertain: pick s among the pool_factor*s least certain
+    split_queries: bool = False                      # true: queries.s in total, divided over the rounds
 
 
 SECTIONS = {"run": RunConfig, "data": DataConfig, "represent": RepresentConfig,
@@ -382,9 +385,10 @@ NUMBERS = {
     "cluster.openers": (int, 0, 64, False, False, True),
     "cluster.window": (int, 1, 1024, False, False, False),
     "rounds.count": (int, 1, 100, False, False, False),
+    "rounds.pool_factor": (float, 1, None, False, False, False),
 }
-BOOLS = ("run.progress", "run.diagnostics", "data.include_extra", "represent.whiten", "queries.use_nearest_public",
-         "represent.flip")
+BOOLS = ("run.progress", "run.diagnostics", "data.include_extra", "represent.whiten",
+         "queries.use_nearest_public", "represent.flip", "rounds.split_queries")
 #: keys that take "auto" instead of a number (rknn_ray.autotune / rknn_ray.denoise decide)
 AUTO_KEYS = ("queries.s", "rknn.k", "labels.smooth")
 
@@ -398,7 +402,8 @@ def allowed_values() -> dict[str, tuple]:
     from rknn_ray.mechanisms import available
     from rknn_ray.mechanisms.central import NOISE_KINDS
     from rknn_ray.mechanisms.randomized_response import MULTI_RECORD
-    from rknn_ray.queries import NEXT_ROUND_SELECTORS
+    from rknn_ray.adaptive import UNCERTAINTY_RULES
+    from rknn_ray.queries import ADAPTIVE_SELECTORS, NEXT_ROUND_SELECTORS
     from rknn_ray.represent import ENCODERS
     from rknn_ray.rng import RNG_KINDS
     from rknn_ray.student.models import ARCHS
@@ -411,7 +416,8 @@ def allowed_values() -> dict[str, tuple]:
                                                         if BOUNDS[b].kind == "upper")),
             "labels.type": LABEL_TYPES, "labels.train_on": TRAIN_ON,
             "student.arch": ARCHS, "student.augment": AUGMENTATIONS,
-            "rounds.query_selection": tuple(NEXT_ROUND_SELECTORS),
+            "rounds.query_selection": (*NEXT_ROUND_SELECTORS, *ADAPTIVE_SELECTORS),
+            "rounds.uncertainty": UNCERTAINTY_RULES,
             "represent.backbone": ("auto", "cnn", "resnet"), "represent.trainer": ("ray", "local"),
             "student.method": ("supervised", "semi"), "student.target": ("hard", "soft", "weighted"),
             "student.init": ("encoder", "scratch"), "student.input": ("images", "features"),
@@ -531,6 +537,12 @@ def _check_relations(cfg: dict) -> None:
     if k > s:
         raise ConfigError("rknn.k", f"k = {k} exceeds the number of queries s = {s}",
                           f"set rknn.k <= {s} or raise queries.s")
+    count = cfg["rounds"]["count"]
+    if cfg["rounds"]["split_queries"] is True and isinstance(count, int) and s // count < max(1, k):
+        raise ConfigError("rounds.split_queries", f"s = {s} queries split over {count} rounds "
+                          f"leaves {s // count} per round, fewer than k = {k}",
+                          f"raise queries.s to >= {count * max(1, k)}, lower rounds.count, or set "
+                          "rounds.split_queries=false")
 
 
 def _check_split(split, count: int):
@@ -592,10 +604,14 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
     if s > public_size:
         raise ConfigError("queries.s", f"s = {s} exceeds the {public_size} public samples",
                           f"set queries.s <= {public_size}")
+    if cfg.rounds.split_queries:            # s in total over the rounds (round_query_counts)
+        count = 1
     if s * count > public_size:
         raise ConfigError("rounds.count", f"{count} rounds of s = {s} new queries need "
-                          f"{s * count} public samples, there are {public_size}",
-                          "lower rounds.count or queries.s")
+                          f"{s * count} public samples (every round picks s public samples "
+                          f"that are not yet queries), there are {public_size}",
+                          f"lower rounds.count to <= {public_size // s} or queries.s to <= "
+                          f"{max(1, public_size // count)}")
     if cfg.data.partition != "one_per_client" and cfg.data.clients > num_private:
         raise ConfigError("data.clients", f"{cfg.data.clients} clients for only {num_private} "
                           "private records",

@@ -71,17 +71,21 @@ def encoder_from_config(cfg, progress=None) -> Encoder:
     return make_encoder(r.encoder)
 
 
-def fit_queries(cfg, data: PreparedData, progress=None) -> tuple[Encoder, np.ndarray, QuerySet]:
-    """Fit the encoder on public data and pick the s queries (k-means centres)."""
+def fit_queries(cfg, data: PreparedData, progress=None,
+                s: int | None = None) -> tuple[Encoder, np.ndarray, QuerySet]:
+    """Fit the encoder on public data and pick the first round's queries (k-means centres):
+    ``s`` of them, by default ``round_query_counts(cfg)[0]`` (= queries.s unless
+    rounds.split_queries divides s over the rounds)."""
     encoder = encoder_from_config(cfg, progress)
     encoder.fit(data.splits.public_x)          # public inputs only: never private records
     public_emb = encoder.transform(data.splits.public_x)
     q = cfg.queries
-    if q.s == len(public_emb):      # every public sample is a query: k-means would return them
+    s = round_query_counts(cfg)[0] if s is None else int(s)
+    if s == len(public_emb):        # every public sample is a query: k-means would return them
         idx = np.arange(len(public_emb), dtype=np.int64)
         return encoder, public_emb, QuerySet(np.ascontiguousarray(public_emb, dtype=np.float32),
                                              idx, idx.copy(), 0.0)
-    qs = select_queries(public_emb, q.s, restarts=q.restarts, niter=q.niter,
+    qs = select_queries(public_emb, s, restarts=q.restarts, niter=q.niter,
                         seed=cfg.run.seed, use_nearest_public=q.use_nearest_public)
     return encoder, public_emb, qs
 
@@ -144,6 +148,16 @@ def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
     count = max(1, min(int(shards or cfg.cluster.shards), n))
     cuts = np.linspace(0, n, count + 1).astype(np.int64)
     return [DatasetShardSource(cfg, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def round_query_counts(cfg) -> list[int]:
+    """New queries per round: ``queries.s`` every round, or with ``rounds.split_queries`` the
+    s queries divided over the rounds (s // T each, the remainder to the first rounds), so
+    T = 1, 2, 3 can be compared at equal total eps *and* equal total queries."""
+    s, count = int(cfg.queries.s), int(cfg.rounds.count)
+    if not cfg.rounds.split_queries:
+        return [s] * count
+    return [s // count + (1 if t < s % count else 0) for t in range(count)]
 
 
 def round_budgets(eps: float, delta: float, count: int, split) -> list[tuple[float, float]]:

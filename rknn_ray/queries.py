@@ -78,8 +78,8 @@ def farthest_public_queries(public_emb: np.ndarray, taken: np.ndarray, s: int,
     Greedy farthest-point traversal (Gonzalez) seeded with the queries already
     released (``taken``: their public indices), over public samples only: public
     information, no privacy cost. It spreads new queries into the regions the
-    earlier rounds covered worst. (The utility work replaces this default with
-    selection where the student is least certain.)
+    earlier rounds covered worst. (``rounds.query_selection: uncertain``,
+    rknn_ray/adaptive.py, picks where the interim student is least certain instead.)
     """
     x = np.ascontiguousarray(public_emb, dtype=np.float32)
     free = np.ones(x.shape[0], bool)
@@ -104,6 +104,8 @@ def farthest_public_queries(public_emb: np.ndarray, taken: np.ndarray, s: int,
 
 #: Query selection for rounds after the first: name -> f(public_emb, taken, s, seed) -> QuerySet.
 NEXT_ROUND_SELECTORS = {"farthest": farthest_public_queries}
+#: Selections that also read the counts released so far (post-processing): rknn_ray/adaptive.py.
+ADAPTIVE_SELECTORS = ("uncertain",)
 
 
 def union_of_rounds(public_emb: np.ndarray, rounds: list[QuerySet]) -> QuerySet:

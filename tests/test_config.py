@@ -48,7 +48,9 @@ def test_round_trip_keeps_free_form_sections_and_budget_split(tmp_path):
 
 def test_defaults_are_the_sections_defaults():
     assert load_config(None).to_dict() == DEFAULTS
-    assert DEFAULTS["rounds"] == {"count": 1, "budget_split": "even", "query_selection": "farthest"}
+    assert DEFAULTS["rounds"] == {"count": 1, "budget_split": "even", "query_selection": "farthest",
+                                  "uncertainty": "margin", "pool_factor": 2.0,
+                                  "split_queries": False}
     assert DEFAULTS["run"]["diagnostics"] is False
 
 
@@ -181,6 +183,12 @@ BAD = [
     (["labels.train_on=private"], "labels.train_on"),
     (["labels.type=fuzzy"], "labels.type"),
     (["rounds.query_selection=random"], "rounds.query_selection"),
+    (["rounds.query_selection=uncertain", "rounds.uncertainty=variance"], "rounds.uncertainty"),
+    (["rounds.pool_factor=0.5"], "rounds.pool_factor"),
+    (["rounds.pool_factor=many"], "rounds.pool_factor"),
+    (["rounds.split_queries=maybe"], "rounds.split_queries"),
+    (["rounds.count=3", "rounds.split_queries=true", "queries.s=8", "rknn.k=3"],
+     "rounds.split_queries"),                                     # 2 queries per round < k
     (["privacy.options.colision_l=3"], "privacy.options.colision_l"),
     (["privacy.options.noise=continuous"], "privacy.options.noise"),
     (LOCAL_COLLISION + ["privacy.options.collision_l=1"], "privacy.options.collision_l"),
@@ -286,6 +294,9 @@ def test_sizes_known_after_loading():
         validate_with_data(load_config(None, ["rknn.r=3", "queries.s=10"]), 500, 1000, 2)
     with pytest.raises(ConfigError, match="rounds.count"):
         validate_with_data(load_config(None, ["rounds.count=3", "queries.s=100"]), 250, 1000, 10)
+    # split over the rounds: s in total, so 3 rounds of 100 // 3 fit 250 public samples
+    validate_with_data(load_config(None, ["rounds.count=3", "queries.s=100",
+                                          "rounds.split_queries=true"]), 250, 1000, 10)
     shuffle = ["privacy.model=shuffle", "privacy.mechanism=collision", "queries.s=10"]
     validate_with_data(load_config(None, shuffle + ["privacy.delta=1e-4"]), 500, 1000, 10)
     with pytest.raises(ConfigError, match=r"1/n = 0.001 for n = 1000.*below 0.0001"):

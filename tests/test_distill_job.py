@@ -72,6 +72,35 @@ def test_two_rounds_with_diagnostics_spend_at_most_eps(ray_session, tmp_path):
     assert (out / "diagnostics" / "summary_nonprivate.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_two_adaptive_rounds_pick_uncertain_queries_at_equal_total_eps(ray_session, tmp_path):
+    """rounds.query_selection=uncertain: round 2's queries come from the interim student's
+    least certain public samples (post-processing); two ledger events add up to eps; with
+    rounds.split_queries the s queries are divided over the rounds (s/2 per release)."""
+    code, out = _run(tmp_path, "adaptive", "digits_central.yaml", "run.rng=seeded",
+                     "rounds.count=2", "rounds.query_selection=uncertain",
+                     "rounds.uncertainty=entropy", "privacy.eps=1.0", "rounds.split_queries=true")
+    assert code == 0
+    report = json.loads((out / "report.json").read_text())
+    priv = report["privacy"]
+    assert [r["eps"] for r in priv["rounds"]] == pytest.approx([0.5, 0.5])
+    assert priv["eps"] == pytest.approx(1.0) and len(priv["ledger"]["entries"]) == 2
+    s = report["config"]["queries"]["s"]
+    assert report["counts"]["queries"] == s                      # s in total, none repeated
+    import numpy as np
+    with np.load(out / "release.npz") as release:                # each release: its round's s
+        assert [release[f"counts_{t}"].shape[0] for t in (0, 1)] == [s // 2, s - s // 2]
+    first, second = report["selection"]
+    assert first == {"round": 0, "rule": "kmeans", "queries": s // 2}
+    assert second["rule"] == "uncertain/entropy" and second["queries"] == s - s // 2
+    assert second["pool"] == min(second["free"], s) and second["post_processing"] is True
+    assert second["uncertainty_chosen"] >= second["uncertainty_free"]
+    assert 0 <= second["interim_agreement_released"] <= 1
+    assert "diagnostics" not in report and not (out / "diagnostics").exists()
+    assert report["timings_s"]["select_1"] >= 0
+    table = pq.read_table(out / "labels.parquet")
+    assert table.column("query").to_numpy().max() == s - 1       # labels use both rounds
+
+
 def test_digits_shuffle_single_message_job(ray_session, tmp_path):
     code, out = _run(tmp_path, "shuffle", "digits_shuffle.yaml", "privacy.eps=2.0")
     assert code == 0

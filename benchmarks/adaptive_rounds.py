@@ -1,0 +1,248 @@
+"""Adaptive rounds: T = 1, 2, 3 private rounds at equal total eps (paper 000, Algorithm 1).
+
+    python -m benchmarks.adaptive_rounds [--config jobs/configs/digits_central.yaml]
+        [--eps 1 0.3] [--rounds 1 2 3] [--seeds 0 1 2] [--selections uncertain farthest]
+        [--set key=value ...] [--out bench_out/adaptive_rounds] [--json]
+
+Every cell is a full ``jobs.distill`` run through the multi-round driver (client
+shards, server, sealed reports, central discrete Laplace, Ray Train student) on one
+Ray instance: round t spends eps/T (``rounds.budget_split: even``, one ledger event
+per round, sequential composition to the total eps) on s new queries; rounds t >= 1
+pick them by ``rounds.query_selection`` (``uncertain``: where an interim student is
+least certain; ``farthest``: the non-adaptive control). Labels use every round's
+released counts. Privacy goes to an isolated ledger (``--out``/ledger.sqlite).
+
+Prints a table (mean and standard deviation over seeds of label accuracy Acc_pl on
+the public set and student accuracy on the evaluation set), writes ``results.json``
+(one row per run plus the aggregated table), ``adaptive_rounds.md`` and
+``adaptive_rounds.png``. Run folders stay under ``--out``/runs; a cell whose
+report.json exists is read back, not re-run (an interrupted benchmark resumes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs",
+                              "digits_central.yaml")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=DEFAULT_CONFIG)
+    ap.add_argument("--eps", type=float, nargs="+", default=[1.0, 0.3])
+    ap.add_argument("--rounds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--selections", nargs="+", default=["uncertain", "farthest"],
+                    help="query selection for rounds t >= 1 (T = 1 runs once per eps and seed)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra config override for every run (repeatable)")
+    ap.add_argument("--out", default="bench_out/adaptive_rounds")
+    ap.add_argument("--json", action="store_true", help="print the aggregated table as JSON")
+    ap.add_argument("--labels-only", action="store_true",
+                    help="in-process simulation of the label path (exact counts + the "
+                         "mechanism's noise, seeded; no actors, no student): many seeds fast")
+    return ap.parse_args(argv)
+
+
+def cells(args) -> list[dict]:
+    """Seeds outermost, so a partial benchmark already compares every T on the first seeds."""
+    out = []
+    for seed in args.seeds:
+        for eps in args.eps:
+            for T in args.rounds:
+                for sel in (["kmeans"] if T == 1 else args.selections):
+                    out.append({"seed": seed, "eps": eps, "T": T, "selection": sel})
+    return out
+
+
+def run_cell(cell: dict, args, ledger_path: str) -> dict:
+    from jobs.distill import run
+    from rknn_ray.config import load_config
+    from rknn_ray.runio import prepare_run_dir
+    name = f"eps{cell['eps']:g}-T{cell['T']}-{cell['selection']}-seed{cell['seed']}"
+    folder = os.path.join(args.out, "runs", name)
+    done = os.path.join(folder, "report.json")
+    t0 = time.perf_counter()
+    if os.path.exists(done):
+        with open(done) as fh:
+            report = json.load(fh)
+        wall = report.get("benchmark_wall_s")
+    else:
+        over = ["run.progress=false", f"run.seed={cell['seed']}", f"privacy.eps={cell['eps']}",
+                "privacy.budget_eps=1000000", f"rounds.count={cell['T']}",
+                *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
+                *args.overrides]
+        cfg = load_config(args.config, over)
+        report = run(cfg, prepare_run_dir(folder, overwrite=True), ledger_path=ledger_path)
+        wall = time.perf_counter() - t0
+    p = report["privacy"]
+    later = [s for s in report.get("selection", []) if s.get("round", 0) > 0]
+    return {**cell, "label_accuracy": report["accuracy"]["labels"],
+            "student_accuracy": report["accuracy"]["student"],
+            "eps_spent": p["eps"], "round_eps": [r["eps"] for r in p["rounds"]],
+            "ledger_events": len(p["ledger"]["entries"]), "queries": report["counts"]["queries"],
+            "uncertainty_chosen": [s.get("uncertainty_chosen") for s in later],
+            "uncertainty_all": [s.get("uncertainty_all") for s in later],
+            "interim_agreement_released": [s.get("interim_agreement_released") for s in later],
+            "run": folder, "wall_s": wall}
+
+
+_PREPARED: dict = {}
+
+
+def label_only_cell(cell: dict, args) -> dict:
+    """The driver's label path in one process, for many seeds in minutes: the same data,
+    encoder, queries, selection and ``finish_labels``, with each round's counts computed
+    exactly and noised by the configured central mechanism at eps/T (the statistics of
+    the real release, without actors and sealed reports), no student. The noise comes
+    from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
+    one (seed, T) share their round-1 release exactly (a paired comparison of the
+    selection): a simulation, NOT private."""
+    from jobs.protocol import RoundResult
+    from rknn_ray.adaptive import next_round_uncertain
+    from rknn_ray.config import load_config
+    from rknn_ray.mechanisms import build
+    import dataclasses
+
+    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_params,
+                                   prepare_data, round_budgets, round_query_counts)
+    from rknn_ray.queries import NEXT_ROUND_SELECTORS, union_of_rounds
+    from rknn_ray.rng import seeded_generator
+    over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['eps']}", f"rounds.count={cell['T']}",
+            *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
+            *args.overrides]
+    cfg = load_config(args.config, over)
+    sizes = round_query_counts(cfg)
+    key = (cell["seed"], sizes[0], tuple(args.overrides))
+    if key not in _PREPARED:           # data, encoder and round-1 queries: seed and round-1 s only
+        data = prepare_data(cfg)
+        _PREPARED[key] = (data, *fit_queries(cfg, data, s=sizes[0]))
+    data, encoder, public_emb, first = _PREPARED[key]
+    p = cfg.privacy
+    rounds, query_sets, uncertain = [], [], []
+    for t, (eps_t, delta_t) in enumerate(round_budgets(p.eps, p.delta, cfg.rounds.count,
+                                                       cfg.rounds.budget_split)):
+        if t == 0:
+            qs = first
+        elif cfg.rounds.query_selection in NEXT_ROUND_SELECTORS:
+            taken = np.concatenate([q.public_index for q in query_sets])
+            qs = NEXT_ROUND_SELECTORS[cfg.rounds.query_selection](
+                public_emb, taken, sizes[t], cfg.run.seed + t)
+        else:
+            qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,
+                                            cfg.run.seed + t, sizes[t])
+            uncertain.append(info)
+        mech = build(p.model, p.mechanism, dataclasses.replace(
+            mechanism_params(cfg, data, eps=eps_t, delta=delta_t), num_queries=qs.size))
+        exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts()
+        noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + t)).astype(float)
+        rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))
+        query_sets.append(qs)
+    all_qs = union_of_rounds(public_emb, query_sets)
+    lab, _ = finish_labels(cfg, data, np.concatenate([r.counts for r in rounds]), all_qs,
+                           public_emb, rounds, None)
+    return {**cell, "label_accuracy": lab.label_accuracy, "student_accuracy": float("nan"),
+            "query_accuracy": lab.query_accuracy,
+            "eps_spent": float(sum(r.guarantee.eps for r in rounds)),
+            "round_eps": [r.guarantee.eps for r in rounds], "ledger_events": len(rounds),
+            "queries": all_qs.size,
+            "uncertainty_chosen": [u["uncertainty_chosen"] for u in uncertain],
+            "uncertainty_all": [u["uncertainty_all"] for u in uncertain],
+            "interim_agreement_released": [u["interim_agreement_released"] for u in uncertain],
+            "run": None, "wall_s": None}
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    table = []
+    keys = sorted({(r["eps"], r["T"], r["selection"]) for r in rows},
+                  key=lambda k: (-k[0], k[1], k[2]))
+    for eps, T, sel in keys:
+        sub = [r for r in rows if (r["eps"], r["T"], r["selection"]) == (eps, T, sel)]
+        lab = np.array([r["label_accuracy"] for r in sub])
+        stu = np.array([r["student_accuracy"] for r in sub], dtype=float)
+        table.append({"eps": eps, "T": T, "selection": sel, "seeds": len(sub),
+                      "queries": sub[0]["queries"], "eps_spent": max(r["eps_spent"] for r in sub),
+                      "label_mean": float(lab.mean()), "label_std": float(lab.std()),
+                      "student_mean": float(stu.mean()), "student_std": float(stu.std())})
+    return table
+
+
+def to_markdown(table: list[dict]) -> str:
+    lines = ["| eps (total) | T | rounds t>=1 select | queries | eps spent | label acc "
+             "(mean ± sd) | student acc (mean ± sd) | seeds |", "|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['eps']:g} | {r['T']} | {r['selection']} | {r['queries']} | "
+                     f"{r['eps_spent']:.4g} | {r['label_mean']:.4f} ± {r['label_std']:.4f} | "
+                     f"{r['student_mean']:.4f} ± {r['student_std']:.4f} | {r['seeds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: list[dict], path: str) -> None:
+    from rknn_ray.plots import plt, save_png
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, what in zip(axes, ("label", "student")):
+        for eps in sorted({r["eps"] for r in table}, reverse=True):
+            for sel in ("uncertain", "farthest"):
+                sub = sorted([r for r in table if r["eps"] == eps and
+                              (r["selection"] == sel or r["T"] == 1)], key=lambda r: r["T"])
+                if len(sub) < 2:
+                    continue
+                ax.errorbar([r["T"] for r in sub], [r[f"{what}_mean"] for r in sub],
+                            yerr=[r[f"{what}_std"] for r in sub], marker="o", capsize=3,
+                            linestyle="-" if sel == "uncertain" else "--",
+                            label=f"eps={eps:g}, {sel}")
+        ax.set_xlabel("rounds T (equal total eps)")
+        ax.set_ylabel(f"{what} accuracy")
+        ax.set_xticks(sorted({r["T"] for r in table}))
+        ax.legend(fontsize=7)
+    fig.suptitle("Adaptive rounds at equal total eps (mean ± sd over seeds)")
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from jobs.ray_env import ensure_ray
+    from rknn_ray.runio import write_json, write_text
+    os.makedirs(args.out, exist_ok=True)
+    ledger_path = os.path.join(os.path.abspath(args.out), "ledger.sqlite")   # never the user's
+    started = False if args.labels_only else ensure_ray()
+    rows = []
+    t_all = time.perf_counter()
+    try:
+        for cell in cells(args):
+            row = label_only_cell(cell, args) if args.labels_only else \
+                run_cell(cell, args, ledger_path)
+            rows.append(row)
+            print(f"eps={cell['eps']:g} T={cell['T']} {cell['selection']:9s} seed={cell['seed']}: "
+                  f"labels {row['label_accuracy']:.4f}, student {row['student_accuracy']:.4f}, "
+                  f"eps spent {row['eps_spent']:.4g} in {row['ledger_events']} event(s)",
+                  file=sys.stderr, flush=True)
+            table = aggregate(rows)
+            meta = {"config": os.path.relpath(args.config), "overrides": args.overrides,
+                    "cpus": os.cpu_count(), "wall_s": time.perf_counter() - t_all,
+                    "complete": len(rows) == len(cells(args))}
+            write_json(os.path.join(args.out, "results.json"),
+                       {"meta": meta, "table": table, "runs": rows})
+    finally:
+        if started:
+            import ray
+            ray.shutdown()
+    md = to_markdown(table)
+    write_text(os.path.join(args.out, "adaptive_rounds.md"), md)
+    plot(table, os.path.join(args.out, "adaptive_rounds.png"))
+    print(md)
+    if args.json:
+        print(json.dumps(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
