@@ -340,9 +340,11 @@ def count_gaps(counts: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, correct, bound,
                       num_public: int) -> dict:
-    """The non-private reference, in its own folder with a README that says so."""
+    """The non-private reference, in its own folder with a README that says so; the folder
+    is owner-only (0700), since what it holds was computed from private data without noise."""
     from rknn_ray.plots import run_summary_png
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
     write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
     write_parquet(os.path.join(folder, "nonprivate_labels.parquet"), pa.table({
         "public_index": np.arange(num_public), "nonprivate_label": ref.public_hard}))

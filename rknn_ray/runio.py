@@ -15,6 +15,10 @@ import numpy as np
 
 from rknn_ray.errors import ConfigError
 
+#: the process umask, read once (os.umask can only be read by setting it)
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 RUN_MARKER = "report.json"
 INCOMPLETE_MARKER = "incomplete.json"
 #: What a run writes: cleared by --overwrite so no file of the old run sits beside the new config.
@@ -31,6 +35,9 @@ def atomic_path(path: str):
     os.close(fd)
     try:
         yield tmp
+        # mkstemp makes the file 0600; the finished file gets the mode a plain open() would
+        # give it (0666 less the umask). Non-private diagnostics are guarded by their folder.
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

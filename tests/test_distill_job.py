@@ -1,5 +1,6 @@
 """The main job end to end through Ray (actors + Ray Train), and its bad-input behaviour."""
 import json
+import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -70,6 +71,10 @@ def test_two_rounds_with_diagnostics_spend_at_most_eps(ray_session, tmp_path):
     assert "NOT PRIVATE" in (out / "diagnostics" / "README.txt").read_text()
     assert (out / "diagnostics" / "nonprivate_labels.parquet").stat().st_size > 0
     assert (out / "diagnostics" / "summary_nonprivate.png").read_bytes()[:4] == b"\x89PNG"
+    # released outputs get an ordinary file mode; the non-private folder is owner-only
+    import stat
+    assert stat.S_IMODE((out / "diagnostics").stat().st_mode) == 0o700
+    assert stat.S_IMODE((out / "report.json").stat().st_mode) & 0o044 == 0o044 & ~_umask()
 
 
 def test_two_adaptive_rounds_pick_uncertain_queries_at_equal_total_eps(ray_session, tmp_path):
@@ -232,3 +237,9 @@ def test_empty_idx_files_and_an_unwritable_out_are_clear_errors(tmp_path, capsys
     assert not out.exists()
     assert main(["--config", "jobs/configs/digits_central.yaml", "--out", "/proc/rknn-run"]) == 2
     assert "cannot write the run folder" in capsys.readouterr().err
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
