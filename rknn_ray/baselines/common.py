@@ -144,11 +144,11 @@ class LinearModels:
 
     def predict_proba(self, x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return torch.softmax(self.logits(torch.as_tensor(x, dtype=torch.float32)), -1).numpy()
+            return torch.softmax(self.logits(_writable_tensor(x)), -1).numpy()
 
     def predict_logits(self, x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return self.logits(torch.as_tensor(x, dtype=torch.float32)).numpy()
+            return self.logits(_writable_tensor(x)).numpy()
 
 
 def init_models(groups: int, dim: int, num_classes: int, hidden: int = 0,
@@ -290,3 +290,9 @@ def vote_histogram(votes: np.ndarray, num_classes: int) -> np.ndarray:
     for t in range(votes.shape[0]):
         h[np.arange(q), votes[t]] += 1
     return h
+
+
+def _writable_tensor(x: np.ndarray) -> torch.Tensor:
+    """float32 tensor of ``x``; arrays from Ray's object store are read-only (zero-copy), and
+    torch warns on those, so they are copied, and only they."""
+    return torch.from_numpy(np.require(x, dtype=np.float32, requirements=["W", "C"]))
