@@ -57,3 +57,25 @@ def fmt(v, nd: int = 4) -> str:
             return "n/a"
         return f"{v:.{nd}g}"
     return "" if v is None else str(v)
+
+
+def print_result(doc, as_json: bool, markdown_path: str) -> None:
+    """An experiment job's answer on stdout: its JSON (``--json``) or its markdown table."""
+    import json
+    if as_json:
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        with open(markdown_path) as fh:
+            print(fh.read())
+
+
+def rows_to_csv(rows: list[dict], columns) -> str:
+    """CSV text of ``rows`` with exactly ``columns`` (other keys are left out)."""
+    import csv
+    import io
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    return buf.getvalue()

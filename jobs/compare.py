@@ -32,9 +32,6 @@ central methods whose server needs the records: the records themselves).
 from __future__ import annotations
 
 import argparse
-import csv
-import io
-import json
 import math
 import os
 import sys
@@ -192,12 +189,8 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
 
 
 def to_csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(COLUMNS), extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-    return buf.getvalue()
+    from jobs.cells import rows_to_csv
+    return rows_to_csv(rows, COLUMNS)
 
 
 def plot(rows: list[dict], path: str, dataset: str) -> None:
@@ -322,11 +315,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
                    args.student_epochs, baseline_s=args.baseline_s)
-    if args.json:
-        print(json.dumps(rows, indent=2, default=str))
-    else:
-        with open(os.path.join(args.out, "compare.md")) as fh:
-            print(fh.read())
+    from jobs.cells import print_result
+    print_result(rows, args.json, os.path.join(args.out, "compare.md"))
     return 0
 
 

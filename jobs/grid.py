@@ -36,9 +36,7 @@ runs again next time.
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
-import io
 import itertools
 import json
 import math
@@ -343,12 +341,8 @@ def summarize(cells: list[Cell], rows: dict, refs: dict, ref_of: dict, dataset: 
 
 
 def to_csv(summary: list[dict]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(SUMMARY_COLUMNS), extrasaction="ignore")
-    w.writeheader()
-    for r in summary:
-        w.writerow(r)
-    return buf.getvalue()
+    from jobs.cells import rows_to_csv
+    return rows_to_csv(summary, SUMMARY_COLUMNS)
 
 
 def _pct(v) -> str:
@@ -573,11 +567,8 @@ def main(argv=None) -> int:
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        with open(os.path.join(args.out, "grid.md")) as fh:
-            print(fh.read())
+    from jobs.cells import print_result
+    print_result(doc, args.json, os.path.join(args.out, "grid.md"))
     return 0
 
 
