@@ -12,10 +12,10 @@ from rknn_ray.baselines.nfdp import NfdpParties
 
 @ray.remote(num_cpus=0.5)
 class NfdpShard:
-    def __init__(self, xs, ys, k, replacement, num_classes, seed):
+    def __init__(self, xs, ys, k, replacement, num_classes, seed, rng_kind="secure"):
         import torch
         torch.set_num_threads(1)
-        self.parties = NfdpParties(xs, ys, k, replacement, num_classes, seed)
+        self.parties = NfdpParties(xs, ys, k, replacement, num_classes, seed, rng_kind=rng_kind)
 
     def revisit(self, steps):
         self.parties.revisit(steps)

@@ -125,3 +125,30 @@ def test_baselines_train_the_configs_feature_student_and_resolve_auto_s():
     truth = np.eye(st.num_classes)[st.query_truth] * 10.0       # exact-looking query counts
     acc, lab_acc, _ = student_from_query_counts(st, truth)
     assert lab_acc > 0.8 and acc > 0.5       # an MLP on the public PCA features learns them
+
+
+def test_baseline_privacy_randomness_is_chacha_unless_the_config_asks_for_seeded():
+    """Noise, subsamples and randomized response of every baseline come from
+    privacy_generator: ChaCha20 keyed from the OS under run.rng=secure (two runs differ),
+    a reproducible PCG64 only for a seeded (NOT PRIVATE) simulation."""
+    import types
+
+    from randomgen import ChaCha
+
+    from rknn_ray.baselines.common import privacy_generator
+
+    def setup(kind):
+        return types.SimpleNamespace(cfg=types.SimpleNamespace(run=types.SimpleNamespace(
+            rng=kind, seed=3)))
+    a, b = privacy_generator(setup("secure"), 17), privacy_generator(setup("secure"), 17)
+    assert isinstance(a.bit_generator, ChaCha)
+    assert not np.array_equal(a.normal(size=8), b.normal(size=8))
+    c, d = privacy_generator(setup("seeded"), 17), privacy_generator(setup("seeded"), 17)
+    assert np.array_equal(c.normal(size=8), d.normal(size=8))
+    import inspect
+
+    from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
+    for module in (dpdfd, pate, private_knn):        # no seeded privacy randomness left
+        assert "default_rng" not in inspect.getsource(module), module.__name__
+    assert "privacy_generator(setup" in inspect.getsource(dpsgd.run_dpsgd)
+    assert "make_generator(rng_kind" in inspect.getsource(nfdp.NfdpParties)

@@ -296,3 +296,14 @@ def _writable_tensor(x: np.ndarray) -> torch.Tensor:
     """float32 tensor of ``x``; arrays from Ray's object store are read-only (zero-copy), and
     torch warns on those, so they are copied, and only they."""
     return torch.from_numpy(np.require(x, dtype=np.float32, requirements=["W", "C"]))
+
+
+def privacy_generator(setup: "BaselineSetup", stream: int, seed: int | None = None):
+    """The generator for a baseline's *privacy* randomness (noise, subsampling, randomized
+    response): ChaCha20 keyed from the OS CSPRNG under ``run.rng: secure`` (the default),
+    as every release of the project; a ``stream``-offset seeded one only when the config
+    asked for a seeded simulation (``run.rng: seeded``, NOT PRIVATE). Model initialization
+    and batching stay seeded: they are not part of any guarantee."""
+    from rknn_ray.rng import make_generator
+    base = setup.cfg.run.seed if seed is None else seed
+    return make_generator(setup.cfg.run.rng, int(base) + int(stream))

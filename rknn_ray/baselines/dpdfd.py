@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from rknn_ray.baselines.common import (NEIGHBOUR_LABEL, BaselineResult, BaselineSetup,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_LABEL, BaselineResult, BaselineSetup,
                                        fit_classifiers, new_ledger, one_hot, record,
                                        student_from_query_counts)
 from rknn_ray.baselines.events import SelectiveRRDpEvent
@@ -83,7 +83,7 @@ def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 2, seed: in
                               seed=seed)
     qx = setup.query_emb
     teacher_labels = teacher.predict_proba(qx)[0].argmax(-1)
-    rng = np.random.default_rng(seed + 31)
+    rng = privacy_generator(setup, 31, seed)
     order = rng.permutation(len(qx))
     chunks = np.array_split(order, max(1, min(stages, len(qx))))
     labels = np.empty(len(qx), np.int64)

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
                                        calibrate_decreasing, new_ledger, pld_epsilon, rdp_epsilon,
                                        record)
 from rknn_ray.baselines.events import DpSgdDpEvent
@@ -78,8 +78,10 @@ def clipped_grad_sum(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, c
 
 def train_dpsgd(x: np.ndarray, y: np.ndarray, num_classes: int, sigma: float, q: float,
                 steps: int, clip: float = 1.0, lr: float = 0.5, hidden: int = 0,
-                seed: int = 0) -> torch.nn.Module:
-    gen = np.random.default_rng(seed)
+                seed: int = 0, noise_rng: np.random.Generator | None = None) -> torch.nn.Module:
+    """DP-SGD: Poisson-subsampled batches and Gaussian noise both from ``noise_rng`` (the
+    privacy randomness; a seeded one only for tests), model init seeded from ``seed``."""
+    gen = noise_rng if noise_rng is not None else np.random.default_rng(seed)
     torch.manual_seed(seed)
     X = torch.as_tensor(x, dtype=torch.float32)
     Y = torch.as_tensor(y, dtype=torch.int64)
@@ -92,7 +94,8 @@ def train_dpsgd(x: np.ndarray, y: np.ndarray, num_classes: int, sigma: float, q:
             {k: torch.zeros_like(v) for k, v in model.named_parameters()}
         opt.zero_grad()
         for k, p in model.named_parameters():
-            noise = torch.normal(0.0, sigma * clip, size=p.shape)
+            noise = torch.from_numpy(gen.normal(0.0, sigma * clip, size=tuple(p.shape))
+                                     .astype(np.float32))
             p.grad = (sums[k] + noise) / expected
         opt.step()
     return model
@@ -121,7 +124,7 @@ def run_dpsgd(setup: BaselineSetup, target_eps: float, delta: float = 1e-5, epoc
     sd = setup.public_emb.std(0).mean() + 1e-8
     norm = lambda a: ((a - mu) / sd).astype(np.float32)   # noqa: E731
     model = train_dpsgd(norm(setup.private_emb), sp.private_y, setup.num_classes, sigma, q, steps,
-                        clip, lr, hidden, seed)
+                        clip, lr, hidden, seed, noise_rng=privacy_generator(setup, 0, seed))
     with torch.no_grad():
         acc = float((model(torch.as_tensor(norm(setup.eval_emb))).argmax(1).numpy()
                      == sp.eval_y).mean())

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
                                        fit_models, init_models, new_ledger, pad_groups, record,
                                        student_from_query_counts)
 from rknn_ray.baselines.events import NfdpSubsampleDpEvent
@@ -77,8 +77,10 @@ class NfdpParties:
     """
 
     def __init__(self, xs: list, ys: list, k: int, replacement: bool, num_classes: int,
-                 seed: int, hidden: int = 0, lr: float = 0.05, weight_decay: float = 1e-3):
-        rng = np.random.default_rng(seed)
+                 seed: int, hidden: int = 0, lr: float = 0.05, weight_decay: float = 1e-3,
+                 rng_kind: str = "secure"):
+        from rknn_ray.rng import make_generator
+        rng = make_generator(rng_kind, seed)     # the subsample is NFDP's privacy randomness
         picks = [subsample(len(y), k, replacement, rng) for y in ys]
         self.sub_x = [np.asarray(x)[p] for x, p in zip(xs, picks)]
         self.sub_y = [np.asarray(y)[p] for y, p in zip(ys, picks)]
@@ -157,13 +159,13 @@ def run_nfdp(setup: BaselineSetup, target_eps: float, parties: int = 10, replace
         from jobs.ray_env import ensure_ray
         ensure_ray()
         hosts = [NfdpShard.remote([xs[i] for i in g], [ys[i] for i in g], k, replacement, C,
-                                  seed * 1000 + j) for j, g in enumerate(groups)]
+                                  seed * 1000 + j, cfg.run.rng) for j, g in enumerate(groups)]
 
         def call(method, *args):
             return ray.get([getattr(h, method).remote(*args) for h in hosts])
     else:
         hosts = [NfdpParties([xs[i] for i in g], [ys[i] for i in g], k, replacement, C,
-                             seed * 1000 + j) for j, g in enumerate(groups)]
+                             seed * 1000 + j, rng_kind=cfg.run.rng) for j, g in enumerate(groups)]
 
         def call(method, *args):
             return [getattr(h, method)(*args) for h in hosts]

@@ -33,7 +33,7 @@ import time
 import numpy as np
 from scipy.special import erfc
 
-from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, RDP_ORDERS, BaselineResult,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, RDP_ORDERS, BaselineResult,
                                        BaselineSetup, calibrate_decreasing, fit_classifiers,
                                        new_ledger, one_hot, rdp_epsilon, record,
                                        student_from_query_counts, vote_histogram)
@@ -161,7 +161,7 @@ def run_pate(setup: BaselineSetup, target_eps: float, delta: float = 1e-5,
                   note=f"{Q} queries, {num_teachers} teachers, noise {noise:.4g}, RDP")
     record(ledger, g, PateDpEvent(eps, dlt, aggregator=aggregator, noise=noise, num_queries=Q,
                                   num_teachers=num_teachers))
-    labels = noisy_argmax(hist, aggregator, noise, np.random.default_rng(seed + 17))
+    labels = noisy_argmax(hist, aggregator, noise, privacy_generator(setup, 17, seed))
     acc, lab_acc, _ = student_from_query_counts(setup, one_hot(labels, setup.num_classes))
     details = {"noise": noise, "num_teachers": num_teachers, "queries": Q,
                "plurality_accuracy": float(np.mean(hist.argmax(1) == setup.query_truth))}

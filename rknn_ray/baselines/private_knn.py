@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
                                        calibrate_decreasing, new_ledger, one_hot, rdp_epsilon,
                                        record, student_from_query_counts)
 from rknn_ray.baselines.events import PrivateKnnDpEvent
@@ -77,7 +77,7 @@ def run_private_knn(setup: BaselineSetup, target_eps: float, delta: float = 1e-5
                   note=f"{Q} queries, gamma={gamma}, k={k}, sigma={sigma:.4g}, RDP")
     record(ledger, g, PrivateKnnDpEvent(eps, delta, sampling_rate=gamma, sigma=sigma, k=k,
                                         num_queries=Q))
-    rng = np.random.default_rng(seed + 23)
+    rng = privacy_generator(setup, 23, seed)
     hist = subsampled_knn_votes(setup.private_emb, setup.splits.private_y, setup.query_emb, k,
                                 gamma, setup.num_classes, rng)
     labels = np.argmax(hist + rng.normal(0.0, sigma, size=hist.shape), axis=1)
