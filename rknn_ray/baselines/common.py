@@ -303,7 +303,8 @@ def privacy_generator(setup: "BaselineSetup", stream: int, seed: int | None = No
     response): ChaCha20 keyed from the OS CSPRNG under ``run.rng: secure`` (the default),
     as every release of the project; a ``stream``-offset seeded one only when the config
     asked for a seeded simulation (``run.rng: seeded``, NOT PRIVATE). Model initialization
-    and batching stay seeded: they are not part of any guarantee."""
+    and the order of training batches stay seeded: no guarantee rests on them (DP-SGD's
+    Poisson subsampling does, and draws from this generator)."""
     from rknn_ray.rng import make_generator
     base = setup.cfg.run.seed if seed is None else seed
     return make_generator(setup.cfg.run.rng, int(base) + int(stream))
