@@ -41,10 +41,13 @@ class AutoChoice:
 def choose_s_k(num_records: int, num_public: int, num_classes: int, noise_std_k1: float,
                r: int = 1, target_snr: float = 8.0, votes: float = 30.0, max_k: int = 5,
                smooth_neighbours: int = 10,
-               fixed_s: int | None = None, fixed_k: int | None = None) -> AutoChoice:
+               fixed_s: int | None = None, fixed_k: int | None = None,
+               max_s: tuple[int, str] | None = None) -> AutoChoice:
     """(s, k) and a one-line reason; ``noise_std_k1`` is the noise std per count at k = 1.
 
     ``fixed_s`` / ``fixed_k``: a value the config fixed (only the other one is chosen).
+    ``max_s``: (cap, why) from a cost outside the noise (the multi-message protocol's
+    messages per client), applied to a chosen s.
     Monotone: a larger eps (smaller noise) never gives a smaller s.
     """
     n = max(1, int(num_records))
@@ -63,6 +66,9 @@ def choose_s_k(num_records: int, num_public: int, num_classes: int, noise_std_k1
                  f"{target_snr:g} (smoothing over m <= {m} of N = {num_public} public "
                  f"neighbours): n={n}, sigma(k=1)={noise_std_k1:.3g} -> {s_snr:.0f}, "
                  f"clipped to [{min_s}, {num_public}] -> s = {s}")
+        if max_s is not None and s > max_s[0]:
+            s = int(max(1, max_s[0]))
+            why_s += f"; capped at s = {s}: {max_s[1]}"
     if fixed_k is not None:
         k = int(fixed_k)
         why_k = f"k = {k} fixed by the config"

@@ -116,6 +116,8 @@ class ShuffleConfig:
     onion_layers: int = 0
     dropout: float = 0.0
     distributed_above: int | None = 5_000_000
+    max_messages_per_client: int | None = 64   # multi-message + queries.s auto: caps s so a
+                                                # client sends at most this many (expected)
 
 
 @dataclass(frozen=True)
@@ -372,6 +374,7 @@ NUMBERS = {
     "shuffle.onion_layers": (int, 0, 8, False, False, False),
     "shuffle.dropout": (float, 0, 1, False, True, False),
     "shuffle.distributed_above": (int, 1, None, False, False, True),
+    "shuffle.max_messages_per_client": (int, 2, None, False, False, True),
     "student.epochs": (int, 1, None, False, False, False),
     "student.batch_size": (int, 1, None, False, False, False),
     "student.lr": (float, 0, None, True, False, False),

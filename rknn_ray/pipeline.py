@@ -192,17 +192,45 @@ def noise_std_per_count(cfg, data: PreparedData, k: int = 1, s: int | None = Non
     return math.sqrt(2.0) * eta / math.log(2 * data.num_classes)
 
 
+def multi_message_s_cap(cfg, data: PreparedData, k: int = 1) -> tuple[int, str] | None:
+    """The largest s whose multi-message round costs a client at most
+    ``shuffle.max_messages_per_client`` expected messages (its k*r*R real ones plus noise
+    and flooding messages, which grow linearly in the s*|Y| cells), or None when the
+    mechanism is not multi-message or no cap is set. Public parameters only."""
+    import dataclasses
+
+    from rknn_ray.mechanisms import build
+    cap = cfg.shuffle.max_messages_per_client
+    if cfg.privacy.model != "shuffle" or cfg.privacy.mechanism != "multi" or cap is None:
+        return None
+    params = dataclasses.replace(mechanism_params(cfg, data), k=int(k), num_queries=1)
+    mech = build("shuffle", "multi", params)
+    per_cell = mech.cal.noise_messages_per_client / mech.cal.num_cells
+    real = mech.cal.true_messages_per_record * data.max_records_per_client
+    s_cap = max(1, int((cap - real) // (per_cell * data.num_classes)))
+    return s_cap, (f"shuffle.max_messages_per_client = {cap}: {real} real + "
+                   f"{per_cell:.4g} noise messages per cell x s x {data.num_classes} classes")
+
+
 def resolve_auto(cfg, data: PreparedData):
     """Replace ``queries.s: auto`` / ``rknn.k: auto`` by values chosen from public information
-    (rknn_ray.autotune); returns (cfg, choice dict or None)."""
+    (rknn_ray.autotune); returns (cfg, choice dict or None). For the multi-message shuffle
+    protocol s is also capped by the messages a client may send (multi_message_s_cap)."""
     if cfg.queries.s != "auto" and cfg.rknn.k != "auto":
         return cfg, None
     from rknn_ray.autotune import choose_s_k
     sigma = noise_std_per_count(cfg, data, k=1)
-    choice = choose_s_k(len(data.splits.private_y), len(data.splits.public_y), data.num_classes,
-                        sigma, r=cfg.rknn.r,
-                        fixed_s=None if cfg.queries.s == "auto" else cfg.queries.s,
-                        fixed_k=None if cfg.rknn.k == "auto" else cfg.rknn.k)
+    fixed_s = None if cfg.queries.s == "auto" else cfg.queries.s
+    fixed_k = None if cfg.rknn.k == "auto" else cfg.rknn.k
+
+    def choose(k_for_cap: int):
+        cap = multi_message_s_cap(cfg, data, k_for_cap) if fixed_s is None else None
+        return choose_s_k(len(data.splits.private_y), len(data.splits.public_y),
+                          data.num_classes, sigma, r=cfg.rknn.r, fixed_s=fixed_s,
+                          fixed_k=fixed_k, max_s=cap)
+    choice = choose(fixed_k or 1)
+    if choice.k > (fixed_k or 1) and fixed_s is None:     # a larger k costs more noise messages
+        choice = choose(choice.k)
     cfg = cfg.with_overrides([f"queries.s={choice.s}", f"rknn.k={choice.k}"])
     return cfg, {**choice.to_dict(), "noise_std_k1": sigma}
 

@@ -94,3 +94,34 @@ def test_auto_s_accounts_for_smoothing_and_is_continuous():
     limits = [smoothed_snr_limit(sig, 5000, 10, 8.0) for sig in np.linspace(100, 20000, 400)]
     assert all(b >= a for a, b in zip(limits, limits[1:]))
     assert smoothed_snr_limit(4000.0, 5000, 10, 8.0) == 500.0     # exactly on the seam
+
+
+def test_auto_s_caps_multi_message_traffic_per_client():
+    """Multi-message noise messages grow with the s*|Y| cells: auto s keeps a client's expected
+    messages within shuffle.max_messages_per_client, exactly at the largest s that fits."""
+    import dataclasses
+
+    from rknn_ray.mechanisms import build
+    from rknn_ray.pipeline import mechanism_params, multi_message_s_cap
+    base = ["privacy.model=shuffle", "privacy.mechanism=multi", "privacy.delta=1e-6",
+            "queries.s=auto", "rknn.k=auto", "data.partition=one_per_client"]
+    cfg = load_config("jobs/configs/digits_central.yaml", base + ["privacy.eps=4",
+                                                                  "shuffle.max_messages_per_client=40"])
+    data = prepare_data(cfg)
+    capped, choice = resolve_auto(cfg, data)
+    s_cap, why = multi_message_s_cap(capped, data, capped.rknn.k)
+    assert capped.queries.s == s_cap and "max_messages_per_client = 40" in choice["reason"]
+
+    def expected_messages(s):
+        params = dataclasses.replace(mechanism_params(capped, data), num_queries=s)
+        return build("shuffle", "multi", params).describe()["messages_per_client_expected"]
+    assert expected_messages(s_cap) <= 40 < expected_messages(s_cap + 1)
+    free, free_choice = resolve_auto(cfg.with_overrides(["shuffle.max_messages_per_client=null"]),
+                                     data)
+    assert free.queries.s > s_cap and "capped" not in free_choice["reason"]
+    central, c_choice = resolve_auto(cfg.with_overrides(["privacy.model=central",
+                                                         "privacy.mechanism=laplace"]), data)
+    assert "capped" not in c_choice["reason"]
+    assert multi_message_s_cap(central, data) is None
+    assert choose_s_k(60000, 5000, 10, 3.3, max_s=(300, "budget")).s == 300
+    assert choose_s_k(60000, 5000, 10, 3.3, max_s=(9000, "budget")).s == 5000
