@@ -214,25 +214,47 @@ def multi_message_s_cap(cfg, data: PreparedData, k: int = 1) -> tuple[int, str] 
 
 def resolve_auto(cfg, data: PreparedData):
     """Replace ``queries.s: auto`` / ``rknn.k: auto`` by values chosen from public information
-    (rknn_ray.autotune); returns (cfg, choice dict or None). For the multi-message shuffle
-    protocol s is also capped by the messages a client may send (multi_message_s_cap)."""
+    (rknn_ray.autotune); returns (cfg, choice dict or None). The choice is made for one
+    round's share of eps (the smallest, with rounds.count > 1; s per round, times T with
+    rounds.split_queries). For the multi-message shuffle protocol s is also capped by the
+    messages a client may send in a round (multi_message_s_cap)."""
     if cfg.queries.s != "auto" and cfg.rknn.k != "auto":
         return cfg, None
     from rknn_ray.autotune import choose_s_k
-    sigma = noise_std_per_count(cfg, data, k=1)
-    fixed_s = None if cfg.queries.s == "auto" else cfg.queries.s
+    # T > 1 rounds: each round releases with its own share of the budget; choose for the
+    # noisiest (smallest) share, which is what that round's counts will carry
+    p, count = cfg.privacy, int(cfg.rounds.count)
+    eps_t, delta_t = min(round_budgets(p.eps, p.delta, count, cfg.rounds.budget_split))
+    per_round = cfg if count == 1 else cfg.with_overrides([f"privacy.eps={eps_t}",
+                                                            f"privacy.delta={delta_t}"])
+    sigma = noise_std_per_count(per_round, data, k=1)
+    split = count > 1 and cfg.rounds.split_queries
+    fixed_s = None if cfg.queries.s == "auto" else (
+        max(1, cfg.queries.s // count) if split else cfg.queries.s)
     fixed_k = None if cfg.rknn.k == "auto" else cfg.rknn.k
 
     def choose(k_for_cap: int):
-        cap = multi_message_s_cap(cfg, data, k_for_cap) if fixed_s is None else None
+        cap = multi_message_s_cap(per_round, data, k_for_cap) if fixed_s is None else None
         return choose_s_k(len(data.splits.private_y), len(data.splits.public_y),
                           data.num_classes, sigma, r=cfg.rknn.r, fixed_s=fixed_s,
                           fixed_k=fixed_k, max_s=cap)
     choice = choose(fixed_k or 1)
     if choice.k > (fixed_k or 1) and fixed_s is None:     # a larger k costs more noise messages
         choice = choose(choice.k)
-    cfg = cfg.with_overrides([f"queries.s={choice.s}", f"rknn.k={choice.k}"])
-    return cfg, {**choice.to_dict(), "noise_std_k1": sigma}
+    n_pub = len(data.splits.public_y)     # every round picks s public samples not yet queries
+    s_total = cfg.queries.s if fixed_s is not None else (
+        min(n_pub, choice.s * count) if split else min(choice.s, max(1, n_pub // count)))
+    reason = choice.reason
+    if count > 1 and fixed_s is None:
+        reason += (f"; chosen for one round's eps = {eps_t:.4g} of {count}; "
+                   + (f"s = {choice.s} per round x {count} rounds (rounds.split_queries) -> "
+                      f"{s_total} in total" if split else
+                      f"every round picks s new public samples: s <= {n_pub} // {count} -> "
+                      f"{s_total}"))
+    cfg = cfg.with_overrides([f"queries.s={s_total}", f"rknn.k={choice.k}"])
+    extra = {"per_round_eps": eps_t, "rounds": count} if count > 1 else {}
+    return cfg, {**choice.to_dict(), "s": int(s_total), "reason": reason, "noise_std_k1": sigma,
+                 **extra}
 
 
 def smoothed_labels(counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray, public_truth,

@@ -125,3 +125,21 @@ def test_auto_s_caps_multi_message_traffic_per_client():
     assert multi_message_s_cap(central, data) is None
     assert choose_s_k(60000, 5000, 10, 3.3, max_s=(300, "budget")).s == 300
     assert choose_s_k(60000, 5000, 10, 3.3, max_s=(9000, "budget")).s == 5000
+
+
+def test_auto_s_with_rounds_is_chosen_for_one_rounds_share_of_eps():
+    """T rounds each release with eps/T: auto s must be the rule's choice at eps/T (not the
+    job's eps), and T rounds of s new queries must fit the public set."""
+    cfg = load_config("jobs/configs/digits_central.yaml", ["queries.s=auto", "rknn.k=auto",
+                                                          "privacy.eps=0.6"])
+    data = prepare_data(cfg)
+    n_pub = len(data.splits.public_y)
+    one_third, _ = resolve_auto(cfg.with_overrides(["privacy.eps=0.2"]), data)
+    three, choice = resolve_auto(cfg.with_overrides(["rounds.count=3"]), data)
+    assert three.queries.s == min(one_third.queries.s, n_pub // 3)
+    assert choice["per_round_eps"] == pytest.approx(0.2) and "one round's eps" in choice["reason"]
+    split, _ = resolve_auto(cfg.with_overrides(["rounds.count=3", "rounds.split_queries=true"]),
+                            data)
+    assert split.queries.s == min(n_pub, 3 * one_third.queries.s)
+    many, _ = resolve_auto(cfg.with_overrides(["rounds.count=3", "privacy.eps=30"]), data)
+    assert 3 * many.queries.s <= n_pub
