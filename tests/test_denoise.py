@@ -89,7 +89,8 @@ def test_auto_s_accounts_for_smoothing_and_is_continuous():
     low = choose_s_k(60000, 5000, 10, 33.0)
     high = choose_s_k(60000, 5000, 10, 3.3)
     assert 150 <= low.s <= 300 and low.k == 1 and "sqrt" in low.reason
-    assert (high.s, high.k) == (5000, 3)
+    assert (high.s, high.k) == (5000, 1)       # 12 votes a query, pooled over ~10 by smoothing
+    assert choose_s_k(60000, 5000, 10, 3.3, smooth_neighbours=1, fixed_s=5000).k == 3   # no pooling
     # the two pieces of the rule meet where m*s = N, and the limit never decreases with signal
     limits = [smoothed_snr_limit(sig, 5000, 10, 8.0) for sig in np.linspace(100, 20000, 400)]
     assert all(b >= a for a, b in zip(limits, limits[1:]))
