@@ -70,21 +70,28 @@ def choose_neighbours(num_records: int, k: int, r: int, s: int, num_public: int,
 
     A query receives on average mu = n*k*r/s votes; assume its winning class leads the
     runner-up by about mu/2 (many queries get fewer votes than the mean, hence z = 4:
-    on Fashion-MNIST z = 2 left most s = 5000, eps = 1 queries unsmoothed and wrong). Averaging m public neighbours spans about
-    q = max(1, m*s/N) distinct queries, so the noise std falls to noise_std/sqrt(q).
-    We need noise_std/sqrt(q) <= margin/z, i.e. q >= (z*noise_std/margin)^2. m stays
-    within [1, max_neighbours] so neighbourhoods remain local: on Fashion-MNIST (HOG +
-    PCA-64) labels got worse beyond about 10 neighbours at every s and eps swept (README
-    "Utility"), which is also the m that rknn_ray.autotune assumes when it picks s.
+    on Fashion-MNIST z = 2 left most s = 5000, eps = 1 queries unsmoothed and wrong).
+    The count a label rests on varies for two reasons: the mechanism's noise and which
+    records happen to fall nearest the query (about sqrt(mu) for mu votes; public samples
+    that few records choose are decided by a handful of votes). Averaging m public
+    neighbours spans about q = max(1, m*s/N) distinct queries, so the total std
+    sqrt(noise_std^2 + mu) falls by sqrt(q); we need it <= margin/z, i.e.
+    q >= z^2 (noise_std^2 + mu) / margin^2. m stays within [1, max_neighbours] so
+    neighbourhoods remain local: on Fashion-MNIST (HOG + PCA-64) labels got worse beyond
+    about 10 neighbours at every s and eps swept (README "Utility"), which is also the m
+    that rknn_ray.autotune assumes when it picks s. Without noise (the NOT PRIVATE
+    reference) m = 1: the exact counts as they are.
     """
     mu = num_records * k * r / max(1, s)
     margin = max(mu / 2.0, 1e-9)
-    q_needed = max(1.0, (z * noise_std / margin) ** 2)
+    spread = math.sqrt(noise_std ** 2 + mu)
+    q_needed = max(1.0, (z * spread / margin) ** 2)
     per_query = max(1.0, num_public / max(1, s))          # public samples per cluster
     m = int(min(max_neighbours, max(1, math.ceil(q_needed * per_query))))
     if noise_std == 0:
         m = 1
     reason = (f"n*k*r/s = {mu:.1f} votes per query, margin ~ {margin:.1f}, noise std "
-              f"{noise_std:.2f}: need ~{q_needed:.1f} distinct queries (~{per_query:.1f} public "
-              f"samples per query) -> m = {m} (capped at {max_neighbours})")
+              f"{noise_std:.2f} (with the votes' own spread sqrt(mu): {spread:.2f}): need "
+              f"~{q_needed:.1f} distinct queries (~{per_query:.1f} public samples per query) "
+              f"-> m = {m} (capped at {max_neighbours})")
     return DenoiseChoice(m, reason)
