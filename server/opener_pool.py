@@ -73,6 +73,9 @@ class OpenerPool:
         return done
 
     def close(self) -> None:
+        """Stop the children and wait for them: the job kills the server actor right after
+        (jobs/protocol.py), and children still exiting then would find multiprocessing's
+        resource tracker gone and print its KeyError tracebacks on the user's console."""
         if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
