@@ -69,18 +69,19 @@ def choose_neighbours(num_records: int, k: int, r: int, s: int, num_public: int,
     ``z`` times smaller than the expected class margin, and no more.
 
     A query receives on average mu = n*k*r/s votes; assume its winning class leads the
-    runner-up by about mu/2. The count a label rests on varies for two reasons: the mechanism's noise and which
-    records happen to fall nearest the query (about sqrt(mu) for mu votes; public samples
-    that few records choose are decided by a handful of votes). Averaging m public
-    neighbours spans about q = max(1, m*s/N) distinct queries, so the total std
-    sqrt(noise_std^2 + mu) falls by sqrt(q); we need it <= margin/z, i.e.
-    q >= z^2 (noise_std^2 + mu) / margin^2 (z = 3: on Fashion-MNIST, s = 5000, k = 1, three
-    seeds, z = 4 gave m = 10 and students 0.851 at eps 1, m = 5 gave 0.854; the noise-only
-    rule before it, at z = 4, left eps = 4 unsmoothed, labels 0.82 instead of 0.86). m stays within [1, max_neighbours] so
-    neighbourhoods remain local: on Fashion-MNIST (HOG + PCA-64) labels got worse beyond
-    about 10 neighbours at every s and eps swept (README "Utility"), which is also the m
-    that rknn_ray.autotune assumes when it picks s. Without noise (the NOT PRIVATE
-    reference) m = 1: the exact counts as they are.
+    runner-up by about mu/2. The count a label rests on varies for two reasons: the
+    mechanism's noise, and which records happen to fall nearest the query (about sqrt(mu)
+    for mu votes; public samples that few records choose are decided by a handful of
+    votes). Averaging m public neighbours spans about q = max(1, m*s/N) distinct queries,
+    so the total std sqrt(noise_std^2 + mu) falls by sqrt(q); we need it <= margin/z, i.e.
+    q >= z^2 (noise_std^2 + mu) / margin^2.
+
+    z = 3: on Fashion-MNIST (s = 5000, k = 1, three seeds) z = 4 gave m = 10 and students
+    0.851 at eps 1 where m = 5-6 gave 0.854-0.856; the noise-only rule before this one left
+    eps = 4 unsmoothed (labels 0.82 instead of 0.86). m stays within [1, max_neighbours] so
+    neighbourhoods remain local: labels got worse beyond about 10 neighbours at every s and
+    eps swept (README "Utility"), which is also the m that rknn_ray.autotune assumes when it
+    picks s. Without noise (the NOT PRIVATE reference) m = 1: the exact counts as they are.
     """
     mu = num_records * k * r / max(1, s)
     margin = max(mu / 2.0, 1e-9)

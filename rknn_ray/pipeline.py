@@ -233,24 +233,28 @@ def resolve_auto(cfg, data: PreparedData):
         max(1, cfg.queries.s // count) if split else cfg.queries.s)
     fixed_k = None if cfg.rknn.k == "auto" else cfg.rknn.k
 
+    n_pub = len(data.splits.public_y)
+    pool_cap = None                 # every round picks s public samples that are not yet queries
+    if count > 1 and not split:
+        pool_cap = (max(1, n_pub // count), f"{count} rounds of s new public samples: "
+                    f"s <= {n_pub} // {count}")
+
     def choose(k_for_cap: int):
-        cap = multi_message_s_cap(per_round, data, k_for_cap) if fixed_s is None else None
-        return choose_s_k(len(data.splits.private_y), len(data.splits.public_y),
-                          data.num_classes, sigma, r=cfg.rknn.r, fixed_s=fixed_s,
-                          fixed_k=fixed_k, max_s=cap)
+        caps = [] if fixed_s is not None else [
+            c for c in (pool_cap, multi_message_s_cap(per_round, data, k_for_cap)) if c]
+        return choose_s_k(len(data.splits.private_y), n_pub, data.num_classes, sigma,
+                          r=cfg.rknn.r, fixed_s=fixed_s, fixed_k=fixed_k,
+                          max_s=min(caps) if caps else None)
     choice = choose(fixed_k or 1)
     if choice.k > (fixed_k or 1) and fixed_s is None:     # a larger k costs more noise messages
         choice = choose(choice.k)
-    n_pub = len(data.splits.public_y)     # every round picks s public samples not yet queries
     s_total = cfg.queries.s if fixed_s is not None else (
-        min(n_pub, choice.s * count) if split else min(choice.s, max(1, n_pub // count)))
+        min(n_pub, choice.s * count) if split else choice.s)
     reason = choice.reason
     if count > 1 and fixed_s is None:
-        reason += (f"; chosen for one round's eps = {eps_t:.4g} of {count}; "
-                   + (f"s = {choice.s} per round x {count} rounds (rounds.split_queries) -> "
-                      f"{s_total} in total" if split else
-                      f"every round picks s new public samples: s <= {n_pub} // {count} -> "
-                      f"{s_total}"))
+        reason += f"; chosen for one round's eps = {eps_t:.4g} of {count}" + (
+            f"; s = {choice.s} per round x {count} rounds (rounds.split_queries) -> {s_total}"
+            if split else "")
     cfg = cfg.with_overrides([f"queries.s={s_total}", f"rknn.k={choice.k}"])
     extra = {"per_round_eps": eps_t, "rounds": count} if count > 1 else {}
     return cfg, {**choice.to_dict(), "s": int(s_total), "reason": reason, "noise_std_k1": sigma,
@@ -401,6 +405,6 @@ def fit_student(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, inp
         return train_semi(cfg, data, encoder, lab, info, out_dir, progress)
     fit = train_student if cfg.student.trainer == "ray" else train_student_local
     return fit(inputs.train_x, inputs.targets, inputs.eval_x, inputs.eval_y,
-                         inputs.image_shape, data.num_classes, inputs.config,
-                         storage_path=out_dir, checkpoint_dir=out_dir,
-                         sample_weight=inputs.weight, progress=on_epoch)
+               inputs.image_shape, data.num_classes, inputs.config,
+               storage_path=out_dir, checkpoint_dir=out_dir,
+               sample_weight=inputs.weight, progress=on_epoch)
