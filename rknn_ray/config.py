@@ -51,17 +51,17 @@ class RunConfig:
     name: str = "run"                 # names the run folder runs/<name>-<time>
     seed: int = 0                     # split / partition seed (and all randomness if rng=seeded)
     rng: str = "secure"               # "secure" (OS CSPRNG) or "seeded" (reproducible simulation)
-    progress: bool = True
-    diagnostics: bool = False
+    progress: bool = True             # bars or periodic lines on stderr; false: silent
+    diagnostics: bool = False         # NOT PRIVATE: also label with exact counts, into diagnostics/
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "digits"
-    data_root: str | None = None
-    split: str = "paper"
-    clients: int = 100
-    partition: str = "iid"
+    dataset: str = "digits"           # digits is embedded; the others read data_root
+    data_root: str | None = None      # the dataset's standard files (null: default place)
+    split: str = "paper"              # paper: paper 000's private/public/evaluation split
+    clients: int = 100                # virtual clients the private records are partitioned over
+    partition: str = "iid"            # how private records are dealt to clients
     alpha: float = 0.5                # Dirichlet concentration (partition=dirichlet)
     include_extra: bool = False       # SVHN: extra_32x32.mat joins the private train set
     synthetic: FrozenDict = field(default_factory=FrozenDict)   # gaussian_mixture arguments
@@ -69,12 +69,12 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RepresentConfig:
-    encoder: str = "pca"
-    dim: int = 32
-    whiten: bool = False
+    encoder: str = "pca"              # fitted on public data only
+    dim: int = 32                     # output dimension (PCA components)
+    whiten: bool = False              # PCA whitening
     # learned encoder (simclr), rknn_ray.contrastive; trained on public data only and cached
-    epochs: int = 15
-    batch_size: int = 256
+    epochs: int = 15                  # simclr training epochs (public data only)
+    batch_size: int = 256             # simclr batch size
     flip: bool = True                 # left-right mirror augmentation (false for digits)
     backbone: str = "auto"            # auto | cnn | resnet (32x32, GPU)
     trainer: str = "ray"              # ray (one-worker Ray Train) | local
@@ -84,59 +84,59 @@ class RepresentConfig:
 @dataclass(frozen=True)
 class QueriesConfig:
     s: int | str = 100                # or "auto": rknn_ray.autotune from n, eps and public data
-    restarts: int = 3
-    niter: int = 25
-    use_nearest_public: bool = False
+    restarts: int = 3                 # faiss k-means restarts
+    niter: int = 25                   # faiss k-means iterations
+    use_nearest_public: bool = False  # snap each centre to its nearest public sample
 
 
 @dataclass(frozen=True)
 class RknnConfig:
     k: int | str = 1                  # or "auto" (with queries.s: auto)
-    r: int = 1
+    r: int = 1                        # label bits a record votes (r-hot); sensitivity is 2kr
 
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    model: str = "central"
-    mechanism: str = "laplace"
-    eps: float = 1.0
-    delta: float = 0.0
-    noise: str = "discrete"
-    multi_record: str = "sample"
+    model: str = "central"            # trust model: who adds the noise
+    mechanism: str = "laplace"        # per model: see the README's trust-model table
+    eps: float = 1.0                  # the job's total eps, record level, replace-one
+    delta: float = 0.0                # the job's total delta (shuffle model: below 1/n)
+    noise: str = "discrete"           # central: discrete (exact) or continuous (paper's)
+    multi_record: str = "sample"      # local/shuffle, clients with several records
     options: FrozenDict = field(default_factory=FrozenDict)     # mechanism tuning, see PRIVACY_OPTIONS
-    budget_eps: float | None = None
-    budget_delta: float | None = None
-    accountant: str = "basic"
-    amplification_bound: str = "clones_numerical"
+    budget_eps: float | None = None   # the dataset's budget across jobs (null: this job's eps)
+    budget_delta: float | None = None  # the dataset's delta budget across jobs
+    accountant: str = "basic"         # composition: basic (sums) or pld
+    amplification_bound: str = "clones_numerical"  # shuffle, single message: the amplification bound
 
 
 @dataclass(frozen=True)
 class ShuffleConfig:
-    min_senders: int | None = None
-    onion_layers: int = 0
-    dropout: float = 0.0
-    distributed_above: int | None = 5_000_000
+    min_senders: int | None = None    # sender floor above what the target needs
+    onion_layers: int = 0             # N chained shufflers, each peeling its own layer
+    dropout: float = 0.0              # simulated fraction of clients that never send
+    distributed_above: int | None = 5_000_000  # above: a distributed sort
     max_messages_per_client: int | None = 64   # multi-message + queries.s auto: caps s so a
                                                 # client sends at most this many (expected)
 
 
 @dataclass(frozen=True)
 class LabelsConfig:
-    type: str = "hard"
-    train_on: str = "public"
+    type: str = "hard"                # hard (argmax) or soft (normalized counts) targets
+    train_on: str = "public"          # train on propagated public labels, or on the queries only
     smooth: int | str = 1             # public-graph neighbours for denoising (1: off) or "auto"
 
 
 @dataclass(frozen=True)
 class StudentSection:
-    epochs: int = 30
-    batch_size: int = 64
-    lr: float = 0.001
-    weight_decay: float = 0.0
-    num_workers: int = 2
+    epochs: int = 30                  # training epochs
+    batch_size: int = 64              # per worker
+    lr: float = 0.001                 # Adam learning rate
+    weight_decay: float = 0.0         # Adam weight decay
+    num_workers: int = 2              # Ray Train workers (checked against the CPUs)
     use_gpu: bool | None = None       # null: use a GPU when Ray has one
-    arch: str = "auto"
-    augment: str = "none"
+    arch: str = "auto"                # model architecture (auto: by input shape)
+    augment: str = "none"             # training augmentation
     method: str = "supervised"        # supervised (train.py) | semi (student/semi.py, FixMatch-like)
     target: str = "weighted"          # semi: hard | soft | weighted
     threshold: float = 0.9            # semi: model confidence for a consistency target
@@ -148,13 +148,13 @@ class StudentSection:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    shards: int = 2
-    batch_clients: int = 20000
-    shard_cpus: float = 0.5
-    server_cpus: float = 0.25
-    shuffler_cpus: float = 0.25
-    openers: int | None = None
-    window: int = 16
+    shards: int = 2                   # ClientShard actors, each hosting many virtual clients
+    batch_clients: int = 20000        # virtual clients per sealed Arrow batch
+    shard_cpus: float = 0.5           # Ray CPUs per shard actor
+    server_cpus: float = 0.25         # Ray CPUs of the Server actor
+    shuffler_cpus: float = 0.25       # Ray CPUs per Shuffler actor
+    openers: int | None = None        # the Server's opener processes (null: one per CPU, at most 16)
+    window: int = 16                  # batches in flight per shard stream and in the Server
 
 
 @dataclass(frozen=True)
