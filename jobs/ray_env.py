@@ -53,6 +53,18 @@ def local_ray_env() -> None:
             os.environ.pop("RAY_AUTH_MODE", None)
 
 
+def pin_ray_address() -> None:
+    """Worker setup hook: name this cluster in the worker's RAY_ADDRESS. Ray Train's
+    PlacementGroupCleaner looks its controller up through the State API without an address;
+    with a second Ray instance on the machine (a test session, another user's job) that
+    lookup finds two and its monitor thread dies printing a traceback on our console."""
+    import ray
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+
+
+WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "jobs.ray_env.pin_ray_address"}
+
+
 def ensure_ray(num_cpus: int | None = None) -> bool:
     """Init Ray if needed; returns True when this call started a local instance."""
     import ray
@@ -66,7 +78,7 @@ def ensure_ray(num_cpus: int | None = None) -> bool:
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                     log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
+                     runtime_env=WORKER_RUNTIME_ENV, log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
             return True
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
             if STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS:
