@@ -12,7 +12,9 @@ mu/sigma = n*r/(s*sigma(1)) does not depend on k. The released counts are then
 smoothed over up to ``smooth_neighbours`` public neighbours (rknn_ray.denoise), which
 averages about q = max(1, m*s/N) distinct queries and multiplies the ratio by sqrt(q).
 We take the largest s (finer clusters give purer labels) whose ratio *after*
-smoothing reaches ``target_snr``, clipped to [min_s, number of public samples].
+smoothing reaches ``target_snr``, clipped to [max(|Y|, 10), number of public samples]; a mechanism whose noise
+dominates even there (single-message Collision on Fashion-MNIST: SNR 0.4 at s = |Y|) gets
+s = |Y|.
 Then k: each smoothed label should rest on about ``votes`` records so that its majority
 is stable. Smoothing already pools the q = max(1, m*s/N) queries its neighbours belong
 to, so k = ceil(votes*s/(n*r*q)), clipped to [1, max_k] (k > 1 spreads each record's
@@ -53,7 +55,10 @@ def choose_s_k(num_records: int, num_public: int, num_classes: int, noise_std_k1
     Monotone: a larger eps (smaller noise) never gives a smaller s.
     """
     n = max(1, int(num_records))
-    min_s = min(num_public, max(2 * num_classes, 10))
+    # at least one query per class: where the noise dominates even there (single-message
+    # Collision or randomized response, whose per-count error does not shrink with s) the
+    # fewest queries, |Y|, give each the most votes
+    min_s = min(num_public, max(num_classes, 10))
     m = max(1, int(smooth_neighbours))
     if fixed_s is not None:
         s = int(fixed_s)

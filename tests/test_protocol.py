@@ -85,8 +85,8 @@ def test_server_actor_rejects_and_counts_bad_reports(ray_session):
 
 def _digits_cfg(*overrides):
     return load_config("jobs/configs/digits_shuffle.yaml",
-                       ["run.rng=seeded", "cluster.shards=2", "cluster.batch_clients=200",
-                        "cluster.openers=1", *overrides])
+                       ["run.rng=seeded", "queries.s=10", "cluster.shards=2",
+                        "cluster.batch_clients=200", "cluster.openers=1", *overrides])
 
 
 def _session_round(cfg, job_id="job-fixed", rounds=1, faults=None, ledger=None):
