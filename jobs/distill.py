@@ -221,11 +221,17 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
+def release_error_bound(details: dict, num_classes: int, beta: float = 0.05) -> float:
+    """The central release's (eta, beta) error bound for the plots, from the mechanism's own
+    description (its scale and its noise: discrete or continuous)."""
+    from rknn_ray.mechanisms.central import central_error_bound
+    return central_error_bound(details["scale"], num_classes, beta, details["noise"])
+
+
 def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
             described, budget, job_id, out_dir, progress, auto_choice=None) -> dict:
     """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
     from jobs.release_file import load_selections
-    from rknn_ray.mechanisms.central import central_error_bound
     from rknn_ray.pipeline import exact_answers, finish_labels, fit_student, student_inputs
     from rknn_ray.plots import run_summary_png
     from rknn_ray.queries import union_of_rounds
@@ -307,8 +313,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     write_parquet(os.path.join(out_dir, "labels.parquet"), labels_table)
     write_json(os.path.join(out_dir, "ledger.json"), ledger.to_dict())
     details = rounds[-1].mechanism
-    bound = central_error_bound(details["scale"], data.num_classes, 0.05, "discrete") \
-        if g.model == "central" else None
+    bound = release_error_bound(details, data.num_classes) if g.model == "central" else None
     correct = lab.query_labels == truth_q
     run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history,
                     count_gaps(counts, truth_q), correct, bound, "released")
