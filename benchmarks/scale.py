@@ -10,12 +10,13 @@ open_and_check, RoundAccumulator) in this one process. One synthetic Gaussian-mi
 record per client, made by each shard from (seed, client id); s = |Y| = 10, k = 1,
 central target eps = 1, delta = 1e-6.
 
-Printed (and written as JSON): wall time, time per stage, ``crypto_floor_s`` (CPU
-seconds of the bare primitives for all messages -- X25519 keygen + exchange, HKDF,
-ChaCha20-Poly1305 seal, and the server's exchange, HKDF, open -- measured in the same
-run), ``cores``, ``floor_wall_s`` = floor / cores, ``ratio_to_floor`` = wall /
-floor_wall, ``peak_rss_mb`` (peak of the summed proportional set size of this process
-and all its descendants: the driver, Ray's daemons, every actor and opener process)
+Printed (and written as JSON): wall time, time per stage, ``floor_parts`` (CPU seconds
+per primitive for all messages, benchmarks/crypto_floor.py: the client's X25519 keygen +
+exchange, HKDF, ChaCha20-Poly1305 seal, credential key and HMAC tag; the shuffler's
+credential key and tag check; the server's exchange, HKDF and open -- measured in the same
+run), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
+``ratio_to_floor`` = wall / floor_wall, ``peak_rss_mb`` (peak of the summed proportional
+set size of this process and all its descendants: the driver, Ray's daemons, every actor and opener process)
 and ``spilled_mb`` (what Ray spilled to disk).
 """
 from __future__ import annotations
@@ -81,31 +82,6 @@ class MemorySampler(Sampler):
 
     def sample(self) -> None:
         self.peak = max(self.peak, self._total())
-
-
-def opening_floor_seconds(num_messages: int, payload_len: int, sample: int = 2000) -> float:
-    """CPU seconds of the server-side primitives per message (exchange, HKDF, AEAD open)."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-    n = max(1, min(sample, num_messages))
-    server = X25519PrivateKey.generate()
-    server_pub = server.public_key().public_bytes_raw()
-    items = []
-    for _ in range(n):
-        eph = X25519PrivateKey.generate()
-        eph_pub = eph.public_key()
-        key = HKDF(hashes.SHA256(), 32, salt=eph_pub.public_bytes_raw() + server_pub,
-                   info=b"floor").derive(eph.exchange(server.public_key()))
-        items.append((eph_pub, ChaCha20Poly1305(key).encrypt(bytes(12), os.urandom(payload_len),
-                                                             b"aad")))
-    t0 = time.thread_time()
-    for eph_pub, ct in items:
-        key = HKDF(hashes.SHA256(), 32, salt=eph_pub.public_bytes_raw() + server_pub,
-                   info=b"floor").derive(server.exchange(eph_pub))
-        ChaCha20Poly1305(key).decrypt(bytes(12), ct, b"aad")
-    return (time.thread_time() - t0) * num_messages / n
 
 
 def _public_setup(clients: int):
@@ -247,17 +223,18 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
 
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
         object_store_mb: int | None = None, distributed_above: int | None = 5_000_000) -> dict:
-    from sealing.envelope import crypto_floor_seconds
+    from benchmarks.crypto_floor import floor_parts
     with MemorySampler() as mem:
         res = (run_actors(clients, batch, shards, object_store_mb, distributed_above)
                if protocol == "actors"
                else run_inprocess(clients, batch))
-    floor = crypto_floor_seconds(clients, res["message_size"]) + \
-        opening_floor_seconds(clients, res["message_size"])
+    parts = floor_parts(clients, res["message_size"])
+    floor = sum(parts.values())
     cores = res["cores"]
     err = np.abs(res["counts"] - _exact_counts(clients, res["qs"]))
     return {"clients": clients, "protocol": protocol, "wall_s": res["wall_s"],
-            "stages_s": res["stages_s"], "crypto_floor_s": floor, "cores": cores,
+            "stages_s": res["stages_s"], "floor_parts": parts, "crypto_floor_s": floor,
+            "cores": cores,
             "floor_wall_s": floor / cores, "ratio_to_floor": res["wall_s"] / (floor / cores),
             "peak_rss_mb": mem.peak, "spilled_mb": res["spilled_mb"],
             "senders": res["senders"], "messages": res["messages"], "rejected": res["rejected"],
@@ -289,6 +266,9 @@ def main(argv=None) -> int:
     else:
         print("| stage | seconds |\n|---|---|")
         for k, v in res["stages_s"].items():
+            print(f"| {k} | {v:.2f} |")
+        print("\n| floor part | CPU s |\n|---|---|")
+        for k, v in res["floor_parts"].items():
             print(f"| {k} | {v:.2f} |")
         print(f"| **round (wall)** | {res['wall_s']:.2f} |\n"
               f"| crypto floor (CPU s) | {res['crypto_floor_s']:.2f} |\n"
