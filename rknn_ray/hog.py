@@ -46,16 +46,19 @@ def _cell_histograms(x: np.ndarray, orientations: int, cell: int) -> np.ndarray:
     g_row[:, 1:-1, :] = x[:, 2:, :] - x[:, :-2, :]
     g_col[:, :, 1:-1] = x[:, :, 2:] - x[:, :, :-2]
     rows, cols = h // cell, w // cell
-    g_row, g_col = g_row[:, :rows * cell, :cols * cell], g_col[:, :rows * cell, :cols * cell]
+    # float64 from here on, as scikit-image does: numpy's float32 arctan2 differs between
+    # CPUs (its AVX-512 kernel put a 45-degree edge at 44.99999), which moved exact edges
+    # to the next bin on some machines; the float64 angle of integer gradients does not.
+    g_row = g_row[:, :rows * cell, :cols * cell].astype(np.float64)
+    g_col = g_col[:, :rows * cell, :cols * cell].astype(np.float64)
     magnitude = np.hypot(g_col, g_row)
     angle = np.rad2deg(np.arctan2(g_row, g_col)) % 180
-    # bin i holds angles in [i*180/n, (i+1)*180/n): compare against the edges in float64
-    # exactly as scikit-image does, so angles on an edge land in the same bin.
+    # bin i holds angles in [i*180/n, (i+1)*180/n), edges compared as scikit-image does
     edges = (180.0 / orientations) * np.arange(1, orientations)
-    bins = np.searchsorted(edges, angle.astype(np.float64), side="right")
+    bins = np.searchsorted(edges, angle, side="right")
     cell_of = (np.arange(rows * cell)[:, None] // cell) * cols + np.arange(cols * cell)[None, :] // cell
     flat = (np.arange(b)[:, None, None] * (rows * cols) + cell_of[None]) * orientations + bins
-    hist = np.bincount(flat.ravel(), weights=magnitude.ravel().astype(np.float64),
+    hist = np.bincount(flat.ravel(), weights=magnitude.ravel(),
                        minlength=b * rows * cols * orientations)
     return (hist / (cell * cell)).reshape(b, rows, cols, orientations).astype(np.float32)
 

@@ -42,3 +42,13 @@ def test_blank_and_tiny_images():
         hog_features(np.zeros((2, 6, 6)), cell=4, block=2)
     with pytest.raises(ValueError, match=r"\(N, H, W\)"):
         hog_features(np.zeros((28, 28)))
+
+
+def test_an_exact_45_degree_edge_lands_in_the_bin_it_opens():
+    """A ramp along the diagonal has gradient (2, 2) everywhere inside: 45 degrees exactly,
+    the first angle of bin [45, 67.5) with 8 orientations. Float32 arctan2 put it at
+    44.99999 on AVX-512 machines (CI failed there); the float64 angle must not."""
+    i, j = np.mgrid[0:16, 0:16]
+    ramp = ((i + j) / 30.0).astype(np.float32)[None]
+    hist = hog_features(ramp, orientations=8, cell=4, block=1).reshape(-1, 8)
+    assert np.all(hist[:, 1] == 0) and np.all(hist[:, 2] > 0)
