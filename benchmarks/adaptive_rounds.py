@@ -105,7 +105,7 @@ def label_only_cell(cell: dict, args) -> dict:
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
     from jobs.protocol import RoundResult
-    from rknn_ray.adaptive import next_round_uncertain
+    from rknn_ray.pipeline import next_round_uncertain
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms import build
     import dataclasses

@@ -173,7 +173,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                     selections.append({"round": t, "rule": cfg.rounds.query_selection,
                                        "queries": qs.size})
                 else:                  # uncertain: post-processing of the rounds released so far
-                    from rknn_ray.adaptive import next_round_uncertain
+                    from rknn_ray.pipeline import next_round_uncertain
                     with progress.stage(f"select_{t}", f"round {t + 1}: interim student, queries "
                                         f"where it is least certain ({cfg.rounds.uncertainty})"):
                         qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,

@@ -3,7 +3,8 @@ current student is least certain.
 
 Paper 000 describes T > 1 rounds whose queries adapt to the student but never
 specifies the rule (every experiment there uses T = 1). Ours, for round t >= 1
-(``rounds.query_selection: uncertain``):
+(``rounds.query_selection: uncertain``; the driver's step is
+``rknn_ray.pipeline.next_round_uncertain``):
 
 1. Label the public set from every count released so far, exactly as the job's final
    labels are made (``pipeline.finish_labels``: cluster propagation over the union of
@@ -123,33 +124,3 @@ def select_uncertain(public_emb: np.ndarray, probs: np.ndarray, taken: np.ndarra
             "uncertainty_free": float(u[free].mean()), "uncertainty_all": float(u.mean())}
     return QuerySet(np.ascontiguousarray(x[picks]), picks, assign[:, 0].astype(np.int64),
                     float("nan")), info
-
-
-def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_emb: np.ndarray,
-                         seed: int, s: int | None = None) -> tuple[QuerySet, dict]:
-    """Round t >= 1's queries for the driver: labels from the counts released so far
-    (``finish_labels``, as the job's final labels), the interim student, then
-    :func:`select_uncertain`. ``data`` is read for public quantities only (public
-    labels to *measure* the interim student; n, clients and |Y| as the final labels use
-    them); the selection itself sees only public embeddings and released-derived labels.
-    ``s``: how many new queries (default queries.s; the driver passes this round's share)."""
-    from rknn_ray.labels import accuracy
-    from rknn_ray.pipeline import finish_labels
-    from rknn_ray.queries import union_of_rounds
-    all_qs = union_of_rounds(public_emb, query_sets)
-    counts = np.concatenate([r.counts for r in rounds])
-    lab, _ = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, None)
-    probs = interim_student_probs(public_emb, lab.public_targets, lab.public_weight,
-                                  data.num_classes, cfg.labels.type, seed)
-    taken = np.concatenate([q.public_index for q in query_sets])
-    qs, info = select_uncertain(public_emb, probs, taken, cfg.queries.s if s is None else s, seed,
-                                cfg.rounds.uncertainty, cfg.rounds.pool_factor)
-    predicted = probs.argmax(axis=1)
-    info.update({
-        "interim_student": "mlp, in-process, on public embeddings and released-derived labels",
-        "interim_agreement_released": accuracy(predicted, lab.public_hard),
-        # measurement only (like every accuracy figure): public labels never reach select_uncertain
-        "interim_accuracy_public_labels": accuracy(predicted, data.splits.public_y),
-        "labels_accuracy_before": lab.label_accuracy,
-        "post_processing": True})
-    return qs, info

@@ -32,7 +32,7 @@ from torch import nn
 
 from rknn_ray.augment import strong_view
 from rknn_ray.errors import ConfigError
-from rknn_ray.represent import Encoder
+from rknn_ray.encoder import Encoder
 
 ENCODER_FILE = "encoder.pt"
 BACKBONES = ("auto", "cnn", "resnet")

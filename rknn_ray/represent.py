@@ -11,29 +11,12 @@ on the public HOG features;
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 
 import faiss
 import numpy as np
 
+from rknn_ray.encoder import Encoder
 from rknn_ray.errors import ConfigError
-
-
-class Encoder(ABC):
-    name = "abstract"
-
-    @abstractmethod
-    def fit(self, public_x: np.ndarray) -> "Encoder":
-        """Fit on public inputs (N, ...)."""
-
-    @abstractmethod
-    def transform(self, x: np.ndarray) -> np.ndarray:
-        """(N, D) float32 C-contiguous embeddings."""
-
-    @property
-    @abstractmethod
-    def dim(self) -> int:
-        """Embedding dimension D."""
 
 
 def _flat(x: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from rknn_ray.errors import ConfigError
-from rknn_ray.data.readers import Dataset, validate_features
+from rknn_ray.data.dataset import Dataset, validate_features
 from rknn_ray.rng import seeded_generator
 
 
