@@ -123,10 +123,12 @@ def run_baseline(method: str, setup, eps: float, delta: float):
     """One baseline at one eps; returns its BaselineResult."""
     from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
     shards = NFDP_SHARDS.get(setup.data.dataset, 2)
-    if method == "fedmd_nfdp":
-        return nfdp.run_nfdp(setup, eps, replacement=True, use_ray=True, shards=shards)
-    if method == "fedmd_nfdp_wor":
-        return nfdp.run_nfdp(setup, eps, replacement=False, use_ray=True, shards=shards)
+    if method in ("fedmd_nfdp", "fedmd_nfdp_wor"):
+        from actors.nfdp_shard import RayParties
+        from jobs.ray_env import ensure_ray
+        ensure_ray()                      # a no-op inside the comparison, which started it
+        return nfdp.run_nfdp(setup, eps, replacement=method == "fedmd_nfdp", hosts=RayParties,
+                             shards=shards)
     if method == "dpdfd_selective_rr":
         return dpdfd.run_dpdfd(setup, eps)
     if method == "pate_lnmax":

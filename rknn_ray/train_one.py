@@ -15,7 +15,6 @@ import os
 import tempfile
 import uuid
 
-import numpy as np
 import torch
 
 from rknn_ray.errors import RknnError
@@ -65,7 +64,3 @@ def fit_one_worker(loop: str, data, loop_config: dict, name: str, use_gpu: bool 
         raise RknnError(f"Ray Train finished {name} without a checkpoint; see the worker logs above")
     with result.checkpoint.as_directory() as d:
         return torch.load(os.path.join(d, PAYLOAD_FILE), map_location="cpu", weights_only=False)
-
-
-def as_array(x) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=np.float32)
