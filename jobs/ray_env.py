@@ -2,7 +2,7 @@
 
 With ``RAY_ADDRESS`` set (``ray job submit``, a cluster) we join that cluster and
 touch nothing else. Otherwise we start a local instance bound to loopback:
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before Ray starts (DESIGN.md).
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before Ray starts (README, "Running on a cluster").
 
 A local instance is also started so that its console stays readable
 (:func:`local_ray_env`): token authentication is chosen explicitly (what Ray does

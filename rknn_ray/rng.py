@@ -1,4 +1,4 @@
-"""Randomness sources, with the rules of DESIGN.md built in.
+"""Randomness sources, with the rules of docs/threat-model.md ("Randomness") built in.
 
 * ``secure`` (default): every private draw comes from a ChaCha20 keystream
   (``randomgen.ChaCha``, 20 rounds: a numpy bit generator whose output is the
