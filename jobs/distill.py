@@ -321,6 +321,8 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
                                                   student.history, ref, exact, truth_q,
                                                   correct, bound, len(sp.public_y))
+        # PRIVATE (depends on the label-driven partition): only in the diagnostics
+        report["diagnostics"]["records_dropped_by_bound"] = data.records_dropped()
     write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
     if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
         os.unlink(os.path.join(out_dir, "incomplete.json"))
