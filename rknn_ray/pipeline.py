@@ -50,6 +50,14 @@ class PreparedData:
         m = len(self.client_ids)
         return np.arange(m) if self.held is None else np.flatnonzero(self.held)
 
+    def public_counts(self) -> dict:
+        """report.json's counts that come from the data: public ones only (the configured
+        clients, the record count m, public under replace-one, the split sizes, the bound)."""
+        sp = self.splits
+        return {"clients": self.num_clients, "records": int(len(sp.private_y)),
+                "public": int(len(sp.public_y)), "evaluation": int(len(sp.eval_y)),
+                "max_records_per_client": self.max_records_per_client}
+
     def records_dropped(self) -> int:
         """PRIVATE (depends on the partition): records beyond the bound; diagnostics only."""
         return 0 if self.held is None else int((~self.held).sum())

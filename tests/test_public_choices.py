@@ -24,8 +24,7 @@ def public_choices(cfg, data) -> dict:
     """Every public quantity the job derives from the data: report.json's counts, and per
     trust model the auto (s, k), the mechanism's parameters, message size, allowance,
     description (report.json's privacy.details) and the multi-message s cap."""
-    out = {"report_counts": {"clients": data.num_clients, "records": len(data.splits.private_y),
-                             "max_records_per_client": data.max_records_per_client}}
+    out = {"report_counts": data.public_counts()}
     for model, mech in MODELS:
         c = cfg.with_overrides([f"privacy.model={model}", f"privacy.mechanism={mech}"])
         c, auto = resolve_auto(c, data)
