@@ -282,16 +282,13 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                                "eps": budget[0], "delta": budget[1],
                                "spent_eps": store.spent(identity).eps, "ledger": store.path},
                     "release_file": "release.npz", **_rng_marks(cfg)},
-        "counts": {"clients": data.num_clients, "records": int(len(sp.private_y)),
-                   "queries": all_qs.size, "public": int(len(sp.public_y)),
-                   "evaluation": int(len(sp.eval_y)),
+        "counts": {**data.public_counts(), "queries": all_qs.size,
                    "messages": int(sum(r.messages for r in rounds)),
                    "received": int(sum(r.received for r in rounds)),
                    "rejected": _sum_dicts(r.rejected for r in rounds),
                    "authenticated_senders": [r.authenticated_senders for r in rounds],
                    "missing": [r.missing for r in rounds],
-                   "rounds": len(rounds),
-                   "max_records_per_client": data.max_records_per_client},
+                   "rounds": len(rounds)},
         "split": sp.describe(),
         "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,
                     "trainer": st.trainer,
@@ -321,6 +318,8 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
                                                   student.history, ref, exact, truth_q,
                                                   correct, bound, len(sp.public_y))
+        # PRIVATE (depends on the label-driven partition): only in the diagnostics
+        report["diagnostics"]["records_dropped_by_bound"] = data.records_dropped()
     write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
     if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
         os.unlink(os.path.join(out_dir, "incomplete.json"))

@@ -21,6 +21,7 @@ report once (``rejected.replayed`` shows the re-sent copies).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -208,11 +209,14 @@ class ProtocolSession:
         ledger.check(guarantee, event)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         self._inject("before_finish")
-        out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
+        # the release is out of every reported timing (stages, console): the exact samplers'
+        # run time grows with the noise they draw
+        untimed = getattr(self.progress, "untimed", None)
+        with untimed("release") if untimed else contextlib.nullcontext():
+            out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
         opened.close(out["received"])
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
-        # no timing of the release itself: the exact samplers' run time grows with the noise
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         for t in ray.get([s.get_timings.remote() for s in self.shards]):

@@ -63,6 +63,9 @@ class DataConfig:
     clients: int = 100                # virtual clients the private records are partitioned over
     partition: str = "iid"            # how private records are dealt to clients
     alpha: float = 0.5                # Dirichlet concentration (partition=dirichlet)
+    max_records_per_client: int | None = None  # public bound on a client's records (message
+    # sizes, allowances, auto s); records beyond it are dropped. null: ceil(records / clients)
+    # for iid, 1 for one_per_client; dirichlet must declare it (its record counts are private)
     include_extra: bool = False       # SVHN: extra_32x32.mat joins the private train set
     synthetic: FrozenDict = field(default_factory=FrozenDict)   # gaussian_mixture arguments
 
@@ -357,6 +360,7 @@ NUMBERS = {
     "run.seed": (int, 0, None, False, False, False),
     "data.clients": (int, 1, None, False, False, False),
     "data.alpha": (float, 0, None, True, False, False),
+    "data.max_records_per_client": (int, 1, None, False, False, True),
     "represent.dim": (int, 1, None, False, False, False),
     "queries.s": (int, 1, None, False, False, False),
     "represent.epochs": (int, 1, None, False, False, False),
@@ -522,6 +526,13 @@ def _check_strings(cfg: dict) -> None:
 
 
 def _check_relations(cfg: dict) -> None:
+    d = cfg["data"]
+    if d["partition"] == "dirichlet" and d["max_records_per_client"] is None:
+        raise ConfigError("data.max_records_per_client", "partition=dirichlet deals records by "
+                          "their private labels, so the largest client's record count is private; "
+                          "the bound that sets message sizes, allowances and auto s must be public",
+                          "declare it, e.g. data.max_records_per_client=<3 x records/clients>; "
+                          "a client's records beyond it are dropped")
     p = cfg["privacy"]
     if p["eps"] < 1e-6:
         raise ConfigError("privacy.eps", f"{p['eps']} is below 1e-6: its noise scale 2kr/eps "
