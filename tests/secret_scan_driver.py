@@ -5,7 +5,8 @@ the scan can read all of it), runs one secure local-model round of the digits jo
 client shards whose key store is KEY_STORE, prints one JSON line and waits for a line on
 stdin before it closes the session (which deletes the shards' secrets). The JSON carries a
 *canary*: 32 random bytes this driver passed as an actor argument, the way shard secrets
-used to travel, so the test can show its scan finds what crosses Ray's control plane.
+used to travel, so the test can show its scan finds what crosses Ray's control plane, and
+*stored* bytes it put in the object store, to show the scan reads the object store too.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def main(key_store: str) -> None:
     canary = os.urandom(32)
     holder = Holder.remote(canary)
     ray.get(holder.ready.remote())
+    stored = os.urandom(32)                     # 128 KiB: too big to inline, so it is in plasma
+    stored_ref = ray.put(stored * 4096)         # noqa: F841 - kept alive while scanned
     cfg = load_config("jobs/configs/digits_local.yaml",
                       ["run.rng=secure", "queries.s=10", "cluster.shards=2",
                        "cluster.batch_clients=200", "cluster.openers=1",
@@ -51,7 +54,8 @@ def main(key_store: str) -> None:
                          progress=Progress(False)) as session:
         res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
         print(json.dumps({"job_id": "job-scan", "messages": res.messages,
-                          "clients": res.clients, "canary": canary.hex()}), flush=True)
+                          "clients": res.clients, "canary": canary.hex(),
+                          "stored": stored.hex()}), flush=True)
         sys.stdin.readline()                    # the test scans this process tree now
     print(json.dumps({"closed": True}), flush=True)
     ray.shutdown()
