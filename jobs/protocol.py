@@ -16,8 +16,10 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
    the n actually shuffled and recorded in the ledger.
 
 A shard that dies mid-round is restarted by Ray and streams the round again from its
-first batch: the same randomness and the same report ids, so the server counts every
-report once (``rejected.replayed`` shows the re-sent copies).
+first batch: it re-reads its secret from its node-local key store
+(:mod:`rknn_ray.shard_secrets`; the driver never holds it), so the same randomness and the
+same report ids go out and the server counts every report once (``rejected.replayed``
+shows the re-sent copies). A restarted shard that cannot find its secret refuses to start.
 """
 from __future__ import annotations
 

@@ -145,3 +145,22 @@ def test_a_round_whose_shard_lost_its_secret_fails_clearly_and_releases_nothing(
     assert err.value.party == "client shard 0" and not err.value.released
     assert (tmp_path / "died").exists() and not ledger.to_dict()["entries"]
     assert not (tmp_path / "keys" / "job-lost").exists()   # closing deleted shard 1's secret
+
+
+def test_a_key_store_others_can_open_stops_the_job_at_startup_with_the_fix(ray_session,
+                                                                          tmp_path):
+    """The shard checks its store on its own node; the driver reports its error and fix."""
+    from jobs.progress import Progress
+    from jobs.protocol import PartyFailure, ProtocolSession
+    from rknn_ray.pipeline import dataset_sources, prepare_data
+    from tests.test_protocol import _digits_cfg
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    cfg = _digits_cfg("run.rng=secure", f"cluster.key_store={shared}")
+    with pytest.raises(PartyFailure, match="failed to start; nothing was released: .*"
+                       "ShardSecretError.*mode 777.*Fix: chmod 700"):
+        ProtocolSession(cfg, dataset_sources(cfg, prepare_data(cfg)), "job-open",
+                        progress=Progress(False))
+    assert os.listdir(shared) == []                      # no secret was written there
