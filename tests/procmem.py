@@ -14,11 +14,13 @@ UNREADABLE = ("[vvar]", "[vvar_vclock]", "[vsyscall]")
 MAX_SHARED = 1 << 30
 
 
-def find_bytes(pid: int, needle: bytes) -> tuple[list[int], int]:
-    """Addresses of every occurrence of ``needle`` in ``pid``'s memory, and bytes scanned."""
-    if len(needle) < 8:
-        raise ValueError("search for at least 8 bytes: shorter strings occur by chance")
-    hits, scanned, keep = [], 0, len(needle) - 1
+def find_bytes(pid: int, *needles: bytes) -> tuple[list[list[int]], int]:
+    """Addresses of every occurrence of each needle in ``pid``'s memory (one read of it),
+    and the bytes scanned."""
+    if not needles or min(len(n) for n in needles) < 8:
+        raise ValueError("search for strings of at least 8 bytes: shorter ones occur by chance")
+    hits: list[list[int]] = [[] for _ in needles]
+    scanned, keep = 0, max(len(n) for n in needles) - 1
     with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
         for line in maps:
             parts = line.split(maxsplit=5)
@@ -38,11 +40,13 @@ def find_bytes(pid: int, needle: bytes) -> tuple[list[int], int]:
                 except OSError:          # a mapping that went away or cannot be read
                     break
                 buf = tail + data
-                i = buf.find(needle)
-                while i != -1:
-                    hits.append(addr - len(tail) + i)
-                    i = buf.find(needle, i + 1)
-                tail = buf[-keep:]
+                for found, needle in zip(hits, needles):
+                    # a match lying wholly inside the carried tail was found in the last chunk
+                    i = buf.find(needle, max(0, len(tail) - len(needle) + 1))
+                    while i != -1:
+                        found.append(addr - len(tail) + i)
+                        i = buf.find(needle, i + 1)
+                tail = buf[-keep:] if keep else b""
                 scanned += len(data)
                 addr += n
     return hits, scanned

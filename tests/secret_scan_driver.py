@@ -27,7 +27,9 @@ def main(key_store: str) -> None:
     from rknn_ray.mechanisms import build
     from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_params, prepare_data
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    # address="local": always a new instance of our own, never a cluster that `ray start`
+    # left on this machine (whose processes this test neither owns nor should scan)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              object_store_memory=100 * 2**20)
 
     @ray.remote(num_cpus=0)

@@ -54,7 +54,9 @@ def test_shard_secrets_are_in_their_shards_only_never_in_driver_gcs_or_object_st
         secrets = [k.read_bytes() for k in keys]
         assert all(len(s) == 32 for s in secrets) and secrets[0] != secrets[1]
 
-        found = {pid: [len(find_bytes(pid, s)[0]) for s in secrets] for pid in names}
+        canary, stored = bytes.fromhex(info["canary"]), bytes.fromhex(info["stored"])
+        scans = {pid: find_bytes(pid, *secrets, canary, stored)[0] for pid in names}
+        found = {pid: [len(h) for h in hits[:2]] for pid, hits in scans.items()}
         # each shard holds its own secret, not the other's: the scan sees a secret where it is
         assert sorted(tuple(h > 0 for h in found[pid]) for pid in shards) == [(False, True),
                                                                                (True, False)]
@@ -65,8 +67,7 @@ def test_shard_secrets_are_in_their_shards_only_never_in_driver_gcs_or_object_st
         assert found[raylet[0]] == [0, 0]
         # controls: what crosses the control plane as an actor argument IS found in the GCS,
         # and what is in the object store is found in the raylet (which maps it)
-        assert find_bytes(gcs[0], bytes.fromhex(info["canary"]))[0]
-        assert find_bytes(raylet[0], bytes.fromhex(info["stored"]))[0]
+        assert scans[gcs[0]][2] and scans[raylet[0]][3]
 
         driver.stdin.write("\n")
         driver.stdin.flush()
