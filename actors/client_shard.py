@@ -4,17 +4,19 @@ The shard loads its own private records from a small source spec
 (:mod:`rknn_ray.data.sources`) and never sends them anywhere. It also makes its own
 secret (:mod:`rknn_ray.shard_secrets`): Ray is handed only where to keep it (a node-local,
 owner-only key store and the job id), so the secret never crosses the driver, the GCS or
-the object store; Ray keeps only those public names for restarts. For a round it streams one sealed Arrow
-batch per ``batch_clients`` clients (:func:`rknn_ray.client_step.client_step`) as a
-Ray streaming generator, so the driver forwards batches while the shard is still
-sealing and memory is bounded by the generator's backpressure window.
+the object store; Ray keeps only those public names for restarts. For a round it streams
+one sealed Arrow batch per ``batch_clients`` clients
+(:func:`rknn_ray.client_step.client_step`) as a Ray streaming generator, so the driver
+forwards batches while the shard is still sealing and memory is bounded by the
+generator's backpressure window.
 
 Retries never re-randomize: batch ``b`` of round ``t`` draws its randomness and its
 report ids from the shard's secret and ``(job, t, b)``; a restarted shard reads the same
 secret from its key store and re-sends byte-for-byte the same plaintexts and ids, which
-the server counts once (one restarted where its secret is gone refuses to start). Every message
-is signed with the shard's credential for its sender (:mod:`sealing.credentials`), so the
-party that sees senders can authenticate them and enforce the per-sender allowance.
+the server counts once (a shard restarted where its secret is gone refuses to start).
+Every message is signed with the shard's credential for its sender
+(:mod:`sealing.credentials`), so the party that sees senders can authenticate them and
+enforce the per-sender allowance.
 """
 from __future__ import annotations
 

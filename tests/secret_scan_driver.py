@@ -44,7 +44,7 @@ def main(key_store: str) -> None:
     holder = Holder.remote(canary)
     ray.get(holder.ready.remote())
     stored = os.urandom(32)                     # 128 KiB: too big to inline, so it is in plasma
-    stored_ref = ray.put(stored * 4096)         # noqa: F841 - kept alive while scanned
+    kept = [holder, ray.put(stored * 4096)]     # alive (and in the store) while scanned
     cfg = load_config("jobs/configs/digits_local.yaml",
                       ["run.rng=secure", "queries.s=10", "cluster.shards=2",
                        "cluster.batch_clients=200", "cluster.openers=1",
@@ -59,6 +59,7 @@ def main(key_store: str) -> None:
                           "clients": res.clients, "canary": canary.hex(),
                           "stored": stored.hex()}), flush=True)
         sys.stdin.readline()                    # the test scans this process tree now
+    del kept
     print(json.dumps({"closed": True}), flush=True)
     ray.shutdown()
 
