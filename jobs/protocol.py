@@ -16,8 +16,10 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
    the n actually shuffled and recorded in the ledger.
 
 A shard that dies mid-round is restarted by Ray and streams the round again from its
-first batch: the same randomness and the same report ids, so the server counts every
-report once (``rejected.replayed`` shows the re-sent copies).
+first batch: it re-reads its secret from its node-local key store
+(:mod:`rknn_ray.shard_secrets`; the driver never holds it), so the same randomness and the
+same report ids go out and the server counts every report once (``rejected.replayed``
+shows the re-sent copies). A restarted shard that cannot find its secret refuses to start.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ from jobs.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
-from rknn_ray.rng import derived_key, new_client_secret
+from rknn_ray.rng import derived_key
+from rknn_ray.shard_secrets import SeededShardSecrets, ShardKeyStore
 from sealing.credentials import CredentialIssuer
 from sealing.envelope import RoundContext
 
@@ -109,12 +112,13 @@ class ProtocolSession:
                                   if seeded else None)
         ranges = [(int(src.client_lo), int(src.client_hi)) for src in sources]
         self.verifier = issuer.verifier(ranges)
+        # each shard makes (or, restarted, re-reads) its own secret: only names cross Ray
+        self.secrets = (SeededShardSecrets(int(cfg.run.seed)) if seeded
+                        else ShardKeyStore(job_id, cl.key_store))
         self.shards = []
         for i, src in enumerate(sources):
-            secret = (derived_key(str(cfg.run.seed).encode(), "shard", i)
-                      if seeded else new_client_secret())
             self.shards.append(ClientShard.options(num_cpus=cl.shard_cpus).remote(
-                i, src, secret, (shard_faults or {}).get(i),
+                i, src, self.secrets, (shard_faults or {}).get(i),
                 issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         try:
@@ -134,8 +138,20 @@ class ProtocolSession:
         self.close()
 
     def close(self) -> None:
+        """End the job's actors; each live shard first deletes its stored secret.
+
+        Every round of the job ran on this session (``--resume`` runs none), so no later
+        step needs the secrets; a shard that is already dead leaves its file behind
+        (docs/threat-model.md says where).
+        """
         if getattr(self, "_opened", None) is not None:
             self._opened.close()           # a round that failed leaves its progress poller running
+        forgot = [s.forget_secret.remote() for s in self.shards]
+        for ref in forgot:
+            try:
+                ray.get(ref, timeout=10)
+            except Exception:  # noqa: BLE001 - best effort: a dead shard cannot delete its file
+                pass
         try:
             ray.get(self.server.shutdown.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - best effort: the actor may already be gone
@@ -289,10 +305,11 @@ class ProtocolSession:
                         return
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
                         "it; it re-sends the round (same reports, counted once)")
-                    if not _wait_alive(shard):
+                    alive, why = _wait_alive(shard)
+                    if not alive:
                         errors.append(PartyFailure(_actor_death(
                             f"client shard {i} died and did not come back; nothing was released",
-                            exc), f"client shard {i}"))
+                            why or exc), f"client shard {i}"))
                         return
                 except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
                     errors.append(exc)
@@ -335,18 +352,32 @@ class ProtocolSession:
                      "messages": stats[-1]["messages"], "bytes": stats[0]["bytes"]}
 
 
-def _wait_alive(actor, timeout: float = 120.0) -> bool:
-    """Block until a restarting actor answers again (False if it never does)."""
-    deadline = time.monotonic() + timeout
+def _wait_alive(actor, timeout: float = 120.0) -> tuple[bool, BaseException | None]:
+    """Block until a restarting actor answers again: (True, None), or (False, last error).
+
+    A restart whose constructor raised (e.g. a shard that lost its secret) is final: no wait.
+    """
+    deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         try:
             ray.get(actor.num_clients.remote(), timeout=max(1.0, deadline - time.monotonic()))
-            return True
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return True, None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            last = exc
+            if CREATION_FAILED in str(exc):
+                return False, exc
             time.sleep(0.5)
-    return False
+    return False, last
+
+
+#: Ray's words for an actor whose constructor raised (the cause is the text's last line)
+CREATION_FAILED = "error raised in its creation task"
 
 
 def _actor_death(what: str, exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"{what} ({first[:200]})"
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return f"{what} ({type(exc).__name__})"
+    if CREATION_FAILED in lines[0]:      # the constructor's own error names the problem and fix
+        return f"{what}: {lines[-1]}"
+    return f"{what} ({lines[0][:200]})"

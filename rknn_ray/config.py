@@ -158,6 +158,8 @@ class ClusterConfig:
     shuffler_cpus: float = 0.25       # Ray CPUs per Shuffler actor
     openers: int | None = None        # the Server's opener processes (null: one per CPU, at most 16)
     window: int = 16                  # batches in flight per shard stream and in the Server
+    key_store: str | None = None      # absolute node-local folder for shard secrets
+                                      # (null: $TMPDIR/rknn-ray-keys-<uid> on each shard's node)
 
 
 @dataclass(frozen=True)
@@ -519,6 +521,12 @@ def _check_strings(cfg: dict) -> None:
     if cfg["data"]["include_extra"] and cfg["data"]["dataset"] != "svhn":
         raise ConfigError("data.include_extra", f"is only read for SVHN, not "
                           f"{cfg['data']['dataset']!r}", "set data.include_extra: false")
+    ks = cfg["cluster"]["key_store"]
+    if ks is not None and not (isinstance(ks, str) and os.path.isabs(ks)):
+        raise ConfigError("cluster.key_store", f"{ks!r} is not an absolute path (each shard "
+                          "opens it on its own node, from its own working folder)",
+                          "set cluster.key_store to an absolute folder on the shards' nodes, "
+                          "or null for $TMPDIR/rknn-ray-keys-<uid>")
     root = cfg["data"]["data_root"]
     if root is not None and not isinstance(root, str):
         raise ConfigError("data.data_root", f"{root!r} is not a path",

@@ -61,7 +61,8 @@ def make_generator(kind: str, seed: int | None = None) -> np.random.Generator:
 
 
 def new_client_secret() -> bytes:
-    """A fresh 32-byte secret for one client shard (never leaves the shard)."""
+    """A fresh 32-byte secret for one client shard, drawn inside the shard itself
+    (:mod:`rknn_ray.shard_secrets`): never made by the driver or passed through Ray."""
     return os.urandom(32)
 
 
