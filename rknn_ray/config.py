@@ -529,6 +529,11 @@ def _check_relations(cfg: dict) -> None:
     if p["model"] == "shuffle" and p["delta"] <= 0:
         raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
                           "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
+    if p["model"] != "shuffle" and p["delta"] != 0:
+        raise ConfigError("privacy.delta", f"delta = {p['delta']:g}, but every {p['model']} "
+                          "mechanism is pure eps-DP: the delta would be reserved from the "
+                          "dataset's budget and never used", "set privacy.delta=0 (the "
+                          "dataset's delta budget across jobs is privacy.budget_delta)")
     from rknn_ray.mechanisms import available
     names = available().get(p["model"], [])
     if p["mechanism"] not in names:
@@ -629,6 +634,13 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
                           "an (eps, delta) mechanism may then expose a whole record outright with "
                           "probability delta", f"set privacy.delta below {0.1 / max(1, num_private):.1g} "
                           "(e.g. 1/(10 n))")
+    budget_delta = cfg.privacy.budget_delta
+    if budget_delta is not None and budget_delta >= 1.0 / max(1, num_private):
+        raise ConfigError("privacy.budget_delta", f"{budget_delta:g} is not below 1/n = "
+                          f"{1.0 / max(1, num_private):.3g} for n = {num_private} private records: "
+                          "the delta summed over every job on the data must stay below 1/n",
+                          f"set privacy.budget_delta below {1.0 / max(1, num_private):.3g}, e.g. "
+                          f"1/(10 n) = {0.1 / max(1, num_private):.2g}")
 
 
 def protocol_cpus(cfg: Config) -> float:
