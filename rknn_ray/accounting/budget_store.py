@@ -208,9 +208,9 @@ class BudgetStore:
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         try:
-            check = [r[0] for r in con.execute("PRAGMA quick_check").fetchall()]
+            check = [r[0] for r in con.execute("PRAGMA integrity_check(5)").fetchall()]
             if check != ["ok"]:
-                raise self._damaged("SQLite's quick_check reports " + "; ".join(check[:3]))
+                raise self._damaged("SQLite's integrity_check reports " + "; ".join(check[:3]))
             version = con.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise LedgerError(f"{self.path} was written by a newer rknn-ray (ledger schema "
