@@ -100,12 +100,12 @@ class PrivacyConfig:
     model: str = "central"            # trust model: who adds the noise
     mechanism: str = "laplace"        # per model: see the README's trust-model table
     eps: float = 1.0                  # the job's total eps, record level, replace-one
-    delta: float = 0.0                # the job's total delta (shuffle model: below 1/n)
+    delta: float = 0.0                # the job's total delta (shuffle: below 1/n; central, local: 0)
     noise: str = "discrete"           # central: discrete (exact) or continuous (paper's)
     multi_record: str = "sample"      # local/shuffle, clients with several records
     options: FrozenDict = field(default_factory=FrozenDict)     # mechanism tuning, see PRIVACY_OPTIONS
-    budget_eps: float | None = None   # the dataset's budget across jobs (null: this job's eps)
-    budget_delta: float | None = None  # the dataset's delta budget across jobs
+    budget_eps: float | None = None   # the records' eps budget across jobs (null: this job's eps)
+    budget_delta: float | None = None  # the records' delta budget across jobs, below 1/n (null: max(delta, 1/(10 n)))
     accountant: str = "basic"         # composition: basic (sums) or pld
     amplification_bound: str = "clones_numerical"  # shuffle, single message: the amplification bound
 
