@@ -86,9 +86,20 @@ def test_delta_summed_over_jobs_stays_below_one_over_n(tmp_path, demo_jobs):
             assert "The limit is delta: the total would reach 1/n" in str(exc)
             assert f"n = {n} private records" in str(exc) and "lowering eps does not help" in str(exc)
     assert admitted == 1 and store.spent(identity).delta < 1 / n
-    # and no budget at or above 1/n can be set any more: the source knows its n
+    # and no budget at or above 1/n can be set any more: the source knows its n; bringing
+    # the old budget under the cap needs no --allow-lower
     with pytest.raises(ConfigError, match="not below 1/n"):
         store.set_budget(identity, 100.0, 0.5)
+    store.set_budget(identity, 100.0, 9.2e-4)
+    assert store.budget(identity) == (100.0, 9.2e-4)
+
+
+def test_pld_under_an_old_budget_above_one_over_n_answers_below_the_cap(tmp_path):
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.set_budget("ds", 100.0, 0.5, "an old ledger's budget")
+    store.reserve("ds", "d", "job-0", 1.0, 1e-5, (100.0, 0.5), accountant="pld", records=1000)
+    with pytest.raises(PrivacyBudgetError, match="would reach 1/n = 0.001"):
+        store.reserve("ds", "d", "job-1", 1.0, 1e-3, (100.0, 0.5), accountant="pld", records=1000)
 
 
 def test_a_delta_budget_at_or_above_one_over_n_is_refused(tmp_path, demo_jobs):

@@ -432,7 +432,8 @@ class BudgetStore:
                 con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
                             (identity, description or identity, eps, delta, time.time()))
             else:
-                if (eps < row[0] or delta < row[1]) and not allow_lower:
+                over_cap = bool(n) and row[1] >= 1.0 / n     # lowering it to the cap: allowed
+                if (eps < row[0] or (delta < row[1] and not over_cap)) and not allow_lower:
                     raise PrivacyBudgetError(f"the budget of {identity} is eps={row[0]:g}, "
                                              f"delta={row[1]:g}; lowering it needs --allow-lower")
                 con.execute("UPDATE datasets SET budget_eps = ?, budget_delta = ? WHERE identity = ?",
@@ -516,8 +517,10 @@ class BudgetStore:
                             (identity, description, row[0], row[1], time.time()))
             b_eps, b_delta = float(row[0]), float(row[1])
             spend = self.spent(identity, con)
+            # a PLD answers at its target delta: the budget's, kept below the 1/n cap
+            target = b_delta if cap is None else min(b_delta, cap * (1 - 1e-6))
             total_eps, total_delta = self.composed(identity, accountant, [ApproxDpEvent(eps, delta)],
-                                                   b_delta, con)
+                                                   target, con)
             over_eps = total_eps > b_eps * (1 + SLACK)
             over_delta = not experiment and total_delta > b_delta * (1 + SLACK) + 1e-300
             over_cap = cap is not None and total_delta >= cap
