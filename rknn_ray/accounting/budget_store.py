@@ -21,10 +21,9 @@ What is spent is composed by the job's accountant (``basic`` sums, or ``pld``; a
 pure budget, delta = 0, pure events compose exactly by their sum) from the stored events.
 
 SQLite in WAL mode (stdlib ``sqlite3``), ``BEGIN IMMEDIATE`` for every check-and-write,
-so two jobs started at once cannot both squeeze under the budget; a lock held by another
-process is waited on for ``$RKNN_RAY_LEDGER_TIMEOUT`` seconds (default 10), then refused.
-An existing file that is not a valid ledger is refused and left untouched, never
-replaced by a fresh (empty, hence budget-forgetting) one.
+so two jobs started at once cannot both squeeze under the budget. The file itself (made
+whole, refused untouched when it is not a valid ledger, locks waited on for a bounded
+time) is rknn_ray/accounting/ledger_file.py.
 
 Ledgers written before the record-pool identity (schema version 0/1) are migrated
 explicitly: their identities are listed as *legacy*, and the first job on a dataset of
@@ -34,24 +33,18 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
-import urllib.parse
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
+from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile
 from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE, pool_digest
-from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
+from rknn_ray.errors import ConfigError, PrivacyBudgetError
 
-ENV_PATH = "RKNN_RAY_LEDGER"
-ENV_TIMEOUT = "RKNN_RAY_LEDGER_TIMEOUT"
-LOCK_TIMEOUT_S = 10.0  # default wait for another process's lock before a clear refusal
 SLACK = 1e-9           # relative: float sums of fractions of eps must not refuse an exact fit
 SCHEMA_VERSION = 2     # 2: record-pool sources; 0/1: identities from the job's manifest
 DEFAULT_DELTA_SHARE = 0.1   # a new source's default delta budget: 1/(10 n)
-SQLITE_HEADER = b"SQLite format 3\x00"
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS datasets (
@@ -85,21 +78,6 @@ def default_path() -> str:
         return os.environ[ENV_PATH]
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return os.path.join(base, "rknn-ray", "ledger.sqlite")
-
-
-def lock_timeout() -> float:
-    """Seconds to wait for another process's lock: ``$RKNN_RAY_LEDGER_TIMEOUT``, else 10."""
-    raw = os.environ.get(ENV_TIMEOUT)
-    if raw is None:
-        return LOCK_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value <= 3600:
-        raise ConfigError(ENV_TIMEOUT, f"{raw!r} is not a number of seconds in [0, 3600]",
-                          f"set {ENV_TIMEOUT}=10 (or unset it)")
-    return value
 
 
 def default_delta_budget(delta: float, records: int) -> float:
@@ -139,104 +117,15 @@ class BudgetStore:
     """
 
     def __init__(self, path: str | None = None, purpose: str | None = None):
-        self.path = os.path.abspath(path or default_path())
-        self.timeout = lock_timeout()
-        if os.path.exists(self.path):
-            self._check_existing()
-        else:
-            self._create()
+        self.file = LedgerFile(path or default_path(), TABLES, REQUIRED, SCHEMA_VERSION)
+        self.path, self.timeout = self.file.path, self.file.timeout
+        self._connect, self._transaction = self.file.connect, self.file.transaction
         with self._transaction() as con:
             self._upgrade(con)
             if purpose:
                 con.execute("INSERT OR REPLACE INTO meta VALUES ('purpose', ?)", (purpose,))
             row = con.execute("SELECT value FROM meta WHERE key = 'purpose'").fetchone()
         self.purpose = row[0] if row else "budget"
-
-    # ------------------------------------------------------------------ the file
-    def _create(self) -> None:
-        """A complete new ledger appears at ``path`` at once (built aside, then linked), so a
-        concurrent opener never sees a half-made file; an existing file is never replaced."""
-        folder = os.path.dirname(self.path)
-        tmp = f"{self.path}.new-{os.getpid()}"
-        try:
-            os.makedirs(folder, exist_ok=True)
-            con = sqlite3.connect(tmp, isolation_level=None)
-            try:
-                for stmt in TABLES:
-                    con.execute(stmt)
-                con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            finally:
-                con.close()
-            try:
-                os.link(tmp, self.path)
-            except FileExistsError:
-                pass                           # another process made it first: use theirs
-        except (OSError, sqlite3.Error) as exc:
-            raise LedgerError(f"cannot create the privacy ledger {self.path} ({exc}). Fix: make "
-                              f"{folder} writable, or point --ledger / ${ENV_PATH} at the ledger "
-                              "you keep your budgets in") from None
-        finally:
-            for leftover in (tmp, tmp + "-journal"):
-                if os.path.exists(leftover):
-                    os.unlink(leftover)
-        self._check_existing()
-
-    def _damaged(self, problem: str) -> LedgerError:
-        return LedgerError(
-            f"{self.path} is not a valid rknn-ray privacy ledger: {problem}. It is left untouched, "
-            "and no job may run on it: a new ledger in its place would forget the budget already "
-            f"spent. Fix: inspect it (sqlite3 {self.path} 'PRAGMA integrity_check'; `.recover` "
-            "salvages readable rows), or restore the ledger from a backup to this path; if "
-            f"--ledger / ${ENV_PATH} points at the wrong file, point it at your ledger")
-
-    def _check_existing(self) -> None:
-        """Refuse (LedgerError) a file that is not a readable ledger of a known schema."""
-        try:
-            size = os.path.getsize(self.path)
-            with open(self.path, "rb") as fh:
-                header = fh.read(len(SQLITE_HEADER))
-        except OSError as exc:
-            raise self._damaged(f"it cannot be read ({exc})") from None
-        wal = self.path + "-wal"
-        if size == 0 and not (os.path.exists(wal) and os.path.getsize(wal) > 0):
-            raise self._damaged("the file is empty (0 bytes)")
-        if size and header != SQLITE_HEADER:
-            raise self._damaged("it is not an SQLite database (wrong file header)")
-        uri = "file:" + urllib.parse.quote(self.path) + "?mode=rw"
-        try:
-            con = sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        try:
-            check = [r[0] for r in con.execute("PRAGMA integrity_check(5)").fetchall()]
-            if check != ["ok"]:
-                raise self._damaged("SQLite's integrity_check reports " + "; ".join(check[:3]))
-            version = con.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise LedgerError(f"{self.path} was written by a newer rknn-ray (ledger schema "
-                                  f"{version}, this version reads up to {SCHEMA_VERSION}). Fix: "
-                                  "use the rknn-ray version that wrote it (upgrade this one)")
-            for table, columns in REQUIRED.items():
-                have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
-                if not columns <= have:
-                    raise self._damaged(f"it has no {table} table with the columns "
-                                        f"{sorted(columns)}" if not have else
-                                        f"its {table} table lacks {sorted(columns - have)}")
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        finally:
-            con.close()
-
-    def _error(self, exc: sqlite3.Error) -> LedgerError:
-        """An SQLite error as a LedgerError: a lock held too long, or a damaged file."""
-        text = str(exc)
-        if "locked" in text or "busy" in text:
-            return LedgerError(
-                f"the privacy ledger {self.path} is locked by another process; waited "
-                f"{self.timeout:g} s (${ENV_TIMEOUT}) and changed nothing. Fix: let the other job "
-                f"or `rknn-ray budget` command finish and run this again (`fuser {self.path}` "
-                f"names the holder), or wait longer: {ENV_TIMEOUT}=60")
-        return self._damaged(f"SQLite says {text!r}")
 
     def _upgrade(self, con) -> None:
         """Create missing tables; an older ledger's identities become legacy (to migrate)."""
@@ -249,35 +138,6 @@ class BudgetStore:
                         "WHERE instr(identity, '/') = 0 AND identity NOT IN "
                         "(SELECT identity FROM sources)")
             con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    @contextmanager
-    def _connect(self):
-        try:
-            con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        try:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA foreign_keys=ON")
-            yield con
-        except sqlite3.Error as exc:
-            raise self._error(exc) from None
-        finally:
-            con.close()
-
-    @contextmanager
-    def _transaction(self):
-        with self._connect() as con:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                yield con
-                con.execute("COMMIT")
-            except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                raise
 
     # ------------------------------------------------------------------ sources
     def source_identity(self, dataset: str, fingerprints: np.ndarray,
