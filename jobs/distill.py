@@ -111,17 +111,25 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         budget = store.reserve(identity, described, job_id, p.eps, p.delta,
                                job_default_budget(p, len(sp.private_y)), accountant=p.accountant,
                                records=len(sp.private_y))
-        progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
-                     f"this job reserved eps={p.eps:g} (ledger {store.path})")
-        write_text(os.path.join(out_dir, "config.yaml"),
-                   yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
-                     f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-        with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
-                            + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
-                               if cfg.rounds.split_queries else "")):
-            encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
-    started = ensure_ray()                 # one Ray for the whole job, after the budget check
+    try:                    # until a client randomizes, a failure returns the reservation
+        if not resume:
+            progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
+                         f"this job reserved eps={p.eps:g} (ledger {store.path})")
+            write_text(os.path.join(out_dir, "config.yaml"),
+                       yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
+                         f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+            with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
+                                + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
+                                   if cfg.rounds.split_queries else "")):
+                encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
+        started = ensure_ray()             # one Ray for the whole job, after the budget check
+    except BaseException as exc:
+        if not resume:
+            store.close_job(identity, job_id, f"job failed before any client randomized "
+                            f"({type(exc).__name__}: {_first_line(exc)}); nothing released, "
+                            "the reservation returned")
+        raise
     try:
         if not resume:
             rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,

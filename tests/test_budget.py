@@ -107,3 +107,20 @@ def test_the_store_composes_with_the_runs_accountant(tmp_path):
     with pytest.raises(PrivacyBudgetError, match="basic composition"):
         store.reserve("ds", "d", "job-basic", 1.0, 0.0, (3.5, 1e-6), accountant="basic")
     store.reserve("ds", "d", "job-pld", 1.0, 0.0, (3.5, 1e-6), accountant="pld")
+
+
+def test_a_failure_before_any_client_randomizes_returns_the_reservation(tmp_path):
+    """The run folder cannot be written after the budget was reserved (a real OS error):
+    nothing was released, so nothing stays counted."""
+    from jobs.distill import run
+    from rknn_ray.config import load_config
+    ledger = str(tmp_path / "l.sqlite")
+    not_a_folder = tmp_path / "run"
+    not_a_folder.write_text("a file where the run folder should be")
+    cfg = load_config("jobs/configs/digits_central.yaml", ["run.progress=false"])
+    with pytest.raises(OSError):
+        run(cfg, str(not_a_folder), ledger_path=ledger)
+    (dataset,) = BudgetStore(ledger).datasets()
+    assert dataset["spent"]["eps"] == 0.0 and dataset["reserved"] == 0
+    (row,) = dataset["releases"]
+    assert row["status"] == "unused" and "before any client randomized" in row["note"]
