@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
-from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.budget_store import ENV_PATH, BudgetStore, default_path
 from rknn_ray.errors import RknnError
 
 
@@ -43,7 +44,17 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-    store = BudgetStore(args.ledger)
+    path = os.path.abspath(args.ledger or default_path())
+    if not os.path.exists(path):          # looking never creates a ledger (a mistyped path)
+        if args.action == "set":
+            print(f"error: there is no privacy ledger at {path}. Fix: point --ledger or "
+                  f"${ENV_PATH} at the ledger your jobs use (a dataset's budget is created by "
+                  "its first job)", file=sys.stderr)
+            return 2
+        print("[]" if args.json else f"privacy ledger: {path} does not exist yet: no job has "
+              "recorded anything there")
+        return 0
+    store = BudgetStore(path)
     if args.action == "set":
         if not args.dataset or args.eps is None:
             print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "

@@ -115,6 +115,7 @@ def test_a_locked_ledger_is_waited_on_for_a_stated_time_then_refused(tmp_path):
 
 
 def test_a_bad_lock_timeout_names_the_variable(tmp_path):
+    BudgetStore(str(tmp_path / "l.sqlite"))
     result = _budget("list", "--ledger", str(tmp_path / "l.sqlite"),
                      env={"RKNN_RAY_LEDGER_TIMEOUT": "soon"})
     assert result.returncode == 2 and "RKNN_RAY_LEDGER_TIMEOUT" in result.stderr
@@ -133,3 +134,12 @@ def test_a_job_on_a_damaged_ledger_exits_2_before_any_work(tmp_path):
     assert "empty (0 bytes)" in result.stderr and "Traceback" not in result.stderr
     assert "Started a local Ray instance" not in result.stderr and not out.exists()
     assert path.read_bytes() == b""
+
+
+def test_looking_at_a_ledger_that_does_not_exist_creates_nothing(tmp_path):
+    path = tmp_path / "typo" / "ledger.sqlite"
+    listed = _budget("list", "--ledger", str(path))
+    assert listed.returncode == 0 and "does not exist yet" in listed.stdout
+    refused = _budget("set", "pool-x", "--eps", "5", "--ledger", str(path))
+    assert refused.returncode == 2 and "there is no privacy ledger at" in refused.stderr
+    assert not path.exists() and not path.parent.exists()
