@@ -14,7 +14,7 @@ from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
 from rknn_ray.accounting.events import event_to_dict
 from rknn_ray.accounting.source_identity import job_source
 from rknn_ray.config import load_config
-from rknn_ray.errors import ConfigError, PrivacyBudgetError
+from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 from rknn_ray.pipeline import prepare_data
 
 DEMOS = ["digits_central", "digits_local", "digits_shuffle"]
@@ -159,3 +159,10 @@ def test_an_experiment_ledger_admits_independent_cells(tmp_path):
         for i in range(20):
             store.reserve("ds", "d", f"cell-{i}", 1.0, 9e-4, (1e6, 1e-4), records=1078)
     assert BudgetStore(path).spent("ds").delta == pytest.approx(0.018)
+    # a budget ledger with spend never becomes an experiment ledger (its cap would be lifted)
+    real = tmp_path / "real"
+    BudgetStore(str(real / "ledger.sqlite")).reserve("ds", "d", "job", 1.0, 0.0, (5.0, 0.0))
+    with pytest.raises(LedgerError, match="cannot become an experiment ledger"):
+        with isolated_ledger(str(real)):
+            pass
+    assert BudgetStore(str(real / "ledger.sqlite")).purpose == "budget"

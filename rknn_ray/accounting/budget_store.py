@@ -40,7 +40,7 @@ import numpy as np
 
 from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile
 from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE, pool_digest
-from rknn_ray.errors import ConfigError, PrivacyBudgetError
+from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 SLACK = 1e-9           # relative: float sums of fractions of eps must not refuse an exact fit
 SCHEMA_VERSION = 2     # 2: record-pool sources; 0/1: identities from the job's manifest
@@ -122,10 +122,17 @@ class BudgetStore:
         self._connect, self._transaction = self.file.connect, self.file.transaction
         with self._transaction() as con:
             self._upgrade(con)
-            if purpose:
-                con.execute("INSERT OR REPLACE INTO meta VALUES ('purpose', ?)", (purpose,))
             row = con.execute("SELECT value FROM meta WHERE key = 'purpose'").fetchone()
-        self.purpose = row[0] if row else "budget"
+            current = row[0] if row else "budget"
+            if purpose and purpose != current:
+                if con.execute("SELECT COUNT(*) FROM releases").fetchone()[0]:
+                    raise LedgerError(f"{self.path} is a {current} ledger with recorded releases; "
+                                      f"it cannot become an {purpose} ledger (its delta cap would "
+                                      f"be lifted). Fix: give the {purpose} a folder of its own "
+                                      "(a fresh --out)")
+                con.execute("INSERT OR REPLACE INTO meta VALUES ('purpose', ?)", (purpose,))
+                current = purpose
+        self.purpose = current
 
     def _upgrade(self, con) -> None:
         """Create missing tables; an older ledger's identities become legacy (to migrate)."""
