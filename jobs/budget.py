@@ -3,17 +3,21 @@
     rknn-ray budget [list] [--ledger PATH] [--json]
     rknn-ray budget set DATASET --eps EPS [--delta DELTA] [--allow-lower] [--ledger PATH]
 
-``DATASET`` is the identity printed by ``list`` (a digest of the private data's
-manifest). Budgets are set once, by the first job on a dataset, and change only here.
+``DATASET`` is the identity printed by ``list``: a source, the pool of records a job's
+split loaded, known by per-record fingerprints (any job touching any of its records draws
+from its one budget). Budgets are set once, by the first job on a dataset, and change
+only here. Identities from older ledgers (``legacy``) move onto a source at its first job;
+``set`` on a moved identity says where it went. Errors exit 2 and never print a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
-from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.budget_store import ENV_PATH, BudgetStore, default_path
 from rknn_ray.errors import RknnError
 
 
@@ -29,35 +33,69 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     try:
-        store = BudgetStore(args.ledger)
-        if args.action == "set":
-            if not args.dataset or args.eps is None:
-                print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "
-                      "--eps <total>", file=sys.stderr)
-                return 2
-            current = store.budget(args.dataset)
-            if current is None:
-                print(f"error: no dataset {args.dataset!r} in {store.path}. Fix: copy an identity "
-                      "from `rknn-ray budget list`", file=sys.stderr)
-                return 2
-            store.set_budget(args.dataset, args.eps, current[1] if args.delta is None else args.delta,
-                             allow_lower=args.allow_lower)
-            print(f"budget of {args.dataset}: eps {current[0]:g} -> {args.eps:g}")
-            return 0
-        rows = store.datasets()
+        return _run(args)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:      # never a traceback: say what failed and where to look
+        print(f"error: rknn-ray budget failed: {type(exc).__name__}: {exc}. Nothing was "
+              "changed unless stated above; please report it with this line", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    path = os.path.abspath(args.ledger or default_path())
+    if not os.path.exists(path):          # looking never creates a ledger (a mistyped path)
+        if args.action == "set":
+            print(f"error: there is no privacy ledger at {path}. Fix: point --ledger or "
+                  f"${ENV_PATH} at the ledger your jobs use (a dataset's budget is created by "
+                  "its first job)", file=sys.stderr)
+            return 2
+        print("[]" if args.json else f"privacy ledger: {path} does not exist yet: no job has "
+              "recorded anything there")
+        return 0
+    store = BudgetStore(path)
+    if args.action == "set":
+        if not args.dataset or args.eps is None:
+            print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "
+                  "--eps <total>", file=sys.stderr)
+            return 2
+        target, moved = store.canonical(args.dataset)
+        if moved:
+            print(f"{args.dataset} was merged into {target} ({moved}); setting {target}")
+            args.dataset = target
+        current = store.budget(args.dataset)
+        if current is None:
+            print(f"error: no dataset {args.dataset!r} in {store.path}. Fix: copy an identity "
+                  "from `rknn-ray budget list`", file=sys.stderr)
+            return 2
+        store.set_budget(args.dataset, args.eps, current[1] if args.delta is None else args.delta,
+                         allow_lower=args.allow_lower)
+        delta = current[1] if args.delta is None else args.delta
+        print(f"budget of {args.dataset}: eps {current[0]:g} -> {args.eps:g}, "
+              f"delta {current[1]:g} -> {delta:g}")
+        return 0
+    rows = store.datasets()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"privacy ledger: {store.path}")
+    print(f"privacy ledger: {store.path}" + ("  (experiment ledger: cells are independent "
+                                             "releases, delta not capped)"
+                                             if store.purpose == "experiment" else ""))
     if not rows:
         print("  no dataset has been used yet")
     for d in rows:
         print(f"\n{d['identity']}  {d['description']}\n  budget eps={d['budget']['eps']:g} "
               f"delta={d['budget']['delta']:g}; spent or reserved eps={d['spent']['eps']:.6g} "
               f"delta={d['spent']['delta']:.3g} ({d['released']} releases, {d['reserved']} open)")
+        if d["kind"] == "legacy":
+            print("  legacy identity (older ledger): moves onto its source at the next job on "
+                  "this dataset")
+        elif d["min_private"]:
+            print(f"  delta stays below 1/n = {1 / d['min_private']:.3g} "
+                  f"(n = {d['min_private']} private records, the fewest a job on it used)")
+        for m in d["merged"]:
+            print(f"  merged from {m['identity']}: {m['reason']}")
         for r in d["releases"]:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated"]))
             event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""

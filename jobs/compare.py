@@ -145,10 +145,10 @@ def run_baseline(method: str, setup, eps: float, delta: float):
 def record_in_store(store, setup, result, job_id: str) -> None:
     """Every release of a baseline into the compare's persistent ledger (its own budget line
     per method: the units and neighbour relations of different methods do not compose)."""
-    from rknn_ray.accounting.budget_store import dataset_identity
+    from rknn_ray.accounting.source_identity import private_data_digest
     sp = setup.splits
-    identity, described = dataset_identity(setup.cfg, sp.private_x, sp.private_y,
-                                           setup.data.client_ids)
+    identity, described = private_data_digest(setup.cfg, sp.private_x, sp.private_y,
+                                              setup.data.client_ids)
     ident = f"{identity}/{result.method}"
     entries = result.ledger.get("entries", [])
     total_eps = sum(e["eps"] for e in entries)

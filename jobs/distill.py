@@ -72,7 +72,8 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     from jobs.ray_env import ensure_ray
     from jobs.release_file import load_release
     from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
+    from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
+    from rknn_ray.accounting.source_identity import job_source
     from rknn_ray.errors import DataError
     from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto, round_query_counts
 
@@ -84,14 +85,16 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} ({auto_choice['reason']})")
     sp = data.splits
     store = BudgetStore(ledger_path)
-    identity, described = dataset_identity(cfg, sp.private_x, sp.private_y, data.client_ids)
+    # the budget is the records' source's (any split / seed / partition); the release is this
+    # job's private part as split and partitioned (resume must find the same one)
+    identity, described, release_key = job_source(store, cfg, data)
     fit_s = round_query_counts(cfg)[0]
     if resume:
         encoder, public_emb, _ = fit_queries(cfg, data, progress.say)   # public only, deterministic
         job_id, saved_identity, rounds, query_sets = load_release(out_dir, public_emb)
-        if saved_identity != identity:
+        if saved_identity != release_key:
             raise DataError(f"{out_dir}/release.npz was released from other private data than "
-                            f"this config loads ({saved_identity} vs {identity}). Fix: resume with "
+                            f"this config loads ({saved_identity} vs {release_key}). Fix: resume with "
                             "the run folder's own config.yaml, unchanged")
         ledger = PrivacyLedger(accountant=cfg.privacy.accountant)
         for t, r in enumerate(rounds):
@@ -106,24 +109,33 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         p = cfg.privacy
         # the budget lasts across jobs: reserve this job's whole spend before anything randomizes
         budget = store.reserve(identity, described, job_id, p.eps, p.delta,
-                               (p.budget_eps or p.eps, p.budget_delta if p.budget_delta is not None
-                                else p.delta), accountant=p.accountant)
-        progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
-                     f"this job reserved eps={p.eps:g} (ledger {store.path})")
-        write_text(os.path.join(out_dir, "config.yaml"),
-                   yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
-                     f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-        with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
-                            + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
-                               if cfg.rounds.split_queries else "")):
-            encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
-    started = ensure_ray()                 # one Ray for the whole job, after the budget check
+                               job_default_budget(p, len(sp.private_y)), accountant=p.accountant,
+                               records=len(sp.private_y))
+    try:                    # until a client randomizes, a failure returns the reservation
+        if not resume:
+            progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
+                         f"this job reserved eps={p.eps:g} (ledger {store.path})")
+            write_text(os.path.join(out_dir, "config.yaml"),
+                       yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
+                         f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+            with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
+                                + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
+                                   if cfg.rounds.split_queries else "")):
+                encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
+        started = ensure_ray()             # one Ray for the whole job, after the budget check
+    except BaseException as exc:
+        if not resume:
+            store.close_job(identity, job_id, f"job failed before any client randomized "
+                            f"({type(exc).__name__}: {_first_line(exc)}); nothing released, "
+                            "the reservation returned")
+        raise
     try:
         if not resume:
             rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,
                                                          store, identity, job_id, out_dir, key_file,
-                                                         progress, shard_faults, party_faults)
+                                                         progress, shard_faults, party_faults,
+                                                         release_key=release_key)
         return _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
                        described, budget, job_id, out_dir, progress, auto_choice)
     finally:
@@ -132,7 +144,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
 
 
 def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, job_id, out_dir,
-                    key_file, progress, shard_faults, party_faults=None):
+                    key_file, progress, shard_faults, party_faults=None, release_key=None):
     """The only phase that touches private data: T rounds on one ProtocolSession.
 
     Each release is committed to the persistent ledger and saved to release.npz at once.
@@ -202,7 +214,8 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                 store.commit_round(identity, job_id, t, rounds[-1].guarantee.eps,
                                    rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
                                    note=_rng_marks(cfg).get("warning", "released"))
-                save_release(out_dir, job_id, identity, rounds, query_sets, selections)
+                save_release(out_dir, job_id, release_key or identity, rounds, query_sets,
+                             selections)
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {_first_line(exc)})"
         if released:

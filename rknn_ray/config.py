@@ -103,12 +103,12 @@ class PrivacyConfig:
     model: str = "central"            # trust model: who adds the noise
     mechanism: str = "laplace"        # per model: see the README's trust-model table
     eps: float = 1.0                  # the job's total eps, record level, replace-one
-    delta: float = 0.0                # the job's total delta (shuffle model: below 1/n)
+    delta: float = 0.0                # the job's total delta (shuffle: below 1/n; central, local: 0)
     noise: str = "discrete"           # central: discrete (exact) or continuous (paper's)
     multi_record: str = "sample"      # local/shuffle, clients with several records
     options: FrozenDict = field(default_factory=FrozenDict)     # mechanism tuning, see PRIVACY_OPTIONS
-    budget_eps: float | None = None   # the dataset's budget across jobs (null: this job's eps)
-    budget_delta: float | None = None  # the dataset's delta budget across jobs
+    budget_eps: float | None = None   # the records' eps budget across jobs (null: this job's eps)
+    budget_delta: float | None = None  # the records' delta budget across jobs, below 1/n (null: max(delta, 1/(10 n)))
     accountant: str = "basic"         # composition: basic (sums) or pld
     amplification_bound: str = "clones_numerical"  # shuffle, single message: the amplification bound
 
@@ -548,6 +548,11 @@ def _check_relations(cfg: dict) -> None:
     if p["model"] == "shuffle" and p["delta"] <= 0:
         raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
                           "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
+    if p["model"] != "shuffle" and p["delta"] != 0:
+        raise ConfigError("privacy.delta", f"delta = {p['delta']:g}, but every {p['model']} "
+                          "mechanism is pure eps-DP: the delta would be reserved from the "
+                          "dataset's budget and never used", "set privacy.delta=0 (the "
+                          "dataset's delta budget across jobs is privacy.budget_delta)")
     from rknn_ray.mechanisms import available
     names = available().get(p["model"], [])
     if p["mechanism"] not in names:
@@ -648,6 +653,13 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
                           "an (eps, delta) mechanism may then expose a whole record outright with "
                           "probability delta", f"set privacy.delta below {0.1 / max(1, num_private):.1g} "
                           "(e.g. 1/(10 n))")
+    budget_delta = cfg.privacy.budget_delta
+    if budget_delta is not None and budget_delta >= 1.0 / max(1, num_private):
+        raise ConfigError("privacy.budget_delta", f"{budget_delta:g} is not below 1/n = "
+                          f"{1.0 / max(1, num_private):.3g} for n = {num_private} private records: "
+                          "the delta summed over every job on the data must stay below 1/n",
+                          f"set privacy.budget_delta below {1.0 / max(1, num_private):.3g}, e.g. "
+                          f"1/(10 n) = {0.1 / max(1, num_private):.2g}")
 
 
 def protocol_cpus(cfg: Config) -> float:

@@ -27,3 +27,8 @@ class ReportError(RknnError):
     def __init__(self, kind: str, detail: str = ""):
         self.kind = kind
         super().__init__(f"{kind}: {detail}" if detail else kind)
+
+
+class LedgerError(RknnError):
+    """The privacy ledger cannot be used as it is (not a ledger, damaged, locked); the
+    file is left untouched: its recorded spend must never be silently forgotten."""
