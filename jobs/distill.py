@@ -73,7 +73,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     from jobs.release_file import load_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
-    from rknn_ray.accounting.source_identity import job_source
+    from rknn_ray.accounting.source_identity import job_source, legacy_release_name
     from rknn_ray.errors import DataError
     from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto, round_query_counts
 
@@ -92,10 +92,12 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     if resume:
         encoder, public_emb, _ = fit_queries(cfg, data, progress.say)   # public only, deterministic
         job_id, saved_identity, rounds, query_sets = load_release(out_dir, public_emb)
-        if saved_identity != release_key:
+        # run folders from before keyed names hold the bare digest: still recognized
+        if saved_identity not in (release_key, legacy_release_name(cfg, data)):
             raise DataError(f"{out_dir}/release.npz was released from other private data than "
-                            f"this config loads ({saved_identity} vs {release_key}). Fix: resume with "
-                            "the run folder's own config.yaml, unchanged")
+                            f"this config loads, or recorded in another ledger ({saved_identity} vs "
+                            f"{release_key}). Fix: resume with the run folder's own config.yaml, "
+                            "unchanged, and the ledger the job ran with (--ledger)")
         ledger = PrivacyLedger(accountant=cfg.privacy.accountant)
         for t, r in enumerate(rounds):
             ledger.record(r.guarantee, round_id=t, event=r.event, messages=r.messages,

@@ -70,6 +70,7 @@ def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_p
     assert report["privacy"]["budget"]["spent_eps"] == pytest.approx(1.0)
     # the same records split, partitioned and dealt otherwise: the same budget (issue 18)
     other_split = ["--set", "run.seed=1", "--set", "data.partition=dirichlet",
+                   "--set", "data.max_records_per_client=200",
                    "--set", "data.clients=99", "--set", "data.alpha=2.0"]
     second = subprocess.run([sys.executable, "-m", "jobs.distill", *common, *other_split,
                              "--out", str(tmp_path / "second")], cwd=ROOT, capture_output=True,

@@ -45,16 +45,17 @@ def _fmnist_files(folder, n_train, n_test):
 
 VARIANTS = {
     "seed": ["run.seed=5"],
-    "partition": ["data.partition=dirichlet"],
+    "partition": ["data.partition=dirichlet", "data.max_records_per_client=200"],
     "clients": ["data.clients=99"],
-    "alpha": ["data.partition=dirichlet", "data.alpha=3.0"],
+    "alpha": ["data.partition=dirichlet", "data.alpha=3.0", "data.max_records_per_client=200"],
 }
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_the_same_records_otherwise_split_draw_from_one_budget(tmp_path, variant):
     store = BudgetStore(str(tmp_path / "l.sqlite"))
-    base = (["data.partition=dirichlet", "data.alpha=0.5"] if variant == "alpha" else [])
+    base = (["data.partition=dirichlet", "data.alpha=0.5", "data.max_records_per_client=200"]
+            if variant == "alpha" else [])
     first = load_config(DIGITS, FIRST + base)
     second = load_config(DIGITS, FIRST + VARIANTS[variant])
     ident_1, key_1 = _charge(store, first, "job-1")
@@ -167,3 +168,20 @@ def test_an_old_ledger_migrates_its_spend_onto_the_record_pool(tmp_path, capsys)
     assert main(["set", old1, "--eps", "25", "--ledger", path]) == 0    # an old id still works
     assert f"{old1} was merged into {ident}" in capsys.readouterr().out
     assert store.budget(ident) == (25.0, 0.0)
+
+
+def test_published_names_are_no_function_of_the_records(tmp_path):
+    """report.json publishes the source's name and release.npz the release's: a digest of the
+    records there would let a reader who knows every record but one test guesses for it. The
+    same records under two ledgers get unrelated names, and a ledger keeps its own."""
+    cfg = load_config(DIGITS, FIRST)
+    data = prepare_data(cfg)
+    a, b = BudgetStore(str(tmp_path / "a.sqlite")), BudgetStore(str(tmp_path / "b.sqlite"))
+    ident_a, _, release_a = job_source(a, cfg, data)
+    ident_b, _, release_b = job_source(b, cfg, data)
+    assert ident_a != ident_b and release_a != release_b
+    bare = private_data_digest(cfg, data.splits.private_x, data.splits.private_y,
+                               data.client_ids)[0]
+    assert bare not in (release_a, release_b) and bare not in release_a
+    again = job_source(BudgetStore(str(tmp_path / "a.sqlite")), cfg, data)   # reopened
+    assert again[0] == ident_a and again[2] == release_a

@@ -16,7 +16,7 @@ from rknn_ray.pipeline import (mechanism_params, multi_message_s_cap, partitione
                                resolve_auto)
 
 BASE = ["data.partition=dirichlet", "data.alpha=0.3", "data.max_records_per_client=25",
-        "queries.s=auto", "rknn.k=auto", "privacy.delta=1e-5", "privacy.budget_eps=null"]
+        "queries.s=auto", "rknn.k=auto", "privacy.delta=0", "privacy.budget_eps=null"]
 MODELS = [("central", "laplace"), ("local", "rr"), ("shuffle", "collision"), ("shuffle", "multi")]
 
 
@@ -26,7 +26,9 @@ def public_choices(cfg, data) -> dict:
     description (report.json's privacy.details) and the multi-message s cap."""
     out = {"report_counts": data.public_counts()}
     for model, mech in MODELS:
-        c = cfg.with_overrides([f"privacy.model={model}", f"privacy.mechanism={mech}"])
+        delta = "1e-5" if model == "shuffle" else "0"          # central and local are pure
+        c = cfg.with_overrides([f"privacy.model={model}", f"privacy.mechanism={mech}",
+                                f"privacy.delta={delta}"])
         c, auto = resolve_auto(c, data)
         params = mechanism_params(c, data)
         m = build(model, mech, params)

@@ -31,15 +31,18 @@ the same name moves their releases (and budget) onto its source (see ``aliases``
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile
-from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE, pool_digest
+from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE
 from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 SLACK = 1e-9           # relative: float sums of fractions of eps must not refuse an exact fit
@@ -146,6 +149,20 @@ class BudgetStore:
                         "(SELECT identity FROM sources)")
             con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
+    def keyed_name(self, digest: str) -> str:
+        """``digest`` (of private data) under this ledger's own secret key (HMAC-SHA256).
+
+        Run folders name their release this way (``release.npz``): resume against the same
+        ledger recognizes it, while the folder itself holds nothing a reader could test a
+        guessed record against. The key is made once, from the OS CSPRNG, inside the ledger."""
+        with self._transaction() as con:
+            row = con.execute("SELECT value FROM meta WHERE key = 'name_key'").fetchone()
+            if row is None:
+                row = (secrets.token_hex(32),)
+                con.execute("INSERT INTO meta VALUES ('name_key', ?)", row)
+        return "hmac-" + hmac.new(bytes.fromhex(row[0]), digest.encode(),
+                                  hashlib.sha256).hexdigest()[:32]
+
     # ------------------------------------------------------------------ sources
     def source_identity(self, dataset: str, fingerprints: np.ndarray,
                         legacy: str | None = None) -> tuple[str, str]:
@@ -167,7 +184,9 @@ class BudgetStore:
                 if np.isin(fp, known, assume_unique=True).any():
                     overlapping.append((created, ident, known))
             overlapping.sort(key=lambda t: (t[0], t[1]))
-            survivor = overlapping[0][1] if overlapping else pool_digest(fp)
+            # a new source's name is random: report.json publishes it, and a digest of the
+            # records would let anyone who knows all but one of them test guesses for it
+            survivor = overlapping[0][1] if overlapping else "pool-" + secrets.token_hex(14)
             pool = np.unique(np.concatenate([fp] + [k for _, _, k in overlapping]))
             for _, ident, _ in overlapping[1:]:
                 self._merge(con, ident, survivor, f"a job on {dataset} touched records of both "

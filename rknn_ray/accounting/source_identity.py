@@ -9,9 +9,11 @@ ledger can tell that two jobs share records even when one uses a subset of the o
 files (rknn_ray/accounting/budget_store.py matches and merges sources on any overlap).
 
 :func:`private_data_digest` is the older, narrower digest (the private part as one job
-split and partitioned it). It no longer keys the budget; it names one release
-(``release.npz``: resume must find the same private data) and it is the identity
-ledgers written before the record-pool identity used, so the migration can find them.
+split and partitioned it). It no longer keys the budget; under the ledger's secret key it
+names one release (``release.npz``: resume must find the same private data), and it is
+the identity ledgers written before the record-pool identity used, so the migration can
+find them. Nothing published is a bare digest of private records (a reader who knows all
+records but one could test guesses against it): a source's name is random.
 """
 from __future__ import annotations
 
@@ -40,12 +42,6 @@ def pool_fingerprints(splits) -> np.ndarray:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, FINGERPRINT_DTYPE)
 
 
-def pool_digest(fingerprints: np.ndarray) -> str:
-    """A source's identity: the digest of its (sorted, unique) record fingerprints."""
-    fp = np.ascontiguousarray(np.asarray(fingerprints, dtype=FINGERPRINT_DTYPE))
-    return "pool-" + hashlib.sha256(fp.tobytes()).hexdigest()[:27]
-
-
 def private_data_digest(cfg, private_x: np.ndarray, private_y: np.ndarray,
                         client_ids: np.ndarray) -> tuple[str, str]:
     """(digest, description) of one job's private part as split and partitioned.
@@ -71,9 +67,16 @@ def private_data_digest(cfg, private_x: np.ndarray, private_y: np.ndarray,
 def job_source(store, cfg, data) -> tuple[str, str, str]:
     """(budget identity, description, release key) of a prepared job (``data``: PreparedData):
     the source its record pool belongs to in ``store`` (registered, merged and migrated
-    there), and the digest of its private part that names its release."""
+    there; a random name), and the digest of its private part under the ledger's key, which
+    names its release (neither published value is a function of the records alone)."""
     sp = data.splits
-    release_key, _ = private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)
+    digest, _ = private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)
     identity, described = store.source_identity(cfg.data.dataset, pool_fingerprints(sp),
-                                                legacy=release_key)
-    return identity, described, release_key
+                                                legacy=digest)
+    return identity, described, store.keyed_name(digest)
+
+
+def legacy_release_name(cfg, data) -> str:
+    """The bare digest run folders saved before release names were keyed (resume accepts it)."""
+    sp = data.splits
+    return private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)[0]
