@@ -33,6 +33,7 @@ import tempfile
 PARTIES = ("client", "shuffler", "server")
 ROLE_SLOTS = 64          # a role's resource on its node: up to 64 actors of that party
 ROLE_LABEL = "rknn-party"
+START_TIMEOUT_S = 120    # nodes register slowly on a machine whose cores are busy
 
 
 def roles_for(nodes: int) -> list[tuple[str, ...]]:
@@ -80,11 +81,12 @@ class LocalCluster:
                 # the head's fixed default ports would clash with other Ray instances here
                 head = {"include_dashboard": False, "dashboard_port": find_free_port(),
                         "dashboard_agent_listen_port": find_free_port()} if i == 0 else {}
-                self.cluster.add_node(
-                    num_cpus=self.cpus, object_store_memory=self.object_store_mb * 2 ** 20,
+                self.cluster.add_node(     # the head first; the workers then start together
+                    wait=i == 0, num_cpus=self.cpus,
+                    object_store_memory=self.object_store_mb * 2 ** 20,
                     resources={r: ROLE_SLOTS for r in roles}, labels={ROLE_LABEL: "+".join(roles)},
                     temp_dir=self.temp_dir, **head)
-            self.cluster.wait_for_nodes()
+            self.cluster.wait_for_nodes(timeout=START_TIMEOUT_S)
         except BaseException:
             self.stop()
             raise
