@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +66,7 @@ class LocalCluster:
     def __init__(self, roles: list[tuple[str, ...]], cpus: float = 1.0,
                  object_store_mb: int = 150, temp_dir: str | None = None):
         self.roles, self.cpus, self.object_store_mb = roles, cpus, object_store_mb
+        self._own_temp = temp_dir is None
         self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rkc", dir="/tmp")   # short: socket paths
         self.cluster = None
         self.env: dict[str, str] = {}
@@ -112,6 +114,8 @@ class LocalCluster:
                 ray.shutdown()                  # a driver on one of our nodes must leave first
             self.cluster.shutdown()
             self.cluster = None
+        if self._own_temp:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
