@@ -69,12 +69,19 @@ class LocalCluster:
         self._own_temp = temp_dir is None
         self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rkc", dir="/tmp")   # short: socket paths
         self.cluster = None
+        self._saved_tmp: str | None = None
         self.env: dict[str, str] = {}
 
     def start(self) -> "LocalCluster":
         from jobs.ray_env import local_ray_env
         local_ray_env()                         # loopback, token auth (before Ray starts nodes)
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        # Ray's Cluster records its head as "the machine's current cluster" in the default temp
+        # folder, where every plain ray.init() here would then join it (other users' jobs and
+        # tests included): keep that record inside our own folder instead
+        self._saved_tmp = os.environ.get("RAY_TMPDIR")
+        os.environ["RAY_TMPDIR"] = self.temp_dir
+        os.makedirs(os.path.join(self.temp_dir, "ray"), exist_ok=True)
         from ray._common.network_utils import find_free_port
         from ray.cluster_utils import Cluster
         self.cluster = Cluster()
@@ -114,6 +121,7 @@ class LocalCluster:
                 ray.shutdown()                  # a driver on one of our nodes must leave first
             self.cluster.shutdown()
             self.cluster = None
+            _restore("RAY_TMPDIR", self._saved_tmp)
         if self._own_temp:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
@@ -122,6 +130,13 @@ class LocalCluster:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def main(argv=None) -> int:
@@ -152,7 +167,11 @@ def main(argv=None) -> int:
             write_json(args.nodes_json, cluster.node_roles())
         print(f"local cluster up: {len(roles)} nodes at {cluster.address}; placement: "
               + " ".join(f"--set '{o}'" for o in placement_overrides(roles)), file=sys.stderr)
-        return subprocess.run(command, env={**os.environ, **cluster.env}).returncode
+        env = {**os.environ, **cluster.env}
+        env.pop("RAY_TMPDIR", None)             # the command's own Ray files go where they would
+        if cluster._saved_tmp is not None:
+            env["RAY_TMPDIR"] = cluster._saved_tmp
+        return subprocess.run(command, env=env).returncode
 
 
 if __name__ == "__main__":
