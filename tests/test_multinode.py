@@ -131,3 +131,9 @@ def test_cluster_yaml_gives_every_party_a_node_type_with_its_resource_and_label(
         assert node.get("labels", {}).get("rknn-party") == party
         assert hosts[0] == config["head_node_type"] or node["min_workers"] >= 1
     assert "cluster.placement" in (ROOT / "cluster.yaml").read_text()
+
+
+def test_report_placement_is_the_union_over_rounds():
+    from jobs.placement import merge_placements
+    rounds = [{"client": ["b", "a"], "server": ["s"]}, None, {"client": ["c"], "shuffler": ["h"]}]
+    assert merge_placements(rounds) == {"client": ["a", "b", "c"], "server": ["s"], "shuffler": ["h"]}
