@@ -60,7 +60,8 @@ class LocalCluster:
 
     ``address`` is the GCS address for ``ray.init`` / ``RAY_ADDRESS``; ``env`` what a child
     process needs to join (the address and the cluster's auth token); ``node_roles()`` maps
-    each live Ray node id to the roles it was started with.
+    each live Ray node id to the roles it was started with. The nodes' processes are this
+    process's children, in its process group: ending that group ends them all.
     """
 
     def __init__(self, roles: list[tuple[str, ...]], cpus: float = 1.0,
@@ -69,7 +70,7 @@ class LocalCluster:
         self._own_temp = temp_dir is None
         self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rkc", dir="/tmp")   # short: socket paths
         self.cluster = None
-        self._saved_tmp: str | None = None
+        self._saved_tmp, self._tmp_set = None, False
         self.env: dict[str, str] = {}
 
     def start(self) -> "LocalCluster":
@@ -79,7 +80,7 @@ class LocalCluster:
         # Ray's Cluster records its head as "the machine's current cluster" in the default temp
         # folder, where every plain ray.init() here would then join it (other users' jobs and
         # tests included): keep that record inside our own folder instead
-        self._saved_tmp = os.environ.get("RAY_TMPDIR")
+        self._saved_tmp, self._tmp_set = os.environ.get("RAY_TMPDIR"), True
         os.environ["RAY_TMPDIR"] = self.temp_dir
         os.makedirs(os.path.join(self.temp_dir, "ray"), exist_ok=True)
         from ray._common.network_utils import find_free_port
@@ -115,15 +116,19 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop every node this object started (their own processes only; never `ray stop`)."""
-        if self.cluster is not None:
-            import ray
-            if ray.is_initialized() and ray.get_runtime_context().gcs_address == self.address:
-                ray.shutdown()                  # a driver on one of our nodes must leave first
-            self.cluster.shutdown()
-            self.cluster = None
-            _restore("RAY_TMPDIR", self._saved_tmp)
-        if self._own_temp:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        try:
+            if self.cluster is not None:
+                import ray
+                cluster, self.cluster = self.cluster, None
+                if ray.is_initialized() and ray.get_runtime_context().gcs_address == cluster.address:
+                    ray.shutdown()              # a driver on one of our nodes must leave first
+                cluster.shutdown()
+        finally:
+            if self._tmp_set:
+                _restore("RAY_TMPDIR", self._saved_tmp)
+                self._tmp_set = False
+            if self._own_temp:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
