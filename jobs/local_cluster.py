@@ -22,7 +22,6 @@ loopback kept; on a real cluster use ``ray start`` / ``cluster.yaml`` (docs/runn
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
