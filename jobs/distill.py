@@ -317,6 +317,8 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     }
     if any(r.shuffler is not None for r in rounds):
         report["shuffler"] = [r.shuffler for r in rounds]
+    from jobs.placement import merge_placements       # party -> the Ray nodes it ran on
+    report["placement"] = merge_placements(r.placement for r in rounds)
     labels_table = pa.table({
         "public_index": np.arange(len(sp.public_y)), "query": all_qs.assignment,
         "label": lab.public_hard, "true_label": sp.public_y, "weight": lab.public_weight,

@@ -36,6 +36,7 @@ import ray
 from actors.client_shard import ClientShard
 from actors.server import Server
 from actors.shuffler import Shuffler
+from jobs.placement import check_placement_feasible, party_options, placement_of
 from jobs.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
@@ -75,6 +76,7 @@ class RoundResult:
     shuffler: dict | None = None
     authenticated_senders: int | None = None   # senders with an admitted, authenticated message
     missing: int | None = None                 # clients whose report was not counted (1 per client)
+    placement: dict | None = None              # party -> the Ray node ids its actors ran on
 
 
 def new_job_id() -> str:
@@ -105,7 +107,9 @@ class ProtocolSession:
         self.party_faults = dict(party_faults or {})
         cl = cfg.cluster
         seeded = cfg.run.rng == "seeded"
-        self.server = Server.options(num_cpus=cl.server_cpus).remote(
+        check_placement_feasible(cfg, ["client", "server"] + (["shuffler"]
+                                 if cfg.privacy.model == "shuffle" else []))
+        self.server = Server.options(num_cpus=cl.server_cpus, **party_options(cfg, "server")).remote(
             job_id, key_file, opener_processes(cl.openers), cl.window)
         # the simulation's credential authority: one key per shard, for its clients only
         issuer = CredentialIssuer(job_id, derived_key(str(cfg.run.seed).encode(), "credentials")
@@ -117,7 +121,9 @@ class ProtocolSession:
                         else ShardKeyStore(job_id, cl.key_store))
         self.shards = []
         for i, src in enumerate(sources):
-            self.shards.append(ClientShard.options(num_cpus=cl.shard_cpus).remote(
+            self.shards.append(ClientShard.options(        # SPREAD: shards share out the client nodes
+                num_cpus=cl.shard_cpus, scheduling_strategy="SPREAD",
+                **party_options(cfg, "client")).remote(
                 i, src, self.secrets, (shard_faults or {}).get(i),
                 issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
@@ -160,13 +166,20 @@ class ProtocolSession:
             ray.kill(actor)
         self.shards, self.hops = [], []
 
+    def placement(self) -> dict[str, list[str]]:
+        """party -> the Ray node ids its actors run on now, as each actor itself reports it
+        (an actor that cannot answer is left out: this never fails a released round)."""
+        parties = {"client": self.shards, "shuffler": self.hops, "server": [self.server]}
+        return placement_of(parties)
+
     def _shufflers(self, floor: int) -> list:
         """The shuffler chain (made once per job, reused by every round)."""
         sh = self.cfg.shuffle
         layers = int(sh.onion_layers)
         if not self.hops:
             ctx = RoundContext(self.job_id, 0)
-            self.hops = [Shuffler.options(num_cpus=self.cfg.cluster.shuffler_cpus).remote(
+            self.hops = [Shuffler.options(num_cpus=self.cfg.cluster.shuffler_cpus,
+                                          **party_options(self.cfg, "shuffler")).remote(
                 floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
                 forwarded_input=i > 0) for i in range(max(1, layers))]
         return self.hops
@@ -249,7 +262,7 @@ class ProtocolSession:
                    if mechanism.messages_per_sender() == 1 else None)
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
                            out["received"], self.num_clients, rejected, timings,
-                           shuffle_stats, authenticated, missing)
+                           shuffle_stats, authenticated, missing, self.placement())
 
     def _call(self, ref, party: str, released: bool):
         try:

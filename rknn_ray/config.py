@@ -160,6 +160,8 @@ class ClusterConfig:
     window: int = 16                  # batches in flight per shard stream and in the Server
     key_store: str | None = None      # absolute node-local folder for shard secrets
                                       # (null: $TMPDIR/rknn-ray-keys-<uid> on each shard's node)
+    placement: FrozenDict = field(default_factory=FrozenDict)   # party (client | shuffler | server) -> the
+                                      # {resources, labels} a node must have to host it; {}: any node
 
 
 @dataclass(frozen=True)
@@ -244,7 +246,7 @@ def _build(cfg: dict) -> Config:
 
 # ---------------------------------------------------------------------- loading
 
-FREE_FORM = {("privacy", "options"), ("data", "synthetic")}
+FREE_FORM = {("privacy", "options"), ("data", "synthetic"), ("cluster", "placement")}
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
@@ -511,6 +513,7 @@ def _validate(cfg: dict) -> None:
     cfg["rounds"]["budget_split"] = _check_split(cfg["rounds"]["budget_split"], cfg["rounds"]["count"])
     _check_options(cfg)
     _check_synthetic(cfg)
+    cfg["cluster"]["placement"] = check_placement(cfg["cluster"]["placement"])
 
 
 def _check_strings(cfg: dict) -> None:
@@ -618,6 +621,52 @@ def _check_synthetic(cfg: dict) -> None:
     if synthetic and cfg["data"]["dataset"] != "synthetic":
         raise ConfigError("data.synthetic", f"is only read for data.dataset=synthetic, not "
                           f"{cfg['data']['dataset']!r}", "set data.synthetic=null or data.dataset=synthetic")
+
+
+#: cluster.placement: the protocol's parties (jobs/protocol.py) and what each may require of
+#: the node its actors run on: Ray custom resources (``ray start --resources``) and node labels
+#: (``ray start --labels``). A party left out runs wherever Ray puts it.
+PLACEMENT_PARTIES = ("client", "shuffler", "server")
+PLACEMENT_KEYS = ("resources", "labels")
+#: resources with their own keys (cluster.*_cpus) or that Ray manages itself
+RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_placement(placement) -> dict:
+    """``{party: {resources: {name: amount > 0}, labels: {key: value}}}``, normalized;
+    a bad entry names itself and the fix (docs/running.md, "A multi-node cluster")."""
+    example = "e.g. cluster.placement.client={resources: {client: 1}}"
+    out = {}
+    for party, need in (placement or {}).items():
+        path = f"cluster.placement.{party}"
+        if party not in PLACEMENT_PARTIES:
+            raise _unknown(path, [f"cluster.placement.{p}" for p in PLACEMENT_PARTIES],
+                           f"the parties are {list(PLACEMENT_PARTIES)}")
+        if not isinstance(need, dict) or not need or set(need) - set(PLACEMENT_KEYS):
+            raise ConfigError(path, f"{need!r} is not a mapping of {list(PLACEMENT_KEYS)}",
+                              f"write {example}, or labels: {{rknn-party: {party}}}")
+        for key in PLACEMENT_KEYS:
+            if not isinstance(need.get(key) or {}, dict):
+                raise ConfigError(f"{path}.{key}", f"{need[key]!r} is not a mapping",
+                                  f"write {key} as name: value pairs, {example}")
+        resources = dict(need.get("resources") or {})
+        for name in list(resources):
+            where = f"{path}.resources.{name}"
+            if not isinstance(name, str) or name in RESERVED_RESOURCES or name.startswith("node:"):
+                raise ConfigError(where, "is not a custom resource name (CPUs have their own "
+                                  "keys, cluster.shard_cpus / server_cpus / shuffler_cpus)",
+                                  f"name a resource the node was started with, {example}")
+            _number(resources, name, where, float, 0, None, low_open=True)
+        labels = dict(need.get("labels") or {})
+        for key, value in labels.items():
+            if not isinstance(key, str) or not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise ConfigError(f"{path}.labels.{key}", f"{value!r} is not a label value",
+                                  "write labels as key: value strings, e.g. {rknn-party: client}")
+            labels[key] = str(value)
+        if resources or labels:
+            out[party] = FrozenDict({"resources": FrozenDict(resources),
+                                     "labels": FrozenDict(labels)})
+    return out
 
 
 # ---------------------------------------------------------------------- after loading
