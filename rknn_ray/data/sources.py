@@ -65,7 +65,7 @@ class DatasetShardSource:
     client_hi: int
 
     def open(self) -> ShardRecords:
-        from rknn_ray.pipeline import prepare_data
+        from rknn_ray.data.prepared import prepare_data
         data = prepare_data(self.config)
         rows = data.held_rows()         # records beyond the public per-client bound stay out
         ids = data.client_ids[rows]
