@@ -2,9 +2,12 @@
 
     rknn-ray budget [list] [--ledger PATH] [--json]
     rknn-ray budget set DATASET --eps EPS [--delta DELTA] [--allow-lower] [--ledger PATH]
+    rknn-ray budget settle JOB_ID [--ledger PATH]
 
 ``DATASET`` is the identity printed by ``list`` (a digest of the private data's
 manifest). Budgets are set once, by the first job on a dataset, and change only here.
+``settle`` closes the open reservation of a job that died without closing it (``kill -9``,
+a lost node): counted as spent, unless the job died before any client randomized.
 """
 from __future__ import annotations
 
@@ -13,14 +16,14 @@ import json
 import sys
 import time
 
-from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.budget_store import BudgetStore, open_reservations, settle
 from rknn_ray.errors import RknnError
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0])
-    ap.add_argument("action", nargs="?", default="list", choices=("list", "set"))
-    ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set')")
+    ap.add_argument("action", nargs="?", default="list", choices=("list", "set", "settle"))
+    ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set'), job id (for 'settle')")
     ap.add_argument("--eps", type=float, help="new total eps budget (for 'set')")
     ap.add_argument("--delta", type=float, default=None, help="new total delta budget (for 'set')")
     ap.add_argument("--allow-lower", action="store_true", help="allow lowering a budget")
@@ -44,13 +47,17 @@ def main(argv=None) -> int:
                              allow_lower=args.allow_lower)
             print(f"budget of {args.dataset}: eps {current[0]:g} -> {args.eps:g}")
             return 0
+        if args.action == "settle":
+            return _settle(store, args.dataset)
         rows = store.datasets()
+        pending = open_reservations(store)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    _print_open(pending)
     print(f"privacy ledger: {store.path}")
     if not rows:
         print("  no dataset has been used yet")
@@ -63,6 +70,41 @@ def main(argv=None) -> int:
             event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""
             print(f"    {when}  job {r['job_id']}  round {r['round'] if r['round'] is not None else '-'}"
                   f"  {r['status']:<8}  eps={r['eps']:.4g} delta={r['delta']:.3g}  {event}  {r['note'] or ''}")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    m = int(seconds // 60)
+    return f"{m // 1440}d {m // 60 % 24}h" if m >= 1440 else f"{m // 60}h {m % 60}m" if m >= 60 \
+        else f"{m}m {int(seconds) % 60}s"
+
+
+def _print_open(pending: list[dict]) -> None:
+    """Open reservations first: a job killed without closing one holds budget until settled."""
+    if not pending:
+        return
+    print(f"open reservations ({len(pending)}): a job still running, or one that died without "
+          "closing its reservation")
+    for r in pending:
+        state = {True: "driver running", False: "driver gone", None: "driver unknown"}[
+            r["driver_alive"]]
+        fate = ("counted as spent if settled: its clients may have randomized" if r["started"]
+                else "returned if settled: it died before any client randomized")
+        print(f"  job {r['job_id']}  age {_age(r['age_s'])}  eps={r['eps']:.4g} "
+              f"delta={r['delta']:.3g}  {state}  on {r['identity']} ({fate})")
+        if r["driver_alive"] is not True:
+            print(f"    settle it: rknn-ray budget settle {r['job_id']}")
+    print()
+
+
+def _settle(store: BudgetStore, job_id: str | None) -> int:
+    if not job_id:
+        print("error: 'settle' needs a JOB_ID. Fix: rknn-ray budget settle <job id> (open "
+              "reservations are listed by `rknn-ray budget`)", file=sys.stderr)
+        return 2
+    for r in settle(store, job_id):
+        print(f"job {job_id} on {r['identity']}: eps={r['eps']:.4g} delta={r['delta']:.3g} "
+              f"{'counted as spent' if r['status'] == 'released' else 'returned'} ({r['note']})")
     return 0
 
 
