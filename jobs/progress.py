@@ -40,6 +40,8 @@ class Progress:
         self.interval = float(interval)
         self.t0 = time.perf_counter()
         self.timings: dict[str, float] = {}
+        self.current: str | None = None     # the stage running now
+        self.failed_in: str | None = None   # the stage a failure left (an interrupt names it)
         self._bars: list[Bar] = []
         self._lock = threading.RLock()
 
@@ -68,7 +70,14 @@ class Progress:
     def stage(self, name: str, what: str | None = None):
         self.say(f"{what or name} ...")
         start = time.perf_counter()
-        yield
+        outer, self.current = self.current, name
+        try:
+            yield
+        except BaseException:
+            self.failed_in = self.failed_in or name      # the innermost stage a failure left
+            raise
+        finally:
+            self.current = outer
         took = time.perf_counter() - start
         self.timings[name] = self.timings.get(name, 0.0) + took
         self.say(f"{what or name} done in {took:.1f}s")

@@ -17,7 +17,9 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
 
 A shard that dies mid-round is restarted by Ray and streams the round again from its
 first batch: the same randomness and the same report ids, so the server counts every
-report once (``rejected.replayed`` shows the re-sent copies).
+report once: admission drops the re-sent copies (``rejected.duplicate_message``: the same
+sender and sequence number again), and the server's report-id check
+(``rejected.replayed``) catches any copy that gets past admission.
 """
 from __future__ import annotations
 
