@@ -477,7 +477,8 @@ def _one_line(exc: BaseException) -> str:
     if cause is not None and type(exc).__module__.startswith("ray"):
         exc = cause
     if isinstance(exc, RknnError):
-        return _first_line(exc) or type(exc).__name__
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
     from rknn_ray.errors import NO_SPACE
     if isinstance(exc, OSError) and exc.errno in NO_SPACE:
         where = f" writing {exc.filename}" if exc.filename else ""
