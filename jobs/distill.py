@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -26,7 +27,8 @@ from rknn_ray import __version__
 from rknn_ray.config import load_config, validate_resources
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.errors import ConfigError
-from rknn_ray.runio import mark_incomplete, prepare_run_dir, write_json, write_parquet, write_text
+from rknn_ray.runio import (mark_incomplete, prepare_run_dir, remove_train_storage, write_json,
+                            write_parquet, write_text)
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -123,8 +125,13 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                             + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
                                if cfg.rounds.split_queries else "")):
             encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
-    started = ensure_ray()                 # one Ray for the whole job, after the budget check
     from jobs import signals
+    try:
+        started = ensure_ray()             # one Ray for the whole job, after the budget check
+    except SystemExit as exc:              # Ray's own SIGTERM handler, while ray.init runs
+        if exc.code == signals.signal.SIGTERM:
+            raise signals.JobInterrupted(signals.signal.SIGTERM) from None
+        raise
     signals.install()                      # ray.init replaced the SIGTERM handler with its own
     try:
         if not resume:
@@ -248,7 +255,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                 if lost is not None:
                     raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "
                                           f"is counted in the ledger, but it could not be saved: "
-                                          f"{_first_line(lost)}") from None
+                                          f"{str(lost).strip().splitlines()[0]}") from None
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {_first_line(exc)})"
         try:
@@ -370,6 +377,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
                                                   student.history, ref, exact, truth_q,
                                                   correct, bound, len(sp.public_y))
+    remove_train_storage(out_dir)         # Train's student-*/ copies, an interrupted attempt's too
     write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
     if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
         os.unlink(os.path.join(out_dir, "incomplete.json"))
@@ -584,9 +592,17 @@ def _record_incomplete(out: str, message: str, exc: BaseException) -> str:
     else:
         next_step, said = ("nothing was released; fix the cause and re-run",
                            f"run folder {out} is marked incomplete; nothing was released")
+    earlier = {}
+    try:                        # a failed --resume keeps the first failure's reason beside its own
+        with open(os.path.join(out, "incomplete.json")) as fh:
+            old = json.load(fh)
+        if isinstance(old, dict) and old.get("reason"):
+            earlier = {"earlier_reasons": [*old.get("earlier_reasons", []), old["reason"]][-5:]}
+    except (OSError, ValueError):
+        pass
     try:
         mark_incomplete(out, message, release_saved=released and not lost,
-                        released_and_lost=lost, next_step=next_step)
+                        released_and_lost=lost, next_step=next_step, **earlier)
     except OSError as werr:
         return said.replace(" is marked incomplete", "") + \
             f" (incomplete.json could not be written: {werr.strerror or werr})"

@@ -113,7 +113,9 @@ def test_sigint_during_the_student_exits_130_and_resume_finishes(ray_session, tm
     (dataset,) = BudgetStore(str(ledger)).datasets()
     assert dataset["released"] == 1 and dataset["reserved"] == 0
     monkeypatch.setenv("RKNN_RAY_LEDGER", str(ledger))
-    assert main(["--resume", str(out), "--quiet", "--set", "student.epochs=1"]) == 0
+    (out / "student-0000dead").mkdir()              # what an interrupted Train run may leave
+    assert main(["--resume", str(out), "--quiet", "--set", "student.epochs=1",
+                 "--set", "student.trainer=local"]) == 0
     assert (out / "report.json").exists() and not (out / "incomplete.json").exists()
     assert not list(out.glob("student-*"))         # Ray Train's own storage does not pile up
     (dataset,) = BudgetStore(str(ledger)).datasets()
@@ -203,6 +205,15 @@ def test_incomplete_json_on_a_full_disk_costs_one_clause_not_a_traceback(tmp_pat
     monkeypatch.setattr(distill, "mark_incomplete", full)
     said = distill._record_incomplete(str(tmp_path), "why", RuntimeError("x"))
     assert "incomplete.json could not be written: No space left on device" in said
+
+
+def test_a_second_failure_keeps_the_first_reason(tmp_path):
+    import jobs.distill as distill
+    distill._record_incomplete(str(tmp_path), "interrupted by SIGINT during student", KeyboardInterrupt())
+    distill._record_incomplete(str(tmp_path), "out of disk space", RuntimeError("x"))
+    marker = json.loads((tmp_path / "incomplete.json").read_text())
+    assert marker["reason"] == "out of disk space"
+    assert marker["earlier_reasons"] == ["interrupted by SIGINT during student"]
 
 
 # ---------------------------------------------------------------------- 3. kill -9
