@@ -75,7 +75,6 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     import ray
 
     from jobs.progress import Progress
-    from jobs.ray_env import ensure_ray
     from jobs.release_file import load_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
@@ -115,24 +114,24 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         budget = store.reserve(identity, described, job_id, p.eps, p.delta,
                                (p.budget_eps or p.eps, p.budget_delta if p.budget_delta is not None
                                 else p.delta), accountant=p.accountant)
-        progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
-                     f"this job reserved eps={p.eps:g} (ledger {store.path})")
-        write_text(os.path.join(out_dir, "config.yaml"),
-                   yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
-                     f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-        with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
-                            + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
-                               if cfg.rounds.split_queries else "")):
-            encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
-    from jobs import signals
-    try:
-        started = ensure_ray()             # one Ray for the whole job, after the budget check
-    except SystemExit as exc:              # Ray's own SIGTERM handler, while ray.init runs
-        if exc.code == signals.signal.SIGTERM:
-            raise signals.JobInterrupted(signals.signal.SIGTERM) from None
-        raise
-    signals.install()                      # ray.init replaced the SIGTERM handler with its own
+        try:
+            progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
+                         f"this job reserved eps={p.eps:g} (ledger {store.path})")
+            write_text(os.path.join(out_dir, "config.yaml"),
+                       yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
+                         f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+            with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
+                                + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
+                                   if cfg.rounds.split_queries else "")):
+                encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
+            started = _start_ray()
+        except BaseException as exc:      # no client has randomized yet: nothing was released
+            store.close_job(identity, job_id, f"job ended before any client randomized "
+                            f"({type(exc).__name__}: {_first_line(exc)}); reservation returned")
+            raise
+    if resume:
+        started = _start_ray()
     try:
         if not resume:
             rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,
@@ -143,6 +142,20 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     finally:
         if started:
             ray.shutdown()
+
+
+def _start_ray() -> bool:
+    """ensure_ray, then the job's own SIGINT/SIGTERM handlers again (ray.init installs its own)."""
+    from jobs import signals
+    from jobs.ray_env import ensure_ray
+    try:
+        started = ensure_ray()             # one Ray for the whole job, after the budget check
+    except SystemExit as exc:              # Ray's own SIGTERM handler, while ray.init runs
+        if exc.code == signals.signal.SIGTERM:
+            raise signals.JobInterrupted(signals.signal.SIGTERM) from None
+        raise
+    signals.install()
+    return started
 
 
 def check_dropout(cfg, data) -> None:

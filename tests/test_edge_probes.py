@@ -122,6 +122,26 @@ def test_sigint_during_the_student_exits_130_and_resume_finishes(ray_session, tm
     assert dataset["released"] == 1 and dataset["spent"]["eps"] == pytest.approx(1.0)
 
 
+def test_a_signal_before_any_client_randomized_returns_the_reservation(
+        tmp_path, monkeypatch, capsys, isolated_privacy_ledger):
+    """SIGTERM while the public side runs (before Ray starts): exit 143, incomplete.json, and
+    the reservation is returned at once (nothing could be released), not left open."""
+    import rknn_ray.pipeline
+    from jobs.signals import JobInterrupted
+
+    def terminated(*args, **kwargs):
+        raise JobInterrupted(signal.SIGTERM)
+    monkeypatch.setattr(rknn_ray.pipeline, "fit_queries", terminated)
+    out = tmp_path / "early"
+    assert main(_args("digits_central.yaml", out)) == 143
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "interrupted by SIGTERM during queries" in line and "nothing was released" in line
+    assert json.loads((out / "incomplete.json").read_text())["release_saved"] is False
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    (row,) = dataset["releases"]
+    assert row["status"] == "unused" and "before any client randomized" in row["note"]
+
+
 def test_signal_exit_codes_follow_the_shell():
     from jobs.signals import JobInterrupted, as_interrupt
     assert JobInterrupted(signal.SIGINT).exit_code == 130
