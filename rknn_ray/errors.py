@@ -50,8 +50,10 @@ class OutOfSpaceError(RknnError, OSError):
 
     def __init__(self, path: str, strerror: str = "No space left on device"):
         self.path = path
+        import os
         RknnError.__init__(self, f"out of disk space writing {path} ({strerror}). Fix: free space "
-                                 f"on that file system (df -h {path}) or choose another --out")
+                                 f"on that file system (df -h {os.path.dirname(path) or '.'}) or "
+                                 "choose another --out")
 
     def __reduce__(self):
         return (type(self), (self.path,))
