@@ -2,12 +2,15 @@
 
     rknn-ray budget [list] [--ledger PATH] [--json]
     rknn-ray budget set DATASET --eps EPS [--delta DELTA] [--allow-lower] [--ledger PATH]
+    rknn-ray budget settle JOB_ID [--ledger PATH]
 
 ``DATASET`` is the identity printed by ``list``: a source, the pool of records a job's
 split loaded, known by per-record fingerprints (any job touching any of its records draws
 from its one budget). Budgets are set once, by the first job on a dataset, and change
 only here. Identities from older ledgers (``legacy``) move onto a source at its first job;
-``set`` on a moved identity says where it went. Errors exit 2 and never print a traceback.
+``set`` on a moved identity says where it went. ``settle`` closes the open reservation of a
+job that died without closing it (``kill -9``, a lost node): counted as spent, unless the
+job died before any client randomized. Errors exit 2 and never print a traceback.
 """
 from __future__ import annotations
 
@@ -17,14 +20,15 @@ import os
 import sys
 import time
 
-from rknn_ray.accounting.budget_store import ENV_PATH, BudgetStore, default_path
+from rknn_ray.accounting.budget_store import (ENV_PATH, BudgetStore, default_path,
+                                              open_reservations, settle)
 from rknn_ray.errors import RknnError
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0])
-    ap.add_argument("action", nargs="?", default="list", choices=("list", "set"))
-    ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set')")
+    ap.add_argument("action", nargs="?", default="list", choices=("list", "set", "settle"))
+    ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set'), job id (for 'settle')")
     ap.add_argument("--eps", type=float, help="new total eps budget (for 'set')")
     ap.add_argument("--delta", type=float, default=None, help="new total delta budget (for 'set')")
     ap.add_argument("--allow-lower", action="store_true", help="allow lowering a budget")
@@ -55,6 +59,8 @@ def _run(args) -> int:
               "recorded anything there")
         return 0
     store = BudgetStore(path)
+    if args.action == "settle":
+        return _settle(store, args.dataset)
     if args.action == "set":
         if not args.dataset or args.eps is None:
             print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "
@@ -79,6 +85,7 @@ def _run(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    _print_open(open_reservations(store))
     print(f"privacy ledger: {store.path}" + ("  (experiment ledger: cells are independent "
                                              "releases, delta not capped)"
                                              if store.purpose == "experiment" else ""))
@@ -101,6 +108,41 @@ def _run(args) -> int:
             event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""
             print(f"    {when}  job {r['job_id']}  round {r['round'] if r['round'] is not None else '-'}"
                   f"  {r['status']:<8}  eps={r['eps']:.4g} delta={r['delta']:.3g}  {event}  {r['note'] or ''}")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    m = int(seconds // 60)
+    return f"{m // 1440}d {m // 60 % 24}h" if m >= 1440 else f"{m // 60}h {m % 60}m" if m >= 60 \
+        else f"{m}m {int(seconds) % 60}s"
+
+
+def _print_open(pending: list[dict]) -> None:
+    """Open reservations first: a job killed without closing one holds budget until settled."""
+    if not pending:
+        return
+    print(f"open reservations ({len(pending)}): a job still running, or one that died without "
+          "closing its reservation")
+    for r in pending:
+        state = {True: "driver running", False: "driver gone", None: "driver unknown"}[
+            r["driver_alive"]]
+        fate = ("counted as spent if settled: its clients may have randomized" if r["started"]
+                else "returned if settled: it died before any client randomized")
+        print(f"  job {r['job_id']}  age {_age(r['age_s'])}  eps={r['eps']:.4g} "
+              f"delta={r['delta']:.3g}  {state}  on {r['identity']} ({fate})")
+        if r["driver_alive"] is not True:
+            print(f"    settle it: rknn-ray budget settle {r['job_id']}")
+    print()
+
+
+def _settle(store: BudgetStore, job_id: str | None) -> int:
+    if not job_id:
+        print("error: 'settle' needs a JOB_ID. Fix: rknn-ray budget settle <job id> (open "
+              "reservations are listed by `rknn-ray budget`)", file=sys.stderr)
+        return 2
+    for r in settle(store, job_id):
+        print(f"job {job_id} on {r['identity']}: eps={r['eps']:.4g} delta={r['delta']:.3g} "
+              f"{'counted as spent' if r['status'] == 'released' else 'returned'} ({r['note']})")
     return 0
 
 

@@ -41,7 +41,8 @@ def run_distill(cfg, out_dir: str, ledger_path: str) -> tuple[dict, float]:
     there); returns (report, wall seconds)."""
     from jobs.distill import run
     from rknn_ray.runio import prepare_run_dir
-    out = prepare_run_dir(out_dir, overwrite=True)
+    # a sweep re-runs its cell: an earlier attempt's unfinished release is replaced, as before
+    out = prepare_run_dir(out_dir, overwrite=True, discard_release=True)
     t0 = time.perf_counter()
     report = run(cfg, out, ledger_path=ledger_path)
     return report, time.perf_counter() - t0

@@ -46,6 +46,8 @@ class Progress:
         self._open: list[str] = []           # stages running now (outermost first)
         #: stage -> names of the untimed spans it contained (names only, never durations)
         self.untimed_spans: dict[str, list[str]] = {}
+        self.current: str | None = None     # the stage running now
+        self.failed_in: str | None = None   # the stage a failure left (an interrupt names it)
         self._bars: list[Bar] = []
         self._lock = threading.RLock()
 
@@ -91,10 +93,15 @@ class Progress:
         self.say(f"{what or name} ...")
         start, skipped = self._clock(), self._untimed
         self._open.append(name)
+        outer, self.current = self.current, name
         try:
             yield
+        except BaseException:
+            self.failed_in = self.failed_in or name      # the innermost stage a failure left
+            raise
         finally:
             self._open.remove(name)
+            self.current = outer
         took = self._clock() - start - (self._untimed - skipped)
         self.timings[name] = self.timings.get(name, 0.0) + took
         self.say(f"{what or name} done in {took:.1f}s")

@@ -18,8 +18,10 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
 A shard that dies mid-round is restarted by Ray and streams the round again from its
 first batch: it re-reads its secret from its node-local key store
 (:mod:`rknn_ray.shard_secrets`; the driver never holds it), so the same randomness and the
-same report ids go out and the server counts every report once (``rejected.replayed``
-shows the re-sent copies). A restarted shard that cannot find its secret refuses to start.
+same report ids go out and the server counts every report once: admission drops the re-sent
+copies (``rejected.duplicate_message``: the same sender and sequence number again), and the
+server's report-id check (``rejected.replayed``) catches any copy that gets past admission.
+A restarted shard that cannot find its secret refuses to start.
 """
 from __future__ import annotations
 

@@ -35,7 +35,9 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 
@@ -482,3 +484,80 @@ class BudgetStore:
         with self._transaction() as con:
             con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND "
                         "job_id = ? AND status = 'reserved'", (note, time.time(), identity, job_id))
+
+
+# ---------------------------------------------------------------------- open reservations
+#: the note a reservation gets just before the job's clients may randomize (mark_started)
+STARTED_NOTE = "clients may randomize"
+_DRIVER = re.compile(r"driver pid (\d+) on (\S+?)[;)]")
+
+
+def _driver_alive(note: str | None) -> bool | None:
+    """Whether the job's driver process still runs: None when unknown (another host, no pid)."""
+    m = _DRIVER.search(note or "")
+    if not m or m.group(2) != socket.gethostname():
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_started(store: "BudgetStore", identity: str, job_id: str) -> None:
+    """Note on the job's reservation that its clients may randomize from now on (and which
+    driver process holds it): before this, the job provably released nothing."""
+    note = (f"{STARTED_NOTE} since {time.strftime('%Y-%m-%d %H:%M:%S')} (driver pid "
+            f"{os.getpid()} on {socket.gethostname()}); a release may happen")
+    with store._transaction() as con:
+        con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND job_id = ? "
+                    "AND status = 'reserved'", (note, time.time(), identity, job_id))
+
+
+def open_reservations(store: "BudgetStore", now: float | None = None) -> list[dict]:
+    """Every reservation still open (a running job, or one killed without closing it), with
+    its age, whether its clients may have randomized, and whether its driver still runs."""
+    now = time.time() if now is None else now
+    with store._connect() as con:
+        rows = con.execute(
+            "SELECT r.job_id, r.identity, d.description, r.eps, r.delta, r.note, r.created, "
+            "(SELECT COUNT(*) FROM releases x WHERE x.job_id = r.job_id AND x.status = 'released') "
+            "FROM releases r JOIN datasets d ON d.identity = r.identity "
+            "WHERE r.status = 'reserved' ORDER BY r.created").fetchall()
+    return [{"job_id": j, "identity": i, "description": desc, "eps": e, "delta": dl,
+             "note": n, "created": c, "age_s": max(0.0, now - c),
+             "started": bool(released) or STARTED_NOTE in (n or ""),
+             "driver_alive": _driver_alive(n)}
+            for j, i, desc, e, dl, n, c, released in rows]
+
+
+def settle(store: "BudgetStore", job_id: str) -> list[dict]:
+    """Close a dead job's open reservation: counted as spent (status ``released``, no round),
+    or returned (``unused``) only when the job provably released nothing (it died before any
+    client could randomize). Refuses while the job's driver still runs on this host."""
+    rows = [r for r in open_reservations(store) if r["job_id"] == job_id]
+    if not rows:
+        raise PrivacyBudgetError(f"job {job_id} has no open reservation in {store.path}. Fix: copy "
+                                 "a job id from the open reservations `rknn-ray budget` lists")
+    for r in rows:
+        if r["driver_alive"]:
+            raise PrivacyBudgetError(f"job {job_id} is still running (its driver process is alive). "
+                                     "Fix: let it finish, or stop it, then settle")
+    done = []
+    with store._transaction() as con:
+        for r in rows:
+            if r["started"]:
+                status = "released"
+                note = ("settled by hand: the job ended without closing its reservation after its "
+                        "clients could randomize, so a release may have happened; counted as spent")
+            else:
+                status = "unused"
+                note = ("settled by hand: the job ended before any client randomized; nothing "
+                        "was released, the reservation is returned")
+            con.execute("UPDATE releases SET status = ?, note = ?, updated = ? WHERE identity = ? "
+                        "AND job_id = ? AND status = 'reserved'",
+                        (status, note, time.time(), r["identity"], job_id))
+            done.append({**r, "status": status, "note": note})
+    return done
