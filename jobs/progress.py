@@ -90,11 +90,13 @@ class Progress:
 
     @contextmanager
     def stage(self, name: str, what: str | None = None):
-        self.say(f"{what or name} ...")
+        # the stage is current before its first line: an interrupt that lands while the line
+        # is written (a reader that signals on seeing it) still names this stage
         start, skipped = self._clock(), self._untimed
         self._open.append(name)
         outer, self.current = self.current, name
         try:
+            self.say(f"{what or name} ...")
             yield
         except BaseException:
             self.failed_in = self.failed_in or name      # the innermost stage a failure left
