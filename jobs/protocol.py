@@ -237,6 +237,11 @@ class ProtocolSession:
         opened.close(out["received"])
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
+        if shuffle_stats is not None:
+            honest = getattr(mechanism, "n_honest", guarantee.n)    # multi: the noise senders
+            say(f"  cover: {tally['messages']} messages opened from {n} authenticated senders; "
+                f"eps={guarantee.eps:.4g} assuming at least {honest} senders honest (honest "
+                f"fraction {getattr(mechanism, 'honest_fraction', 1.0):g})")
         # no timing of the release itself: the exact samplers' run time grows with the noise
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
