@@ -1,34 +1,56 @@
 """ClientShard: one Ray actor hosting many virtual clients (the simulation backend).
 
 The shard loads its own private records from a small source spec
-(:mod:`rknn_ray.data.sources`) and never sends them anywhere; Ray keeps only that
-spec and the shard's secret for restarts. For a round it streams one sealed Arrow
-batch per ``batch_clients`` clients (:func:`rknn_ray.client_step.client_step`) as a
-Ray streaming generator, so the driver forwards batches while the shard is still
-sealing and memory is bounded by the generator's backpressure window.
+(:mod:`rknn_ray.data.sources`) and never sends them anywhere. It also makes its own
+secret (:mod:`rknn_ray.shard_secrets`): Ray is handed only where to keep it (a node-local,
+owner-only key store and the job id), so the secret never crosses the driver, the GCS or
+the object store; Ray keeps only those public names for restarts. For a round it streams
+one sealed Arrow batch per ``batch_clients`` clients
+(:func:`rknn_ray.client_step.client_step`) as a Ray streaming generator, so the driver
+forwards batches while the shard is still sealing and memory is bounded by the
+generator's backpressure window.
 
 Retries never re-randomize: batch ``b`` of round ``t`` draws its randomness and its
-report ids from the shard's secret and ``(job, t, b)``; a restarted shard re-sends
-byte-for-byte the same plaintexts and ids, which the server counts once. Every message
-is signed with the shard's credential for its sender (:mod:`sealing.credentials`), so the
-party that sees senders can authenticate them and enforce the per-sender allowance.
+report ids from the shard's secret and ``(job, t, b)``; a restarted shard reads the same
+secret from its key store and re-sends byte-for-byte the same plaintexts and ids, which
+the server counts once (a shard restarted where its secret is gone refuses to start).
+Every message is signed with the shard's credential for its sender
+(:mod:`sealing.credentials`), so the party that sees senders can authenticate them and
+enforce the per-sender allowance.
 """
 from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import ray
 
 from rknn_ray.client_step import RoundSpec, client_step
 
 
+def _restarted() -> bool:
+    """Whether this actor is a restarted incarnation (False outside a Ray actor).
+
+    Inside an actor an error of Ray's is raised, not guessed: guessing "first start"
+    could let a restarted shard draw a fresh secret.
+    """
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False
+    with warnings.catch_warnings():     # Ray's property reads its own deprecated actor_id
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
 class ClientShardImpl:
-    def __init__(self, shard_id: int, source, secret: bytes, fault: dict | None = None,
+    def __init__(self, shard_id: int, source, secrets, fault: dict | None = None,
                  credential=None):
+        """``secrets``: a :class:`rknn_ray.shard_secrets.ShardKeyStore` (or, seeded runs,
+        :class:`~rknn_ray.shard_secrets.SeededShardSecrets`), never the secret itself."""
         self.shard_id = shard_id
         self.records = source.open()
-        self._secret = secret
+        self._secrets = secrets
+        self._secret = secrets.secret(shard_id, restarted=_restarted())
         self._credential = credential        # sealing.credentials.ShardCredential for its clients
         self._fault = fault or {}
         self.timings: dict[str, float] = {}
@@ -90,16 +112,23 @@ class ClientShardImpl:
     def _maybe_crash(self, sent: int) -> None:
         """Fault injection for tests: die once after ``exit_after_batches`` batches.
 
-        The marker file makes the restarted incarnation run normally.
+        The marker file makes the restarted incarnation run normally. With ``lose_secret``
+        the shard deletes its stored secret first (a restart on another node).
         """
         after, marker = self._fault.get("exit_after_batches"), self._fault.get("marker")
         if after is not None and sent >= after and marker and not os.path.exists(marker):
             open(marker, "w").close()
+            if self._fault.get("lose_secret"):
+                self._secrets.forget(self.shard_id)
             time.sleep(2.0)     # let Ray deliver the batches already yielded: they get re-sent
             os._exit(1)
 
     def get_timings(self) -> dict:
         return dict(self.timings)
+
+    def forget_secret(self) -> bool:
+        """Delete this shard's stored secret (the job's rounds are over); True if one was."""
+        return self._secrets.forget(self.shard_id)
 
 
 ClientShard = ray.remote(max_restarts=2, max_task_retries=0)(ClientShardImpl)

@@ -142,10 +142,6 @@ class ShufflerImpl:
         inner, kept, _ = self._peeler.peel(ciphertexts)
         return self.pool.add_reports(inner, None if senders is None else senders[kept])
 
-    def submit_all(self, batches: list) -> int:
-        """Accept every batch of one client shard's reply (a list of record batches)."""
-        return sum(self.submit(b) for b in batches)
-
     def release(self) -> list[pa.RecordBatch]:
         """All permuted batches (raises PrivacyBudgetError below the sender floor)."""
         if self._dist is not None or self._staged is not None and (

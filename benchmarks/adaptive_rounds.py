@@ -79,7 +79,8 @@ def run_cell(cell: dict, args, ledger_path: str) -> dict:
                 *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
                 *args.overrides]
         cfg = load_config(args.config, over)
-        report = run(cfg, prepare_run_dir(folder, overwrite=True), ledger_path=ledger_path)
+        report = run(cfg, prepare_run_dir(folder, overwrite=True, discard_release=True),
+                     ledger_path=ledger_path)         # a re-run cell replaces its earlier attempt
         wall = time.perf_counter() - t0
     p = report["privacy"]
     later = [s for s in report.get("selection", []) if s.get("round", 0) > 0]

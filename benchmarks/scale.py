@@ -1,7 +1,7 @@
 """One shuffle round at scale: single message, Collision, every report sealed.
 
     python -m benchmarks.scale --clients 1000000 --protocol actors|inprocess [--json]
-        [--object-store-mb 512] [--shards 2] [--out bench_out/scale]
+        [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--out bench_out/scale]
 
 ``actors`` runs the path users run (ProtocolSession: ClientShard actors streaming
 sealed batches, the Shuffler actor, the Server with its opener processes);
@@ -18,6 +18,13 @@ run), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / core
 ``ratio_to_floor`` = wall / floor_wall, ``peak_rss_mb`` (peak of the summed proportional
 set size of this process and all its descendants: the driver, Ray's daemons, every actor and opener process)
 and ``spilled_mb`` (what Ray spilled to disk).
+
+``--nodes N`` (N > 1) runs the actors on a Ray cluster of N nodes on this machine
+(jobs/local_cluster.py): the server on the head, the shuffler on a node of its own, the
+client shards on the rest, each node with its share of the cores, so every report crosses
+node boundaries through Ray's object store. ``nodes`` maps each Ray node id to its roles,
+``placement`` each party to the node ids its actors reported, ``release`` is the released
+counts; ``--rng seeded`` makes them reproducible across runs (NOT private).
 """
 from __future__ import annotations
 
@@ -156,13 +163,16 @@ class StoreSampler(Sampler):
     """What Ray wrote to disk: spilled MiB (cumulative) and peak fallback-mmap MiB."""
 
     def __init__(self, period: float = 2.0):
+        import ray
         super().__init__(period)
         self.spilled, self.fallback_peak = 0.0, 0.0
+        # this run's cluster by address: with none, Ray picks the newest instance on the machine
+        self.address = ray.get_runtime_context().gcs_address
 
     def sample(self) -> None:
         try:
             from ray._private.internal_api import memory_summary
-            text = memory_summary(stats_only=True)
+            text = memory_summary(self.address, stats_only=True)
         except Exception:  # noqa: BLE001 - best effort: the cluster may be shutting down
             return
         for line in text.splitlines():
@@ -178,54 +188,85 @@ class StoreSampler(Sampler):
 
 
 def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | None,
-               distributed_above: int | None = 5_000_000) -> dict:
+               distributed_above: int | None = 5_000_000, nodes: int = 1,
+               rng: str = "secure") -> dict:
+    """One round on a local Ray instance, or with ``nodes`` > 1 on a cluster of that many
+    nodes on this machine (jobs/local_cluster.py: server, shuffler and client nodes, each
+    party placed on its own); ``rng="seeded"`` makes the release reproducible (NOT private)."""
     import ray
 
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession
-    from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.config import load_config
-    from rknn_ray.data.sources import SyntheticClientsSource
+    from jobs.local_cluster import LocalCluster, placement_overrides, roles_for
     from rknn_ray.student import quiet_train_logs
 
     quiet_train_logs()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     cores = os.cpu_count() or 1
-    ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False,
-             object_store_memory=None if object_store_mb is None else object_store_mb * 2 ** 20)
+    cluster, overrides = None, [f"run.rng={rng}"]
+    if nodes > 1:
+        roles = roles_for(nodes)
+        # the cores are shared out, so the parties get what the single node gives them
+        cluster = LocalCluster(roles, cpus=max(1.0, cores / nodes),
+                               object_store_mb=object_store_mb or 500).start()
+        overrides += placement_overrides(roles) + [f"cluster.openers={cores}"]
+        ray.init(address=cluster.address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False,
+                 object_store_memory=None if object_store_mb is None else object_store_mb * 2 ** 20)
     try:
-        t_all = time.perf_counter()
-        encoder, qs, mech = _public_setup(clients)
-        cfg = load_config(None, ["privacy.model=shuffle", "privacy.mechanism=collision",
-                                 f"privacy.delta={min(1e-6, 0.1 / clients):.3g}",
-                                 f"cluster.shards={shards}",
-                                 f"cluster.batch_clients={batch}", "run.progress=false",
-                                 f"shuffle.distributed_above={distributed_above}"])
-        cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
-        sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
-                   for a, b in zip(cuts[:-1], cuts[1:])]
-        t0 = time.perf_counter()
-        with StoreSampler() as store:
-            with ProtocolSession(cfg, sources, "scale-bench", progress=Progress(False)) as session:
-                start = time.perf_counter() - t0
-                res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
-            wall = time.perf_counter() - t_all
-        stages = {"setup": start, **res.timings}
-        spilled = store.on_disk_mb
+        res = _actors_round(clients, batch, shards, distributed_above, overrides)
+        res["nodes"] = (cluster.node_roles() if cluster else
+                        {ray.get_runtime_context().get_node_id(): ["client", "shuffler", "server"]})
     finally:
         ray.shutdown()
+        if cluster is not None:
+            cluster.stop()
+    res["cores"] = cores
+    return res
+
+
+def _actors_round(clients: int, batch: int, shards: int, distributed_above: int | None,
+                  overrides: list[str]) -> dict:
+    """The round itself, on the Ray this process is connected to."""
+    from jobs.progress import Progress
+    from jobs.protocol import ProtocolSession
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.config import load_config
+    from rknn_ray.data.sources import SyntheticClientsSource
+
+    t_all = time.perf_counter()
+    encoder, qs, mech = _public_setup(clients)
+    cfg = load_config(None, ["privacy.model=shuffle", "privacy.mechanism=collision",
+                             f"privacy.delta={min(1e-6, 0.1 / clients):.3g}",
+                             f"cluster.shards={shards}",
+                             f"cluster.batch_clients={batch}", "run.progress=false",
+                             f"shuffle.distributed_above={distributed_above}", *overrides])
+    cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
+    sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
+               for a, b in zip(cuts[:-1], cuts[1:])]
+    t0 = time.perf_counter()
+    with StoreSampler() as store:
+        with ProtocolSession(cfg, sources, "scale-bench", progress=Progress(False)) as session:
+            start = time.perf_counter() - t0
+            res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+        wall = time.perf_counter() - t_all
+    stages = {"setup": start, **res.timings}
+    spilled = store.on_disk_mb
     return {"wall_s": wall, "stages_s": stages, "senders": res.shuffler["senders"],
             "shuffle_mode": res.shuffler["hops"][0].get("mode", "in-process"),
             "messages": res.messages, "rejected": res.rejected, "counts": res.counts,
             "eps0": mech.local_eps, "eps": res.guarantee.eps, "qs": qs,
-            "message_size": mech.message_size, "cores": cores, "spilled_mb": spilled}
+            "message_size": mech.message_size, "spilled_mb": spilled,
+            "placement": res.placement}
 
 
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
-        object_store_mb: int | None = None, distributed_above: int | None = 5_000_000) -> dict:
+        object_store_mb: int | None = None, distributed_above: int | None = 5_000_000,
+        nodes: int = 1, rng: str = "secure") -> dict:
     from benchmarks.crypto_floor import floor_parts
+    if nodes > 1 and protocol != "actors":
+        raise ValueError("--nodes needs --protocol actors (the in-process run has no nodes)")
     with MemorySampler() as mem:
-        res = (run_actors(clients, batch, shards, object_store_mb, distributed_above)
+        res = (run_actors(clients, batch, shards, object_store_mb, distributed_above, nodes, rng)
                if protocol == "actors"
                else run_inprocess(clients, batch))
     parts = floor_parts(clients, res["message_size"])
@@ -240,7 +281,10 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
             "senders": res["senders"], "messages": res["messages"], "rejected": res["rejected"],
             "eps0": res["eps0"], "eps": res["eps"], "object_store_mb": object_store_mb,
             "shuffle_mode": res.get("shuffle_mode", "in-process"),
-            "max_abs_count_error": float(err.max()), "mean_abs_count_error": float(err.mean())}
+            "max_abs_count_error": float(err.max()), "mean_abs_count_error": float(err.mean()),
+            "nodes": res.get("nodes", {}), "placement": res.get("placement", {}),
+            "rng": rng if protocol == "actors" else "secure",
+            "release": np.asarray(res["counts"]).tolist()}
 
 
 def main(argv=None) -> int:
@@ -253,11 +297,18 @@ def main(argv=None) -> int:
                     help="cap Ray's object store (MB) so large rounds must spill")
     ap.add_argument("--distributed-above", type=int, default=5_000_000,
                     help="messages above which the shuffle runs distributed (shuffle.distributed_above)")
+    ap.add_argument("--nodes", type=int, default=1,
+                    help="Ray nodes on this machine (actors only): >1 puts the server, the "
+                         "shuffler and the client shards on nodes of their own")
+    ap.add_argument("--rng", choices=("secure", "seeded"), default="secure",
+                    help="seeded: a reproducible release (NOT private; for comparing runs)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)
+    if args.nodes < 1 or (args.nodes > 1 and args.protocol != "actors"):
+        ap.error("--nodes must be >= 1, and > 1 only with --protocol actors")
     res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb,
-              args.distributed_above)
+              args.distributed_above, args.nodes, args.rng)
     if args.out:
         from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-{args.protocol}-{args.clients}.json"), res)
@@ -275,6 +326,8 @@ def main(argv=None) -> int:
               f"| floor / {res['cores']} cores | {res['floor_wall_s']:.2f} |")
         print(f"ratio to floor {res['ratio_to_floor']:.2f}; peak memory {res['peak_rss_mb']:.0f} MB; "
               f"spilled {res['spilled_mb']:.0f} MB")
+        for party, ids in res["placement"].items():
+            print(f"{party}: node(s) {', '.join(i[:8] for i in ids)}")
     return 0
 
 

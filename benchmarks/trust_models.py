@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             f"queries.s={args.s}", f"rknn.k={args.k}", f"represent.dim={args.dim}",
             f"run.seed={args.seed}", "run.rng=seeded", "labels.type=soft",
             f"privacy.delta={args.delta}"]
-    cfg0 = load_config(None, base)
+    cfg0 = load_config(None, base + ["privacy.delta=0"])    # data and queries: the default (central) model
     data = prepare_data(cfg0)
     encoder, _, qs = fit_queries(cfg0, data)
     sp = data.splits

@@ -2,25 +2,33 @@
 
     rknn-ray budget [list] [--ledger PATH] [--json]
     rknn-ray budget set DATASET --eps EPS [--delta DELTA] [--allow-lower] [--ledger PATH]
+    rknn-ray budget settle JOB_ID [--ledger PATH]
 
-``DATASET`` is the identity printed by ``list`` (a digest of the private data's
-manifest). Budgets are set once, by the first job on a dataset, and change only here.
+``DATASET`` is the identity printed by ``list``: a source, the pool of records a job's
+split loaded, known by per-record fingerprints (any job touching any of its records draws
+from its one budget). Budgets are set once, by the first job on a dataset, and change
+only here. Identities from older ledgers (``legacy``) move onto a source at its first job;
+``set`` on a moved identity says where it went. ``settle`` closes the open reservation of a
+job that died without closing it (``kill -9``, a lost node): counted as spent, unless the
+job died before any client randomized. Errors exit 2 and never print a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
-from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.budget_store import (ENV_PATH, BudgetStore, default_path,
+                                              open_reservations, settle)
 from rknn_ray.errors import RknnError
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0])
-    ap.add_argument("action", nargs="?", default="list", choices=("list", "set"))
-    ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set')")
+    ap.add_argument("action", nargs="?", default="list", choices=("list", "set", "settle"))
+    ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set'), job id (for 'settle')")
     ap.add_argument("--eps", type=float, help="new total eps budget (for 'set')")
     ap.add_argument("--delta", type=float, default=None, help="new total delta budget (for 'set')")
     ap.add_argument("--allow-lower", action="store_true", help="allow lowering a budget")
@@ -29,40 +37,112 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     try:
-        store = BudgetStore(args.ledger)
-        if args.action == "set":
-            if not args.dataset or args.eps is None:
-                print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "
-                      "--eps <total>", file=sys.stderr)
-                return 2
-            current = store.budget(args.dataset)
-            if current is None:
-                print(f"error: no dataset {args.dataset!r} in {store.path}. Fix: copy an identity "
-                      "from `rknn-ray budget list`", file=sys.stderr)
-                return 2
-            store.set_budget(args.dataset, args.eps, current[1] if args.delta is None else args.delta,
-                             allow_lower=args.allow_lower)
-            print(f"budget of {args.dataset}: eps {current[0]:g} -> {args.eps:g}")
-            return 0
-        rows = store.datasets()
+        return _run(args)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:      # never a traceback: say what failed and where to look
+        print(f"error: rknn-ray budget failed: {type(exc).__name__}: {exc}. Nothing was "
+              "changed unless stated above; please report it with this line", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    path = os.path.abspath(args.ledger or default_path())
+    if not os.path.exists(path):          # looking never creates a ledger (a mistyped path)
+        if args.action == "set":
+            print(f"error: there is no privacy ledger at {path}. Fix: point --ledger or "
+                  f"${ENV_PATH} at the ledger your jobs use (a dataset's budget is created by "
+                  "its first job)", file=sys.stderr)
+            return 2
+        print("[]" if args.json else f"privacy ledger: {path} does not exist yet: no job has "
+              "recorded anything there")
+        return 0
+    store = BudgetStore(path)
+    if args.action == "settle":
+        return _settle(store, args.dataset)
+    if args.action == "set":
+        if not args.dataset or args.eps is None:
+            print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "
+                  "--eps <total>", file=sys.stderr)
+            return 2
+        target, moved = store.canonical(args.dataset)
+        if moved:
+            print(f"{args.dataset} was merged into {target} ({moved}); setting {target}")
+            args.dataset = target
+        current = store.budget(args.dataset)
+        if current is None:
+            print(f"error: no dataset {args.dataset!r} in {store.path}. Fix: copy an identity "
+                  "from `rknn-ray budget list`", file=sys.stderr)
+            return 2
+        store.set_budget(args.dataset, args.eps, current[1] if args.delta is None else args.delta,
+                         allow_lower=args.allow_lower)
+        delta = current[1] if args.delta is None else args.delta
+        print(f"budget of {args.dataset}: eps {current[0]:g} -> {args.eps:g}, "
+              f"delta {current[1]:g} -> {delta:g}")
+        return 0
+    rows = store.datasets()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"privacy ledger: {store.path}")
+    _print_open(open_reservations(store))
+    print(f"privacy ledger: {store.path}" + ("  (experiment ledger: cells are independent "
+                                             "releases, delta not capped)"
+                                             if store.purpose == "experiment" else ""))
     if not rows:
         print("  no dataset has been used yet")
     for d in rows:
         print(f"\n{d['identity']}  {d['description']}\n  budget eps={d['budget']['eps']:g} "
               f"delta={d['budget']['delta']:g}; spent or reserved eps={d['spent']['eps']:.6g} "
               f"delta={d['spent']['delta']:.3g} ({d['released']} releases, {d['reserved']} open)")
+        if d["kind"] == "legacy":
+            print("  legacy identity (older ledger): moves onto its source at the next job on "
+                  "this dataset")
+        elif d["min_private"]:
+            print(f"  delta stays below 1/n = {1 / d['min_private']:.3g} "
+                  f"(n = {d['min_private']} private records, the fewest a job on it used)")
+        for m in d["merged"]:
+            print(f"  merged from {m['identity']}: {m['reason']}")
         for r in d["releases"]:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated"]))
             event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""
             print(f"    {when}  job {r['job_id']}  round {r['round'] if r['round'] is not None else '-'}"
                   f"  {r['status']:<8}  eps={r['eps']:.4g} delta={r['delta']:.3g}  {event}  {r['note'] or ''}")
+    return 0
+
+
+def _age(seconds: float) -> str:
+    m = int(seconds // 60)
+    return f"{m // 1440}d {m // 60 % 24}h" if m >= 1440 else f"{m // 60}h {m % 60}m" if m >= 60 \
+        else f"{m}m {int(seconds) % 60}s"
+
+
+def _print_open(pending: list[dict]) -> None:
+    """Open reservations first: a job killed without closing one holds budget until settled."""
+    if not pending:
+        return
+    print(f"open reservations ({len(pending)}): a job still running, or one that died without "
+          "closing its reservation")
+    for r in pending:
+        state = {True: "driver running", False: "driver gone", None: "driver unknown"}[
+            r["driver_alive"]]
+        fate = ("counted as spent if settled: its clients may have randomized" if r["started"]
+                else "returned if settled: it died before any client randomized")
+        print(f"  job {r['job_id']}  age {_age(r['age_s'])}  eps={r['eps']:.4g} "
+              f"delta={r['delta']:.3g}  {state}  on {r['identity']} ({fate})")
+        if r["driver_alive"] is not True:
+            print(f"    settle it: rknn-ray budget settle {r['job_id']}")
+    print()
+
+
+def _settle(store: BudgetStore, job_id: str | None) -> int:
+    if not job_id:
+        print("error: 'settle' needs a JOB_ID. Fix: rknn-ray budget settle <job id> (open "
+              "reservations are listed by `rknn-ray budget`)", file=sys.stderr)
+        return 2
+    for r in settle(store, job_id):
+        print(f"job {job_id} on {r['identity']}: eps={r['eps']:.4g} delta={r['delta']:.3g} "
+              f"{'counted as spent' if r['status'] == 'released' else 'returned'} ({r['note']})")
     return 0
 
 

@@ -12,16 +12,19 @@ import math
 import os
 import time
 
-#: Budgets of the isolated ledger: an eps grid must not be refused there (local and shuffle
-#: configs of one dataset share an identity, so both need room for the shuffle's delta).
-ISOLATED_BUDGET = ("privacy.budget_eps=1000000", "privacy.budget_delta=0.5")
+#: Budgets of the isolated ledger: an eps grid must not be refused there. The ledger is an
+#: experiment ledger (BudgetStore purpose "experiment"): every cell is an independent
+#: hypothetical release, so neither the delta budget nor the 1/n delta cap applies across cells.
+ISOLATED_BUDGET = ("privacy.budget_eps=1000000",)
 
 
 @contextlib.contextmanager
 def isolated_ledger(out: str):
     """``out``/ledger.sqlite as the process's ledger ($RKNN_RAY_LEDGER) for the block; the
     caller's setting is restored afterwards. Yields the ledger's path."""
+    from rknn_ray.accounting.budget_store import BudgetStore
     path = os.path.join(os.path.abspath(out), "ledger.sqlite")
+    BudgetStore(path, purpose="experiment")
     saved = os.environ.get("RKNN_RAY_LEDGER")
     os.environ["RKNN_RAY_LEDGER"] = path
     try:
@@ -38,7 +41,8 @@ def run_distill(cfg, out_dir: str, ledger_path: str) -> tuple[dict, float]:
     there); returns (report, wall seconds)."""
     from jobs.distill import run
     from rknn_ray.runio import prepare_run_dir
-    out = prepare_run_dir(out_dir, overwrite=True)
+    # a sweep re-runs its cell: an earlier attempt's unfinished release is replaced, as before
+    out = prepare_run_dir(out_dir, overwrite=True, discard_release=True)
     t0 = time.perf_counter()
     report = run(cfg, out, ledger_path=ledger_path)
     return report, time.perf_counter() - t0

@@ -123,10 +123,12 @@ def run_baseline(method: str, setup, eps: float, delta: float):
     """One baseline at one eps; returns its BaselineResult."""
     from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
     shards = NFDP_SHARDS.get(setup.data.dataset, 2)
-    if method == "fedmd_nfdp":
-        return nfdp.run_nfdp(setup, eps, replacement=True, use_ray=True, shards=shards)
-    if method == "fedmd_nfdp_wor":
-        return nfdp.run_nfdp(setup, eps, replacement=False, use_ray=True, shards=shards)
+    if method in ("fedmd_nfdp", "fedmd_nfdp_wor"):
+        from actors.nfdp_shard import RayParties
+        from jobs.ray_env import ensure_ray
+        ensure_ray()                      # a no-op inside the comparison, which started it
+        return nfdp.run_nfdp(setup, eps, replacement=method == "fedmd_nfdp", hosts=RayParties,
+                             shards=shards)
     if method == "dpdfd_selective_rr":
         return dpdfd.run_dpdfd(setup, eps)
     if method == "pate_lnmax":
@@ -143,10 +145,10 @@ def run_baseline(method: str, setup, eps: float, delta: float):
 def record_in_store(store, setup, result, job_id: str) -> None:
     """Every release of a baseline into the compare's persistent ledger (its own budget line
     per method: the units and neighbour relations of different methods do not compose)."""
-    from rknn_ray.accounting.budget_store import dataset_identity
+    from rknn_ray.accounting.source_identity import private_data_digest
     sp = setup.splits
-    identity, described = dataset_identity(setup.cfg, sp.private_x, sp.private_y,
-                                           setup.data.client_ids)
+    identity, described = private_data_digest(setup.cfg, sp.private_x, sp.private_y,
+                                              setup.data.client_ids)
     ident = f"{identity}/{result.method}"
     entries = result.ledger.get("entries", [])
     total_eps = sum(e["eps"] for e in entries)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -26,7 +27,8 @@ from rknn_ray import __version__
 from rknn_ray.config import load_config, validate_resources
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.errors import ConfigError
-from rknn_ray.runio import mark_incomplete, prepare_run_dir, write_json, write_parquet, write_text
+from rknn_ray.runio import (mark_incomplete, prepare_run_dir, remove_train_storage, write_json,
+                            write_parquet, write_text)
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -38,9 +40,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="override a config value, e.g. --set privacy.eps=0.5 (repeatable)")
     ap.add_argument("--out", default=None, help="run folder (default runs/<name>-<time>)")
     ap.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    ap.add_argument("--discard-release", action="store_true",
+                    help="with --overwrite: also delete an unfinished run's saved release.npz "
+                         "(its budget stays spent; --resume RUN would have finished it)")
     ap.add_argument("--resume", metavar="RUN", default=None,
                     help="finish a run folder whose release.npz exists (labels, student, report) "
-                         "with its own config.yaml: no new private round, no budget spent")
+                         "with its own config.yaml: no new private round, no budget spent; "
+                         "--set may change student.*, labels.*, cluster.*, run.progress only")
     ap.add_argument("--key-file", default=None,
                     help="server X25519 key file (default: a fresh key pair per job)")
     ap.add_argument("--quiet", action="store_true",
@@ -69,10 +75,10 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     import ray
 
     from jobs.progress import Progress
-    from jobs.ray_env import ensure_ray
     from jobs.release_file import load_release
     from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
+    from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
+    from rknn_ray.accounting.source_identity import job_source, legacy_release_name
     from rknn_ray.errors import DataError
     from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto, round_query_counts
 
@@ -84,15 +90,19 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} ({auto_choice['reason']})")
     sp = data.splits
     store = BudgetStore(ledger_path)
-    identity, described = dataset_identity(cfg, sp.private_x, sp.private_y, data.client_ids)
+    # the budget is the records' source's (any split / seed / partition); the release is this
+    # job's private part as split and partitioned (resume must find the same one)
+    identity, described, release_key = job_source(store, cfg, data)
     fit_s = round_query_counts(cfg)[0]
     if resume:
         encoder, public_emb, _ = fit_queries(cfg, data, progress.say)   # public only, deterministic
         job_id, saved_identity, rounds, query_sets = load_release(out_dir, public_emb)
-        if saved_identity != identity:
+        # run folders from before keyed names hold the bare digest: still recognized
+        if saved_identity not in (release_key, legacy_release_name(cfg, data)):
             raise DataError(f"{out_dir}/release.npz was released from other private data than "
-                            f"this config loads ({saved_identity} vs {identity}). Fix: resume with "
-                            "the run folder's own config.yaml, unchanged")
+                            f"this config loads, or recorded in another ledger ({saved_identity} vs "
+                            f"{release_key}). Fix: resume with the run folder's own config.yaml, "
+                            "unchanged, and the ledger the job ran with (--ledger)")
         ledger = PrivacyLedger(accountant=cfg.privacy.accountant)
         for t, r in enumerate(rounds):
             ledger.record(r.guarantee, round_id=t, event=r.event, messages=r.messages,
@@ -101,29 +111,38 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         progress.say(f"resuming from release.npz: {len(rounds)} round(s) already released; "
                      "no new private round, no budget spent")
     else:
+        check_dropout(cfg, data)             # a round sure to be refused costs no budget
         from jobs.protocol import new_job_id
         job_id = new_job_id()
         p = cfg.privacy
         # the budget lasts across jobs: reserve this job's whole spend before anything randomizes
         budget = store.reserve(identity, described, job_id, p.eps, p.delta,
-                               (p.budget_eps or p.eps, p.budget_delta if p.budget_delta is not None
-                                else p.delta), accountant=p.accountant)
-        progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
-                     f"this job reserved eps={p.eps:g} (ledger {store.path})")
-        write_text(os.path.join(out_dir, "config.yaml"),
-                   yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
-                     f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
-        with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
-                            + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
-                               if cfg.rounds.split_queries else "")):
-            encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
-    started = ensure_ray()                 # one Ray for the whole job, after the budget check
+                               job_default_budget(p, len(sp.private_y)), accountant=p.accountant,
+                               records=len(sp.private_y))
+        try:
+            progress.say(f"privacy budget of {described}: eps={budget[0]:g}, delta={budget[1]:g}; "
+                         f"this job reserved eps={p.eps:g} (ledger {store.path})")
+            write_text(os.path.join(out_dir, "config.yaml"),
+                       yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
+                         f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+            with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
+                                + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
+                                   if cfg.rounds.split_queries else "")):
+                encoder, public_emb, first_qs = fit_queries(cfg, data, progress.say)
+            started = _start_ray()
+        except BaseException as exc:      # no client has randomized yet: nothing was released
+            store.close_job(identity, job_id, f"job ended before any client randomized "
+                            f"({type(exc).__name__}: {_first_line(exc)}); reservation returned")
+            raise
+    if resume:
+        started = _start_ray()
     try:
         if not resume:
             rounds, query_sets, ledger = _private_rounds(cfg, data, encoder, public_emb, first_qs,
                                                          store, identity, job_id, out_dir, key_file,
-                                                         progress, shard_faults, party_faults)
+                                                         progress, shard_faults, party_faults,
+                                                         release_key=release_key)
         return _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
                        described, budget, job_id, out_dir, progress, auto_choice)
     finally:
@@ -131,8 +150,47 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
             ray.shutdown()
 
 
+def _start_ray() -> bool:
+    """ensure_ray, then the job's own SIGINT/SIGTERM handlers again (ray.init installs its own)."""
+    from jobs import signals
+    from jobs.ray_env import ensure_ray
+    try:
+        started = ensure_ray()             # one Ray for the whole job, after the budget check
+    except SystemExit as exc:              # Ray's own SIGTERM handler, while ray.init runs
+        if exc.code == signals.signal.SIGTERM:
+            raise signals.JobInterrupted(signals.signal.SIGTERM) from None
+        raise
+    signals.install()
+    return started
+
+
+def check_dropout(cfg, data) -> None:
+    """Refuse, before any budget is reserved, a simulated dropout that leaves fewer senders
+    (on average) than the first round's shuffle needs: the shuffler would refuse the round
+    only after every client had worked."""
+    if cfg.privacy.model != "shuffle" or not cfg.shuffle.dropout:
+        return
+    from rknn_ray.mechanisms import build
+    from rknn_ray.pipeline import mechanism_params, round_budgets, round_query_counts
+    p = cfg.privacy
+    eps0, delta0 = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)[0]
+    params = dataclasses.replace(mechanism_params(cfg, data, eps=eps0, delta=delta0),
+                                 num_queries=round_query_counts(cfg)[0])
+    floor = max(build(p.model, p.mechanism, params).min_senders(), cfg.shuffle.min_senders or 0)
+    n = data.num_clients
+    expected = int(n * (1 - cfg.shuffle.dropout))
+    if expected < floor:
+        raise ConfigError("shuffle.dropout", f"{cfg.shuffle.dropout:g} leaves about {expected} "
+                          f"of {n} clients sending, but the round needs {floor} distinct senders "
+                          "(its guarantee is calibrated for them): the shuffler would refuse it "
+                          "after the whole client round",
+                          "set shuffle.dropout=0, or use privacy.mechanism=multi with "
+                          f"privacy.options.expected_dropout>={cfg.shuffle.dropout:g} (calibrated "
+                          "for the senders that remain)")
+
+
 def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, job_id, out_dir,
-                    key_file, progress, shard_faults, party_faults=None):
+                    key_file, progress, shard_faults, party_faults=None, release_key=None):
     """The only phase that touches private data: T rounds on one ProtocolSession.
 
     Each release is committed to the persistent ledger and saved to release.npz at once.
@@ -158,6 +216,8 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     rounds, query_sets, selections = [], [], []
     released = False
     try:
+        from rknn_ray.accounting.budget_store import mark_started
+        mark_started(store, identity, job_id)       # from here a release may happen
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
             session = ProtocolSession(cfg, dataset_sources(cfg, data), job_id, key_file, progress,
                                       shard_faults, party_faults)
@@ -205,18 +265,34 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                         released = True             # unknown: count it as released
                         raise
                 query_sets.append(qs)
+                released = True         # until the ledger commits it, a failure keeps it counted
+                note, lost = _rng_marks(cfg).get("warning", "released"), None
+                try:        # durable (fsync'd) on disk before the ledger commits the round
+                    save_release(out_dir, job_id, release_key or identity, rounds, query_sets,
+                                 selections)
+                except OSError as exc:
+                    lost = exc
+                    note = (f"released, but release.npz could not be saved ({_first_line(exc)}): "
+                            "the counts are lost; their eps stays counted")
                 store.commit_round(identity, job_id, t, rounds[-1].guarantee.eps,
                                    rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
-                                   note=_rng_marks(cfg).get("warning", "released"))
-                save_release(out_dir, job_id, identity, rounds, query_sets, selections)
+                                   note=note)
+                released = False
+                if lost is not None:
+                    raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "
+                                          f"is counted in the ledger, but it could not be saved: "
+                                          f"{str(lost).strip().splitlines()[0]}") from None
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {_first_line(exc)})"
-        if released:
-            store.mark_failed(identity, job_id, what + "; reservation kept: a release may have "
-                              "happened")
-        else:                   # every round so far is committed; nothing else can be out
-            store.close_job(identity, job_id, what + f"; {len(rounds)} round(s) released, the "
-                            "rest of the reservation returned")
+        try:
+            if released:
+                store.mark_failed(identity, job_id, what + "; reservation kept: a release may "
+                                  "have happened")
+            else:               # every round so far is committed; nothing else can be out
+                store.close_job(identity, job_id, what + f"; {len(rounds)} round(s) released, "
+                                "the rest of the reservation returned")
+        except Exception:       # a ledger that cannot be written keeps the reservation counted
+            pass
         raise
     store.close_job(identity, job_id, f"job finished: {len(rounds)} round(s) released")
     return rounds, query_sets, ledger
@@ -288,16 +364,13 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
                                "eps": budget[0], "delta": budget[1],
                                "spent_eps": store.spent(identity).eps, "ledger": store.path},
                     "release_file": "release.npz", **_rng_marks(cfg)},
-        "counts": {"clients": data.num_clients, "records": int(len(sp.private_y)),
-                   "queries": all_qs.size, "public": int(len(sp.public_y)),
-                   "evaluation": int(len(sp.eval_y)),
+        "counts": {**data.public_counts(), "queries": all_qs.size,
                    "messages": int(sum(r.messages for r in rounds)),
                    "received": int(sum(r.received for r in rounds)),
                    "rejected": _sum_dicts(r.rejected for r in rounds),
                    "authenticated_senders": [r.authenticated_senders for r in rounds],
                    "missing": [r.missing for r in rounds],
-                   "rounds": len(rounds),
-                   "max_records_per_client": data.max_records_per_client},
+                   "rounds": len(rounds)},
         "split": sp.describe(),
         "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,
                     "trainer": st.trainer,
@@ -311,6 +384,8 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     }
     if any(r.shuffler is not None for r in rounds):
         report["shuffler"] = [r.shuffler for r in rounds]
+    from jobs.placement import merge_placements       # party -> the Ray nodes it ran on
+    report["placement"] = merge_placements(r.placement for r in rounds)
     labels_table = pa.table({
         "public_index": np.arange(len(sp.public_y)), "query": all_qs.assignment,
         "label": lab.public_hard, "true_label": sp.public_y, "weight": lab.public_weight,
@@ -327,6 +402,9 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
         report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
                                                   student.history, ref, exact, truth_q,
                                                   correct, bound, len(sp.public_y))
+        # PRIVATE (depends on the label-driven partition): only in the diagnostics
+        report["diagnostics"]["records_dropped_by_bound"] = data.records_dropped()
+    remove_train_storage(out_dir)         # Train's student-*/ copies, an interrupted attempt's too
     write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
     if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
         os.unlink(os.path.join(out_dir, "incomplete.json"))
@@ -395,9 +473,66 @@ def check_rng_consent(cfg, insecure_seeded: bool) -> None:
     print(f"WARNING: {NOT_PRIVATE}", file=sys.stderr)
 
 
+#: what ``--resume RUN --set key=value`` may change: work after the release only (the
+#: labels are post-processing of the released counts, the student is trained on them).
+#: Everything else decides what was released, and report.json must agree with release.npz.
+RESUME_MAY_CHANGE = ("student.", "labels.", "cluster.", "run.progress")
+
+
+def check_resume_overrides(saved, cfg) -> None:
+    """Refuse ``--set`` keys that would change the meaning of a finished release."""
+    before, after = _leaves(saved.to_dict()), _leaves(cfg.to_dict())
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    refused = [k for k in changed if not k.startswith(RESUME_MAY_CHANGE)]
+    if refused:
+        raise ConfigError("--resume", f"--set {', '.join(refused)} would change what the saved "
+                          "release means (it was released with the run folder's config.yaml)",
+                          "resume changes only student.*, labels.*, cluster.* and run.progress; "
+                          "start a new run (a new release, new budget) for anything else")
+
+
+def _leaves(d: dict, prefix: str = "") -> dict:
+    """{"a.b": value} for every leaf of a nested config dict."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class ReleaseNotSaved(RknnError):
+    """A round was released (and counted in the ledger) but release.npz could not be written."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """A failure as one line: an error raised in a Ray actor as itself, not Ray's wrapping."""
+    cause = getattr(exc, "cause", None)
+    if cause is not None and type(exc).__module__.startswith("ray"):
+        exc = cause
+    if isinstance(exc, RknnError):
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    from rknn_ray.errors import NO_SPACE
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return f"out of disk space{where} ({exc.strerror}). Fix: free space and re-run"
+    if "database or disk is full" in str(exc):
+        return f"out of disk space ({exc}). Fix: free space on the ledger's file system"
+    return f"the job failed: {type(exc).__name__}: {_first_line(exc)}"
+
+
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    out, created = None, False
+    from jobs import signals
+    with signals.handled():
+        return _main(parse_args(argv))
+
+
+def _main(args) -> int:
+    from jobs import signals
+    out, owned = None, False            # owned: this invocation may write into ``out``
+    created = False
     try:
         if args.resume:
             out = os.path.abspath(args.resume)
@@ -407,7 +542,9 @@ def main(argv=None) -> int:
             if os.path.exists(os.path.join(out, "report.json")):
                 raise ConfigError("--resume", f"{out} is already complete (report.json)",
                                   "nothing to resume; start a new run instead")
+            saved = load_config(os.path.join(out, "config.yaml"))
             cfg = load_config(os.path.join(out, "config.yaml"), args.overrides)
+            check_resume_overrides(saved, cfg)
         else:
             cfg = load_config(args.config, args.overrides)
         check_rng_consent(cfg, args.insecure_seeded)
@@ -415,35 +552,36 @@ def main(argv=None) -> int:
             validate_resources(cfg, float(os.cpu_count() or 1))
         if args.key_file:
             from server.keys import check_key_file
-            check_key_file(args.key_file)
+            check_key_file(args.key_file, load=True)
         if not args.resume:
             out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             created = not os.path.exists(out)
-            out = prepare_run_dir(out, overwrite=args.overwrite)
+            out = prepare_run_dir(out, overwrite=args.overwrite,
+                                  discard_release=args.discard_release)
+        owned = True
         from jobs.progress import Progress
+        progress = Progress.for_console(cfg.run.progress, quiet=args.quiet)
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
-                     resume=bool(args.resume),
-                     progress=Progress.for_console(cfg.run.progress, quiet=args.quiet))
-    except (RknnError, KeyboardInterrupt, Exception) as exc:
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        message = ("interrupted (SIGINT)" if interrupted else str(exc)
-                   if isinstance(exc, RknnError) else f"{type(exc).__name__}: {exc}")
-        print(f"error: {message}" if isinstance(exc, RknnError) or interrupted
-              else f"error: the job failed: {message}", file=sys.stderr)
-        if out and os.path.isdir(out):
+                     resume=bool(args.resume), progress=progress)
+    except (KeyboardInterrupt, Exception) as exc:
+        interrupt = signals.as_interrupt(exc)
+        if interrupt is not None:
+            stage = _stage_words(locals().get("progress"))
+            message = f"interrupted by {interrupt.name}" + (f" during {stage}" if stage else "")
+        else:
+            message = _one_line(exc)
+        line = f"error: {message}"
+        if owned and out and os.path.isdir(out):
             if created and not os.listdir(out):
                 os.rmdir(out)                 # leave no empty run folder behind
             elif not os.path.exists(os.path.join(out, "report.json")):
-                released = os.path.exists(os.path.join(out, "release.npz"))
-                mark_incomplete(out, message, release_saved=released,
-                                next_step=(f"python -m jobs.distill --resume {out}" if released
-                                           else "nothing was released; fix the cause and re-run"))
-                print(f"run folder {out} is marked incomplete (incomplete.json); "
-                      + (f"its release is saved: finish it with --resume {out}" if released
-                         else "nothing was released"), file=sys.stderr)
-        if not isinstance(exc, (RknnError, KeyboardInterrupt)):
+                line += "; " + _record_incomplete(out, message, exc)
+        print(line, file=sys.stderr)
+        if interrupt is not None:
+            return interrupt.exit_code
+        if not isinstance(exc, RknnError) and _one_line(exc).startswith("the job failed"):
             raise
-        return 130 if interrupted else 2
+        return 2
     acc, p = report["accuracy"], report["privacy"]
     print(f"run folder: {out}")
     if not p.get("private", True):
@@ -455,6 +593,47 @@ def main(argv=None) -> int:
         print(f"[diagnostics, NOT private: {out}/diagnostics] non-private label accuracy "
               f"{report['diagnostics']['nonprivate_labels']:.4f}")
     return 0
+
+
+def _stage_words(progress) -> str | None:
+    """The stage a failure left, in words ("round_0" is the first private round)."""
+    stage = progress and (progress.failed_in or progress.current)
+    if stage and stage.startswith("round_"):
+        return f"private round {int(stage.split('_')[1]) + 1}"
+    return stage or None
+
+
+def _record_incomplete(out: str, message: str, exc: BaseException) -> str:
+    """Write incomplete.json (what happened, whether a release is saved, the next step);
+    returns the rest of the console line. A full disk here costs one clause, not a traceback."""
+    released = os.path.exists(os.path.join(out, "release.npz"))
+    lost = isinstance(exc, ReleaseNotSaved)
+    if released and not lost:
+        next_step, said = (f"python -m jobs.distill --resume {out}",
+                           f"run folder {out} is marked incomplete; its release is saved: finish "
+                           f"it with --resume {out}")
+    elif lost:
+        next_step, said = ("free disk space; the lost release stays counted in the ledger",
+                           f"run folder {out} is marked incomplete; the release was NOT saved "
+                           "(its eps is counted in the ledger)")
+    else:
+        next_step, said = ("nothing was released; fix the cause and re-run",
+                           f"run folder {out} is marked incomplete; nothing was released")
+    earlier = {}
+    try:                        # a failed --resume keeps the first failure's reason beside its own
+        with open(os.path.join(out, "incomplete.json")) as fh:
+            old = json.load(fh)
+        if isinstance(old, dict) and old.get("reason"):
+            earlier = {"earlier_reasons": [*old.get("earlier_reasons", []), old["reason"]][-5:]}
+    except (OSError, ValueError):
+        pass
+    try:
+        mark_incomplete(out, message, release_saved=released and not lost,
+                        released_and_lost=lost, next_step=next_step, **earlier)
+    except OSError as werr:
+        return said.replace(" is marked incomplete", "") + \
+            f" (incomplete.json could not be written: {werr.strerror or werr})"
+    return said + " (incomplete.json)"
 
 
 if __name__ == "__main__":

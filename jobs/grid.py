@@ -177,6 +177,8 @@ def plan(config: str, sets=(), encoders=None, s=None, k=None, models=None, eps=N
         if m == "shuffle":
             d = delta if delta is not None else (base.privacy.delta or 1e-5)
             over.append(f"privacy.delta={float(d)!r}")
+        else:                 # central and local are pure: a base config's delta is not theirs
+            over.append("privacy.delta=0")
         if student_epochs:
             over.append(f"student.epochs={int(student_epochs)}")
         cell = Cell(enc, s_, k_, model, e, seed, tuple(over))

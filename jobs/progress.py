@@ -29,7 +29,7 @@ MODES = ("bars", "lines", "off")
 
 class Progress:
     def __init__(self, enabled: bool = True, stream=None, mode: str | None = None,
-                 interval: float = 5.0):
+                 interval: float = 5.0, clock=time.perf_counter):
         self.stream = stream or sys.stderr
         if mode is None:
             mode = "off" if not enabled else ("bars" if _is_tty(self.stream) else "lines")
@@ -38,8 +38,16 @@ class Progress:
         self.mode = mode
         self.enabled = mode != "off"
         self.interval = float(interval)
-        self.t0 = time.perf_counter()
+        self._clock = clock
+        self.t0 = clock()
         self.timings: dict[str, float] = {}
+        self._untimed = 0.0                  # seconds spent in untimed() spans, never reported
+        self._span_start: float | None = None
+        self._open: list[str] = []           # stages running now (outermost first)
+        #: stage -> names of the untimed spans it contained (names only, never durations)
+        self.untimed_spans: dict[str, list[str]] = {}
+        self.current: str | None = None     # the stage running now
+        self.failed_in: str | None = None   # the stage a failure left (an interrupt names it)
         self._bars: list[Bar] = []
         self._lock = threading.RLock()
 
@@ -51,7 +59,23 @@ class Progress:
         return cls(True, stream, mode="lines" if quiet else None)
 
     def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
+        """Seconds since the start, untimed spans left out (the console's clock stands still
+        during one)."""
+        now, since = self._clock(), self._span_start
+        return now - self.t0 - self._untimed - (now - since if since is not None else 0.0)
+
+    @contextmanager
+    def untimed(self, name: str):
+        """A span that no stage timing and no console timestamp includes: the release,
+        whose exact noise sampler runs longer the larger the noise it draws (issue 21)."""
+        start = self._span_start = self._clock()
+        try:
+            yield
+        finally:
+            self._untimed += self._clock() - start
+            self._span_start = None
+            for stage in self._open:
+                self.untimed_spans.setdefault(stage, []).append(name)
 
     def say(self, msg: str) -> None:
         if not self.enabled:
@@ -67,9 +91,18 @@ class Progress:
     @contextmanager
     def stage(self, name: str, what: str | None = None):
         self.say(f"{what or name} ...")
-        start = time.perf_counter()
-        yield
-        took = time.perf_counter() - start
+        start, skipped = self._clock(), self._untimed
+        self._open.append(name)
+        outer, self.current = self.current, name
+        try:
+            yield
+        except BaseException:
+            self.failed_in = self.failed_in or name      # the innermost stage a failure left
+            raise
+        finally:
+            self._open.remove(name)
+            self.current = outer
+        took = self._clock() - start - (self._untimed - skipped)
         self.timings[name] = self.timings.get(name, 0.0) + took
         self.say(f"{what or name} done in {took:.1f}s")
 

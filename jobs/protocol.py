@@ -20,11 +20,16 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
    otherwise the Server releases the counts once and the ledger records them.
 
 A shard that dies mid-round is restarted by Ray and streams the round again from its
-first batch: the same randomness and the same report ids, so the server counts every
-report once (``rejected.replayed`` shows the re-sent copies).
+first batch: it re-reads its secret from its node-local key store
+(:mod:`rknn_ray.shard_secrets`; the driver never holds it), so the same randomness and the
+same report ids go out and the server counts every report once: admission drops the re-sent
+copies (``rejected.duplicate_message``: the same sender and sequence number again), and the
+server's report-id check (``rejected.replayed``) catches any copy that gets past admission.
+A restarted shard that cannot find its secret refuses to start.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -37,11 +42,13 @@ import ray
 from actors.client_shard import ClientShard
 from actors.server import Server
 from actors.shuffler import Shuffler
+from jobs.placement import check_placement_feasible, party_options, placement_of
 from jobs.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
-from rknn_ray.rng import derived_key, new_client_secret
+from rknn_ray.rng import derived_key
+from rknn_ray.shard_secrets import SeededShardSecrets, ShardKeyStore
 from sealing.credentials import CredentialIssuer
 from sealing.envelope import RoundContext
 
@@ -87,6 +94,7 @@ class RoundResult:
     shuffler: dict | None = None
     authenticated_senders: int | None = None   # senders with an admitted, authenticated message
     missing: int | None = None                 # clients whose report was not counted (1 per client)
+    placement: dict | None = None              # party -> the Ray node ids its actors ran on
 
 
 def new_job_id() -> str:
@@ -117,19 +125,24 @@ class ProtocolSession:
         self.party_faults = dict(party_faults or {})
         cl = cfg.cluster
         seeded = cfg.run.rng == "seeded"
-        self.server = Server.options(num_cpus=cl.server_cpus).remote(
+        check_placement_feasible(cfg, ["client", "server"] + (["shuffler"]
+                                 if cfg.privacy.model == "shuffle" else []))
+        self.server = Server.options(num_cpus=cl.server_cpus, **party_options(cfg, "server")).remote(
             job_id, key_file, opener_processes(cl.openers), cl.window)
         # the simulation's credential authority: one key per shard, for its clients only
         issuer = CredentialIssuer(job_id, derived_key(str(cfg.run.seed).encode(), "credentials")
                                   if seeded else None)
         ranges = [(int(src.client_lo), int(src.client_hi)) for src in sources]
         self.verifier = issuer.verifier(ranges)
+        # each shard makes (or, restarted, re-reads) its own secret: only names cross Ray
+        self.secrets = (SeededShardSecrets(int(cfg.run.seed)) if seeded
+                        else ShardKeyStore(job_id, cl.key_store))
         self.shards = []
         for i, src in enumerate(sources):
-            secret = (derived_key(str(cfg.run.seed).encode(), "shard", i)
-                      if seeded else new_client_secret())
-            self.shards.append(ClientShard.options(num_cpus=cl.shard_cpus).remote(
-                i, src, secret, (shard_faults or {}).get(i),
+            self.shards.append(ClientShard.options(        # SPREAD: shards share out the client nodes
+                num_cpus=cl.shard_cpus, scheduling_strategy="SPREAD",
+                **party_options(cfg, "client")).remote(
+                i, src, self.secrets, (shard_faults or {}).get(i),
                 issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         try:
@@ -149,8 +162,20 @@ class ProtocolSession:
         self.close()
 
     def close(self) -> None:
+        """End the job's actors; each live shard first deletes its stored secret.
+
+        Every round of the job ran on this session (``--resume`` runs none), so no later
+        step needs the secrets; a shard that is already dead leaves its file behind
+        (docs/threat-model.md says where).
+        """
         if getattr(self, "_opened", None) is not None:
             self._opened.close()           # a round that failed leaves its progress poller running
+        forgot = [s.forget_secret.remote() for s in self.shards]
+        for ref in forgot:
+            try:
+                ray.get(ref, timeout=10)
+            except Exception:  # noqa: BLE001 - best effort: a dead shard cannot delete its file
+                pass
         try:
             ray.get(self.server.shutdown.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - best effort: the actor may already be gone
@@ -159,13 +184,20 @@ class ProtocolSession:
             ray.kill(actor)
         self.shards, self.hops = [], []
 
+    def placement(self) -> dict[str, list[str]]:
+        """party -> the Ray node ids its actors run on now, as each actor itself reports it
+        (an actor that cannot answer is left out: this never fails a released round)."""
+        parties = {"client": self.shards, "shuffler": self.hops, "server": [self.server]}
+        return placement_of(parties)
+
     def _shufflers(self, floor: int) -> list:
         """The shuffler chain (made once per job, reused by every round)."""
         sh = self.cfg.shuffle
         layers = int(sh.onion_layers)
         if not self.hops:
             ctx = RoundContext(self.job_id, 0)
-            self.hops = [Shuffler.options(num_cpus=self.cfg.cluster.shuffler_cpus).remote(
+            self.hops = [Shuffler.options(num_cpus=self.cfg.cluster.shuffler_cpus,
+                                          **party_options(self.cfg, "shuffler")).remote(
                 floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
                 forwarded_input=i > 0) for i in range(max(1, layers))]
         return self.hops
@@ -233,7 +265,11 @@ class ProtocolSession:
         ledger.check(guarantee, event)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         self._inject("before_finish")
-        out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
+        # the release is out of every reported timing (stages, console): the exact samplers'
+        # run time grows with the noise they draw
+        untimed = getattr(self.progress, "untimed", None)
+        with untimed("release") if untimed else contextlib.nullcontext():
+            out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
         opened.close(out["received"])
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
@@ -242,7 +278,6 @@ class ProtocolSession:
             say(f"  cover: {tally['messages']} messages opened from {n} authenticated senders; "
                 f"eps={guarantee.eps:.4g} assuming at least {honest} senders honest (honest "
                 f"fraction {getattr(mechanism, 'honest_fraction', 1.0):g})")
-        # no timing of the release itself: the exact samplers' run time grows with the noise
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         for t in ray.get([s.get_timings.remote() for s in self.shards]):
@@ -259,7 +294,7 @@ class ProtocolSession:
                    if mechanism.messages_per_sender() == 1 else None)
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
                            out["received"], self.num_clients, rejected, timings,
-                           shuffle_stats, authenticated, missing)
+                           shuffle_stats, authenticated, missing, self.placement())
 
     def _call(self, ref, party: str, released: bool):
         try:
@@ -315,10 +350,11 @@ class ProtocolSession:
                         return
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
                         "it; it re-sends the round (same reports, counted once)")
-                    if not _wait_alive(shard):
+                    alive, why = _wait_alive(shard)
+                    if not alive:
                         errors.append(PartyFailure(_actor_death(
                             f"client shard {i} died and did not come back; nothing was released",
-                            exc), f"client shard {i}"))
+                            why or exc), f"client shard {i}"))
                         return
                 except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
                     errors.append(exc)
@@ -376,18 +412,32 @@ def _shortfall_message(round_id: int, mechanism: Mechanism, g: Guarantee, sender
             f"calibrated for that many; or find out why reports fail to open")
 
 
-def _wait_alive(actor, timeout: float = 120.0) -> bool:
-    """Block until a restarting actor answers again (False if it never does)."""
-    deadline = time.monotonic() + timeout
+def _wait_alive(actor, timeout: float = 120.0) -> tuple[bool, BaseException | None]:
+    """Block until a restarting actor answers again: (True, None), or (False, last error).
+
+    A restart whose constructor raised (e.g. a shard that lost its secret) is final: no wait.
+    """
+    deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         try:
             ray.get(actor.num_clients.remote(), timeout=max(1.0, deadline - time.monotonic()))
-            return True
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return True, None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
+            last = exc
+            if CREATION_FAILED in str(exc):
+                return False, exc
             time.sleep(0.5)
-    return False
+    return False, last
+
+
+#: Ray's words for an actor whose constructor raised (the cause is the text's last line)
+CREATION_FAILED = "error raised in its creation task"
 
 
 def _actor_death(what: str, exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"{what} ({first[:200]})"
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    if not lines:
+        return f"{what} ({type(exc).__name__})"
+    if CREATION_FAILED in lines[0]:      # the constructor's own error names the problem and fix
+        return f"{what}: {lines[-1]}"
+    return f"{what} ({lines[0][:200]})"

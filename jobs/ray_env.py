@@ -2,7 +2,7 @@
 
 With ``RAY_ADDRESS`` set (``ray job submit``, a cluster) we join that cluster and
 touch nothing else. Otherwise we start a local instance bound to loopback:
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before Ray starts (DESIGN.md).
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` must be set before Ray starts (README, "Running on a cluster").
 
 A local instance is also started so that its console stays readable
 (:func:`local_ray_env`): token authentication is chosen explicitly (what Ray does
@@ -77,7 +77,9 @@ def ensure_ray(num_cpus: int | None = None) -> bool:
     local_ray_env()
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+            # address="local": always our own instance, never a cluster that a `ray start`
+            # (jobs.local_cluster, another user) left running on this machine
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
                      runtime_env=WORKER_RUNTIME_ENV, log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
             return True
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this

@@ -15,9 +15,7 @@ import numpy as np
 from rknn_ray.accounting.events import event_from_dict, event_to_dict
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray.queries import QuerySet
-from rknn_ray.runio import atomic_path
-
-RELEASE_FILE = "release.npz"
+from rknn_ray.runio import RELEASE_FILE, atomic_path
 
 
 def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_sets: list,
@@ -40,11 +38,9 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
                                "missing": r.missing})
     arrays["meta"] = np.array(json.dumps(meta, default=float))
     path = os.path.join(out_dir, RELEASE_FILE)
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp:             # fsync'd before it is renamed into place
         with open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
     return path
 
 

@@ -50,8 +50,29 @@ class ReportError(Exception):
 # ------------------------------------------------------------------ reading
 
 def _read_json(path: str):
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as exc:       # truncated or not JSON: name the file
+        raise ReportError(f"{path} is not valid JSON ({exc}); the run that wrote it may have "
+                          "been cut off") from None
+
+
+#: report.json's sections that the summary reads as objects
+SECTIONS = ("accuracy", "privacy", "counts", "timings_s", "student", "config", "utility",
+            "diagnostics")
+
+
+def _check_shape(path: str, doc, sections=SECTIONS) -> dict:
+    """A run's JSON must be an object whose known sections are objects too."""
+    if not isinstance(doc, dict):
+        raise ReportError(f"{path} holds a JSON {type(doc).__name__}, not an object: it is not "
+                          "a run's report")
+    bad = [k for k in sections if doc.get(k) is not None and not isinstance(doc[k], dict)]
+    if bad:
+        raise ReportError(f"{path}: {', '.join(bad)} should be an object (found "
+                          f"{', '.join(type(doc[k]).__name__ for k in bad)}): not a run's report")
+    return doc
 
 
 def find_runs(folder: str, max_depth: int = MAX_DEPTH) -> list[str]:
@@ -78,9 +99,9 @@ def load_run(folder: str) -> dict:
            "diagnostics": os.path.isdir(os.path.join(folder, "diagnostics"))}
     rp, ip = os.path.join(folder, REPORT), os.path.join(folder, INCOMPLETE)
     if os.path.isfile(rp):
-        run["report"] = _read_json(rp)
+        run["report"] = _check_shape(rp, _read_json(rp))
     elif os.path.isfile(ip):
-        run["incomplete"] = _read_json(ip)
+        run["incomplete"] = _check_shape(ip, _read_json(ip), ())
         run["release_saved"] = os.path.isfile(os.path.join(folder, "release.npz"))
     else:
         raise ReportError(f"{folder} is not a run folder (no {REPORT} or {INCOMPLETE})")
@@ -389,6 +410,11 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
     if is_run:
         run = load_run(folder)
         run["include_diagnostics"] = include_diagnostics
+        try:
+            run_sections(run)
+        except (AttributeError, TypeError, KeyError) as exc:
+            raise ReportError(f"{os.path.join(folder, REPORT if run['report'] else INCOMPLETE)} "
+                              f"does not have a run report's shape ({type(exc).__name__}: {exc})") from None
         text = text_summary(run)
         title = f"rknn-ray run {run['name']}" + (" [includes NOT private diagnostics]"
                                                    if include_diagnostics and run["diagnostics"] else "")
@@ -397,18 +423,18 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
                if rep else "unfinished run")
         doc = page(title, sub, run_html_body(run))
     else:
-        runs = []
+        runs, skipped = [], []
         for f in find_runs(folder):
             try:
-                runs.append(load_run(f))
-            except (OSError, ValueError, ReportError) as exc:
-                runs.append({"path": f, "name": os.path.relpath(f, folder), "report": None,
-                             "incomplete": {"error": f"unreadable: {exc}"}, "plots": [],
-                             "history": None, "diagnostics": False})
+                run = load_run(f)
+                run_row(run), run_sections(run)        # a run the summary cannot read is skipped
+                runs.append(run)
+            except (OSError, ValueError, ReportError, AttributeError, TypeError, KeyError) as exc:
+                skipped.append((os.path.relpath(f, folder), str(exc).splitlines()[0][:300]))
         for r in runs:
             r["name"] = os.path.relpath(r["path"], folder)
         art_text, art_html = _folder_artifacts(folder)
-        if not runs and not art_text:
+        if not runs and not art_text and not skipped:
             raise ReportError(f"{path} holds no run folder ({REPORT} or {INCOMPLETE}) and no "
                               "results (JSON, CSV, TXT, PNG) to report")
         rows = [run_row(r) for r in runs]
@@ -417,7 +443,13 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
             text += "\n" + table_text(rows)
         if art_text:
             text += "\n" + art_text
+        if skipped:
+            text += f"\nskipped {len(skipped)} unreadable run folder(s):" + "".join(
+                f"\n  {name}: {why}" for name, why in skipped)
         body = []
+        if skipped:
+            body.append('<h2>Skipped</h2><p class="warn">' + "<br>".join(
+                f"{html.escape(name)}: {html.escape(why)}" for name, why in skipped) + "</p>")
         if rows:
             body.append("<h2>Runs</h2>" + _table(
                 ROW_COLUMNS, [[_fmt(r.get(c)) if c != "seconds" or r.get(c) is None
@@ -429,11 +461,9 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
                    "\n".join(body))
     written = None
     if write_html:
+        from rknn_ray.runio import write_text
         written = os.path.abspath(out or os.path.join(folder, HTML_NAME))
-        tmp = written + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(doc)
-        os.replace(tmp, written)
+        write_text(written, doc)              # atomic; a full disk is named
     return text, written
 
 

@@ -74,6 +74,5 @@ class RecordAnswers:
     def one_record_per_client(self, rng: np.random.Generator) -> "RecordAnswers":
         """Keep one uniformly sampled record per client (local model, 'sample' option)."""
         _, start, count = self.clients()
-        pick = start + (rng.random(start.size) * count).astype(np.int64)
-        pick = np.minimum(pick, start + count - 1)
+        pick = start + rng.integers(0, count)        # exactly uniform (no float rounding)
         return self.select(pick)

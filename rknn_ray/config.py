@@ -63,6 +63,9 @@ class DataConfig:
     clients: int = 100                # virtual clients the private records are partitioned over
     partition: str = "iid"            # how private records are dealt to clients
     alpha: float = 0.5                # Dirichlet concentration (partition=dirichlet)
+    max_records_per_client: int | None = None  # public bound on a client's records (message
+    # sizes, allowances, auto s); records beyond it are dropped. null: ceil(records / clients)
+    # for iid, 1 for one_per_client; dirichlet must declare it (its record counts are private)
     include_extra: bool = False       # SVHN: extra_32x32.mat joins the private train set
     synthetic: FrozenDict = field(default_factory=FrozenDict)   # gaussian_mixture arguments
 
@@ -100,12 +103,12 @@ class PrivacyConfig:
     model: str = "central"            # trust model: who adds the noise
     mechanism: str = "laplace"        # per model: see the README's trust-model table
     eps: float = 1.0                  # the job's total eps, record level, replace-one
-    delta: float = 0.0                # the job's total delta (shuffle model: below 1/n)
+    delta: float = 0.0                # the job's total delta (shuffle: below 1/n; central, local: 0)
     noise: str = "discrete"           # central: discrete (exact) or continuous (paper's)
     multi_record: str = "sample"      # local/shuffle, clients with several records
     options: FrozenDict = field(default_factory=FrozenDict)     # mechanism tuning, see PRIVACY_OPTIONS
-    budget_eps: float | None = None   # the dataset's budget across jobs (null: this job's eps)
-    budget_delta: float | None = None  # the dataset's delta budget across jobs
+    budget_eps: float | None = None   # the records' eps budget across jobs (null: this job's eps)
+    budget_delta: float | None = None  # the records' delta budget across jobs, below 1/n (null: max(delta, 1/(10 n)))
     accountant: str = "basic"         # composition: basic (sums) or pld
     amplification_bound: str = "clones_numerical"  # shuffle, single message: the amplification bound
     honest_fraction: float | None = None  # shuffle: share of senders assumed to follow the protocol (null: 0.5 for multi, 1.0 single message; docs/threat-model.md)
@@ -156,6 +159,10 @@ class ClusterConfig:
     shuffler_cpus: float = 0.25       # Ray CPUs per Shuffler actor
     openers: int | None = None        # the Server's opener processes (null: one per CPU, at most 16)
     window: int = 16                  # batches in flight per shard stream and in the Server
+    key_store: str | None = None      # absolute node-local folder for shard secrets
+                                      # (null: $TMPDIR/rknn-ray-keys-<uid> on each shard's node)
+    placement: FrozenDict = field(default_factory=FrozenDict)   # party (client | shuffler | server) -> the
+                                      # {resources, labels} a node must have to host it; {}: any node
 
 
 @dataclass(frozen=True)
@@ -240,7 +247,7 @@ def _build(cfg: dict) -> Config:
 
 # ---------------------------------------------------------------------- loading
 
-FREE_FORM = {("privacy", "options"), ("data", "synthetic")}
+FREE_FORM = {("privacy", "options"), ("data", "synthetic"), ("cluster", "placement")}
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
@@ -359,6 +366,7 @@ NUMBERS = {
     "run.seed": (int, 0, None, False, False, False),
     "data.clients": (int, 1, None, False, False, False),
     "data.alpha": (float, 0, None, True, False, False),
+    "data.max_records_per_client": (int, 1, None, False, False, True),
     "represent.dim": (int, 1, None, False, False, False),
     "queries.s": (int, 1, None, False, False, False),
     "represent.epochs": (int, 1, None, False, False, False),
@@ -508,6 +516,7 @@ def _validate(cfg: dict) -> None:
     cfg["rounds"]["budget_split"] = _check_split(cfg["rounds"]["budget_split"], cfg["rounds"]["count"])
     _check_options(cfg)
     _check_synthetic(cfg)
+    cfg["cluster"]["placement"] = check_placement(cfg["cluster"]["placement"])
 
 
 def _check_strings(cfg: dict) -> None:
@@ -518,6 +527,12 @@ def _check_strings(cfg: dict) -> None:
     if cfg["data"]["include_extra"] and cfg["data"]["dataset"] != "svhn":
         raise ConfigError("data.include_extra", f"is only read for SVHN, not "
                           f"{cfg['data']['dataset']!r}", "set data.include_extra: false")
+    ks = cfg["cluster"]["key_store"]
+    if ks is not None and not (isinstance(ks, str) and os.path.isabs(ks)):
+        raise ConfigError("cluster.key_store", f"{ks!r} is not an absolute path (each shard "
+                          "opens it on its own node, from its own working folder)",
+                          "set cluster.key_store to an absolute folder on the shards' nodes, "
+                          "or null for $TMPDIR/rknn-ray-keys-<uid>")
     root = cfg["data"]["data_root"]
     if root is not None and not isinstance(root, str):
         raise ConfigError("data.data_root", f"{root!r} is not a path",
@@ -525,6 +540,13 @@ def _check_strings(cfg: dict) -> None:
 
 
 def _check_relations(cfg: dict) -> None:
+    d = cfg["data"]
+    if d["partition"] == "dirichlet" and d["max_records_per_client"] is None:
+        raise ConfigError("data.max_records_per_client", "partition=dirichlet deals records by "
+                          "their private labels, so the largest client's record count is private; "
+                          "the bound that sets message sizes, allowances and auto s must be public",
+                          "declare it, e.g. data.max_records_per_client=<3 x records/clients>; "
+                          "a client's records beyond it are dropped")
     p = cfg["privacy"]
     if p["eps"] < 1e-6:
         raise ConfigError("privacy.eps", f"{p['eps']} is below 1e-6: its noise scale 2kr/eps "
@@ -532,6 +554,11 @@ def _check_relations(cfg: dict) -> None:
     if p["model"] == "shuffle" and p["delta"] <= 0:
         raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
                           "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
+    if p["model"] != "shuffle" and p["delta"] != 0:
+        raise ConfigError("privacy.delta", f"delta = {p['delta']:g}, but every {p['model']} "
+                          "mechanism is pure eps-DP: the delta would be reserved from the "
+                          "dataset's budget and never used", "set privacy.delta=0 (the "
+                          "dataset's delta budget across jobs is privacy.budget_delta)")
     from rknn_ray.mechanisms import available
     names = available().get(p["model"], [])
     if p["mechanism"] not in names:
@@ -599,6 +626,52 @@ def _check_synthetic(cfg: dict) -> None:
                           f"{cfg['data']['dataset']!r}", "set data.synthetic=null or data.dataset=synthetic")
 
 
+#: cluster.placement: the protocol's parties (jobs/protocol.py) and what each may require of
+#: the node its actors run on: Ray custom resources (``ray start --resources``) and node labels
+#: (``ray start --labels``). A party left out runs wherever Ray puts it.
+PLACEMENT_PARTIES = ("client", "shuffler", "server")
+PLACEMENT_KEYS = ("resources", "labels")
+#: resources with their own keys (cluster.*_cpus) or that Ray manages itself
+RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_placement(placement) -> dict:
+    """``{party: {resources: {name: amount > 0}, labels: {key: value}}}``, normalized;
+    a bad entry names itself and the fix (docs/running.md, "A multi-node cluster")."""
+    example = "e.g. cluster.placement.client={resources: {client: 1}}"
+    out = {}
+    for party, need in (placement or {}).items():
+        path = f"cluster.placement.{party}"
+        if party not in PLACEMENT_PARTIES:
+            raise _unknown(path, [f"cluster.placement.{p}" for p in PLACEMENT_PARTIES],
+                           f"the parties are {list(PLACEMENT_PARTIES)}")
+        if not isinstance(need, dict) or not need or set(need) - set(PLACEMENT_KEYS):
+            raise ConfigError(path, f"{need!r} is not a mapping of {list(PLACEMENT_KEYS)}",
+                              f"write {example}, or labels: {{rknn-party: {party}}}")
+        for key in PLACEMENT_KEYS:
+            if not isinstance(need.get(key) or {}, dict):
+                raise ConfigError(f"{path}.{key}", f"{need[key]!r} is not a mapping",
+                                  f"write {key} as name: value pairs, {example}")
+        resources = dict(need.get("resources") or {})
+        for name in list(resources):
+            where = f"{path}.resources.{name}"
+            if not isinstance(name, str) or name in RESERVED_RESOURCES or name.startswith("node:"):
+                raise ConfigError(where, "is not a custom resource name (CPUs have their own "
+                                  "keys, cluster.shard_cpus / server_cpus / shuffler_cpus)",
+                                  f"name a resource the node was started with, {example}")
+            _number(resources, name, where, float, 0, None, low_open=True)
+        labels = dict(need.get("labels") or {})
+        for key, value in labels.items():
+            if not isinstance(key, str) or not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise ConfigError(f"{path}.labels.{key}", f"{value!r} is not a label value",
+                                  "write labels as key: value strings, e.g. {rknn-party: client}")
+            labels[key] = str(value)
+        if resources or labels:
+            out[party] = FrozenDict({"resources": FrozenDict(resources),
+                                     "labels": FrozenDict(labels)})
+    return out
+
+
 # ---------------------------------------------------------------------- after loading
 
 def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int) -> None:
@@ -632,6 +705,13 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
                           "an (eps, delta) mechanism may then expose a whole record outright with "
                           "probability delta", f"set privacy.delta below {0.1 / max(1, num_private):.1g} "
                           "(e.g. 1/(10 n))")
+    budget_delta = cfg.privacy.budget_delta
+    if budget_delta is not None and budget_delta >= 1.0 / max(1, num_private):
+        raise ConfigError("privacy.budget_delta", f"{budget_delta:g} is not below 1/n = "
+                          f"{1.0 / max(1, num_private):.3g} for n = {num_private} private records: "
+                          "the delta summed over every job on the data must stay below 1/n",
+                          f"set privacy.budget_delta below {1.0 / max(1, num_private):.3g}, e.g. "
+                          f"1/(10 n) = {0.1 / max(1, num_private):.2g}")
 
 
 def protocol_cpus(cfg: Config) -> float:
@@ -644,7 +724,15 @@ def protocol_cpus(cfg: Config) -> float:
 
 
 def validate_resources(cfg: Config, available_cpus: float) -> None:
-    """The protocol's actors must fit the cluster's CPUs (Ray would wait for them forever)."""
+    """The protocol's actors and the student's workers must fit the cluster's CPUs (Ray would
+    wait for them forever); checked before any budget is reserved."""
+    st = cfg.student
+    if st.trainer == "ray" and st.method != "semi" and not st.use_gpu and \
+            st.num_workers > available_cpus + 1e-9:
+        raise ConfigError("student.num_workers", f"{st.num_workers} Ray Train workers need "
+                          f"{st.num_workers} CPUs but the cluster has {available_cpus:g}",
+                          f"set student.num_workers<={max(1, int(available_cpus))} (with --resume "
+                          "RUN: --resume RUN --set student.num_workers=N)")
     need = protocol_cpus(cfg)
     if need <= available_cpus + 1e-9:
         return

@@ -284,7 +284,9 @@ class ContrastiveEncoder(Encoder):
         """Write the trained encoder into ``folder`` (the run folder) as encoder.pt."""
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, ENCODER_FILE)
-        torch.save(self._payload(), path)
+        from rknn_ray.runio import atomic_path
+        with atomic_path(path) as tmp:             # never a truncated encoder.pt
+            torch.save(self._payload(), tmp)
         return path
 
     def backbone(self) -> nn.Module:

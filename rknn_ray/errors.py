@@ -1,4 +1,10 @@
-"""Errors a person can act on: each names the problem and the fix."""
+"""Errors a person can act on: each names the problem and the fix.
+
+Every error here pickles to itself (``__reduce__``): one raised inside a Ray actor must
+reach the driver as the same error with the same one-line message, not as Ray's
+``UnserializableException`` wrapped in pages of tracebacks.
+"""
+import errno
 
 
 class RknnError(Exception):
@@ -11,6 +17,9 @@ class ConfigError(RknnError, ValueError):
     def __init__(self, key: str, problem: str, fix: str):
         self.key, self.problem, self.fix = key, problem, fix
         super().__init__(f"config '{key}': {problem}. Fix: {fix}")
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.problem, self.fix))
 
 
 class DataError(RknnError, ValueError):
@@ -25,5 +34,34 @@ class ReportError(RknnError):
     """A sealed report that could not be opened or decoded (counted, never fatal)."""
 
     def __init__(self, kind: str, detail: str = ""):
-        self.kind = kind
+        self.kind, self.detail = kind, detail
         super().__init__(f"{kind}: {detail}" if detail else kind)
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.detail))
+
+
+#: errno values that mean "the disk (or the quota) is full"
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class OutOfSpaceError(RknnError, OSError):
+    """A file could not be written because the disk (or quota) is full; names the file."""
+
+    def __init__(self, path: str, strerror: str = "No space left on device"):
+        self.path = path
+        import os
+        RknnError.__init__(self, f"out of disk space writing {path} ({strerror}). Fix: free space "
+                                 f"on that file system (df -h {os.path.dirname(path) or '.'}) or "
+                                 "choose another --out")
+
+    def __reduce__(self):
+        return (type(self), (self.path,))
+
+    def __str__(self):
+        return self.args[0]
+
+
+class LedgerError(RknnError):
+    """The privacy ledger cannot be used as it is (not a ledger, damaged, locked); the
+    file is left untouched: its recorded spend must never be silently forgotten."""

@@ -11,50 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_ray.answers import RecordAnswers
-from rknn_ray.data import load_dataset, make_splits, partition, validate_features
+from rknn_ray.data.prepared import PreparedData, partitioned, prepare_data  # noqa: F401 - the stages' entry
 from rknn_ray.labels import accuracy, hard_labels, propagate, soft_labels
 from rknn_ray.mechanisms.base import MechanismParams
 from rknn_ray.queries import QuerySet, select_queries
 from rknn_ray.represent import Encoder, make_encoder
 from rknn_ray.rknn import build_answers
-
-
-@dataclass
-class PreparedData:
-    splits: object              # rknn_ray.data.Splits
-    client_ids: np.ndarray      # (m,) virtual client of each private record
-    num_classes: int
-    image_shape: tuple
-    dataset: str
-
-    @property
-    def num_clients(self) -> int:
-        return int(np.unique(self.client_ids).size)
-
-    @property
-    def max_records_per_client(self) -> int:
-        return int(np.bincount(self.client_ids).max(initial=0))
-
-
-def prepare_data(cfg) -> PreparedData:
-    """Load the dataset, make the split, check it, partition private records."""
-    from rknn_ray.config import validate_with_data
-    d = cfg.data
-    if d.dataset == "synthetic":
-        ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {}))
-    elif d.dataset == "svhn":
-        ds = load_dataset(d.dataset, d.data_root, include_extra=d.include_extra)
-    else:
-        ds = load_dataset(d.dataset, d.data_root)
-    splits = make_splits(ds, rule=d.split, seed=cfg.run.seed)
-    validate_features(splits.private_x, splits.private_y, ds.num_classes, what="private data")
-    validate_features(splits.public_x, splits.public_y, ds.num_classes, what="public data")
-    validate_with_data(cfg, len(splits.public_x), len(splits.private_x), ds.num_classes)
-    clients = len(splits.private_y) if d.partition == "one_per_client" else d.clients
-    client_ids = partition(splits.private_y, clients, scheme=d.partition,
-                           alpha=d.alpha, seed=cfg.run.seed)
-    return PreparedData(splits, np.asarray(client_ids, dtype=np.int64), ds.num_classes,
-                        tuple(ds.image_shape), ds.name)
 
 
 def encoder_from_config(cfg, progress=None) -> Encoder:
@@ -91,10 +53,11 @@ def fit_queries(cfg, data: PreparedData, progress=None,
 
 
 def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) -> RecordAnswers:
-    """All records' answers in one place: only for the non-private reference."""
-    emb = encoder.transform(data.splits.private_x)
-    order = np.argsort(data.client_ids, kind="stable")
-    return build_answers(emb[order], data.splits.private_y[order], data.client_ids[order],
+    """All held records' answers in one place: only for the non-private reference."""
+    rows = data.held_rows()
+    rows = rows[np.argsort(data.client_ids[rows], kind="stable")]
+    emb = encoder.transform(data.splits.private_x[rows])
+    return build_answers(emb, data.splits.private_y[rows], data.client_ids[rows],
                          qs.features, k, data.num_classes)
 
 
@@ -146,7 +109,7 @@ def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
     its own range (rknn_ray.data.sources), so no private record is shipped to it.
     """
     from rknn_ray.data.sources import DatasetShardSource
-    n = int(data.client_ids.max()) + 1 if data.client_ids.size else 0
+    n = data.num_clients
     count = max(1, min(int(shards or cfg.cluster.shards), n))
     cuts = np.linspace(0, n, count + 1).astype(np.int64)
     return [DatasetShardSource(cfg, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]

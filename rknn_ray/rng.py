@@ -1,4 +1,4 @@
-"""Randomness sources, with the rules of DESIGN.md built in.
+"""Randomness sources, with the rules of docs/threat-model.md ("Randomness") built in.
 
 * ``secure`` (default): every private draw comes from a ChaCha20 keystream
   (``randomgen.ChaCha``, 20 rounds: a numpy bit generator whose output is the
@@ -61,7 +61,8 @@ def make_generator(kind: str, seed: int | None = None) -> np.random.Generator:
 
 
 def new_client_secret() -> bytes:
-    """A fresh 32-byte secret for one client shard (never leaves the shard)."""
+    """A fresh 32-byte secret for one client shard, drawn inside the shard itself
+    (:mod:`rknn_ray.shard_secrets`): never made by the driver or passed through Ray."""
     return os.urandom(32)
 
 

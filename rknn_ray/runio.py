@@ -1,8 +1,9 @@
 """The run folder: atomic writes and the 'does not clobber another run' rule.
 
-Every file is written to a temporary name in the same folder and moved into place
-with ``os.replace`` (atomic on POSIX), so a crash never leaves a half-written
-report.json or labels.parquet.
+Every file is written to a temporary name in the same folder, flushed to disk (fsync)
+and moved into place with ``os.replace`` (atomic on POSIX), so a crash or a full disk
+never leaves a half-written report.json, release.npz or student.pt; a full disk is
+reported as :class:`~rknn_ray.errors.OutOfSpaceError` naming the file.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import tempfile
 
 import numpy as np
 
-from rknn_ray.errors import ConfigError
+from rknn_ray.errors import NO_SPACE, ConfigError, OutOfSpaceError
 
 #: the process umask, read once (os.umask can only be read by setting it)
 _UMASK = os.umask(0o022)
@@ -23,7 +24,10 @@ RUN_MARKER = "report.json"
 INCOMPLETE_MARKER = "incomplete.json"
 #: What a run writes: cleared by --overwrite so no file of the old run sits beside the new config.
 RUN_FILES = ("report.json", "ledger.json", "labels.parquet", "release.npz", "summary.png",
-             "student.pt", "history.json", "config.yaml", INCOMPLETE_MARKER)
+             "student.pt", "history.json", "config.yaml", INCOMPLETE_MARKER, "report.html")
+RELEASE_FILE = "release.npz"
+#: Ray Train's storage folders (student-<id>/) that a run may leave behind
+TRAIN_STORAGE_PREFIX = "student-"
 
 
 @contextlib.contextmanager
@@ -31,17 +35,53 @@ def atomic_path(path: str):
     """Yield a temp path next to ``path``; on success move it onto ``path``."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
+        os.close(fd)
         yield tmp
+        _fsync_file(tmp)          # durable before it is visible under its name
         # mkstemp makes the file 0600; the finished file gets the mode a plain open() would
         # give it (0666 less the umask). Non-private diagnostics are guarded by their folder.
         os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
+        _fsync_dir(folder)
+    except OSError as exc:
+        if exc.errno in NO_SPACE and not isinstance(exc, OutOfSpaceError):
+            raise OutOfSpaceError(path, exc.strerror or "No space left on device") from None
+        raise
     finally:
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: str) -> None:
+    """The rename itself survives a power cut only once the folder is synced (POSIX)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass                      # some file systems cannot sync a folder; the data is synced
+    finally:
+        os.close(fd)
+
+
+def copy_file(src: str, path: str) -> None:
+    """Copy ``src`` onto ``path`` atomically (a checkpoint is never left half-copied)."""
+    import shutil
+    with atomic_path(path) as tmp:
+        shutil.copyfile(src, tmp)
 
 
 def _jsonable(obj):
@@ -74,16 +114,27 @@ def write_parquet(path: str, table) -> None:
         pq.write_table(table, tmp)
 
 
-def prepare_run_dir(path: str, overwrite: bool = False) -> str:
-    """Create the run folder; refuse one that holds another run unless ``overwrite``."""
+def prepare_run_dir(path: str, overwrite: bool = False, discard_release: bool = False) -> str:
+    """Create the run folder; refuse one that holds another run unless ``overwrite``.
+
+    A folder whose release.npz was never finished holds budget already spent: it is
+    pointed to ``--resume``, and ``overwrite`` deletes it only with ``discard_release``.
+    """
     path = os.path.abspath(path)
     if os.path.isfile(path):
         raise ConfigError("--out", f"{path} is a file", "pass a folder path for the run")
+    complete = os.path.exists(os.path.join(path, RUN_MARKER))
+    unresumed = not complete and os.path.exists(os.path.join(path, RELEASE_FILE))
+    if unresumed and not (overwrite and discard_release):
+        raise ConfigError("--out", f"{path} holds a saved release (release.npz) that was never "
+                          "finished: its privacy budget is already spent",
+                          f"finish it with: python -m jobs.distill --resume {path}  (or, to delete "
+                          "that release for good, --overwrite --discard-release)")
     if os.path.isdir(path) and os.listdir(path):
-        if os.path.exists(os.path.join(path, RUN_MARKER)) and not overwrite:
+        if complete and not overwrite:
             raise ConfigError("--out", f"{path} already holds a run (report.json)",
                               "choose a new --out folder, or pass --overwrite to replace it")
-        if not os.path.exists(os.path.join(path, RUN_MARKER)) and not overwrite:
+        if not complete and not overwrite:
             raise ConfigError("--out", f"{path} exists and is not empty",
                               "choose a new or empty --out folder, or pass --overwrite")
     if overwrite and os.path.isdir(path):
@@ -92,6 +143,7 @@ def prepare_run_dir(path: str, overwrite: bool = False) -> str:
             if os.path.isfile(os.path.join(path, name)):
                 os.unlink(os.path.join(path, name))
         shutil.rmtree(os.path.join(path, "diagnostics"), ignore_errors=True)
+        remove_train_storage(path)
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, ".write-test")
@@ -102,6 +154,16 @@ def prepare_run_dir(path: str, overwrite: bool = False) -> str:
         raise ConfigError("--out", f"cannot write the run folder {path} ({exc.strerror or exc})",
                           "choose a folder you can write to") from None
     return path
+
+
+def remove_train_storage(path: str) -> None:
+    """Ray Train's own storage folders (``student-<id>/``): the run keeps student.pt and
+    history.json, so these copies only pile up."""
+    import shutil
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if name.startswith(TRAIN_STORAGE_PREFIX) and os.path.isdir(full):
+            shutil.rmtree(full, ignore_errors=True)
 
 
 def mark_incomplete(path: str, reason: str, **facts) -> None:

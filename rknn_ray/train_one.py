@@ -15,7 +15,6 @@ import os
 import tempfile
 import uuid
 
-import numpy as np
 import torch
 
 from rknn_ray.errors import RknnError
@@ -47,7 +46,7 @@ def fit_one_worker(loop: str, data, loop_config: dict, name: str, use_gpu: bool 
     from ray.train.torch import TorchTrainer
     if not ray.is_initialized():
         ray.init() if os.environ.get("RAY_ADDRESS") else ray.init(include_dashboard=False)
-    from rknn_ray.student.train import quiet_train_logs
+    from rknn_ray.student.train import fit_off_main_thread, quiet_train_logs
     quiet_train_logs()
     free = ray.available_resources()
     gpu = free.get("GPU", 0) >= 1 if use_gpu is None else bool(use_gpu)
@@ -60,12 +59,8 @@ def fit_one_worker(loop: str, data, loop_config: dict, name: str, use_gpu: bool 
         run_config=RunConfig(name=f"{name}-{uuid.uuid4().hex[:8]}",
                              storage_path=os.path.join(tempfile.gettempdir(), "rknn_ray_one_worker"),
                              failure_config=FailureConfig(max_failures=0)))
-    result = trainer.fit()
+    result = fit_off_main_thread(trainer)      # the caller's signal handlers stay in charge
     if result.checkpoint is None:
         raise RknnError(f"Ray Train finished {name} without a checkpoint; see the worker logs above")
     with result.checkpoint.as_directory() as d:
         return torch.load(os.path.join(d, PAYLOAD_FILE), map_location="cpu", weights_only=False)
-
-
-def as_array(x) -> np.ndarray:
-    return np.ascontiguousarray(x, dtype=np.float32)

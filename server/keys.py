@@ -75,17 +75,24 @@ class ServerKeyPair:
         try:
             key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         except (ValueError, TypeError) as exc:
-            raise ConfigError("server.key_file", f"{path} is not an unencrypted PEM private key ({exc})",
-                              "write it with ServerKeyPair.save") from None
+            raise ConfigError("--key-file", f"{path} is not an unencrypted PEM private key "
+                              f"({_first_line(exc)})", "write it with ServerKeyPair.save") from None
         if not isinstance(key, X25519PrivateKey):
-            raise ConfigError("server.key_file", f"{path} holds a {type(key).__name__}, not X25519",
-                              "write it with ServerKeyPair.save")
+            raise ConfigError("--key-file", f"{path} holds a {type(key).__name__}, not an X25519 "
+                              "key", "write an X25519 key with ServerKeyPair.save, or omit "
+                              "--key-file to generate a fresh key for this job")
         return cls(key)
 
 
-def check_key_file(path: str | os.PathLike) -> Path:
-    """The checks a key file must pass, without reading the key: the driver runs them before
-    Ray starts, so a wrong path or mode is a clear error, not a dead Server actor."""
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else type(exc).__name__
+
+
+def check_key_file(path: str | os.PathLike, load: bool = False) -> Path:
+    """The checks a key file must pass: the driver runs them before Ray starts (``load``:
+    also parse the key and check it is X25519), so a wrong path, mode or key type is a
+    clear error, not a dead Server actor."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("--key-file", f"no key file at {path}",
@@ -100,4 +107,6 @@ def check_key_file(path: str | os.PathLike) -> Path:
     if not head.startswith(b"-----BEGIN PRIVATE KEY-----"):
         raise ConfigError("--key-file", f"{path} is not a PEM private key file",
                           "write it with ServerKeyPair.save")
+    if load:
+        ServerKeyPair.load(path)          # parses it; the private key is dropped at once
     return path

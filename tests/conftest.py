@@ -21,7 +21,9 @@ def ray_session():
     quiet_ray_logs()
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # address="local": always a fresh instance of our own, never a cluster that a
+        # `ray start` (the multi-node tests, another user) left running on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
         started = True
     yield ray
     if started:

@@ -48,7 +48,8 @@ def test_batched_classifiers_learn(setup):
 
 
 def test_nfdp_on_ray_actors(setup, ray_session):
-    r = nfdp.run_nfdp(setup, 1.0, parties=10, rounds=2, use_ray=True)
+    from actors.nfdp_shard import RayParties
+    r = nfdp.run_nfdp(setup, 1.0, parties=10, rounds=2, hosts=RayParties)
     row = check(r, NfdpSubsampleDpEvent, target=1.0)
     k, n = r.details["k"], min(r.details["party_sizes"])
     assert (row["eps"], row["delta"]) == pytest.approx(nfdp.nfdp_epsilon_delta(k, n, True))
@@ -58,7 +59,7 @@ def test_nfdp_on_ray_actors(setup, ray_session):
 
 
 def test_nfdp_without_replacement_in_process(setup):
-    r = nfdp.run_nfdp(setup, 0.1, replacement=False, rounds=1, use_ray=False, mode="logits")
+    r = nfdp.run_nfdp(setup, 0.1, replacement=False, rounds=1, mode="logits")
     row = check(r, NfdpSubsampleDpEvent, target=0.1)
     assert row["method"] == "fedmd_nfdp_wor"
     assert row["delta"] == pytest.approx(r.details["k"] / min(r.details["party_sizes"]))
@@ -66,7 +67,7 @@ def test_nfdp_without_replacement_in_process(setup):
 
 def test_nfdp_refuses_when_k_would_be_zero(setup):
     with pytest.raises(ValueError, match="k=1"):
-        nfdp.run_nfdp(setup, 1e-4, use_ray=False)
+        nfdp.run_nfdp(setup, 1e-4)
 
 
 @pytest.mark.parametrize("agg", ["lnmax", "gnmax"])

@@ -5,11 +5,9 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from rknn_ray.accounting.budget_store import BudgetStore, dataset_identity
-from rknn_ray.config import load_config
+from rknn_ray.accounting.budget_store import BudgetStore
 from rknn_ray.errors import PrivacyBudgetError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,16 +58,6 @@ def test_two_jobs_at_once_cannot_both_fit_under_the_budget(tmp_path):
     assert outcomes == ["ok", "refused", "refused", "refused"]
 
 
-def test_identity_follows_the_private_data_not_the_run():
-    cfg = load_config(None)
-    x, y, c = np.zeros((5, 3), np.float32), np.arange(5), np.arange(5)
-    a, desc = dataset_identity(cfg, x, y, c)
-    assert a == dataset_identity(cfg.with_overrides(["privacy.eps=3", "run.name=x"]), x, y, c)[0]
-    assert a != dataset_identity(cfg, x + 1, y, c)[0]                  # other records
-    assert a != dataset_identity(cfg.with_overrides(["run.seed=1"]), x, y, c)[0]   # other split
-    assert "digits" in desc
-
-
 def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_path,
                                                               isolated_privacy_ledger):
     from jobs.distill import main
@@ -80,12 +68,17 @@ def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_p
     report = json.loads((tmp_path / "first" / "report.json").read_text())
     assert report["privacy"]["budget"]["eps"] == 1.5
     assert report["privacy"]["budget"]["spent_eps"] == pytest.approx(1.0)
-    second = subprocess.run([sys.executable, "-m", "jobs.distill", *common,
+    # the same records split, partitioned and dealt otherwise: the same budget (issue 18)
+    other_split = ["--set", "run.seed=1", "--set", "data.partition=dirichlet",
+                   "--set", "data.max_records_per_client=200",
+                   "--set", "data.clients=99", "--set", "data.alpha=2.0"]
+    second = subprocess.run([sys.executable, "-m", "jobs.distill", *common, *other_split,
                              "--out", str(tmp_path / "second")], cwd=ROOT, capture_output=True,
                             text=True, timeout=120,
                             env={**os.environ, "RKNN_RAY_LEDGER": str(isolated_privacy_ledger)})
     assert second.returncode == 2, second.stderr[-2000:]
     assert "privacy budget of eps=1.5" in second.stderr and "rknn-ray budget set" in second.stderr
+    assert "The limit is eps" in second.stderr
     assert "Started a local Ray instance" not in second.stderr       # refused before Ray starts
     assert not (tmp_path / "second").exists()                          # and no empty folder
     listed = subprocess.run([sys.executable, "-m", "jobs.cli", "budget", "list", "--json"],
@@ -115,3 +108,20 @@ def test_the_store_composes_with_the_runs_accountant(tmp_path):
     with pytest.raises(PrivacyBudgetError, match="basic composition"):
         store.reserve("ds", "d", "job-basic", 1.0, 0.0, (3.5, 1e-6), accountant="basic")
     store.reserve("ds", "d", "job-pld", 1.0, 0.0, (3.5, 1e-6), accountant="pld")
+
+
+def test_a_failure_before_any_client_randomizes_returns_the_reservation(tmp_path):
+    """The run folder cannot be written after the budget was reserved (a real OS error):
+    nothing was released, so nothing stays counted."""
+    from jobs.distill import run
+    from rknn_ray.config import load_config
+    ledger = str(tmp_path / "l.sqlite")
+    not_a_folder = tmp_path / "run"
+    not_a_folder.write_text("a file where the run folder should be")
+    cfg = load_config("jobs/configs/digits_central.yaml", ["run.progress=false"])
+    with pytest.raises(OSError):
+        run(cfg, str(not_a_folder), ledger_path=ledger)
+    (dataset,) = BudgetStore(ledger).datasets()
+    assert dataset["spent"]["eps"] == 0.0 and dataset["reserved"] == 0
+    (row,) = dataset["releases"]
+    assert row["status"] == "unused" and "before any client randomized" in row["note"]

@@ -7,6 +7,7 @@ from rknn_ray.client_step import RoundSpec
 from rknn_ray.data.sources import ShardRecords, SyntheticClientsSource
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.represent import RawEncoder
+from rknn_ray.shard_secrets import SeededShardSecrets, ShardKeyStore
 from sealing.envelope import RoundContext, from_arrow
 from server.keys import ServerKeyPair
 from server.opening import ReportOpener
@@ -27,14 +28,15 @@ def _open(batches, keys, spec):
     return np.concatenate([o.payloads for o in out]), np.concatenate([o.report_ids for o in out])
 
 
-def test_retry_and_restart_resend_the_same_reports_and_ids():
+def test_retry_and_restart_resend_the_same_reports_and_ids(tmp_path):
     keys = ServerKeyPair.generate()
     spec = _spec(keys)
-    shard = ClientShardImpl(0, SOURCE, b"s" * 32)
+    store = ShardKeyStore("job-r", str(tmp_path / "keys"))
+    shard = ClientShardImpl(0, SOURCE, store)
     first = list(shard.stream_reports(spec, 128))
     assert len(first) == 3                                     # 128 + 128 + 44 clients
     again = list(shard.stream_reports(spec, 128))             # a retried call
-    restarted = list(ClientShardImpl(0, SOURCE, b"s" * 32).stream_reports(spec, 128))
+    restarted = list(ClientShardImpl(0, SOURCE, store).stream_reports(spec, 128))  # reads its key
     p1, i1 = _open(first, keys, spec)
     for other in (again, restarted):
         p, i = _open(other, keys, spec)
@@ -42,7 +44,8 @@ def test_retry_and_restart_resend_the_same_reports_and_ids():
         np.testing.assert_array_equal(i, i1)                   # ... and the same report ids
         assert not np.array_equal(from_arrow(other[0])[0], from_arrow(first[0])[0])  # fresh sealing
     # ...but another shard secret, or the next round, draws fresh randomness and ids
-    p3, i3 = _open(list(ClientShardImpl(0, SOURCE, b"t" * 32).stream_reports(spec, 128)), keys, spec)
+    other = ShardKeyStore("job-r", str(tmp_path / "other-node"))
+    p3, i3 = _open(list(ClientShardImpl(0, SOURCE, other).stream_reports(spec, 128)), keys, spec)
     assert not np.array_equal(p1, p3) and not set(i1.tolist()) & set(i3.tolist())
     spec1 = _spec(keys, round_id=1)
     p4, i4 = _open(list(shard.stream_reports(spec1, 128)), keys, spec1)
@@ -52,7 +55,7 @@ def test_retry_and_restart_resend_the_same_reports_and_ids():
 def test_dropout_removes_whole_clients_deterministically():
     keys = ServerKeyPair.generate()
     spec = _spec(keys, dropout=0.3)
-    shard = ClientShardImpl(0, SOURCE, b"d" * 32)
+    shard = ClientShardImpl(0, SOURCE, SeededShardSecrets(3))
     senders = np.concatenate([from_arrow(b)[1] for b in shard.stream_reports(spec, 100)])
     assert 150 < senders.size < 270 and np.unique(senders).size == senders.size
     again = np.concatenate([from_arrow(b)[1] for b in shard.stream_reports(spec, 100)])

@@ -66,7 +66,8 @@ def test_override_parsing():
 def test_yaml_1_1_exponent_strings_are_numbers(tmp_path):
     # YAML 1.1 reads 1e-6 (no dot) as the string '1e-6'
     path = tmp_path / "c.yaml"
-    path.write_text("privacy: {eps: 5e-1, delta: 1e-6}\nqueries: {s: 1e2}\n")
+    path.write_text("privacy: {model: shuffle, mechanism: collision, eps: 5e-1, delta: 1e-6}\n"
+                    "queries: {s: 1e2}\n")
     cfg = load_config(str(path), ["student.lr=2e-3", "rounds.count=2", "rounds.budget_split=[1e-1, 5e-1]"])
     assert (cfg.privacy.eps, cfg.privacy.delta, cfg.student.lr) == (0.5, 1e-6, 2e-3)
     assert cfg.queries.s == 100 and type(cfg.queries.s) is int

@@ -129,7 +129,7 @@ def test_idx_missing_files_error_names_files_and_fix(tmp_path):
     msg = str(err.value)
     for stem in ("train-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
         assert stem in msg
-    assert "apt-get install dataset-fashion-mnist" in msg and "--data-root" in msg
+    assert "apt-get install dataset-fashion-mnist" in msg and "--set data.data_root=DIR" in msg
     write_mnist(str(tmp_path))
     os.remove(tmp_path / "t10k-labels-idx1-ubyte.gz")
     with pytest.raises(DataError, match="missing t10k-labels-idx1-ubyte \\(raw"):

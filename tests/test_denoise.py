@@ -121,7 +121,8 @@ def test_auto_s_caps_multi_message_traffic_per_client():
                                      data)
     assert free.queries.s > s_cap and "capped" not in free_choice["reason"]
     central, c_choice = resolve_auto(cfg.with_overrides(["privacy.model=central",
-                                                         "privacy.mechanism=laplace"]), data)
+                                                         "privacy.mechanism=laplace",
+                                                         "privacy.delta=0"]), data)
     assert "capped" not in c_choice["reason"]
     assert multi_message_s_cap(central, data) is None
     assert choose_s_k(60000, 5000, 10, 3.3, max_s=(300, "budget")).s == 300

@@ -68,7 +68,7 @@ def test_config_of_each_row_mirrors_it(row):
 def test_config_datasets_read_their_real_formats(tmp_path, dataset):
     row = paper_rows(dataset)[0]
     cfg = load_config(os.path.join(CONFIGS, row.config), [f"data.data_root={tmp_path}"])
-    with pytest.raises(DataError, match=r"not found under .*Fix: pass --data-root"):
+    with pytest.raises(DataError, match=r"not found under .*Fix: pass --set data.data_root="):
         load_dataset(cfg.data.dataset, cfg.data.data_root)     # missing files: where to put them
     if dataset == "mnist":
         write_mnist(str(tmp_path), n_train=20, n_test=20)

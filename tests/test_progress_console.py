@@ -196,3 +196,21 @@ def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, 
     import pytest
     with pytest.raises(ValueError, match="bad address"):
         ray_env.ensure_ray(num_cpus=1)
+
+
+def test_untimed_spans_stay_out_of_stage_timings_and_the_console_clock():
+    """Issue 21: the release's noise draw (an exact sampler runs longer for larger noise) is
+    in no stage timing and no console timestamp; a fake clock makes this exact."""
+    now = [0.0]
+    p = Progress(False, clock=lambda: now[0])
+    with p.stage("round_0"):
+        now[0] += 2.0
+        with p.untimed("release"):
+            now[0] += 30.0
+            assert p.elapsed() == 2.0            # the console's clock stands still
+        now[0] += 1.0
+    with p.stage("labels"):
+        now[0] += 4.0
+    assert p.timings == {"round_0": 3.0, "labels": 4.0}
+    assert p.elapsed() == 7.0
+    assert p.untimed_spans == {"round_0": ["release"]}

@@ -9,6 +9,7 @@
 * :mod:`.accountants` -- what events cost together: ``basic`` sums, ``pld`` composes PLDs.
 * :mod:`.ledger` -- ``PrivacyLedger``: per-run releases (event + guarantee), budget cap.
 * :mod:`.budget_store` -- the budget that lasts across jobs (SQLite, same accountants).
+* :mod:`.source_identity` -- which records a job touches: per-record fingerprints of its pool.
 * :mod:`.audit` -- empirical audit (Clopper-Pearson) and simulated labeling error.
 """
 from rknn_ray.accounting.bounds import (BOUNDS, AmplificationBound, VariationRatioBound,

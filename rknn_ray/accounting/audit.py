@@ -225,15 +225,16 @@ def shuffled_pair_statistics(mech, n: int, trials: int,
 def pair_class_probabilities(mech) -> tuple[tuple[float, float], tuple[float, float]]:
     """Exact (P[+], P[-]) of one report from the common and from the differing record.
 
-    Collision: with an ideal hash, the two cells collide w.p. 1/l (then neither class).
+    Collision: with an ideal hash, the two cells collide w.p. 1/l (then neither class);
+    pi is the sampler's exact hit probability (e^eps/Omega rounded toward privacy).
     """
-    from rknn_ray.mechanisms.collision import CollisionMechanism, collision_omega
+    from rknn_ray.mechanisms.collision import CollisionMechanism, collision_rates
     _check_auditable(mech)
     eps = mech.local_eps
     if isinstance(mech, CollisionMechanism):
         l = mech.l
-        omega = collision_omega(eps, l, 1)
-        lo, hi = (1 - 1 / l) / omega, (1 - 1 / l) * math.exp(eps) / omega
+        pi, _ = collision_rates(eps, l, 1)
+        lo, hi = (1 - 1 / l) * (1 - pi) / (l - 1), (1 - 1 / l) * pi
     else:
         q = mech.flip_probability
         lo, hi = q * q, (1 - q) ** 2

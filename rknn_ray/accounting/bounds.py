@@ -41,11 +41,8 @@ delta(eps) minus the float slack.  delta must be >= 1e-13.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import math
-import time
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
 
 import numpy as np
 from scipy import stats
@@ -347,22 +344,3 @@ def amplified_local_eps(target_eps: float, delta: float, n: int,
         raise ConfigError("bound", f"{bound!r} is a lower bound and grants no budget",
                           "use 'clones_numerical' or 'variation_ratio'")
     return b.local_eps0(target_eps, n, delta)
-
-
-@dataclass
-class Timed:
-    """One bound's value and the seconds it took (for tables and the CLI)."""
-    bound: str
-    value: float | None
-    seconds: float
-    error: str | None = None
-    extra: dict = field(default_factory=dict)
-
-
-def timed(fn, *args, name: str = "") -> Timed:
-    t = time.perf_counter()
-    try:
-        v = fn(*args)
-        return Timed(name, float(v) if v is not None else None, time.perf_counter() - t)
-    except ConfigError as exc:
-        return Timed(name, None, time.perf_counter() - t, error=str(exc))

@@ -1,50 +1,80 @@
-"""A privacy budget that lasts across jobs: a SQLite ledger keyed by the private data's identity.
+"""A privacy budget that lasts across jobs: a SQLite ledger keyed by the private records' source.
 
 The in-run :class:`~rknn_ray.accounting.ledger.PrivacyLedger` forgets everything when
-the job ends; this store does not. Every dataset identity (a digest of the private
-data's manifest: dataset, split rule, seed, partition, and the bytes of the private
-records themselves) has one budget, set once (the first job's ``privacy.budget_eps``,
-else its ``privacy.eps``) and raised only by ``rknn-ray budget set``.
+the job ends; this store does not. A budget belongs to the private records themselves
+(record-level DP composes per record): a *source* is a pool of records known by their
+per-record fingerprints (rknn_ray/accounting/source_identity.py), and any job whose
+records overlap a source's draws from that source's one budget -- whatever split, seed,
+partition or client count it uses, and in full when it uses only a subset. A job that
+touches two sources merges them (their releases compose on the shared budget, which
+takes the smaller eps budget). Each budget is set once (the first job's
+``privacy.budget_eps``, else its ``privacy.eps``; delta: ``privacy.budget_delta``, else
+the larger of the job's delta and 1/(10 n)) and changed only by ``rknn-ray budget set``.
+
+The delta spent on a source never reaches 1/n (n: the fewest private records any job on
+it used): past that an (eps, delta) guarantee may expose a whole record outright.
 
 A job *reserves* its whole planned spend in one transaction before any client
 randomizes, and *commits* each round's release (with its event) after it. A crash
 leaves the reservation counted: a release that may have happened is never forgotten.
-A job that would go over the budget is refused before Ray starts. What is spent is
-composed by the job's accountant (``basic`` sums, or ``pld``) from the stored events,
-an open reservation counting at its stated (eps, delta).
+What is spent is composed by the job's accountant (``basic`` sums, or ``pld``; against a
+pure budget, delta = 0, pure events compose exactly by their sum) from the stored events.
 
 SQLite in WAL mode (stdlib ``sqlite3``), ``BEGIN IMMEDIATE`` for every check-and-write,
-so two jobs started at once cannot both squeeze under the budget.
+so two jobs started at once cannot both squeeze under the budget. The file itself (made
+whole, refused untouched when it is not a valid ledger, locks waited on for a bounded
+time) is rknn_ray/accounting/ledger_file.py.
+
+Ledgers written before the record-pool identity (schema version 0/1) are migrated
+explicitly: their identities are listed as *legacy*, and the first job on a dataset of
+the same name moves their releases (and budget) onto its source (see ``aliases``).
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
-import sqlite3
+import re
+import secrets
+import socket
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_ray.errors import ConfigError, PrivacyBudgetError
+from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile
+from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE
+from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
-ENV_PATH = "RKNN_RAY_LEDGER"
-SLACK = 1e-9          # relative: float sums of fractions of eps must not refuse an exact fit
+SLACK = 1e-9           # relative: float sums of fractions of eps must not refuse an exact fit
+SCHEMA_VERSION = 2     # 2: record-pool sources; 0/1: identities from the job's manifest
+DEFAULT_DELTA_SHARE = 0.1   # a new source's default delta budget: 1/(10 n)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS datasets (
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS datasets (
     identity TEXT PRIMARY KEY, description TEXT NOT NULL,
-    budget_eps REAL NOT NULL, budget_delta REAL NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS releases (
+    budget_eps REAL NOT NULL, budget_delta REAL NOT NULL, created REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS releases (
     id INTEGER PRIMARY KEY AUTOINCREMENT, identity TEXT NOT NULL REFERENCES datasets(identity),
     job_id TEXT NOT NULL, round INTEGER, status TEXT NOT NULL CHECK (status IN
         ('reserved', 'released', 'unused')),
     eps REAL NOT NULL, delta REAL NOT NULL, event TEXT, note TEXT,
-    created REAL NOT NULL, updated REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS releases_by_identity ON releases(identity);
-"""
+    created REAL NOT NULL, updated REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS releases_by_identity ON releases(identity)",
+    # v2: a source's record pool (fingerprints: sorted unique little-endian uint64)
+    """CREATE TABLE IF NOT EXISTS sources (
+    identity TEXT PRIMARY KEY, dataset TEXT NOT NULL, records INTEGER NOT NULL,
+    min_private INTEGER, fingerprints BLOB NOT NULL)""",
+    # v2: an identity that no longer exists, and the source its releases moved to
+    """CREATE TABLE IF NOT EXISTS aliases (
+    old TEXT PRIMARY KEY, new TEXT NOT NULL, reason TEXT NOT NULL, created REAL NOT NULL)""",
+    # v2: identities from before the record-pool identity, not yet migrated
+    "CREATE TABLE IF NOT EXISTS legacy (identity TEXT PRIMARY KEY, description TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
+REQUIRED = {"datasets": {"identity", "description", "budget_eps", "budget_delta", "created"},
+            "releases": {"identity", "job_id", "round", "status", "eps", "delta", "event"}}
 
 
 def default_path() -> str:
@@ -55,25 +85,24 @@ def default_path() -> str:
     return os.path.join(base, "rknn-ray", "ledger.sqlite")
 
 
-def dataset_identity(cfg, private_x: np.ndarray, private_y: np.ndarray,
-                     client_ids: np.ndarray) -> tuple[str, str]:
-    """(digest, description) of the private data a job touches.
+def default_delta_budget(delta: float, records: int) -> float:
+    """A new source's delta budget when none is configured: the job's delta, but at least
+    1/(10 n), so a pure first job (delta 0) does not lock every later shuffle job out."""
+    return max(float(delta), DEFAULT_DELTA_SHARE / max(1, int(records)))
 
-    The digest covers the manifest (dataset, root, split rule, seed, partition) and the
-    private records' bytes, so the same data reached another way is still the same data.
-    """
-    d = cfg.data
-    manifest = {"dataset": d.dataset, "data_root": d.data_root, "split": d.split,
-                "seed": cfg.run.seed, "partition": d.partition, "clients": d.clients,
-                "alpha": d.alpha, "synthetic": d.synthetic}
-    h = hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode())
-    for arr in (private_x, private_y, client_ids):
-        a = np.ascontiguousarray(arr)
-        h.update(str((a.dtype.str, a.shape)).encode())
-        h.update(memoryview(a).cast("B"))
-    description = (f"{d.dataset} (split {d.split}, seed {cfg.run.seed}, {d.partition} partition, "
-                   f"{len(private_y)} private records)")
-    return h.hexdigest()[:32], description
+
+def job_default_budget(privacy, records: int) -> tuple[float, float]:
+    """The budget a job's config gives a source it is the first job on: ``budget_eps``
+    else its eps; ``budget_delta`` else :func:`default_delta_budget`."""
+    return (privacy.budget_eps or privacy.eps,
+            privacy.budget_delta if privacy.budget_delta is not None
+            else default_delta_budget(privacy.delta, records))
+
+
+def _up(x: float) -> str:
+    """``x`` printed with 6 significant digits, never below ``x`` (a budget to type in)."""
+    s = f"{x:.6g}"
+    return s if float(s) >= x else f"{x * (1 + 1e-6):.6g}"
 
 
 @dataclass
@@ -85,39 +114,137 @@ class Spend:
 
 
 class BudgetStore:
-    """The persistent ledger (see module docstring). One connection per use; safe across processes."""
+    """The persistent ledger (see module docstring). One connection per use; safe across processes.
 
-    def __init__(self, path: str | None = None):
-        self.path = os.path.abspath(path or default_path())
-        folder = os.path.dirname(self.path)
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with self._connect() as con:
-                con.executescript(SCHEMA)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError("--ledger", f"cannot open the privacy ledger {self.path} ({exc})",
-                              f"pass --ledger PATH to a writable file, or set {ENV_PATH}") from None
+    ``purpose="experiment"`` marks an isolated experiment ledger (jobs.grid, jobs.compare):
+    every cell is recorded, but each is admitted as an independent hypothetical release
+    (neither the delta budget nor the 1/n delta cap is enforced there).
+    """
 
-    @contextmanager
-    def _connect(self):
-        con = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute("PRAGMA foreign_keys=ON")
-            yield con
-        finally:
-            con.close()
+    def __init__(self, path: str | None = None, purpose: str | None = None):
+        self.file = LedgerFile(path or default_path(), TABLES, REQUIRED, SCHEMA_VERSION)
+        self.path, self.timeout = self.file.path, self.file.timeout
+        self._connect, self._transaction = self.file.connect, self.file.transaction
+        with self._transaction() as con:
+            self._upgrade(con)
+            row = con.execute("SELECT value FROM meta WHERE key = 'purpose'").fetchone()
+            current = row[0] if row else "budget"
+            if purpose and purpose != current:
+                if con.execute("SELECT COUNT(*) FROM releases").fetchone()[0]:
+                    raise LedgerError(f"{self.path} is a {current} ledger with recorded releases; "
+                                      f"it cannot become an {purpose} ledger (its delta cap would "
+                                      f"be lifted). Fix: give the {purpose} a folder of its own "
+                                      "(a fresh --out)")
+                con.execute("INSERT OR REPLACE INTO meta VALUES ('purpose', ?)", (purpose,))
+                current = purpose
+        self.purpose = current
 
-    @contextmanager
-    def _transaction(self):
+    def _upgrade(self, con) -> None:
+        """Create missing tables; an older ledger's identities become legacy (to migrate)."""
+        version = con.execute("PRAGMA user_version").fetchone()[0]
+        for stmt in TABLES:
+            con.execute(stmt)
+        if version < SCHEMA_VERSION:
+            # compare's per-method baseline lines ("<digest>/<method>") are not record budgets
+            con.execute("INSERT OR IGNORE INTO legacy SELECT identity, description FROM datasets "
+                        "WHERE instr(identity, '/') = 0 AND identity NOT IN "
+                        "(SELECT identity FROM sources)")
+            con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def keyed_name(self, digest: str) -> str:
+        """``digest`` (of private data) under this ledger's own secret key (HMAC-SHA256).
+
+        Run folders name their release this way (``release.npz``): resume against the same
+        ledger recognizes it, while the folder itself holds nothing a reader could test a
+        guessed record against. The key is made once, from the OS CSPRNG, inside the ledger."""
+        with self._transaction() as con:
+            row = con.execute("SELECT value FROM meta WHERE key = 'name_key'").fetchone()
+            if row is None:
+                row = (secrets.token_hex(32),)
+                con.execute("INSERT INTO meta VALUES ('name_key', ?)", row)
+        return "hmac-" + hmac.new(bytes.fromhex(row[0]), digest.encode(),
+                                  hashlib.sha256).hexdigest()[:32]
+
+    # ------------------------------------------------------------------ sources
+    def source_identity(self, dataset: str, fingerprints: np.ndarray,
+                        legacy: str | None = None) -> tuple[str, str]:
+        """(identity, description) of the source that holds these records, registered now.
+
+        Overlapping sources are merged into the oldest of them (its identity stays); with
+        no overlap, the pool's digest is a new source. Legacy identities (ledgers from
+        before the record-pool identity) are migrated here: ``legacy`` (the job's
+        :func:`~rknn_ray.accounting.source_identity.private_data_digest`, the identity the
+        old code gave it) and every legacy identity of a dataset named ``dataset``.
+        """
+        fp = np.unique(np.asarray(fingerprints, dtype=FINGERPRINT_DTYPE))
+        with self._transaction() as con:
+            overlapping = []
+            for ident, blob, created in con.execute(
+                    "SELECT s.identity, s.fingerprints, COALESCE(d.created, 0) FROM sources s "
+                    "LEFT JOIN datasets d ON d.identity = s.identity"):
+                known = np.frombuffer(blob, dtype=FINGERPRINT_DTYPE)
+                if np.isin(fp, known, assume_unique=True).any():
+                    overlapping.append((created, ident, known))
+            overlapping.sort(key=lambda t: (t[0], t[1]))
+            # a new source's name is random: report.json publishes it, and a digest of the
+            # records would let anyone who knows all but one of them test guesses for it
+            survivor = overlapping[0][1] if overlapping else "pool-" + secrets.token_hex(14)
+            pool = np.unique(np.concatenate([fp] + [k for _, _, k in overlapping]))
+            for _, ident, _ in overlapping[1:]:
+                self._merge(con, ident, survivor, f"a job on {dataset} touched records of both "
+                            "sources: their releases compose on one budget")
+            prefix = dataset.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + " (%"
+            for (old,) in con.execute("SELECT identity FROM legacy WHERE identity = ? OR "
+                                      "description LIKE ? ESCAPE '\\'", (legacy or "", prefix)).fetchall():
+                self._merge(con, old, survivor, f"migrated: ledger identity from before the "
+                            f"record-pool identity, a {dataset} job's")
+            description = f"{dataset}: record pool of {len(pool)} records"
+            con.execute("INSERT INTO sources (identity, dataset, records, min_private, fingerprints) "
+                        "VALUES (?, ?, ?, NULL, ?) ON CONFLICT(identity) DO UPDATE SET "
+                        "records = excluded.records, fingerprints = excluded.fingerprints",
+                        (survivor, dataset, len(pool), pool.astype(FINGERPRINT_DTYPE).tobytes()))
+            con.execute("UPDATE datasets SET description = ? WHERE identity = ?",
+                        (description, survivor))
+        return survivor, description
+
+    def _merge(self, con, old: str, new: str, reason: str) -> None:
+        """Move ``old``'s releases (and budget) onto ``new``; ``old`` becomes an alias.
+
+        The merged budget is the smaller eps budget, and the smaller positive delta budget
+        (a delta budget of 0 was the old default of a pure first job, not a choice)."""
+        row = con.execute("SELECT description, budget_eps, budget_delta, created FROM datasets "
+                          "WHERE identity = ?", (old,)).fetchone()
+        if row is not None:
+            have = con.execute("SELECT budget_eps, budget_delta, created FROM datasets WHERE "
+                               "identity = ?", (new,)).fetchone()
+            if have is None:
+                con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)", (new, row[0], row[1],
+                                                                           row[2], row[3]))
+            else:
+                deltas = [d for d in (have[1], row[2]) if d > 0]
+                con.execute("UPDATE datasets SET budget_eps = ?, budget_delta = ?, created = ? "
+                            "WHERE identity = ?", (min(have[0], row[1]), min(deltas, default=0.0),
+                                                   min(have[2], row[3]), new))
+            con.execute("UPDATE releases SET identity = ? WHERE identity = ?", (new, old))
+            con.execute("DELETE FROM datasets WHERE identity = ?", (old,))
+        src = con.execute("SELECT min_private FROM sources WHERE identity = ?", (old,)).fetchone()
+        if src is not None and src[0] is not None:
+            con.execute("UPDATE sources SET min_private = MIN(COALESCE(min_private, ?), ?) "
+                        "WHERE identity = ?", (src[0], src[0], new))
+        con.execute("DELETE FROM sources WHERE identity = ?", (old,))
+        con.execute("DELETE FROM legacy WHERE identity = ?", (old,))
+        con.execute("UPDATE aliases SET new = ? WHERE new = ?", (new, old))
+        con.execute("INSERT OR REPLACE INTO aliases VALUES (?, ?, ?, ?)", (old, new, reason, time.time()))
+
+    def canonical(self, identity: str) -> tuple[str, str | None]:
+        """(the identity a budget now lives under, why it moved or None)."""
         with self._connect() as con:
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                yield con
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
+            row = con.execute("SELECT new, reason FROM aliases WHERE old = ?", (identity,)).fetchone()
+        return (identity, None) if row is None else (row[0], row[1])
+
+    def _min_private(self, con, identity: str) -> int | None:
+        row = con.execute("SELECT min_private FROM sources WHERE identity = ?", (identity,)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     # ------------------------------------------------------------------ reading
     def spent(self, identity: str, con=None) -> Spend:
@@ -139,19 +266,30 @@ class BudgetStore:
         return None if row is None else (float(row[0]), float(row[1]))
 
     def datasets(self) -> list[dict]:
-        """One row per dataset identity: its budget, what is spent, and its releases."""
+        """One row per dataset identity: its budget, what is spent, its releases, and the
+        identities merged into it."""
         with self._connect() as con:
             rows = con.execute("SELECT identity, description, budget_eps, budget_delta, created "
                                "FROM datasets ORDER BY created").fetchall()
+            legacy = {r[0] for r in con.execute("SELECT identity FROM legacy")}
             out = []
             for identity, desc, b_eps, b_delta, created in rows:
                 spend = self.spent(identity, con)
+                src = con.execute("SELECT records, min_private FROM sources WHERE identity = ?",
+                                  (identity,)).fetchone()
                 rel = con.execute("SELECT job_id, round, status, eps, delta, event, note, updated "
                                   "FROM releases WHERE identity = ? ORDER BY id", (identity,))
                 out.append({"identity": identity, "description": desc,
                             "budget": {"eps": b_eps, "delta": b_delta},
                             "spent": {"eps": spend.eps, "delta": spend.delta},
                             "released": spend.releases, "reserved": spend.reserved,
+                            "kind": ("source" if src else "legacy" if identity in legacy
+                                     else "other"),
+                            "records": src[0] if src else None,
+                            "min_private": src[1] if src else None,
+                            "merged": [{"identity": o, "reason": why} for o, why in con.execute(
+                                "SELECT old, reason FROM aliases WHERE new = ? ORDER BY created",
+                                (identity,))],
                             "releases": [{"job_id": j, "round": r, "status": st, "eps": e,
                                           "delta": dl, "event": json.loads(ev) if ev else None,
                                           "note": n, "updated": u}
@@ -161,20 +299,31 @@ class BudgetStore:
     # ------------------------------------------------------------------ writing
     def set_budget(self, identity: str, eps: float, delta: float, description: str = "",
                    allow_lower: bool = False) -> None:
-        """Create or change a dataset's budget (``rknn-ray budget set``; lowering needs allow_lower)."""
+        """Create or change a dataset's budget (``rknn-ray budget set``; lowering needs allow_lower).
+
+        A delta budget at or above 1/n (n: the fewest private records a job on the source
+        used) is refused outside experiment ledgers."""
         if not eps > 0 or not 0 <= delta < 1:
             raise ConfigError("budget", f"eps={eps} must be > 0 and delta={delta} in [0, 1)",
                               "pass a positive eps and a delta in [0, 1)")
         with self._transaction() as con:
-            row = con.execute("SELECT budget_eps FROM datasets WHERE identity = ?",
+            n = self._min_private(con, identity)
+            if n and self.purpose != "experiment" and delta >= 1.0 / n:
+                raise ConfigError("--delta", f"a delta budget of {delta:g} is not below 1/n = "
+                                  f"{1.0 / n:.3g} (n = {n}, the fewest private records a job on "
+                                  f"{identity} used): an (eps, delta) guarantee with delta >= 1/n "
+                                  "may expose a whole record outright",
+                                  f"pass --delta below {1.0 / n:.3g}, e.g. 1/(10 n) = {0.1 / n:.2g}")
+            row = con.execute("SELECT budget_eps, budget_delta FROM datasets WHERE identity = ?",
                               (identity,)).fetchone()
             if row is None:
                 con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
                             (identity, description or identity, eps, delta, time.time()))
             else:
-                if eps < row[0] and not allow_lower:
-                    raise PrivacyBudgetError(f"the budget of {identity} is eps={row[0]}; lowering "
-                                             "it needs --allow-lower")
+                over_cap = bool(n) and row[1] >= 1.0 / n     # lowering it to the cap: allowed
+                if (eps < row[0] or (delta < row[1] and not over_cap)) and not allow_lower:
+                    raise PrivacyBudgetError(f"the budget of {identity} is eps={row[0]:g}, "
+                                             f"delta={row[1]:g}; lowering it needs --allow-lower")
                 con.execute("UPDATE datasets SET budget_eps = ?, budget_delta = ? WHERE identity = ?",
                             (eps, delta, identity))
 
@@ -199,7 +348,11 @@ class BudgetStore:
     def composed(self, identity: str, accountant: str = "basic", extra=None,
                  target_delta: float | None = None, con=None) -> tuple[float, float]:
         """(eps, delta) of everything counted on ``identity`` (+ ``extra`` events), composed
-        by the named accountant -- the same accountants a run uses."""
+        by the named accountant -- the same accountants a run uses.
+
+        Against a pure budget (delta 0) every accountant composes by the sum: exact for pure
+        events, and a PLD answers only at a positive delta (it would report 1e-12 > 0 and
+        refuse every job). Events with delta > 0 then show delta > 0: refused by name."""
         from rknn_ray.accounting.accountants import get_accountant
 
         def q(c):
@@ -210,48 +363,94 @@ class BudgetStore:
                 delta = float(row[0]) if row else 0.0
             else:
                 delta = target_delta
-            return get_accountant(accountant).compose(events, max(delta, 1e-12))
+            if delta <= 0:
+                return get_accountant("basic").compose(events)
+            return get_accountant(accountant).compose(events, delta)
         if con is not None:
             return q(con)
         with self._connect() as c:
             return q(c)
 
     def reserve(self, identity: str, description: str, job_id: str, eps: float, delta: float,
-                default_budget: tuple[float, float], accountant: str = "basic") -> tuple[float, float]:
+                default_budget: tuple[float, float], accountant: str = "basic",
+                records: int | None = None) -> tuple[float, float]:
         """Reserve a job's whole planned spend, or refuse it; returns the dataset's budget.
 
         The first job on a dataset sets its budget to ``default_budget``; later jobs find
-        it. Refused (PrivacyBudgetError, nothing written) when spent + reserved + this job
-        would exceed the budget.
+        it. ``records``: this job's private records n; the source's delta (budget and
+        spend) must stay below 1/n for the fewest n any job on it used. Refused
+        (PrivacyBudgetError or ConfigError, nothing written) when spent + reserved + this
+        job would exceed the budget or that cap.
         """
+        from rknn_ray.accounting.events import ApproxDpEvent
         with self._transaction() as con:
+            experiment = self.purpose == "experiment"
+            if records:
+                con.execute("UPDATE sources SET min_private = MIN(COALESCE(min_private, ?), ?) "
+                            "WHERE identity = ?", (int(records), int(records), identity))
+            n = self._min_private(con, identity) or (int(records) if records else None)
+            cap = None if experiment or not n else 1.0 / n
             row = con.execute("SELECT budget_eps, budget_delta FROM datasets WHERE identity = ?",
                               (identity,)).fetchone()
             if row is None:
                 row = default_budget
+                if cap is not None and row[1] >= cap:
+                    raise ConfigError("privacy.budget_delta", f"the dataset's delta budget "
+                                      f"{row[1]:g} is not below 1/n = {cap:.3g} for n = {n} private "
+                                      "records: summed over jobs, an (eps, delta) guarantee with "
+                                      "delta >= 1/n may expose a whole record outright",
+                                      f"set privacy.budget_delta below {cap:.3g}, e.g. 1/(10 n) = "
+                                      f"{0.1 * cap:.2g}")
                 con.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
                             (identity, description, row[0], row[1], time.time()))
             b_eps, b_delta = float(row[0]), float(row[1])
-            from rknn_ray.accounting.events import ApproxDpEvent
             spend = self.spent(identity, con)
+            # a PLD answers at its target delta: the budget's, kept below the 1/n cap
+            target = b_delta if cap is None else min(b_delta, cap * (1 - 1e-6))
             total_eps, total_delta = self.composed(identity, accountant, [ApproxDpEvent(eps, delta)],
-                                                   b_delta, con)
+                                                   target, con)
             over_eps = total_eps > b_eps * (1 + SLACK)
-            over_delta = total_delta > b_delta * (1 + SLACK) + 1e-300
-            if over_eps or over_delta:
-                raise PrivacyBudgetError(
-                    f"refused before any work: {description} has a privacy budget of eps={b_eps:g}, "
-                    f"delta={b_delta:g}; {spend.eps:.6g} / {spend.delta:.3g} is already spent or "
-                    f"reserved ({spend.releases} releases, {spend.reserved} open reservations), and "
-                    f"this job needs eps={eps:g}, delta={delta:g}: {accountant} composition gives "
-                    f"eps={total_eps:.6g}, delta={total_delta:.3g}. Fix: lower privacy.eps, or raise "
-                    f"the budget explicitly: rknn-ray budget set {identity} --eps <new total> "
-                    f"(ledger: {self.path})")
+            over_delta = not experiment and total_delta > b_delta * (1 + SLACK) + 1e-300
+            over_cap = cap is not None and total_delta >= cap
+            if over_eps or over_delta or over_cap:
+                raise PrivacyBudgetError(self._refusal(
+                    identity, description, (b_eps, b_delta), spend, (eps, delta),
+                    (total_eps, total_delta), accountant, over_eps, over_delta, cap, n))
             con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
                         "note, created, updated) VALUES (?, ?, NULL, 'reserved', ?, ?, NULL, ?, ?, ?)",
                         (identity, job_id, eps, delta, "reserved before any client randomized",
                          time.time(), time.time()))
         return b_eps, b_delta
+
+    def _refusal(self, identity, description, budget, spend, job, total, accountant,
+                 over_eps, over_delta, cap, n) -> str:
+        """The refusal: which quantity is the limit, and the exact fix."""
+        (b_eps, b_delta), (eps, delta), (t_eps, t_delta) = budget, job, total
+        limits = ([f"eps ({t_eps:.6g} > budget {b_eps:g})"] if over_eps else []) + \
+                 ([f"delta ({t_delta:.3g} > budget {b_delta:g})"] if over_delta else [])
+        head = (f"refused before any work: {description} has a privacy budget of eps={b_eps:g}, "
+                f"delta={b_delta:g}; {spend.eps:.6g} / {spend.delta:.3g} is already spent or "
+                f"reserved ({spend.releases} releases, {spend.reserved} open reservations), and "
+                f"this job needs eps={eps:g}, delta={delta:g}: {accountant} composition gives "
+                f"eps={t_eps:.6g}, delta={t_delta:.3g}. ")
+        if cap is not None and t_delta >= cap:
+            room = max(0.0, cap - spend.delta)
+            return head + (
+                f"The limit is delta: the total would reach 1/n = {cap:.3g} (n = {n} private "
+                "records), which no budget may allow (an (eps, delta) guarantee with delta >= "
+                f"1/n may expose a whole record outright). Fix: lower privacy.delta well below "
+                f"the {room:.2g} left (lowering eps does not help), or use a pure-DP model "
+                f"(central or local, delta = 0) (ledger: {self.path})")
+        command = (f"rknn-ray budget set {identity} --eps {_up(max(b_eps, t_eps))} "
+                   f"--delta {_up(max(b_delta, t_delta))}")
+        if over_eps and not over_delta:
+            fix = f"lower privacy.eps, or raise the budget explicitly: {command}"
+        elif over_delta and not over_eps:
+            fix = (f"raise the delta budget explicitly: {command} (lowering eps does not help), "
+                   "or lower privacy.delta")
+        else:
+            fix = f"raise the budget explicitly: {command}, or lower privacy.eps and privacy.delta"
+        return head + f"The limit is {' and '.join(limits)}. Fix: {fix} (ledger: {self.path})"
 
     def commit_round(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
                      event: dict | None, note: str = "released") -> None:
@@ -285,3 +484,80 @@ class BudgetStore:
         with self._transaction() as con:
             con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND "
                         "job_id = ? AND status = 'reserved'", (note, time.time(), identity, job_id))
+
+
+# ---------------------------------------------------------------------- open reservations
+#: the note a reservation gets just before the job's clients may randomize (mark_started)
+STARTED_NOTE = "clients may randomize"
+_DRIVER = re.compile(r"driver pid (\d+) on (\S+?)[;)]")
+
+
+def _driver_alive(note: str | None) -> bool | None:
+    """Whether the job's driver process still runs: None when unknown (another host, no pid)."""
+    m = _DRIVER.search(note or "")
+    if not m or m.group(2) != socket.gethostname():
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def mark_started(store: "BudgetStore", identity: str, job_id: str) -> None:
+    """Note on the job's reservation that its clients may randomize from now on (and which
+    driver process holds it): before this, the job provably released nothing."""
+    note = (f"{STARTED_NOTE} since {time.strftime('%Y-%m-%d %H:%M:%S')} (driver pid "
+            f"{os.getpid()} on {socket.gethostname()}); a release may happen")
+    with store._transaction() as con:
+        con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND job_id = ? "
+                    "AND status = 'reserved'", (note, time.time(), identity, job_id))
+
+
+def open_reservations(store: "BudgetStore", now: float | None = None) -> list[dict]:
+    """Every reservation still open (a running job, or one killed without closing it), with
+    its age, whether its clients may have randomized, and whether its driver still runs."""
+    now = time.time() if now is None else now
+    with store._connect() as con:
+        rows = con.execute(
+            "SELECT r.job_id, r.identity, d.description, r.eps, r.delta, r.note, r.created, "
+            "(SELECT COUNT(*) FROM releases x WHERE x.job_id = r.job_id AND x.status = 'released') "
+            "FROM releases r JOIN datasets d ON d.identity = r.identity "
+            "WHERE r.status = 'reserved' ORDER BY r.created").fetchall()
+    return [{"job_id": j, "identity": i, "description": desc, "eps": e, "delta": dl,
+             "note": n, "created": c, "age_s": max(0.0, now - c),
+             "started": bool(released) or STARTED_NOTE in (n or ""),
+             "driver_alive": _driver_alive(n)}
+            for j, i, desc, e, dl, n, c, released in rows]
+
+
+def settle(store: "BudgetStore", job_id: str) -> list[dict]:
+    """Close a dead job's open reservation: counted as spent (status ``released``, no round),
+    or returned (``unused``) only when the job provably released nothing (it died before any
+    client could randomize). Refuses while the job's driver still runs on this host."""
+    rows = [r for r in open_reservations(store) if r["job_id"] == job_id]
+    if not rows:
+        raise PrivacyBudgetError(f"job {job_id} has no open reservation in {store.path}. Fix: copy "
+                                 "a job id from the open reservations `rknn-ray budget` lists")
+    for r in rows:
+        if r["driver_alive"]:
+            raise PrivacyBudgetError(f"job {job_id} is still running (its driver process is alive). "
+                                     "Fix: let it finish, or stop it, then settle")
+    done = []
+    with store._transaction() as con:
+        for r in rows:
+            if r["started"]:
+                status = "released"
+                note = ("settled by hand: the job ended without closing its reservation after its "
+                        "clients could randomize, so a release may have happened; counted as spent")
+            else:
+                status = "unused"
+                note = ("settled by hand: the job ended before any client randomized; nothing "
+                        "was released, the reservation is returned")
+            con.execute("UPDATE releases SET status = ?, note = ?, updated = ? WHERE identity = ? "
+                        "AND job_id = ? AND status = 'reserved'",
+                        (status, note, time.time(), r["identity"], job_id))
+            done.append({**r, "status": status, "note": note})
+    return done

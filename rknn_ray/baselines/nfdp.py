@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
+from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
                                        fit_models, init_models, new_ledger, pad_groups, record,
                                        student_from_query_counts)
 from rknn_ray.baselines.events import NfdpSubsampleDpEvent
@@ -116,15 +116,34 @@ class NfdpParties:
         fit_models(self.models, X, T, M, steps, self.lr, self.weight_decay)
 
 
+class InProcessParties:
+    """Party groups held in this process: the default host of :func:`run_nfdp`.
+
+    A host takes one keyword dict of :class:`NfdpParties` arguments per group, answers
+    ``call(method, *args)`` with one result per group and ``close()``; the Ray host with
+    the same shape is ``actors.nfdp_shard.RayParties`` (the job injects it, so this
+    library never imports Ray)."""
+
+    def __init__(self, groups: list[dict]):
+        self.groups = [NfdpParties(**g) for g in groups]
+
+    def call(self, method: str, *args) -> list:
+        return [getattr(g, method)(*args) for g in self.groups]
+
+    def close(self) -> None:
+        self.groups = []
+
+
 def run_nfdp(setup: BaselineSetup, target_eps: float, parties: int = 10, replacement: bool = True,
-             rounds: int = 3, mode: str = "softmax", shards: int = 2, use_ray: bool = True,
+             rounds: int = 3, mode: str = "softmax", shards: int = 2, hosts=InProcessParties,
              local_steps: int = 150, digest_steps: int = 50, seed: int | None = None,
              ledger=None) -> BaselineResult:
     """FedMD-NFDP at the largest k whose Theorem 1/2 eps is <= ``target_eps``.
 
     Parties: the run's clients grouped into ``parties`` silos (client id mod parties;
-    FedMD is cross-silo, the paper uses 10). Party shards run as Ray actors
-    (``actors.nfdp_shard.NfdpShard``) when ``use_ray``.
+    FedMD is cross-silo, the paper uses 10), the silos split over ``shards`` groups,
+    each held by a host ``hosts(group_kwargs)`` (:class:`InProcessParties`, or the job's
+    ``actors.nfdp_shard.RayParties``: Ray actors).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
@@ -152,33 +171,19 @@ def run_nfdp(setup: BaselineSetup, target_eps: float, parties: int = 10, replace
     queries = setup.query_emb
     C = setup.num_classes
     groups = np.array_split(np.arange(parties), max(1, min(shards, parties)))
-    if use_ray:
-        import ray
-
-        from actors.nfdp_shard import NfdpShard
-        from jobs.ray_env import ensure_ray
-        ensure_ray()
-        hosts = [NfdpShard.remote([xs[i] for i in g], [ys[i] for i in g], k, replacement, C,
-                                  seed * 1000 + j, cfg.run.rng) for j, g in enumerate(groups)]
-
-        def call(method, *args):
-            return ray.get([getattr(h, method).remote(*args) for h in hosts])
-    else:
-        hosts = [NfdpParties([xs[i] for i in g], [ys[i] for i in g], k, replacement, C,
-                             seed * 1000 + j, rng_kind=cfg.run.rng) for j, g in enumerate(groups)]
-
-        def call(method, *args):
-            return [getattr(h, method)(*args) for h in hosts]
-    call("revisit", local_steps)
-    consensus = None
-    for _ in range(rounds):
-        uploads = np.concatenate(call("predict", queries, mode))      # (parties, s, C)
-        consensus = uploads.mean(0)
-        call("digest", queries, consensus, digest_steps, mode)
-        call("revisit", local_steps // 3)
-    if use_ray:
-        for h in hosts:
-            ray.kill(h)
+    host = hosts([dict(xs=[xs[i] for i in g], ys=[ys[i] for i in g], k=k, replacement=replacement,
+                       num_classes=C, seed=seed * 1000 + j, rng_kind=cfg.run.rng)
+                  for j, g in enumerate(groups)])
+    try:
+        host.call("revisit", local_steps)
+        consensus = None
+        for _ in range(rounds):
+            uploads = np.concatenate(host.call("predict", queries, mode))      # (parties, s, C)
+            consensus = uploads.mean(0)
+            host.call("digest", queries, consensus, digest_steps, mode)
+            host.call("revisit", local_steps // 3)
+    finally:
+        host.close()
     scores = consensus if mode != "logits" else np.exp(consensus - consensus.max(-1, keepdims=True))
     acc, lab_acc, _ = student_from_query_counts(setup, scores)
     per_upload = queries.shape[0] * (4 * C if mode != "argmax" else 4)

@@ -20,6 +20,13 @@ records by client, which is the order :class:`rknn_ray.answers.RecordAnswers` wa
 
 ``num_clients > m`` cannot give every client a record: ConfigError (lower
 ``num_clients``, or use ``one_per_client``).
+
+Public record bounds. How many records the largest client holds sets public things (the
+central message size, the multi-message allowance, the auto-s message cap), but under
+``dirichlet`` it is a function of the private labels (changing one label moved it in 92 of
+200 trials, issue 21). So the bound is public: declared, or derived from public counts
+(:func:`public_record_bound`), and a client's records beyond it are dropped
+(:func:`held_within_bound`: a seeded, label-blind choice). How many were dropped is private.
 """
 from __future__ import annotations
 
@@ -79,6 +86,43 @@ def partition(labels: np.ndarray, num_clients: int | None, scheme: str = "iid",
     if ensure_nonempty:
         fill_empty_clients(ids, n, rng)
     return ids
+
+
+def public_record_bound(scheme: str, num_records: int, num_clients: int,
+                        declared: int | None = None) -> int:
+    """The public bound on records per client: ``declared``, else ceil(m / n) for ``iid``
+    (exactly what it deals) or 1 for ``one_per_client``. Reads counts only (m, n are public
+    under replace-one neighbours); ``dirichlet`` needs a declared bound."""
+    if declared is not None:
+        if int(declared) != declared or declared < 1:
+            raise ConfigError("data.max_records_per_client",
+                              f"must be a positive integer, got {declared!r}",
+                              "set data.max_records_per_client >= 1")
+        return int(declared)
+    if scheme == "one_per_client":
+        return 1
+    if scheme == "iid":
+        return -(-int(num_records) // max(1, int(num_clients)))
+    raise ConfigError("data.max_records_per_client",
+                      f"partition {scheme!r} deals records by their private labels, so its "
+                      "largest client is private and cannot set a public bound",
+                      "declare data.max_records_per_client; records beyond it are dropped")
+
+
+def held_within_bound(client_ids: np.ndarray, bound: int, seed: int = 0) -> np.ndarray:
+    """Mask of the records clients keep: at most ``bound`` per client, chosen uniformly at
+    random (seeded, blind to labels and features); the rest are dropped."""
+    ids = np.asarray(client_ids, dtype=np.int64)
+    held = np.ones(ids.size, dtype=bool)
+    if ids.size == 0 or np.bincount(ids).max() <= bound:
+        return held
+    key = seeded_generator(seed * 1_000_003 + 7).permutation(ids.size)
+    order = np.lexsort((key, ids))                        # by client, random within client
+    sizes = np.bincount(ids)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rank = np.arange(ids.size) - starts[ids[order]]
+    held[order[rank >= bound]] = False
+    return held
 
 
 def dirichlet_ids(y: np.ndarray, n: int, alpha: float, rng) -> np.ndarray:

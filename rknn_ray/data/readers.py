@@ -114,7 +114,7 @@ def load_idx_dataset(key: str, root: str) -> Dataset:
     stems = [s for pair in IDX_STEMS.values() for s in pair]
     missing = [s for s in stems if find_idx_file(folders, s) is None]
     if missing:
-        fix = (f"pass --data-root DIR (data_root=...) naming a folder with {', '.join(stems)} "
+        fix = (f"pass --set data.data_root=DIR naming a folder with {', '.join(stems)} "
                "(raw or .gz)")
         if key == "fashion_mnist":
             fix = ("run `apt-get install dataset-fashion-mnist` (installs them in "
@@ -144,7 +144,7 @@ def load_cifar10(root: str) -> Dataset:
         train_x, train_y, test_x, test_y, names = read_cifar10(root)
     except FileNotFoundError as exc:
         raise _missing("CIFAR-10", root, str(exc),
-                       "pass --data-root DIR (data_root=...) naming the folder that holds "
+                       "pass --set data.data_root=DIR naming the folder that holds "
                        "cifar-10-batches-py/ (data_batch_1..5, test_batch) "
                        "from cifar-10-python.tar.gz") from None
     validate_features(train_x, train_y, 10, "CIFAR-10 train")
@@ -164,7 +164,7 @@ def load_svhn(root: str, include_extra: bool = False) -> Dataset:
         train_x, train_y, test_x, test_y = read_svhn(root, include_extra)
     except FileNotFoundError as exc:
         raise _missing("SVHN", root, str(exc),
-                       "pass --data-root DIR (data_root=...) naming the folder with the SVHN "
+                       "pass --set data.data_root=DIR naming the folder with the SVHN "
                        "format-2 files train_32x32.mat, test_32x32.mat (and extra_32x32.mat "
                        "for include_extra)") from None
     return Dataset("svhn", to_unit_float(train_x), train_y, to_unit_float(test_x), test_y,

@@ -65,9 +65,11 @@ class DatasetShardSource:
     client_hi: int
 
     def open(self) -> ShardRecords:
-        from rknn_ray.pipeline import prepare_data
+        from rknn_ray.data.prepared import prepare_data
         data = prepare_data(self.config)
-        rows = np.flatnonzero((data.client_ids >= self.client_lo) & (data.client_ids < self.client_hi))
+        rows = data.held_rows()         # records beyond the public per-client bound stay out
+        ids = data.client_ids[rows]
+        rows = rows[(ids >= self.client_lo) & (ids < self.client_hi)]
         return ShardRecords(data.splits.private_x[rows], data.splits.private_y[rows],
                             data.client_ids[rows])
 

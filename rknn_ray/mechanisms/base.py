@@ -124,11 +124,6 @@ class MessageBatch:
     def __len__(self) -> int:
         return int(self.payloads.shape[0])
 
-    @staticmethod
-    def concat(batches: list["MessageBatch"]) -> "MessageBatch":
-        return MessageBatch(np.concatenate([b.payloads for b in batches]),
-                            np.concatenate([b.senders for b in batches]))
-
 
 class Mechanism(ABC):
     """A privacy mechanism for the BSVS problem (see module docstring)."""

@@ -2,7 +2,10 @@
 
 Guarantee: (eps, 0)-DP at the *record* level under replace-one neighbours. One
 record adds one to ``k * r`` cells; replacing it changes the BSVS sum by at most
-``2kr`` in L1, so noise of scale ``2kr / eps`` on every cell suffices.
+``2kr`` in L1, so noise of scale ``2kr / eps`` on every cell suffices. The scale is an
+exact rational rounded up (:func:`rknn_ray.mechanisms.exact.noisier_scale`), never the
+float 2kr/eps, which rounds down for about half of all (eps, k) and would imply an eps
+above the target by ~1e-16.
 
 Noise (``options['noise']``):
 * ``discrete`` (default): exact discrete Laplace from rknn_ray.mechanisms.noise,
@@ -17,12 +20,14 @@ Message format (one per client, fixed length per round): uint32 little-endian
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from rknn_ray.answers import RecordAnswers
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.exact import noisier_scale
 from rknn_ray.mechanisms.noise import continuous_laplace, discrete_laplace
 
 NOISE_KINDS = ("discrete", "continuous")
@@ -77,9 +82,10 @@ class CentralLaplace(Mechanism):
                          params.max_records_per_client * params.k * params.r)
 
     @property
-    def scale(self) -> float:
-        """Noise scale 2kr / eps (sensitivity over eps)."""
-        return self.params.sensitivity_l1 / self.params.eps
+    def scale(self) -> Fraction:
+        """Noise scale >= 2kr / eps, exactly: 1 / (eps/(2kr) rounded down to a float).
+        A float 2kr/eps may round down and imply an eps above the target (issue 21)."""
+        return noisier_scale(self.params.sensitivity_l1, self.params.eps)
 
     @property
     def message_size(self) -> int:
@@ -114,7 +120,7 @@ class CentralLaplace(Mechanism):
         if rng is None:
             from rknn_ray.rng import secure_generator
             rng = secure_generator()
-        return counts + continuous_laplace(self.scale, counts.shape, rng)
+        return counts + continuous_laplace(float(self.scale), counts.shape, rng)
 
     def statistic(self, payloads: np.ndarray) -> np.ndarray:
         return decode_sparse_counts(payloads, self.slots, self.params.num_cells)
@@ -127,16 +133,17 @@ class CentralLaplace(Mechanism):
     def event(self, n: int | None = None):
         from dp_accounting import dp_event
         if self.noise == "discrete":      # P[x] ~ exp(-a|x|), a = 1/scale; L1 sensitivity 2kr
-            return dp_event.DiscreteLaplaceDpEvent(noise_parameter=1.0 / self.scale,
+            return dp_event.DiscreteLaplaceDpEvent(noise_parameter=float(1 / self.scale),
                                                   sensitivity=int(self.params.sensitivity_l1))
-        return dp_event.LaplaceDpEvent(noise_multiplier=self.scale / self.params.sensitivity_l1)
+        return dp_event.LaplaceDpEvent(
+            noise_multiplier=float(self.scale / self.params.sensitivity_l1))
 
     def guarantee(self, n: int | None = None) -> Guarantee:
         how = ("exact discrete" if self.noise == "discrete" else
                "approximate, float sampling: the eps of ideal real-valued Laplace, not of "
                "float64 arithmetic (Mironov 2012);")
         return Guarantee(self.params.eps, 0.0, "central", self.name, unit="record",
-                         note=f"{how} Laplace noise of scale 2kr/eps = {self.scale:.4g} "
+                         note=f"{how} Laplace noise of scale 2kr/eps = {float(self.scale):.4g} "
                               "on every cell; trusted server")
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:
@@ -147,10 +154,10 @@ class CentralLaplace(Mechanism):
         """
         if not 0 < beta < 1:
             raise ValueError(f"beta must be in (0, 1), got {beta}")
-        return central_error_bound(self.scale, self.params.num_classes, beta, self.noise)
+        return central_error_bound(float(self.scale), self.params.num_classes, beta, self.noise)
 
     def describe(self) -> dict:
-        return {**super().describe(), "noise": self.noise, "scale": self.scale}
+        return {**super().describe(), "noise": self.noise, "scale": float(self.scale)}
 
 
 def central_error_bound(scale: float, num_classes: int, beta: float,

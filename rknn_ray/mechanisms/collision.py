@@ -11,6 +11,13 @@ probability is e^eps/Omega and the smallest is >= 1/Omega (because h <= c), so t
 likelihood ratio is <= e^eps, with equality when H(V) has no collision. The report
 carries the 64-bit seed of its hash, which reveals H but nothing about V.
 
+Exact parameters (issue 21): the sampler does not use the float e^eps / Omega. Each
+hashed value gets pi = e^eps/Omega rounded *down* to a multiple of 2^-53 from an exact
+lower bound w of e^eps (so pi (l - c) / (1 - c pi) <= w <= e^eps in exact arithmetic),
+the rest share 1 - h pi uniformly, and every draw is an integer one (a uniform integer
+below a threshold for the coin, ``rng.integers`` for the uniform picks). The estimator
+uses p = pi.
+
 Hash family (the paper assumes a fully random H). We use a random polynomial of
 degree c+1 over GF(P), P = 2^31 - 1, with coefficients expanded from the seed by
 SplitMix64, then reduced to [0, l) by multiply-shift ``(h * l) >> 31``. Over GF(P)
@@ -32,8 +39,10 @@ empty cell, and use the exact Omega of that integer l everywhere.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -41,6 +50,7 @@ from rknn_ray.answers import RecordAnswers
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
+from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_down
 from rknn_ray.mechanisms.randomized_response import FlatLocalMechanism
 
 PRIME = (1 << 31) - 1          # Mersenne prime 2^31 - 1: the hash field
@@ -52,13 +62,23 @@ SEED_BYTES = 8
 # ---------------------------------------------------------------- exact probabilities
 
 def collision_omega(eps: float, l: int, c: int) -> float:
-    """Normalisation Omega = c e^eps + l - c of Definition 5."""
+    """Normalisation Omega = c e^eps + l - c of Definition 5 (as a float, for reports)."""
     return c * math.exp(eps) + l - c
 
 
+@functools.lru_cache(maxsize=256)
+def collision_member_threshold(eps: float, l: int, c: int) -> int:
+    """t with pi = t / 2^53 the probability of each hashed input value: the largest such
+    pi <= w / (c w + l - c) for an exact lower bound w of e^eps. Then the likelihood ratio
+    pi / ((1 - c pi) / (l - c)) <= w <= e^eps in exact arithmetic (issue 21)."""
+    w = exp_lower(Fraction(eps))
+    return int(grid_down(w / (c * w + l - c)) * (1 << COIN_BITS))
+
+
 def collision_rates(eps: float, l: int, c: int) -> tuple[float, float]:
-    """(p, q): P[hit] for a cell in V (e^eps/Omega) and for one not in V (1/l)."""
-    return math.exp(eps) / collision_omega(eps, l, c), 1.0 / l
+    """(p, q): P[hit] for a cell in V (pi ~ e^eps/Omega, rounded down to a multiple of
+    2^-53, exactly what the sampler uses) and for one not in V (1/l)."""
+    return collision_member_threshold(eps, l, c) / float(1 << COIN_BITS), 1.0 / l
 
 
 def collision_client_variance(eps: float, l: int, c: int) -> tuple[float, float]:
@@ -75,7 +95,8 @@ def collision_l(eps: float, c: int) -> int:
 
 
 def collision_probabilities(eps: float, l: int, c: int, hashed) -> np.ndarray:
-    """Exact P[z | V, H] over z in [0, l) given the hashed input H(V) (any duplicates).
+    """Exact P[z | V, H] over z in [0, l) given the hashed input H(V) (any duplicates):
+    pi on each of the h distinct hashed values, (1 - h pi) / (l - h) elsewhere.
 
     This is the randomizer's full output distribution for a fixed hash; with the
     seed drawn independently of the data it is the whole likelihood.
@@ -84,9 +105,9 @@ def collision_probabilities(eps: float, l: int, c: int, hashed) -> np.ndarray:
     h = hashed.size
     if h > c or h >= l or (h and (hashed.min() < 0 or hashed.max() >= l)):
         raise ValueError(f"need at most c={c} hashed values in [0, {l}) and h < l")
-    omega = collision_omega(eps, l, c)
-    out = np.full(l, (omega - math.exp(eps) * h) / ((l - h) * omega))
-    out[hashed] = math.exp(eps) / omega
+    pi, _ = collision_rates(eps, l, c)
+    out = np.full(l, (1 - h * pi) / (l - h))
+    out[hashed] = pi
     return out
 
 
@@ -149,13 +170,12 @@ def sample_collision(hashed: np.ndarray, eps: float, l: int, c: int,
     sentinel = np.int64(np.iinfo(np.int64).max)
     distinct = np.sort(np.where(dup, sentinel, srt), axis=1)
     h = (~dup).sum(axis=1)
-    omega = collision_omega(eps, l, c)
-    inside = rng.random(B) < h * math.exp(eps) / omega
-    # z in H(V): a uniform one of the h distinct hashed values.
-    pick = np.minimum((rng.random(B) * h).astype(np.int64), h - 1)
+    # every draw is an exact integer one: P[inside] = h pi, then a uniform member or a
+    # uniform non-member (rng.integers rejects out-of-range draws, so no float bias)
+    inside = coin(rng, h * collision_member_threshold(eps, l, c), B)
+    pick = rng.integers(0, np.maximum(h, 1))
     z_in = distinct[np.arange(B), pick]
-    # z outside H(V): the u-th value of [0, l) not in H(V), u uniform in [0, l - h).
-    z_out = np.minimum((rng.random(B) * (l - h)).astype(np.int64), l - h - 1)
+    z_out = rng.integers(0, l - h)
     for j in range(distinct.shape[1]):
         z_out += z_out >= distinct[:, j]
     return np.where(inside, z_in, z_out)

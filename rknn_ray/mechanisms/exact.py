@@ -57,6 +57,67 @@ def noisier_mean(lam: float | Fraction) -> Fraction:
     return Fraction(math.ceil(lam * den), den)
 
 
+# ---------------------------------------------------------------- exact parameters
+# The randomizers' coins and the central scale are rationals rounded toward more privacy,
+# so the eps each one implies, computed exactly, never exceeds its target (issue 21 item 5).
+
+COIN_BITS = 53            # a coin's probability is a multiple of 2^-53 (exact as a float64)
+_EXP_BITS = 160           # fixed-point precision of exp_lower
+
+
+def exp_lower(x: float | Fraction) -> Fraction:
+    """A dyadic rational <= e^x for x >= 0, within ~2^-150 relative: the Taylor series
+    with every term rounded down in 160-bit fixed point (each term, hence the sum, is a
+    lower bound), so ``ratio <= exp_lower(x)`` proves ``ratio <= e^x`` exactly."""
+    x = Fraction(x)
+    if x < 0:
+        raise ValueError(f"exp_lower needs x >= 0, got {float(x)}")
+    one = 1 << _EXP_BITS
+    xn, xd = x.numerator, x.denominator
+    term, total, j = one, one, 1
+    while term:
+        term = term * xn // (xd * j)          # floor(t_{j-1} x / j) <= x^j / j!
+        total += term
+        j += 1
+    return Fraction(total, one)
+
+
+def grid_up(p: Fraction, bits: int = COIN_BITS) -> Fraction:
+    """The smallest multiple of 2^-bits that is >= p."""
+    p = Fraction(p)
+    return Fraction(-((-p.numerator << bits) // p.denominator), 1 << bits)
+
+
+def grid_down(p: Fraction, bits: int = COIN_BITS) -> Fraction:
+    """The largest multiple of 2^-bits that is <= p."""
+    p = Fraction(p)
+    return Fraction((p.numerator << bits) // p.denominator, 1 << bits)
+
+
+def coin(rng, threshold, size) -> np.ndarray:
+    """Exact Bernoulli(threshold / 2^COIN_BITS) draws (``threshold`` an int or int array):
+    uniform integers compared with an integer, no float in the way (the same 64 random
+    bits per draw as ``rng.random``)."""
+    return rng.integers(0, 1 << COIN_BITS, size=size, dtype=np.int64) < threshold
+
+
+def float_below(x: Fraction) -> float:
+    """The largest float <= x (a float parameter that must not exceed an exact value)."""
+    f = float(x)
+    return f if Fraction(f) <= x else math.nextafter(f, -math.inf)
+
+
+def noisier_scale(sensitivity: int, eps: float | Fraction) -> Fraction:
+    """Laplace scale >= sensitivity / eps, exactly: 1 / (eps / sensitivity rounded down to a
+    float), within 2^-52 relative; a float 2kr/eps may round down and imply an eps above
+    the target. (A rational whose numerator may exceed 2^62: for the scalar sampler in
+    :mod:`rknn_ray.mechanisms.noise`, which takes any size.)"""
+    rate = float_below(Fraction(eps) / int(sensitivity))
+    if not rate > 0:
+        raise ValueError(f"eps / sensitivity = {float(eps)}/{sensitivity} is not a positive float")
+    return 1 / Fraction(rate)
+
+
 def _below(rng: np.random.Generator, m, size: int) -> np.ndarray:
     """Uniform integers in [0, m) (m scalar or array, every m < 2^62), exactly."""
     m_max = int(np.max(m)) if np.ndim(m) else int(m)

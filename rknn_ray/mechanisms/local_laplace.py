@@ -47,8 +47,9 @@ class LocalLaplace(FlatLocalMechanism):
 
     @property
     def rate(self):
-        """The exact sampler's decay rate: 1/scale rounded down to a 2^-40 grid (more noise)."""
-        return noisier_rate(1 / Fraction(self.scale))
+        """The exact sampler's decay rate: eps/(2kr), computed exactly and rounded down to a
+        2^-40 grid (more noise); never from the float scale 2kr/eps, which may round down."""
+        return noisier_rate(Fraction(self.local_eps) / self.params.sensitivity_l1)
 
     @property
     def decay(self) -> float:

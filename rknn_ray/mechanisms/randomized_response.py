@@ -4,7 +4,10 @@ Randomized response (paper 000, "Local Private Mechanisms"; Theorem 1) flips eac
 of the d = s*|Y| bits of a record's flattened answer independently with
 probability q = 1 / (e^{eps/(2kr)} + 1). Two valid inputs (kr ones each) differ
 in at most 2kr bits, so the likelihood ratio is at most e^{2kr * eps/(2kr)} = e^eps,
-reached for two records whose cells are disjoint. The report is the flipped bit
+reached for two records whose cells are disjoint. q is rounded *up* to a multiple of
+2^-53 from an exact lower bound of e^{eps/(2kr)} and each flip is a uniform integer compared
+with an integer (:func:`rknn_ray.mechanisms.exact.coin`), so the ratio holds in exact
+arithmetic, not only in float64 (issue 21). The report is the flipped bit
 vector packed with ``np.packbits`` (ceil(d/8) bytes). The unbiased estimate of a
 cell is (bit - q) / (1 - 2q) per report, with variance e'/(e'-1)^2, e' = e^{eps/(2kr)},
 whatever the true bit is.
@@ -32,8 +35,10 @@ Clients with several records (``options["multi_record"]``):
 """
 from __future__ import annotations
 
+import functools
 import math
 from abc import abstractmethod
+from fractions import Fraction
 
 import numpy as np
 
@@ -41,6 +46,7 @@ from rknn_ray.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, DataError, ReportError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_up
 
 MULTI_RECORD = ("sample", "normalize")
 CHUNK_ELEMENTS = 1 << 21   # elements of the largest (clients x cells) working array
@@ -226,15 +232,30 @@ class LocalMechanism(Mechanism):
 
 # ---------------------------------------------------------------------- randomized response
 
+@functools.lru_cache(maxsize=256)
+def rr_flip_threshold(eps: float, k: int, r: int) -> int:
+    """t with q = t / 2^53 the flip probability: the smallest such q >= 1/(e^{eps/(2kr)} + 1),
+    from an exact lower bound w of e^{eps/(2kr)}, so (1-q)/q <= w: every bit is at most
+    eps/(2kr)-LDP in exact arithmetic (a float q may round the other way, issue 21)."""
+    w = exp_lower(Fraction(eps) / (2 * k * r))
+    t = int(grid_up(1 / (1 + w)) * (1 << COIN_BITS))
+    if 2 * t >= 1 << COIN_BITS:
+        raise ConfigError("privacy.eps", f"eps/(2kr) = {eps / (2 * k * r):.3g} is too small for "
+                          "randomized response: the flip probability rounds to 1/2",
+                          "raise privacy.eps or lower k, r")
+    return t
+
+
 def rr_flip_probability(eps: float, k: int, r: int) -> float:
-    """q = 1 / (e^{eps/(2kr)} + 1)."""
-    return 1.0 / (math.exp(eps / (2 * k * r)) + 1.0)
+    """q ~ 1 / (e^{eps/(2kr)} + 1), rounded up to a multiple of 2^-53 (exact as a float)."""
+    return rr_flip_threshold(eps, k, r) / float(1 << COIN_BITS)
 
 
 def rr_client_variance(eps: float, k: int, r: int) -> float:
-    """q(1-q)/(1-2q)^2 = e'/(e'-1)^2 per report and cell, whatever the true bit."""
-    e = math.exp(eps / (2 * k * r))
-    return e / (e - 1.0) ** 2
+    """q(1-q)/(1-2q)^2 (= e'/(e'-1)^2, e' = e^{eps/(2kr)}, but for the rounded q that
+    is sampled) per report and cell, whatever the true bit."""
+    q = rr_flip_probability(eps, k, r)
+    return q * (1 - q) / (1 - 2 * q) ** 2
 
 
 def rr_output_probability(outputs: np.ndarray, inputs: np.ndarray, q: float) -> np.ndarray:
@@ -265,6 +286,7 @@ class RandomizedResponse(FlatLocalMechanism):
 
     @property
     def flip_probability(self) -> float:
+        """The exact flip probability the sampler uses (a multiple of 2^-53)."""
         return rr_flip_probability(self.local_eps, self.params.k, self.params.r)
 
     @property
@@ -273,10 +295,11 @@ class RandomizedResponse(FlatLocalMechanism):
 
     def randomize(self, answers: RecordAnswers, rng: np.random.Generator) -> MessageBatch:
         ids, rec = self.client_records(answers, rng)
-        cells, d, q = rec.flat_cells(), self.params.num_cells, self.flip_probability
+        cells, d = rec.flat_cells(), self.params.num_cells
+        t = rr_flip_threshold(self.local_eps, self.params.k, self.params.r)
         out = np.empty((len(ids), self.message_size), dtype=np.uint8)
         for sl in self._chunks(len(ids), d):
-            bits = rng.random((sl.stop - sl.start, d)) < q          # flips
+            bits = coin(rng, t, (sl.stop - sl.start, d))             # flips, P = t / 2^53
             rows = np.arange(sl.stop - sl.start)[:, None]
             bits[rows, cells[sl]] ^= True
             out[sl] = np.packbits(bits, axis=1)

@@ -29,6 +29,8 @@ does to the paper's Figure 6 claim.
 """
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 from rknn_ray.answers import RecordAnswers
@@ -37,6 +39,7 @@ from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
 from rknn_ray.mechanisms.collision import (SEED_BYTES, CollisionOracle, collision_l,
                                            collision_rates, decode_reports, encode_reports)
+from rknn_ray.mechanisms.exact import float_below
 from rknn_ray.mechanisms.randomized_response import LocalMechanism
 
 
@@ -120,7 +123,11 @@ class SeparationMechanism(LocalMechanism):
             raise ConfigError("privacy.options.separation_split", f"must be in (0, 1), got {f}",
                               "use 0.5 (the paper's even split)")
         self.split = f
-        e_t, e_y = f * self.local_eps, (1 - f) * self.local_eps
+        # sequential composition: e_t + e_y <= eps exactly (float f*eps and (1-f)*eps
+        # may round up and sum to just above eps)
+        eps = Fraction(self.local_eps)
+        e_t = float_below(Fraction(f) * eps)
+        e_y = float_below(eps - Fraction(e_t))
         self.oracle_t = CollisionOracle(params.num_queries, params.k, e_t,
                                         collision_l(e_t, params.k), tag=1)
         self.oracle_y = CollisionOracle(params.num_classes, params.r, e_y,

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from rknn_ray.errors import ConfigError, DataError, RknnError
+from rknn_ray.runio import atomic_path, copy_file, write_json
 from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
 
 CHECKPOINT_FILE = "student.pt"
@@ -357,9 +358,9 @@ def train_student_local(train_x, train_targets, test_x, test_y, image_shape, num
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
-        torch.save(_checkpoint_payload(model, meta), ckpt_path)
-        with open(os.path.join(out_dir, HISTORY_FILE), "w") as f:
-            json.dump(history, f)
+        with atomic_path(ckpt_path) as tmp:
+            torch.save(_checkpoint_payload(model, meta), tmp)
+        write_json(os.path.join(out_dir, HISTORY_FILE), history)
         model = load_student(ckpt_path)
     else:
         model = model.cpu()
@@ -434,6 +435,32 @@ def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
     return emit
 
 
+def fit_off_main_thread(trainer):
+    """``trainer.fit()`` in a helper thread, the main thread waiting on it.
+
+    Ray Train v2 installs its own SIGINT handler when ``fit()`` runs on the main thread
+    (it calls ``sys.exit`` and stays installed after ``fit()`` returns). Off the main
+    thread it installs none, so the caller's SIGINT/SIGTERM handlers stay in charge: an
+    interrupt reaches the driver as its own exception, and ending the driver's Ray
+    (``ray.shutdown``) ends the run.
+    """
+    import threading
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as exc:          # handed to the main thread as it is
+            box["error"] = exc
+    thread = threading.Thread(target=target, name="ray-train-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)                      # short waits: signals run between them
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
 def train_student(train_x, train_targets, test_x, test_y, image_shape, num_classes,
                   config: StudentConfig | None = None, storage_path: str | None = None,
                   checkpoint_dir: str | None = None, progress: Callable[[dict], None] | None = None,
@@ -475,11 +502,12 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
     from rknn_ray.student.live import LiveEpochs
     live = LiveEpochs(progress) if progress is not None else None
     loop_cfg["epoch_relay"] = live.relay if live else None
+    trainer_name = f"student-{uuid.uuid4().hex[:8]}"
     trainer = TorchTrainer(
         _train_loop_per_worker,
         train_loop_config=loop_cfg,
         scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu),
-        run_config=RunConfig(name=f"student-{uuid.uuid4().hex[:8]}", storage_path=storage,
+        run_config=RunConfig(name=trainer_name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=1),
                              failure_config=FailureConfig(max_failures=0),
                              logging_config=LoggingConfig(log_level="WARNING")),
@@ -487,9 +515,9 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
     fit_start = time.time()
     if live:
         with live:
-            result = trainer.fit()
+            result = fit_off_main_thread(trainer)
     else:
-        result = trainer.fit()
+        result = fit_off_main_thread(trainer)
     fit_end = time.time()
     if result.checkpoint is None or result.metrics is None:
         raise RknnError("Ray Train finished without a checkpoint or metrics; see the worker logs above")
@@ -500,11 +528,13 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
         if checkpoint_dir:
             os.makedirs(checkpoint_dir, exist_ok=True)
             ckpt_path = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
-            shutil.copyfile(src, ckpt_path)
-            shutil.copyfile(os.path.join(ckpt_dir, HISTORY_FILE), os.path.join(checkpoint_dir, HISTORY_FILE))
+            copy_file(src, ckpt_path)           # atomic: never a truncated student.pt
+            copy_file(os.path.join(ckpt_dir, HISTORY_FILE), os.path.join(checkpoint_dir, HISTORY_FILE))
         model = load_student(src)
         with open(os.path.join(ckpt_dir, HISTORY_FILE)) as f:
             history = json.load(f)
+    if checkpoint_dir:       # the checkpoint lives in checkpoint_dir now: drop Train's copy
+        shutil.rmtree(os.path.join(storage, trainer_name), ignore_errors=True)
     if live:
         live.finish(history)     # any epoch that did not arrive live (never twice)
     t_eval = time.perf_counter()

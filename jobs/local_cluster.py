@@ -1,0 +1,182 @@
+"""A Ray cluster of several nodes on this one machine: the parties on nodes of their own.
+
+    python -m jobs.local_cluster --node server --node shuffler --node client \\
+        [--cpus 1] [--nodes-json FILE] -- python -m jobs.distill --config ... \\
+        --set 'cluster.placement={client: {resources: {client: 1}}, ...}'
+
+runs the command against a fresh cluster (``RAY_ADDRESS`` and a fresh auth token in its
+environment) and takes the cluster down when the command ends, fails or is interrupted.
+Every node is a real Ray node: its own raylet, object store and node id; objects between
+actors on different nodes travel through Ray's object manager (TCP on 127.0.0.1), as they
+do between machines. A node started for a role gets the custom resource ``{role: 64}``
+(64 slots: several shards may share a client node) and the label ``rknn-party=role``, so
+either kind of ``cluster.placement`` entry finds it.
+
+Why not ``ray start --address`` per node: on one machine that cannot stay on loopback. Ray
+2.60's CLI refuses to start a worker node with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+(what binds a local instance to 127.0.0.1), and without it rewrites 127.0.0.1 to the
+machine's network address and binds every interface (checked here). ``ray.cluster_utils.Cluster``
+starts the same node processes (``ray._private.node.Node``, what ``ray start`` runs) with
+loopback kept; on a real cluster use ``ray start`` / ``cluster.yaml`` (docs/running.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+PARTIES = ("client", "shuffler", "server")
+ROLE_SLOTS = 64          # a role's resource on its node: up to 64 actors of that party
+ROLE_LABEL = "rknn-party"
+START_TIMEOUT_S = 120    # nodes register slowly on a machine whose cores are busy
+
+
+def roles_for(nodes: int) -> list[tuple[str, ...]]:
+    """Roles per node for ``nodes`` nodes: head = server, then the shuffler, then client
+    nodes (1 node: everything; 2: server and shuffler share the head)."""
+    if nodes < 1:
+        raise ValueError(f"a cluster needs at least 1 node, got {nodes}")
+    if nodes == 1:
+        return [PARTIES]
+    if nodes == 2:
+        return [("server", "shuffler"), ("client",)]
+    return [("server",), ("shuffler",)] + [("client",)] * (nodes - 2)
+
+
+def placement_overrides(roles: list[tuple[str, ...]]) -> list[str]:
+    """``--set`` overrides that put each party on the nodes holding its role's resource."""
+    present = {r for node in roles for r in node}
+    return [f"cluster.placement.{p}={{resources: {{{p}: 1}}}}" for p in PARTIES if p in present]
+
+
+class LocalCluster:
+    """Nodes with the given roles on 127.0.0.1; a context manager (stops them on exit).
+
+    ``address`` is the GCS address for ``ray.init`` / ``RAY_ADDRESS``; ``env`` what a child
+    process needs to join (the address and the cluster's auth token); ``node_roles()`` maps
+    each live Ray node id to the roles it was started with. The nodes' processes are this
+    process's children, in its process group: ending that group ends them all.
+    """
+
+    def __init__(self, roles: list[tuple[str, ...]], cpus: float = 1.0,
+                 object_store_mb: int = 150, temp_dir: str | None = None):
+        self.roles, self.cpus, self.object_store_mb = roles, cpus, object_store_mb
+        self._own_temp = temp_dir is None
+        self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rkc", dir="/tmp")   # short: socket paths
+        self.cluster = None
+        self._saved_tmp, self._tmp_set = None, False
+        self.env: dict[str, str] = {}
+
+    def start(self) -> "LocalCluster":
+        from jobs.ray_env import local_ray_env
+        local_ray_env()                         # loopback, token auth (before Ray starts nodes)
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        # Ray's Cluster records its head as "the machine's current cluster" in the default temp
+        # folder, where every plain ray.init() here would then join it (other users' jobs and
+        # tests included): keep that record inside our own folder instead
+        self._saved_tmp, self._tmp_set = os.environ.get("RAY_TMPDIR"), True
+        os.environ["RAY_TMPDIR"] = self.temp_dir
+        os.makedirs(os.path.join(self.temp_dir, "ray"), exist_ok=True)
+        from ray._common.network_utils import find_free_port
+        from ray.cluster_utils import Cluster
+        self.cluster = Cluster()
+        try:
+            for i, roles in enumerate(self.roles):
+                # the head's fixed default ports would clash with other Ray instances here
+                head = {"include_dashboard": False, "dashboard_port": find_free_port(),
+                        "dashboard_agent_listen_port": find_free_port()} if i == 0 else {}
+                self.cluster.add_node(     # the head first; the workers then start together
+                    wait=i == 0, num_cpus=self.cpus,
+                    object_store_memory=self.object_store_mb * 2 ** 20,
+                    resources={r: ROLE_SLOTS for r in roles}, labels={ROLE_LABEL: "+".join(roles)},
+                    temp_dir=self.temp_dir, **head)
+            self.cluster.wait_for_nodes(timeout=START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        self.env = {"RAY_ADDRESS": self.address, "RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"],
+                    "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+                    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        return self
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def node_roles(self) -> dict[str, list[str]]:
+        """Ray node id -> the roles that node was started with (from each node's own record)."""
+        nodes = [self.cluster.head_node, *self.cluster.worker_nodes]
+        return {n.node_id: [r for r in PARTIES if r in n._ray_params.resources] for n in nodes}
+
+    def stop(self) -> None:
+        """Stop every node this object started (their own processes only; never `ray stop`)."""
+        try:
+            if self.cluster is not None:
+                import ray
+                cluster, self.cluster = self.cluster, None
+                if ray.is_initialized() and ray.get_runtime_context().gcs_address == cluster.address:
+                    ray.shutdown()              # a driver on one of our nodes must leave first
+                cluster.shutdown()
+        finally:
+            if self._tmp_set:
+                _restore("RAY_TMPDIR", self._saved_tmp)
+                self._tmp_set = False
+            if self._own_temp:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m jobs.local_cluster",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--node", action="append", default=[], metavar="ROLES",
+                    help="one node per flag: its roles, e.g. server or server+shuffler "
+                         f"(from {list(PARTIES)}); default: server, shuffler, client")
+    ap.add_argument("--cpus", type=float, default=1.0, help="Ray CPUs per node")
+    ap.add_argument("--object-store-mb", type=int, default=150, help="object store per node (MB)")
+    ap.add_argument("--nodes-json", default=None,
+                    help="write {node id: roles} here once the cluster is up")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
+    args = ap.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        ap.error("no command: write -- and the command to run on the cluster, e.g. "
+                 "-- python -m jobs.distill --config jobs/configs/digits_shuffle.yaml")
+    roles = [tuple(n.split("+")) for n in args.node] or [("server",), ("shuffler",), ("client",)]
+    bad = sorted({r for node in roles for r in node} - set(PARTIES))
+    if bad:
+        ap.error(f"unknown role(s) {bad}: use {list(PARTIES)}, joined by + for a shared node")
+    # SIGTERM (a test's timeout, `kill`) must take the nodes down too: make it an exception
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with LocalCluster(roles, args.cpus, args.object_store_mb) as cluster:
+        if args.nodes_json:
+            from rknn_ray.runio import write_json
+            write_json(args.nodes_json, cluster.node_roles())
+        print(f"local cluster up: {len(roles)} nodes at {cluster.address}; placement: "
+              + " ".join(f"--set '{o}'" for o in placement_overrides(roles)), file=sys.stderr)
+        env = {**os.environ, **cluster.env}
+        env.pop("RAY_TMPDIR", None)             # the command's own Ray files go where they would
+        if cluster._saved_tmp is not None:
+            env["RAY_TMPDIR"] = cluster._saved_tmp
+        return subprocess.run(command, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

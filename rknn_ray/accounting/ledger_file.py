@@ -1,0 +1,166 @@
+"""The privacy ledger's SQLite file at the edges: made whole, checked on open, locks bounded.
+
+A ledger records spend that must never be forgotten, so an existing path is used only if it
+is a readable ledger of a known schema (SQLite header, ``PRAGMA integrity_check``, the
+required tables); anything else -- an empty file, another format, damaged pages, a newer
+schema -- is refused with a LedgerError that names the file and how to inspect or restore
+it, and the file is left untouched. A new ledger is built aside and linked into place, so
+a concurrent opener never sees a half-made (empty) file. A lock held by another process is
+waited on for ``$RKNN_RAY_LEDGER_TIMEOUT`` seconds (default 10), then refused by name.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import urllib.parse
+from contextlib import contextmanager
+
+from rknn_ray.errors import ConfigError, LedgerError
+
+ENV_PATH = "RKNN_RAY_LEDGER"
+ENV_TIMEOUT = "RKNN_RAY_LEDGER_TIMEOUT"
+LOCK_TIMEOUT_S = 10.0  # default wait for another process's lock before a clear refusal
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def lock_timeout() -> float:
+    """Seconds to wait for another process's lock: ``$RKNN_RAY_LEDGER_TIMEOUT``, else 10."""
+    raw = os.environ.get(ENV_TIMEOUT)
+    if raw is None:
+        return LOCK_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 3600:
+        raise ConfigError(ENV_TIMEOUT, f"{raw!r} is not a number of seconds in [0, 3600]",
+                          f"set {ENV_TIMEOUT}=10 (or unset it)")
+    return value
+
+
+class LedgerFile:
+    """One ledger file: ``tables`` (CREATE statements) and ``required`` ({table: columns})
+    describe the schema ``schema_version`` (``PRAGMA user_version``) this code reads."""
+
+    def __init__(self, path: str, tables: tuple, required: dict, schema_version: int):
+        self.path = os.path.abspath(path)
+        self.tables, self.required, self.schema_version = tables, required, schema_version
+        self.timeout = lock_timeout()
+        if os.path.exists(self.path):
+            self.check()
+        else:
+            self.create()
+
+    def create(self) -> None:
+        """A complete new ledger appears at ``path`` at once (built aside, then linked), so a
+        concurrent opener never sees a half-made file; an existing file is never replaced."""
+        folder = os.path.dirname(self.path)
+        tmp = f"{self.path}.new-{os.getpid()}"
+        try:
+            os.makedirs(folder, exist_ok=True)
+            con = sqlite3.connect(tmp, isolation_level=None)
+            try:
+                for stmt in self.tables:
+                    con.execute(stmt)
+                con.execute(f"PRAGMA user_version = {self.schema_version}")
+            finally:
+                con.close()
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass                           # another process made it first: use theirs
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"cannot create the privacy ledger {self.path} ({exc}). Fix: make "
+                              f"{folder} writable, or point --ledger / ${ENV_PATH} at the ledger "
+                              "you keep your budgets in") from None
+        finally:
+            for leftover in (tmp, tmp + "-journal"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+        self.check()
+
+    def damaged(self, problem: str) -> LedgerError:
+        return LedgerError(
+            f"{self.path} is not a valid rknn-ray privacy ledger: {problem}. It is left untouched, "
+            "and no job may run on it: a new ledger in its place would forget the budget already "
+            f"spent. Fix: inspect it (sqlite3 {self.path} 'PRAGMA integrity_check'; `.recover` "
+            "salvages readable rows), or restore the ledger from a backup to this path; if "
+            f"--ledger / ${ENV_PATH} points at the wrong file, point it at your ledger")
+
+    def check(self) -> None:
+        """Refuse (LedgerError) a file that is not a readable ledger of a known schema."""
+        try:
+            size = os.path.getsize(self.path)
+            with open(self.path, "rb") as fh:
+                header = fh.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            raise self.damaged(f"it cannot be read ({exc})") from None
+        wal = self.path + "-wal"
+        if size == 0 and not (os.path.exists(wal) and os.path.getsize(wal) > 0):
+            raise self.damaged("the file is empty (0 bytes)")
+        if size and header != SQLITE_HEADER:
+            raise self.damaged("it is not an SQLite database (wrong file header)")
+        uri = "file:" + urllib.parse.quote(self.path) + "?mode=rw"
+        try:
+            con = sqlite3.connect(uri, uri=True, timeout=self.timeout, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise self.error(exc) from None
+        try:
+            check = [r[0] for r in con.execute("PRAGMA integrity_check(5)").fetchall()]
+            if check != ["ok"]:
+                raise self.damaged("SQLite's integrity_check reports " + "; ".join(check[:3]))
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version > self.schema_version:
+                raise LedgerError(f"{self.path} was written by a newer rknn-ray (ledger schema "
+                                  f"{version}, this version reads up to {self.schema_version}). Fix: "
+                                  "use the rknn-ray version that wrote it (upgrade this one)")
+            for table, columns in self.required.items():
+                have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+                if not columns <= have:
+                    raise self.damaged(f"it has no {table} table with the columns "
+                                        f"{sorted(columns)}" if not have else
+                                        f"its {table} table lacks {sorted(columns - have)}")
+        except sqlite3.Error as exc:
+            raise self.error(exc) from None
+        finally:
+            con.close()
+
+    def error(self, exc: sqlite3.Error) -> LedgerError:
+        """An SQLite error as a LedgerError: a lock held too long, or a damaged file."""
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return LedgerError(
+                f"the privacy ledger {self.path} is locked by another process; waited "
+                f"{self.timeout:g} s (${ENV_TIMEOUT}) and changed nothing. Fix: let the other job "
+                f"or `rknn-ray budget` command finish and run this again (`fuser {self.path}` "
+                f"names the holder), or wait longer: {ENV_TIMEOUT}=60")
+        return self.damaged(f"SQLite says {text!r}")
+
+    @contextmanager
+    def connect(self):
+        try:
+            con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise self.error(exc) from None
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute("PRAGMA foreign_keys=ON")
+            yield con
+        except sqlite3.Error as exc:
+            raise self.error(exc) from None
+        finally:
+            con.close()
+
+    @contextmanager
+    def transaction(self):
+        with self.connect() as con:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                yield con
+                con.execute("COMMIT")
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise

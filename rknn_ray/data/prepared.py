@@ -1,0 +1,90 @@
+"""The private split as one job prepares it: the dataset loaded, split, checked and dealt to
+clients within the public per-client record bound.
+
+Its own module (in the data layer, below ``rknn_ray.pipeline``) because the client shards'
+record sources (rknn_ray.data.sources) prepare their own records with it, and the
+pipeline wires it with the later stages; neither imports the other.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rknn_ray.data.partition import held_within_bound, partition, public_record_bound
+from rknn_ray.data.readers import load_dataset, validate_features
+from rknn_ray.data.splits import make_splits
+
+
+@dataclass
+class PreparedData:
+    splits: object              # rknn_ray.data.Splits
+    client_ids: np.ndarray      # (m,) virtual client of each private record
+    num_classes: int
+    image_shape: tuple
+    dataset: str
+    clients: int | None = None          # public: the configured number of clients
+    record_bound: int | None = None     # public: at most this many records per client
+    held: np.ndarray | None = None      # (m,) records the clients keep (within the bound)
+
+    @property
+    def num_clients(self) -> int:
+        """Public: the configured n (the partition gives every client a record)."""
+        if self.clients is not None:
+            return int(self.clients)
+        return int(np.unique(self.client_ids).size)     # hand-built data (tests)
+
+    @property
+    def max_records_per_client(self) -> int:
+        """Public: the declared / public bound (data.max_records_per_client), never the
+        partition's actual largest client, which depends on private labels (issue 21)."""
+        if self.record_bound is not None:
+            return int(self.record_bound)
+        return int(np.bincount(self.client_ids).max(initial=0))   # hand-built data (tests)
+
+    def held_rows(self) -> np.ndarray:
+        """Indices of the private records clients hold (all but those beyond the bound)."""
+        m = len(self.client_ids)
+        return np.arange(m) if self.held is None else np.flatnonzero(self.held)
+
+    def public_counts(self) -> dict:
+        """report.json's counts that come from the data: public ones only (the configured
+        clients, the record count m, public under replace-one, the split sizes, the bound)."""
+        sp = self.splits
+        return {"clients": self.num_clients, "records": int(len(sp.private_y)),
+                "public": int(len(sp.public_y)), "evaluation": int(len(sp.eval_y)),
+                "max_records_per_client": self.max_records_per_client}
+
+    def records_dropped(self) -> int:
+        """PRIVATE (depends on the partition): records beyond the bound; diagnostics only."""
+        return 0 if self.held is None else int((~self.held).sum())
+
+
+def prepare_data(cfg) -> PreparedData:
+    """Load the dataset, make the split, check it, partition private records, and keep at
+    most the public record bound per client (rknn_ray.data.partition)."""
+    from rknn_ray.config import validate_with_data
+    d = cfg.data
+    if d.dataset == "synthetic":
+        ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {}))
+    elif d.dataset == "svhn":
+        ds = load_dataset(d.dataset, d.data_root, include_extra=d.include_extra)
+    else:
+        ds = load_dataset(d.dataset, d.data_root)
+    splits = make_splits(ds, rule=d.split, seed=cfg.run.seed)
+    validate_features(splits.private_x, splits.private_y, ds.num_classes, what="private data")
+    validate_features(splits.public_x, splits.public_y, ds.num_classes, what="public data")
+    validate_with_data(cfg, len(splits.public_x), len(splits.private_x), ds.num_classes)
+    return partitioned(cfg, splits, ds.num_classes, tuple(ds.image_shape), ds.name)
+
+
+def partitioned(cfg, splits, num_classes: int, image_shape: tuple, name: str) -> PreparedData:
+    """The private split dealt to clients as ``cfg.data`` says, within the public bound."""
+    d = cfg.data
+    m = len(splits.private_y)
+    clients = m if d.partition == "one_per_client" else d.clients
+    client_ids = np.asarray(partition(splits.private_y, clients, scheme=d.partition,
+                                      alpha=d.alpha, seed=cfg.run.seed), dtype=np.int64)
+    bound = public_record_bound(d.partition, m, clients, d.max_records_per_client)
+    return PreparedData(splits, client_ids, num_classes, image_shape, name, clients=int(clients),
+                        record_bound=bound, held=held_within_bound(client_ids, bound, cfg.run.seed))

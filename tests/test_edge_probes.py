@@ -1,0 +1,434 @@
+"""Edge probes (issue 18, failures; issue 21 item 6a): what a failure at the edges leaves behind.
+
+One test per bullet of the issue, each asserting what the user is promised: the exit code,
+one line naming the cause and the fix, which files exist, and what the privacy ledger holds.
+Signals are real signals sent to a real ``python -m jobs.distill`` subprocess at a stage;
+the full disk is an ``OSError(ENOSPC)`` raised at the real write call (a monkeypatch here,
+not a production parameter).
+"""
+import errno
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jobs.distill import main
+from rknn_ray.accounting.budget_store import BudgetStore
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = ["student.epochs=1", "queries.restarts=1"]
+
+
+def _args(config: str, out, *overrides, extra=()):
+    args = ["--config", f"jobs/configs/{config}", "--out", str(out), "--quiet", *extra]
+    for o in [*FAST, *overrides]:
+        args += ["--set", o]
+    return args
+
+
+class Job:
+    """A real ``python -m jobs.distill`` in its own process group (so a test can signal it,
+    and clean up after a SIGKILL everything it started)."""
+
+    def __init__(self, args, ledger):
+        env = {**os.environ, "RKNN_RAY_LEDGER": str(ledger), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+               "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.distill", *args], cwd=ROOT,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.lines: list[str] = []
+
+    def wait_for(self, needle: str, timeout: float = 240) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if needle in line:
+                return
+        raise AssertionError(f"never saw {needle!r}:\n{''.join(self.lines)}")
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, "".join(self.lines) + out
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)      # this job's own process group only
+        except ProcessLookupError:
+            pass
+
+
+def _error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error:")]
+
+
+# ---------------------------------------------------------------------- 1. signals
+
+def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(tmp_path):
+    out, ledger = tmp_path / "term", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_shuffle.yaml", out), ledger)
+    try:
+        job.wait_for("round 1/1")
+        job.proc.send_signal(signal.SIGTERM)
+        code, text = job.finish()
+    finally:
+        job.kill_group()
+    assert code == 143, text
+    (line,) = _error_lines(text)
+    assert "interrupted by SIGTERM during private round 1" in line and "incomplete.json" in line
+    assert "Traceback" not in text
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert marker["reason"].startswith("interrupted by SIGTERM") and marker["release_saved"] is False
+    assert not (out / "report.json").exists() and not (out / "release.npz").exists()
+    (dataset,) = BudgetStore(str(ledger)).datasets()
+    (row,) = dataset["releases"]      # interrupted mid-round: the reservation stays counted
+    assert row["status"] == "reserved" and "may have" in row["note"]
+
+
+def test_sigint_during_the_student_exits_130_and_resume_finishes(ray_session, tmp_path, monkeypatch):
+    out, ledger = tmp_path / "int", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out, "student.epochs=50"), ledger)
+    try:
+        job.wait_for("student: Ray Train")
+        time.sleep(2)                              # inside Ray Train's fit()
+        job.proc.send_signal(signal.SIGINT)
+        code, text = job.finish()
+    finally:
+        job.kill_group()
+    assert code == 130, text
+    (line,) = _error_lines(text)
+    assert "interrupted by SIGINT during student" in line and f"--resume {out}" in line
+    assert "Traceback" not in text
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert marker["release_saved"] is True and marker["next_step"].endswith(f"--resume {out}")
+    (dataset,) = BudgetStore(str(ledger)).datasets()
+    assert dataset["released"] == 1 and dataset["reserved"] == 0
+    monkeypatch.setenv("RKNN_RAY_LEDGER", str(ledger))
+    (out / "student-0000dead").mkdir()              # what an interrupted Train run may leave
+    assert main(["--resume", str(out), "--quiet", "--set", "student.epochs=1",
+                 "--set", "student.trainer=local"]) == 0
+    assert (out / "report.json").exists() and not (out / "incomplete.json").exists()
+    assert not list(out.glob("student-*"))         # Ray Train's own storage does not pile up
+    (dataset,) = BudgetStore(str(ledger)).datasets()
+    assert dataset["released"] == 1 and dataset["spent"]["eps"] == pytest.approx(1.0)
+
+
+def test_a_signal_before_any_client_randomized_returns_the_reservation(
+        tmp_path, monkeypatch, capsys, isolated_privacy_ledger):
+    """SIGTERM while the public side runs (before Ray starts): exit 143, incomplete.json, and
+    the reservation is returned at once (nothing could be released), not left open."""
+    import rknn_ray.pipeline
+    from jobs.signals import JobInterrupted
+
+    def terminated(*args, **kwargs):
+        raise JobInterrupted(signal.SIGTERM)
+    monkeypatch.setattr(rknn_ray.pipeline, "fit_queries", terminated)
+    out = tmp_path / "early"
+    assert main(_args("digits_central.yaml", out)) == 143
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "interrupted by SIGTERM during queries" in line and "nothing was released" in line
+    assert json.loads((out / "incomplete.json").read_text())["release_saved"] is False
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    (row,) = dataset["releases"]
+    assert row["status"] == "unused" and "before any client randomized" in row["note"]
+
+
+def test_signal_exit_codes_follow_the_shell():
+    from jobs.signals import JobInterrupted, as_interrupt
+    assert JobInterrupted(signal.SIGINT).exit_code == 130
+    assert JobInterrupted(signal.SIGTERM).exit_code == 143
+    assert as_interrupt(KeyboardInterrupt()).name == "SIGINT"
+    assert pickle.loads(pickle.dumps(JobInterrupted(signal.SIGTERM))).signum == signal.SIGTERM
+
+
+# ---------------------------------------------------------------------- 2. disk full
+
+def test_a_full_disk_at_the_release_counts_it_in_the_ledger_and_says_so(
+        ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger):
+    """release.npz cannot be written: the round WAS released, so the ledger commits it as
+    released-and-lost with its eps; the console and incomplete.json say so; one line."""
+    real_savez = np.savez
+
+    def no_space(file, *args, **kwargs):
+        if str(getattr(file, "name", file)).endswith("release.npz"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_savez(file, *args, **kwargs)
+    monkeypatch.setattr(np, "savez", no_space)
+    out = tmp_path / "full"
+    code = main(_args("digits_central.yaml", out))
+    err = capsys.readouterr().err
+    assert code == 2
+    (line,) = _error_lines(err)
+    assert "out of disk space" in line and "release.npz" in line and "Fix: free space" in line
+    assert "the release was NOT saved (its eps is counted in the ledger)" in line
+    assert "Traceback" not in err
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert marker["released_and_lost"] is True and marker["release_saved"] is False
+    assert not (out / "release.npz").exists() and not list(out.glob(".tmp-*"))
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    (released,) = [r for r in dataset["releases"] if r["status"] == "released"]
+    assert released["eps"] == pytest.approx(1.0) and "lost" in released["note"]
+    assert dataset["spent"]["eps"] == pytest.approx(1.0)
+
+
+def test_the_release_is_on_disk_before_the_ledger_commits_it(
+        ray_session, tmp_path, monkeypatch):
+    seen = []
+    real = BudgetStore.commit_round
+
+    def spy(self, identity, job_id, round_id, *a, **k):
+        seen.append((out / "release.npz").exists())
+        return real(self, identity, job_id, round_id, *a, **k)
+    monkeypatch.setattr(BudgetStore, "commit_round", spy)
+    import rknn_ray.student
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(rknn_ray.student, "train_student", interrupted)
+    out = tmp_path / "order"
+    assert main(_args("digits_central.yaml", out)) == 130
+    assert seen == [True]
+
+
+def test_a_checkpoint_write_that_runs_out_of_space_leaves_no_truncated_file(
+        tmp_path, monkeypatch):
+    import shutil
+
+    from rknn_ray.errors import OutOfSpaceError
+    from rknn_ray.runio import copy_file
+    src = tmp_path / "src.pt"
+    src.write_bytes(b"x" * 4096)
+
+    def half_then_full(a, b):
+        Path(b).write_bytes(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(shutil, "copyfile", half_then_full)
+    with pytest.raises(OutOfSpaceError, match="out of disk space writing .*student.pt"):
+        copy_file(str(src), str(tmp_path / "run" / "student.pt"))
+    assert os.listdir(tmp_path / "run") == []        # neither a truncated file nor a temp
+
+
+def test_incomplete_json_on_a_full_disk_costs_one_clause_not_a_traceback(tmp_path, monkeypatch):
+    import jobs.distill as distill
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(distill, "mark_incomplete", full)
+    said = distill._record_incomplete(str(tmp_path), "why", RuntimeError("x"))
+    assert "incomplete.json could not be written: No space left on device" in said
+
+
+def test_a_second_failure_keeps_the_first_reason(tmp_path):
+    import jobs.distill as distill
+    distill._record_incomplete(str(tmp_path), "interrupted by SIGINT during student", KeyboardInterrupt())
+    distill._record_incomplete(str(tmp_path), "out of disk space", RuntimeError("x"))
+    marker = json.loads((tmp_path / "incomplete.json").read_text())
+    assert marker["reason"] == "out of disk space"
+    assert marker["earlier_reasons"] == ["interrupted by SIGINT during student"]
+
+
+# ---------------------------------------------------------------------- 3. kill -9
+
+def test_a_killed_driver_leaves_a_reservation_that_budget_lists_and_settle_counts(
+        tmp_path, capsys):
+    from jobs.budget import main as budget_main
+    out, ledger = tmp_path / "killed", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out), ledger)
+    try:
+        job.wait_for("starting 2 client shards")   # clients may randomize from here
+        job.kill_group()                            # kill -9 of the driver (and its Ray)
+        job.proc.wait(timeout=30)
+    finally:
+        job.kill_group()
+    assert job.proc.returncode == -signal.SIGKILL
+    assert budget_main(["--ledger", str(ledger)]) == 0
+    listed = capsys.readouterr().out
+    (dataset,) = BudgetStore(str(ledger)).datasets()
+    (row,) = dataset["releases"]
+    assert row["status"] == "reserved"
+    assert f"job {row['job_id']}  age " in listed and "driver gone" in listed
+    assert f"settle it: rknn-ray budget settle {row['job_id']}" in listed
+    assert budget_main(["settle", row["job_id"], "--ledger", str(ledger)]) == 0
+    assert "counted as spent" in capsys.readouterr().out
+    (dataset,) = BudgetStore(str(ledger)).datasets()
+    (row,) = dataset["releases"]
+    assert row["status"] == "released" and dataset["spent"]["eps"] == pytest.approx(1.0)
+    assert dataset["reserved"] == 0
+
+
+def test_settle_returns_only_what_provably_was_not_released(tmp_path):
+    from rknn_ray.accounting.budget_store import mark_started, open_reservations, settle
+    from rknn_ray.errors import PrivacyBudgetError
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("d", "data", "early", 1.0, 0.0, (10.0, 0.0))
+    store.reserve("d", "data", "late", 2.0, 0.0, (10.0, 0.0))
+    mark_started(store, "d", "late")
+    (early, late) = open_reservations(store)
+    assert (early["started"], late["started"]) == (False, True)
+    assert late["driver_alive"] is True           # this process holds it: not settled
+    with pytest.raises(PrivacyBudgetError, match="still running"):
+        settle(store, "late")
+    assert [r["status"] for r in settle(store, "early")] == ["unused"]
+    assert store.spent("d").eps == pytest.approx(2.0)
+    with pytest.raises(PrivacyBudgetError, match="no open reservation"):
+        settle(store, "nope")
+
+
+# ---------------------------------------------------------------------- 4. --out / --resume refusals
+
+def test_refusals_write_nothing_into_a_folder_they_do_not_own(tmp_path, capsys):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "incomplete.json").write_text('{"reason": "an earlier failure"}')
+    assert main(_args("digits_central.yaml", out)) == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (out / "incomplete.json").read_text() == '{"reason": "an earlier failure"}'
+    assert main(["--resume", str(out), "--quiet"]) == 2          # no release.npz
+    assert "has no release.npz" in capsys.readouterr().err
+    assert (out / "incomplete.json").read_text() == '{"reason": "an earlier failure"}'
+
+
+def test_an_unresumed_release_points_to_resume_and_overwrite_keeps_it(tmp_path, capsys):
+    from rknn_ray.runio import prepare_run_dir
+    out = tmp_path / "paid"
+    (out / "student-1234abcd").mkdir(parents=True)
+    for name in ("release.npz", "config.yaml", "incomplete.json"):
+        (out / name).write_text("x")
+    assert main(_args("digits_central.yaml", out)) == 2
+    err = capsys.readouterr().err
+    assert f"--resume {out}" in err and "budget is already spent" in err
+    assert main(_args("digits_central.yaml", out, extra=["--overwrite"])) == 2
+    assert "--discard-release" in capsys.readouterr().err
+    assert (out / "release.npz").exists() and (out / "incomplete.json").read_text() == "x"
+    prepare_run_dir(str(out), overwrite=True, discard_release=True)   # explicit: deleted
+    assert os.listdir(out) == []                                       # Train's folders too
+
+
+# ---------------------------------------------------------------------- 5. every key before the budget
+
+def test_student_workers_beyond_the_cpus_are_refused_before_any_budget(
+        tmp_path, capsys, isolated_privacy_ledger):
+    out = tmp_path / "workers"
+    assert main(_args("digits_central.yaml", out, "student.num_workers=999")) == 2
+    err = capsys.readouterr().err
+    assert "student.num_workers" in err and "Fix: set student.num_workers<=" in err
+    assert "--resume RUN --set student.num_workers=N" in err
+    assert not out.exists() and BudgetStore(str(isolated_privacy_ledger)).datasets() == []
+
+
+def test_resume_may_change_only_post_release_keys(tmp_path, capsys):
+    """Issue 21 item 6a: a resume must not write a NOT PRIVATE diagnostics folder into a
+    private run, nor a report whose eps disagrees with its release."""
+    import yaml
+
+    from rknn_ray.config import load_config
+    out = tmp_path / "saved"
+    out.mkdir()
+    cfg = load_config("jobs/configs/digits_central.yaml")
+    (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    (out / "release.npz").write_bytes(b"x")
+    (out / "incomplete.json").write_text("before")
+    for bad in (["run.diagnostics=true"], ["privacy.eps=50"], ["queries.s=30"]):
+        assert main(["--resume", str(out), "--quiet", *sum((["--set", b] for b in bad), [])]) == 2
+        err = capsys.readouterr().err
+        assert bad[0].split("=")[0] in err and "student.*" in err and "Fix" in err
+    assert (out / "incomplete.json").read_text() == "before" and not (out / "diagnostics").exists()
+    from jobs.distill import check_resume_overrides
+    check_resume_overrides(cfg, load_config(str(out / "config.yaml"),
+                                            ["student.epochs=1", "student.num_workers=1",
+                                             "labels.type=soft", "run.progress=false"]))
+
+
+# ---------------------------------------------------------------------- 6. key files, actor errors
+
+def test_a_pem_key_of_the_wrong_type_is_refused_before_ray_starts(tmp_path, capsys):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    key = tmp_path / "ed25519.pem"
+    key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    key.chmod(0o600)
+    out = tmp_path / "k"
+    assert main(_args("digits_central.yaml", out, extra=["--key-file", str(key)])) == 2
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "Ed25519PrivateKey, not an X25519 key" in line and "Fix:" in line
+    assert not out.exists()
+
+
+class _Boom:
+    def fail(self):
+        from rknn_ray.errors import ConfigError
+        raise ConfigError("server.key", "a problem inside the actor", "the fix")
+
+
+def test_an_error_raised_in_an_actor_reaches_the_console_as_its_own_line(ray_session):
+    import ray
+
+    from jobs.distill import _one_line
+    from rknn_ray.errors import ConfigError, OutOfSpaceError, ReportError
+    for err in (ConfigError("a", "b", "c"), ReportError("tampered", "tag"), OutOfSpaceError("/x")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
+    actor = ray.remote(num_cpus=0)(_Boom).remote()
+    with pytest.raises(ConfigError) as info:
+        ray.get(actor.fail.remote())
+    assert _one_line(info.value) == "config 'server.key': a problem inside the actor. Fix: the fix"
+    ray.kill(actor)
+
+
+# ---------------------------------------------------------------------- 7. rknn-ray report
+
+def test_report_names_bad_files_and_a_folder_report_skips_them(tmp_path, capsys):
+    from jobs.report import main as report_main
+    bad = {"list": "[]", "str_section": '{"privacy": "x"}', "truncated": '{"accuracy": {"lab'}
+    for name, text in bad.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(text)
+        assert report_main([str(tmp_path / name), "--no-html"]) == 2
+        (line,) = _error_lines(capsys.readouterr().err)
+        assert str(tmp_path / name / "report.json") in line
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / "incomplete.json").write_text('{"status": "incomplete", "reason": "test"}')
+    assert report_main([str(tmp_path), "--no-html"]) == 0
+    text = capsys.readouterr().out
+    assert "1 run(s)" in text and "skipped 3 unreadable run folder(s)" in text
+    for name in bad:
+        assert f"  {name}: " in text
+
+
+# ---------------------------------------------------------------------- 8. dropout before the round
+
+def test_shuffle_dropout_that_the_round_would_refuse_is_refused_before_any_budget(
+        tmp_path, capsys, isolated_privacy_ledger):
+    import ray
+    out = tmp_path / "drop"
+    started = ray.is_initialized()
+    assert main(_args("digits_shuffle.yaml", out, "shuffle.dropout=0.1")) == 2
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "shuffle.dropout" in line and "distinct senders" in line and "expected_dropout" in line
+    assert ray.is_initialized() == started                    # refused before Ray started
+    assert BudgetStore(str(isolated_privacy_ledger)).datasets() == []
+
+
+# ---------------------------------------------------------------------- 9. small ones
+
+def test_small_ones_missing_data_fix_and_the_reject_names(tmp_path, capsys):
+    code = main(_args("fmnist_central.yaml", tmp_path / "m", f"data.data_root={tmp_path}/none"))
+    err = capsys.readouterr().err
+    assert code == 2 and "--set data.data_root=DIR" in err and "--data-root" not in err
+    from sealing.credentials import CREDENTIAL_REJECT_KINDS
+    assert "duplicate_message" in CREDENTIAL_REJECT_KINDS
+    threat = " ".join((ROOT / "docs" / "threat-model.md").read_text().split())
+    assert "re-sends are dropped at admission as `rejected.duplicate_message`" in threat

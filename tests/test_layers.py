@@ -1,0 +1,101 @@
+"""The packages form layers: each imports only the layers below it, and no module imports
+itself back through others (no import cycle, not even one held together by an import
+inside a function).
+
+Layers, bottom up: ``sealing`` (the report format every party shares) < ``rknn_ray``
+(the library) < ``server`` and ``shuffler`` (the parties' own code, which never import
+each other: tests/test_import_rules.py) < ``actors`` (thin Ray actors) < ``jobs`` (the
+entrypoints) < ``benchmarks``. Every import statement counts, wherever it stands.
+"""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = {"sealing": 0, "rknn_ray": 1, "server": 2, "shuffler": 2, "actors": 3, "jobs": 4,
+          "benchmarks": 5}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in LAYERS:
+        for f in (ROOT / pkg).rglob("*.py"):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return mods
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports (a package's own submodules left out)."""
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            deps |= {r for r in map(resolve, targets) if r}
+        graph[name] = {d for d in deps if d != name and not d.startswith(name + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_package_imports_a_layer_above_it():
+    upward = sorted((a, b) for a, deps in import_graph().items() for b in deps
+                    if LAYERS[b.split(".")[0]] > LAYERS[a.split(".")[0]])
+    assert upward == []
