@@ -216,3 +216,19 @@ def test_the_allowance_grows_with_the_larger_shares():
     assert per_sender.max() <= half.messages_per_sender()
     # expected noise messages per client double with m = n / 2
     assert half.cal.noise_messages_per_client > 1.8 * full.cal.noise_messages_per_client
+
+
+def test_the_error_bound_sums_the_nb_difference_tail_exactly():
+    """nb_difference_quantile at shape 1 is the discrete Laplace's closed-form quantile
+    (P[|Z| > t] = 2 p^(t+1) / (1 + p)); more shape, more noise, a larger bound."""
+    import math as _m
+
+    from rknn_ray.mechanisms.shuffle_multi import nb_difference_quantile
+    for p in (0.3, 0.65, 0.9):
+        for beta in (0.05, 1e-3):
+            closed = next(t for t in range(10_000) if 2 * p ** (t + 1) / (1 + p) <= beta)
+            assert nb_difference_quantile(1.0, p, beta) == closed
+        assert nb_difference_quantile(2.0, p, 0.01) > nb_difference_quantile(1.0, p, 0.01)
+    mech = build("shuffle", "multi", MechanismParams(10, 10, 1, 1.0, delta=1e-6, num_clients=1000))
+    assert mech.error_bound(0.05) == nb_difference_quantile(2.0, mech.cal.dlap_p, 0.05 / 10)
+    assert _m.isfinite(mech.error_bound(0.05))
