@@ -66,7 +66,10 @@ class ClientShardImpl:
         for b, (x, y, ids) in enumerate(self.records.batches(batch_clients)):
             if b == 0 and self._fault.get("flood"):
                 flood = self._flood(spec, x[:1], y[:1], ids[:1], int(self._fault["flood"]))
-            yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
+            batch = client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
+            if self._fault.get("garbage_every"):
+                batch = self._garbage(spec, batch, int(self._fault["garbage_every"]))
+            yield batch
             self._maybe_crash(b + 1)
         if self._fault.get("flood"):
             yield flood
@@ -84,6 +87,25 @@ class ClientShardImpl:
         reports = np.concatenate([from_arrow(client_step(spec, self._secret, 10**6 + j, x, y, ids))[0]
                                   for j in range(count)])
         senders = np.repeat(ids[:1], count)
+        seqs, tags = self._credential.sign(spec.ctx, senders, reports)
+        return with_credentials(to_arrow(reports, senders), seqs, tags)
+
+    def _garbage(self, spec: RoundSpec, batch, every: int):
+        """Fault injection for tests: clients whose id is a multiple of ``every`` send random
+        bytes behind the round's clear header instead of their reports, validly signed.
+
+        The shuffler admits them (authenticated, right length); the server cannot open them
+        (``tampered``): senders that count as authenticated but give no cover.
+        """
+        import numpy as np
+        from sealing.credentials import with_credentials
+        from sealing.envelope import CONTEXT_LEN, from_arrow, to_arrow
+        reports, senders = from_arrow(batch)
+        bad = senders % every == 0
+        reports = reports.copy()
+        body = reports.shape[1] - CONTEXT_LEN
+        reports[bad, CONTEXT_LEN:] = np.frombuffer(os.urandom(int(bad.sum()) * body),
+                                                   np.uint8).reshape(-1, body)
         seqs, tags = self._credential.sign(spec.ctx, senders, reports)
         return with_credentials(to_arrow(reports, senders), seqs, tags)
 

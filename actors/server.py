@@ -122,6 +122,19 @@ class ServerImpl:
         with self._lock:
             return 0 if self._acc is None else int(self._acc.received)
 
+    def tally(self) -> dict:
+        """Wait for every queued batch and say what was opened, releasing nothing.
+
+        ``messages``: reports opened, well formed and fresh (what the release would count);
+        the driver computes the guarantee from it before :meth:`finish` releases.
+        """
+        self._drain()
+        if self._errors:
+            raise RuntimeError(f"opening failed: {self._errors[0]!r}") from self._errors[0]
+        with self._lock:
+            return {"messages": int(self._acc.accepted), "received": int(self._acc.received),
+                    "rejected": dict(self._acc.rejected)}
+
     def finish(self, rng_kind: str = "secure", seed: int | None = None) -> dict:
         """Wait for every queued batch, then release the round's counts (once)."""
         self._drain()

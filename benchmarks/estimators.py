@@ -29,7 +29,7 @@ def closed_form_variance(mech, answers) -> np.ndarray:
     if mech.model == "central":
         return np.full(shape, discrete_laplace_variance(mech.scale))
     if mech.name == "multi":
-        return np.full(shape, mech.cal.error_variance)
+        return np.full(shape, mech.describe()["error_variance_all_honest"])   # every client honest
     return np.asarray(mech.cell_variance(answers), dtype=float)
 
 

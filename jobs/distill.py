@@ -197,7 +197,7 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     On a failure the job's unreleased reservation is returned, unless the failure came
     where a release may already have happened (then it stays counted).
     """
-    from jobs.protocol import PartyFailure, ProtocolSession
+    from jobs.protocol import CoverShortfall, PartyFailure, ProtocolSession
     from jobs.release_file import save_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.events import event_to_dict
@@ -250,6 +250,12 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
                                     f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
                     try:
                         rounds.append(session.run_round(t, mechanism, encoder, qs.features, ledger))
+                    except CoverShortfall as exc:   # opened, so spent: recorded, not labelled
+                        store.commit_round(identity, job_id, t, exc.guarantee.eps,
+                                           exc.guarantee.delta, event_to_dict(exc.event),
+                                           note="refused for labelling: too few reports opened "
+                                                "to meet the target; recorded at its true cost")
+                        raise
                     except PrivacyBudgetError:      # refused before the server released anything
                         raise
                     except PartyFailure as exc:     # the party knows whether counts may be out

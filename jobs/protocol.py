@@ -11,9 +11,13 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
    model) or straight to the Server, which opens at most ``window`` batches at once:
    memory is bounded by those windows, not by n, except in the shuffler, which must
    hold the round's multiset;
-3. the shuffler refuses to release below its sender floor, else permutes and forwards;
-4. the Server releases the counts once; the guarantee and its event are computed from
-   the n actually shuffled and recorded in the ledger.
+3. the shuffler refuses to release below its sender floor (authenticated senders, an
+   upper bound on the cover), else permutes and forwards;
+4. the Server opens every report and says how many it counted; the guarantee and its
+   event are computed from the reports actually opened (a report it cannot open hides
+   nobody). A round that misses its target there is recorded at its true cost (the
+   server has seen the reports) and refused for labelling (:class:`CoverShortfall`);
+   otherwise the Server releases the counts once and the ledger records them.
 
 A shard that dies mid-round is restarted by Ray and streams the round again from its
 first batch: it re-reads its secret from its node-local key store
@@ -62,6 +66,18 @@ class PartyFailure(RknnError):
     def __init__(self, message: str, party: str, released: bool = False):
         super().__init__(message)
         self.party, self.released = party, released
+
+
+class CoverShortfall(PrivacyBudgetError):
+    """The server opened the round's reports, but too few of them hid each other.
+
+    The reports are seen, so the round is spent: ``guarantee`` and ``event`` are its true
+    cost (already in the job's ledger); no counts were released and no labels come from it.
+    """
+
+    def __init__(self, message: str, guarantee: Guarantee, event):
+        super().__init__(message)
+        self.guarantee, self.event = guarantee, event
 
 
 @dataclass
@@ -236,7 +252,16 @@ class ProtocolSession:
             for ref in refs:                       # the Server's window bounds what is in flight
                 self._call(self.server.submit.remote(ref), "server", released=False)
         n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
-        guarantee, event = mechanism.guarantee(n), mechanism.event(n)   # from the n actually shuffled
+        # the true cost, from the reports the server actually opened
+        tally = self._call(self.server.tally.remote(), "server", released=False)
+        guarantee, event = mechanism.round_cost(n, tally["messages"])
+        if guarantee.eps > mechanism.params.eps * (1 + 1e-9):
+            ledger.record_spent(guarantee, round_id=round_id, event=event,
+                                messages=tally["messages"], clients=self.num_clients,
+                                refused="too few reports opened to meet the target")
+            opened.close(tally["received"])
+            raise CoverShortfall(_shortfall_message(round_id, mechanism, guarantee, n, tally),
+                                 guarantee, event)
         ledger.check(guarantee, event)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         self._inject("before_finish")
@@ -248,6 +273,11 @@ class ProtocolSession:
         opened.close(out["received"])
         ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
                       clients=self.num_clients)
+        if shuffle_stats is not None:
+            honest = getattr(mechanism, "n_honest", guarantee.n)    # multi: the noise senders
+            say(f"  cover: {tally['messages']} messages opened from {n} authenticated senders; "
+                f"eps={guarantee.eps:.4g} assuming at least {honest} senders honest (honest "
+                f"fraction {getattr(mechanism, 'honest_fraction', 1.0):g})")
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         for t in ray.get([s.get_timings.remote() for s in self.shards]):
@@ -365,6 +395,21 @@ class ProtocolSession:
             stats.append(ray.get(hop.stats.remote()))
         return out, {"hops": stats, "senders": stats[0]["senders"],
                      "messages": stats[-1]["messages"], "bytes": stats[0]["bytes"]}
+
+
+def _shortfall_message(round_id: int, mechanism: Mechanism, g: Guarantee, senders: int,
+                       tally: dict) -> str:
+    """What happened, what it cost, and the fix (the console and incomplete.json show it)."""
+    rejected = ", ".join(f"{k} {v}" for k, v in sorted(tally["rejected"].items()) if v)
+    gamma = getattr(mechanism, "honest_fraction", 1.0)
+    return (f"round {round_id + 1} refused for labelling: the server opened {tally['messages']} "
+            f"reports of {senders} authenticated senders (rejected: {rejected or 'none'}); "
+            f"{g.n} of them count as cover (honest fraction {gamma:g}), which gives "
+            f"eps={g.eps:.4g} > target {mechanism.params.eps:g}. The server has seen these "
+            f"reports, so the round is recorded at its true cost (eps={g.eps:.4g}, "
+            f"delta={g.delta:.3g}) and no labels come from it. Fix: set privacy.honest_fraction "
+            f"to the share of senders you expect to send valid reports (e.g. 0.9): eps0 is then "
+            f"calibrated for that many; or find out why reports fail to open")
 
 
 def _wait_alive(actor, timeout: float = 120.0) -> tuple[bool, BaseException | None]:

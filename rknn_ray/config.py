@@ -111,6 +111,7 @@ class PrivacyConfig:
     budget_delta: float | None = None  # the records' delta budget across jobs, below 1/n (null: max(delta, 1/(10 n)))
     accountant: str = "basic"         # composition: basic (sums) or pld
     amplification_bound: str = "clones_numerical"  # shuffle, single message: the amplification bound
+    honest_fraction: float | None = None  # shuffle: share of senders assumed to follow the protocol (null: 0.5 for multi, 1.0 single message; docs/threat-model.md)
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,8 @@ PRIVACY_OPTIONS = {"collision_l": (int, 2, None, False, False),
                    "expected_dropout": (float, 0, 1, False, True)}
 #: Options the pipeline fills from a dedicated key (an options entry would override it).
 SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_record",
-                    "bound": "privacy.amplification_bound"}
+                    "bound": "privacy.amplification_bound",
+                    "honest_fraction": "privacy.honest_fraction"}
 
 #: key -> (kind, low, high, low_open, high_open, allow_none)
 NUMBERS = {
@@ -378,6 +380,7 @@ NUMBERS = {
     "privacy.delta": (float, 0, 1, False, True, False),
     "privacy.budget_eps": (float, 0, None, True, False, True),
     "privacy.budget_delta": (float, 0, 1, False, True, True),
+    "privacy.honest_fraction": (float, 0, 1, True, False, True),
     "shuffle.min_senders": (int, 1, None, False, False, True),
     "shuffle.onion_layers": (int, 0, 8, False, False, False),
     "shuffle.dropout": (float, 0, 1, False, True, False),

@@ -66,6 +66,8 @@ def mechanism_params(cfg, data: PreparedData, eps: float | None = None,
     p = cfg.privacy
     options = {"noise": p.noise, "multi_record": p.multi_record,
                "bound": p.amplification_bound, **(p.options or {})}
+    if p.honest_fraction is not None:          # else the mechanism's default (shuffle only)
+        options["honest_fraction"] = p.honest_fraction
     return MechanismParams(num_queries=cfg.queries.s, num_classes=data.num_classes,
                            k=cfg.rknn.k, r=cfg.rknn.r,
                            eps=float(p.eps if eps is None else eps),

@@ -141,7 +141,8 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     assert sum(res.rejected.values()) == 0 and res.messages == res.shuffler["messages"]
     assert res.guarantee.eps <= 1.0 + 1e-9 and res.guarantee.n == data.num_clients
     exact = exact_answers(enc, data, qs, 1).counts()
-    sd = np.sqrt(build("shuffle", "multi", mechanism_params(cfg, data)).cal.error_variance)
+    sd = np.sqrt(build("shuffle", "multi", mechanism_params(cfg, data))
+                 .describe()["error_variance_all_honest"])
     assert np.abs(res.counts - exact).max() < 8 * sd
     assert ledger.spent()[0] == pytest.approx(res.guarantee.eps)
 

@@ -42,7 +42,10 @@ def event_cost(event) -> tuple[float, float]:
         return float(event.eps), float(event.delta)
     if isinstance(event, ShuffledLocalDpEvent):
         from rknn_ray.accounting.bounds import BOUNDS
-        eps = BOUNDS[event.bound].central_eps(event.eps0, int(event.num_senders), event.delta)
+        eps = BOUNDS[event.bound].central_eps(event.eps0, int(event.num_senders), event.delta) \
+            if int(event.num_senders) >= 2 else math.inf
+        if not eps < event.eps0:         # each record's own report is eps0-LDP regardless
+            return float(event.eps0), 0.0
         return float(eps), float(event.delta)
     if isinstance(event, MultiMessageShuffleDpEvent):
         from rknn_ray.accounting.multi_message import protocol_eps

@@ -31,13 +31,19 @@ class ShuffledLocalDpEvent(dp_event.DpEvent):
     """Single-message shuffle: ``num_senders`` eps0-LDP reports, anonymized and shuffled.
 
     The accountant turns it into a central (eps, delta) with the amplification
-    ``bound`` (rknn_ray.accounting.bounds) at this ``delta``.
+    ``bound`` (rknn_ray.accounting.bounds) at this ``delta``, never above (eps0, 0):
+    each record's own report is eps0-LDP whatever the others send. ``num_senders`` is
+    the reports the amplification counts: those assumed honest
+    (``honest_fraction``) among the senders, at most those the server opened
+    (``reports_opened``; 0 in events written before it was recorded).
     """
     local_mechanism: str
     eps0: float
     num_senders: int
     delta: float
     bound: str
+    honest_fraction: float = 1.0
+    reports_opened: int = 0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
@@ -48,6 +54,10 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     The accountant computes eps at ``delta`` with rknn_ray.accounting.multi_message and
     adds ``cap_failure`` (the chance that an honest client's noise exceeds the per-sender
     message cap, see rknn_ray.mechanisms.shuffle_multi.noise_message_cap) to delta.
+    ``dlap_p`` and ``flood_mean_total`` are the noise of the ``noise_senders`` =
+    ceil(``honest_fraction`` * ``num_senders``) honest clients alone: each client sends
+    that many clients' share, so the guarantee holds whenever at least that many follow
+    the protocol (0 in events written before it was recorded: then all ``num_senders``).
     """
     dlap_p: float
     flood_mean_total: float
@@ -56,6 +66,8 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     num_cells: int
     delta: float
     cap_failure: float = 0.0
+    honest_fraction: float = 1.0
+    noise_senders: int = 0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

@@ -118,6 +118,18 @@ class PrivacyLedger:
         self.entries.append(entry)
         return entry
 
+    def record_spent(self, guarantee: Guarantee, round_id: int, event: Any = None,
+                     **extra) -> LedgerEntry:
+        """Append a release that has already happened, at its true cost, over budget or not.
+
+        For a round the server has opened but that missed its target (too few reports
+        hid each other): refusing to record it would understate what was spent.
+        """
+        self._check_unit(guarantee)
+        entry = LedgerEntry(int(round_id), guarantee, event, dict(extra))
+        self.entries.append(entry)
+        return entry
+
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
         eps, delta = self.spent()

@@ -22,6 +22,7 @@ row is, and the shuffler drops it before anything reaches the server.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 
@@ -30,6 +31,30 @@ import numpy as np
 from rknn_ray.answers import RecordAnswers
 
 MODELS = ("central", "local", "shuffle")
+#: privacy.honest_fraction when the config leaves it null, per shuffle mechanism (see
+#: docs/threat-model.md "Corrupt clients"): the distributed-noise protocol needs an honest
+#: share of clients to send noise; single-message amplification keeps eps0-LDP per record
+#: whatever the others do, so it assumes by default that every opened report is honest.
+DEFAULT_HONEST_FRACTION = {"multi": 0.5, "rr": 1.0, "collision": 1.0}
+
+
+def honest_count(fraction: float, n: int) -> int:
+    """ceil(fraction * n): the clients assumed to follow the protocol among ``n``.
+
+    The 1e-9 slack keeps 0.9 * 1000 at 900 (its float product is 900.0000000000001).
+    """
+    return max(0, int(math.ceil(float(fraction) * int(n) - 1e-9)))
+
+
+def honest_fraction_of(params: "MechanismParams", mechanism: str) -> float:
+    """The assumed honest fraction: ``options['honest_fraction']``, else the mechanism default."""
+    from rknn_ray.errors import ConfigError
+    value = params.options.get("honest_fraction")
+    gamma = DEFAULT_HONEST_FRACTION.get(mechanism, 1.0) if value is None else float(value)
+    if not 0 < gamma <= 1:
+        raise ConfigError("privacy.honest_fraction", f"must be in (0, 1], got {value}",
+                          "set the share of clients assumed to follow the protocol, e.g. 0.5")
+    return gamma
 UNITS = ("record", "client", "label")
 NEIGHBOUR_REPLACE_ONE = "replace-one"
 
@@ -159,6 +184,18 @@ class Mechanism(ABC):
     @abstractmethod
     def error_bound(self, beta: float, num_clients: int) -> float:
         """eta such that the estimate is (eta, beta)-accurate at each bucket."""
+
+    def round_cost(self, senders: int, opened: int) -> tuple[Guarantee, object]:
+        """(guarantee, event) of a round whose reports the server has opened, never refused.
+
+        ``senders``: distinct authenticated senders the shuffler admitted (an upper bound
+        on the cover); ``opened``: reports the server opened and counted. The caller
+        compares the eps with the target: past this point the server has seen the reports,
+        so a round that misses it is recorded at this cost and refused for labelling.
+        Default: the guarantee for ``senders`` (models whose guarantee does not depend on
+        which reports opened).
+        """
+        return self.guarantee(senders), self.event(senders)
 
     def messages_per_sender(self) -> int:
         """The most messages one client may send in a round (the admitting party enforces it).

@@ -25,6 +25,20 @@ the per-client split of noise messages (invisible after shuffling) differs.
 Clients that drop out take their noise shares with them, so calibration uses
 ``n_cal = floor(n * (1 - expected_dropout))`` and the shuffler refuses fewer
 distinct senders than that.
+
+Corrupt clients (docs/threat-model.md, "Corrupt clients"). A client that sends its true
+messages but withholds its noise (or sends garbage the server rejects) removes its
+share; with shares of 1/n_cal, ten honest clients out of 1,000 leave 1% of the noise and
+most counts exact. So the protocol assumes an honest fraction gamma
+(``privacy.honest_fraction``, default 0.5: an honest majority, the usual assumption
+of distributed noise generation, e.g. Shi et al., NDSS 2011) and every client sends
+the shares of ``m = ceil(gamma * n_cal)`` clients, NB(1/m) and Poisson(mu/m): any m
+honest clients together add the full DLap(p) and flooding mu, so the guarantee holds
+whenever at least m senders follow the protocol; more honest senders only add noise
+(post-processing). Below m no guarantee is claimed: h < m honest senders leave
+NB(h/m) noise per sign, a fraction h/m of the variance the guarantee needs. The cost
+when everyone is honest: n/m times the noise variance (about 1/gamma) and as many
+more noise messages.
 """
 from __future__ import annotations
 
@@ -36,7 +50,8 @@ import numpy as np
 from rknn_ray.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams, MessageBatch,
+                                     honest_count, honest_fraction_of)
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
 
@@ -47,6 +62,8 @@ CAP_DELTA_SHARE = 1e-3      # share of delta spent on an honest client exceeding
 def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells: int,
                       beta: float) -> int:
     """Smallest M with P[one client's noise messages >= M] <= beta (Chernoff bound).
+
+    ``n`` is the number of clients the noise is split over (m, the honest ones).
 
     A client's noise messages are X = sum over d cells of NB(1/n, p) + NB(1/n, p) +
     2 Poisson(mu/n); log E[e^{tX}] = d (2/n ln((1-p)/(1-p e^t)) + mu/n (e^{2t} - 1)) for
@@ -72,6 +89,24 @@ def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells:
     res = optimize.minimize_scalar(m_at, bounds=(1e-9 * t_max, t_max * (1 - 1e-9)),
                                    method="bounded")
     return int(math.ceil(min(res.fun, m_at(t_max / 2))))
+
+
+def nb_difference_quantile(shape: float, p: float, beta: float) -> int:
+    """Smallest t with P[|X - Y| > t] <= beta for independent X, Y ~ NB(shape, p).
+
+    (P[X = k] prop. p^k C(k + shape - 1, k); the pmfs are summed on a grid that holds
+    all but 1e-15 of each, and that lost mass is added to the tail.)
+    """
+    from scipy import stats
+    hi = int(stats.nbinom.isf(1e-15, shape, 1 - p)) + 1
+    pmf = stats.nbinom.pmf(np.arange(hi + 1), shape, 1 - p)
+    diff = np.convolve(pmf, pmf[::-1])              # P[X - Y = j - hi], j = 0 .. 2 hi
+    lost = 2 * max(0.0, 1.0 - float(pmf.sum()))
+    tail = np.cumsum(diff[::-1])[::-1]               # P[X - Y >= j - hi]
+    for t in range(hi + 1):                          # symmetric: P[|Z| > t] = 2 P[Z >= t + 1]
+        if 2 * (tail[hi + t + 1] if hi + t + 1 < tail.size else 0.0) + lost <= beta:
+            return t
+    return hi
 
 
 def encode_messages(cells: np.ndarray, negative: np.ndarray) -> np.ndarray:
@@ -100,16 +135,22 @@ class MultiMessageShuffle(Mechanism):
             raise ConfigError("privacy.options.expected_dropout", "must be in [0, 1)",
                               "set it to the fraction of clients that may not send, e.g. 0.05")
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
+        self.honest_fraction = honest_fraction_of(params, self.name)
+        # each client sends the noise share of one of m honest clients (module docstring)
+        self.n_honest = max(1, honest_count(self.honest_fraction, self.n_cal))
         # delta = delta_core (the protocol's accounting) + the cap's failure probability
         self.cap_failure = CAP_DELTA_SHARE * params.delta
         # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
         # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
         from rknn_ray.accounting.multi_message import calibrate_multi_message
-        self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure, self.n_cal,
-                                           params.sensitivity_l1, params.num_cells)
-        self.noise_cap = noise_message_cap(self.cal.dlap_p, self.cal.flood_mean_total, self.n_cal,
-                                           params.num_cells, self.cap_failure
-                                           / ((1 + math.exp(self.cal.eps)) * self.n_cal))
+        self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure,
+                                           self.n_honest, params.sensitivity_l1, params.num_cells)
+        # the cap is for one honest client's NB(1/m) shares; the union bound runs over every
+        # client that may be honest (all n)
+        n_all = max(self.n_cal, int(params.num_clients))
+        self.noise_cap = noise_message_cap(self.cal.dlap_p, self.cal.flood_mean_total,
+                                           self.n_honest, params.num_cells, self.cap_failure
+                                           / ((1 + math.exp(self.cal.eps)) * n_all))
         # exact samplers: NB(B/n, q) with q = e^-rate >= p and Poisson means rounded up
         # (both towards more noise, by < 2^-40 relative; see rknn_ray.mechanisms.exact)
         self.nb_rate = noisier_rate(-math.log(self.cal.dlap_p))
@@ -123,7 +164,7 @@ class MultiMessageShuffle(Mechanism):
         true_cells = answers.flat_cells().ravel()
         true_senders = np.repeat(answers.client_ids, answers.k * answers.r)
         ids = np.unique(answers.client_ids)
-        share = Fraction(int(ids.size), self.n_cal)         # B / n, exactly
+        share = Fraction(int(ids.size), self.n_honest)      # B / m, exactly
         plus = negative_binomial(rng, share, self.nb_rate, d)
         minus = negative_binomial(rng, share, self.nb_rate, d)
         flood = poisson(rng, noisier_mean(share * Fraction(cal.flood_mean_total)), d)
@@ -174,11 +215,14 @@ class MultiMessageShuffle(Mechanism):
                 "privacy.options.expected_dropout to the dropout you expect")
         return Guarantee(self.cal.eps, self.params.delta, "shuffle", self.name, unit="record",
                          n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
-                                        f"over {self.n_cal} clients + Poisson flooding "
+                                        f"over {self.n_honest} clients + Poisson flooding "
                                         f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
                                         f"{self.messages_per_sender()} messages per sender "
                                         f"(noise cap {self.noise_cap}, failure probability "
-                                        f"{self.cap_failure:.2g} included in delta)")
+                                        f"{self.cap_failure:.2g} included in delta); holds "
+                                        f"if at least {self.n_honest} senders follow the "
+                                        f"protocol (honest fraction {self.honest_fraction:g} "
+                                        f"of {self.n_cal})")
 
     def guarantee(self, n: int | None = None) -> Guarantee:
         return self.guarantee_for(self.n_cal if n is None else int(n))
@@ -190,18 +234,36 @@ class MultiMessageShuffle(Mechanism):
         return MultiMessageShuffleDpEvent(c.dlap_p, c.flood_mean_total, self.n_cal,
                                           int(self.params.sensitivity_l1),
                                           int(self.params.num_cells), float(c.delta),
-                                          float(self.cap_failure))
+                                          float(self.cap_failure), float(self.honest_fraction),
+                                          int(self.n_honest))
+
+    def noise_shape(self, senders: int | None = None) -> float:
+        """NB shape of the noise per sign when ``senders`` (default n_cal) all send shares."""
+        return (self.n_cal if senders is None else int(senders)) / self.n_honest
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:
-        scale = -1.0 / math.log(self.cal.dlap_p)
-        return central_error_bound(scale, self.params.num_classes, beta, "discrete")
+        """(eta, beta)-accuracy per query when the n_cal calibrated senders all add noise.
+
+        The noise per cell is NB(a, p) - NB(a, p) with a = n_cal / m (more than the
+        guarantee needs when gamma < 1); its tail is summed exactly.
+        """
+        a = self.noise_shape()
+        if a <= 1 + 1e-12:             # NB(a <= 1) is stochastically below the geometric
+            scale = -1.0 / math.log(self.cal.dlap_p)
+            return central_error_bound(scale, self.params.num_classes, beta, "discrete")
+        return float(nb_difference_quantile(a, self.cal.dlap_p,
+                                            beta / self.params.num_classes))
 
     def describe(self) -> dict:
         c = self.cal
+        a = self.noise_shape()
         return {**super().describe(), "calibration": c.to_dict(),
                 "messages_per_client_expected": c.true_messages_per_record
                 * self.params.max_records_per_client + c.noise_messages_per_client,
-                "bytes_per_message_payload": MESSAGE_BYTES, "n_calibrated": self.n_cal}
+                "bytes_per_message_payload": MESSAGE_BYTES, "n_calibrated": self.n_cal,
+                "honest_fraction": self.honest_fraction, "noise_senders": self.n_honest,
+                # what the release carries when all n_cal send: a times the needed variance
+                "error_variance_all_honest": a * c.error_variance}
 
 
 register("shuffle", "multi")(MultiMessageShuffle)

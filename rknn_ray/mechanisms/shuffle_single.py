@@ -7,12 +7,27 @@ anonymized multiset is (eps, delta)-DP at the *record* level (replace-one) for
 "Single-message Shuffling"; the bound is chosen by ``options['bound']``, see
 rknn_ray.accounting).
 
+Who counts as cover (docs/threat-model.md, "Corrupt clients"). Amplification
+(Feldman-McMillan-Talwar; Balle et al., "The Privacy Blanket") is a statement about
+n reports each produced by the local randomizer; a report the adversary chose or
+knows hides nobody (remove it from the multiset and what is left is the shuffle of
+the honest reports). So n is the number of senders *assumed honest*:
+``ceil(honest_fraction * authenticated senders)``, never more than the reports the
+server actually opened (a garbage report that fails to open hides nobody; when fewer
+open than that, more senders are visibly corrupt than assumed and n falls to
+``ceil(honest_fraction * opened)``). ``privacy.honest_fraction`` defaults to 1.0
+here: every opened report is assumed to come from its client's randomizer, the
+model of the amplification theorems. Whatever the others do, an honest record keeps
+its own eps0-LDP, so the cost of a round is never above (eps0, 0).
+
 Calibration: ``eps0`` is the largest local eps for which the bound gives the
-central target at the *expected* number of senders. Because amplification
-shrinks with n, the shuffler is told ``min_senders()``, the smallest n at which
-that eps0 still meets the target, and refuses to release below it. The
-guarantee reported after the round, ``guarantee_for(n)``, is recomputed from
-the n actually shuffled.
+central target at ``ceil(honest_fraction * expected senders)``. Because
+amplification shrinks with n, the shuffler is told ``min_senders()``, the
+smallest number of authenticated senders at which that eps0 still meets the
+target, and refuses to release below it (nothing opened, nothing spent). After the
+server has opened the reports, ``round_cost(senders, opened)`` is the round's true
+cost from the reports opened; a round that misses the target there is recorded at
+that cost and refused for labelling (jobs.protocol).
 """
 from __future__ import annotations
 
@@ -20,7 +35,7 @@ import math
 
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import Guarantee, MechanismParams
+from rknn_ray.mechanisms.base import Guarantee, MechanismParams, honest_count, honest_fraction_of
 from rknn_ray.mechanisms.collision import CollisionMechanism
 from rknn_ray.mechanisms.randomized_response import RandomizedResponse
 
@@ -40,14 +55,16 @@ class ShuffleSingleMixin:
             raise ConfigError("privacy.amplification_bound", f"{self.bound_name!r} is not an "
                               "upper bound", f"use one of {sorted(b for b in BOUNDS if b != 'lower_bound')}")
         self.bound = BOUNDS[self.bound_name]
-        n = int(params.num_clients)
+        self.honest_fraction = honest_fraction_of(params, self.name)
+        n = honest_count(self.honest_fraction, params.num_clients)     # the cover it plans for
         try:
             self._eps0 = float(amplified_local_eps(params.eps, params.delta, n,
                                                    bound=self.bound_name))
         except (ValueError, ConfigError) as exc:
             raise ConfigError("privacy.eps", f"no local eps0 reaches the central target "
-                              f"eps={params.eps}, delta={params.delta} with n={n} senders ({exc})",
-                              "raise privacy.eps or privacy.delta, or use more clients") from exc
+                              f"eps={params.eps}, delta={params.delta} with n={n} senders "
+                              f"assumed honest ({exc})", "raise privacy.eps, privacy.delta or "
+                              "privacy.honest_fraction, or use more clients") from exc
 
     @property
     def local_eps(self) -> float:
@@ -62,41 +79,78 @@ class ShuffleSingleMixin:
         except (ValueError, ConfigError):
             return math.inf
 
-    def min_senders(self) -> int:
-        """Smallest n whose amplified eps still meets the target (binary search)."""
-        target, hi = self.params.eps, int(self.params.num_clients)
+    def min_cover(self) -> int:
+        """Smallest number of honest reports whose amplified eps meets the target."""
+        target, hi = self.params.eps, honest_count(self.honest_fraction, self.params.num_clients)
         if self.central_eps(hi) > target * (1 + 1e-9):
             raise PrivacyBudgetError(f"eps0={self._eps0:.4g} misses the target at n={hi}")
         from rknn_ray.accounting.calibration import monotone_edge
         return int(monotone_edge(lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi,
                                  want="smallest", integer=True))
 
-    def guarantee_for(self, n: int) -> Guarantee:
-        """The guarantee from the n distinct senders actually shuffled."""
-        eps = self.central_eps(n)
-        if eps > self.params.eps * (1 + 1e-9):
-            raise PrivacyBudgetError(
-                f"only {n} distinct senders were shuffled; eps0={self._eps0:.4g} then gives "
-                f"eps={eps:.4g} > target {self.params.eps}. Round refused, nothing released; "
-                "wait for more clients or lower the target's demands")
-        return Guarantee(eps, self.params.delta, "shuffle", self.name, unit="record", n=int(n),
+    def min_senders(self) -> int:
+        """Smallest number of authenticated senders whose assumed-honest share meets the target."""
+        need, gamma = self.min_cover(), self.honest_fraction
+        a = max(need, int((need - 1) / gamma))
+        while honest_count(gamma, a) < need:
+            a += 1
+        return a
+
+    def cover(self, senders: int, opened: int | None = None) -> int:
+        """Reports the amplification counts: the senders assumed honest, at most those opened."""
+        assumed = honest_count(self.honest_fraction, senders)
+        if opened is None or int(opened) >= assumed:
+            return assumed
+        return honest_count(self.honest_fraction, opened)
+
+    def _cost(self, senders: int, opened: int | None) -> Guarantee:
+        """The guarantee the round really has (never refused; see module docstring)."""
+        n = self.cover(senders, opened)
+        amplified = self.central_eps(n)
+        eps, delta = (amplified, self.params.delta) if amplified < self._eps0 else (self._eps0, 0.0)
+        seen = "" if opened is None else f", {int(opened)} reports opened"
+        return Guarantee(eps, delta, "shuffle", self.name, unit="record", n=int(n),
                          note=f"single message: {self.base_name} at local eps0={self._eps0:.4g}, "
-                              f"amplified by shuffling {n} senders ({self.bound_name} bound)")
+                              f"amplified by shuffling the reports of {n} senders assumed honest "
+                              f"(honest fraction {self.honest_fraction:g} of {int(senders)} "
+                              f"authenticated senders{seen}; {self.bound_name} bound)"
+                              + ("" if amplified < self._eps0 else
+                                 "; too few for amplification: the local eps0 alone"))
+
+    def guarantee_for(self, n: int, opened: int | None = None) -> Guarantee:
+        """The guarantee for ``n`` authenticated senders (refused below the target)."""
+        g = self._cost(n, opened)
+        if g.eps > self.params.eps * (1 + 1e-9):
+            raise PrivacyBudgetError(
+                f"only {n} distinct senders were shuffled ({g.n} assumed honest); "
+                f"eps0={self._eps0:.4g} then gives eps={g.eps:.4g} > target {self.params.eps}. "
+                "Round refused, nothing released; wait for more clients or lower the target's "
+                "demands")
+        return g
 
     def guarantee(self, n: int | None = None) -> Guarantee:
         return self.guarantee_for(int(self.params.num_clients) if n is None else int(n))
 
-    def event(self, n: int | None = None):
+    def _event(self, senders: int, opened: int | None):
         from rknn_ray.accounting.events import ShuffledLocalDpEvent
+        # local_mechanism: the randomizer's registry name, as in LocalRandomizerDpEvent;
+        # num_senders: the reports the amplification counts (assumed honest, opened)
+        return ShuffledLocalDpEvent(self.name, float(self._eps0), self.cover(senders, opened),
+                                    float(self.params.delta), self.bound_name,
+                                    float(self.honest_fraction),
+                                    int(senders if opened is None else opened))
+
+    def event(self, n: int | None = None):
         n = int(self.params.num_clients) if n is None else int(n)
         self.guarantee_for(n)                      # refuses below the target
-        # local_mechanism: the randomizer's registry name, as in LocalRandomizerDpEvent
-        return ShuffledLocalDpEvent(self.name, float(self._eps0), n,
-                                    float(self.params.delta), self.bound_name)
+        return self._event(n, None)
+
+    def round_cost(self, senders: int, opened: int) -> tuple[Guarantee, object]:
+        return self._cost(int(senders), int(opened)), self._event(int(senders), int(opened))
 
     def describe(self) -> dict:
         return {**super().describe(), "eps0": self._eps0, "bound": self.bound_name,
-                "min_senders": self.min_senders()}
+                "min_senders": self.min_senders(), "honest_fraction": self.honest_fraction}
 
 
 class ShuffleRR(ShuffleSingleMixin, RandomizedResponse):
