@@ -603,6 +603,11 @@ def _stage_words(progress) -> str | None:
     return stage or None
 
 
+def _is_cover_shortfall(exc: BaseException) -> bool:
+    from jobs.protocol import CoverShortfall
+    return isinstance(exc, CoverShortfall)
+
+
 def _record_incomplete(out: str, message: str, exc: BaseException) -> str:
     """Write incomplete.json (what happened, whether a release is saved, the next step);
     returns the rest of the console line. A full disk here costs one clause, not a traceback."""
@@ -616,6 +621,11 @@ def _record_incomplete(out: str, message: str, exc: BaseException) -> str:
         next_step, said = ("free disk space; the lost release stays counted in the ledger",
                            f"run folder {out} is marked incomplete; the release was NOT saved "
                            "(its eps is counted in the ledger)")
+    elif _is_cover_shortfall(exc):      # the server saw the reports: spent, but no counts out
+        next_step, said = ("no counts were released and the round's eps stays counted in the "
+                           "ledger; re-run as the reason says",
+                           f"run folder {out} is marked incomplete; no counts were released (the "
+                           "round was refused for labelling; its eps is counted in the ledger)")
     else:
         next_step, said = ("nothing was released; fix the cause and re-run",
                            f"run folder {out} is marked incomplete; nothing was released")

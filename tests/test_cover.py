@@ -156,7 +156,10 @@ def test_the_job_commits_a_refused_round_at_its_true_cost(ray_session, tmp_path,
                          "--set", "queries.s=10", "--set", "queries.restarts=1"])
     err = capsys.readouterr().err
     assert code == 2 and "refused for labelling" in err and "Traceback" not in err
+    assert "nothing was released" not in err and "eps is counted in the ledger" in err
     assert not (out / "report.json").exists() and not (out / "release.npz").exists()
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert "eps stays counted" in marker["next_step"]
     (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
     (row,) = [r for r in dataset["releases"] if r["status"] == "released"]
     assert "refused for labelling" in row["note"] and row["eps"] > 2.0
