@@ -78,6 +78,10 @@ def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(tm
     job = Job(_args("digits_shuffle.yaml", out), ledger)
     try:
         job.wait_for("round 1/1")
+        # the round's first line comes before its first client works (a signal right on it
+        # lands before the round starts, and the reservation is rightly returned); the
+        # digits client round takes several seconds here
+        time.sleep(1.5)
         job.proc.send_signal(signal.SIGTERM)
         code, text = job.finish()
     finally:
