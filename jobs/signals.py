@@ -37,7 +37,14 @@ class JobInterrupted(KeyboardInterrupt):
         return (type(self), (self.signum,))
 
 
+#: the signal this process received, if any: Ray's blocking calls (``ray.get``) turn the
+#: exception our handler raises into a bare ``KeyboardInterrupt``, whatever the signal was
+received: int | None = None
+
+
 def _raise(signum, _frame):
+    global received
+    received = int(signum)
     ignore_further()        # the first signal ends the job; a second must not cut its record short
     raise JobInterrupted(signum)
 
@@ -73,9 +80,10 @@ def ignore_further() -> None:
 
 
 def as_interrupt(exc: BaseException) -> JobInterrupted | None:
-    """The interrupt behind ``exc``: itself, a plain KeyboardInterrupt (SIGINT), or None."""
+    """The interrupt behind ``exc``: itself; a bare KeyboardInterrupt (the signal our handler
+    saw, which Ray's ``ray.get`` re-raises bare; else SIGINT); or None."""
     if isinstance(exc, JobInterrupted):
         return exc
-    if isinstance(exc, KeyboardInterrupt):
-        return JobInterrupted(signal.SIGINT)
+    if isinstance(exc, KeyboardInterrupt):   # ours, re-raised bare by Ray, or a plain Ctrl-C
+        return JobInterrupted(received if received is not None else signal.SIGINT)
     return None

@@ -436,3 +436,43 @@ def test_small_ones_missing_data_fix_and_the_reject_names(tmp_path, capsys):
     assert "duplicate_message" in CREDENTIAL_REJECT_KINDS
     threat = " ".join((ROOT / "docs" / "threat-model.md").read_text().split())
     assert "re-sends are dropped at admission as `rejected.duplicate_message`" in threat
+
+
+SIGTERM_IN_RAY_GET = """
+import os, sys, time
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import ray
+from jobs import signals
+ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+signals.install()                      # after ray.init, as the job does
+@ray.remote
+def nap():
+    time.sleep(60)
+ref = nap.remote()
+print("blocked", flush=True)
+try:
+    ray.get(ref)
+except BaseException as exc:
+    print(type(exc).__name__, signals.as_interrupt(exc).name, flush=True)
+ray.shutdown()
+"""
+
+
+def test_a_sigterm_inside_ray_get_is_still_named_sigterm():
+    """Ray's blocking get turns the exception our handler raises into a bare
+    KeyboardInterrupt; the job must still say SIGTERM (and exit 143), not SIGINT (the
+    full-job probe caught it as 'interrupted by SIGINT' once)."""
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_IN_RAY_GET], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "blocked"
+        time.sleep(1.0)                   # inside ray.get by now
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert out.split()[-1] == "SIGTERM", out
