@@ -101,13 +101,6 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def shard_bounds(num_clients: int, shards: int) -> list[tuple[int, int]]:
-    """Contiguous client-id ranges, one per shard (clients are numbered 0..n-1)."""
-    shards = max(1, min(int(shards), int(num_clients)))
-    cuts = np.linspace(0, num_clients, shards + 1).astype(np.int64)
-    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
-
-
 def opener_processes(requested: int | None) -> int:
     """Opener processes for the Server: as asked, else one per CPU of the cluster (at most 16)."""
     if requested is not None:

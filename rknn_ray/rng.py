@@ -72,11 +72,6 @@ def derived_key(secret: bytes, *labels: object) -> bytes:
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def derived_seed(secret: bytes, *labels: object) -> int:
-    """:func:`derived_key` as a 256-bit integer (seeded simulations derive shard secrets with it)."""
-    return int.from_bytes(derived_key(secret, *labels), "big")
-
-
 def derived_generator(secret: bytes, *labels: object) -> np.random.Generator:
     """ChaCha20 keyed by :func:`derived_key` (deterministic per secret and labels)."""
     return chacha_generator(derived_key(secret, *labels))

@@ -21,6 +21,9 @@ from actors.shuffler import ShufflerImpl
 from rknn_ray.client_step import RoundSpec, client_step, sealed_width
 from rknn_ray.mechanisms import available, build
 from rknn_ray.mechanisms.base import MechanismParams
+# scipy.stats (the amplification bounds) builds a default_rng when first imported: an
+# import-time object of scipy's, never used for a randomizer; load it before the tripwires
+import rknn_ray.accounting.bounds  # noqa: E402,F401
 from sealing.credentials import CredentialIssuer
 from sealing.envelope import RoundContext
 from server.keys import ServerKeyPair
