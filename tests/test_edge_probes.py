@@ -60,6 +60,17 @@ class Job:
         out, _ = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, "".join(self.lines) + out
 
+    def signal_after(self, needle: str, delay: float, sig: int) -> tuple[int, str]:
+        """Send ``sig`` ``delay`` s after the line holding ``needle``; (exit code, output).
+        The job's process group is killed afterwards whatever happened."""
+        try:
+            self.wait_for(needle)
+            time.sleep(delay)
+            self.proc.send_signal(sig)
+            return self.finish()
+        finally:
+            self.kill_group()
+
     def kill_group(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)      # this job's own process group only
@@ -76,16 +87,10 @@ def _error_lines(text: str) -> list[str]:
 def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(tmp_path):
     out, ledger = tmp_path / "term", tmp_path / "ledger.sqlite"
     job = Job(_args("digits_shuffle.yaml", out), ledger)
-    try:
-        job.wait_for("round 1/1")
-        # the round's first line comes before its first client works (a signal right on it
-        # lands before the round starts, and the reservation is rightly returned); the
-        # digits client round takes several seconds here
-        time.sleep(1.5)
-        job.proc.send_signal(signal.SIGTERM)
-        code, text = job.finish()
-    finally:
-        job.kill_group()
+    # the round's first line comes before its first client works (a signal right on it
+    # lands before the round starts, and the reservation is rightly returned); the digits
+    # client round takes several seconds here
+    code, text = job.signal_after("round 1/1", 1.5, signal.SIGTERM)
     assert code == 143, text
     (line,) = _error_lines(text)
     assert "interrupted by SIGTERM during private round 1" in line and "incomplete.json" in line
@@ -101,13 +106,7 @@ def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(tm
 def test_sigint_during_the_student_exits_130_and_resume_finishes(ray_session, tmp_path, monkeypatch):
     out, ledger = tmp_path / "int", tmp_path / "ledger.sqlite"
     job = Job(_args("digits_central.yaml", out, "student.epochs=50"), ledger)
-    try:
-        job.wait_for("student: Ray Train")
-        time.sleep(2)                              # inside Ray Train's fit()
-        job.proc.send_signal(signal.SIGINT)
-        code, text = job.finish()
-    finally:
-        job.kill_group()
+    code, text = job.signal_after("student: Ray Train", 2, signal.SIGINT)   # inside fit()
     assert code == 130, text
     (line,) = _error_lines(text)
     assert "interrupted by SIGINT during student" in line and f"--resume {out}" in line
