@@ -105,7 +105,7 @@ def label_only_cell(cell: dict, args) -> dict:
     from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
-    from jobs.protocol import RoundResult
+    from rknn_ray.job.session import RoundResult
     from rknn_ray.pipeline import next_round_uncertain
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms import build
@@ -210,7 +210,7 @@ def plot(table: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from jobs.ray_env import ensure_ray
+    from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.runio import write_json, write_text
     os.makedirs(args.out, exist_ok=True)
     ledger_path = os.path.join(os.path.abspath(args.out), "ledger.sqlite")   # never the user's

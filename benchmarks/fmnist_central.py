@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_out/fmnist_central")
     args = ap.parse_args(argv)
 
-    from jobs.ray_env import ensure_ray
+    from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms import build
     from rknn_ray.pipeline import (derive_labels, exact_answers, fit_queries,

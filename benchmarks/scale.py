@@ -227,8 +227,8 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
 def _actors_round(clients: int, batch: int, shards: int, distributed_above: int | None,
                   overrides: list[str]) -> dict:
     """The round itself, on the Ray this process is connected to."""
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.data.sources import SyntheticClientsSource

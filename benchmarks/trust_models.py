@@ -66,9 +66,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_out/trust_models")
     args = ap.parse_args(argv)
 
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession, new_job_id
-    from jobs.ray_env import ensure_ray
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import ProtocolSession, new_job_id
+    from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.errors import RknnError

@@ -125,7 +125,7 @@ def run_baseline(method: str, setup, eps: float, delta: float):
     shards = NFDP_SHARDS.get(setup.data.dataset, 2)
     if method in ("fedmd_nfdp", "fedmd_nfdp_wor"):
         from actors.nfdp_shard import RayParties
-        from jobs.ray_env import ensure_ray
+        from rknn_ray.job.ray_env import ensure_ray
         ensure_ray()                      # a no-op inside the comparison, which started it
         return nfdp.run_nfdp(setup, eps, replacement=method == "fedmd_nfdp", hosts=RayParties,
                              shards=shards)
@@ -250,7 +250,7 @@ def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, 
 
     import torch
 
-    from jobs.ray_env import ensure_ray
+    from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.accounting.budget_store import BudgetStore
     from rknn_ray.config import load_config
     store = BudgetStore(ledger_path)

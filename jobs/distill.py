@@ -74,8 +74,8 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
     """
     import ray
 
-    from jobs.progress import Progress
-    from jobs.release_file import load_release
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.release_file import load_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
     from rknn_ray.accounting.source_identity import job_source, legacy_release_name
@@ -112,7 +112,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
                      "no new private round, no budget spent")
     else:
         check_dropout(cfg, data)             # a round sure to be refused costs no budget
-        from jobs.protocol import new_job_id
+        from rknn_ray.job.session import new_job_id
         job_id = new_job_id()
         p = cfg.privacy
         # the budget lasts across jobs: reserve this job's whole spend before anything randomizes
@@ -153,7 +153,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
 def _start_ray() -> bool:
     """ensure_ray, then the job's own SIGINT/SIGTERM handlers again (ray.init installs its own)."""
     from jobs import signals
-    from jobs.ray_env import ensure_ray
+    from rknn_ray.job.ray_env import ensure_ray
     try:
         started = ensure_ray()             # one Ray for the whole job, after the budget check
     except SystemExit as exc:              # Ray's own SIGTERM handler, while ray.init runs
@@ -197,8 +197,8 @@ def _private_rounds(cfg, data, encoder, public_emb, first_qs, store, identity, j
     On a failure the job's unreleased reservation is returned, unless the failure came
     where a release may already have happened (then it stays counted).
     """
-    from jobs.protocol import CoverShortfall, PartyFailure, ProtocolSession
-    from jobs.release_file import save_release
+    from rknn_ray.job.session import CoverShortfall, PartyFailure, ProtocolSession
+    from rknn_ray.job.release_file import save_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.events import event_to_dict
     from rknn_ray.mechanisms import build
@@ -313,7 +313,7 @@ def release_error_bound(details: dict, num_classes: int, beta: float = 0.05) -> 
 def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, identity,
             described, budget, job_id, out_dir, progress, auto_choice=None) -> dict:
     """Labels, the student and the run folder, from released counts only (plus diagnostics if asked)."""
-    from jobs.release_file import load_selections
+    from rknn_ray.job.release_file import load_selections
     from rknn_ray.pipeline import exact_answers, finish_labels, fit_student, student_inputs
     from rknn_ray.plots import run_summary_png
     from rknn_ray.queries import union_of_rounds
@@ -384,7 +384,7 @@ def _finish(cfg, data, encoder, rounds, query_sets, ledger, public_emb, store, i
     }
     if any(r.shuffler is not None for r in rounds):
         report["shuffler"] = [r.shuffler for r in rounds]
-    from jobs.placement import merge_placements       # party -> the Ray nodes it ran on
+    from rknn_ray.job.placement import merge_placements       # party -> the Ray nodes it ran on
     report["placement"] = merge_placements(r.placement for r in rounds)
     labels_table = pa.table({
         "public_index": np.arange(len(sp.public_y)), "query": all_qs.assignment,
@@ -559,7 +559,7 @@ def _main(args) -> int:
             out = prepare_run_dir(out, overwrite=args.overwrite,
                                   discard_release=args.discard_release)
         owned = True
-        from jobs.progress import Progress
+        from rknn_ray.job.progress import Progress
         progress = Progress.for_console(cfg.run.progress, quiet=args.quiet)
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
                      resume=bool(args.resume), progress=progress)
@@ -604,7 +604,7 @@ def _stage_words(progress) -> str | None:
 
 
 def _is_cover_shortfall(exc: BaseException) -> bool:
-    from jobs.protocol import CoverShortfall
+    from rknn_ray.job.session import CoverShortfall
     return isinstance(exc, CoverShortfall)
 
 

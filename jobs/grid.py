@@ -493,7 +493,7 @@ def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=N
     rows, refs, ref_of = {}, {}, {}
     t_all = time.perf_counter()
     with isolated_ledger(out) as ledger_path:
-        from jobs.ray_env import ensure_ray
+        from rknn_ray.job.ray_env import ensure_ray
         started = ensure_ray()
         try:
             for i, (cell, cfg) in enumerate(planned, 1):

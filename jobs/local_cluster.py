@@ -73,7 +73,7 @@ class LocalCluster:
         self.env: dict[str, str] = {}
 
     def start(self) -> "LocalCluster":
-        from jobs.ray_env import local_ray_env
+        from rknn_ray.job.ray_env import local_ray_env
         local_ray_env()                         # loopback, token auth (before Ray starts nodes)
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
         # Ray's Cluster records its head as "the machine's current cluster" in the default temp

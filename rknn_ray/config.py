@@ -626,7 +626,7 @@ def _check_synthetic(cfg: dict) -> None:
                           f"{cfg['data']['dataset']!r}", "set data.synthetic=null or data.dataset=synthetic")
 
 
-#: cluster.placement: the protocol's parties (jobs/protocol.py) and what each may require of
+#: cluster.placement: the protocol's parties (rknn_ray/job/session.py) and what each may require of
 #: the node its actors run on: Ray custom resources (``ray start --resources``) and node labels
 #: (``ray start --labels``). A party left out runs wherever Ray puts it.
 PLACEMENT_PARTIES = ("client", "shuffler", "server")
@@ -715,7 +715,7 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
 
 
 def protocol_cpus(cfg: Config) -> float:
-    """CPUs the protocol's actors reserve (jobs/protocol.py): every ClientShard
+    """CPUs the protocol's actors reserve (rknn_ray/job/session.py): every ClientShard
     ``cluster.shard_cpus``, the Server ``cluster.server_cpus``, and in the shuffle model
     max(1, onion_layers) Shuffler hops ``cluster.shuffler_cpus`` each."""
     cl = cfg.cluster

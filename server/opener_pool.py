@@ -74,7 +74,7 @@ class OpenerPool:
 
     def close(self) -> None:
         """Stop the children and wait for them: the job kills the server actor right after
-        (jobs/protocol.py), and children still exiting then would find multiprocessing's
+        (rknn_ray/job/session.py), and children still exiting then would find multiprocessing's
         resource tracker gone and print its KeyError tracebacks on the user's console."""
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)

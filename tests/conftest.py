@@ -17,7 +17,7 @@ def isolated_privacy_ledger(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
-    from jobs.ray_env import quiet_ray_logs
+    from rknn_ray.job.ray_env import quiet_ray_logs
     quiet_ray_logs()
     started = False
     if not ray.is_initialized():

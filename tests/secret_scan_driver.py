@@ -20,8 +20,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 def main(key_store: str) -> None:
     import ray
 
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms import build

@@ -101,7 +101,7 @@ def test_next_round_never_reads_private_records_or_public_labels():
     record by NaN and shuffling private and public labels leaves the selection unchanged."""
     import dataclasses
 
-    from jobs.protocol import RoundResult
+    from rknn_ray.job.session import RoundResult
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms import build
     from rknn_ray.pipeline import exact_answers, fit_queries, mechanism_params, prepare_data

@@ -91,8 +91,8 @@ GARBAGE_FAULTS = {0: {"garbage_every": 10}, 1: {"garbage_every": 10}}
 
 def _two_rounds(faults, overrides_per_round):
     """One session, one round per config override list (the same shards, the same faults)."""
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_params, prepare_data
     cfg = _digits_cfg()
@@ -117,7 +117,7 @@ def test_a_tenth_sending_garbage_gives_the_eps_of_the_opened_reports(ray_session
     valid credentials. The shuffler admits all 1,079 (the old n); the server opens 971. The
     round is recorded at the accountant's eps for n = 971 and refused for labelling. The
     same attack inside an assumed honest fraction of 0.85 is admitted with n = 918."""
-    from jobs.protocol import CoverShortfall
+    from rknn_ray.job.session import CoverShortfall
     (mech, ledger, exc), (mech2, ledger2, res) = _two_rounds(
         GARBAGE_FAULTS, [[], ["privacy.honest_fraction=0.85"]])
     assert isinstance(exc, CoverShortfall), exc

@@ -4,20 +4,32 @@ inside a function).
 
 Layers, bottom up: ``sealing`` (the report format every party shares) < ``rknn_ray``
 (the library) < ``server`` and ``shuffler`` (the parties' own code, which never import
-each other: tests/test_import_rules.py) < ``actors`` (thin Ray actors) < ``jobs`` (the
-entrypoints) < ``benchmarks``. Every import statement counts, wherever it stands.
+each other: tests/test_import_rules.py) < ``actors`` (thin Ray actors) < ``rknn_ray.job``
+(the orchestration layer: session, rounds, release file, Ray start-up, ``run``) < ``jobs``
+(the entrypoints) < ``benchmarks``. ``rknn_ray.job`` lives inside the library's folder but
+is its own layer: nothing else in ``rknn_ray`` imports it. Every import statement counts,
+wherever it stands.
 """
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = {"sealing": 0, "rknn_ray": 1, "server": 2, "shuffler": 2, "actors": 3, "jobs": 4,
-          "benchmarks": 5}
+LAYERS = {"sealing": 0, "rknn_ray": 1, "server": 2, "shuffler": 2, "actors": 3, "rknn_ray.job": 4,
+          "jobs": 5, "benchmarks": 6}
+
+
+def layer_of(module: str) -> int:
+    """The layer of a module: its longest package prefix in LAYERS (rknn_ray.job before rknn_ray)."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYERS:
+            return LAYERS[".".join(parts[:n])]
+    raise KeyError(module)
 
 
 def _modules() -> dict[str, Path]:
     mods = {}
-    for pkg in LAYERS:
+    for pkg in (p for p in LAYERS if "." not in p):
         for f in (ROOT / pkg).rglob("*.py"):
             parts = f.relative_to(ROOT).with_suffix("").parts
             mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
@@ -97,5 +109,26 @@ def test_cycle_finder_finds_a_cycle():
 
 def test_no_package_imports_a_layer_above_it():
     upward = sorted((a, b) for a, deps in import_graph().items() for b in deps
-                    if LAYERS[b.split(".")[0]] > LAYERS[a.split(".")[0]])
+                    if layer_of(b) > layer_of(a))
     assert upward == []
+
+
+def test_orchestration_layer_sits_between_actors_and_jobs():
+    """rknn_ray.job is its own layer: above actors, below jobs; no other rknn_ray module
+    (and no party package) imports it, and the CLIs reach the actors through it."""
+    assert layer_of("actors.server") < layer_of("rknn_ray.job.session") < layer_of("jobs.distill")
+    assert layer_of("rknn_ray.job") > layer_of("rknn_ray.pipeline")
+    graph = import_graph()
+    assert "rknn_ray.job.session" in graph and "rknn_ray.job.run" in graph
+    into_job = sorted(a for a, deps in graph.items() for b in deps
+                      if b.startswith("rknn_ray.job") and not a.startswith("rknn_ray.job")
+                      and layer_of(a) < LAYERS["rknn_ray.job"])
+    assert into_job == []
+    # the protocol session and the run are the layer's, not the CLI's
+    assert not any(m in graph for m in ("jobs.protocol", "jobs.release_file", "jobs.ray_env"))
+    assert any(b.startswith("rknn_ray.job") for b in graph["jobs.distill"])
+
+
+def test_layer_rule_catches_the_library_importing_the_orchestration_layer():
+    assert layer_of("rknn_ray.job.session") > layer_of("rknn_ray.pipeline")
+    assert layer_of("rknn_ray.jobless") == LAYERS["rknn_ray"]   # a prefix, not a substring

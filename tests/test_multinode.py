@@ -67,7 +67,7 @@ def test_parties_run_on_their_own_nodes_and_release_what_one_node_releases(ray_s
 
 
 def test_a_placement_no_node_can_host_is_refused_before_any_actor(ray_session):
-    from jobs.placement import check_placement_feasible, party_options
+    from rknn_ray.job.placement import check_placement_feasible, party_options
     cfg = load_config(None, ["privacy.model=shuffle", "privacy.mechanism=collision",
                              "privacy.delta=1e-6",
                              "cluster.placement.shuffler={resources: {shuffler: 1}}",
@@ -84,7 +84,7 @@ def test_a_placement_no_node_can_host_is_refused_before_any_actor(ray_session):
 
 
 def test_the_default_places_nothing_so_one_machine_runs_unchanged():
-    from jobs.placement import party_options
+    from rknn_ray.job.placement import party_options
     cfg = load_config(None, [])
     assert dict(cfg.cluster.placement) == {}
     assert all(party_options(cfg, p) == {} for p in ("client", "shuffler", "server"))
@@ -134,6 +134,6 @@ def test_cluster_yaml_gives_every_party_a_node_type_with_its_resource_and_label(
 
 
 def test_report_placement_is_the_union_over_rounds():
-    from jobs.placement import merge_placements
+    from rknn_ray.job.placement import merge_placements
     rounds = [{"client": ["b", "a"], "server": ["s"]}, None, {"client": ["c"], "shuffler": ["h"]}]
     assert merge_placements(rounds) == {"client": ["a", "b", "c"], "server": ["s"], "shuffler": ["h"]}

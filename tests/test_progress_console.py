@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from jobs.progress import Bar, NullBar, PolledBar, Progress, bar_for
+from rknn_ray.job.progress import Bar, NullBar, PolledBar, Progress, bar_for
 
 
 class FakeTTY(io.StringIO):
@@ -123,7 +123,7 @@ def test_random_shift_returns_standard_strides_for_one_channel():
 
 def test_local_ray_env_sets_defaults_and_respects_the_user(monkeypatch):
     import ray._raylet
-    from jobs import ray_env
+    from rknn_ray.job import ray_env
     calls = []
 
     class FakeConfig:                   # Ray's own is immutable; the real refresh is tested end to end
@@ -175,7 +175,7 @@ def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, 
     (after shutting the half-started instance down) and re-raises any other error."""
     import ray
 
-    from jobs import ray_env
+    from rknn_ray.job import ray_env
     calls, shutdowns = [], []
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

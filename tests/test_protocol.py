@@ -90,8 +90,8 @@ def _digits_cfg(*overrides):
 
 
 def _session_round(cfg, job_id="job-fixed", rounds=1, faults=None, ledger=None, progress=None):
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import ProtocolSession
     from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_params, prepare_data
     data = prepare_data(cfg)
     enc, _, qs = fit_queries(cfg, data)
@@ -111,7 +111,7 @@ def test_the_release_is_left_out_of_every_round_timing(ray_session):
     """Issue 21: the Server's finish (the exact noise draw, whose run time grows with the
     noise) runs in an untimed span of the round's stage, so report.json's round_N and the
     console exclude it, and no per-round timing names it."""
-    from jobs.progress import Progress
+    from rknn_ray.job.progress import Progress
     progress = Progress(False)
     cfg = _digits_cfg("privacy.model=central", "privacy.mechanism=laplace", "privacy.delta=0")
     _, _, _, _, results = _session_round(cfg, rounds=2, progress=progress)

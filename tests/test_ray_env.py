@@ -7,7 +7,7 @@ import sys
 
 CHILD = """
 import ray
-from jobs.ray_env import ensure_ray
+from rknn_ray.job.ray_env import ensure_ray
 ensure_ray(num_cpus=1)
 
 @ray.remote(num_cpus=0)

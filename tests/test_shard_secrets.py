@@ -79,7 +79,7 @@ def test_a_restarted_shard_actor_resends_the_same_reports_from_its_stored_secret
     secure mode (the secret was never in this process). With its key file gone, the
     restarted actor refuses to start, naming the problem and the fix."""
     from actors.client_shard import ClientShard
-    from jobs.protocol import _actor_death, _wait_alive
+    from rknn_ray.job.session import _actor_death, _wait_alive
     from server.keys import ServerKeyPair
     from tests.test_client_shard import SOURCE, _open, _spec
 
@@ -132,7 +132,7 @@ def test_a_round_whose_shard_lost_its_secret_fails_clearly_and_releases_nothing(
                                                                                tmp_path):
     """Secure mode on real actors: shard 0 loses its secret and dies mid-round; its restart
     refuses to start, so the round fails naming the cause, and the ledger records nothing."""
-    from jobs.protocol import PartyFailure
+    from rknn_ray.job.session import PartyFailure
     from rknn_ray.accounting import PrivacyLedger
     from tests.test_protocol import _digits_cfg, _session_round
 
@@ -150,8 +150,8 @@ def test_a_round_whose_shard_lost_its_secret_fails_clearly_and_releases_nothing(
 def test_a_key_store_others_can_open_stops_the_job_at_startup_with_the_fix(ray_session,
                                                                           tmp_path):
     """The shard checks its store on its own node; the driver reports its error and fix."""
-    from jobs.progress import Progress
-    from jobs.protocol import PartyFailure, ProtocolSession
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import PartyFailure, ProtocolSession
     from rknn_ray.pipeline import dataset_sources, prepare_data
     from tests.test_protocol import _digits_cfg
 

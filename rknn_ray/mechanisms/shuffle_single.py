@@ -27,7 +27,7 @@ smallest number of authenticated senders at which that eps0 still meets the
 target, and refuses to release below it (nothing opened, nothing spent). After the
 server has opened the reports, ``round_cost(senders, opened)`` is the round's true
 cost from the reports opened; a round that misses the target there is recorded at
-that cost and refused for labelling (jobs.protocol).
+that cost and refused for labelling (rknn_ray.job.session).
 """
 from __future__ import annotations
 

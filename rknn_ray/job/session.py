@@ -42,8 +42,8 @@ import ray
 from actors.client_shard import ClientShard
 from actors.server import Server
 from actors.shuffler import Shuffler
-from jobs.placement import check_placement_feasible, party_options, placement_of
-from jobs.progress import PolledBar, bar_for
+from rknn_ray.job.placement import check_placement_feasible, party_options, placement_of
+from rknn_ray.job.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism

@@ -46,7 +46,7 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
 
 def load_release(run_dir: str, public_emb: np.ndarray):
     """(job_id, dataset identity, rounds as RoundResult, their QuerySets) from a run folder."""
-    from jobs.protocol import RoundResult
+    from rknn_ray.job.session import RoundResult
     from rknn_ray.queries import nearest
     path = os.path.join(run_dir, RELEASE_FILE)
     with np.load(path, allow_pickle=False) as z:

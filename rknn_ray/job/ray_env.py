@@ -62,7 +62,7 @@ def pin_ray_address() -> None:
     os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
 
 
-WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "jobs.ray_env.pin_ray_address"}
+WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "rknn_ray.job.ray_env.pin_ray_address"}
 
 
 def ensure_ray(num_cpus: int | None = None) -> bool:
