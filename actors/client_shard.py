@@ -20,8 +20,6 @@ enforce the per-sender allowance.
 """
 from __future__ import annotations
 
-import os
-import time
 import warnings
 
 import ray
@@ -43,8 +41,10 @@ def _restarted() -> bool:
 
 
 class ClientShardImpl:
-    def __init__(self, shard_id: int, source, secrets, fault: dict | None = None,
-                 credential=None):
+    """The client party's logic; tests inject hostile or crashing subclasses
+    (tests/faulty_parties.py) through :func:`remote_class`, never through parameters here."""
+
+    def __init__(self, shard_id: int, source, secrets, credential=None):
         """``secrets``: a :class:`rknn_ray.shard_secrets.ShardKeyStore` (or, seeded runs,
         :class:`~rknn_ray.shard_secrets.SeededShardSecrets`), never the secret itself."""
         self.shard_id = shard_id
@@ -52,7 +52,6 @@ class ClientShardImpl:
         self._secrets = secrets
         self._secret = secrets.secret(shard_id, restarted=_restarted())
         self._credential = credential        # sealing.credentials.ShardCredential for its clients
-        self._fault = fault or {}
         self.timings: dict[str, float] = {}
 
     def num_clients(self) -> int:
@@ -64,64 +63,7 @@ class ClientShardImpl:
     def stream_reports(self, spec: RoundSpec, batch_clients: int):
         """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order."""
         for b, (x, y, ids) in enumerate(self.records.batches(batch_clients)):
-            if b == 0 and self._fault.get("flood"):
-                flood = self._flood(spec, x[:1], y[:1], ids[:1], int(self._fault["flood"]))
-            batch = client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
-            if self._fault.get("garbage_every"):
-                batch = self._garbage(spec, batch, int(self._fault["garbage_every"]))
-            yield batch
-            self._maybe_crash(b + 1)
-        if self._fault.get("flood"):
-            yield flood
-
-    def _flood(self, spec: RoundSpec, x, y, ids, count: int):
-        """Fault injection for tests: a hostile client sends ``count`` validly signed reports.
-
-        Its first client re-randomizes its record ``count`` times (fresh batch keys) and signs
-        every report with its real credential and seq 0..count-1 -- the attack the per-sender
-        allowance exists for.
-        """
-        import numpy as np
-        from sealing.credentials import with_credentials
-        from sealing.envelope import from_arrow, to_arrow
-        reports = np.concatenate([from_arrow(client_step(spec, self._secret, 10**6 + j, x, y, ids))[0]
-                                  for j in range(count)])
-        senders = np.repeat(ids[:1], count)
-        seqs, tags = self._credential.sign(spec.ctx, senders, reports)
-        return with_credentials(to_arrow(reports, senders), seqs, tags)
-
-    def _garbage(self, spec: RoundSpec, batch, every: int):
-        """Fault injection for tests: clients whose id is a multiple of ``every`` send random
-        bytes behind the round's clear header instead of their reports, validly signed.
-
-        The shuffler admits them (authenticated, right length); the server cannot open them
-        (``tampered``): senders that count as authenticated but give no cover.
-        """
-        import numpy as np
-        from sealing.credentials import with_credentials
-        from sealing.envelope import CONTEXT_LEN, from_arrow, to_arrow
-        reports, senders = from_arrow(batch)
-        bad = senders % every == 0
-        reports = reports.copy()
-        body = reports.shape[1] - CONTEXT_LEN
-        reports[bad, CONTEXT_LEN:] = np.frombuffer(os.urandom(int(bad.sum()) * body),
-                                                   np.uint8).reshape(-1, body)
-        seqs, tags = self._credential.sign(spec.ctx, senders, reports)
-        return with_credentials(to_arrow(reports, senders), seqs, tags)
-
-    def _maybe_crash(self, sent: int) -> None:
-        """Fault injection for tests: die once after ``exit_after_batches`` batches.
-
-        The marker file makes the restarted incarnation run normally. With ``lose_secret``
-        the shard deletes its stored secret first (a restart on another node).
-        """
-        after, marker = self._fault.get("exit_after_batches"), self._fault.get("marker")
-        if after is not None and sent >= after and marker and not os.path.exists(marker):
-            open(marker, "w").close()
-            if self._fault.get("lose_secret"):
-                self._secrets.forget(self.shard_id)
-            time.sleep(2.0)     # let Ray deliver the batches already yielded: they get re-sent
-            os._exit(1)
+            yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
 
     def get_timings(self) -> dict:
         return dict(self.timings)
@@ -131,4 +73,14 @@ class ClientShardImpl:
         return self._secrets.forget(self.shard_id)
 
 
-ClientShard = ray.remote(max_restarts=2, max_task_retries=0)(ClientShardImpl)
+#: a shard that dies is restarted (it re-sends the same reports); its tasks are not retried
+SHARD_ACTOR_OPTIONS = {"max_restarts": 2, "max_task_retries": 0}
+
+
+def remote_class(impl: type = ClientShardImpl):
+    """The Ray actor class that runs ``impl`` (ClientShardImpl or a subclass) as a shard,
+    with the production restart policy."""
+    return ClientShard if impl is ClientShardImpl else ray.remote(**SHARD_ACTOR_OPTIONS)(impl)
+
+
+ClientShard = ray.remote(**SHARD_ACTOR_OPTIONS)(ClientShardImpl)

@@ -158,3 +158,8 @@ class ServerImpl:
 
 
 Server = ray.remote(ServerImpl)
+
+
+def remote_class(impl: type = ServerImpl):
+    """The Ray actor class that runs ``impl`` (ServerImpl or a test's subclass)."""
+    return Server if impl is ServerImpl else ray.remote(impl)

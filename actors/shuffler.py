@@ -197,3 +197,8 @@ class ShufflerImpl:
 
 
 Shuffler = ray.remote(ShufflerImpl)
+
+
+def remote_class(impl: type = ShufflerImpl):
+    """The Ray actor class that runs ``impl`` (ShufflerImpl or a test's subclass)."""
+    return Shuffler if impl is ShufflerImpl else ray.remote(impl)

@@ -105,15 +105,12 @@ def label_only_cell(cell: dict, args) -> dict:
     from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
-    from rknn_ray.job.session import RoundResult
-    from rknn_ray.pipeline import next_round_uncertain
     from rknn_ray.config import load_config
-    from rknn_ray.mechanisms import build
-    import dataclasses
-
-    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_params,
+    from rknn_ray.job.rounds import select_round_queries
+    from rknn_ray.job.session import RoundResult
+    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_for,
                                    prepare_data, round_budgets, round_query_counts)
-    from rknn_ray.queries import NEXT_ROUND_SELECTORS, union_of_rounds
+    from rknn_ray.queries import union_of_rounds
     from rknn_ray.rng import seeded_generator
     over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['eps']}", f"rounds.count={cell['T']}",
             *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
@@ -129,18 +126,11 @@ def label_only_cell(cell: dict, args) -> dict:
     rounds, query_sets, uncertain = [], [], []
     for t, (eps_t, delta_t) in enumerate(round_budgets(p.eps, p.delta, cfg.rounds.count,
                                                        cfg.rounds.budget_split)):
-        if t == 0:
-            qs = first
-        elif cfg.rounds.query_selection in NEXT_ROUND_SELECTORS:
-            taken = np.concatenate([q.public_index for q in query_sets])
-            qs = NEXT_ROUND_SELECTORS[cfg.rounds.query_selection](
-                public_emb, taken, sizes[t], cfg.run.seed + t)
-        else:
-            qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,
-                                            cfg.run.seed + t, sizes[t])
-            uncertain.append(info)
-        mech = build(p.model, p.mechanism, dataclasses.replace(
-            mechanism_params(cfg, data, eps=eps_t, delta=delta_t), num_queries=qs.size))
+        qs, selection = select_round_queries(cfg, data, t, public_emb, rounds, query_sets,
+                                             sizes[t], first)      # the job's own selection
+        if "uncertainty_chosen" in selection:
+            uncertain.append(selection)
+        mech = mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size)
         exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts()
         noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + t)).astype(float)
         rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))

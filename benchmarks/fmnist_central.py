@@ -35,9 +35,8 @@ def main(argv=None) -> int:
 
     from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.config import load_config
-    from rknn_ray.mechanisms import build
     from rknn_ray.pipeline import (derive_labels, exact_answers, fit_queries,
-                                   mechanism_params, prepare_data)
+                                   mechanism_for, prepare_data)
     from rknn_ray.plots import plt, save_png
     from rknn_ray.rng import secure_generator
     from rknn_ray.runio import write_json
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
             if eps is None:
                 counts = exact.astype(float)
             else:
-                mech = build("central", "laplace", mechanism_params(cfg, data, eps=eps))
+                mech = mechanism_for(cfg, data, eps=eps, model="central", name="laplace")
                 counts = mech.add_noise(exact, secure_generator()).astype(float)
             lab = derive_labels(counts, qs, sp.public_y, "hard")
             row = {"s": s, "k": args.k, "eps": eps, "acc_pl": lab.label_accuracy,

@@ -25,9 +25,8 @@ import numpy as np
 
 def measure(config: str, fractions: list[float], seeds: int) -> list[dict]:
     from rknn_ray.config import load_config
-    from rknn_ray.mechanisms import build
     from rknn_ray.mechanisms.exact import negative_binomial
-    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_params,
+    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_for,
                                    prepare_data, resolve_auto)
     from rknn_ray.rng import seeded_generator
     rows = []
@@ -38,7 +37,7 @@ def measure(config: str, fractions: list[float], seeds: int) -> list[dict]:
         cfg, choice = resolve_auto(cfg, data)
         encoder, public_emb, qs = fit_queries(cfg, data)
         exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts()
-        mech = build("shuffle", "multi", mechanism_params(cfg, data))
+        mech = mechanism_for(cfg, data, model="shuffle", name="multi")
         d = mech.params.num_cells
         shape = Fraction(mech.n_cal, mech.n_honest)
         std = math.sqrt(mech.describe()["error_variance_all_honest"])

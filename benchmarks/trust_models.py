@@ -37,10 +37,9 @@ DEFAULT_MODELS = ["central:laplace", "local:rr", "local:collision", "shuffle:rr"
 
 def library_round(cfg, data, ans, rng_seed):
     """One round without actors: randomize + estimate in-process (same mechanism code)."""
-    from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import mechanism_params
+    from rknn_ray.pipeline import mechanism_for
     from rknn_ray.rng import seeded_generator
-    mech = build(cfg.privacy.model, cfg.privacy.mechanism, mechanism_params(cfg, data))
+    mech = mechanism_for(cfg, data)
     batch = mech.randomize(ans, seeded_generator(rng_seed))
     counts = mech.estimate(batch.payloads, data.num_clients, seeded_generator(rng_seed + 1))
     return counts, mech.guarantee(data.num_clients), len(batch), mech.describe()
@@ -72,9 +71,8 @@ def main(argv=None) -> int:
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.errors import RknnError
-    from rknn_ray.mechanisms import build
     from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers, fit_queries,
-                                   mechanism_params, prepare_data)
+                                   mechanism_for, prepare_data)
     from rknn_ray.plots import plt, save_png
     from rknn_ray.runio import write_json
     from rknn_ray.student import StudentConfig, train_student, train_student_local
@@ -120,7 +118,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             try:
                 if args.protocol == "actors":
-                    mech = build(model, name, mechanism_params(cfg, data))
+                    mech = mechanism_for(cfg, data)
                     with ProtocolSession(cfg, dataset_sources(cfg, data), new_job_id(),
                                          progress=Progress(False)) as session:
                         res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())

@@ -13,7 +13,7 @@ import numpy as np
 from rknn_ray.answers import RecordAnswers
 from rknn_ray.data.prepared import PreparedData, partitioned, prepare_data  # noqa: F401 - the stages' entry
 from rknn_ray.labels import accuracy, hard_labels, propagate, soft_labels
-from rknn_ray.mechanisms.base import MechanismParams
+from rknn_ray.mechanisms.base import Mechanism, MechanismParams
 from rknn_ray.queries import QuerySet, select_queries
 from rknn_ray.represent import Encoder, make_encoder
 from rknn_ray.rknn import build_answers
@@ -74,6 +74,23 @@ def mechanism_params(cfg, data: PreparedData, eps: float | None = None,
                            delta=float(p.delta if delta is None else delta),
                            num_clients=int(num_clients or data.num_clients),
                            max_records_per_client=data.max_records_per_client, options=options)
+
+
+def mechanism_for(cfg, data: PreparedData, *, eps: float | None = None,
+                  delta: float | None = None, num_queries: int | None = None,
+                  k: int | None = None, model: str | None = None,
+                  name: str | None = None) -> Mechanism:
+    """The one place a mechanism is built from a config: ``privacy.model``/``mechanism``
+    (or ``model``/``name``) calibrated by :func:`mechanism_params`; ``eps``/``delta`` a
+    round's share, ``num_queries`` a round's s, ``k`` a what-if (public parameters only)."""
+    import dataclasses
+
+    from rknn_ray.mechanisms import build
+    params = mechanism_params(cfg, data, eps=eps, delta=delta)
+    changes = {key: int(v) for key, v in (("num_queries", num_queries), ("k", k)) if v is not None}
+    if changes:
+        params = dataclasses.replace(params, **changes)
+    return build(model or cfg.privacy.model, name or cfg.privacy.mechanism, params)
 
 
 @dataclass
@@ -147,12 +164,7 @@ def noise_std_per_count(cfg, data: PreparedData, k: int = 1, s: int | None = Non
     eta = b*ln(2|Y|), gives the equivalent scale b and std sqrt(2)*b. Public parameters only."""
     import math
 
-    from rknn_ray.mechanisms import build
-    p = cfg.privacy
-    import dataclasses
-    params = dataclasses.replace(mechanism_params(cfg, data, eps=eps), k=int(k),
-                                 num_queries=int(s or len(data.splits.public_y)))
-    mech = build(p.model, p.mechanism, params)
+    mech = mechanism_for(cfg, data, eps=eps, k=k, num_queries=s or len(data.splits.public_y))
     eta = float(mech.error_bound(0.5, data.num_clients))
     return math.sqrt(2.0) * eta / math.log(2 * data.num_classes)
 
@@ -162,14 +174,10 @@ def multi_message_s_cap(cfg, data: PreparedData, k: int = 1) -> tuple[int, str] 
     ``shuffle.max_messages_per_client`` expected messages (its k*r*R real ones plus noise
     and flooding messages, which grow linearly in the s*|Y| cells), or None when the
     mechanism is not multi-message or no cap is set. Public parameters only."""
-    import dataclasses
-
-    from rknn_ray.mechanisms import build
     cap = cfg.shuffle.max_messages_per_client
     if cfg.privacy.model != "shuffle" or cfg.privacy.mechanism != "multi" or cap is None:
         return None
-    params = dataclasses.replace(mechanism_params(cfg, data), k=int(k), num_queries=1)
-    mech = build("shuffle", "multi", params)
+    mech = mechanism_for(cfg, data, k=k, num_queries=1)
     per_cell = mech.cal.noise_messages_per_client / mech.cal.num_cells
     real = mech.cal.true_messages_per_record * data.max_records_per_client
     s_cap = max(1, int((cap - real) // (per_cell * data.num_classes)))

@@ -24,8 +24,7 @@ def main(key_store: str) -> None:
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
-    from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_params, prepare_data
+    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_for, prepare_data
 
     # address="local": always a new instance of our own, never a cluster that `ray start`
     # left on this machine (whose processes this test neither owns nor should scan)
@@ -51,7 +50,7 @@ def main(key_store: str) -> None:
                        f"cluster.key_store={key_store}"])
     data = prepare_data(cfg)
     encoder, _, qs = fit_queries(cfg, data)
-    mech = build(cfg.privacy.model, cfg.privacy.mechanism, mechanism_params(cfg, data))
+    mech = mechanism_for(cfg, data)
     with ProtocolSession(cfg, dataset_sources(cfg, data), "job-scan",
                          progress=Progress(False)) as session:
         res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())

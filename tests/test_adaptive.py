@@ -103,15 +103,14 @@ def test_next_round_never_reads_private_records_or_public_labels():
 
     from rknn_ray.job.session import RoundResult
     from rknn_ray.config import load_config
-    from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import exact_answers, fit_queries, mechanism_params, prepare_data
+    from rknn_ray.pipeline import exact_answers, fit_queries, mechanism_for, prepare_data
 
     cfg = load_config("jobs/configs/digits_central.yaml",
                       ["rounds.count=2", "rounds.query_selection=uncertain", "queries.restarts=1"])
     data = prepare_data(cfg)
     encoder, public_emb, qs0 = fit_queries(cfg, data)
     exact = exact_answers(encoder, data, qs0, cfg.rknn.k).counts()
-    mech = build("central", "laplace", mechanism_params(cfg, data, eps=0.5))
+    mech = mechanism_for(cfg, data, eps=0.5, model="central", name="laplace")
     noisy = exact + np.random.default_rng(0).laplace(0, 2 / 0.5, exact.shape)   # a release
     g = mech.guarantee(data.num_clients)
     rnd = RoundResult(noisy, g, None, {}, 0, 0, 0, {})

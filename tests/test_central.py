@@ -130,8 +130,8 @@ def test_bad_parameters():
 def test_run_summary_bound_follows_the_mechanisms_noise(noise):
     """The bound drawn in summary.png is the mechanism's own (it was the discrete one even
     under privacy.noise=continuous)."""
-    from jobs.distill import release_error_bound
+    from rknn_ray.job.finish import release_error_bound
     mech = build("central", "laplace", MechanismParams(
         num_queries=20, num_classes=10, k=2, r=1, eps=0.7, delta=0.0, num_clients=50,
         max_records_per_client=1, options={"noise": noise}))
-    assert release_error_bound(mech.describe(), 10) == mech.error_bound(0.05)
+    assert release_error_bound(mech) == mech.error_bound(0.05)

@@ -86,25 +86,29 @@ def _digits_cfg(*overrides):
                         "cluster.batch_clients=200", "cluster.openers=1", *overrides])
 
 
-GARBAGE_FAULTS = {0: {"garbage_every": 10}, 1: {"garbage_every": 10}}
+def _garbage_parties():
+    """Every shard's clients with an id divisible by 10 send garbage (tests/faulty_parties.py)."""
+    from rknn_ray.job.session import Parties
+    from tests.faulty_parties import garbage_shard
+    return Parties(shard=garbage_shard(10))
 
 
-def _two_rounds(faults, overrides_per_round):
+def _two_rounds(parties, overrides_per_round):
     """One session, one round per config override list (the same shards, the same faults)."""
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_params, prepare_data
+    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_for, prepare_data
     cfg = _digits_cfg()
     data = prepare_data(cfg)
     enc, _, qs = fit_queries(cfg, data)
     out = []
     with ProtocolSession(cfg, dataset_sources(cfg, data), "job-cover", progress=Progress(False),
-                         shard_faults=faults) as session:
+                         parties=parties) as session:
         for t, overrides in enumerate(overrides_per_round):
             c = _digits_cfg(*overrides)
             ledger = PrivacyLedger(budget_eps=c.privacy.eps, budget_delta=c.privacy.delta)
-            mech = build(c.privacy.model, c.privacy.mechanism, mechanism_params(c, data))
+            mech = mechanism_for(c, data)
             try:
                 out.append((mech, ledger, session.run_round(t, mech, enc, qs.features, ledger)))
             except Exception as exc:  # noqa: BLE001 - the test inspects it
@@ -119,7 +123,7 @@ def test_a_tenth_sending_garbage_gives_the_eps_of_the_opened_reports(ray_session
     same attack inside an assumed honest fraction of 0.85 is admitted with n = 918."""
     from rknn_ray.job.session import CoverShortfall
     (mech, ledger, exc), (mech2, ledger2, res) = _two_rounds(
-        GARBAGE_FAULTS, [[], ["privacy.honest_fraction=0.85"]])
+        _garbage_parties(), [[], ["privacy.honest_fraction=0.85"]])
     assert isinstance(exc, CoverShortfall), exc
     opened = DIGITS_N - GARBAGE
     (entry,) = ledger.entries
@@ -149,7 +153,7 @@ def test_the_job_commits_a_refused_round_at_its_true_cost(ray_session, tmp_path,
     import jobs.distill as distill
     from rknn_ray.accounting.budget_store import BudgetStore
     monkeypatch.setattr(distill, "run", functools.partial(distill.run,
-                                                          shard_faults=GARBAGE_FAULTS))
+                                                          parties=_garbage_parties()))
     out = tmp_path / "garbage"
     code = distill.main(["--config", "jobs/configs/digits_shuffle.yaml", "--out", str(out),
                          "--quiet", "--insecure-seeded", "--set", "run.rng=seeded",

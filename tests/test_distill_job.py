@@ -193,10 +193,10 @@ def test_a_seeded_run_needs_insecure_seeded_on_the_command_line(tmp_path, capsys
     assert not out.exists()
 
 
-@pytest.mark.parametrize("stage,party,kept", [("before_finish", "server", True),
-                                              ("before_shuffle", "shuffler", False)])
+@pytest.mark.parametrize("faulty,party,kept", [("ServerDyingAtRelease", "server", True),
+                                               ("ShufflerDyingAtShuffle", "shuffler", False)])
 def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
-        ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger, stage, party, kept):
+        ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger, faulty, party, kept):
     """Fault injection per party: the job ends with one message naming the party, the run folder
     says incomplete, and the persistent ledger keeps the reservation exactly when the counts may
     have been released (a server dying at its release), and returns it otherwise."""
@@ -204,7 +204,10 @@ def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
 
     import jobs.distill as distill
     from rknn_ray.accounting.budget_store import BudgetStore
-    monkeypatch.setattr(distill, "run", functools.partial(distill.run, party_faults={stage: party}))
+    from rknn_ray.job.session import Parties
+    from tests import faulty_parties
+    monkeypatch.setattr(distill, "run", functools.partial(
+        distill.run, parties=Parties(**{party: getattr(faulty_parties, faulty)})))
     code, out = _run(tmp_path, party, "digits_shuffle.yaml", "run.rng=seeded")
     err = capsys.readouterr().err
     assert code == 2 and f"the {party} died" in err and "Traceback" not in err

@@ -119,7 +119,7 @@ def test_orchestration_layer_sits_between_actors_and_jobs():
     assert layer_of("actors.server") < layer_of("rknn_ray.job.session") < layer_of("jobs.distill")
     assert layer_of("rknn_ray.job") > layer_of("rknn_ray.pipeline")
     graph = import_graph()
-    assert "rknn_ray.job.session" in graph and "rknn_ray.job.run" in graph
+    assert "rknn_ray.job.session" in graph and "rknn_ray.job.runner" in graph
     into_job = sorted(a for a, deps in graph.items() for b in deps
                       if b.startswith("rknn_ray.job") and not a.startswith("rknn_ray.job")
                       and layer_of(a) < LAYERS["rknn_ray.job"])

@@ -89,18 +89,18 @@ def _digits_cfg(*overrides):
                         "cluster.batch_clients=200", "cluster.openers=1", *overrides])
 
 
-def _session_round(cfg, job_id="job-fixed", rounds=1, faults=None, ledger=None, progress=None):
+def _session_round(cfg, job_id="job-fixed", rounds=1, parties=None, ledger=None, progress=None):
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
-    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_params, prepare_data
+    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_for, prepare_data
     data = prepare_data(cfg)
     enc, _, qs = fit_queries(cfg, data)
     ledger = ledger or PrivacyLedger()
     progress = progress or Progress(False)
-    mech = build(cfg.privacy.model, cfg.privacy.mechanism, mechanism_params(cfg, data))
+    mech = mechanism_for(cfg, data)
     results = []
     with ProtocolSession(cfg, dataset_sources(cfg, data), job_id, progress=progress,
-                         shard_faults=faults) as session:
+                         parties=parties) as session:
         for t in range(rounds):
             with progress.stage(f"round_{t}"):         # as jobs.distill times a round
                 results.append(session.run_round(t, mech, enc, qs.features, ledger))
@@ -133,7 +133,7 @@ def test_round_refused_when_dropouts_shrink_the_senders(ray_session):
 def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     """Two onion hops, multi-message: every message arrives, the guarantee meets the target
     with the n actually shuffled, and the estimate is close to the exact counts."""
-    from rknn_ray.pipeline import exact_answers, mechanism_params
+    from rknn_ray.pipeline import exact_answers, mechanism_for
     # honest_fraction 1: the chain is under test here, not the fraction (0.5 doubles the
     # noise messages every hop peels: tests/test_cover.py covers it)
     cfg = _digits_cfg("privacy.mechanism=multi", "shuffle.onion_layers=2", "privacy.eps=1.0",
@@ -144,7 +144,7 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     assert sum(res.rejected.values()) == 0 and res.messages == res.shuffler["messages"]
     assert res.guarantee.eps <= 1.0 + 1e-9 and res.guarantee.n == data.num_clients
     exact = exact_answers(enc, data, qs, 1).counts()
-    sd = np.sqrt(build("shuffle", "multi", mechanism_params(cfg, data))
+    sd = np.sqrt(mechanism_for(cfg, data)
                  .describe()["error_variance_all_honest"])
     assert np.abs(res.counts - exact).max() < 8 * sd
     assert ledger.spent()[0] == pytest.approx(res.guarantee.eps)
@@ -158,8 +158,10 @@ def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(
     the failure (same job id, seeded shard secrets and server noise)."""
     cfg = _digits_cfg("privacy.eps=2.0")
     _, _, _, _, (clean,) = _session_round(cfg, job_id="job-kill")
-    faults = {0: {"exit_after_batches": 1, "marker": str(tmp_path / "died")}}
-    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-kill", faults=faults)
+    from rknn_ray.job.session import Parties
+    from tests.faulty_parties import crashing_shard
+    parties = Parties(shards={0: crashing_shard(tmp_path / "died", after=1)})
+    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-kill", parties=parties)
     assert (tmp_path / "died").exists()                  # the fault really happened
     np.testing.assert_array_equal(hit.counts, clean.counts)
     assert hit.messages == clean.messages == 1079
@@ -188,7 +190,10 @@ def test_a_flooding_client_moves_the_release_by_at_most_its_allowance(ray_sessio
     extra = ["privacy.delta=0"] if model == "central" else []
     cfg = _digits_cfg(f"privacy.model={model}", f"privacy.mechanism={mechanism}", *extra)
     _, _, _, _, (clean,) = _session_round(cfg, job_id="job-flood")
-    _, _, _, _, (hit,) = _session_round(cfg, job_id="job-flood", faults={1: {"flood": 1000}})
+    from rknn_ray.job.session import Parties
+    from tests.faulty_parties import flooding_shard
+    _, _, _, _, (hit,) = _session_round(cfg, job_id="job-flood",
+                                        parties=Parties(shards={1: flooding_shard(1000)}))
     assert hit.rejected["over_limit"] == 999 and hit.rejected["duplicate_message"] == 1
     assert hit.messages == clean.messages == hit.clients
     assert hit.authenticated_senders == clean.authenticated_senders == hit.clients

@@ -137,11 +137,13 @@ def test_a_round_whose_shard_lost_its_secret_fails_clearly_and_releases_nothing(
     from tests.test_protocol import _digits_cfg, _session_round
 
     cfg = _digits_cfg("run.rng=secure", f"cluster.key_store={tmp_path / 'keys'}")
-    faults = {0: {"exit_after_batches": 1, "marker": str(tmp_path / "died"), "lose_secret": True}}
+    from rknn_ray.job.session import Parties
+    from tests.faulty_parties import crashing_shard
+    parties = Parties(shards={0: crashing_shard(tmp_path / "died", after=1, lose_secret=True)})
     ledger = PrivacyLedger()
     with pytest.raises(PartyFailure, match="client shard 0 died and did not come back; nothing "
                        "was released: .*ShardSecretError.*restarted.*Fix") as err:
-        _session_round(cfg, job_id="job-lost", faults=faults, ledger=ledger)
+        _session_round(cfg, job_id="job-lost", parties=parties, ledger=ledger)
     assert err.value.party == "client shard 0" and not err.value.released
     assert (tmp_path / "died").exists() and not ledger.to_dict()["entries"]
     assert not (tmp_path / "keys" / "job-lost").exists()   # closing deleted shard 1's secret

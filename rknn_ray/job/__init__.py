@@ -4,9 +4,18 @@ Owns the job context (:mod:`.context`), the protocol session on the parties' Ray
 its failure accounting (:mod:`.session`), the multi-round loop with per-round query
 selection (:mod:`.rounds`), the release file (:mod:`.release_file`), Ray start-up
 (:mod:`.ray_env`), where the parties run (:mod:`.placement`), the job's stage clock and
-bars (:mod:`.progress`), and ``run(config) -> RunResult`` (:mod:`.run`).
+bars (:mod:`.progress`), and ``run(config) -> RunResult`` (:mod:`.runner`).
 
 May import: the library (the rest of ``rknn_ray``), ``sealing``, ``server``, ``shuffler``
 and ``actors``. It sits above ``actors`` and below ``jobs`` (the CLIs) and ``benchmarks``:
 nothing else in ``rknn_ray`` and no party package imports it (tests/test_layers.py).
 """
+
+
+def __getattr__(name: str):
+    """``run`` and ``RunResult`` on first use: importing the package stays light (Ray's
+    workers import rknn_ray.job.ray_env's setup hook, and need none of the job's modules)."""
+    if name in ("run", "RunResult"):
+        from rknn_ray.job import runner
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import ray
 
-from actors.client_shard import ClientShard
-from actors.server import Server
-from actors.shuffler import Shuffler
+from actors import client_shard, server, shuffler
+from actors.client_shard import ClientShardImpl
+from actors.server import ServerImpl
+from actors.shuffler import ShufflerImpl
 from rknn_ray.job.placement import check_placement_feasible, party_options, placement_of
 from rknn_ray.job.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, sealed_width
@@ -97,6 +98,31 @@ class RoundResult:
     placement: dict | None = None              # party -> the Ray node ids its actors ran on
 
 
+@dataclass(frozen=True)
+class Parties:
+    """Which code each party's Ray actor runs: the production classes by default.
+
+    The session builds every actor from these (as Flower's generic ``ray_actor`` runs the
+    logic it is given), so tests inject hostile or crashing parties as subclasses
+    (tests/faulty_parties.py) and production code carries no fault parameters.
+    ``shards`` overrides the shard class for given shard indices.
+    """
+
+    shard: type = ClientShardImpl
+    server: type = ServerImpl
+    shuffler: type = ShufflerImpl
+    shards: dict = field(default_factory=dict)
+
+    def shard_actor(self, i: int):
+        return client_shard.remote_class(self.shards.get(i, self.shard))
+
+    def server_actor(self):
+        return server.remote_class(self.server)
+
+    def shuffler_actor(self):
+        return shuffler.remote_class(self.shuffler)
+
+
 def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -113,14 +139,14 @@ class ProtocolSession:
     """The actors of one job (see module docstring); use as a context manager."""
 
     def __init__(self, cfg, sources: list, job_id: str, key_file: str | None = None,
-                 progress=None, shard_faults: dict | None = None, party_faults: dict | None = None):
+                 progress=None, parties: Parties | None = None):
         self.cfg, self.job_id, self.progress = cfg, job_id, progress
-        self.party_faults = dict(party_faults or {})
+        self.parties = parties = parties or Parties()
         cl = cfg.cluster
         seeded = cfg.run.rng == "seeded"
         check_placement_feasible(cfg, ["client", "server"] + (["shuffler"]
                                  if cfg.privacy.model == "shuffle" else []))
-        self.server = Server.options(num_cpus=cl.server_cpus, **party_options(cfg, "server")).remote(
+        self.server = parties.server_actor().options(num_cpus=cl.server_cpus, **party_options(cfg, "server")).remote(
             job_id, key_file, opener_processes(cl.openers), cl.window)
         # the simulation's credential authority: one key per shard, for its clients only
         issuer = CredentialIssuer(job_id, derived_key(str(cfg.run.seed).encode(), "credentials")
@@ -132,11 +158,10 @@ class ProtocolSession:
                         else ShardKeyStore(job_id, cl.key_store))
         self.shards = []
         for i, src in enumerate(sources):
-            self.shards.append(ClientShard.options(        # SPREAD: shards share out the client nodes
+            self.shards.append(parties.shard_actor(i).options(   # SPREAD: shards share out the client nodes
                 num_cpus=cl.shard_cpus, scheduling_strategy="SPREAD",
                 **party_options(cfg, "client")).remote(
-                i, src, self.secrets, (shard_faults or {}).get(i),
-                issuer.shard_credential(i, *ranges[i])))
+                i, src, self.secrets, issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         try:
             self.server_public_key = ray.get(self.server.public_key.remote())
@@ -189,7 +214,7 @@ class ProtocolSession:
         layers = int(sh.onion_layers)
         if not self.hops:
             ctx = RoundContext(self.job_id, 0)
-            self.hops = [Shuffler.options(num_cpus=self.cfg.cluster.shuffler_cpus,
+            self.hops = [self.parties.shuffler_actor().options(num_cpus=self.cfg.cluster.shuffler_cpus,
                                           **party_options(self.cfg, "shuffler")).remote(
                 floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
                 forwarded_input=i > 0) for i in range(max(1, layers))]
@@ -239,7 +264,6 @@ class ProtocolSession:
         shuffle_stats = None
         if hops:
             t1 = time.perf_counter()
-            self._inject("before_shuffle")
             refs, shuffle_stats = self._shuffle(hops, mechanism)
             timings["shuffle"] = time.perf_counter() - t1
             for ref in refs:                       # the Server's window bounds what is in flight
@@ -257,7 +281,6 @@ class ProtocolSession:
                                  guarantee, event)
         ledger.check(guarantee, event)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
-        self._inject("before_finish")
         # the release is out of every reported timing (stages, console): the exact samplers'
         # run time grows with the noise they draw
         untimed = getattr(self.progress, "untimed", None)
@@ -297,15 +320,6 @@ class ProtocolSession:
                     else "nothing was released")
             raise PartyFailure(_actor_death(f"the {party} died; {what}", exc), party,
                                released) from None
-
-    def _inject(self, stage: str) -> None:
-        """Fault injection for tests (``party_faults={"stage": "party"}``): kill that actor here."""
-        party = self.party_faults.get(stage)
-        if party == "server":
-            ray.kill(self.server, no_restart=True)
-        elif party == "shuffler":
-            for hop in self.hops:
-                ray.kill(hop, no_restart=True)
 
     def _stream_clients(self, spec_ref, sink, say) -> None:
         """One driver thread per shard forwards its batch refs to ``sink`` as they appear."""

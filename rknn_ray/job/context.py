@@ -1,0 +1,54 @@
+"""The job context: everything one job's phases share, in one object instead of 13 parameters.
+
+Made once by :func:`rknn_ray.job.run.run` after the data is loaded and the budget is
+known; the private rounds (:mod:`.rounds`) and the finishing step (:mod:`.finish`) read
+it. Its fields are fixed for the job except the encoder and the first round's queries,
+which are fitted after the budget is reserved.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rknn_ray.job.session import Parties
+from rknn_ray.mechanisms.base import Mechanism
+from rknn_ray.pipeline import mechanism_for, round_budgets, round_query_counts
+
+
+@dataclass
+class JobContext:
+    cfg: object                     # the validated config (auto choices resolved)
+    data: object                    # rknn_ray.data.prepared.PreparedData
+    out_dir: str                    # the prepared run folder
+    progress: object                # rknn_ray.job.progress.Progress
+    store: object                   # the persistent budget store (BudgetStore)
+    identity: str                   # the records' source in the store (its budget)
+    described: str                  # that source in words
+    release_key: str                # this job's private part, as release.npz names it
+    budget: tuple = (float("nan"), float("nan"))   # the source's (eps, delta) budget
+    job_id: str = ""
+    key_file: str | None = None
+    parties: Parties = field(default_factory=Parties)
+    auto_choice: dict | None = None  # what queries.s / rknn.k: auto chose (public)
+    encoder: object = None
+    public_emb: np.ndarray | None = None
+    first_queries: object = None     # round 1's QuerySet
+
+    def round_budgets(self) -> list[tuple[float, float]]:
+        """(eps_t, delta_t) for each round: its share of privacy.eps and privacy.delta."""
+        p = self.cfg.privacy
+        return round_budgets(p.eps, p.delta, self.cfg.rounds.count, self.cfg.rounds.budget_split)
+
+    def round_sizes(self) -> list[int]:
+        """New queries per round."""
+        return round_query_counts(self.cfg)
+
+    def round_mechanism(self, t: int, num_queries: int) -> Mechanism:
+        """Round ``t``'s mechanism, calibrated for its share of the budget and its s."""
+        eps_t, delta_t = self.round_budgets()[t]
+        return mechanism_for(self.cfg, self.data, eps=eps_t, delta=delta_t,
+                             num_queries=num_queries)
+
+    def say(self, message: str) -> None:
+        self.progress.say(message)

@@ -1,0 +1,172 @@
+"""After the release: labels, the student and the run folder, from released counts only.
+
+Writes labels.parquet, ledger.json, summary.png (and, with ``run.diagnostics``, the
+NOT-private diagnostics folder), then report.json last: it marks a complete run.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from rknn_ray import __version__
+from rknn_ray.job.context import JobContext
+from rknn_ray.job.placement import merge_placements
+from rknn_ray.job.release_file import load_selections
+from rknn_ray.pipeline import exact_answers, finish_labels, fit_student, student_inputs
+from rknn_ray.plots import run_summary_png
+from rknn_ray.queries import union_of_rounds
+from rknn_ray.rng import NOT_PRIVATE
+from rknn_ray.runio import remove_train_storage, write_json, write_parquet, write_text
+
+DIAGNOSTICS_README = """NOT PRIVATE. Everything in this folder was computed from the private data WITHOUT
+noise (run.diagnostics: true, a simulation setting): the labels the same pipeline gives
+with exact counts, and plots of exact per-query counts. No privacy guarantee covers it.
+Do not share this folder with anyone who may not see the private data; share the run
+folder without it.
+"""
+
+
+def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -> tuple:
+    """Labels, the student and the run folder; returns (the report, also in report.json;
+    the public samples' labels, also in labels.parquet).
+    ``mechanism``: the last round's, whose own error bound the central plots draw."""
+    cfg, data, progress, out_dir = ctx.cfg, ctx.data, ctx.progress, ctx.out_dir
+    sp = data.splits
+    all_qs = union_of_rounds(ctx.public_emb, query_sets)
+    counts = np.concatenate([r.counts for r in rounds])
+    with progress.stage("labels", "labels from the released counts"):
+        lab, utility = finish_labels(cfg, data, counts, all_qs, ctx.public_emb, rounds, progress)
+    utility["auto"] = ctx.auto_choice
+    progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
+    ref = exact = None
+    if cfg.run.diagnostics:     # simulation only: exact private counts, never released
+        exact = np.concatenate([exact_answers(ctx.encoder, data, q, cfg.rknn.k).counts()
+                                for q in query_sets])
+        ref, _ = finish_labels(cfg, data, exact.astype(float), all_qs, ctx.public_emb, rounds,
+                               None, noise_std=0.0)
+        progress.say(f"[diagnostics, NOT private] non-private label accuracy "
+                     f"{ref.label_accuracy:.4f}")
+    st = cfg.student
+    inputs = student_inputs(cfg, data, ctx.encoder, lab, all_qs, ctx.public_emb, utility, out_dir)
+    train_x = inputs.train_x
+    how = f"Ray Train, {st.num_workers} workers" if st.trainer == "ray" else "in this process"
+    with progress.stage("student", f"student: {how}, "
+                        f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
+            progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
+        student = fit_student(cfg, data, ctx.encoder, lab, utility, inputs, out_dir, progress,
+                              on_epoch)
+    progress.say(f"student test accuracy {student.test_accuracy:.4f}")
+    if hasattr(ctx.encoder, "save"):              # a learned encoder travels with the run
+        utility["encoder"] = {**ctx.encoder.describe(),
+                              "file": os.path.basename(ctx.encoder.save(out_dir))}
+
+    truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
+    g = rounds[-1].guarantee
+    eps_spent, delta_spent = ledger.spent()
+    timings = dict(progress.timings)
+    for stage in ("clients", "shuffle", "server_open"):
+        timings[stage] = sum(r.timings.get(stage, 0.0) for r in rounds)
+    for t, r in enumerate(rounds):
+        timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
+    report = {
+        "accuracy": {"labels": lab.label_accuracy, "student": student.test_accuracy,
+                     "nonprivate_labels": None, "query_labels": lab.query_accuracy},
+        "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,
+                    "delta": delta_spent, "unit": g.unit, "neighbour": g.neighbour,
+                    "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
+                    "details": [r.mechanism for r in rounds],
+                    "budget": {"dataset": ctx.identity, "description": ctx.described,
+                               "eps": ctx.budget[0], "delta": ctx.budget[1],
+                               "spent_eps": ctx.store.spent(ctx.identity).eps,
+                               "ledger": ctx.store.path},
+                    "release_file": "release.npz", **rng_marks(cfg)},
+        "counts": {**data.public_counts(), "queries": all_qs.size,
+                   "messages": int(sum(r.messages for r in rounds)),
+                   "received": int(sum(r.received for r in rounds)),
+                   "rejected": sum_dicts(r.rejected for r in rounds),
+                   "authenticated_senders": [r.authenticated_senders for r in rounds],
+                   "missing": [r.missing for r in rounds],
+                   "rounds": len(rounds)},
+        "split": sp.describe(),
+        "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,
+                    "trainer": st.trainer,
+                    "num_workers": student.num_workers, "device": student.device,
+                    "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
+        "timings_s": timings,
+        "selection": load_selections(out_dir),      # per round: rule, pool, uncertainty
+        "utility": {k: v for k, v in utility.items() if k != "confidence"},
+        "rng": cfg.run.rng, "version": __version__, "job_id": ctx.job_id,
+        "config": cfg.to_dict(),
+    }
+    if any(r.shuffler is not None for r in rounds):
+        report["shuffler"] = [r.shuffler for r in rounds]
+    report["placement"] = merge_placements(r.placement for r in rounds)  # party -> its Ray nodes
+    labels_table = pa.table({
+        "public_index": np.arange(len(sp.public_y)), "query": all_qs.assignment,
+        "label": lab.public_hard, "true_label": sp.public_y, "weight": lab.public_weight,
+        "soft": pa.array(list(lab.query_soft[all_qs.assignment]), type=pa.list_(pa.float32())),
+    })
+    write_parquet(os.path.join(out_dir, "labels.parquet"), labels_table)
+    write_json(os.path.join(out_dir, "ledger.json"), ledger.to_dict())
+    bound = release_error_bound(mechanism) if g.model == "central" else None
+    correct = lab.query_labels == truth_q
+    run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history,
+                    count_gaps(counts, truth_q), correct, bound, "released")
+    if cfg.run.diagnostics:
+        report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
+                                                  student.history, ref, exact, truth_q,
+                                                  correct, bound, len(sp.public_y))
+        # PRIVATE (depends on the label-driven partition): only in the diagnostics
+        report["diagnostics"]["records_dropped_by_bound"] = data.records_dropped()
+    remove_train_storage(out_dir)         # Train's student-*/ copies, an interrupted attempt's too
+    write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
+    if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
+        os.unlink(os.path.join(out_dir, "incomplete.json"))
+    return report, lab.public_hard
+
+
+def release_error_bound(mechanism, beta: float = 0.05) -> float:
+    """The central release's (eta, beta) error bound for the plots: the mechanism's own
+    (its scale and its noise, discrete or continuous), never a rebuild from its description."""
+    return float(mechanism.error_bound(beta))
+
+
+def count_gaps(counts: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """Per query: count of the (public) true class minus the best other class."""
+    rows = np.arange(counts.shape[0])
+    others = counts.astype(float).copy()
+    others[rows, truth] = -np.inf
+    return counts[rows, truth] - others.max(axis=1)
+
+
+def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, correct, bound,
+                      num_public: int) -> dict:
+    """The non-private reference, in its own folder with a README that says so; the folder
+    is owner-only (0700), since what it holds was computed from private data without noise."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
+    write_parquet(os.path.join(folder, "nonprivate_labels.parquet"), pa.table({
+        "public_index": np.arange(num_public), "nonprivate_label": ref.public_hard}))
+    diag = {"private": False, "folder": "diagnostics",
+            "nonprivate_labels": ref.label_accuracy, "nonprivate_query_labels": ref.query_accuracy}
+    run_summary_png(os.path.join(folder, "summary_nonprivate.png"),
+                    {**report, "diagnostics": diag}, history, count_gaps(exact, truth_q),
+                    correct, bound, "non-private")
+    return diag
+
+
+def rng_marks(cfg) -> dict:
+    """report.json's privacy section: ``private`` is False (with why) for a seeded simulation."""
+    return {"private": True} if cfg.run.rng == "secure" else {"private": False,
+                                                              "warning": NOT_PRIVATE}
+
+
+def sum_dicts(dicts) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out

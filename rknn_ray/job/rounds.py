@@ -1,0 +1,171 @@
+"""The multi-round loop: the only phase of a job that touches private data.
+
+``rounds.count`` rounds on one :class:`~rknn_ray.job.session.ProtocolSession`; each round
+picks its queries (:func:`select_round_queries`: k-means for the first, then
+``rounds.query_selection``), spends its share of ``privacy.eps``, is committed to the
+persistent ledger and saved to ``release.npz`` the moment it is released. On a failure
+the job's unreleased reservation is returned, unless the failure came where a release
+may already have happened (then it stays counted).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.budget_store import mark_started
+from rknn_ray.accounting.events import event_to_dict
+from rknn_ray.errors import ConfigError, PrivacyBudgetError, RknnError
+from rknn_ray.job.context import JobContext
+from rknn_ray.job.release_file import save_release
+from rknn_ray.job.session import CoverShortfall, PartyFailure, ProtocolSession
+from rknn_ray.pipeline import (dataset_sources, mechanism_for, next_round_uncertain,
+                               round_budgets, round_query_counts)
+from rknn_ray.queries import NEXT_ROUND_SELECTORS
+from rknn_ray.rng import NOT_PRIVATE
+
+
+class ReleaseNotSaved(RknnError):
+    """A round was released (and counted in the ledger) but release.npz could not be written."""
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def check_dropout(cfg, data) -> None:
+    """Refuse, before any budget is reserved, a simulated dropout that leaves fewer senders
+    (on average) than the first round's shuffle needs: the shuffler would refuse the round
+    only after every client had worked."""
+    if cfg.privacy.model != "shuffle" or not cfg.shuffle.dropout:
+        return
+    p = cfg.privacy
+    eps0, delta0 = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)[0]
+    mechanism = mechanism_for(cfg, data, eps=eps0, delta=delta0,
+                              num_queries=round_query_counts(cfg)[0])
+    floor = max(mechanism.min_senders(), cfg.shuffle.min_senders or 0)
+    n = data.num_clients
+    expected = int(n * (1 - cfg.shuffle.dropout))
+    if expected < floor:
+        raise ConfigError("shuffle.dropout", f"{cfg.shuffle.dropout:g} leaves about {expected} "
+                          f"of {n} clients sending, but the round needs {floor} distinct senders "
+                          "(its guarantee is calibrated for them): the shuffler would refuse it "
+                          "after the whole client round",
+                          "set shuffle.dropout=0, or use privacy.mechanism=multi with "
+                          f"privacy.options.expected_dropout>={cfg.shuffle.dropout:g} (calibrated "
+                          "for the senders that remain)")
+
+
+def select_round_queries(cfg, data, t: int, public_emb: np.ndarray, rounds: list,
+                         query_sets: list, size: int, first, progress=None) -> tuple:
+    """Round ``t``'s queries and how they were chosen (a public record for report.json):
+    ``first`` (the k-means queries) for round 0, then ``rounds.query_selection``:
+    ``farthest`` from the queries taken, or ``uncertain`` (post-processing of the rounds
+    released so far: an interim student's least certain public samples)."""
+    if t == 0:
+        return first, {"round": 0, "rule": "kmeans", "queries": first.size}
+    rule = cfg.rounds.query_selection
+    if rule in NEXT_ROUND_SELECTORS:
+        taken = np.concatenate([q.public_index for q in query_sets])
+        qs = NEXT_ROUND_SELECTORS[rule](public_emb, taken, size, cfg.run.seed + t)
+        return qs, {"round": t, "rule": rule, "queries": qs.size}
+    stage = (progress.stage(f"select_{t}", f"round {t + 1}: interim student, queries where it "
+                            f"is least certain ({cfg.rounds.uncertainty})")
+             if progress is not None else contextlib.nullcontext())
+    with stage:
+        qs, info = next_round_uncertain(cfg, data, rounds, query_sets, public_emb,
+                                        cfg.run.seed + t, size)
+    if progress is not None:
+        progress.say(f"round {t + 1} queries: {qs.size} among the {info['pool']} least "
+                     f"certain; uncertainty chosen {info['uncertainty_chosen']:.3f} vs "
+                     f"all {info['uncertainty_all']:.3f}; interim student agrees with "
+                     f"the released labels on {info['interim_agreement_released']:.3f}")
+    return qs, {"round": t, "queries": qs.size, **info}
+
+
+def job_ledger(cfg) -> PrivacyLedger:
+    """The job's in-memory ledger, bounded by privacy.budget_* when set (else the job's eps)."""
+    p = cfg.privacy
+    budget_eps = p.eps if p.budget_eps is None else min(p.budget_eps, p.eps)
+    budget_delta = p.delta if p.budget_delta is None else min(p.budget_delta, p.delta)
+    return PrivacyLedger(budget_eps=budget_eps, budget_delta=budget_delta or None,
+                         accountant=p.accountant)
+
+
+def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
+    """Every private round of the job on one ProtocolSession; returns (rounds, their
+    QuerySets, the job's ledger, the rounds' mechanisms)."""
+    cfg, store, progress = ctx.cfg, ctx.store, ctx.progress
+    p = cfg.privacy
+    ledger = job_ledger(cfg)
+    budgets = ctx.round_budgets()
+    sizes = ctx.round_sizes()                  # new queries per round
+    rounds, query_sets, selections, mechanisms = [], [], [], []
+    released = False
+    try:
+        mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
+        with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
+            session = ProtocolSession(cfg, dataset_sources(cfg, ctx.data), ctx.job_id,
+                                      ctx.key_file, progress, ctx.parties)
+        with session:
+            for t, (eps_t, _delta_t) in enumerate(budgets):
+                qs, selection = select_round_queries(cfg, ctx.data, t, ctx.public_emb, rounds,
+                                                     query_sets, sizes[t], ctx.first_queries,
+                                                     progress)
+                selections.append(selection)
+                mechanism = ctx.round_mechanism(t, qs.size)
+                with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
+                                    f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
+                    try:
+                        rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
+                                                        ledger))
+                    except CoverShortfall as exc:   # opened, so spent: recorded, not labelled
+                        store.commit_round(ctx.identity, ctx.job_id, t, exc.guarantee.eps,
+                                           exc.guarantee.delta, event_to_dict(exc.event),
+                                           note="refused for labelling: too few reports opened "
+                                                "to meet the target; recorded at its true cost")
+                        raise
+                    except PrivacyBudgetError:      # refused before the server released anything
+                        raise
+                    except PartyFailure as exc:     # the party knows whether counts may be out
+                        released = exc.released
+                        raise
+                    except BaseException:
+                        released = True             # unknown: count it as released
+                        raise
+                query_sets.append(qs)
+                mechanisms.append(mechanism)
+                released = True         # until the ledger commits it, a failure keeps it counted
+                note = NOT_PRIVATE if cfg.run.rng != "secure" else "released"
+                lost = None
+                try:        # durable (fsync'd) on disk before the ledger commits the round
+                    save_release(ctx.out_dir, ctx.job_id, ctx.release_key or ctx.identity,
+                                 rounds, query_sets, selections)
+                except OSError as exc:
+                    lost = exc
+                    note = (f"released, but release.npz could not be saved ({first_line(exc)}): "
+                            "the counts are lost; their eps stays counted")
+                store.commit_round(ctx.identity, ctx.job_id, t, rounds[-1].guarantee.eps,
+                                   rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
+                                   note=note)
+                released = False
+                if lost is not None:
+                    raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "
+                                          f"is counted in the ledger, but it could not be saved: "
+                                          f"{str(lost).strip().splitlines()[0]}") from None
+    except BaseException as exc:
+        what = f"job failed ({type(exc).__name__}: {first_line(exc)})"
+        try:
+            if released:
+                store.mark_failed(ctx.identity, ctx.job_id, what + "; reservation kept: a release "
+                                  "may have happened")
+            else:               # every round so far is committed; nothing else can be out
+                store.close_job(ctx.identity, ctx.job_id, what + f"; {len(rounds)} round(s) "
+                                "released, the rest of the reservation returned")
+        except Exception:       # a ledger that cannot be written keeps the reservation counted
+            pass
+        raise
+    store.close_job(ctx.identity, ctx.job_id, f"job finished: {len(rounds)} round(s) released")
+    return rounds, query_sets, ledger, mechanisms

@@ -1,0 +1,167 @@
+"""``run(config) -> RunResult``: one whole job for a library user, no CLI needed.
+
+    from rknn_ray.config import load_config
+    from rknn_ray.job import run
+    result = run(load_config("jobs/configs/digits_central.yaml"), "runs/mine")
+    result.report["accuracy"], result.guarantee, result.paths["labels"]
+
+Loads and partitions the data, reserves the job's budget in the persistent ledger before
+anything randomizes, fits the encoder and the first queries, starts (or joins) Ray, runs
+the private rounds (:mod:`.rounds`) and finishes labels, student and run folder
+(:mod:`.finish`). ``resume=True`` finishes from a saved release.npz without a new private
+round. The CLI (jobs/distill.py) adds argument parsing, the console and incomplete.json.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import yaml
+
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
+from rknn_ray.accounting.source_identity import job_source, legacy_release_name
+from rknn_ray.errors import DataError
+from rknn_ray.job.context import JobContext
+from rknn_ray.job.finish import finish
+from rknn_ray.job.progress import Progress
+from rknn_ray.job.ray_env import ensure_ray
+from rknn_ray.job.release_file import load_release
+from rknn_ray.job.rounds import check_dropout, first_line, private_rounds
+from rknn_ray.job.session import Parties, new_job_id
+from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
+from rknn_ray.runio import write_text
+
+#: the run folder's files (report.json last: it marks a complete run)
+RUN_FILES = {"config": "config.yaml", "release": "release.npz", "ledger": "ledger.json",
+             "labels": "labels.parquet", "summary": "summary.png", "report": "report.json"}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one job produced: the report (report.json), the public samples' labels
+    (labels.parquet's ``label``), the last round's guarantee, the ledger, the run folder."""
+    report: dict
+    labels: np.ndarray
+    guarantee: Guarantee
+    ledger: dict
+    out_dir: str
+    paths: dict
+
+
+def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
+        ledger_path: str | None = None, resume: bool = False, parties: Parties | None = None,
+        start_ray: Callable[[], bool] = ensure_ray) -> RunResult:
+    """Run the job for a validated ``cfg`` into the prepared ``out_dir``.
+
+    ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
+    for the whole job); each round spends its share of ``privacy.eps``, is one ledger
+    entry, and is saved to ``release.npz`` the moment it is released. ``parties``: the
+    code each party's actor runs (tests inject faulty ones). ``start_ray`` starts or joins
+    Ray and says whether it started it (then the job shuts it down).
+    """
+    import ray
+
+    progress = progress or Progress(cfg.run.progress)
+    ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties)
+    started = False
+    if resume:
+        rounds, query_sets, ledger = _saved_rounds(ctx)
+        mechanisms = None
+    else:
+        _reserve(ctx)
+        try:
+            started = start_ray()
+        except BaseException as exc:      # no client has randomized yet: nothing was released
+            _return_reservation(ctx, exc)
+            raise
+    try:
+        if resume:
+            started = start_ray()
+        else:
+            rounds, query_sets, ledger, mechanisms = private_rounds(ctx)
+        last = mechanisms[-1] if mechanisms else None
+        if last is None and rounds[-1].guarantee.model == "central":   # resumed: the plots' bound
+            last = ctx.round_mechanism(len(rounds) - 1, query_sets[-1].size)
+        report, labels = finish(ctx, rounds, query_sets, ledger, last)
+    finally:
+        if started:
+            ray.shutdown()
+    return RunResult(report, labels, rounds[-1].guarantee, ledger.to_dict(), out_dir,
+                     {k: os.path.join(out_dir, v) for k, v in RUN_FILES.items()})
+
+
+def _context(cfg, out_dir, progress, ledger_path, key_file, parties) -> JobContext:
+    with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
+        data = pipeline.prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
+    cfg, auto_choice = pipeline.resolve_auto(cfg, data)     # queries.s / rknn.k: auto (public info only)
+    if auto_choice:
+        progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "
+                     f"({auto_choice['reason']})")
+    store = BudgetStore(ledger_path)
+    # the budget is the records' source's (any split / seed / partition); the release is this
+    # job's private part as split and partitioned (resume must find the same one)
+    identity, described, release_key = job_source(store, cfg, data)
+    return JobContext(cfg, data, out_dir, progress, store, identity, described, release_key,
+                      key_file=key_file, parties=parties or Parties(), auto_choice=auto_choice)
+
+
+def _saved_rounds(ctx: JobContext) -> tuple:
+    """--resume: the rounds saved in release.npz (no private round, no budget spent)."""
+    cfg = ctx.cfg
+    ctx.encoder, ctx.public_emb, _ = pipeline.fit_queries(cfg, ctx.data, ctx.say)  # public, deterministic
+    job_id, saved_identity, rounds, query_sets = load_release(ctx.out_dir, ctx.public_emb)
+    # run folders from before keyed names hold the bare digest: still recognized
+    if saved_identity not in (ctx.release_key, legacy_release_name(cfg, ctx.data)):
+        raise DataError(f"{ctx.out_dir}/release.npz was released from other private data than "
+                        f"this config loads, or recorded in another ledger ({saved_identity} vs "
+                        f"{ctx.release_key}). Fix: resume with the run folder's own config.yaml, "
+                        "unchanged, and the ledger the job ran with (--ledger)")
+    ctx.job_id = job_id
+    ledger = PrivacyLedger(accountant=cfg.privacy.accountant)
+    for t, r in enumerate(rounds):
+        ledger.record(r.guarantee, round_id=t, event=r.event, messages=r.messages,
+                      clients=r.clients)
+    ctx.budget = ctx.store.budget(ctx.identity) or (float("nan"), float("nan"))
+    ctx.say(f"resuming from release.npz: {len(rounds)} round(s) already released; "
+            "no new private round, no budget spent")
+    return rounds, query_sets, ledger
+
+
+def _reserve(ctx: JobContext) -> None:
+    """Reserve the job's whole spend before anything randomizes, then the public work
+    (config.yaml, encoder, first queries); a failure here returns the reservation."""
+    cfg, data, progress = ctx.cfg, ctx.data, ctx.progress
+    sp = data.splits
+    check_dropout(cfg, data)             # a round sure to be refused costs no budget
+    ctx.job_id = new_job_id()
+    p = cfg.privacy
+    # the budget lasts across jobs: reserve this job's whole spend before anything randomizes
+    ctx.budget = ctx.store.reserve(ctx.identity, ctx.described, ctx.job_id, p.eps, p.delta,
+                                   job_default_budget(p, len(sp.private_y)),
+                                   accountant=p.accountant, records=len(sp.private_y))
+    try:
+        progress.say(f"privacy budget of {ctx.described}: eps={ctx.budget[0]:g}, "
+                     f"delta={ctx.budget[1]:g}; this job reserved eps={p.eps:g} "
+                     f"(ledger {ctx.store.path})")
+        write_text(os.path.join(ctx.out_dir, "config.yaml"),
+                   yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
+                     f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+        fit_s = ctx.round_sizes()[0]
+        with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
+                            + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
+                               if cfg.rounds.split_queries else "")):
+            ctx.encoder, ctx.public_emb, ctx.first_queries = pipeline.fit_queries(cfg, data,
+                                                                                   progress.say)
+    except BaseException as exc:
+        _return_reservation(ctx, exc)
+        raise
+
+
+def _return_reservation(ctx: JobContext, exc: BaseException) -> None:
+    ctx.store.close_job(ctx.identity, ctx.job_id, f"job ended before any client randomized "
+                        f"({type(exc).__name__}: {first_line(exc)}); reservation returned")

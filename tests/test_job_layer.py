@@ -1,0 +1,93 @@
+"""The orchestration layer (rknn_ray/job/): a whole job without the CLI, the mechanism built
+in one place, one per-round query selection, and party code injected instead of fault
+parameters in production code."""
+import dataclasses
+import inspect
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from rknn_ray.config import load_config
+
+FAST = ["student.epochs=2", "queries.restarts=1", "run.rng=seeded"]
+
+
+def test_run_config_returns_a_run_result_without_the_cli(ray_session, tmp_path,
+                                                         isolated_privacy_ledger):
+    """A library user runs a whole job: the RunResult carries what the run folder holds."""
+    from rknn_ray.job import RunResult, run
+    from rknn_ray.runio import prepare_run_dir
+    cfg = load_config("jobs/configs/digits_central.yaml", FAST)
+    out = prepare_run_dir(str(tmp_path / "lib"), overwrite=False)
+    result = run(cfg, out, ledger_path=str(isolated_privacy_ledger))
+    assert isinstance(result, RunResult)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.report = {}
+    assert result.report == json.loads((tmp_path / "lib" / "report.json").read_text())
+    labels = pq.read_table(result.paths["labels"]).column("label").to_numpy()
+    np.testing.assert_array_equal(result.labels, labels)
+    assert (result.guarantee.model, result.guarantee.unit) == ("central", "record")
+    assert result.guarantee.eps == pytest.approx(result.report["privacy"]["eps"])
+    assert result.ledger == result.report["privacy"]["ledger"]
+    for name in ("config", "release", "ledger", "labels", "summary", "report"):
+        assert (tmp_path / "lib" / result.paths[name].rsplit("/", 1)[1]).stat().st_size > 0
+
+
+def _ctx(*overrides):
+    from rknn_ray.job.context import JobContext
+    from rknn_ray.pipeline import prepare_data
+    cfg = load_config("jobs/configs/digits_central.yaml", ["run.rng=seeded", *overrides])
+    return JobContext(cfg, prepare_data(cfg), "", None, None, "", "", "")
+
+
+@pytest.mark.parametrize("noise", ["discrete", "continuous"])
+def test_a_rounds_mechanism_and_its_plotted_bound_come_from_the_config(noise):
+    """Round t's mechanism gets the round's share of eps and its s, the config's noise kind;
+    the plots' error bound is that mechanism's own (not a rebuild with discrete noise)."""
+    from rknn_ray.job.finish import release_error_bound
+    from rknn_ray.mechanisms.central import central_error_bound
+    ctx = _ctx("rounds.count=2", "privacy.eps=1.0", f"privacy.noise={noise}")
+    mech = ctx.round_mechanism(1, 7)
+    assert mech.params.eps == pytest.approx(0.5) and mech.params.num_queries == 7
+    assert mech.describe()["noise"] == noise
+    assert release_error_bound(mech) == mech.error_bound(0.05)
+    other = "discrete" if noise == "continuous" else "continuous"
+    assert release_error_bound(mech) != central_error_bound(float(mech.scale), 10, 0.05, other)
+
+
+def test_round_query_selection_is_the_jobs_own(tmp_path):
+    """One selection for the job and the adaptive-rounds benchmark: k-means first, then the
+    configured rule, never a query already taken."""
+    from rknn_ray.job.rounds import select_round_queries
+    from rknn_ray.pipeline import fit_queries
+    ctx = _ctx("rounds.count=2", "rounds.query_selection=farthest", "queries.s=10")
+    _, emb, first = fit_queries(ctx.cfg, ctx.data)
+    qs, how = select_round_queries(ctx.cfg, ctx.data, 0, emb, [], [], 10, first)
+    assert qs is first and how == {"round": 0, "rule": "kmeans", "queries": 10}
+    qs1, how1 = select_round_queries(ctx.cfg, ctx.data, 1, emb, [], [first], 10, first)
+    assert how1 == {"round": 1, "rule": "farthest", "queries": 10}
+    assert not set(qs1.public_index) & set(first.public_index)
+    import benchmarks.adaptive_rounds as bench
+    assert "select_round_queries" in inspect.getsource(bench.label_only_cell)
+
+
+def test_production_parties_take_no_fault_parameters():
+    """Faults are test subclasses (tests/faulty_parties.py), injected through Parties."""
+    from actors import client_shard, server, shuffler
+    from rknn_ray.job.session import Parties, ProtocolSession
+    from tests.faulty_parties import CrashingShard, configured, crashing_shard
+    assert "fault" not in inspect.signature(client_shard.ClientShardImpl.__init__).parameters
+    params = inspect.signature(ProtocolSession.__init__).parameters
+    assert "parties" in params and not {"shard_faults", "party_faults"} & set(params)
+    assert not any(hasattr(client_shard.ClientShardImpl, m)
+                   for m in ("_flood", "_garbage", "_maybe_crash"))
+    default = Parties()
+    assert default.shard_actor(0) is client_shard.ClientShard
+    assert default.server_actor() is server.Server and default.shuffler_actor() is shuffler.Shuffler
+    crash = crashing_shard("/tmp/x", after=3)
+    assert issubclass(crash, CrashingShard) and crash.after == 3
+    assert Parties(shards={1: crash}).shard_actor(0) is client_shard.ClientShard
+    with pytest.raises(TypeError, match="no setting"):
+        configured(CrashingShard, afterr=3)
