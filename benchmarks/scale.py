@@ -196,6 +196,7 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
     import ray
 
     from jobs.local_cluster import LocalCluster, placement_overrides, roles_for
+    from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.student import quiet_train_logs
 
     quiet_train_logs()
@@ -208,10 +209,9 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
         cluster = LocalCluster(roles, cpus=max(1.0, cores / nodes),
                                object_store_mb=object_store_mb or 500).start()
         overrides += placement_overrides(roles) + [f"cluster.openers={cores}"]
-        ray.init(address=cluster.address, log_to_driver=False)
+        ensure_ray(address=cluster.address, log_to_driver=False)
     else:
-        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False,
-                 object_store_memory=None if object_store_mb is None else object_store_mb * 2 ** 20)
+        ensure_ray(num_cpus=cores, object_store_mb=object_store_mb, log_to_driver=False)
     try:
         res = _actors_round(clients, batch, shards, distributed_above, overrides)
         res["nodes"] = (cluster.node_roles() if cluster else

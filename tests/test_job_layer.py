@@ -91,3 +91,22 @@ def test_production_parties_take_no_fault_parameters():
     assert Parties(shards={1: crash}).shard_actor(0) is client_shard.ClientShard
     with pytest.raises(TypeError, match="no setting"):
         configured(CrashingShard, afterr=3)
+
+
+def test_ensure_ray_is_the_one_start_up_for_a_local_instance_or_a_cluster(monkeypatch):
+    """The options the benchmarks need (a cluster address, the object store's size, a quiet
+    driver) go through the one start-up; a joined cluster is never reported as started."""
+    import ray
+
+    from rknn_ray.job import ray_env
+    calls = []
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    assert ray_env.ensure_ray(num_cpus=2, object_store_mb=300, log_to_driver=False) is True
+    assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 2
+    assert calls[-1]["object_store_memory"] == 300 * 2 ** 20
+    assert calls[-1]["log_to_driver"] is False and calls[-1]["include_dashboard"] is False
+    assert ray_env.ensure_ray(address="127.0.0.1:6379") is False
+    assert calls[-1] == {"address": "127.0.0.1:6379", "log_to_driver": True}
+    assert ray_env.ensure_ray() is True and "object_store_memory" not in calls[-1]

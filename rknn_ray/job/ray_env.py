@@ -65,22 +65,32 @@ def pin_ray_address() -> None:
 WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "rknn_ray.job.ray_env.pin_ray_address"}
 
 
-def ensure_ray(num_cpus: int | None = None) -> bool:
-    """Init Ray if needed; returns True when this call started a local instance."""
+def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
+               object_store_mb: int | None = None, log_to_driver: bool = True) -> bool:
+    """Init Ray if needed; returns True when this call started a local instance.
+
+    The one way this project starts Ray (the CLIs, the job, the benchmarks): ``address``
+    (else ``RAY_ADDRESS``) joins that cluster; otherwise a loopback instance of our own with
+    ``num_cpus`` (default all) and, if given, an object store of ``object_store_mb`` MiB.
+    """
     import ray
     quiet_ray_logs()
     if ray.is_initialized():
         return False
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=True)
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=log_to_driver)
         return False
     local_ray_env()
+    store = None if object_store_mb is None else int(object_store_mb) * 2 ** 20
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             # address="local": always our own instance, never a cluster that a `ray start`
             # (jobs.local_cluster, another user) left running on this machine
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                     runtime_env=WORKER_RUNTIME_ENV, log_to_driver=True, configure_logging=True, logging_level=logging.WARNING)
+                     runtime_env=WORKER_RUNTIME_ENV, log_to_driver=log_to_driver,
+                     configure_logging=True, logging_level=logging.WARNING,
+                     **({"object_store_memory": store} if store else {}))
             return True
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
             if STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS:
