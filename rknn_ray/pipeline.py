@@ -289,15 +289,23 @@ def encoder_info(cfg) -> dict:
     return {"encoder": cfg.represent.encoder, "dim": cfg.represent.dim}
 
 
+def _semi_init(cfg, encoder):
+    """The encoder whose backbone starts the semi student (``student.init: encoder`` and a
+    contrastive encoder), else None (from scratch)."""
+    simclr = getattr(encoder, "name", "") == "simclr"
+    return encoder if (cfg.student.init == "encoder" and simclr) else None
+
+
 def train_semi(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, out_dir: str | None,
                progress=None):
     """The semi-supervised student (rknn_ray.student.semi) on every public sample, with the
-    released (smoothed) labels weighted by their confidence; initialized from the
-    contrastive encoder's backbone when there is one and ``student.init: encoder``."""
+    released (smoothed) labels weighted by their confidence (``info["confidence"]`` from
+    :func:`finish_labels`, read only); initialized from the contrastive encoder's backbone
+    when there is one and ``student.init: encoder``."""
     from rknn_ray.student.semi import SemiConfig, train_semi_student
     st = cfg.student
     sp = data.splits
-    init = encoder if (st.init == "encoder" and getattr(encoder, "name", "") == "simclr") else None
+    init = _semi_init(cfg, encoder)
     scfg = SemiConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
                       weight_decay=st.weight_decay or 5e-4, threshold=st.threshold,
                       target=st.target, flip=cfg.represent.flip, seed=cfg.run.seed,
@@ -310,11 +318,18 @@ def train_semi(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, out_
         progress=(lambda row: say("  epoch " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float)
                                                          else f"{k} {v}" for k, v in row.items())))
         if say else None)
-    info.pop("confidence", None)
-    info["student"] = {"method": "semi", "target": st.target, "threshold": st.threshold,
-                       "init": "encoder" if init is not None else "scratch",
-                       "train_samples": int(len(sp.public_x))}
     return result
+
+
+def student_description(cfg, data: PreparedData, encoder, inputs: "StudentInputs") -> dict | None:
+    """report.json's ``utility.student``: how the configured student learns (the semi
+    student, or an MLP on the encoder's features), None for the plain student on images."""
+    st = cfg.student
+    if st.method == "semi":
+        return {"method": "semi", "target": st.target, "threshold": st.threshold,
+                "init": "encoder" if _semi_init(cfg, encoder) is not None else "scratch",
+                "train_samples": int(len(data.splits.public_x))}
+    return inputs.described
 
 
 def feature_inputs(encoder: Encoder, splits, public_emb: np.ndarray, out_dir: str | None):
@@ -344,10 +359,11 @@ class StudentInputs:
     eval_y: np.ndarray
     image_shape: tuple
     config: object                  # rknn_ray.student.StudentConfig
+    described: dict | None = None   # the input, when it is not the public images
 
 
 def student_inputs(cfg, data: PreparedData, encoder, lab: Labeling, qs: QuerySet,
-                   public_emb: np.ndarray, info: dict, out_dir: str | None) -> StudentInputs:
+                   public_emb: np.ndarray, info: dict | None, out_dir: str | None) -> StudentInputs:
     """The student's training set from a Labeling: public images (or the public encoder's
     features, ``student.input: features``), labelled by propagation (``labels.train_on:
     public``) or only the queries (``queries``). Used by jobs.distill on released labels
@@ -355,18 +371,19 @@ def student_inputs(cfg, data: PreparedData, encoder, lab: Labeling, qs: QuerySet
     from rknn_ray.student import StudentConfig
     scfg = StudentConfig.from_config(cfg)
     sp, eval_x, image_shape = data.splits, data.splits.eval_x, data.image_shape
+    described = None
     if cfg.student.input == "features":     # encoder -> MLP; the encoder is public (issue 11)
         sp, eval_x, image_shape = feature_inputs(encoder, sp, public_emb, out_dir)
-        info["student"] = {"input": "features", "encoder": cfg.represent.encoder,
-                           "dim": int(image_shape[0])}
+        described = {"input": "features", "encoder": cfg.represent.encoder,
+                     "dim": int(image_shape[0])}
     if cfg.labels.train_on == "queries":
         soft = scfg.label_type == "soft"
         return StudentInputs(sp.public_x[qs.public_index],
                              lab.query_soft if soft else lab.query_labels,
                              lab.query_weight if soft else None, eval_x, sp.eval_y,
-                             image_shape, scfg)
+                             image_shape, scfg, described)
     return StudentInputs(sp.public_x, lab.public_targets, lab.public_weight, eval_x, sp.eval_y,
-                         image_shape, scfg)
+                         image_shape, scfg, described)
 
 
 def fit_student(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, inputs: StudentInputs,

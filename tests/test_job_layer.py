@@ -110,3 +110,25 @@ def test_ensure_ray_is_the_one_start_up_for_a_local_instance_or_a_cluster(monkey
     assert ray_env.ensure_ray(address="127.0.0.1:6379") is False
     assert calls[-1] == {"address": "127.0.0.1:6379", "log_to_driver": True}
     assert ray_env.ensure_ray() is True and "object_store_memory" not in calls[-1]
+
+
+def test_the_student_stages_leave_the_label_info_alone(tmp_path):
+    """No dict is written and popped across modules: the label info is read only, the
+    student's inputs describe themselves, and the report's utility is composed once."""
+    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries,
+                                   student_description, student_inputs)
+    ctx = _ctx("queries.s=10", "student.input=features")
+    enc, emb, qs = fit_queries(ctx.cfg, ctx.data)
+    counts = exact_answers(enc, ctx.data, qs, 1).counts().astype(float)
+    lab, info = finish_labels(ctx.cfg, ctx.data, counts, qs, emb, rounds=[], noise_std=0.0)
+    before = dict(info)
+    inputs = student_inputs(ctx.cfg, ctx.data, enc, lab, qs, emb, info, str(tmp_path))
+    assert info.keys() == before.keys() and "confidence" in info
+    assert student_description(ctx.cfg, ctx.data, enc, inputs) == {
+        "input": "features", "encoder": ctx.cfg.represent.encoder, "dim": inputs.train_x.shape[1]}
+    semi = _ctx("queries.s=10", "student.method=semi")
+    described = student_description(semi.cfg, semi.data, enc, inputs)
+    assert described["method"] == "semi" and described["init"] == "scratch"
+    assert student_description(_ctx("queries.s=10").cfg, ctx.data, enc,
+                               student_inputs(_ctx("queries.s=10").cfg, ctx.data, enc, lab, qs,
+                                              emb, info, None)) is None

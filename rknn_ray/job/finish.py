@@ -14,7 +14,8 @@ from rknn_ray import __version__
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.release_file import load_selections
-from rknn_ray.pipeline import exact_answers, finish_labels, fit_student, student_inputs
+from rknn_ray.pipeline import (exact_answers, finish_labels, fit_student, student_description,
+                               student_inputs)
 from rknn_ray.plots import run_summary_png
 from rknn_ray.queries import union_of_rounds
 from rknn_ray.rng import NOT_PRIVATE
@@ -37,8 +38,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     all_qs = union_of_rounds(ctx.public_emb, query_sets)
     counts = np.concatenate([r.counts for r in rounds])
     with progress.stage("labels", "labels from the released counts"):
-        lab, utility = finish_labels(cfg, data, counts, all_qs, ctx.public_emb, rounds, progress)
-    utility["auto"] = ctx.auto_choice
+        lab, label_info = finish_labels(cfg, data, counts, all_qs, ctx.public_emb, rounds,
+                                        progress)
     progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
     ref = exact = None
     if cfg.run.diagnostics:     # simulation only: exact private counts, never released
@@ -49,18 +50,17 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
         progress.say(f"[diagnostics, NOT private] non-private label accuracy "
                      f"{ref.label_accuracy:.4f}")
     st = cfg.student
-    inputs = student_inputs(cfg, data, ctx.encoder, lab, all_qs, ctx.public_emb, utility, out_dir)
+    inputs = student_inputs(cfg, data, ctx.encoder, lab, all_qs, ctx.public_emb, label_info,
+                            out_dir)
     train_x = inputs.train_x
     how = f"Ray Train, {st.num_workers} workers" if st.trainer == "ray" else "in this process"
     with progress.stage("student", f"student: {how}, "
                         f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
-        student = fit_student(cfg, data, ctx.encoder, lab, utility, inputs, out_dir, progress,
+        student = fit_student(cfg, data, ctx.encoder, lab, label_info, inputs, out_dir, progress,
                               on_epoch)
     progress.say(f"student test accuracy {student.test_accuracy:.4f}")
-    if hasattr(ctx.encoder, "save"):              # a learned encoder travels with the run
-        utility["encoder"] = {**ctx.encoder.describe(),
-                              "file": os.path.basename(ctx.encoder.save(out_dir))}
+    utility = utility_report(ctx, label_info, student_description(cfg, data, ctx.encoder, inputs))
 
     truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
     g = rounds[-1].guarantee
@@ -96,7 +96,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,
         "selection": load_selections(out_dir),      # per round: rule, pool, uncertainty
-        "utility": {k: v for k, v in utility.items() if k != "confidence"},
+        "utility": utility,
         "rng": cfg.run.rng, "version": __version__, "job_id": ctx.job_id,
         "config": cfg.to_dict(),
     }
@@ -125,6 +125,19 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
         os.unlink(os.path.join(out_dir, "incomplete.json"))
     return report, lab.public_hard
+
+
+def utility_report(ctx: JobContext, label_info: dict, student: dict | None) -> dict:
+    """report.json's ``utility``: how the labels were made (noise std, denoising; not the
+    per-sample confidences), the auto choices, the student's inputs, a saved learned encoder."""
+    out = {k: v for k, v in label_info.items() if k != "confidence"}
+    out["auto"] = ctx.auto_choice
+    if student is not None:
+        out["student"] = student
+    if hasattr(ctx.encoder, "save"):              # a learned encoder travels with the run
+        out["encoder"] = {**ctx.encoder.describe(),
+                          "file": os.path.basename(ctx.encoder.save(ctx.out_dir))}
+    return out
 
 
 def release_error_bound(mechanism, beta: float = 0.05) -> float:

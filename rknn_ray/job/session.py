@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import ray
 
-from actors import client_shard, server, shuffler
+from actors import client_shard as shard_actors
+from actors import server as server_actors
+from actors import shuffler as shuffler_actors
 from actors.client_shard import ClientShardImpl
 from actors.server import ServerImpl
 from actors.shuffler import ShufflerImpl
@@ -114,13 +116,13 @@ class Parties:
     shards: dict = field(default_factory=dict)
 
     def shard_actor(self, i: int):
-        return client_shard.remote_class(self.shards.get(i, self.shard))
+        return shard_actors.remote_class(self.shards.get(i, self.shard))
 
     def server_actor(self):
-        return server.remote_class(self.server)
+        return server_actors.remote_class(self.server)
 
     def shuffler_actor(self):
-        return shuffler.remote_class(self.shuffler)
+        return shuffler_actors.remote_class(self.shuffler)
 
 
 def new_job_id() -> str:
@@ -146,7 +148,8 @@ class ProtocolSession:
         seeded = cfg.run.rng == "seeded"
         check_placement_feasible(cfg, ["client", "server"] + (["shuffler"]
                                  if cfg.privacy.model == "shuffle" else []))
-        self.server = parties.server_actor().options(num_cpus=cl.server_cpus, **party_options(cfg, "server")).remote(
+        self.server = parties.server_actor().options(
+            num_cpus=cl.server_cpus, **party_options(cfg, "server")).remote(
             job_id, key_file, opener_processes(cl.openers), cl.window)
         # the simulation's credential authority: one key per shard, for its clients only
         issuer = CredentialIssuer(job_id, derived_key(str(cfg.run.seed).encode(), "credentials")
@@ -214,8 +217,8 @@ class ProtocolSession:
         layers = int(sh.onion_layers)
         if not self.hops:
             ctx = RoundContext(self.job_id, 0)
-            self.hops = [self.parties.shuffler_actor().options(num_cpus=self.cfg.cluster.shuffler_cpus,
-                                          **party_options(self.cfg, "shuffler")).remote(
+            self.hops = [self.parties.shuffler_actor().options(
+                num_cpus=self.cfg.cluster.shuffler_cpus, **party_options(self.cfg, "shuffler")).remote(
                 floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
                 forwarded_input=i > 0) for i in range(max(1, layers))]
         return self.hops
