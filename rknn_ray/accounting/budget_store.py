@@ -60,7 +60,7 @@ TABLES = (
     job_id TEXT NOT NULL, round INTEGER, status TEXT NOT NULL CHECK (status IN
         ('reserved', 'released', 'unused')),
     eps REAL NOT NULL, delta REAL NOT NULL, event TEXT, note TEXT,
-    created REAL NOT NULL, updated REAL NOT NULL)""",
+    created REAL NOT NULL, updated REAL NOT NULL, accounting TEXT)""",
     "CREATE INDEX IF NOT EXISTS releases_by_identity ON releases(identity)",
     # v2: a source's record pool (fingerprints: sorted unique little-endian uint64)
     """CREATE TABLE IF NOT EXISTS sources (
@@ -144,6 +144,9 @@ class BudgetStore:
         version = con.execute("PRAGMA user_version").fetchone()[0]
         for stmt in TABLES:
             con.execute(stmt)
+        # the accountant's choices beside each release's event (Costing; NULL: the defaults)
+        if "accounting" not in {r[1] for r in con.execute("PRAGMA table_info(releases)")}:
+            con.execute("ALTER TABLE releases ADD COLUMN accounting TEXT")
         if version < SCHEMA_VERSION:
             # compare's per-method baseline lines ("<digest>/<method>") are not record budgets
             con.execute("INSERT OR IGNORE INTO legacy SELECT identity, description FROM datasets "
@@ -328,20 +331,25 @@ class BudgetStore:
                             (eps, delta, identity))
 
     def _events(self, con, identity: str) -> list:
-        """Every counted row as an event: a release's own event, a reservation's stated cost."""
-        from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict
+        """Every counted row as (event, the accountant's choices): a release's own event, a
+        reservation's stated cost. A release whose event this version cannot rebuild is an
+        error (LedgerError naming the type and the fix), never costed as a generic event."""
+        from rknn_ray.accounting.accountants import Costing
+        from rknn_ray.accounting.events import ApproxDpEvent, UnrebuildableEventError, costed_from_dict
         events = []
-        for status, eps, delta, event in con.execute(
-                "SELECT status, eps, delta, event FROM releases WHERE identity = ? AND "
-                "status != 'unused'", (identity,)):
+        for rid, status, eps, delta, event, accounting in con.execute(
+                "SELECT id, status, eps, delta, event, accounting FROM releases WHERE "
+                "identity = ? AND status != 'unused'", (identity,)):
             parsed = json.loads(event) if event else None
             if status == "released" and parsed:
                 try:
-                    events.append(event_from_dict(parsed))
-                    continue
-                except (ValueError, TypeError):
-                    pass                     # an event this version cannot rebuild: its cost
-            if eps > 0 or delta > 0:
+                    ev, legacy = costed_from_dict(parsed)
+                except UnrebuildableEventError as exc:
+                    raise LedgerError(f"{self.path}: release {rid} on {identity}: {exc}") from None
+                choices = {**legacy, **(json.loads(accounting) if accounting else {})}
+                events.append((ev, Costing.from_dict(choices)))
+                continue
+            if eps > 0 or delta > 0:       # a reservation, or a release settled by hand
                 events.append(ApproxDpEvent(float(eps), float(delta)))
         return events
 
@@ -453,11 +461,33 @@ class BudgetStore:
         return head + f"The limit is {' and '.join(limits)}. Fix: {fix} (ledger: {self.path})"
 
     def commit_round(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
-                     event: dict | None, note: str = "released") -> None:
+                     event: dict | None, note: str = "released", accounting=None) -> None:
         """Move one round's spend from the job's reservation to a release with its event.
 
         ``note`` marks the release (a seeded simulation says NOT PRIVATE here).
+        ``accounting``: the accountant's choices the release was costed with (a Costing or
+        its dict; None: the defaults). The event must rebuild and cost exactly the
+        (eps, delta) committed: the store keeps one source of privacy numbers.
         """
+        from rknn_ray.accounting.accountants import Costing, event_cost
+        from rknn_ray.accounting.events import UnrebuildableEventError, costed_from_dict
+        costing = accounting if isinstance(accounting, Costing) else Costing.from_dict(accounting)
+        if event is not None:
+            try:
+                ev, legacy = costed_from_dict(event)
+            except UnrebuildableEventError as exc:
+                raise LedgerError(f"refused to record round {round_id} of job {job_id}: {exc}") \
+                    from None
+            costing = Costing.from_dict({**legacy, **costing.to_dict()}) if legacy else costing
+            cost = event_cost(ev, costing)
+            if not (abs(cost[0] - eps) <= 1e-9 * max(1.0, abs(eps))
+                    and abs(cost[1] - delta) <= 1e-9 * max(1e-300, abs(delta)) + 1e-300):
+                raise LedgerError(f"refused to record round {round_id} of job {job_id}: its "
+                                  f"{ev.__class__.__name__} costs eps={cost[0]:.9g}, "
+                                  f"delta={cost[1]:.3g} under {costing}, not the eps={eps:.9g}, "
+                                  f"delta={delta:.3g} given. Fix: commit the accountant's cost "
+                                  "of the event, with the Costing it was computed under")
+        choices = json.dumps(costing.to_dict()) if event is not None else None
         with self._transaction() as con:
             res = con.execute("SELECT id, eps, delta FROM releases WHERE identity = ? AND job_id = ? "
                               "AND status = 'reserved'", (identity, job_id)).fetchone()
@@ -468,9 +498,10 @@ class BudgetStore:
             con.execute("UPDATE releases SET eps = ?, delta = ?, updated = ? WHERE id = ?",
                         (max(0.0, r_eps - eps), max(0.0, r_delta - delta), time.time(), rid))
             con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
-                        "note, created, updated) VALUES (?, ?, ?, 'released', ?, ?, ?, ?, ?, ?)",
-                        (identity, job_id, round_id, eps, delta, json.dumps(event, default=str),
-                         note, time.time(), time.time()))
+                        "note, created, updated, accounting) VALUES (?, ?, ?, 'released', ?, ?, ?, "
+                        "?, ?, ?, ?)", (identity, job_id, round_id, eps, delta,
+                                        json.dumps(event, default=str), note, time.time(),
+                                        time.time(), choices))
 
     def close_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended normally: what it reserved and did not release is given back."""

@@ -36,15 +36,19 @@ class LedgerEntry:
 
     @property
     def accounted_event(self):
-        """The event the accountant composes (the stated guarantee when none was given)."""
-        return self.event if self.event is not None else \
+        """(event, the accountant's choices for it) as the accountant composes it (the stated
+        guarantee when no event was given)."""
+        event = self.event if self.event is not None else \
             ApproxDpEvent(self.guarantee.eps, self.guarantee.delta)
+        return event, self.guarantee.accounting
 
     def to_dict(self) -> dict:
         g = self.guarantee
+        costing = g.accounting.to_dict() if g.accounting is not None else None
         return {"round": self.round_id, "model": g.model, "mechanism": g.mechanism,
                 "eps": g.eps, "delta": g.delta, "unit": g.unit, "neighbour": g.neighbour,
-                "n": g.n, "note": g.note, "event": event_to_dict(self.event), **self.extra}
+                "n": g.n, "note": g.note, "event": event_to_dict(self.event),
+                "accounting": costing, **self.extra}
 
 
 class PrivacyLedger:
