@@ -478,7 +478,8 @@ class BudgetStore:
             except UnrebuildableEventError as exc:
                 raise LedgerError(f"refused to record round {round_id} of job {job_id}: {exc}") \
                     from None
-            costing = Costing.from_dict({**legacy, **costing.to_dict()}) if legacy else costing
+            if legacy and accounting is None:      # an event written with its bound inside
+                costing = Costing.from_dict(legacy)
             cost = event_cost(ev, costing)
             if not (abs(cost[0] - eps) <= 1e-9 * max(1.0, abs(eps))
                     and abs(cost[1] - delta) <= 1e-9 * max(1e-300, abs(delta)) + 1e-300):

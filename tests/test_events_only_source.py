@@ -1,0 +1,114 @@
+"""Events are the only source of privacy numbers (issue 19 item 2).
+
+The store rebuilds every release's event and costs it with the accountant under the
+choices recorded beside it: an event it cannot rebuild is an error naming the type and
+the fix (never a generic stand-in), a commit whose numbers are not the accountant's cost
+of its event is refused, the bound of a legacy shuffle event is read as the accountant's
+choice, and jobs.compare's totals are the accountant's composition of the events.
+"""
+import json
+import sqlite3
+
+import pytest
+from dp_accounting import dp_event
+
+from rknn_ray.accounting.accountants import Costing, event_cost
+from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.events import (ShuffledLocalDpEvent, UnrebuildableEventError,
+                                        costed_from_dict, event_from_dict, event_to_dict)
+from rknn_ray.baselines.events import (dpsgd_event, gnmax_event, lnmax_event, nfdp_event,
+                                       private_knn_event, selective_rr_event)
+from rknn_ray.errors import LedgerError
+
+LEGACY_SHUFFLE = {"type": "ShuffledLocalDpEvent", "local_mechanism": "collision", "eps0": 3.0,
+                  "num_senders": 50000, "delta": 1e-6, "bound": "fmt_closed_form",
+                  "honest_fraction": 1.0, "reports_opened": 50000}
+
+
+def _store(tmp_path) -> BudgetStore:
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("ds", "d", "job", 5.0, 1e-6, (5.0, 1e-6))
+    return store
+
+
+def test_the_store_refuses_an_event_it_cannot_rebuild(tmp_path):
+    store = _store(tmp_path)
+    with pytest.raises(LedgerError, match="'PateDpEvent'.*Fix"):
+        store.commit_round("ds", "job", 0, 1.0, 1e-5, {"type": "PateDpEvent", "eps": 1.0,
+                                                       "delta": 1e-5})
+    # a row written by another version: composing it is an error, not a generic event
+    with sqlite3.connect(store.path) as con:
+        con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
+                    "note, created, updated) VALUES ('ds', 'old', 0, 'released', 1.0, 0.0, ?, "
+                    "'', 0, 0)", (json.dumps({"type": "FutureDpEvent", "x": 1}),))
+    for compose in (lambda: store.composed("ds"), lambda: store.composed("ds", "pld")):
+        with pytest.raises(LedgerError, match="'FutureDpEvent'.*Fix"):
+            compose()
+    with pytest.raises(UnrebuildableEventError, match="DiscreteLaplaceDpEvent"):
+        event_from_dict({"type": "DiscreteLaplaceDpEvent"})          # fields missing
+
+
+def test_a_commit_must_be_the_accountants_cost_of_its_event(tmp_path):
+    store = _store(tmp_path)
+    release = event_to_dict(dp_event.LaplaceDpEvent(noise_multiplier=2.0))      # costs 0.5
+    with pytest.raises(LedgerError, match="costs eps=0.5"):
+        store.commit_round("ds", "job", 0, 0.4, 0.0, release)
+    store.commit_round("ds", "job", 0, 0.5, 0.0, release)
+    # a Gaussian release is committed with the delta its cost was stated at, and rebuilt so
+    gauss, at = gnmax_event(20.0, 10), Costing(delta=1e-7)
+    eps, delta = event_cost(gauss, at)
+    store.commit_round("ds", "job", 1, eps, delta, event_to_dict(gauss), accounting=at)
+    store.close_job("ds", "job", "done")
+    assert store.composed("ds", "basic") == pytest.approx((0.5 + eps, delta), rel=1e-12)
+
+
+def test_a_legacy_shuffle_event_keeps_its_bound_as_the_accountants_choice(tmp_path):
+    event, legacy = costed_from_dict(LEGACY_SHUFFLE)
+    assert legacy == {"bound": "fmt_closed_form"} and not hasattr(event, "bound")
+    assert event == ShuffledLocalDpEvent("collision", 3.0, 50000, 1e-6, 1.0, 50000)
+    cost = event_cost(event, Costing(bound="fmt_closed_form"))
+    store = _store(tmp_path)
+    store.commit_round("ds", "job", 0, *cost, LEGACY_SHUFFLE)       # read as written, same bound
+    store.close_job("ds", "job", "done")
+    assert store.composed("ds", "basic") == pytest.approx(cost, rel=1e-12)
+
+
+BASELINE_RELEASES = {
+    "pate_lnmax": (lnmax_event(40.0, 30), Costing(delta=1e-5)),
+    "pate_gnmax": (gnmax_event(40.0, 30), Costing(delta=1e-5)),
+    "private_knn": (private_knn_event(0.15, 4.0, 30), Costing(delta=1e-5)),
+    "dpsgd_rdp": (dpsgd_event(0.06, 1.1, 100), Costing(delta=1e-5)),
+    "dpsgd_pld": (dpsgd_event(0.06, 1.1, 100), Costing(delta=1e-5, method="pld")),
+    "nfdp": (nfdp_event(18, 2880, True), Costing()),
+    "selective_rr": (selective_rr_event(2.0, 30, 2, 10), Costing()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BASELINE_RELEASES))
+def test_every_baseline_release_survives_the_store_at_its_accountant_cost(tmp_path, name):
+    event, costing = BASELINE_RELEASES[name]
+    saved = json.loads(json.dumps(event_to_dict(event)))
+    assert "eps" not in json.dumps(saved).replace('"eps": 2.0', "") or name == "selective_rr"
+    assert event_from_dict(saved) == event
+    cost = event_cost(event, costing)
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("ds", "d", "job", cost[0], cost[1], (1e9, 0.9))
+    store.commit_round("ds", "job", 0, *cost, saved, accounting=costing.to_dict())
+    store.close_job("ds", "job", "done")
+    assert store.composed("ds", "basic", target_delta=0.5) == cost
+
+
+def test_compare_totals_are_the_accountants_composition():
+    """jobs.compare records a method's releases at the accountant's composition of their
+    events: the stated eps in an entry is never summed by hand."""
+    from jobs.compare import composed_spend
+    a, b = BASELINE_RELEASES["pate_gnmax"], BASELINE_RELEASES["nfdp"]
+    entries = [{"round": 0, "eps": 123.0, "delta": 0.0, "event": event_to_dict(a[0]),
+                "accounting": a[1].to_dict()},
+               {"round": 1, "eps": 456.0, "delta": 0.0, "event": event_to_dict(b[0]),
+                "accounting": b[1].to_dict()}]
+    ca, cb = event_cost(*a), event_cost(*b)
+    assert composed_spend(entries) == pytest.approx((ca[0] + cb[0], ca[1] + cb[1]), rel=1e-12)
+    with pytest.raises(UnrebuildableEventError, match="PateDpEvent"):
+        composed_spend([{"round": 0, "eps": 1.0, "delta": 0.0,
+                         "event": {"type": "PateDpEvent", "eps": 1.0, "delta": 0.0}}])
