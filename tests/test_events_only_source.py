@@ -112,3 +112,27 @@ def test_compare_totals_are_the_accountants_composition():
     with pytest.raises(UnrebuildableEventError, match="PateDpEvent"):
         composed_spend([{"round": 0, "eps": 1.0, "delta": 0.0,
                          "event": {"type": "PateDpEvent", "eps": 1.0, "delta": 0.0}}])
+
+
+def test_the_runs_ledger_is_a_view_over_one_store():
+    """PrivacyLedger keeps no list of its own: each release is one row of a store (in memory
+    for the run) and everything it shows is read back from there; a guarantee that is not
+    the accountant's cost of its event never gets in."""
+    from dataclasses import replace
+
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.mechanisms import MechanismParams, build
+    mech = build("shuffle", "collision", MechanismParams(10, 4, 1, 1.0, delta=1e-6,
+                                                         num_clients=20000))
+    ledger = PrivacyLedger(budget_eps=3.0, budget_delta=1e-5, accountant="pld")
+    assert ledger.store.path == ":memory:"
+    ledger.record(mech.guarantee(), 0, event=mech.event(), messages=20000)
+    (row,) = ledger.store.release_rows("run")
+    assert row["event"] == event_to_dict(mech.event())
+    assert row["accounting"] == {"bound": "clones_numerical", "delta": 0.0, "method": "rdp"}
+    (entry,) = ledger.entries
+    assert entry.guarantee == mech.guarantee() and entry.extra == {"messages": 20000}
+    assert ledger.spent() == ledger.store.composed("run", "pld", target_delta=1e-5)
+    with pytest.raises(LedgerError, match="costs eps="):
+        ledger.record(replace(mech.guarantee(), eps=0.01), 1, event=mech.event())
+    assert len(ledger.entries) == 1
