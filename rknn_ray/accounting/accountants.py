@@ -1,4 +1,10 @@
-"""Accountants: turn the events of a ledger into one (eps, delta).
+"""Accountants: the only place an (eps, delta) is computed from what happened.
+
+An event says what a release is (rknn_ray.accounting.events); :func:`event_cost` says what
+it costs under the accountant's choices (:class:`Costing`, recorded beside the event,
+never in it: the amplification bound, the delta a non-pure event is stated at, rdp/pld).
+A mechanism's guarantee and a baseline's reported eps are this cost; the ledgers compose
+it. A ledger item is an event or an (event, Costing) pair.
 
 * ``basic``: each event's own (eps, delta) (:func:`event_cost`), summed. Exact for
   pure DP, valid for any events.

@@ -1,7 +1,10 @@
 """A privacy budget that lasts across jobs: a SQLite ledger keyed by the private records' source.
 
-The in-run :class:`~rknn_ray.accounting.ledger.PrivacyLedger` forgets everything when
-the job ends; this store does not. A budget belongs to the private records themselves
+This is the project's one ledger: a run's :class:`~rknn_ray.accounting.ledger.PrivacyLedger`
+is a view over a store that lives in memory (path ``:memory:``) and is gone when the run
+ends; the persistent store at a file is not. Every release row holds its event and the
+accountant's choices for it (``accounting``), and is written only when its (eps, delta) is
+the accountant's cost of that event; a release whose event cannot be rebuilt is an error. A budget belongs to the private records themselves
 (record-level DP composes per record): a *source* is a pool of records known by their
 per-record fingerprints (rknn_ray/accounting/source_identity.py), and any job whose
 records overlap a source's draws from that source's one budget -- whatever split, seed,

@@ -1,6 +1,7 @@
 """What a release *is*, as immutable events in the style of Google's ``dp_accounting``.
 
-An event records the mechanism and its public parameters, never a computed eps:
+An event records the mechanism and its public parameters, never a computed eps nor the
+accountant's choices (which amplification bound, which delta; accountants.Costing):
 the accountants (:mod:`rknn_ray.accounting.accountants`) decide what it costs. We use
 ``dp_accounting``'s own events where one fits (the central model's discrete and
 continuous Laplace) and add small frozen events, subclasses of ``DpEvent``, for what

@@ -5,8 +5,9 @@
     stat = mech.statistic(payloads)               # server side: additive over reports
     counts = mech.finalize(stat, m, rng)          # debias with the m reports accepted (+ central noise)
     mech.estimate(payloads, n, rng)               # = finalize(statistic(payloads), len(payloads), rng)
-    mech.guarantee(n) -> Guarantee                # eps, delta, model, unit, neighbour relation
     mech.event(n) -> DpEvent                      # what the release is, for the accountants
+    mech.guarantee(n) -> Guarantee                # the accountant's cost of event(n): eps, delta,
+                                                  # model, unit, neighbour relation, its Costing
     mech.error_bound(beta, n) -> eta              # (eta, beta)-accuracy per bucket (sup norm)
 
 ``statistic`` is additive (``statistic(a ++ b) == statistic(a) + statistic(b)``), so
