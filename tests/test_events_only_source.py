@@ -136,3 +136,29 @@ def test_the_runs_ledger_is_a_view_over_one_store():
     with pytest.raises(LedgerError, match="costs eps="):
         ledger.record(replace(mech.guarantee(), eps=0.01), 1, event=mech.event())
     assert len(ledger.entries) == 1
+
+
+def test_a_release_saved_with_its_bound_inside_resumes_at_the_same_cost(tmp_path):
+    """release.npz written before the bound left the event: resume rebuilds the event, reads
+    the bound as the accountant's choice, and the run's ledger admits it at the saved cost."""
+    import numpy as np
+
+    from jobs.release_file import load_release
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.runio import RELEASE_FILE
+    cost = event_cost(costed_from_dict(LEGACY_SHUFFLE)[0], Costing(bound="fmt_closed_form"))
+    saved = {"eps": cost[0], "delta": cost[1], "model": "shuffle", "mechanism": "collision",
+             "unit": "record", "neighbour": "replace-one", "n": 50000, "note": ""}
+    meta = {"job_id": "j", "dataset": "d", "rounds": [
+        {"guarantee": saved, "event": LEGACY_SHUFFLE, "mechanism": {}, "messages": 1,
+         "received": 1, "clients": 1, "rejected": {}, "timings": {}, "shuffler": None}]}
+    with open(tmp_path / RELEASE_FILE, "wb") as fh:
+        np.savez(fh, meta=json.dumps(meta), counts_0=np.zeros((2, 2)),
+                 query_features_0=np.zeros((2, 3), np.float32),
+                 query_public_index_0=np.arange(2))
+    _, _, rounds, _ = load_release(str(tmp_path), np.zeros((4, 3), np.float32))
+    (r,) = rounds
+    assert r.guarantee.accounting == Costing(bound="fmt_closed_form")
+    ledger = PrivacyLedger()
+    ledger.record(r.guarantee, 0, event=r.event)
+    assert ledger.spent() == pytest.approx(cost, rel=1e-12)
