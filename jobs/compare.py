@@ -142,6 +142,18 @@ def run_baseline(method: str, setup, eps: float, delta: float):
     raise ValueError(f"unknown baseline {method!r}")
 
 
+def composed_spend(entries: list) -> tuple[float, float]:
+    """(eps, delta) of a result's ledger entries: the basic accountant's composition of
+    their events (rebuilt, under the choices recorded beside each), never a hand sum."""
+    from rknn_ray.accounting.accountants import Costing, get_accountant
+    from rknn_ray.accounting.events import costed_from_dict
+    events = []
+    for e in entries:
+        event, legacy = costed_from_dict(e["event"])
+        events.append((event, Costing.from_dict({**legacy, **(e.get("accounting") or {})})))
+    return get_accountant("basic").compose(events)
+
+
 def record_in_store(store, setup, result, job_id: str) -> None:
     """Every release of a baseline into the compare's persistent ledger (its own budget line
     per method: the units and neighbour relations of different methods do not compose)."""
@@ -151,12 +163,12 @@ def record_in_store(store, setup, result, job_id: str) -> None:
                                               setup.data.client_ids)
     ident = f"{identity}/{result.method}"
     entries = result.ledger.get("entries", [])
-    total_eps = sum(e["eps"] for e in entries)
-    total_delta = min(1.0, sum(e["delta"] for e in entries))
+    total_eps, total_delta = composed_spend(entries)
     store.reserve(ident, f"{described} [{result.method}, {result.unit}-level]", job_id, total_eps,
                   total_delta, (1e9, 1.0))
     for e in entries:
-        store.commit_round(ident, job_id, e["round"], e["eps"], e["delta"], e["event"])
+        store.commit_round(ident, job_id, e["round"], e["eps"], e["delta"], e["event"],
+                           accounting=e.get("accounting"))
     store.close_job(ident, job_id, f"compare: {result.method} at target eps {result.target_eps}")
 
 

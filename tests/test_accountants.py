@@ -7,8 +7,8 @@ import pytest
 from dp_accounting import dp_event
 
 from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.accounting.accountants import (BasicAccountant, PLDAccountant, UnknownEventError,
-                                             event_cost)
+from rknn_ray.accounting.accountants import (BasicAccountant, Costing, PLDAccountant,
+                                             UnknownEventError, event_cost, rdp_epsilon)
 from rknn_ray.accounting.calibration import monotone_edge
 from rknn_ray.accounting.events import (LocalRandomizerDpEvent, MultiMessageShuffleDpEvent,
                                         ShuffledLocalDpEvent, event_to_dict)
@@ -53,7 +53,7 @@ def test_shuffle_events_follow_the_senders_actually_shuffled():
 EVENTS = [dp_event.DiscreteLaplaceDpEvent(noise_parameter=0.5, sensitivity=2),
           dp_event.LaplaceDpEvent(noise_multiplier=2.0),
           LocalRandomizerDpEvent("rr", 0.7),
-          ShuffledLocalDpEvent("Collision", 3.0, 50000, 1e-6, "clones_numerical"),
+          ShuffledLocalDpEvent("Collision", 3.0, 50000, 1e-6),
           build("shuffle", "multi", PARAMS).event()]
 
 
@@ -88,7 +88,16 @@ class AccountantConformance:
 
     def test_unknown_events_are_refused_with_a_clear_error(self):
         with pytest.raises(UnknownEventError, match="event_cost"):
+            self.accountant.compose([dp_event.UnsupportedDpEvent()], 1e-6)
+        # a Gaussian has no pure cost: refused unless the accountant states it at a delta
+        with pytest.raises(UnknownEventError, match="GaussianDpEvent.*delta"):
             self.accountant.compose([dp_event.GaussianDpEvent(noise_multiplier=1.0)], 1e-6)
+
+    def test_a_gaussian_release_costs_what_rdp_says_at_its_stated_delta(self):
+        event = dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(4.0), 10)
+        costing = Costing(delta=1e-5)
+        eps, delta = self.accountant.compose([(event, costing)], 1e-5)
+        assert eps <= rdp_epsilon(event, 1e-5) * (1 + 1e-9) and delta <= 1e-5 * (1 + 1e-9)
 
 
 class TestBasicAccountant(AccountantConformance):

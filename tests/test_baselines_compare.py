@@ -32,8 +32,8 @@ def test_compare_writes_table_files_and_ledger(tmp_path, capsys, ray_session):
     with sqlite3.connect(out / "ledger.sqlite") as con:
         events = [json.loads(e) for (e,) in con.execute(
             "SELECT event FROM releases WHERE status = 'released'")]
-    assert sorted(e["type"] for e in events) == sorted(
-        ["PateDpEvent"] * 2 + ["SelectiveRRDpEvent"] * 2 + ["PrivateKnnDpEvent"] * 2)
+    assert sorted(e["type"] for e in events) == sorted(   # standard events, no computed eps
+        ["SelfComposedDpEvent"] * 4 + ["SelectiveRRDpEvent"] * 2)
     # the caller's ledger setting is back as it was
     assert os.environ["RKNN_RAY_LEDGER"] != str(out / "ledger.sqlite")
 

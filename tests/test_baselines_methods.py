@@ -3,12 +3,14 @@ and its privacy recorded as events in a ledger."""
 import numpy as np
 import pytest
 
-from rknn_ray.accounting.events import event_to_dict
+from dp_accounting import dp_event
+
+from rknn_ray.accounting.accountants import Costing, event_cost
+from rknn_ray.accounting.events import (SelectiveRRDpEvent, SubsampleDpEvent, event_from_dict,
+                                        event_to_dict)
 from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
 from rknn_ray.baselines.common import fit_classifiers, prepare
-from rknn_ray.baselines.events import (DpSgdDpEvent, NfdpSubsampleDpEvent, PateDpEvent,
-                                       PrivateKnnDpEvent, SelectiveRRDpEvent,
-                                       baseline_event_from_dict)
+from rknn_ray.baselines.events import dpsgd_event, gnmax_event
 from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms.base import Guarantee
@@ -25,6 +27,8 @@ def setup():
 
 
 def check(result, event_type, unit="record", target=None):
+    """The row's (eps, delta) is exactly the accountant's cost of the release's standard
+    event, rebuilt from the ledger, under the choices recorded beside it."""
     row = result.row()
     assert ROW_KEYS <= set(row)
     assert row["unit"] == unit
@@ -32,9 +36,13 @@ def check(result, event_type, unit="record", target=None):
     entries = result.ledger["entries"]
     assert entries and entries[0]["event"]["type"] == event_type.__name__
     assert entries[0]["unit"] == unit
-    ev = baseline_event_from_dict(entries[0]["event"])
+    ev = event_from_dict(entries[0]["event"])
     assert isinstance(ev, event_type)
     assert event_to_dict(ev) == entries[0]["event"]
+    assert "eps" not in entries[0]["event"] or event_type is SelectiveRRDpEvent  # its RR parameter
+    costing = Costing.from_dict(entries[0]["accounting"])
+    assert (row["eps"], row["delta"]) == event_cost(ev, costing)
+    assert (entries[0]["eps"], entries[0]["delta"]) == event_cost(ev, costing)
     if target is not None:
         assert row["eps"] <= target * (1 + 1e-9)
     return row
@@ -50,7 +58,7 @@ def test_batched_classifiers_learn(setup):
 def test_nfdp_on_ray_actors(setup, ray_session):
     from actors.nfdp_shard import RayParties
     r = nfdp.run_nfdp(setup, 1.0, parties=10, rounds=2, hosts=RayParties)
-    row = check(r, NfdpSubsampleDpEvent, target=1.0)
+    row = check(r, SubsampleDpEvent, target=1.0)
     k, n = r.details["k"], min(r.details["party_sizes"])
     assert (row["eps"], row["delta"]) == pytest.approx(nfdp.nfdp_epsilon_delta(k, n, True))
     assert r.details["delta_exceeds_1_over_n"] and row["delta"] > 1.0 / n
@@ -60,7 +68,7 @@ def test_nfdp_on_ray_actors(setup, ray_session):
 
 def test_nfdp_without_replacement_in_process(setup):
     r = nfdp.run_nfdp(setup, 0.1, replacement=False, rounds=1, mode="logits")
-    row = check(r, NfdpSubsampleDpEvent, target=0.1)
+    row = check(r, SubsampleDpEvent, target=0.1)
     assert row["method"] == "fedmd_nfdp_wor"
     assert row["delta"] == pytest.approx(r.details["k"] / min(r.details["party_sizes"]))
 
@@ -74,7 +82,7 @@ def test_nfdp_refuses_when_k_would_be_zero(setup):
 def test_pate(setup, agg):
     r = pate.run_pate(setup, 4.0, 1e-5, aggregator=agg, num_teachers=20,
                       data_dependent=agg == "gnmax")
-    check(r, PateDpEvent, target=4.0)
+    check(r, dp_event.SelfComposedDpEvent, target=4.0)
     assert r.details["plurality_accuracy"] > 0.7
     if agg == "gnmax":
         assert "data_dependent_eps_reference_only" in r.details
@@ -82,13 +90,13 @@ def test_pate(setup, agg):
 
 def test_private_knn(setup):
     r = private_knn.run_private_knn(setup, 4.0, 1e-5, gamma=0.3)
-    check(r, PrivateKnnDpEvent, target=4.0)
+    check(r, dp_event.SelfComposedDpEvent, target=4.0)
     assert r.details["noiseless_vote_accuracy"] > 0.7
 
 
 def test_dpsgd_head(setup):
     r = dpsgd.run_dpsgd(setup, 4.0, 1e-5, epochs=3)
-    check(r, DpSgdDpEvent, target=4.0)
+    check(r, dp_event.SelfComposedDpEvent, target=4.0)
     assert r.accuracy > 0.5                     # a linear head on PCA-16 digits at eps 4
 
 
@@ -107,11 +115,15 @@ def test_dpdfd_is_label_level(setup):
 
 def test_baseline_events_cost_in_project_accountants():
     from rknn_ray.accounting.accountants import get_accountant
-    evs = [PateDpEvent(1.0, 1e-5, aggregator="gnmax", noise=3.0, num_queries=3, num_teachers=5),
-           DpSgdDpEvent(0.5, 1e-5, sampling_rate=0.1, noise_multiplier=1.0, steps=10)]
-    assert get_accountant("basic").compose(evs) == pytest.approx((1.5, 2e-5))
+    at = Costing(delta=1e-5)
+    evs = [(gnmax_event(3.0, 3), at), (dpsgd_event(0.1, 1.0, 10), at)]
+    each = [event_cost(e, c) for e, c in evs]
+    assert each[0] == (pate.pate_epsilon("gnmax", 3.0, 3, 1e-5)[0], 1e-5)
+    assert each[1] == (dpsgd.dpsgd_epsilon(0.1, 1.0, 10, 1e-5), 1e-5)
+    assert get_accountant("basic").compose(evs) == pytest.approx(
+        (each[0][0] + each[1][0], 2e-5), rel=1e-12)
     eps, _ = get_accountant("pld").compose(evs, 1e-4)
-    assert eps <= 1.5 + 1e-9
+    assert eps <= each[0][0] + each[1][0] + 1e-9
 
 
 def test_baselines_train_the_configs_feature_student_and_resolve_auto_s():

@@ -17,7 +17,8 @@ def test_reserve_commit_close_and_refuse(tmp_path):
     store = BudgetStore(str(tmp_path / "l.sqlite"))
     budget = store.reserve("ds1", "digits", "job-a", 1.0, 0.0, (1.5, 0.0))
     assert budget == (1.5, 0.0) and store.spent("ds1").eps == pytest.approx(1.0)
-    store.commit_round("ds1", "job-a", 0, 0.5, 0.0, {"type": "DiscreteLaplaceDpEvent"})
+    store.commit_round("ds1", "job-a", 0, 0.5, 0.0, {"type": "DiscreteLaplaceDpEvent",
+                                                      "noise_parameter": 0.25, "sensitivity": 2})
     assert store.spent("ds1").eps == pytest.approx(1.0)          # moved, not added
     store.close_job("ds1", "job-a", "finished after one round")    # the unused 0.5 comes back
     assert store.spent("ds1").eps == pytest.approx(0.5)

@@ -14,7 +14,8 @@ from dp_accounting import dp_event
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.accounting.accountants import BasicAccountant, PLDAccountant, event_cost
+from rknn_ray.accounting.accountants import (BasicAccountant, Costing, PLDAccountant,
+                                             UnknownEventError, event_cost)
 from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict, event_to_dict
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, available, build
@@ -52,11 +53,15 @@ def test_the_event_is_frozen_pure_and_survives_json(mech):
     assert event_from_dict(saved) == event
 
 
-def test_the_event_costs_exactly_the_stated_guarantee(mech):
+def test_the_guarantee_is_exactly_the_accountants_cost_of_the_event(mech):
     n = mech.min_senders() if mech.model == "shuffle" else None
     for m in ([None] if n is None else [None, n, 3 * n]):
-        g, eps_delta = mech.guarantee(m), event_cost(mech.event(m))
-        assert eps_delta == pytest.approx((g.eps, g.delta), rel=1e-12)
+        g = mech.guarantee(m)
+        assert g.accounting == mech.costing()                  # the choices it was costed with
+        assert (g.eps, g.delta) == event_cost(mech.event(m), g.accounting)     # exactly
+    if mech.model == "shuffle" and hasattr(mech, "round_cost"):
+        g, event = mech.round_cost(2 * n, 2 * n)
+        assert (g.eps, g.delta) == event_cost(event, g.accounting)
 
 
 def test_asking_for_a_guarantee_changes_nothing(mech):
@@ -108,9 +113,25 @@ def test_shuffle_events_hold_parameters_not_a_computed_eps():
     for name in available()["shuffle"]:
         fields = event_to_dict(build("shuffle", name, params()).event())
         assert "eps" not in fields
-    single = build("shuffle", "collision", params()).event()
-    assert (single.local_mechanism, single.bound) == ("collision", "clones_numerical")
-    assert single.eps0 == build("shuffle", "collision", params()).local_eps
+    mech = build("shuffle", "collision", params())
+    single = mech.event()
+    assert single.local_mechanism == "collision" and single.eps0 == mech.local_eps
+    # the amplification bound is the accountant's choice, recorded beside the event
+    assert "bound" not in event_to_dict(single)
+    assert mech.guarantee().accounting == Costing(bound="clones_numerical")
+
+
+def test_the_bound_is_the_accountants_choice():
+    """One event, two accountants' choices of upper bound: two costs; the mechanism's
+    guarantee is the cost under the bound it calibrated with, and says so."""
+    fmt = build("shuffle", "collision", params(bound="fmt_closed_form"))
+    event = fmt.event()
+    g = fmt.guarantee()
+    assert g.accounting == Costing(bound="fmt_closed_form")
+    assert (g.eps, g.delta) == event_cost(event, Costing(bound="fmt_closed_form"))
+    assert event_cost(event, Costing(bound="clones_numerical"))[0] < g.eps   # tighter bound
+    with pytest.raises(UnknownEventError, match="lower_bound"):
+        event_cost(event, Costing(bound="lower_bound"))      # not an upper bound: no cost
 
 
 def test_a_ledger_of_every_trust_model_is_json_and_totals_from_its_events():

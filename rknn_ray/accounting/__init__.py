@@ -6,9 +6,10 @@
 * :mod:`.multi_message` -- NB-share + flooding histogram protocol calibration.
 * :mod:`.calibration` -- the one monotone search behind eps0, the sender floor and flooding.
 * :mod:`.events` -- what a release is (dp_accounting-style frozen events, JSON round trip).
-* :mod:`.accountants` -- what events cost together: ``basic`` sums, ``pld`` composes PLDs.
-* :mod:`.ledger` -- ``PrivacyLedger``: per-run releases (event + guarantee), budget cap.
-* :mod:`.budget_store` -- the budget that lasts across jobs (SQLite, same accountants).
+* :mod:`.accountants` -- what events cost, alone and together (``basic`` sums, ``pld``
+  composes PLDs), under the accountant's choices (``Costing``): the only source of eps.
+* :mod:`.budget_store` -- the one ledger (SQLite): persistent across jobs, in memory for a run.
+* :mod:`.ledger` -- ``PrivacyLedger``: a run's view over a store, with the run's budget cap.
 * :mod:`.source_identity` -- which records a job touches: per-record fingerprints of its pool.
 * :mod:`.audit` -- empirical audit (Clopper-Pearson) and simulated labeling error.
 """

@@ -1,4 +1,10 @@
-"""Accountants: turn the events of a ledger into one (eps, delta).
+"""Accountants: the only place an (eps, delta) is computed from what happened.
+
+An event says what a release is (rknn_ray.accounting.events); :func:`event_cost` says what
+it costs under the accountant's choices (:class:`Costing`, recorded beside the event,
+never in it: the amplification bound, the delta a non-pure event is stated at, rdp/pld).
+A mechanism's guarantee and a baseline's reported eps are this cost; the ledgers compose
+it. A ledger item is an event or an (event, Costing) pair.
 
 * ``basic``: each event's own (eps, delta) (:func:`event_cost`), summed. Exact for
   pure DP, valid for any events.
@@ -15,34 +21,145 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
 
 from dp_accounting import dp_event
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from rknn_ray.accounting.events import (ApproxDpEvent, LocalRandomizerDpEvent, MultiMessageShuffleDpEvent,
-                                        ShuffledLocalDpEvent)
+                                        SelectiveRRDpEvent, ShuffledLocalDpEvent, SubsampleDpEvent)
 
 PLD_DISCRETIZATION = 1e-4
+DEFAULT_BOUND = "clones_numerical"
+#: RDP orders of every RDP conversion (dp_accounting's default grid, extended).
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) +
+                   [64, 80, 96, 128, 192, 256, 512, 1024])
+APPROX_METHODS = ("rdp", "pld")
 
 
 class UnknownEventError(TypeError):
     """An event no accountant here knows how to cost."""
 
 
-def event_cost(event) -> tuple[float, float]:
-    """(eps, delta) of one event on its own."""
+@dataclass(frozen=True)
+class Costing:
+    """The accountant's choices for one release, recorded beside its event, never in it.
+
+    ``bound``: the amplification upper bound a single-message shuffle event is costed
+    with (any upper bound is valid; the mechanism calibrated eps0 with this one).
+    ``delta``: the delta an event with no pure-DP cost (Gaussian, sampled Gaussian) is
+    stated at; 0 = pure DP only. ``method``: how such an event is converted ("rdp":
+    dp_accounting's RdpAccountant; "pld": its PLDAccountant). An event with a pure cost
+    is stated at the smaller of that and its approximate cost (when ``delta`` > 0).
+    """
+    bound: str = DEFAULT_BOUND
+    delta: float = 0.0
+    method: str = "rdp"
+
+    def __post_init__(self):
+        if self.method not in APPROX_METHODS:
+            raise ValueError(f"costing method must be one of {APPROX_METHODS}, got {self.method!r}")
+        if not 0 <= self.delta < 1:
+            raise ValueError(f"costing delta must be in [0, 1), got {self.delta}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Costing":
+        return cls() if not d else cls(**d)
+
+
+DEFAULT_COSTING = Costing()
+
+
+def rdp_epsilon(event, delta: float, orders=RDP_ORDERS) -> float:
+    """eps at ``delta`` of a dp_accounting event under add/remove-one (RdpAccountant)."""
+    import logging
+
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    # orders whose series does not converge are skipped by dp_accounting (a logged warning)
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    acc = rdp.RdpAccountant(list(orders))
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def pld_epsilon(event, delta: float) -> float:
+    """eps at ``delta`` of a dp_accounting event (PLD accountant, add/remove-one)."""
+    from dp_accounting.pld import pld_privacy_accountant as pld
+    acc = pld.PLDAccountant(value_discretization_interval=1e-3)
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def subsample_epsilon_delta(k: int, n: int, replacement: bool = True,
+                            log=math.log) -> tuple[float, float]:
+    """(eps, delta) of training on a k-subsample of n records (FedMD-NFDP, paper 003):
+    Theorem 2 (with replacement) or Theorem 1 (without), natural log; add/remove-one."""
+    if n < 1 or k < 0:
+        raise ValueError(f"need n >= 1 and k >= 0, got n={n}, k={k}")
+    if replacement:
+        return k * log((n + 1) / n), 1.0 - ((n - 1) / n) ** k
+    if k > n:
+        raise ValueError(f"without replacement k={k} cannot exceed n={n}")
+    return log((n + 1) / (n + 1 - k)), k / n
+
+
+def _pure_eps(event) -> float | None:
+    """The pure-DP eps of an event that has one (None: it has none, or is not known here)."""
     if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
-        return float(event.noise_parameter * event.sensitivity), 0.0
+        return float(event.noise_parameter * event.sensitivity)
     if isinstance(event, dp_event.LaplaceDpEvent):
-        return 1.0 / float(event.noise_multiplier), 0.0
-    if isinstance(event, LocalRandomizerDpEvent):
-        return float(event.eps), 0.0
+        return 1.0 / float(event.noise_multiplier)
+    if isinstance(event, (LocalRandomizerDpEvent, SelectiveRRDpEvent)):
+        return float(event.eps)
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return 0.0
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = _pure_eps(event.event)
+        return None if inner is None else int(event.count) * inner
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [_pure_eps(e) for e in event.events]
+        return None if any(p is None for p in parts) else float(sum(parts))
+    return None
+
+
+#: dp_accounting events its RDP and PLD accountants convert at a delta (nested freely)
+_LIBRARY = (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.PoissonSampledDpEvent,
+            dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent)
+
+
+def _library_event(event) -> bool:
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _library_event(event.event)
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return _library_event(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return all(_library_event(e) for e in event.events)
+    return isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent))
+
+
+def event_cost(event, costing: Costing = DEFAULT_COSTING) -> tuple[float, float]:
+    """(eps, delta) of one event on its own, under the accountant's ``costing`` choices."""
+    pure = _pure_eps(event)
+    if costing.delta > 0 and _library_event(event):
+        convert = rdp_epsilon if costing.method == "rdp" else pld_epsilon
+        approx = convert(event, costing.delta)
+        if pure is None or approx < pure:
+            return float(approx), float(costing.delta)
+    if pure is not None:
+        return pure, 0.0
     if isinstance(event, ApproxDpEvent):
         return float(event.eps), float(event.delta)
     if isinstance(event, ShuffledLocalDpEvent):
         from rknn_ray.accounting.bounds import BOUNDS
-        eps = BOUNDS[event.bound].central_eps(event.eps0, int(event.num_senders), event.delta) \
+        if costing.bound not in BOUNDS or costing.bound == "lower_bound":
+            raise UnknownEventError(f"amplification bound {costing.bound!r} is not an upper bound; "
+                                    f"cost shuffle events with one of "
+                                    f"{sorted(b for b in BOUNDS if b != 'lower_bound')}")
+        eps = BOUNDS[costing.bound].central_eps(event.eps0, int(event.num_senders), event.delta) \
             if int(event.num_senders) >= 2 else math.inf
         if not eps < event.eps0:         # each record's own report is eps0-LDP regardless
             return float(event.eps0), 0.0
@@ -51,13 +168,25 @@ def event_cost(event) -> tuple[float, float]:
         from rknn_ray.accounting.multi_message import protocol_eps
         return float(protocol_eps(event.dlap_p, event.flood_mean_total, event.sensitivity_l1,
                                   event.delta)), float(event.delta + event.cap_failure)
+    if isinstance(event, SubsampleDpEvent):
+        return subsample_epsilon_delta(int(event.k), int(event.n), bool(event.replacement))
     if isinstance(event, dp_event.ComposedDpEvent):
-        costs = [event_cost(e) for e in event.events]
+        costs = [event_cost(e, costing) for e in event.events]
         return sum(c[0] for c in costs), min(1.0, sum(c[1] for c in costs))
-    if isinstance(event, dp_event.NoOpDpEvent):
-        return 0.0, 0.0
+    if _library_event(event):
+        raise UnknownEventError(f"{type(event).__name__} has no pure-DP cost: state it at a "
+                                "delta (Costing(delta=...) beside the event) so that "
+                                "rknn_ray.accounting.accountants.event_cost converts it")
     raise UnknownEventError(f"no accountant knows {type(event).__name__}; add it to "
                             "rknn_ray.accounting.accountants.event_cost")
+
+
+def as_costed(item) -> tuple[object, Costing]:
+    """(event, costing) of a ledger item: a bare event (default choices) or such a pair."""
+    if isinstance(item, tuple):
+        event, costing = item
+        return event, costing or DEFAULT_COSTING
+    return item, DEFAULT_COSTING
 
 
 class Accountant(ABC):
@@ -73,12 +202,13 @@ class BasicAccountant(Accountant):
     name = "basic"
 
     def compose(self, events: list, target_delta: float = 0.0) -> tuple[float, float]:
-        costs = [event_cost(e) for e in events]
+        costs = [event_cost(*as_costed(e)) for e in events]
         return sum(c[0] for c in costs), min(1.0, sum(c[1] for c in costs))
 
 
-def event_pld(event):
+def event_pld(item):
     """The PLD of one event: exact for (discrete) Laplace, generic from its cost otherwise."""
+    event, costing = as_costed(item)
     if isinstance(event, dp_event.LaplaceDpEvent):
         return pld_lib.from_laplace_mechanism(event.noise_multiplier, sensitivity=1,
                                               value_discretization_interval=PLD_DISCRETIZATION)
@@ -86,7 +216,7 @@ def event_pld(event):
         return pld_lib.from_discrete_laplace_mechanism(
             event.noise_parameter, sensitivity=event.sensitivity,
             value_discretization_interval=PLD_DISCRETIZATION)
-    eps, delta = event_cost(event)
+    eps, delta = event_cost(event, costing)
     if eps == 0 and delta == 0:
         return None
     return pld_lib.from_privacy_parameters(pld_common.DifferentialPrivacyParameters(eps, delta),

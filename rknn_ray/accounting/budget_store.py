@@ -1,7 +1,10 @@
 """A privacy budget that lasts across jobs: a SQLite ledger keyed by the private records' source.
 
-The in-run :class:`~rknn_ray.accounting.ledger.PrivacyLedger` forgets everything when
-the job ends; this store does not. A budget belongs to the private records themselves
+This is the project's one ledger: a run's :class:`~rknn_ray.accounting.ledger.PrivacyLedger`
+is a view over a store that lives in memory (path ``:memory:``) and is gone when the run
+ends; the persistent store at a file is not. Every release row holds its event and the
+accountant's choices for it (``accounting``), and is written only when its (eps, delta) is
+the accountant's cost of that event; a release whose event cannot be rebuilt is an error. A budget belongs to the private records themselves
 (record-level DP composes per record): a *source* is a pool of records known by their
 per-record fingerprints (rknn_ray/accounting/source_identity.py), and any job whose
 records overlap a source's draws from that source's one budget -- whatever split, seed,
@@ -60,7 +63,7 @@ TABLES = (
     job_id TEXT NOT NULL, round INTEGER, status TEXT NOT NULL CHECK (status IN
         ('reserved', 'released', 'unused')),
     eps REAL NOT NULL, delta REAL NOT NULL, event TEXT, note TEXT,
-    created REAL NOT NULL, updated REAL NOT NULL)""",
+    created REAL NOT NULL, updated REAL NOT NULL, accounting TEXT, meta TEXT)""",
     "CREATE INDEX IF NOT EXISTS releases_by_identity ON releases(identity)",
     # v2: a source's record pool (fingerprints: sorted unique little-endian uint64)
     """CREATE TABLE IF NOT EXISTS sources (
@@ -105,6 +108,11 @@ def _up(x: float) -> str:
     return s if float(s) >= x else f"{x * (1 + 1e-6):.6g}"
 
 
+def _plain(value):
+    """JSON for what a run's ledger shows beside a release: numpy scalars as numbers."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
 @dataclass
 class Spend:
     eps: float
@@ -144,6 +152,12 @@ class BudgetStore:
         version = con.execute("PRAGMA user_version").fetchone()[0]
         for stmt in TABLES:
             con.execute(stmt)
+        # the accountant's choices beside each release's event (Costing; NULL: the defaults),
+        # and what a run's ledger shows of it (the guarantee's unit, note, ...; JSON)
+        have = {r[1] for r in con.execute("PRAGMA table_info(releases)")}
+        for column in ("accounting", "meta"):
+            if column not in have:
+                con.execute(f"ALTER TABLE releases ADD COLUMN {column} TEXT")
         if version < SCHEMA_VERSION:
             # compare's per-method baseline lines ("<digest>/<method>") are not record budgets
             con.execute("INSERT OR IGNORE INTO legacy SELECT identity, description FROM datasets "
@@ -328,20 +342,25 @@ class BudgetStore:
                             (eps, delta, identity))
 
     def _events(self, con, identity: str) -> list:
-        """Every counted row as an event: a release's own event, a reservation's stated cost."""
-        from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict
+        """Every counted row as (event, the accountant's choices): a release's own event, a
+        reservation's stated cost. A release whose event this version cannot rebuild is an
+        error (LedgerError naming the type and the fix), never costed as a generic event."""
+        from rknn_ray.accounting.accountants import Costing
+        from rknn_ray.accounting.events import ApproxDpEvent, UnrebuildableEventError, costed_from_dict
         events = []
-        for status, eps, delta, event in con.execute(
-                "SELECT status, eps, delta, event FROM releases WHERE identity = ? AND "
-                "status != 'unused'", (identity,)):
+        for rid, status, eps, delta, event, accounting in con.execute(
+                "SELECT id, status, eps, delta, event, accounting FROM releases WHERE "
+                "identity = ? AND status != 'unused'", (identity,)):
             parsed = json.loads(event) if event else None
             if status == "released" and parsed:
                 try:
-                    events.append(event_from_dict(parsed))
-                    continue
-                except (ValueError, TypeError):
-                    pass                     # an event this version cannot rebuild: its cost
-            if eps > 0 or delta > 0:
+                    ev, legacy = costed_from_dict(parsed)
+                except UnrebuildableEventError as exc:
+                    raise LedgerError(f"{self.path}: release {rid} on {identity}: {exc}") from None
+                choices = {**legacy, **(json.loads(accounting) if accounting else {})}
+                events.append((ev, Costing.from_dict(choices)))
+                continue
+            if eps > 0 or delta > 0:       # a reservation, or a release settled by hand
                 events.append(ApproxDpEvent(float(eps), float(delta)))
         return events
 
@@ -452,12 +471,51 @@ class BudgetStore:
             fix = f"raise the budget explicitly: {command}, or lower privacy.eps and privacy.delta"
         return head + f"The limit is {' and '.join(limits)}. Fix: {fix} (ledger: {self.path})"
 
+    def _checked(self, what: str, eps: float, delta: float, event: dict | None, accounting):
+        """The accountant's choices for a release about to be written, after checking that
+        its event rebuilds and costs exactly (eps, delta) under them (else LedgerError)."""
+        from rknn_ray.accounting.accountants import Costing, event_cost
+        from rknn_ray.accounting.events import UnrebuildableEventError, costed_from_dict
+        costing = accounting if isinstance(accounting, Costing) else Costing.from_dict(accounting)
+        if event is None:
+            return None
+        try:
+            ev, legacy = costed_from_dict(event)
+        except UnrebuildableEventError as exc:
+            raise LedgerError(f"refused to record {what}: {exc}") from None
+        if legacy and accounting is None:      # an event written with its bound inside
+            costing = Costing.from_dict(legacy)
+        cost = event_cost(ev, costing)
+        if not (abs(cost[0] - eps) <= 1e-9 * max(1.0, abs(eps))
+                and abs(cost[1] - delta) <= 1e-9 * abs(delta) + 1e-300):
+            raise LedgerError(f"refused to record {what}: its {ev.__class__.__name__} costs "
+                              f"eps={cost[0]:.9g}, delta={cost[1]:.3g} under {costing}, not the "
+                              f"eps={eps:.9g}, delta={delta:.3g} given. Fix: commit the "
+                              "accountant's cost of the event, with the Costing it was computed "
+                              "under")
+        return costing
+
+    @staticmethod
+    def _insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
+                        meta=None) -> None:
+        con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
+                    "note, created, updated, accounting, meta) VALUES (?, ?, ?, 'released', ?, ?, "
+                    "?, ?, ?, ?, ?, ?)",
+                    (identity, job_id, round_id, eps, delta, json.dumps(event, default=str), note,
+                     time.time(), time.time(),
+                     None if costing is None else json.dumps(costing.to_dict()),
+                     None if meta is None else json.dumps(meta, default=_plain)))
+
     def commit_round(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
-                     event: dict | None, note: str = "released") -> None:
+                     event: dict | None, note: str = "released", accounting=None) -> None:
         """Move one round's spend from the job's reservation to a release with its event.
 
         ``note`` marks the release (a seeded simulation says NOT PRIVATE here).
+        ``accounting``: the accountant's choices the release was costed with (a Costing or
+        its dict; None: the defaults). The event must rebuild and cost exactly the
+        (eps, delta) committed: the store keeps one source of privacy numbers.
         """
+        costing = self._checked(f"round {round_id} of job {job_id}", eps, delta, event, accounting)
         with self._transaction() as con:
             res = con.execute("SELECT id, eps, delta FROM releases WHERE identity = ? AND job_id = ? "
                               "AND status = 'reserved'", (identity, job_id)).fetchone()
@@ -467,10 +525,29 @@ class BudgetStore:
             rid, r_eps, r_delta = res
             con.execute("UPDATE releases SET eps = ?, delta = ?, updated = ? WHERE id = ?",
                         (max(0.0, r_eps - eps), max(0.0, r_delta - delta), time.time(), rid))
-            con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
-                        "note, created, updated) VALUES (?, ?, ?, 'released', ?, ?, ?, ?, ?, ?)",
-                        (identity, job_id, round_id, eps, delta, json.dumps(event, default=str),
-                         note, time.time(), time.time()))
+            self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing)
+
+    def append_release(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
+                       event: dict | None, accounting=None, meta: dict | None = None,
+                       note: str = "released") -> None:
+        """Record a release with no reservation (a run's own ledger, which checks its budget
+        itself: rknn_ray.accounting.ledger.PrivacyLedger). Same checks as commit_round."""
+        costing = self._checked(f"round {round_id} of {job_id}", eps, delta, event, accounting)
+        with self._transaction() as con:
+            con.execute("INSERT OR IGNORE INTO datasets VALUES (?, ?, ?, ?, ?)",
+                        (identity, identity, float("inf"), 1.0, time.time()))
+            self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
+                                 meta)
+
+    def release_rows(self, identity: str) -> list[dict]:
+        """The released rows of ``identity`` in order: round, eps, delta, event, accounting, meta."""
+        with self._connect() as con:
+            rows = con.execute("SELECT round, eps, delta, event, accounting, meta FROM releases "
+                               "WHERE identity = ? AND status = 'released' ORDER BY id",
+                               (identity,)).fetchall()
+        return [{"round": r, "eps": e, "delta": d, "event": json.loads(ev) if ev else None,
+                 "accounting": json.loads(a) if a else None, "meta": json.loads(m) if m else {}}
+                for r, e, d, ev, a, m in rows]
 
     def close_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended normally: what it reserved and did not release is given back."""

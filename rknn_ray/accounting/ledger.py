@@ -1,13 +1,16 @@
-"""The privacy ledger of one run: every release as an event, its guarantee, and the total.
+"""The privacy ledger of one run: a view over the one ledger, the store.
 
-Follows dp_accounting's split between *what happened* and *what it costs*: each entry
-keeps the release's event (rknn_ray.accounting.events; a mechanism builds it with
-``Mechanism.event(n)``) next to the guarantee the mechanism stated, and the total is
-computed by an accountant (rknn_ray.accounting.accountants: ``basic`` sums, ``pld``
-composes privacy-loss distributions with dp_accounting) from the events. An entry
-recorded without an event counts as its stated (eps, delta). The PLD total is
-reported at the ledger's delta (the budget delta, else twice the summed delta of the
-entries, at least 1e-12) and never exceeds the basic total.
+Every release is a row of a :class:`~rknn_ray.accounting.budget_store.BudgetStore` --
+in memory for a single run unless the caller hands in a store -- holding the release's
+event (rknn_ray.accounting.events; a mechanism builds it with ``Mechanism.event(n)``),
+the accountant's choices beside it, and what the run shows of it (its guarantee's unit,
+note, ...). The store checks on writing that the guarantee's (eps, delta) is the
+accountant's cost of the event; the totals are the store's composition of the events by
+the run's accountant (``basic`` sums, ``pld`` composes privacy-loss distributions), at
+the ledger's delta (the budget delta, else twice the summed delta of the entries, at
+least 1e-12), never above the basic total. An entry recorded without an event counts as
+its stated (eps, delta). This class only adds the run's budget cap (checked before a
+release) and reads its entries back.
 
 All entries must share one unit (record / client / label) and neighbour relation:
 composing guarantees about different units is meaningless, so it is refused.
@@ -15,16 +18,17 @@ composing guarantees about different units is meaningless, so it is refused.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rknn_ray.accounting.accountants import get_accountant
-from rknn_ray.accounting.events import ApproxDpEvent, event_to_dict
+from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict, event_to_dict
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray.runio import write_json
 
 ACCOUNTANTS = ("basic", "pld")
+RUN = "run"                 # the identity and job id of a run's own in-memory ledger
 
 
 @dataclass
@@ -36,15 +40,19 @@ class LedgerEntry:
 
     @property
     def accounted_event(self):
-        """The event the accountant composes (the stated guarantee when none was given)."""
-        return self.event if self.event is not None else \
+        """(event, the accountant's choices for it) as the accountant composes it (the stated
+        guarantee when no event was given)."""
+        event = self.event if self.event is not None else \
             ApproxDpEvent(self.guarantee.eps, self.guarantee.delta)
+        return event, self.guarantee.accounting
 
     def to_dict(self) -> dict:
         g = self.guarantee
+        costing = g.accounting.to_dict() if g.accounting is not None else None
         return {"round": self.round_id, "model": g.model, "mechanism": g.mechanism,
                 "eps": g.eps, "delta": g.delta, "unit": g.unit, "neighbour": g.neighbour,
-                "n": g.n, "note": g.note, "event": event_to_dict(self.event), **self.extra}
+                "n": g.n, "note": g.note, "event": event_to_dict(self.event),
+                "accounting": costing, **self.extra}
 
 
 class PrivacyLedger:
@@ -63,8 +71,23 @@ class PrivacyLedger:
                               "set 0 <= delta < 1")
         self.budget_eps, self.budget_delta = budget_eps, budget_delta
         self.accountant = accountant
-        self.entries: list[LedgerEntry] = []
         self._accountant = get_accountant(accountant)
+        from rknn_ray.accounting.budget_store import BudgetStore
+        from rknn_ray.accounting.ledger_file import MEMORY
+        self.store = BudgetStore(MEMORY)
+
+    # ------------------------------------------------------------------ the view
+    @property
+    def entries(self) -> list[LedgerEntry]:
+        """Every release, read back from the store (rows are written only by record*)."""
+        out = []
+        for row in self.store.release_rows(RUN):
+            meta = row["meta"]
+            g = Guarantee(**{**meta["guarantee"],
+                             "accounting": row["accounting"] or meta.get("accounting")})
+            out.append(LedgerEntry(int(row["round"]), g, event_from_dict(row["event"]),
+                                   meta.get("extra", {})))
+        return out
 
     # ------------------------------------------------------------------ composition
     def _target_delta(self, entries: list[LedgerEntry]) -> float:
@@ -72,11 +95,14 @@ class PrivacyLedger:
             return self.budget_delta
         return max(1e-12, 2.0 * sum(e.guarantee.delta for e in entries))
 
-    def _compose(self, entries: list[LedgerEntry]) -> tuple[float, float]:
-        if not entries:
+    def _compose(self, entries: list[LedgerEntry], extra: list | None = None) -> tuple[float, float]:
+        if not entries and not extra:
             return 0.0, 0.0
-        return self._accountant.compose([e.accounted_event for e in entries],
-                                        self._target_delta(entries))
+        target = self._target_delta(entries + [LedgerEntry(-1, g, e) for g, e in (extra or [])])
+        pending = [LedgerEntry(-1, g, e).accounted_event for g, e in (extra or [])]
+        if not entries:
+            return self._accountant.compose(pending, target)
+        return self.store.composed(RUN, self.accountant, pending, target)
 
     def spent(self) -> tuple[float, float]:
         """Composed (eps, delta) of everything recorded so far."""
@@ -98,7 +124,7 @@ class PrivacyLedger:
         Call it *before* starting a round: a refused round releases nothing.
         """
         self._check_unit(guarantee)
-        eps, delta = self._compose(self.entries + [LedgerEntry(-1, guarantee, event)])
+        eps, delta = self._compose(self.entries, [(guarantee, event)])
         over_eps = self.budget_eps is not None and eps > self.budget_eps * (1 + 1e-12)
         over_delta = self.budget_delta is not None and delta > self.budget_delta * (1 + 1e-12)
         if over_eps or over_delta:
@@ -114,9 +140,7 @@ class PrivacyLedger:
     def record(self, guarantee: Guarantee, round_id: int, event: Any = None, **extra) -> LedgerEntry:
         """Check the budget, then append the release. Returns the new entry."""
         self.check(guarantee, event)
-        entry = LedgerEntry(int(round_id), guarantee, event, dict(extra))
-        self.entries.append(entry)
-        return entry
+        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)))
 
     def record_spent(self, guarantee: Guarantee, round_id: int, event: Any = None,
                      **extra) -> LedgerEntry:
@@ -126,20 +150,30 @@ class PrivacyLedger:
         hid each other): refusing to record it would understate what was spent.
         """
         self._check_unit(guarantee)
-        entry = LedgerEntry(int(round_id), guarantee, event, dict(extra))
-        self.entries.append(entry)
+        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)))
+
+    def _append(self, entry: LedgerEntry) -> LedgerEntry:
+        """One row in the store: the event, the accountant's choices, what the run shows."""
+        g = entry.guarantee
+        shown = {k: v for k, v in asdict(g).items() if k != "accounting"}
+        self.store.append_release(RUN, RUN, entry.round_id, g.eps, g.delta,
+                                  event_to_dict(entry.event), accounting=g.accounting,
+                                  meta={"guarantee": shown, "extra": entry.extra,
+                                        "accounting": None if g.accounting is None
+                                        else g.accounting.to_dict()})
         return entry
 
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
-        eps, delta = self.spent()
-        basic = get_accountant("basic").compose([e.accounted_event for e in self.entries])
+        entries = self.entries
+        eps, delta = self._compose(entries)
+        basic = get_accountant("basic").compose([e.accounted_event for e in entries])
         return {"accountant": self.accountant,
                 "budget": {"eps": self.budget_eps, "delta": self.budget_delta},
-                "entries": [e.to_dict() for e in self.entries],
+                "entries": [e.to_dict() for e in entries],
                 "total": {"eps": eps, "delta": delta},
                 "total_basic": {"eps": basic[0], "delta": basic[1]},
-                "rounds": len({e.round_id for e in self.entries})}
+                "rounds": len({e.round_id for e in entries})}
 
     def save(self, path: str | os.PathLike) -> None:
         """Write JSON atomically (temp file in the same folder, then os.replace)."""

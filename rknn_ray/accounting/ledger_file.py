@@ -38,14 +38,27 @@ def lock_timeout() -> float:
     return value
 
 
+#: the path of a ledger that lives in memory for one run (rknn_ray.accounting.ledger)
+MEMORY = ":memory:"
+
+
 class LedgerFile:
     """One ledger file: ``tables`` (CREATE statements) and ``required`` ({table: columns})
     describe the schema ``schema_version`` (``PRAGMA user_version``) this code reads."""
 
     def __init__(self, path: str, tables: tuple, required: dict, schema_version: int):
-        self.path = os.path.abspath(path)
         self.tables, self.required, self.schema_version = tables, required, schema_version
         self.timeout = lock_timeout()
+        self._memory = None
+        if path == MEMORY:                # one run's ledger: one private in-memory database
+            self.path = MEMORY
+            self._memory = sqlite3.connect(":memory:", isolation_level=None,
+                                           check_same_thread=False)
+            for stmt in self.tables:
+                self._memory.execute(stmt)
+            self._memory.execute(f"PRAGMA user_version = {self.schema_version}")
+            return
+        self.path = os.path.abspath(path)
         if os.path.exists(self.path):
             self.check()
         else:
@@ -138,6 +151,13 @@ class LedgerFile:
 
     @contextmanager
     def connect(self):
+        if self._memory is not None:      # kept open: the database lives as long as the object
+            try:
+                self._memory.execute("PRAGMA foreign_keys=ON")
+                yield self._memory
+            except sqlite3.Error as exc:
+                raise self.error(exc) from None
+            return
         try:
             con = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         except sqlite3.Error as exc:

@@ -24,9 +24,9 @@ import torch
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.mechanisms.base import Guarantee
 
-#: RDP orders used for every RDP conversion here (dp_accounting's default grid, extended).
-RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)) +
-                   [64, 80, 96, 128, 192, 256, 512, 1024])
+# RDP/PLD conversion is the accountant's (re-exported: the baselines' tests use these names)
+from rknn_ray.accounting.accountants import (DEFAULT_COSTING, RDP_ORDERS, Costing,  # noqa: F401
+                                             event_cost, pld_epsilon, rdp_epsilon)
 
 NEIGHBOUR_ADD_REMOVE = "add-remove-one"
 NEIGHBOUR_LABEL = "change-one-query-label"
@@ -77,26 +77,6 @@ def prepare(cfg) -> BaselineSetup:
 
 
 # ----------------------------------------------------------------------------- accounting
-
-def rdp_epsilon(event, delta: float, orders=RDP_ORDERS) -> float:
-    """eps at ``delta`` of a dp_accounting event under add/remove-one (RdpAccountant)."""
-    import logging
-
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp
-    # orders whose series does not converge are skipped by dp_accounting (a logged warning)
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    acc = rdp.RdpAccountant(list(orders))
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
-
-
-def pld_epsilon(event, delta: float) -> float:
-    """eps at ``delta`` of a dp_accounting event (PLD accountant, add/remove-one)."""
-    from dp_accounting.pld import pld_privacy_accountant as pld
-    acc = pld.PLDAccountant(value_discretization_interval=1e-3)
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
-
 
 def calibrate_decreasing(eps_of, target: float, lo: float = 1e-3, hi: float = 1e4,
                          iters: int = 60) -> float:
@@ -237,8 +217,13 @@ class BaselineResult:
                 "target_eps": self.target_eps, "neighbour": self.neighbour}
 
 
-def record(ledger: PrivacyLedger, guarantee: Guarantee, event, round_id: int = 0, **extra):
-    """Record one release; returns the ledger entry."""
+def record(ledger: PrivacyLedger, event, costing: Costing, model: str, mechanism: str, unit: str,
+           neighbour: str, note: str, n: int | None = None, round_id: int = 0, **extra):
+    """Record one release: its guarantee is the accountant's cost of ``event`` under
+    ``costing`` (recorded with it), never a number computed beside it. Returns the entry."""
+    eps, delta = event_cost(event, costing)
+    guarantee = Guarantee(eps, delta, model, mechanism, unit=unit, neighbour=neighbour, n=n,
+                          note=note, accounting=costing)
     return ledger.record(guarantee, round_id=round_id, event=event, **extra)
 
 

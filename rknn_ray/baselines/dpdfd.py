@@ -29,9 +29,9 @@ import numpy as np
 from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_LABEL, BaselineResult, BaselineSetup,
                                        fit_classifiers, new_ledger, one_hot, record,
                                        student_from_query_counts)
-from rknn_ray.baselines.events import SelectiveRRDpEvent
+from rknn_ray.baselines.common import DEFAULT_COSTING
+from rknn_ray.baselines.events import selective_rr_event
 from rknn_ray.baselines.private_knn import raw_upload_bytes
-from rknn_ray.mechanisms.base import Guarantee
 
 
 def candidate_set(prior: np.ndarray, threshold: float | None = None) -> np.ndarray:
@@ -99,12 +99,10 @@ def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 2, seed: in
         labels[chunk], sizes[chunk] = selective_rr(teacher_labels[chunk], priors, target_eps, rng)
         done.extend(chunk.tolist())
     ledger = ledger or new_ledger()
-    g = Guarantee(target_eps, 0.0, "central", "selective_rr", unit="label",
-                  neighbour=NEIGHBOUR_LABEL,
-                  note=f"label DP per query (parallel over {len(qx)} queries); not record-level")
-    record(ledger, g, SelectiveRRDpEvent(target_eps, 0.0, num_queries=len(qx),
-                                         min_candidates=int(sizes.min()),
-                                         max_candidates=int(sizes.max())), stages=len(chunks))
+    record(ledger, selective_rr_event(target_eps, len(qx), int(sizes.min()), int(sizes.max())),
+           DEFAULT_COSTING, "central", "selective_rr", "label", NEIGHBOUR_LABEL,
+           f"label DP per query (parallel over {len(qx)} queries); not record-level",
+           stages=len(chunks))
     acc, lab_acc, _ = student_from_query_counts(setup, one_hot(labels, C))
     eps_l, delta_l = ledger.spent()
     return BaselineResult(

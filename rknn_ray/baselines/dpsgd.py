@@ -24,28 +24,18 @@ import numpy as np
 import torch
 
 from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
-                                       calibrate_decreasing, new_ledger, pld_epsilon, rdp_epsilon,
-                                       record)
-from rknn_ray.baselines.events import DpSgdDpEvent
+                                       Costing, calibrate_decreasing, event_cost, new_ledger, record)
+from rknn_ray.baselines.events import dpsgd_event
 from rknn_ray.baselines.private_knn import raw_upload_bytes
-from rknn_ray.mechanisms.base import Guarantee
 
 ACCOUNTANTS = ("rdp", "pld")
 
 
-def dpsgd_event(q: float, sigma: float, steps: int):
-    from dp_accounting import dp_event
-    return dp_event.SelfComposedDpEvent(
-        dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(sigma)), int(steps))
-
-
 def dpsgd_epsilon(q: float, sigma: float, steps: int, delta: float, accountant: str = "rdp") -> float:
-    ev = dpsgd_event(q, sigma, steps)
-    if accountant == "rdp":
-        return rdp_epsilon(ev, delta)
-    if accountant == "pld":
-        return pld_epsilon(ev, delta)
-    raise ValueError(f"accountant must be one of {ACCOUNTANTS}")
+    """eps at ``delta``: the accountant's cost of the steps' event (``accountant``: rdp/pld)."""
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}")
+    return event_cost(dpsgd_event(q, sigma, steps), Costing(delta=delta, method=accountant))[0]
 
 
 def calibrate_noise_multiplier(target_eps: float, q: float, steps: int, delta: float,
@@ -112,13 +102,10 @@ def run_dpsgd(setup: BaselineSetup, target_eps: float, delta: float = 1e-5, epoc
     q = min(1.0, batch_size / m)
     steps = int(math.ceil(epochs / q))
     sigma = calibrate_noise_multiplier(target_eps, q, steps, delta, accountant)
-    eps = dpsgd_epsilon(q, sigma, steps, delta, accountant)
     ledger = ledger or new_ledger()
-    g = Guarantee(eps, delta, "central", "dpsgd_head", unit="record",
-                  neighbour=NEIGHBOUR_ADD_REMOVE,
-                  note=f"{steps} steps, q={q:.4g}, sigma={sigma:.4g}, clip={clip}, {accountant}")
-    record(ledger, g, DpSgdDpEvent(eps, delta, sampling_rate=q, noise_multiplier=sigma,
-                                   steps=steps, clip=clip, accountant=accountant))
+    record(ledger, dpsgd_event(q, sigma, steps), Costing(delta=delta, method=accountant), "central",
+           "dpsgd_head", "record", NEIGHBOUR_ADD_REMOVE,
+           f"{steps} steps, q={q:.4g}, sigma={sigma:.4g}, clip={clip}, {accountant}", clip=clip)
     # feature scale from PUBLIC statistics only (free): centre and scale the embeddings
     mu = setup.public_emb.mean(0)
     sd = setup.public_emb.std(0).mean() + 1e-8

@@ -1,84 +1,56 @@
-"""Ledger events of the baseline systems (rknn_ray.baselines).
+"""The release of each baseline system as a *standard* event: what happened, no computed eps.
 
-Each event keeps the mechanism's own parameters *and* the (eps, delta) its paper's
-accounting gives for the whole release (RDP through ``dp_accounting`` for PATE,
-Private-kNN and DP-SGD; closed forms for FedMD-NFDP and selective randomized
-response). They subclass :class:`~rknn_ray.accounting.events.ApproxDpEvent`, so the
-project's accountants (``basic``, ``pld``) cost them at that stated (eps, delta)
-without any change to rknn_ray.accounting, and ``event_to_dict`` writes every
-parameter. Composition *inside* one release (the queries of PATE, the steps of
-DP-SGD) is done by the baseline's accountant before the event is built; the ledger
-composes releases with each other.
+Each builder returns a dp_accounting event (self-composition of Laplace / Gaussian /
+Poisson-sampled Gaussian steps) or one of the project's parameter-only events
+(rknn_ray.accounting.events: ``SubsampleDpEvent`` for FedMD-NFDP's subsample,
+``SelectiveRRDpEvent`` for DP-DFD's restricted randomized response). What a release
+costs is the accountant's answer (rknn_ray.accounting.accountants.event_cost) under
+the choices recorded beside the event (``Costing``: the delta it is stated at, rdp or
+pld): a baseline's reported eps is that cost, never a number carried in the event.
 """
 from __future__ import annotations
 
-import attr
+import math
 
-from rknn_ray.accounting.events import ApproxDpEvent
+from dp_accounting import dp_event
 
-
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class NfdpSubsampleDpEvent(ApproxDpEvent):
-    """FedMD-NFDP (paper 003): a party trains only on a k-subsample of its n records.
-
-    eps, delta from Theorem 2 (with replacement: k ln((n+1)/n), 1-((n-1)/n)^k) or
-    Theorem 1 (without: ln((n+1)/(n+1-k)), k/n), natural log; add/remove-one record.
-    """
-    k: int = 0
-    n: int = 0
-    replacement: bool = True
+from rknn_ray.accounting.events import SelectiveRRDpEvent, SubsampleDpEvent
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class SelectiveRRDpEvent(ApproxDpEvent):
-    """DP-DFD (paper 004): one label per query through randomized response restricted to a
-    candidate set of ``min_candidates``..``max_candidates`` classes; eps-label-DP per query
-    (each query's label is released once, so queries compose in parallel)."""
-    num_queries: int = 0
-    min_candidates: int = 0
-    max_candidates: int = 0
+def lnmax_event(scale: float, num_queries: int):
+    """PATE LNMax: per query, two unit-sensitivity Laplace mechanisms of scale ``scale``
+    (add/remove-one record moves one teacher's vote: +1 in one class, -1 in another)."""
+    return dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(float(scale)), 2 * int(num_queries))
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class PateDpEvent(ApproxDpEvent):
-    """PATE noisy argmax over teacher votes: ``aggregator`` 'lnmax' (Laplace, scale
-    ``noise``) or 'gnmax' (Gaussian, std ``noise``), ``num_queries`` answered queries,
-    ``num_teachers`` teachers on disjoint partitions; (eps, delta) from RDP."""
-    aggregator: str = "gnmax"
-    noise: float = 0.0
-    num_queries: int = 0
-    num_teachers: int = 0
-    data_dependent: bool = False
+def gnmax_event(sigma: float, num_queries: int):
+    """PATE GNMax: per query a Gaussian of std ``sigma`` on an L2-sensitivity-sqrt(2) vote."""
+    return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(float(sigma) / math.sqrt(2.0)),
+                                        int(num_queries))
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class PrivateKnnDpEvent(ApproxDpEvent):
-    """Private-kNN: per query a Poisson subsample (rate ``sampling_rate``) of the private
-    records, the ``k`` nearest of them vote, Gaussian noise ``sigma``; RDP over queries."""
-    sampling_rate: float = 0.0
-    sigma: float = 0.0
-    k: int = 0
-    num_queries: int = 0
+def private_knn_event(gamma: float, sigma: float, num_queries: int):
+    """Private-kNN: per query a Poisson subsample (rate ``gamma``) of the records votes,
+    Gaussian noise ``sigma`` on an L2-sensitivity-sqrt(2) histogram."""
+    return dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(float(gamma),
+                                       dp_event.GaussianDpEvent(float(sigma) / math.sqrt(2.0))),
+        int(num_queries))
 
 
-@attr.s(frozen=True, slots=True, auto_attribs=True)
-class DpSgdDpEvent(ApproxDpEvent):
-    """DP-SGD: ``steps`` Poisson-sampled (rate ``sampling_rate``) Gaussian steps with noise
-    multiplier ``noise_multiplier`` on per-example gradients clipped to ``clip``."""
-    sampling_rate: float = 0.0
-    noise_multiplier: float = 0.0
-    steps: int = 0
-    clip: float = 1.0
-    accountant: str = "rdp"
+def dpsgd_event(q: float, sigma: float, steps: int):
+    """DP-SGD: ``steps`` Poisson-sampled (rate ``q``) Gaussian steps, noise multiplier ``sigma``."""
+    return dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(float(q), dp_event.GaussianDpEvent(float(sigma))), int(steps))
 
 
-BASELINE_EVENTS = (NfdpSubsampleDpEvent, SelectiveRRDpEvent, PateDpEvent, PrivateKnnDpEvent,
-                   DpSgdDpEvent)
+def nfdp_event(k: int, n: int, replacement: bool = True) -> SubsampleDpEvent:
+    """FedMD-NFDP: a party trains on a ``k``-subsample of its ``n`` records."""
+    return SubsampleDpEvent(int(k), int(n), bool(replacement))
 
 
-def baseline_event_from_dict(d: dict):
-    """Rebuild a baseline event from :func:`rknn_ray.accounting.events.event_to_dict` output."""
-    known = {c.__name__: c for c in BASELINE_EVENTS}
-    if d.get("type") not in known:
-        raise ValueError(f"not a baseline event: {d.get('type')!r}")
-    return known[d["type"]](**{k: v for k, v in d.items() if k != "type"})
+def selective_rr_event(eps: float, num_queries: int, min_candidates: int,
+                       max_candidates: int) -> SelectiveRRDpEvent:
+    """DP-DFD: restricted randomized response with parameter ``eps`` on every query's label."""
+    return SelectiveRRDpEvent(float(eps), int(num_queries), int(min_candidates),
+                              int(max_candidates))

@@ -32,21 +32,15 @@ import numpy as np
 from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
                                        fit_models, init_models, new_ledger, pad_groups, record,
                                        student_from_query_counts)
-from rknn_ray.baselines.events import NfdpSubsampleDpEvent
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.accountants import DEFAULT_COSTING, subsample_epsilon_delta
+from rknn_ray.baselines.events import nfdp_event
 
 MODES = ("softmax", "logits", "argmax")
 
 
-def nfdp_epsilon_delta(k: int, n: int, replacement: bool = True, log=math.log) -> tuple[float, float]:
-    """(eps, delta) of a k-subsample of n records: Theorem 2 (replacement) or Theorem 1."""
-    if n < 1 or k < 0:
-        raise ValueError(f"need n >= 1 and k >= 0, got n={n}, k={k}")
-    if replacement:
-        return k * log((n + 1) / n), 1.0 - ((n - 1) / n) ** k
-    if k > n:
-        raise ValueError(f"without replacement k={k} cannot exceed n={n}")
-    return log((n + 1) / (n + 1 - k)), k / n
+#: (eps, delta) of a k-subsample of n records: Theorem 2 (replacement) or Theorem 1 (the
+#: accountant's closed form for SubsampleDpEvent)
+nfdp_epsilon_delta = subsample_epsilon_delta
 
 
 def table2_printed_eps(k: int, n: int) -> float:
@@ -159,15 +153,13 @@ def run_nfdp(setup: BaselineSetup, target_eps: float, parties: int = 10, replace
     if k < 1:
         raise ValueError(f"NFDP: even k=1 costs eps={nfdp_epsilon_delta(1, n_min, replacement)[0]:.4g}"
                          f" > target {target_eps} with n={n_min} records per party")
-    per_party = [nfdp_epsilon_delta(k, n, replacement) for n in sizes]
-    eps = max(e for e, _ in per_party)
-    delta = max(d for _, d in per_party)
+    # every party's (eps, delta) is largest at the fewest records: that party's event
     ledger = ledger or new_ledger()
-    guarantee = Guarantee(eps, delta, "local", f"nfdp_{'with' if replacement else 'without'}"
-                          "_replacement", unit="record", neighbour=NEIGHBOUR_ADD_REMOVE,
-                          n=n_min, note=f"k={k} of n>={n_min} per party; delta ~ k/n")
-    record(ledger, guarantee, NfdpSubsampleDpEvent(eps, delta, k=k, n=n_min,
-                                                   replacement=replacement), parties=parties)
+    entry = record(ledger, nfdp_event(k, n_min, replacement), DEFAULT_COSTING, "local",
+                   f"nfdp_{'with' if replacement else 'without'}_replacement", "record",
+                   NEIGHBOUR_ADD_REMOVE, f"k={k} of n>={n_min} per party; delta ~ k/n", n=n_min,
+                   parties=parties)
+    delta = entry.guarantee.delta
     queries = setup.query_emb
     C = setup.num_classes
     groups = np.array_split(np.arange(parties), max(1, min(shards, parties)))

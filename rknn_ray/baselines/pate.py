@@ -35,34 +35,29 @@ from scipy.special import erfc
 
 from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, RDP_ORDERS, BaselineResult,
                                        BaselineSetup, calibrate_decreasing, fit_classifiers,
-                                       new_ledger, one_hot, rdp_epsilon, record,
+                                       Costing, event_cost, new_ledger, one_hot, record,
                                        student_from_query_counts, vote_histogram)
-from rknn_ray.baselines.events import PateDpEvent
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.baselines.events import gnmax_event, lnmax_event  # noqa: F401 (named here before)
 
 AGGREGATORS = ("lnmax", "gnmax")
 
 
-def lnmax_event(scale: float, num_queries: int):
-    from dp_accounting import dp_event
-    return dp_event.SelfComposedDpEvent(dp_event.LaplaceDpEvent(scale), 2 * int(num_queries))
+def pate_costing(aggregator: str, delta: float) -> Costing:
+    """LNMax and GNMax are stated at ``delta`` with RDP (LNMax: or its pure 2Q/b if smaller)."""
+    if aggregator not in AGGREGATORS:
+        raise ValueError(f"aggregator must be one of {AGGREGATORS}")
+    return Costing(delta=float(delta), method="rdp")
 
 
-def gnmax_event(sigma: float, num_queries: int):
-    from dp_accounting import dp_event
-    return dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(sigma / math.sqrt(2.0)),
-                                        int(num_queries))
+def pate_event(aggregator: str, noise: float, num_queries: int):
+    if aggregator not in AGGREGATORS:
+        raise ValueError(f"aggregator must be one of {AGGREGATORS}")
+    return (lnmax_event if aggregator == "lnmax" else gnmax_event)(noise, num_queries)
 
 
 def pate_epsilon(aggregator: str, noise: float, num_queries: int, delta: float) -> tuple[float, float]:
-    """Data-independent (eps, delta) of ``num_queries`` answers."""
-    if aggregator == "lnmax":
-        pure = 2.0 * num_queries / noise
-        rdp = rdp_epsilon(lnmax_event(noise, num_queries), delta)
-        return (pure, 0.0) if pure <= rdp else (rdp, delta)
-    if aggregator == "gnmax":
-        return rdp_epsilon(gnmax_event(noise, num_queries), delta), delta
-    raise ValueError(f"aggregator must be one of {AGGREGATORS}")
+    """Data-independent (eps, delta) of ``num_queries`` answers: the accountant's cost."""
+    return event_cost(pate_event(aggregator, noise, num_queries), pate_costing(aggregator, delta))
 
 
 def calibrate_pate(aggregator: str, target_eps: float, num_queries: int, delta: float) -> float:
@@ -154,13 +149,11 @@ def run_pate(setup: BaselineSetup, target_eps: float, delta: float = 1e-5,
     hist = vote_histogram(votes, setup.num_classes)
     Q = hist.shape[0]
     noise = calibrate_pate(aggregator, target_eps, Q, delta)
-    eps, dlt = pate_epsilon(aggregator, noise, Q, delta)
     ledger = ledger or new_ledger()
-    g = Guarantee(eps, dlt, "central", f"pate_{aggregator}", unit="record",
-                  neighbour=NEIGHBOUR_ADD_REMOVE,
-                  note=f"{Q} queries, {num_teachers} teachers, noise {noise:.4g}, RDP")
-    record(ledger, g, PateDpEvent(eps, dlt, aggregator=aggregator, noise=noise, num_queries=Q,
-                                  num_teachers=num_teachers))
+    record(ledger, pate_event(aggregator, noise, Q), pate_costing(aggregator, delta), "central",
+           f"pate_{aggregator}", "record", NEIGHBOUR_ADD_REMOVE,
+           f"{Q} queries, {num_teachers} teachers, noise {noise:.4g}, RDP",
+           aggregator=aggregator, noise=noise, num_queries=Q, num_teachers=num_teachers)
     labels = noisy_argmax(hist, aggregator, noise, privacy_generator(setup, 17, seed))
     acc, lab_acc, _ = student_from_query_counts(setup, one_hot(labels, setup.num_classes))
     details = {"noise": noise, "num_teachers": num_teachers, "queries": Q,

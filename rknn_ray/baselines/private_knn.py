@@ -14,27 +14,19 @@ composed over the Q queries with ``dp_accounting``'s RDP accountant.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 
 from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
-                                       calibrate_decreasing, new_ledger, one_hot, rdp_epsilon,
-                                       record, student_from_query_counts)
-from rknn_ray.baselines.events import PrivateKnnDpEvent
-from rknn_ray.mechanisms.base import Guarantee
-
-
-def private_knn_event(gamma: float, sigma: float, num_queries: int):
-    from dp_accounting import dp_event
-    return dp_event.SelfComposedDpEvent(
-        dp_event.PoissonSampledDpEvent(gamma, dp_event.GaussianDpEvent(sigma / math.sqrt(2.0))),
-        int(num_queries))
+                                       Costing, calibrate_decreasing, event_cost, new_ledger,
+                                       one_hot, record, student_from_query_counts)
+from rknn_ray.baselines.events import private_knn_event
 
 
 def private_knn_epsilon(gamma: float, sigma: float, num_queries: int, delta: float) -> float:
-    return rdp_epsilon(private_knn_event(gamma, sigma, num_queries), delta)
+    """eps at ``delta``: the accountant's RDP cost of the release's event."""
+    return event_cost(private_knn_event(gamma, sigma, num_queries), Costing(delta=delta))[0]
 
 
 def calibrate_sigma(target_eps: float, gamma: float, num_queries: int, delta: float) -> float:
@@ -70,13 +62,10 @@ def run_private_knn(setup: BaselineSetup, target_eps: float, delta: float = 1e-5
     k = int(k or max(5, round(0.02 * gamma * m)))
     Q = setup.queries.size
     sigma = calibrate_sigma(target_eps, gamma, Q, delta)
-    eps = private_knn_epsilon(gamma, sigma, Q, delta)
     ledger = ledger or new_ledger()
-    g = Guarantee(eps, delta, "central", "private_knn", unit="record",
-                  neighbour=NEIGHBOUR_ADD_REMOVE,
-                  note=f"{Q} queries, gamma={gamma}, k={k}, sigma={sigma:.4g}, RDP")
-    record(ledger, g, PrivateKnnDpEvent(eps, delta, sampling_rate=gamma, sigma=sigma, k=k,
-                                        num_queries=Q))
+    record(ledger, private_knn_event(gamma, sigma, Q), Costing(delta=delta), "central",
+           "private_knn", "record", NEIGHBOUR_ADD_REMOVE,
+           f"{Q} queries, gamma={gamma}, k={k}, sigma={sigma:.4g}, RDP", k=k)
     rng = privacy_generator(setup, 23, seed)
     hist = subsampled_knn_votes(setup.private_emb, setup.splits.private_y, setup.query_emb, k,
                                 gamma, setup.num_classes, rng)

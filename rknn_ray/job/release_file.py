@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from rknn_ray.accounting.events import event_from_dict, event_to_dict
+from rknn_ray.accounting.events import costed_from_dict, event_to_dict
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray.queries import QuerySet
 from rknn_ray.runio import RELEASE_FILE, atomic_path
@@ -57,8 +57,10 @@ def load_release(run_dir: str, public_emb: np.ndarray):
             _, assign = nearest(feats, public_emb, 1)
             query_sets.append(QuerySet(feats, z[f"query_public_index_{t}"],
                                        assign[:, 0].astype(np.int64), float("nan")))
-            rounds.append(RoundResult(z[f"counts_{t}"], Guarantee(**m["guarantee"]),
-                                      event_from_dict(m["event"]), m["mechanism"], m["messages"],
+            # a release saved before the bound was the accountant's choice: the event's bound
+            event, legacy = costed_from_dict(m["event"])
+            guarantee = Guarantee(**{"accounting": legacy or None, **m["guarantee"]})
+            rounds.append(RoundResult(z[f"counts_{t}"], guarantee, event, m["mechanism"], m["messages"],
                                       m["received"], m["clients"], m["rejected"], m["timings"],
                                       m["shuffler"], m.get("authenticated_senders"),
                                       m.get("missing")))

@@ -125,7 +125,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                         store.commit_round(ctx.identity, ctx.job_id, t, exc.guarantee.eps,
                                            exc.guarantee.delta, event_to_dict(exc.event),
                                            note="refused for labelling: too few reports opened "
-                                                "to meet the target; recorded at its true cost")
+                                                "to meet the target; recorded at its true cost",
+                                           accounting=exc.guarantee.accounting)
                         raise
                     except PrivacyBudgetError:      # refused before the server released anything
                         raise
@@ -149,7 +150,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                             "the counts are lost; their eps stays counted")
                 store.commit_round(ctx.identity, ctx.job_id, t, rounds[-1].guarantee.eps,
                                    rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
-                                   note=note)
+                                   note=note, accounting=rounds[-1].guarantee.accounting)
                 released = False
                 if lost is not None:
                     raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "

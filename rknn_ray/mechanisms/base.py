@@ -5,8 +5,9 @@
     stat = mech.statistic(payloads)               # server side: additive over reports
     counts = mech.finalize(stat, m, rng)          # debias with the m reports accepted (+ central noise)
     mech.estimate(payloads, n, rng)               # = finalize(statistic(payloads), len(payloads), rng)
-    mech.guarantee(n) -> Guarantee                # eps, delta, model, unit, neighbour relation
     mech.event(n) -> DpEvent                      # what the release is, for the accountants
+    mech.guarantee(n) -> Guarantee                # the accountant's cost of event(n): eps, delta,
+                                                  # model, unit, neighbour relation, its Costing
     mech.error_bound(beta, n) -> eta              # (eta, beta)-accuracy per bucket (sup norm)
 
 ``statistic`` is additive (``statistic(a ++ b) == statistic(a) + statistic(b)``), so
@@ -65,7 +66,11 @@ class Guarantee:
 
     ``model`` is the trust model (who must be trusted for the guarantee to hold);
     ``n`` is the number of distinct senders the guarantee was computed from where
-    it depends on it (shuffle amplification), else None.
+    it depends on it (shuffle amplification), else None. A mechanism never computes
+    (eps, delta) itself: :meth:`Mechanism.guarantee_of` states them as the accountant's
+    cost of its event, and ``accounting`` records the accountant's choices for it
+    (rknn_ray.accounting.accountants.Costing: the amplification bound, the delta at
+    which a non-pure event is stated, rdp/pld).
     """
     eps: float
     delta: float
@@ -75,8 +80,12 @@ class Guarantee:
     neighbour: str = NEIGHBOUR_REPLACE_ONE
     n: int | None = None
     note: str = ""
+    accounting: object = None
 
     def __post_init__(self):
+        if isinstance(self.accounting, dict):         # read back from report.json / release.npz
+            from rknn_ray.accounting.accountants import Costing
+            object.__setattr__(self, "accounting", Costing.from_dict(self.accounting))
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.unit not in UNITS:
@@ -180,6 +189,21 @@ class Mechanism(ABC):
     @abstractmethod
     def event(self, n: int | None = None):
         """The release as a dp_accounting-style event (rknn_ray.accounting.events)."""
+
+    def costing(self):
+        """The accountant's choices for this mechanism's events (defaults: pure DP events)."""
+        from rknn_ray.accounting.accountants import DEFAULT_COSTING
+        return DEFAULT_COSTING
+
+    def guarantee_of(self, event, n: int | None = None, note: str = "",
+                     unit: str = "record") -> Guarantee:
+        """The guarantee of ``event``: (eps, delta) are the accountant's cost of it, never
+        computed beside it (rknn_ray.accounting.accountants.event_cost)."""
+        from rknn_ray.accounting.accountants import event_cost
+        costing = self.costing()
+        eps, delta = event_cost(event, costing)
+        return Guarantee(eps, delta, self.model, self.name, unit=unit, n=n, note=note,
+                         accounting=costing)
 
     @abstractmethod
     def error_bound(self, beta: float, num_clients: int) -> float:

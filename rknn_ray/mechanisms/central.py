@@ -142,9 +142,9 @@ class CentralLaplace(Mechanism):
         how = ("exact discrete" if self.noise == "discrete" else
                "approximate, float sampling: the eps of ideal real-valued Laplace, not of "
                "float64 arithmetic (Mironov 2012);")
-        return Guarantee(self.params.eps, 0.0, "central", self.name, unit="record",
-                         note=f"{how} Laplace noise of scale 2kr/eps = {float(self.scale):.4g} "
-                              "on every cell; trusted server")
+        return self.guarantee_of(self.event(n),
+                                 note=f"{how} Laplace noise of scale 2kr/eps = "
+                                      f"{float(self.scale):.4g} on every cell; trusted server")
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:
         """eta with P[max_c |noise_c| >= eta] <= beta within one bucket of |Y| cells.

@@ -213,10 +213,9 @@ class LocalMechanism(Mechanism):
         return LocalRandomizerDpEvent(self.name, float(self.local_eps))
 
     def guarantee(self, n: int | None = None) -> Guarantee:
-        return Guarantee(self.local_eps, 0.0, model=self.model, mechanism=self.name,
-                         unit="record",
-                         note=f"eps-LDP per report ({self.name}, replace-one record); "
-                              + self._multi_record_note())
+        return self.guarantee_of(self.event(n),
+                                 note=f"eps-LDP per report ({self.name}, replace-one record); "
+                                      + self._multi_record_note())
 
     def _facts(self) -> dict:
         return {}

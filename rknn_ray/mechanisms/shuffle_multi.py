@@ -213,8 +213,7 @@ class MultiMessageShuffle(Mechanism):
                 f"only {n} distinct senders were shuffled but the noise was split over "
                 f"{self.n_cal}; round refused, nothing released. Set "
                 "privacy.options.expected_dropout to the dropout you expect")
-        return Guarantee(self.cal.eps, self.params.delta, "shuffle", self.name, unit="record",
-                         n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
+        return self.guarantee_of(self._event(), n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
                                         f"over {self.n_honest} clients + Poisson flooding "
                                         f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
                                         f"{self.messages_per_sender()} messages per sender "
@@ -228,8 +227,12 @@ class MultiMessageShuffle(Mechanism):
         return self.guarantee_for(self.n_cal if n is None else int(n))
 
     def event(self, n: int | None = None):
-        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent
         self.guarantee_for(self.n_cal if n is None else int(n))     # refuses below n_cal
+        return self._event()
+
+    def _event(self):
+        """The release: the noise of the n_cal calibrated senders (whoever else sends)."""
+        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent
         c = self.cal
         return MultiMessageShuffleDpEvent(c.dlap_p, c.flood_mean_total, self.n_cal,
                                           int(self.params.sensitivity_l1),

@@ -103,19 +103,25 @@ class ShuffleSingleMixin:
             return assumed
         return honest_count(self.honest_fraction, opened)
 
+    def costing(self):
+        """The accountant's choice of amplification bound: the one eps0 was calibrated with."""
+        from rknn_ray.accounting.accountants import Costing
+        return Costing(bound=self.bound_name)
+
     def _cost(self, senders: int, opened: int | None) -> Guarantee:
-        """The guarantee the round really has (never refused; see module docstring)."""
-        n = self.cover(senders, opened)
-        amplified = self.central_eps(n)
-        eps, delta = (amplified, self.params.delta) if amplified < self._eps0 else (self._eps0, 0.0)
+        """The guarantee the round really has (never refused; see module docstring): the
+        accountant's cost of the round's event (never above the local eps0 alone)."""
+        event = self._event(senders, opened)
+        n = event.num_senders
+        g = self.guarantee_of(event, n=int(n), note="")
         seen = "" if opened is None else f", {int(opened)} reports opened"
-        return Guarantee(eps, delta, "shuffle", self.name, unit="record", n=int(n),
-                         note=f"single message: {self.base_name} at local eps0={self._eps0:.4g}, "
-                              f"amplified by shuffling the reports of {n} senders assumed honest "
-                              f"(honest fraction {self.honest_fraction:g} of {int(senders)} "
-                              f"authenticated senders{seen}; {self.bound_name} bound)"
-                              + ("" if amplified < self._eps0 else
-                                 "; too few for amplification: the local eps0 alone"))
+        from dataclasses import replace
+        return replace(g, note=f"single message: {self.base_name} at local eps0={self._eps0:.4g}, "
+                               f"amplified by shuffling the reports of {n} senders assumed honest "
+                               f"(honest fraction {self.honest_fraction:g} of {int(senders)} "
+                               f"authenticated senders{seen}; {self.bound_name} bound)"
+                               + ("" if g.delta > 0 else
+                                  "; too few for amplification: the local eps0 alone"))
 
     def guarantee_for(self, n: int, opened: int | None = None) -> Guarantee:
         """The guarantee for ``n`` authenticated senders (refused below the target)."""
@@ -134,10 +140,10 @@ class ShuffleSingleMixin:
     def _event(self, senders: int, opened: int | None):
         from rknn_ray.accounting.events import ShuffledLocalDpEvent
         # local_mechanism: the randomizer's registry name, as in LocalRandomizerDpEvent;
-        # num_senders: the reports the amplification counts (assumed honest, opened)
+        # num_senders: the reports the amplification counts (assumed honest, opened); the
+        # bound is the accountant's choice (costing()), not part of what happened
         return ShuffledLocalDpEvent(self.name, float(self._eps0), self.cover(senders, opened),
-                                    float(self.params.delta), self.bound_name,
-                                    float(self.honest_fraction),
+                                    float(self.params.delta), float(self.honest_fraction),
                                     int(senders if opened is None else opened))
 
     def event(self, n: int | None = None):

@@ -1,0 +1,164 @@
+"""Events are the only source of privacy numbers (issue 19 item 2).
+
+The store rebuilds every release's event and costs it with the accountant under the
+choices recorded beside it: an event it cannot rebuild is an error naming the type and
+the fix (never a generic stand-in), a commit whose numbers are not the accountant's cost
+of its event is refused, the bound of a legacy shuffle event is read as the accountant's
+choice, and jobs.compare's totals are the accountant's composition of the events.
+"""
+import json
+import sqlite3
+
+import pytest
+from dp_accounting import dp_event
+
+from rknn_ray.accounting.accountants import Costing, event_cost
+from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.events import (ShuffledLocalDpEvent, UnrebuildableEventError,
+                                        costed_from_dict, event_from_dict, event_to_dict)
+from rknn_ray.baselines.events import (dpsgd_event, gnmax_event, lnmax_event, nfdp_event,
+                                       private_knn_event, selective_rr_event)
+from rknn_ray.errors import LedgerError
+
+LEGACY_SHUFFLE = {"type": "ShuffledLocalDpEvent", "local_mechanism": "collision", "eps0": 3.0,
+                  "num_senders": 50000, "delta": 1e-6, "bound": "fmt_closed_form",
+                  "honest_fraction": 1.0, "reports_opened": 50000}
+
+
+def _store(tmp_path) -> BudgetStore:
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("ds", "d", "job", 5.0, 1e-6, (5.0, 1e-6))
+    return store
+
+
+def test_the_store_refuses_an_event_it_cannot_rebuild(tmp_path):
+    store = _store(tmp_path)
+    with pytest.raises(LedgerError, match="'PateDpEvent'.*Fix"):
+        store.commit_round("ds", "job", 0, 1.0, 1e-5, {"type": "PateDpEvent", "eps": 1.0,
+                                                       "delta": 1e-5})
+    # a row written by another version: composing it is an error, not a generic event
+    with sqlite3.connect(store.path) as con:
+        con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
+                    "note, created, updated) VALUES ('ds', 'old', 0, 'released', 1.0, 0.0, ?, "
+                    "'', 0, 0)", (json.dumps({"type": "FutureDpEvent", "x": 1}),))
+    for compose in (lambda: store.composed("ds"), lambda: store.composed("ds", "pld")):
+        with pytest.raises(LedgerError, match="'FutureDpEvent'.*Fix"):
+            compose()
+    with pytest.raises(UnrebuildableEventError, match="DiscreteLaplaceDpEvent"):
+        event_from_dict({"type": "DiscreteLaplaceDpEvent"})          # fields missing
+
+
+def test_a_commit_must_be_the_accountants_cost_of_its_event(tmp_path):
+    store = _store(tmp_path)
+    release = event_to_dict(dp_event.LaplaceDpEvent(noise_multiplier=2.0))      # costs 0.5
+    with pytest.raises(LedgerError, match="costs eps=0.5"):
+        store.commit_round("ds", "job", 0, 0.4, 0.0, release)
+    store.commit_round("ds", "job", 0, 0.5, 0.0, release)
+    # a Gaussian release is committed with the delta its cost was stated at, and rebuilt so
+    gauss, at = gnmax_event(20.0, 10), Costing(delta=1e-7)
+    eps, delta = event_cost(gauss, at)
+    store.commit_round("ds", "job", 1, eps, delta, event_to_dict(gauss), accounting=at)
+    store.close_job("ds", "job", "done")
+    assert store.composed("ds", "basic") == pytest.approx((0.5 + eps, delta), rel=1e-12)
+
+
+def test_a_legacy_shuffle_event_keeps_its_bound_as_the_accountants_choice(tmp_path):
+    event, legacy = costed_from_dict(LEGACY_SHUFFLE)
+    assert legacy == {"bound": "fmt_closed_form"} and not hasattr(event, "bound")
+    assert event == ShuffledLocalDpEvent("collision", 3.0, 50000, 1e-6, 1.0, 50000)
+    cost = event_cost(event, Costing(bound="fmt_closed_form"))
+    store = _store(tmp_path)
+    store.commit_round("ds", "job", 0, *cost, LEGACY_SHUFFLE)       # read as written, same bound
+    store.close_job("ds", "job", "done")
+    assert store.composed("ds", "basic") == pytest.approx(cost, rel=1e-12)
+
+
+BASELINE_RELEASES = {
+    "pate_lnmax": (lnmax_event(40.0, 30), Costing(delta=1e-5)),
+    "pate_gnmax": (gnmax_event(40.0, 30), Costing(delta=1e-5)),
+    "private_knn": (private_knn_event(0.15, 4.0, 30), Costing(delta=1e-5)),
+    "dpsgd_rdp": (dpsgd_event(0.06, 1.1, 100), Costing(delta=1e-5)),
+    "dpsgd_pld": (dpsgd_event(0.06, 1.1, 100), Costing(delta=1e-5, method="pld")),
+    "nfdp": (nfdp_event(18, 2880, True), Costing()),
+    "selective_rr": (selective_rr_event(2.0, 30, 2, 10), Costing()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BASELINE_RELEASES))
+def test_every_baseline_release_survives_the_store_at_its_accountant_cost(tmp_path, name):
+    event, costing = BASELINE_RELEASES[name]
+    saved = json.loads(json.dumps(event_to_dict(event)))
+    assert "eps" not in json.dumps(saved).replace('"eps": 2.0', "") or name == "selective_rr"
+    assert event_from_dict(saved) == event
+    cost = event_cost(event, costing)
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("ds", "d", "job", cost[0], cost[1], (1e9, 0.9))
+    store.commit_round("ds", "job", 0, *cost, saved, accounting=costing.to_dict())
+    store.close_job("ds", "job", "done")
+    assert store.composed("ds", "basic", target_delta=0.5) == cost
+
+
+def test_compare_totals_are_the_accountants_composition():
+    """jobs.compare records a method's releases at the accountant's composition of their
+    events: the stated eps in an entry is never summed by hand."""
+    from jobs.compare import composed_spend
+    a, b = BASELINE_RELEASES["pate_gnmax"], BASELINE_RELEASES["nfdp"]
+    entries = [{"round": 0, "eps": 123.0, "delta": 0.0, "event": event_to_dict(a[0]),
+                "accounting": a[1].to_dict()},
+               {"round": 1, "eps": 456.0, "delta": 0.0, "event": event_to_dict(b[0]),
+                "accounting": b[1].to_dict()}]
+    ca, cb = event_cost(*a), event_cost(*b)
+    assert composed_spend(entries) == pytest.approx((ca[0] + cb[0], ca[1] + cb[1]), rel=1e-12)
+    with pytest.raises(UnrebuildableEventError, match="PateDpEvent"):
+        composed_spend([{"round": 0, "eps": 1.0, "delta": 0.0,
+                         "event": {"type": "PateDpEvent", "eps": 1.0, "delta": 0.0}}])
+
+
+def test_the_runs_ledger_is_a_view_over_one_store():
+    """PrivacyLedger keeps no list of its own: each release is one row of a store (in memory
+    for the run) and everything it shows is read back from there; a guarantee that is not
+    the accountant's cost of its event never gets in."""
+    from dataclasses import replace
+
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.mechanisms import MechanismParams, build
+    mech = build("shuffle", "collision", MechanismParams(10, 4, 1, 1.0, delta=1e-6,
+                                                         num_clients=20000))
+    ledger = PrivacyLedger(budget_eps=3.0, budget_delta=1e-5, accountant="pld")
+    assert ledger.store.path == ":memory:"
+    ledger.record(mech.guarantee(), 0, event=mech.event(), messages=20000)
+    (row,) = ledger.store.release_rows("run")
+    assert row["event"] == event_to_dict(mech.event())
+    assert row["accounting"] == {"bound": "clones_numerical", "delta": 0.0, "method": "rdp"}
+    (entry,) = ledger.entries
+    assert entry.guarantee == mech.guarantee() and entry.extra == {"messages": 20000}
+    assert ledger.spent() == ledger.store.composed("run", "pld", target_delta=1e-5)
+    with pytest.raises(LedgerError, match="costs eps="):
+        ledger.record(replace(mech.guarantee(), eps=0.01), 1, event=mech.event())
+    assert len(ledger.entries) == 1
+
+
+def test_a_release_saved_with_its_bound_inside_resumes_at_the_same_cost(tmp_path):
+    """release.npz written before the bound left the event: resume rebuilds the event, reads
+    the bound as the accountant's choice, and the run's ledger admits it at the saved cost."""
+    import numpy as np
+
+    from jobs.release_file import load_release
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.runio import RELEASE_FILE
+    cost = event_cost(costed_from_dict(LEGACY_SHUFFLE)[0], Costing(bound="fmt_closed_form"))
+    saved = {"eps": cost[0], "delta": cost[1], "model": "shuffle", "mechanism": "collision",
+             "unit": "record", "neighbour": "replace-one", "n": 50000, "note": ""}
+    meta = {"job_id": "j", "dataset": "d", "rounds": [
+        {"guarantee": saved, "event": LEGACY_SHUFFLE, "mechanism": {}, "messages": 1,
+         "received": 1, "clients": 1, "rejected": {}, "timings": {}, "shuffler": None}]}
+    with open(tmp_path / RELEASE_FILE, "wb") as fh:
+        np.savez(fh, meta=json.dumps(meta), counts_0=np.zeros((2, 2)),
+                 query_features_0=np.zeros((2, 3), np.float32),
+                 query_public_index_0=np.arange(2))
+    _, _, rounds, _ = load_release(str(tmp_path), np.zeros((4, 3), np.float32))
+    (r,) = rounds
+    assert r.guarantee.accounting == Costing(bound="fmt_closed_form")
+    ledger = PrivacyLedger()
+    ledger.record(r.guarantee, 0, event=r.event)
+    assert ledger.spent() == pytest.approx(cost, rel=1e-12)
