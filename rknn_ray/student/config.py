@@ -57,7 +57,8 @@ class StudentSection:
 @dataclass(frozen=True)
 class StudentConfig(StudentSection):
     """How ``train_student`` trains: the student section, plus the labels' type and the seed
-    (from ``labels.type`` and ``run.seed`` in a run)."""
+    (from ``labels.type`` and ``run.seed`` in a run). The loop reads epochs .. augment; the
+    run's choice of loop (method, trainer, input) and the semi keys ride along unread."""
 
     label_type: str = key("hard", "hard: (N,) int labels; soft: (N, C) distributions", str,
                           choices=LABEL_TYPES)
@@ -74,7 +75,8 @@ class StudentConfig(StudentSection):
 @dataclass(frozen=True)
 class SemiConfig(StudentSection):
     """How ``train_semi_student`` trains: the student section (with the semi loop's own
-    defaults for direct library use) plus its loss weights and augmentation."""
+    defaults for direct library use) plus its loss weights and augmentation. It runs one
+    worker; num_workers, use_gpu, arch, augment, method, init and input ride along unread."""
 
     batch_size: int = redefault(StudentSection, "batch_size", 128)
     lr: float = redefault(StudentSection, "lr", 2e-3)
