@@ -29,8 +29,7 @@ import torch
 
 from rknn_ray.errors import ConfigError, DataError, RknnError
 from rknn_ray.runio import atomic_path, copy_file, write_json
-# the keys are declared (torch-free) in student/config.py; these names stay importable here
-from rknn_ray.student.config import AUGMENTATIONS, LABEL_TYPES, StudentConfig  # noqa: F401
+from rknn_ray.student.config import StudentConfig     # declared torch-free, with every student key
 from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
 
 CHECKPOINT_FILE = "student.pt"
