@@ -4,28 +4,38 @@ once, up front, so a bad value fails before data loads or Ray starts.
 ``load_config`` returns a frozen :class:`Config` with one frozen dataclass per
 section (``cfg.privacy.eps``, ``cfg.rounds.count``); ``cfg.to_dict()`` is the plain
 nested dict written to config.yaml and report.json, and ``cfg.with_overrides([...])``
-derives a changed, re-validated copy. The section dataclasses below are the single
-source of truth for every key and default; a key that is not there is a typo and is
-rejected with the closest known key.
+derives a changed, re-validated copy.
 
-Free-form sections (``privacy.options``, ``data.synthetic``) are merged key by key
-(file, then each override); a key set to null is dropped (its default applies again)
-and the whole section set to null is emptied. Their keys are checked against what
-the code reads. The lists of allowed values come from the modules that use them.
+Each key is declared once, as a field of its section written with
+:func:`rknn_ray.keyspec.key`: default, doc, type, range or choices. The validator and the
+generated reference (docs/configuration.md) read that declaration; a key that is not there
+is a typo and is rejected with the closest known key. Choices that a module owns (encoders,
+mechanisms, bounds) are read from it when a value is checked; the student's keys live in
+rknn_ray/student/config.py. Nothing here imports torch, faiss or Ray. Rules that tie keys
+together (k <= s, dirichlet needs a record bound, delta per trust model) are explicit checks
+below, each naming the problem and the fix.
+
+Free-form sections (``privacy.options``, ``data.synthetic``, ``cluster.placement``) are
+merged key by key (file, then each override); a key set to null is dropped (its default
+applies again) and the whole section set to null is emptied. Their keys are checked against
+what the code reads.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import difflib
+import importlib
 import inspect
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import yaml
 
 from rknn_ray.errors import ConfigError
+from rknn_ray.keyspec import Spec, check_number, key, spec_of
+from rknn_ray.student.config import LABEL_TYPES, StudentSection
 
 
 class FrozenDict(dict):
@@ -44,141 +54,251 @@ class FrozenDict(dict):
         return hash(frozenset(self.items()))
 
 
+# ---------------------------------------------------------------------- what single keys accept
+
+def _owned(module: str, name: str):
+    """Choices the module that acts on them owns, imported only when a value is checked."""
+    def names() -> tuple:
+        value = getattr(importlib.import_module(module), name)
+        return tuple(value() if callable(value) else value)
+    return names
+
+
+def _upper_bounds() -> tuple:
+    from rknn_ray.accounting import BOUNDS
+    return tuple(sorted(b for b in BOUNDS if BOUNDS[b].kind == "upper"))
+
+
+def _query_selections() -> tuple:
+    from rknn_ray.queries import ADAPTIVE_SELECTORS, NEXT_ROUND_SELECTORS
+    return (*NEXT_ROUND_SELECTORS, *ADAPTIVE_SELECTORS)
+
+
+def _mechanisms_per_model() -> str:
+    from rknn_ray.mechanisms import available
+    return "per `privacy.model`: " + "; ".join(
+        f"{model}: " + " \\| ".join(f"`{m}`" for m in names) for model, names in available().items())
+
+
+def _dataset(value, path, spec):
+    from rknn_ray.data import canonical_name
+    try:
+        return canonical_name(value)
+    except ConfigError as exc:
+        raise ConfigError(path, exc.problem, exc.fix) from None
+
+
+def _folder_name(value, path, spec):
+    if not isinstance(value, str) or not value.strip() or os.sep in value or "/" in value:
+        raise ConfigError(path, f"{value!r} is not a plain folder name",
+                          "set run.name to a non-empty name without '/' (it names runs/<name>-<time>)")
+    return value
+
+
+def _path_or_null(fix: str):
+    def check(value, path, spec):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(path, f"{value!r} is not a path", fix)
+        return value
+    return check
+
+
+def _absolute_or_null(value, path, spec):
+    if value is not None and not (isinstance(value, str) and os.path.isabs(value)):
+        raise ConfigError(path, f"{value!r} is not an absolute path (each shard opens it on its "
+                          "own node, from its own working folder)",
+                          "set cluster.key_store to an absolute folder on the shards' nodes, "
+                          "or null for $TMPDIR/rknn-ray-keys-<uid>")
+    return value
+
+
+def _eps(value, path, spec):
+    if isinstance(value, float) and math.isinf(value):
+        raise ConfigError(path, "is infinite", "use a finite eps > 0 "
+                          "(the report always includes the non-private reference)")
+    value = spec.standard(value, path)
+    if value < 1e-6:
+        raise ConfigError(path, f"{value} is below 1e-6: its noise scale 2kr/eps "
+                          "would dwarf any count", "use privacy.eps >= 1e-6")
+    return value
+
+
 # ---------------------------------------------------------------------- typed sections
 
 @dataclass(frozen=True)
 class RunConfig:
-    name: str = "run"                 # names the run folder runs/<name>-<time>
-    seed: int = 0                     # split / partition seed (and all randomness if rng=seeded)
-    rng: str = "secure"               # "secure" (OS CSPRNG) or "seeded" (reproducible simulation)
-    progress: bool = True             # bars or periodic lines on stderr; false: silent
-    diagnostics: bool = False         # NOT PRIVATE: also label with exact counts, into diagnostics/
+    name: str = key("run", "names the run folder runs/<name>-<time>", str, check=_folder_name,
+                    accepts_text="a folder name without `/`")
+    seed: int = key(0, "split / partition seed (and all randomness if rng=seeded)", int, low=0)
+    rng: str = key("secure", "secure (OS CSPRNG) or seeded (reproducible simulation)", str,
+                   choices=_owned("rknn_ray.rng", "RNG_KINDS"))
+    progress: bool = key(True, "bars or periodic lines on stderr; false: silent", bool)
+    diagnostics: bool = key(False, "NOT PRIVATE: also label with exact counts, into diagnostics/",
+                            bool)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "digits"           # digits is embedded; the others read data_root
-    data_root: str | None = None      # the dataset's standard files (null: default place)
-    split: str = "paper"              # paper: paper 000's private/public/evaluation split
-    clients: int = 100                # virtual clients the private records are partitioned over
-    partition: str = "iid"            # how private records are dealt to clients
-    alpha: float = 0.5                # Dirichlet concentration (partition=dirichlet)
-    max_records_per_client: int | None = None  # public bound on a client's records (message
-    # sizes, allowances, auto s); records beyond it are dropped. null: ceil(records / clients)
-    # for iid, 1 for one_per_client; dirichlet must declare it (its record counts are private)
-    include_extra: bool = False       # SVHN: extra_32x32.mat joins the private train set
-    synthetic: FrozenDict = field(default_factory=FrozenDict)   # gaussian_mixture arguments
+    dataset: str = key("digits", "digits is embedded; the others read data_root", str,
+                       choices=_owned("rknn_ray.data.readers", "KNOWN"), check=_dataset)
+    data_root: str | None = key(None, "the dataset's standard files (null: default place)", str,
+                                nullable=True, accepts_text="a folder path, or null",
+                                check=_path_or_null("set data.data_root to a folder path, or "
+                                                    "null for the default location"))
+    split: str = key("paper", "paper: paper 000's private/public/evaluation split", str,
+                     choices=_owned("rknn_ray.data.splits", "RULES"))
+    clients: int = key(100, "virtual clients the private records are partitioned over", int, low=1)
+    partition: str = key("iid", "how private records are dealt to clients", str,
+                         choices=_owned("rknn_ray.data.partition", "SCHEMES"))
+    alpha: float = key(0.5, "Dirichlet concentration (partition=dirichlet)", float, low=0,
+                       low_open=True)
+    max_records_per_client: int | None = key(
+        None, "public bound on a client's records (message sizes, allowances, auto s); records "
+        "beyond it are dropped. null: ceil(records / clients) for iid, 1 for one_per_client; "
+        "dirichlet must declare it (its record counts are private)", int, low=1, nullable=True)
+    include_extra: bool = key(False, "SVHN: extra_32x32.mat joins the private train set", bool)
+    synthetic: FrozenDict = key(None, "gaussian_mixture arguments", free_form=True,
+                                factory=FrozenDict)
 
 
 @dataclass(frozen=True)
 class RepresentConfig:
-    encoder: str = "pca"              # fitted on public data only
-    dim: int = 32                     # output dimension (PCA components)
-    whiten: bool = False              # PCA whitening
-    # learned encoder (simclr), rknn_ray.contrastive; trained on public data only and cached
-    epochs: int = 15                  # simclr training epochs (public data only)
-    batch_size: int = 256             # simclr batch size
-    flip: bool = True                 # left-right mirror augmentation (false for digits)
-    backbone: str = "auto"            # auto | cnn | resnet (32x32, GPU)
-    trainer: str = "ray"              # ray (one-worker Ray Train) | local
-    cache_dir: str | None = None      # null: $RKNN_RAY_CACHE/encoders or ~/.cache/rknn-ray/encoders
+    encoder: str = key("pca", "fitted on public data only", str,
+                       choices=_owned("rknn_ray.represent", "ENCODERS"))
+    dim: int = key(32, "output dimension (PCA components)", int, low=1)
+    whiten: bool = key(False, "PCA whitening", bool)
+    # the learned encoder (simclr, rknn_ray.contrastive): trained on public data only, cached
+    epochs: int = key(15, "simclr training epochs (public data only)", int, low=1)
+    batch_size: int = key(256, "simclr batch size", int, low=2)
+    flip: bool = key(True, "left-right mirror augmentation (false for digits)", bool)
+    backbone: str = key("auto", "simclr backbone (resnet: 32x32, GPU)", str,
+                        choices=("auto", "cnn", "resnet"))
+    trainer: str = key("ray", "simclr (and the semi student): ray (one-worker Ray Train) | local",
+                       str, choices=("ray", "local"))
+    cache_dir: str | None = key(None, "null: $RKNN_RAY_CACHE/encoders or "
+                                "~/.cache/rknn-ray/encoders", str, nullable=True,
+                                accepts_text="a folder path, or null",
+                                check=_path_or_null("set a folder path or null"))
 
 
 @dataclass(frozen=True)
 class QueriesConfig:
-    s: int | str = 100                # or "auto": rknn_ray.autotune from n, eps and public data
-    restarts: int = 3                 # faiss k-means restarts
-    niter: int = 25                   # faiss k-means iterations
-    use_nearest_public: bool = False  # snap each centre to its nearest public sample
+    s: int | str = key(100, "queries; auto: rknn_ray.autotune from n, eps and public data", int,
+                       low=1, auto=True)
+    restarts: int = key(3, "faiss k-means restarts", int, low=1)
+    niter: int = key(25, "faiss k-means iterations", int, low=1)
+    use_nearest_public: bool = key(False, "snap each centre to its nearest public sample", bool)
 
 
 @dataclass(frozen=True)
 class RknnConfig:
-    k: int | str = 1                  # or "auto" (with queries.s: auto)
-    r: int = 1                        # label bits a record votes (r-hot); sensitivity is 2kr
+    k: int | str = key(1, "queries each record connects to; auto: with queries.s: auto", int,
+                       low=1, auto=True)
+    r: int = key(1, "label bits a record votes (r-hot); sensitivity is 2kr", int, low=1)
 
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    model: str = "central"            # trust model: who adds the noise
-    mechanism: str = "laplace"        # per model: see the README's trust-model table
-    eps: float = 1.0                  # the job's total eps, record level, replace-one
-    delta: float = 0.0                # the job's total delta (shuffle: below 1/n; central, local: 0)
-    noise: str = "discrete"           # central: discrete (exact) or continuous (paper's)
-    multi_record: str = "sample"      # local/shuffle, clients with several records
-    options: FrozenDict = field(default_factory=FrozenDict)     # mechanism tuning, see PRIVACY_OPTIONS
-    budget_eps: float | None = None   # the records' eps budget across jobs (null: this job's eps)
-    budget_delta: float | None = None  # the records' delta budget across jobs, below 1/n (null: max(delta, 1/(10 n)))
-    accountant: str = "basic"         # composition: basic (sums) or pld
-    amplification_bound: str = "clones_numerical"  # shuffle, single message: the amplification bound
-    honest_fraction: float | None = None  # shuffle: share of senders assumed to follow the protocol (null: 0.5 for multi, 1.0 single message; docs/threat-model.md)
+    model: str = key("central", "trust model: who adds the noise", str,
+                     choices=_owned("rknn_ray.mechanisms", "available"))
+    mechanism: str = key("laplace", "see the README's trust-model table", str,
+                         accepts_text=_mechanisms_per_model)     # checked per model, below
+    eps: float = key(1.0, "the job's total eps, record level, replace-one", float, low=0,
+                     low_open=True, check=_eps, accepts_text="number in [1e-06, inf)")
+    delta: float = key(0.0, "the job's total delta (shuffle: below 1/n; central, local: 0)", float,
+                       low=0, high=1, high_open=True)
+    noise: str = key("discrete", "central: discrete (exact) or continuous (paper's)", str,
+                     choices=_owned("rknn_ray.mechanisms.central", "NOISE_KINDS"))
+    multi_record: str = key("sample", "local/shuffle, clients with several records", str,
+                            choices=_owned("rknn_ray.mechanisms.randomized_response",
+                                           "MULTI_RECORD"))
+    options: FrozenDict = key(None, "mechanism tuning (see below)", free_form=True,
+                              factory=FrozenDict)
+    budget_eps: float | None = key(None, "the records' eps budget across jobs (null: this job's "
+                                   "eps)", float, low=0, low_open=True, nullable=True)
+    budget_delta: float | None = key(None, "the records' delta budget across jobs, below 1/n "
+                                     "(null: max(delta, 1/(10 n)))", float, low=0, high=1,
+                                     high_open=True, nullable=True)
+    accountant: str = key("basic", "composition: basic (sums) or pld", str,
+                          choices=_owned("rknn_ray.accounting.ledger", "ACCOUNTANTS"))
+    amplification_bound: str = key("clones_numerical", "shuffle, single message: the "
+                                   "amplification bound", str, choices=_upper_bounds)
+    honest_fraction: float | None = key(None, "shuffle: share of senders assumed to follow the "
+                                        "protocol (null: 0.5 for multi, 1.0 single message; "
+                                        "docs/threat-model.md)", float, low=0, high=1,
+                                        low_open=True, nullable=True)
 
 
 @dataclass(frozen=True)
 class ShuffleConfig:
-    min_senders: int | None = None    # sender floor above what the target needs
-    onion_layers: int = 0             # N chained shufflers, each peeling its own layer
-    dropout: float = 0.0              # simulated fraction of clients that never send
-    distributed_above: int | None = 5_000_000  # above: a distributed sort
-    max_messages_per_client: int | None = 64   # multi-message + queries.s auto: caps s so a
-                                                # client sends at most this many (expected)
+    min_senders: int | None = key(None, "sender floor above what the target needs", int, low=1,
+                                  nullable=True)
+    onion_layers: int = key(0, "N chained shufflers, each peeling its own layer", int, low=0,
+                            high=8)
+    dropout: float = key(0.0, "simulated fraction of clients that never send", float, low=0,
+                         high=1, high_open=True)
+    distributed_above: int | None = key(5_000_000, "above: a distributed sort", int, low=1,
+                                        nullable=True)
+    max_messages_per_client: int | None = key(64, "multi-message + queries.s auto: caps s so a "
+                                              "client sends at most this many (expected)", int,
+                                              low=2, nullable=True)
 
 
 @dataclass(frozen=True)
 class LabelsConfig:
-    type: str = "hard"                # hard (argmax) or soft (normalized counts) targets
-    train_on: str = "public"          # train on propagated public labels, or on the queries only
-    smooth: int | str = 1             # public-graph neighbours for denoising (1: off) or "auto"
-
-
-@dataclass(frozen=True)
-class StudentSection:
-    epochs: int = 30                  # training epochs
-    batch_size: int = 64              # per worker
-    lr: float = 0.001                 # Adam learning rate
-    weight_decay: float = 0.0         # Adam weight decay
-    num_workers: int = 2              # Ray Train workers (checked against the CPUs)
-    use_gpu: bool | None = None       # null: use a GPU when Ray has one
-    arch: str = "auto"                # model architecture (auto: by input shape)
-    augment: str = "none"             # training augmentation
-    method: str = "supervised"        # supervised (train.py) | semi (student/semi.py, FixMatch-like)
-    target: str = "weighted"          # semi: hard | soft | weighted
-    threshold: float = 0.9            # semi: model confidence for a consistency target
-    init: str = "encoder"             # semi: encoder (the simclr backbone, if any) | scratch
-    input: str = "images"             # images | features: an MLP on the (public) encoder's features
-    trainer: str = "ray"              # ray (Ray Train, num_workers workers) | local (this process,
-                                      # the same training loop; no Train start-up cost)
+    type: str = key("hard", "hard (argmax) or soft (normalized counts) targets", str,
+                    choices=LABEL_TYPES)
+    train_on: str = key("public", "train on propagated public labels, or on the queries only",
+                        str, choices=("public", "queries"))
+    smooth: int | str = key(1, "public-graph neighbours for denoising (1: off); auto: "
+                            "rknn_ray.denoise decides", int, low=1, auto=True)
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    shards: int = 2                   # ClientShard actors, each hosting many virtual clients
-    batch_clients: int = 20000        # virtual clients per sealed Arrow batch
-    shard_cpus: float = 0.5           # Ray CPUs per shard actor
-    server_cpus: float = 0.25         # Ray CPUs of the Server actor
-    shuffler_cpus: float = 0.25       # Ray CPUs per Shuffler actor
-    openers: int | None = None        # the Server's opener processes (null: one per CPU, at most 16)
-    window: int = 16                  # batches in flight per shard stream and in the Server
-    key_store: str | None = None      # absolute node-local folder for shard secrets
-                                      # (null: $TMPDIR/rknn-ray-keys-<uid> on each shard's node)
-    placement: FrozenDict = field(default_factory=FrozenDict)   # party (client | shuffler | server) -> the
-                                      # {resources, labels} a node must have to host it; {}: any node
+    shards: int = key(2, "ClientShard actors, each hosting many virtual clients", int, low=1)
+    batch_clients: int = key(20000, "virtual clients per sealed Arrow batch", int, low=1)
+    shard_cpus: float = key(0.5, "Ray CPUs per shard actor", float, low=0, low_open=True)
+    server_cpus: float = key(0.25, "Ray CPUs of the Server actor", float, low=0, low_open=True)
+    shuffler_cpus: float = key(0.25, "Ray CPUs per Shuffler actor", float, low=0, low_open=True)
+    openers: int | None = key(None, "the Server's opener processes (null: one per CPU, at most "
+                              "16)", int, low=0, high=64, nullable=True)
+    window: int = key(16, "batches in flight per shard stream and in the Server", int, low=1,
+                      high=1024)
+    key_store: str | None = key(None, "absolute node-local folder for shard secrets (null: "
+                                "$TMPDIR/rknn-ray-keys-<uid> on each shard's node)", str,
+                                nullable=True, check=_absolute_or_null,
+                                accepts_text="an absolute folder path, or null")
+    placement: FrozenDict = key(None, "party (client | shuffler | server) -> the {resources, "
+                                "labels} a node must have to host it; {}: any node",
+                                free_form=True, factory=FrozenDict)
 
 
 @dataclass(frozen=True)
 class RoundsConfig:
-    count: int = 1                                   # T labeling rounds in one job
-    budget_split: str | tuple[float, ...] = "even"   # or T fractions of (eps, delta), sum <= 1
-    query_selection: str = "farthest"               # farthest | uncertain (rknn_ray/adaptive.py)
-    uncertainty: str = "margin"                      # uncertain: margin | entropy
-    pool_factor: float = 2.0                         # uncertain: pick s among the pool_factor*s least certain
-    split_queries: bool = False                      # true: queries.s in total, divided over the rounds
+    count: int = key(1, "T labeling rounds in one job", int, low=1, high=100)
+    budget_split: str | tuple[float, ...] = key(
+        "even", "or T fractions of (eps, delta), sum <= 1",
+        accepts_text="`even`, or a list of `rounds.count` fractions in (0, 1] summing to <= 1")
+    query_selection: str = key("farthest", "farthest | uncertain (rknn_ray/adaptive.py)", str,
+                               choices=_query_selections)
+    uncertainty: str = key("margin", "uncertain: margin | entropy", str,
+                           choices=_owned("rknn_ray.adaptive", "UNCERTAINTY_RULES"))
+    pool_factor: float = key(2.0, "uncertain: pick s among the pool_factor*s least certain",
+                             float, low=1)
+    split_queries: bool = key(False, "true: queries.s in total, divided over the rounds", bool)
 
 
 SECTIONS = {"run": RunConfig, "data": DataConfig, "represent": RepresentConfig,
             "queries": QueriesConfig, "rknn": RknnConfig, "privacy": PrivacyConfig,
             "shuffle": ShuffleConfig, "labels": LabelsConfig, "student": StudentSection,
             "cluster": ClusterConfig, "rounds": RoundsConfig}
+
+
+def specs() -> dict[str, Spec]:
+    """``"section.key" -> Spec`` for every typed key, in declaration order."""
+    return {f"{name}.{f.name}": spec_of(f) for name, cls in SECTIONS.items()
+            for f in dataclasses.fields(cls)}
 
 
 def _plain(value):
@@ -236,18 +356,20 @@ def _build(cfg: dict) -> Config:
     parts = {}
     for name, section in SECTIONS.items():
         values = dict(cfg[name])
-        for key, value in values.items():
+        for field_name, value in values.items():
             if isinstance(value, dict):
-                values[key] = FrozenDict(value)
+                values[field_name] = FrozenDict(value)
             elif isinstance(value, list):
-                values[key] = tuple(value)
+                values[field_name] = tuple(value)
         parts[name] = section(**values)
     return Config(**parts)
 
 
 # ---------------------------------------------------------------------- loading
 
-FREE_FORM = {("privacy", "options"), ("data", "synthetic"), ("cluster", "placement")}
+#: The free-form sections, merged key by key.
+FREE_FORM = {(name, f.name) for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+             if spec_of(f).free_form}
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
@@ -351,91 +473,18 @@ def _finish(cfg: dict, overrides: list[str] | None) -> Config:
 
 # ---------------------------------------------------------------------- validation
 
-TRAIN_ON = ("public", "queries")    # jobs/distill.py: train on propagated public labels or the queries
-#: privacy.options keys the mechanisms read -> (kind, low, high, low_open, high_open).
-PRIVACY_OPTIONS = {"collision_l": (int, 2, None, False, False),
-                   "separation_split": (float, 0, 1, True, True),
-                   "expected_dropout": (float, 0, 1, False, True)}
+#: privacy.options keys the mechanisms read, and what each accepts.
+PRIVACY_OPTIONS = {
+    "collision_l": Spec("Collision / separation: the output domain l, above k*r (unset: the "
+                        "variance-optimal l)", int, low=2),
+    "separation_split": Spec("separation: share f of eps for the query part (0.5, the paper's)",
+                             float, low=0, high=1, low_open=True, high_open=True),
+    "expected_dropout": Spec("shuffle multi: share of clients that may not send; the noise is "
+                             "split over the rest", float, low=0, high=1, high_open=True)}
 #: Options the pipeline fills from a dedicated key (an options entry would override it).
 SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_record",
                     "bound": "privacy.amplification_bound",
                     "honest_fraction": "privacy.honest_fraction"}
-
-#: key -> (kind, low, high, low_open, high_open, allow_none)
-NUMBERS = {
-    "run.seed": (int, 0, None, False, False, False),
-    "data.clients": (int, 1, None, False, False, False),
-    "data.alpha": (float, 0, None, True, False, False),
-    "data.max_records_per_client": (int, 1, None, False, False, True),
-    "represent.dim": (int, 1, None, False, False, False),
-    "queries.s": (int, 1, None, False, False, False),
-    "represent.epochs": (int, 1, None, False, False, False),
-    "represent.batch_size": (int, 2, None, False, False, False),
-    "student.threshold": (float, 0, 1, True, False, False),
-    "queries.restarts": (int, 1, None, False, False, False),
-    "queries.niter": (int, 1, None, False, False, False),
-    "rknn.k": (int, 1, None, False, False, False),
-    "rknn.r": (int, 1, None, False, False, False),
-    "privacy.eps": (float, 0, None, True, False, False),
-    "privacy.delta": (float, 0, 1, False, True, False),
-    "privacy.budget_eps": (float, 0, None, True, False, True),
-    "privacy.budget_delta": (float, 0, 1, False, True, True),
-    "privacy.honest_fraction": (float, 0, 1, True, False, True),
-    "shuffle.min_senders": (int, 1, None, False, False, True),
-    "shuffle.onion_layers": (int, 0, 8, False, False, False),
-    "shuffle.dropout": (float, 0, 1, False, True, False),
-    "shuffle.distributed_above": (int, 1, None, False, False, True),
-    "shuffle.max_messages_per_client": (int, 2, None, False, False, True),
-    "student.epochs": (int, 1, None, False, False, False),
-    "student.batch_size": (int, 1, None, False, False, False),
-    "student.lr": (float, 0, None, True, False, False),
-    "student.weight_decay": (float, 0, None, False, False, False),
-    "student.num_workers": (int, 1, None, False, False, False),
-    "cluster.shards": (int, 1, None, False, False, False),
-    "cluster.batch_clients": (int, 1, None, False, False, False),
-    "cluster.shard_cpus": (float, 0, None, True, False, False),
-    "cluster.server_cpus": (float, 0, None, True, False, False),
-    "cluster.shuffler_cpus": (float, 0, None, True, False, False),
-    "cluster.openers": (int, 0, 64, False, False, True),
-    "cluster.window": (int, 1, 1024, False, False, False),
-    "rounds.count": (int, 1, 100, False, False, False),
-    "rounds.pool_factor": (float, 1, None, False, False, False),
-}
-BOOLS = ("run.progress", "run.diagnostics", "data.include_extra", "represent.whiten",
-         "queries.use_nearest_public", "represent.flip", "rounds.split_queries")
-#: keys that take "auto" instead of a number (rknn_ray.autotune / rknn_ray.denoise decide)
-AUTO_KEYS = ("queries.s", "rknn.k", "labels.smooth")
-
-
-def allowed_values() -> dict[str, tuple]:
-    """Allowed values per key, taken from the modules that act on them."""
-    from rknn_ray.accounting import BOUNDS
-    from rknn_ray.accounting.ledger import ACCOUNTANTS
-    from rknn_ray.data.partition import SCHEMES
-    from rknn_ray.data.splits import RULES
-    from rknn_ray.mechanisms import available
-    from rknn_ray.mechanisms.central import NOISE_KINDS
-    from rknn_ray.mechanisms.randomized_response import MULTI_RECORD
-    from rknn_ray.adaptive import UNCERTAINTY_RULES
-    from rknn_ray.queries import ADAPTIVE_SELECTORS, NEXT_ROUND_SELECTORS
-    from rknn_ray.represent import ENCODERS
-    from rknn_ray.rng import RNG_KINDS
-    from rknn_ray.student.models import ARCHS
-    from rknn_ray.student.train import AUGMENTATIONS, LABEL_TYPES
-    return {"run.rng": RNG_KINDS, "data.split": RULES, "data.partition": SCHEMES,
-            "represent.encoder": tuple(ENCODERS), "privacy.model": tuple(available()),
-            "privacy.noise": NOISE_KINDS, "privacy.multi_record": MULTI_RECORD,
-            "privacy.accountant": tuple(ACCOUNTANTS),
-            "privacy.amplification_bound": tuple(sorted(b for b in BOUNDS
-                                                        if BOUNDS[b].kind == "upper")),
-            "labels.type": LABEL_TYPES, "labels.train_on": TRAIN_ON,
-            "student.arch": ARCHS, "student.augment": AUGMENTATIONS,
-            "rounds.query_selection": (*NEXT_ROUND_SELECTORS, *ADAPTIVE_SELECTORS),
-            "rounds.uncertainty": UNCERTAINTY_RULES,
-            "represent.backbone": ("auto", "cnn", "resnet"), "represent.trainer": ("ray", "local"),
-            "student.method": ("supervised", "semi"), "student.target": ("hard", "soft", "weighted"),
-            "student.init": ("encoder", "scratch"), "student.input": ("images", "features"),
-            "student.trainer": ("ray", "local")}
 
 
 def synthetic_keys() -> dict[str, type]:
@@ -444,74 +493,13 @@ def synthetic_keys() -> dict[str, type]:
     return {name: type(p.default) for name, p in inspect.signature(gaussian_mixture).parameters.items()}
 
 
-def _number(holder: dict, key: str, path: str, kind=float, low=None, high=None,
-            low_open=False, high_open=False, allow_none=False) -> None:
-    """Check ``holder[key]`` and store it normalized (numeric strings parsed, ints as int)."""
-    v = holder[key]
-    if v is None and allow_none:
-        return
-    if isinstance(v, str):      # YAML 1.1 reads '1e-6' (no dot) as a string
-        try:
-            v = float(v.strip())
-        except ValueError:
-            pass
-    whole = "whole " if kind is int else ""
-    fix = f"set {path} to a finite {whole}number" + (" or null" if allow_none else "")
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ConfigError(path, f"expected {'an integer' if kind is int else 'a number'}, got {v!r}", fix)
-    if not math.isfinite(v):
-        raise ConfigError(path, f"{v} is not finite", fix)
-    if kind is int:
-        if v != int(v):
-            raise ConfigError(path, f"expected an integer, got {v!r}", fix)
-        v = int(v)
-    holder[key] = v
-    bad_low = low is not None and (v <= low if low_open else v < low)
-    bad_high = high is not None and (v >= high if high_open else v > high)
-    if bad_low or bad_high:
-        lo = "(-inf" if low is None else f"{'(' if low_open else '['}{low}"
-        hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
-        raise ConfigError(path, f"{v} is out of range", f"choose {path} in {lo}, {hi}")
-
-
-def _at(cfg: dict, path: str) -> tuple[dict, str]:
-    section, key = path.split(".")
-    return cfg[section], key
-
-
 def _validate(cfg: dict) -> None:
-    """Check every value of a merged dict, normalizing it in place (names, numbers)."""
-    from rknn_ray.data import canonical_name
-    try:
-        cfg["data"]["dataset"] = canonical_name(cfg["data"]["dataset"])
-    except ConfigError as exc:
-        raise ConfigError("data.dataset", exc.problem, exc.fix) from None
-    for path, allowed in allowed_values().items():
-        holder, key = _at(cfg, path)
-        if not isinstance(holder[key], str) or holder[key] not in allowed:
-            raise ConfigError(path, f"{holder[key]!r} is not supported", f"use one of {list(allowed)}")
-    eps = cfg["privacy"]["eps"]
-    if isinstance(eps, float) and math.isinf(eps):
-        raise ConfigError("privacy.eps", "is infinite", "use a finite eps > 0 "
-                          "(the report always includes the non-private reference)")
-    for path, spec in NUMBERS.items():
-        if path in AUTO_KEYS and _at(cfg, path)[0][_at(cfg, path)[1]] == "auto":
-            continue
-        _number(*_at(cfg, path), path, *spec)
-    holder, key = _at(cfg, "labels.smooth")
-    if holder[key] != "auto":
-        _number(holder, key, "labels.smooth", int, 1, None)
-    cd = cfg["represent"]["cache_dir"]
-    if cd is not None and not isinstance(cd, str):
-        raise ConfigError("represent.cache_dir", f"{cd!r} is not a path", "set a folder path or null")
-    for path in BOOLS:
-        holder, key = _at(cfg, path)
-        if not isinstance(holder[key], bool):
-            raise ConfigError(path, f"{holder[key]!r} is not true or false", f"set {path}: true or false")
-    if not (cfg["student"]["use_gpu"] is None or isinstance(cfg["student"]["use_gpu"], bool)):
-        raise ConfigError("student.use_gpu", f"{cfg['student']['use_gpu']!r} is not true, false "
-                          "or null", "set student.use_gpu: null (automatic), true or false")
-    _check_strings(cfg)
+    """Check every value of a merged dict against its key's declaration, normalizing it in
+    place (names, numbers), then the rules that tie keys together."""
+    for name, cls in SECTIONS.items():
+        values = cfg[name]
+        for f in dataclasses.fields(cls):
+            values[f.name] = spec_of(f).validate(values[f.name], f"{name}.{f.name}")
     _check_relations(cfg)
     cfg["rounds"]["budget_split"] = _check_split(cfg["rounds"]["budget_split"], cfg["rounds"]["count"])
     _check_options(cfg)
@@ -519,28 +507,12 @@ def _validate(cfg: dict) -> None:
     cfg["cluster"]["placement"] = check_placement(cfg["cluster"]["placement"])
 
 
-def _check_strings(cfg: dict) -> None:
-    name = cfg["run"]["name"]
-    if not isinstance(name, str) or not name.strip() or os.sep in name or "/" in name:
-        raise ConfigError("run.name", f"{name!r} is not a plain folder name",
-                          "set run.name to a non-empty name without '/' (it names runs/<name>-<time>)")
-    if cfg["data"]["include_extra"] and cfg["data"]["dataset"] != "svhn":
-        raise ConfigError("data.include_extra", f"is only read for SVHN, not "
-                          f"{cfg['data']['dataset']!r}", "set data.include_extra: false")
-    ks = cfg["cluster"]["key_store"]
-    if ks is not None and not (isinstance(ks, str) and os.path.isabs(ks)):
-        raise ConfigError("cluster.key_store", f"{ks!r} is not an absolute path (each shard "
-                          "opens it on its own node, from its own working folder)",
-                          "set cluster.key_store to an absolute folder on the shards' nodes, "
-                          "or null for $TMPDIR/rknn-ray-keys-<uid>")
-    root = cfg["data"]["data_root"]
-    if root is not None and not isinstance(root, str):
-        raise ConfigError("data.data_root", f"{root!r} is not a path",
-                          "set data.data_root to a folder path, or null for the default location")
-
-
 def _check_relations(cfg: dict) -> None:
+    """The rules that tie keys together, each naming the problem and the fix."""
     d = cfg["data"]
+    if d["include_extra"] and d["dataset"] != "svhn":
+        raise ConfigError("data.include_extra", f"is only read for SVHN, not "
+                          f"{d['dataset']!r}", "set data.include_extra: false")
     if d["partition"] == "dirichlet" and d["max_records_per_client"] is None:
         raise ConfigError("data.max_records_per_client", "partition=dirichlet deals records by "
                           "their private labels, so the largest client's record count is private; "
@@ -548,9 +520,6 @@ def _check_relations(cfg: dict) -> None:
                           "declare it, e.g. data.max_records_per_client=<3 x records/clients>; "
                           "a client's records beyond it are dropped")
     p = cfg["privacy"]
-    if p["eps"] < 1e-6:
-        raise ConfigError("privacy.eps", f"{p['eps']} is below 1e-6: its noise scale 2kr/eps "
-                          "would dwarf any count", "use privacy.eps >= 1e-6")
     if p["model"] == "shuffle" and p["delta"] <= 0:
         raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
                           "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
@@ -587,7 +556,7 @@ def _check_split(split, count: int):
         raise ConfigError("rounds.budget_split", f"{split!r} is not 'even' or a list", fix)
     holder = list(split)
     for i in range(len(holder)):
-        _number(holder, i, f"rounds.budget_split[{i}]", float, 0, 1, low_open=True)
+        holder[i] = check_number(holder[i], f"rounds.budget_split[{i}]", float, 0, 1, low_open=True)
     if len(holder) != count or sum(holder) > 1 + 1e-12:
         raise ConfigError("rounds.budget_split", f"{list(split)!r} is not {count} positive "
                           "fractions summing to at most 1", fix)
@@ -596,16 +565,15 @@ def _check_split(split, count: int):
 
 def _check_options(cfg: dict) -> None:
     options = cfg["privacy"]["options"]
-    for key in options:
-        path = f"privacy.options.{key}"
-        if key in SHADOWED_OPTIONS:
-            raise ConfigError(path, f"is set by {SHADOWED_OPTIONS[key]}",
-                              f"write {SHADOWED_OPTIONS[key]}=<value> instead")
-        if key not in PRIVACY_OPTIONS:
+    for opt in options:
+        path = f"privacy.options.{opt}"
+        if opt in SHADOWED_OPTIONS:
+            raise ConfigError(path, f"is set by {SHADOWED_OPTIONS[opt]}",
+                              f"write {SHADOWED_OPTIONS[opt]}=<value> instead")
+        if opt not in PRIVACY_OPTIONS:
             raise _unknown(path, [f"privacy.options.{o}" for o in PRIVACY_OPTIONS],
                            f"known keys: {list(PRIVACY_OPTIONS)}")
-        kind, low, high, low_open, high_open = PRIVACY_OPTIONS[key]
-        _number(options, key, path, kind, low, high, low_open, high_open)
+        options[opt] = PRIVACY_OPTIONS[opt].standard(options[opt], path)
     c = (1 if cfg["rknn"]["k"] == "auto" else cfg["rknn"]["k"]) * cfg["rknn"]["r"]
     if options.get("collision_l", c + 1) <= c:
         raise ConfigError("privacy.options.collision_l", f"l = {options['collision_l']} must "
@@ -616,11 +584,11 @@ def _check_options(cfg: dict) -> None:
 def _check_synthetic(cfg: dict) -> None:
     synthetic = cfg["data"]["synthetic"]
     known = synthetic_keys()
-    for key in synthetic:
-        path = f"data.synthetic.{key}"
-        if key not in known:
+    for arg in synthetic:
+        path = f"data.synthetic.{arg}"
+        if arg not in known:
             raise _unknown(path, [f"data.synthetic.{k}" for k in known], f"known keys: {list(known)}")
-        _number(synthetic, key, path, int if known[key] is int else float)
+        synthetic[arg] = check_number(synthetic[arg], path, int if known[arg] is int else float)
     if synthetic and cfg["data"]["dataset"] != "synthetic":
         raise ConfigError("data.synthetic", f"is only read for data.dataset=synthetic, not "
                           f"{cfg['data']['dataset']!r}", "set data.synthetic=null or data.dataset=synthetic")
@@ -648,10 +616,10 @@ def check_placement(placement) -> dict:
         if not isinstance(need, dict) or not need or set(need) - set(PLACEMENT_KEYS):
             raise ConfigError(path, f"{need!r} is not a mapping of {list(PLACEMENT_KEYS)}",
                               f"write {example}, or labels: {{rknn-party: {party}}}")
-        for key in PLACEMENT_KEYS:
-            if not isinstance(need.get(key) or {}, dict):
-                raise ConfigError(f"{path}.{key}", f"{need[key]!r} is not a mapping",
-                                  f"write {key} as name: value pairs, {example}")
+        for part in PLACEMENT_KEYS:
+            if not isinstance(need.get(part) or {}, dict):
+                raise ConfigError(f"{path}.{part}", f"{need[part]!r} is not a mapping",
+                                  f"write {part} as name: value pairs, {example}")
         resources = dict(need.get("resources") or {})
         for name in list(resources):
             where = f"{path}.resources.{name}"
@@ -659,13 +627,13 @@ def check_placement(placement) -> dict:
                 raise ConfigError(where, "is not a custom resource name (CPUs have their own "
                                   "keys, cluster.shard_cpus / server_cpus / shuffler_cpus)",
                                   f"name a resource the node was started with, {example}")
-            _number(resources, name, where, float, 0, None, low_open=True)
+            resources[name] = check_number(resources[name], where, float, 0, None, low_open=True)
         labels = dict(need.get("labels") or {})
-        for key, value in labels.items():
-            if not isinstance(key, str) or not isinstance(value, (str, int)) or isinstance(value, bool):
-                raise ConfigError(f"{path}.labels.{key}", f"{value!r} is not a label value",
+        for label, value in labels.items():
+            if not isinstance(label, str) or not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise ConfigError(f"{path}.labels.{label}", f"{value!r} is not a label value",
                                   "write labels as key: value strings, e.g. {rknn-party: client}")
-            labels[key] = str(value)
+            labels[label] = str(value)
         if resources or labels:
             out[party] = FrozenDict({"resources": FrozenDict(resources),
                                      "labels": FrozenDict(labels)})

@@ -306,10 +306,7 @@ def train_semi(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, out_
     st = cfg.student
     sp = data.splits
     init = _semi_init(cfg, encoder)
-    scfg = SemiConfig(epochs=st.epochs, batch_size=st.batch_size, lr=st.lr,
-                      weight_decay=st.weight_decay or 5e-4, threshold=st.threshold,
-                      target=st.target, flip=cfg.represent.flip, seed=cfg.run.seed,
-                      trainer=cfg.represent.trainer)
+    scfg = SemiConfig.from_config(cfg)
     targets = lab.public_targets if st.target == "soft" else lab.public_hard
     say = progress.say if progress is not None else None
     result = train_semi_student(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 
 
@@ -42,6 +41,7 @@ def kmeans_pp_init(x: np.ndarray, s: int, rng: np.random.Generator) -> np.ndarra
 
 def nearest(index_points: np.ndarray, queries: np.ndarray, k: int = 1):
     """(distances, indices) of the k nearest ``index_points`` for each query row."""
+    import faiss        # here, not at the top: the config reads this module's choices
     index = faiss.IndexFlatL2(index_points.shape[1])
     index.add(np.ascontiguousarray(index_points, dtype=np.float32))
     return index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
@@ -50,6 +50,7 @@ def nearest(index_points: np.ndarray, queries: np.ndarray, k: int = 1):
 def select_queries(public_emb: np.ndarray, s: int, restarts: int = 3, niter: int = 25,
                    seed: int = 0, use_nearest_public: bool = False) -> QuerySet:
     """Pick ``s`` queries from the public embeddings (see module docstring)."""
+    import faiss
     x = np.ascontiguousarray(public_emb, dtype=np.float32)
     if not 1 <= s <= x.shape[0]:
         raise ValueError(f"s = {s} queries need 1 <= s <= {x.shape[0]} public samples")

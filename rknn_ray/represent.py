@@ -11,8 +11,6 @@ on the public HOG features;
 """
 from __future__ import annotations
 
-
-import faiss
 import numpy as np
 
 from rknn_ray.encoder import Encoder
@@ -51,6 +49,7 @@ class PCAEncoder(Encoder):
         self.matrix = None
 
     def fit(self, public_x):
+        import faiss    # here, not at the top: the config reads ENCODERS without faiss
         flat = _flat(public_x)
         if self._dim > min(flat.shape):
             raise ConfigError("represent.dim", f"{self._dim} exceeds the public data's rank "
@@ -71,6 +70,7 @@ class PCAEncoder(Encoder):
 
     # faiss objects do not pickle; ship the fitted matrix as arrays (to Ray actors).
     def __getstate__(self):
+        import faiss
         state = self.__dict__.copy()
         if self.matrix is not None:
             state["matrix"] = (self.matrix.d_in, self.matrix.d_out,
@@ -83,6 +83,7 @@ class PCAEncoder(Encoder):
         self.__dict__.update(state)
         self.matrix = None
         if packed is not None:
+            import faiss
             d_in, d_out, a, b = packed
             m = faiss.LinearTransform(d_in, d_out, True)
             faiss.copy_array_to_vector(a, m.A)

@@ -5,12 +5,15 @@ import glob
 import os
 import pickle
 import re
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from rknn_ray.config import (DEFAULTS, PRIVACY_OPTIONS, SHADOWED_OPTIONS, Config, load_config,
-                             parse_override, protocol_cpus, validate_resources, validate_with_data)
+from rknn_ray.config import (DEFAULTS, PRIVACY_OPTIONS, SECTIONS, SHADOWED_OPTIONS, Config,
+                             load_config, parse_override, protocol_cpus, specs, validate_resources,
+                             validate_with_data)
 from rknn_ray.errors import ConfigError
 from rknn_ray.runio import prepare_run_dir, write_json
 
@@ -361,3 +364,93 @@ def test_student_trainer_is_ray_or_local():
     assert load_config(None, ["student.trainer=local"]).student.trainer == "local"
     with pytest.raises(ConfigError, match="student.trainer"):
         load_config(None, ["student.trainer=spark"])
+
+
+# ---------------------------------------------------------------------- one declaration per key
+
+def test_validating_every_config_imports_no_torch_faiss_or_ray():
+    """Validation (and the generated reference) read the keys' declarations only: a bad value
+    fails in a fraction of a second, on a machine without the heavy stack loaded."""
+    code = ("import glob, sys\n"
+            "from rknn_ray.config import load_config\n"
+            "from jobs.config_reference import render\n"
+            "paths = sorted(glob.glob('jobs/configs/*.yaml'))\n"
+            "cfgs = [load_config(p) for p in paths]\n"
+            "cfgs[0].with_overrides(['student.method=semi', 'queries.s=auto', 'rknn.k=auto'])\n"
+            "render()\n"
+            "print(len(paths), sorted(m for m in ('torch', 'faiss', 'ray') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.path.abspath(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() [-1:] == ["[]"], out.stdout
+    assert int(out.stdout.split()[0]) == len(CONFIGS) >= 10
+
+
+def test_the_validator_and_the_reference_read_the_fields_declaration(monkeypatch):
+    """Change a key's declared range or choices in one place, its field: the validator and the
+    generated reference both follow, with no table to keep in step."""
+    from jobs.config_reference import render
+    from rknn_ray.keyspec import Spec
+    r = next(f for f in dataclasses.fields(SECTIONS["rknn"]) if f.name == "r")
+    monkeypatch.setattr(r, "metadata", {"spec": Spec("label bits", int, low=1, high=3)})
+    with pytest.raises(ConfigError, match=r"choose rknn.r in \[1, 3\]"):
+        load_config(None, ["rknn.r=4"])
+    assert "| `rknn.r` | `1` | integer in [1, 3] | label bits |" in render()
+    arch = next(f for f in dataclasses.fields(SECTIONS["student"]) if f.name == "arch")
+    monkeypatch.setattr(arch, "metadata", {"spec": Spec("net", str, choices=("auto", "mlp"))})
+    with pytest.raises(ConfigError, match=r"use one of \['auto', 'mlp'\]"):
+        load_config(None, ["student.arch=cnn8"])
+    assert "| `student.arch` | `auto` | `auto` \\| `mlp` | net |" in render()
+
+
+def test_every_key_says_what_it_accepts():
+    """Each typed key's declaration names its type and range, its choices, or its own rule
+    (the reference once said 'see rknn_ray/config.py' for eight keys)."""
+    from jobs.config_reference import render
+    for path, spec in specs().items():
+        assert spec.doc, path
+        assert spec.accepts() and spec.accepts() != "text", path
+    assert set(specs()) == {f"{s}.{k}" for s, keys in DEFAULTS.items() for k in keys}
+    assert "see `rknn_ray/config.py`" not in render()
+
+
+def test_student_keys_are_declared_once():
+    """The run config's student section, the supervised loop's StudentConfig and the semi
+    loop's SemiConfig share each student key's declaration, so they reject a value with the
+    same words."""
+    from rknn_ray.student.config import SemiConfig, StudentConfig, StudentSection
+    assert SECTIONS["student"] is StudentSection
+    declared = {f.name: f.metadata["spec"] for f in dataclasses.fields(StudentSection)}
+    for cls in (StudentConfig, SemiConfig):
+        shared = {f.name: f.metadata["spec"] for f in dataclasses.fields(cls) if f.name in declared}
+        assert shared.keys() == declared.keys()
+        assert all(shared[name] is declared[name] for name in declared), cls
+    for override, kwargs in [("student.epochs=0", {"epochs": 0}),
+                             ("student.augment=mixup", {"augment": "mixup"}),
+                             ("student.threshold=1.5", {"threshold": 1.5}),
+                             ("student.trainer=spark", {"trainer": "spark"})]:
+        with pytest.raises(ConfigError) as run:
+            load_config(None, [override])
+        for cls in (StudentConfig, SemiConfig):
+            with pytest.raises(ConfigError) as lib:
+                cls(**kwargs).validate()
+            assert str(lib.value) == str(run.value)
+    assert StudentConfig(epochs=2.0).validate().epochs == 2          # normalized like the config
+
+
+def test_semi_config_from_run_config_keeps_the_jobs_mapping():
+    from rknn_ray.student.config import SemiConfig
+    cfg = load_config(None, ["student.method=semi", "student.lr=0.01", "student.target=soft",
+                             "represent.trainer=local", "represent.flip=false", "run.seed=3"])
+    semi = SemiConfig.from_config(cfg).validate()
+    assert (semi.lr, semi.batch_size, semi.target, semi.trainer, semi.flip, semi.seed) == \
+        (0.01, cfg.student.batch_size, "soft", "local", False, 3)
+    assert semi.weight_decay == 5e-4                   # student.weight_decay: 0 -> the semi default
+    assert SemiConfig.from_config(cfg.with_overrides(["student.weight_decay=0.1"])).weight_decay == 0.1
+
+
+def test_choices_declared_beside_torch_code_match_it():
+    """represent.backbone's choices are declared in the config (rknn_ray.contrastive loads
+    torch); they must be the ones the encoder accepts."""
+    from rknn_ray.contrastive import BACKBONES
+    assert specs()["represent.backbone"].allowed() == BACKBONES

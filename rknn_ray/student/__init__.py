@@ -1,9 +1,20 @@
-"""The student: small models and their training loop (Ray Train or in-process)."""
-from rknn_ray.student.models import (ARCHS, MLP, SmallCNN, build_model, hard_label_loss, resolve_arch,
-                                     soft_label_loss)
-from rknn_ray.student.train import (StudentConfig, StudentResult, accuracy, load_student, predict,
-                                    quiet_train_logs, train_student, train_student_local)
+"""The student: small models and their training loop (Ray Train or in-process).
 
-__all__ = ["ARCHS", "MLP", "SmallCNN", "StudentConfig", "StudentResult", "accuracy", "build_model",
-           "hard_label_loss", "load_student", "predict", "quiet_train_logs", "resolve_arch",
-           "soft_label_loss", "train_student", "train_student_local"]
+``rknn_ray.student.config`` (every ``student.*`` key, torch-free) is what the run config
+imports; the names below load torch only when first used, so validating a config does not.
+"""
+import importlib
+
+_EXPORTS = {"ARCHS": "config", "StudentConfig": "config", "MLP": "models", "SmallCNN": "models",
+            "build_model": "models", "hard_label_loss": "models", "resolve_arch": "models",
+            "soft_label_loss": "models", "StudentResult": "train", "accuracy": "train",
+            "load_student": "train", "predict": "train", "quiet_train_logs": "train",
+            "train_student": "train", "train_student_local": "train"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rknn_ray.student' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"rknn_ray.student.{_EXPORTS[name]}"), name)

@@ -12,8 +12,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from rknn_ray.errors import ConfigError
-
-ARCHS = ("auto", "mlp", "cnn8", "cnn28", "cnn32")
+from rknn_ray.student.config import ARCHS
 
 
 def _conv_block(c_in: int, c_out: int, n_convs: int, pool: bool) -> list[nn.Module]:

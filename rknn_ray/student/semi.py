@@ -32,34 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rknn_ray.augment import strong_view, weak_view
-from rknn_ray.errors import ConfigError
+from rknn_ray.student.config import SemiConfig       # declared torch-free, with every student key
 
-TARGETS = ("hard", "soft", "weighted")
 CHECKPOINT_FILE = "student.pt"
-
-
-@dataclass
-class SemiConfig:
-    epochs: int = 30
-    batch_size: int = 128
-    lr: float = 2e-3
-    weight_decay: float = 5e-4
-    threshold: float = 0.9           # tau: model confidence needed for a consistency target
-    lambda_u: float = 1.0
-    target: str = "weighted"         # hard | soft | weighted
-    flip: bool = True
-    seed: int = 0
-    encoder_lr_scale: float = 0.3    # a pretrained backbone learns slower than the new head
-    trainer: str = "ray"             # ray | local
-
-    def validate(self) -> "SemiConfig":
-        if self.target not in TARGETS:
-            raise ConfigError("student.target", f"unknown target {self.target!r}", f"use one of {TARGETS}")
-        if self.trainer not in ("ray", "local"):
-            raise ConfigError("student.trainer", f"unknown trainer {self.trainer!r}", "use 'ray' or 'local'")
-        if not 0 < self.threshold <= 1:
-            raise ConfigError("student.threshold", f"{self.threshold} is not in (0, 1]", "use 0.9")
-        return self
 
 
 @dataclass

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -29,59 +29,12 @@ import torch
 
 from rknn_ray.errors import ConfigError, DataError, RknnError
 from rknn_ray.runio import atomic_path, copy_file, write_json
+from rknn_ray.student.config import StudentConfig     # declared torch-free, with every student key
 from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
 
 CHECKPOINT_FILE = "student.pt"
 HISTORY_FILE = "history.json"
-LABEL_TYPES = ("hard", "soft")
-AUGMENTATIONS = ("none", "shift")
 _STATE_API_NOISE = "State API may be temporarily unavailable"
-
-
-@dataclass
-class StudentConfig:
-    """How to train the student (``batch_size`` is global: split over the workers)."""
-
-    epochs: int = 30
-    batch_size: int = 64
-    lr: float = 1e-3            # Adam
-    weight_decay: float = 0.0
-    num_workers: int = 2
-    use_gpu: bool | None = None  # None: GPU if the cluster has one
-    label_type: str = "hard"    # "hard": (N,) int labels; "soft": (N, C) distributions
-    seed: int = 0
-    arch: str = "auto"
-    augment: str = "none"       # "shift": random translations of image inputs (small data)
-
-    @classmethod
-    def from_config(cls, cfg) -> "StudentConfig":
-        """From a run :class:`rknn_ray.config.Config`: its student section, label type and seed."""
-        st = cfg.student
-        own = {f.name for f in fields(cls)}     # student.method/target/... belong to semi.py
-        return cls(**{f.name: getattr(st, f.name) for f in fields(st) if f.name in own},
-                   label_type=cfg.labels.type, seed=cfg.run.seed)
-
-    def validate(self) -> "StudentConfig":
-        if self.augment not in AUGMENTATIONS:
-            raise ConfigError("student.augment", f"unknown augmentation {self.augment!r}",
-                              f"use one of {AUGMENTATIONS}")
-        if int(self.epochs) < 1:
-            raise ConfigError("student.epochs", f"must be >= 1, got {self.epochs}", "set student.epochs=30")
-        if int(self.batch_size) < 1:
-            raise ConfigError("student.batch_size", f"must be >= 1, got {self.batch_size}",
-                              "set student.batch_size=64")
-        if not float(self.lr) > 0:
-            raise ConfigError("student.lr", f"must be > 0, got {self.lr}", "set student.lr=1e-3")
-        if float(self.weight_decay) < 0:
-            raise ConfigError("student.weight_decay", f"must be >= 0, got {self.weight_decay}",
-                              "set student.weight_decay=0")
-        if int(self.num_workers) < 1:
-            raise ConfigError("student.num_workers", f"must be >= 1, got {self.num_workers}",
-                              "set student.num_workers=2")
-        if self.label_type not in LABEL_TYPES:
-            raise ConfigError("student.label_type", f"unknown label type {self.label_type!r}",
-                              f"use one of {LABEL_TYPES}")
-        return self
 
 
 @dataclass
