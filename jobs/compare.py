@@ -201,7 +201,7 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: str, dataset: str) -> None:
-    from rknn_ray.plots import plt, save_png
+    from rknn_ray.plots import plt, save_accuracy_vs_eps
     fig, ax = plt.subplots(figsize=(8, 5))
     for m in dict.fromkeys(r["method"] for r in rows):
         pts = sorted((r["target_eps"], r["accuracy"]) for r in rows
@@ -215,15 +215,7 @@ def plot(rows: list[dict], path: str, dataset: str) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                     ls="--" if unit == "label" else (":" if note else "-"),
                     label=f"{m} ({unit}{note})")
-    ax.set_xscale("log")
-    ax.set_xlabel("target eps")
-    ax.set_ylabel("student test accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"{dataset}: accuracy vs eps")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_png(fig, path)
+    save_accuracy_vs_eps(fig, ax, path, f"{dataset}: accuracy vs eps")
 
 
 def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None:

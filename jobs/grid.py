@@ -378,7 +378,7 @@ def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], me
 def plot(summary: list[dict], path: str, dataset: str) -> None:
     """Student accuracy vs eps per (encoder, s, k, model); reference dashed; paper as stars."""
     from rknn_ray.paper_numbers import paper_rows
-    from rknn_ray.plots import plt, save_png
+    from rknn_ray.plots import plt, save_accuracy_vs_eps
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     lines: dict = {}
     for r in summary:
@@ -406,15 +406,8 @@ def plot(summary: list[dict], path: str, dataset: str) -> None:
                 alpha=0.75, label="paper 000 Table 1 (Ours)" if j == 0 else None)
         ax.annotate(f"{p.setting} s={p.queries}", (p.eps, p.test_accuracy), fontsize=7,
                     xytext=(4, -10), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("eps (target)")
-    ax.set_ylabel("student test accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(f"{dataset}: accuracy vs eps (median over seeds)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    save_png(fig, path)
+    save_accuracy_vs_eps(fig, ax, path, f"{dataset}: accuracy vs eps (median over seeds)",
+                         xlabel="eps (target)", top=1.02, legend_loc="lower right")
 
 
 def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: dict,
