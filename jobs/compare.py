@@ -17,8 +17,10 @@ user's budgets.
 Every rknn row is a full jobs.distill run (actors, sealed reports, ledger events) with
 ``RKNN_OVERRIDES``: its student is trained in the driver by the same loop the baselines'
 students use (``student.trainer=local``; no Ray Train start-up per row), and its diagnostics
-give ``nonprivate_label_accuracy``, the same labels from exact counts. Ray is started once
-for all rows; meta.json samples the load average after every row.
+give ``nonprivate_label_accuracy``, the same labels from exact counts. The rows run through
+jobs.experiments.Runner: Ray started once for all rows, a failed row kept with its error,
+an rknn row finished before with the same spec read back; every row holds the
+jobs.experiments.ReportRow fields; meta.json samples the load average after every row.
 
 Columns: ``eps``/``delta`` are what each method's accountant reports for the run
 (``target_eps`` is what was asked); ``unit`` is what the guarantee protects:

@@ -29,9 +29,10 @@ the median over seeds per (encoder, s, k, model, eps); reference, marked private
 false; paper, paper 000 Table 1's "Ours" rows at the same dataset), grid.csv (the
 summary table), grid.md (summary + per-seed tables), grid.png (student accuracy vs eps:
 one line per (encoder, s, k, model), the reference dashed, the paper's numbers as
-stars), meta.json. Resumable: a cell whose run folder holds report.json and the same
-cell spec (grid_cell.json) is not run again; a failed cell is a row with its error and
-runs again next time.
+stars), meta.json. The cells run through jobs.experiments.Runner, so it is resumable: a
+cell whose run folder holds report.json and the same cell spec (grid_cell.json) is not
+run again; a failed cell is a row with its error and runs again next time. Cell rows hold
+the jobs.experiments.ReportRow fields (``model`` the trust model, ``mechanism`` beside it).
 """
 from __future__ import annotations
 
