@@ -536,7 +536,7 @@ def main(argv=None) -> int:
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from jobs.cells import print_result
+    from jobs.experiments import print_result
     print_result(doc, args.json, os.path.join(args.out, "grid.md"))
     return 0
 
