@@ -7,7 +7,7 @@ others; the stage total counted the adaptive selection in one and not another). 
 :func:`report_row` is the only reader and :class:`ReportRow` names every field once.
 
 An experiment runs a list of cells (:class:`Job`) with :class:`Runner`: Ray is started
-once, privacy goes to an isolated ledger in the experiment's folder (jobs.cells), a cell
+once (with the first cell that must run), privacy goes to an isolated ledger in the experiment's folder (jobs.cells), a cell
 finished before with the same spec is read back instead of run again, a failed cell
 becomes a row with its error (and runs again next time), and the caller's writer is
 called after every cell, so an interrupted experiment keeps every finished row.
@@ -191,6 +191,7 @@ class Runner:
         self.ray = ray
         self.sample_load = sample_load
         self.ledger_path: str | None = None
+        self._ray_started: bool | None = None   # None: not asked for yet
 
     def run_dir(self, job: Job) -> str:
         return os.path.join(self.out, "runs", job.name)
@@ -223,8 +224,9 @@ class Runner:
         done = self.load_done(job)
         if done is not None:
             return done, True
+        self.ensure_ray()
         t0 = time.perf_counter()
-        row = {**job.keys, **empty_row(), "run": None, "wall_s": NAN, "error": ""}
+        row = {**empty_row(), **job.keys, "run": None, "wall_s": NAN, "error": ""}
         try:
             if job.cfg is not None:
                 run_dir = self.run_dir(job)
@@ -241,7 +243,7 @@ class Runner:
                 if not isinstance(row.get("wall_s"), (int, float)) or row["wall_s"] != row["wall_s"]:
                     row["wall_s"] = time.perf_counter() - t0
         except Exception as exc:            # one failed cell must not lose the table
-            row = {**job.keys, **empty_row(), "run": row["run"],
+            row = {**empty_row(), **job.keys, "run": row["run"],     # the cell's names kept
                    "wall_s": time.perf_counter() - t0, "error": error_text(exc)}
         return row, False
 
@@ -259,10 +261,7 @@ class Runner:
         t_all = self._t_all = time.perf_counter()
         with isolated_ledger(self.out) as ledger_path:   # nothing here touches the user's budgets
             self.ledger_path = ledger_path
-            started = False
-            if self.ray:
-                from jobs.ray_env import ensure_ray
-                started = ensure_ray()
+            self._ray_started = None        # Ray starts with the first cell that must run
             try:
                 for i, job in enumerate(jobs, 1):
                     row, skipped = self.run_one(job)
@@ -275,13 +274,20 @@ class Runner:
                 if then is not None:
                     then(rows)
             finally:
-                if started:
+                if self._ray_started:
                     import ray
                     ray.shutdown()
         self.meta["complete"] = True
         self.meta["wall_s"] = time.perf_counter() - t_all
         self.write(rows, self.meta)
         return rows
+
+    def ensure_ray(self) -> None:
+        """Start Ray (once per run, only if this runner uses it and a cell must run): a
+        re-run whose cells are all done starts nothing."""
+        if self.ray and self._ray_started is None:
+            from jobs.ray_env import ensure_ray
+            self._ray_started = ensure_ray()
 
     def elapsed(self) -> None:
         """Bring ``meta["wall_s"]`` up to now (for a ``then`` step that writes outputs)."""

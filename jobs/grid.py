@@ -232,8 +232,10 @@ def reference_key(cell: Cell, ref_cfg) -> tuple[str, str]:
     return name, digest
 
 
-def run_reference(name: str, digest: str, ref_cfg, out: str) -> tuple[dict, bool]:
-    """The NON-PRIVATE reference in ``out``/reference/<name> (or the saved one)."""
+def run_reference(name: str, digest: str, ref_cfg, out: str,
+                  before_run=None) -> tuple[dict, bool]:
+    """The NON-PRIVATE reference in ``out``/reference/<name> (or the saved one);
+    ``before_run()`` is called only when it must be computed (the runner starts Ray)."""
     from rknn_ray.reference import NOT_PRIVATE, nonprivate_reference
     from rknn_ray.runio import write_json
     folder = os.path.join(out, "reference", name)
@@ -249,6 +251,8 @@ def run_reference(name: str, digest: str, ref_cfg, out: str) -> tuple[dict, bool
     base = {"kind": "reference", "private": False, "warning": NOT_PRIVATE, "name": name,
             "folder": folder, "s": ref_cfg.queries.s, "k": ref_cfg.rknn.k,
             "encoder": ref_cfg.represent.encoder, "seed": ref_cfg.run.seed}
+    if before_run is not None:
+        before_run()
     t0 = time.perf_counter()
     try:
         res = nonprivate_reference(ref_cfg, folder)
@@ -487,7 +491,7 @@ def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=N
             ref_of[cell.name] = name
             todo.setdefault(name, (digest, ref_cfg))
         for j, (name, (digest, ref_cfg)) in enumerate(todo.items(), 1):
-            row, skipped = run_reference(name, digest, ref_cfg, out)
+            row, skipped = run_reference(name, digest, ref_cfg, out, runner.ensure_ray)
             refs[name] = row
             log(f"[reference {j}/{len(todo)}, NOT PRIVATE] {name}: " + (
                 "done before, skipped" if skipped else

@@ -122,7 +122,8 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
 
     def jobs():
         return [Job("ok", {"method": "rknn_central", "target_eps": 1.0}, cfg=cfg),
-                Job("bad", {"method": "broken", "target_eps": 1.0}, call=boom)]
+                Job("bad", {"method": "broken", "target_eps": 1.0, "dataset": "digits",
+                            "model": "central"}, call=boom)]
 
     def runner():
         return Runner(str(out), write=lambda rows, meta: writes.append(
@@ -134,6 +135,7 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
     assert set(ROW_FIELDS) <= set(ok) and set(ROW_FIELDS) <= set(bad)
     assert not ok["error"] and ok["eps"] == pytest.approx(1.0) and ok["method"] == "rknn_central"
     assert bad["error"] == "ValueError: bad cell" and math.isnan(bad["eps"])
+    assert (bad["dataset"], bad["model"]) == ("digits", "central")    # its names survive the failure
     assert writes == [(1, False), (2, False), (2, True)]          # outputs after every cell
     saved = json.loads((out / "runs" / "ok" / Runner.CELL_FILE).read_text())
     assert saved["schema"] == ROW_SCHEMA and saved["row"]["accuracy"] == ok["accuracy"]
@@ -147,6 +149,9 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
     with sqlite3.connect(out / "ledger.sqlite") as con:      # released once, in the experiment's
         assert con.execute("SELECT COUNT(*) FROM releases WHERE status = 'released'"
                            ).fetchone()[0] == 1
+    only_done = runner()
+    assert only_done.run(jobs()[:1])[0]["accuracy"] == ok["accuracy"]
+    assert only_done._ray_started is None          # all done: Ray was not even asked for
     changed = Job("ok", {"method": "rknn_central", "target_eps": 1.0},
                   cfg=load_config(CONFIG, FAST + ["rknn.k=2"]))
     assert runner().load_done(changed) is None and runner().load_done(jobs()[0]) is not None
