@@ -15,8 +15,11 @@ released counts. Privacy goes to an isolated ledger (``--out``/ledger.sqlite).
 Prints a table (mean and standard deviation over seeds of label accuracy Acc_pl on
 the public set and student accuracy on the evaluation set), writes ``results.json``
 (one row per run plus the aggregated table), ``adaptive_rounds.md`` and
-``adaptive_rounds.png``. Run folders stay under ``--out``/runs; a cell whose
-report.json exists is read back, not re-run (an interrupted benchmark resumes).
+``adaptive_rounds.png``. The cells run through jobs.experiments.Runner: run folders
+stay under ``--out``/runs; a cell finished before with the same spec (its cell.json)
+is read back, not re-run (an interrupted benchmark resumes); a failed cell is a row
+with its error. Rows follow jobs.experiments.ReportRow (``eps`` is what was spent,
+``target_eps`` what was asked, ``accuracy`` the student's).
 """
 from __future__ import annotations
 
@@ -24,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -57,41 +59,32 @@ def cells(args) -> list[dict]:
         for eps in args.eps:
             for T in args.rounds:
                 for sel in (["kmeans"] if T == 1 else args.selections):
-                    out.append({"seed": seed, "eps": eps, "T": T, "selection": sel})
+                    out.append({"seed": seed, "target_eps": eps, "T": T, "selection": sel})
     return out
 
 
-def run_cell(cell: dict, args, ledger_path: str) -> dict:
-    from jobs.distill import run
-    from rknn_ray.config import load_config
-    from rknn_ray.runio import prepare_run_dir
-    name = f"eps{cell['eps']:g}-T{cell['T']}-{cell['selection']}-seed{cell['seed']}"
-    folder = os.path.join(args.out, "runs", name)
-    done = os.path.join(folder, "report.json")
-    t0 = time.perf_counter()
-    if os.path.exists(done):
-        with open(done) as fh:
-            report = json.load(fh)
-        wall = report.get("benchmark_wall_s")
-    else:
-        over = ["run.progress=false", f"run.seed={cell['seed']}", f"privacy.eps={cell['eps']}",
-                "privacy.budget_eps=1000000", f"rounds.count={cell['T']}",
-                *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
-                *args.overrides]
-        cfg = load_config(args.config, over)
-        report = run(cfg, prepare_run_dir(folder, overwrite=True, discard_release=True),
-                     ledger_path=ledger_path)         # a re-run cell replaces its earlier attempt
-        wall = time.perf_counter() - t0
-    p = report["privacy"]
+def cell_name(cell: dict) -> str:
+    return f"eps{cell['target_eps']:g}-T{cell['T']}-{cell['selection']}-seed{cell['seed']}"
+
+
+def selection_fields(report: dict) -> dict:
+    """What rounds t >= 1 chose (report.json ``selection``): the benchmark's own columns."""
     later = [s for s in report.get("selection", []) if s.get("round", 0) > 0]
-    return {**cell, "label_accuracy": report["accuracy"]["labels"],
-            "student_accuracy": report["accuracy"]["student"],
-            "eps_spent": p["eps"], "round_eps": [r["eps"] for r in p["rounds"]],
-            "ledger_events": len(p["ledger"]["entries"]), "queries": report["counts"]["queries"],
-            "uncertainty_chosen": [s.get("uncertainty_chosen") for s in later],
+    return {"uncertainty_chosen": [s.get("uncertainty_chosen") for s in later],
             "uncertainty_all": [s.get("uncertainty_all") for s in later],
-            "interim_agreement_released": [s.get("interim_agreement_released") for s in later],
-            "run": folder, "wall_s": wall}
+            "interim_agreement_released": [s.get("interim_agreement_released") for s in later]}
+
+
+def cell_job(cell: dict, args):
+    """A full jobs.distill run of the cell, as an experiment-runner job (runs/<name>)."""
+    from jobs.experiments import Job
+    from rknn_ray.config import load_config
+    over = ["run.progress=false", f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
+            "privacy.budget_eps=1000000", f"rounds.count={cell['T']}",
+            *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
+            *args.overrides]
+    return Job(cell_name(cell), dict(cell), cfg=load_config(args.config, over),
+               extra=selection_fields)
 
 
 _PREPARED: dict = {}
@@ -112,7 +105,8 @@ def label_only_cell(cell: dict, args) -> dict:
                                    prepare_data, round_budgets, round_query_counts)
     from rknn_ray.queries import union_of_rounds
     from rknn_ray.rng import seeded_generator
-    over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['eps']}", f"rounds.count={cell['T']}",
+    over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
+            f"rounds.count={cell['T']}",
             *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
             *args.overrides]
     cfg = load_config(args.config, over)
@@ -138,39 +132,42 @@ def label_only_cell(cell: dict, args) -> dict:
     all_qs = union_of_rounds(public_emb, query_sets)
     lab, _ = finish_labels(cfg, data, np.concatenate([r.counts for r in rounds]), all_qs,
                            public_emb, rounds, None)
-    return {**cell, "label_accuracy": lab.label_accuracy, "student_accuracy": float("nan"),
-            "query_accuracy": lab.query_accuracy,
-            "eps_spent": float(sum(r.guarantee.eps for r in rounds)),
-            "round_eps": [r.guarantee.eps for r in rounds], "ledger_events": len(rounds),
-            "queries": all_qs.size,
+    eps = [r.guarantee.eps for r in rounds]
+    return {**cell, "model": p.model, "mechanism": p.mechanism, "dataset": cfg.data.dataset,
+            "label_accuracy": lab.label_accuracy, "accuracy": float("nan"),
+            "query_label_accuracy": lab.query_accuracy, "eps": float(sum(eps)),
+            "delta": float(sum(r.guarantee.delta for r in rounds)), "rounds": len(rounds),
+            "round_eps": eps, "ledger_events": len(rounds), "queries": all_qs.size,
+            "k_used": cfg.rknn.k, "private": False,       # a seeded simulation
             "uncertainty_chosen": [u["uncertainty_chosen"] for u in uncertain],
             "uncertainty_all": [u["uncertainty_all"] for u in uncertain],
-            "interim_agreement_released": [u["interim_agreement_released"] for u in uncertain],
-            "run": None, "wall_s": None}
+            "interim_agreement_released": [u["interim_agreement_released"] for u in uncertain]}
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
+    """Mean and sd over seeds per (eps, T, selection); ``eps`` here is the target total."""
     table = []
-    keys = sorted({(r["eps"], r["T"], r["selection"]) for r in rows},
+    keys = sorted({(r["target_eps"], r["T"], r["selection"]) for r in rows},
                   key=lambda k: (-k[0], k[1], k[2]))
     for eps, T, sel in keys:
-        sub = [r for r in rows if (r["eps"], r["T"], r["selection"]) == (eps, T, sel)]
-        lab = np.array([r["label_accuracy"] for r in sub])
-        stu = np.array([r["student_accuracy"] for r in sub], dtype=float)
+        sub = [r for r in rows if (r["target_eps"], r["T"], r["selection"]) == (eps, T, sel)]
+        lab = np.array([r["label_accuracy"] for r in sub], dtype=float)
+        stu = np.array([r["accuracy"] for r in sub], dtype=float)
         table.append({"eps": eps, "T": T, "selection": sel, "seeds": len(sub),
-                      "queries": sub[0]["queries"], "eps_spent": max(r["eps_spent"] for r in sub),
+                      "queries": sub[0]["queries"], "eps_spent": max(r["eps"] for r in sub),
                       "label_mean": float(lab.mean()), "label_std": float(lab.std()),
                       "student_mean": float(stu.mean()), "student_std": float(stu.std())})
     return table
 
 
 def to_markdown(table: list[dict]) -> str:
-    lines = ["| eps (total) | T | rounds t>=1 select | queries | eps spent | label acc "
-             "(mean ± sd) | student acc (mean ± sd) | seeds |", "|---|---|---|---|---|---|---|---|"]
-    for r in table:
-        lines.append(f"| {r['eps']:g} | {r['T']} | {r['selection']} | {r['queries']} | "
-                     f"{r['eps_spent']:.4g} | {r['label_mean']:.4f} ± {r['label_std']:.4f} | "
-                     f"{r['student_mean']:.4f} ± {r['student_std']:.4f} | {r['seeds']} |")
+    from jobs.experiments import markdown_table
+    lines = markdown_table(
+        ("eps (total)", "T", "rounds t>=1 select", "queries", "eps spent",
+         "label acc (mean ± sd)", "student acc (mean ± sd)", "seeds"),
+        [[f"{r['eps']:g}", r["T"], r["selection"], r["queries"], f"{r['eps_spent']:.4g}",
+          f"{r['label_mean']:.4f} ± {r['label_std']:.4f}",
+          f"{r['student_mean']:.4f} ± {r['student_std']:.4f}", r["seeds"]] for r in table])
     return "\n".join(lines) + "\n"
 
 
@@ -191,7 +188,8 @@ def plot(table: list[dict], path: str) -> None:
         ax.set_xlabel("rounds T (equal total eps)")
         ax.set_ylabel(f"{what} accuracy")
         ax.set_xticks(sorted({r["T"] for r in table}))
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:        # a single T has no line to name
+            ax.legend(fontsize=7)
     fig.suptitle("Adaptive rounds at equal total eps (mean ± sd over seeds)")
     fig.tight_layout()
     save_png(fig, path)
@@ -200,36 +198,36 @@ def plot(table: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from rknn_ray.job.ray_env import ensure_ray
+    from jobs.experiments import Job, Runner
     from rknn_ray.runio import write_json, write_text
-    os.makedirs(args.out, exist_ok=True)
-    ledger_path = os.path.join(os.path.abspath(args.out), "ledger.sqlite")   # never the user's
-    started = False if args.labels_only else ensure_ray()
-    rows = []
-    t_all = time.perf_counter()
-    try:
-        for cell in cells(args):
-            row = label_only_cell(cell, args) if args.labels_only else \
-                run_cell(cell, args, ledger_path)
-            rows.append(row)
-            print(f"eps={cell['eps']:g} T={cell['T']} {cell['selection']:9s} seed={cell['seed']}: "
-                  f"labels {row['label_accuracy']:.4f}, student {row['student_accuracy']:.4f}, "
-                  f"eps spent {row['eps_spent']:.4g} in {row['ledger_events']} event(s)",
-                  file=sys.stderr, flush=True)
-            table = aggregate(rows)
-            meta = {"config": os.path.relpath(args.config), "overrides": args.overrides,
-                    "cpus": os.cpu_count(), "wall_s": time.perf_counter() - t_all,
-                    "complete": len(rows) == len(cells(args))}
-            write_json(os.path.join(args.out, "results.json"),
-                       {"meta": meta, "table": table, "runs": rows})
-    finally:
-        if started:
-            import ray
-            ray.shutdown()
-    md = to_markdown(table)
-    write_text(os.path.join(args.out, "adaptive_rounds.md"), md)
-    plot(table, os.path.join(args.out, "adaptive_rounds.png"))
-    print(md)
+    todo = cells(args)
+    jobs = [Job(cell_name(c), dict(c), call=(lambda c=c: label_only_cell(c, args)),
+                resumable=False) for c in todo] if args.labels_only else \
+        [cell_job(c, args) for c in todo]
+    meta = {"config": os.path.relpath(args.config), "overrides": args.overrides,
+            "cpus": os.cpu_count()}
+
+    def write(rows: list, m: dict) -> None:
+        table = aggregate(rows)
+        write_json(os.path.join(args.out, "results.json"),
+                   {"meta": {**m, "complete": len(rows) == len(todo)}, "table": table,
+                    "runs": rows})
+        if m.get("complete"):
+            write_text(os.path.join(args.out, "adaptive_rounds.md"), to_markdown(table))
+            plot(table, os.path.join(args.out, "adaptive_rounds.png"))
+
+    def progress(i, n, job, row, skipped):
+        print(f"eps={row['target_eps']:g} T={row['T']} {row['selection']:9s} "
+              f"seed={row['seed']}: labels {row['label_accuracy']:.4f}, student "
+              f"{row['accuracy']:.4f}, eps spent {row['eps']:.4g} in {row['ledger_events']} "
+              "event(s)" + (" (done before, skipped)" if skipped else "")
+              + (f" ERROR {row['error']}" if row.get("error") else ""),
+              file=sys.stderr, flush=True)
+
+    rows = Runner(args.out, write=write, log=progress, meta=meta,
+                  ray=not args.labels_only).run(jobs)
+    table = aggregate(rows)
+    print(to_markdown(table))
     if args.json:
         print(json.dumps(table))
     return 0

@@ -71,12 +71,13 @@ def main(argv=None) -> int:
     rows = run(args.clients, args.trials, args.eps)
     print(f"{args.clients} clients, {args.trials} trials, eps={args.eps} (24 cells; with 24 cells "
           f"max |z| up to ~3 is expected; variance ratio SE ~ {np.sqrt(2 / args.trials):.3f})")
-    print("| model | mechanism | eps run | max abs bias z | mean var (theory) | measured/theory var: mean [min, max] | bytes |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['model']} | {r['mechanism']} | {r['eps_run']:.3g} | {r['max_abs_bias_z']:.2f} | "
-              f"{r['var_theory_mean']:.4g} | {r['var_ratio_mean']:.3f} [{r['var_ratio_min']:.2f}, "
-              f"{r['var_ratio_max']:.2f}] | {r['message_bytes']} |")
+    from jobs.experiments import markdown_table
+    print("\n".join(markdown_table(
+        ("model", "mechanism", "eps run", "max abs bias z", "mean var (theory)",
+         "measured/theory var: mean [min, max]", "bytes"),
+        [[r["model"], r["mechanism"], f"{r['eps_run']:.3g}", f"{r['max_abs_bias_z']:.2f}",
+          f"{r['var_theory_mean']:.4g}", f"{r['var_ratio_mean']:.3f} [{r['var_ratio_min']:.2f}, "
+          f"{r['var_ratio_max']:.2f}]", r["message_bytes"]] for r in rows])))
     if args.json:
         print(json.dumps(rows))
     return 0

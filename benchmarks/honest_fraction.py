@@ -69,13 +69,14 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print("| honest fraction | s | noise senders m | noise std/count | msgs/client | "
-          "label acc (median) |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['honest_fraction']:g} | {r['s']} | {r['noise_senders']} of {r['clients']} | "
-              f"{r['noise_std_per_count']:.3g} | {r['messages_per_client_expected']:.1f} | "
-              f"{r['label_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['label_accuracy'])}) |")
+    from jobs.experiments import markdown_table
+    print("\n".join(markdown_table(
+        ("honest fraction", "s", "noise senders m", "noise std/count", "msgs/client",
+         "label acc (median)"),
+        [[f"{r['honest_fraction']:g}", r["s"], f"{r['noise_senders']} of {r['clients']}",
+          f"{r['noise_std_per_count']:.3g}", f"{r['messages_per_client_expected']:.1f}",
+          f"{r['label_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['label_accuracy'])})"]
+         for r in rows])))
     return 0
 
 

@@ -177,9 +177,7 @@ def table(doc: dict) -> str:
 
 
 def plot(doc: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from rknn_ray.plots import plt, save_png
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"collision": "C0", "separation": "C1", "concatenation": "C2"}
     for n in NAMES:
@@ -197,8 +195,7 @@ def plot(doc: dict, path: Path) -> None:
     ax.set_title("Figure 6: s=200, |Y|=50, k=2, r=2")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, str(path), dpi=120)                # atomic, like every other plot
 
 
 def main(argv=None) -> int:

@@ -149,18 +149,20 @@ def main(argv=None) -> int:
 
     print(f"\n{args.dataset}, one record per client, s={args.s}, k={args.k}, "
           f"protocol={args.protocol}")
-    print("| model | mechanism | eps (target) | guarantee (eps, delta) | eps0 | Acc_pl | Acc_pc | messages |")
-    print("|---|---|---|---|---|---|---|---|")
+    from jobs.experiments import markdown_table
+    table = []
     for r in rows:
         if "error" in r:
-            print(f"| {r['model']} | {r['mechanism']} | {r['eps']} | infeasible | | | | |")
+            table.append([r["model"], r["mechanism"], r["eps"], "infeasible", "", "", "", ""])
             continue
         g = "-" if r["eps"] is None else f"({r['eps_guarantee']:.3g}, {r['delta_guarantee']:.0e})"
         e0 = "" if r.get("eps0") is None else f"{r['eps0']:.3g}"
         pc = "-" if r["acc_student"] is None else f"{r['acc_student']:.4f}"
         sd = f" +- {r['acc_labels_sd']:.4f}" if r.get("repeats", 1) > 1 else ""
-        print(f"| {r['model']} | {r['mechanism']} | {r['eps'] if r['eps'] is not None else 'inf'} | "
-              f"{g} | {e0} | {r['acc_labels']:.4f}{sd} | {pc} | {r.get('messages', '')} |")
+        table.append([r["model"], r["mechanism"], r["eps"] if r["eps"] is not None else "inf", g,
+                      e0, f"{r['acc_labels']:.4f}{sd}", pc, r.get("messages", "")])
+    print("\n".join(markdown_table(("model", "mechanism", "eps (target)", "guarantee (eps, delta)",
+                                    "eps0", "Acc_pl", "Acc_pc", "messages"), table)))
     write_json(os.path.join(args.out, f"{args.dataset}.json"),
                {"args": vars(args), "rows": rows})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -1,4 +1,4 @@
-"""One jobs.distill run as a cell of a bigger experiment (jobs.compare, jobs.grid).
+"""One jobs.distill run as a cell of a bigger experiment (jobs.experiments.Runner).
 
 An experiment runs many private jobs on one dataset. Each is a real run (real
 mechanism, a release recorded as an event), but in an isolated ledger inside the
@@ -8,7 +8,6 @@ the isolated ledger gets budgets large enough for the whole grid of eps values.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 
@@ -52,34 +51,3 @@ def error_text(exc: BaseException) -> str:
     """``Type: first line`` of an exception, for a failed cell's row."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
-
-
-def fmt(v, nd: int = 4) -> str:
-    """A table cell: floats to ``nd`` significant digits, NaN as n/a, None as empty."""
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        return f"{v:.{nd}g}"
-    return "" if v is None else str(v)
-
-
-def print_result(doc, as_json: bool, markdown_path: str) -> None:
-    """An experiment job's answer on stdout: its JSON (``--json``) or its markdown table."""
-    import json
-    if as_json:
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        with open(markdown_path) as fh:
-            print(fh.read())
-
-
-def rows_to_csv(rows: list[dict], columns) -> str:
-    """CSV text of ``rows`` with exactly ``columns`` (other keys are left out)."""
-    import csv
-    import io
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-    return buf.getvalue()

@@ -17,8 +17,10 @@ user's budgets.
 Every rknn row is a full jobs.distill run (actors, sealed reports, ledger events) with
 ``RKNN_OVERRIDES``: its student is trained in the driver by the same loop the baselines'
 students use (``student.trainer=local``; no Ray Train start-up per row), and its diagnostics
-give ``nonprivate_label_accuracy``, the same labels from exact counts. Ray is started once
-for all rows; meta.json samples the load average after every row.
+give ``nonprivate_label_accuracy``, the same labels from exact counts. The rows run through
+jobs.experiments.Runner: Ray started once for all rows, a failed row kept with its error,
+an rknn row finished before with the same spec read back; every row holds the
+jobs.experiments.ReportRow fields; meta.json samples the load average after every row.
 
 Columns: ``eps``/``delta`` are what each method's accountant reports for the run
 (``target_eps`` is what was asked); ``unit`` is what the guarantee protects:
@@ -35,9 +37,8 @@ import argparse
 import math
 import os
 import sys
-import time
 
-from jobs.cells import error_text, fmt, isolated_ledger
+from jobs.experiments import Job, Runner, cell_row, fmt, markdown_table
 
 RKNN_METHODS = ("rknn_central", "rknn_local", "rknn_shuffle")
 BASELINE_METHODS = ("fedmd_nfdp", "fedmd_nfdp_wor", "dpdfd_selective_rr", "pate_lnmax",
@@ -94,27 +95,35 @@ def _overrides(seed: int, student_epochs: int | None) -> list[str]:
 
 # ----------------------------------------------------------------------------- reverse k-NN
 
-def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, ledger_path: str,
-             seed: int = 0, student_epochs: int | None = None) -> dict:
-    """One jobs.distill run; returns its comparison row."""
-    from jobs.cells import ISOLATED_BUDGET, run_distill
+def rknn_config(dataset: str, model: str, eps: float, delta: float, seed: int = 0,
+                student_epochs: int | None = None):
+    """The validated config of one rknn row: the dataset's config with the comparison's
+    overrides (isolated budget, driver-trained student, diagnostics)."""
+    from jobs.cells import ISOLATED_BUDGET
     from rknn_ray.config import load_config
     over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", *ISOLATED_BUDGET,
                                                 "student.num_workers=1", *RKNN_OVERRIDES,
                                                 *DATASET_OVERRIDES[dataset]]
     if model == "shuffle":
         over += [f"privacy.delta={delta}"]
-    cfg = load_config(config_path(dataset, model), over)
-    report, wall = run_distill(cfg, out_dir, ledger_path)
-    p, c = report["privacy"], report["counts"]
-    msg_bytes = (p["details"][-1] or {}).get("message_bytes") or 0
-    return {"method": f"rknn_{model}", "dataset": dataset, "eps": p["eps"], "delta": p["delta"],
-            "unit": p["unit"], "accuracy": report["accuracy"]["student"],
-            "label_accuracy": report["accuracy"]["labels"], "rounds": c["rounds"],
-            "bytes_per_client": float(c["messages"]) * msg_bytes / max(1, c["clients"]),
-            "wall_s": wall, "target_eps": eps, "neighbour": p["neighbour"],
-            "model": p["model"], "error": "",
-            "nonprivate_label_accuracy": (report.get("diagnostics") or {}).get("nonprivate_labels")}
+    return load_config(config_path(dataset, model), over)
+
+
+def rknn_job(dataset: str, model: str, eps: float, delta: float, seed: int = 0,
+             student_epochs: int | None = None) -> Job:
+    """One rknn row as a runner cell (a full jobs.distill run in runs/<method>-eps<eps>)."""
+    method = f"rknn_{model}"
+    return Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset, "target_eps": eps},
+               cfg=rknn_config(dataset, model, eps, delta, seed, student_epochs))
+
+
+def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, ledger_path: str,
+             seed: int = 0, student_epochs: int | None = None) -> dict:
+    """One jobs.distill run outside a runner; returns its comparison row."""
+    from jobs.cells import run_distill
+    job = rknn_job(dataset, model, eps, delta, seed, student_epochs)
+    report, wall = run_distill(job.cfg, out_dir, ledger_path)
+    return cell_row(job, report, wall, out_dir)
 
 
 # ----------------------------------------------------------------------------- baselines
@@ -190,10 +199,8 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Comparison on {meta['dataset']} (delta = {meta['delta']:g} where needed)", "",
              f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared"
              + _load_note(meta.get("load_average_1min")) + ").", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |"
-                     + (f" error: {r['error']}" if r.get("error") else ""))
+             *markdown_table(cols, [[_fmt(r.get(c)) for c in cols] for r in rows],
+                             [f" error: {r['error']}" if r.get("error") else "" for r in rows])]
     lines += ["", "unit `label` (DP-DFD) protects one query's label, not a record: not comparable "
               "with the record-level rows. FedMD-NFDP's delta is ~k/n, far above 1/n. "
               "nonprivate_label_accuracy (rknn rows): the labels the same queries and label "
@@ -203,12 +210,12 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
 
 
 def to_csv(rows: list[dict]) -> str:
-    from jobs.cells import rows_to_csv
+    from jobs.experiments import rows_to_csv
     return rows_to_csv(rows, COLUMNS)
 
 
 def plot(rows: list[dict], path: str, dataset: str) -> None:
-    from rknn_ray.plots import plt, save_png
+    from rknn_ray.plots import plt, save_accuracy_vs_eps
     fig, ax = plt.subplots(figsize=(8, 5))
     for m in dict.fromkeys(r["method"] for r in rows):
         pts = sorted((r["target_eps"], r["accuracy"]) for r in rows
@@ -222,15 +229,7 @@ def plot(rows: list[dict], path: str, dataset: str) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                     ls="--" if unit == "label" else (":" if note else "-"),
                     label=f"{m} ({unit}{note})")
-    ax.set_xscale("log")
-    ax.set_xlabel("target eps")
-    ax.set_ylabel("student test accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"{dataset}: accuracy vs eps")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_png(fig, path)
+    save_accuracy_vs_eps(fig, ax, path, f"{dataset}: accuracy vs eps")
 
 
 def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None:
@@ -248,88 +247,77 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None
 def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
             student_epochs: int | None = None, log=None,
             baseline_s: int | None = None) -> list[dict]:
-    """Run everything; returns the rows (also written to ``out``)."""
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    os.makedirs(out, exist_ok=True)
-    with isolated_ledger(out) as ledger_path:       # isolated: nothing here touches the user's
-        return _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log,
-                        ledger_path, baseline_s)
-
-
-def _compare(dataset, eps_list, methods, out, delta, seed, student_epochs, log, ledger_path,
-             baseline_s=None):
+    """Run everything (one experiment runner: Ray once, an isolated ledger in ``out``, a
+    failed row kept with its error, an rknn row finished before read back); returns the
+    rows (also written to ``out`` after every row)."""
     import uuid
 
     import torch
 
-    from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.accounting.budget_store import BudgetStore
     from rknn_ray.config import load_config
-    store = BudgetStore(ledger_path)
+    say = log or (lambda s: print(s, file=sys.stderr, flush=True))
     torch.set_num_threads(1)
-    t_all = time.perf_counter()
-    started = ensure_ray()
-    rows, ledgers = [], {}
-    setup = None
+    ledgers: dict = {}
+    setup = []                          # the baselines' shared data, prepared on first use
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
             "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
-            "wall_s": 0.0,
-            "cpus": os.cpu_count(), "ledger": ledger_path, "complete": False,
+            "wall_s": 0.0, "cpus": os.cpu_count(), "ledger": None, "complete": False,
             "load_average_1min": []}        # sampled after every row: how shared the machine was
-    try:
-        for eps in eps_list:
-            for method in methods:
-                t0 = time.perf_counter()
-                try:
-                    if method in RKNN_METHODS:
-                        model = method.split("_", 1)[1]
-                        row = run_rknn(dataset, model, eps, delta,
-                                       os.path.join(out, "runs", f"{method}-eps{eps:g}"),
-                                       ledger_path, seed, student_epochs)
-                    else:
-                        if setup is None:
-                            from rknn_ray.baselines.common import prepare
-                            setup = prepare(load_config(config_path(dataset, "central"),
-                                                        _overrides(seed, student_epochs)
-                                                        + ([f"queries.s={baseline_s}"]
-                                                           if baseline_s else [])))
-                            meta["baseline_queries"] = int(setup.queries.size)
-                        res = run_baseline(method, setup, eps, delta)
-                        record_in_store(store, setup, res, f"compare-{uuid.uuid4().hex[:12]}")
-                        ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
-                        row = {**res.row(), "model": res.ledger["entries"][0]["model"], "error": "",
-                               "nonprivate_label_accuracy": None}
-                except Exception as exc:        # one failed cell must not lose the table
-                    row = {"method": method, "dataset": dataset, "eps": float("nan"),
-                           "delta": float("nan"), "unit": "", "accuracy": float("nan"),
-                           "label_accuracy": float("nan"), "rounds": 0,
-                           "bytes_per_client": float("nan"), "wall_s": time.perf_counter() - t0,
-                           "target_eps": eps, "neighbour": "", "model": "",
-                           "nonprivate_label_accuracy": None,
-                           "error": error_text(exc)}
-                rows.append(row)
-                log(f"{method:20s} eps={eps:<5g} acc={_fmt(row['accuracy'])} "
-                    f"labels={_fmt(row['label_accuracy'])} eps_spent={_fmt(row['eps'])} "
-                    f"delta={_fmt(row['delta'])} unit={row['unit']} {row['wall_s']:.1f}s"
-                    + (f" ERROR {row['error']}" if row["error"] else ""))
-                meta["wall_s"] = time.perf_counter() - t_all
-                meta["load_average_1min"].append(round(os.getloadavg()[0], 2))
-                write_outputs(out, rows, meta, ledgers)
-    finally:
-        if started:
-            import ray
-            ray.shutdown()
-    meta["complete"] = True
-    meta["wall_s"] = time.perf_counter() - t_all
-    write_outputs(out, rows, meta, ledgers)
-    return rows
+
+    def baseline(method, eps):
+        def call() -> dict:
+            if not setup:
+                from rknn_ray.baselines.common import prepare
+                setup.append(prepare(load_config(config_path(dataset, "central"),
+                                                 _overrides(seed, student_epochs)
+                                                 + ([f"queries.s={baseline_s}"]
+                                                    if baseline_s else []))))
+                meta["baseline_queries"] = int(setup[0].queries.size)
+            res = run_baseline(method, setup[0], eps, delta)
+            record_in_store(BudgetStore(runner.ledger_path), setup[0], res,
+                            f"compare-{uuid.uuid4().hex[:12]}")
+            ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
+            return {**res.row(), "model": res.ledger["entries"][0]["model"],
+                    "ledger_events": len(res.ledger["entries"])}
+        return Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
+                                            "target_eps": eps}, call=call)
+
+    def progress(i, n, job, row, skipped):
+        say(f"{row['method']:20s} eps={row['target_eps']:<5g} acc={_fmt(row['accuracy'])} "
+            f"labels={_fmt(row['label_accuracy'])} eps_spent={_fmt(row['eps'])} "
+            f"delta={_fmt(row['delta'])} unit={row['unit']} {row['wall_s']:.1f}s"
+            + (" (done before, skipped)" if skipped else "")
+            + (f" ERROR {row['error']}" if row["error"] else ""))
+
+    jobs = []
+    for eps in eps_list:
+        for method in methods:
+            try:
+                jobs.append(rknn_job(dataset, method.split("_", 1)[1], eps, delta, seed,
+                                     student_epochs) if method in RKNN_METHODS
+                            else baseline(method, eps))
+            except Exception as exc:        # a config that does not load: its row says why
+                jobs.append(Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
+                                                         "target_eps": eps},
+                                call=_raise(exc)))
+    runner = Runner(out, write=lambda rows, m: write_outputs(out, rows, m, ledgers),
+                    log=progress, meta=meta, sample_load=True)
+    meta["ledger"] = os.path.join(runner.out, "ledger.sqlite")
+    return runner.run(jobs)
+
+
+def _raise(exc: BaseException):
+    def call():
+        raise exc
+    return call
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
                    args.student_epochs, baseline_s=args.baseline_s)
-    from jobs.cells import print_result
+    from jobs.experiments import print_result
     print_result(rows, args.json, os.path.join(args.out, "compare.md"))
     return 0
 

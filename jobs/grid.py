@@ -29,14 +29,14 @@ the median over seeds per (encoder, s, k, model, eps); reference, marked private
 false; paper, paper 000 Table 1's "Ours" rows at the same dataset), grid.csv (the
 summary table), grid.md (summary + per-seed tables), grid.png (student accuracy vs eps:
 one line per (encoder, s, k, model), the reference dashed, the paper's numbers as
-stars), meta.json. Resumable: a cell whose run folder holds report.json and the same
-cell spec (grid_cell.json) is not run again; a failed cell is a row with its error and
-runs again next time.
+stars), meta.json. The cells run through jobs.experiments.Runner, so it is resumable: a
+cell whose run folder holds report.json and the same cell spec (grid_cell.json) is not
+run again; a failed cell is a row with its error and runs again next time. Cell rows hold
+the jobs.experiments.ReportRow fields (``model`` the trust model, ``mechanism`` beside it).
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import itertools
 import json
 import math
@@ -45,7 +45,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from jobs.cells import ISOLATED_BUDGET, error_text, fmt, isolated_ledger, run_distill
+from jobs.cells import ISOLATED_BUDGET, error_text
+from jobs.experiments import Job, Runner, fmt, markdown_table, spec_digest
 from rknn_ray.errors import ConfigError, RknnError
 
 DEFAULT_MECHANISM = {"central": "laplace", "local": "collision", "shuffle": "collision"}
@@ -190,58 +191,23 @@ def plan(config: str, sets=(), encoders=None, s=None, k=None, models=None, eps=N
     return base, cells, axes
 
 
-def _digest(d: dict) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
+_digest = spec_digest
 
 
 # ----------------------------------------------------------------------------- one cell
 
-def _cell_row(cell: Cell, report: dict | None, wall: float, run_dir: str, error: str = "") -> dict:
-    row = {"kind": "private", "encoder": cell.encoder, "s": cell.s, "k": cell.k,
-           "model": cell.model, "target_eps": cell.eps, "seed": cell.seed, "run": run_dir,
-           "wall_s": wall, "error": error, "eps": float("nan"), "delta": float("nan"),
-           "unit": "", "accuracy": float("nan"), "label_accuracy": float("nan"),
-           "s_used": None, "k_used": None}
-    if report is not None:
-        p, c = report["privacy"], report["counts"]
-        row.update(eps=p["eps"], delta=p["delta"], unit=p["unit"], neighbour=p.get("neighbour"),
-                   accuracy=report["accuracy"]["student"],
-                   label_accuracy=report["accuracy"]["labels"], s_used=c["queries"],
-                   k_used=report["config"]["rknn"]["k"], private=p.get("private", True),
-                   dataset=report["config"]["data"]["dataset"])
-    return row
-
-
-def _load_done(run_dir: str, digest: str) -> dict | None:
-    """The saved row of a finished cell with this spec, else None."""
-    path = os.path.join(run_dir, CELL_FILE)
-    if not (os.path.isfile(path) and os.path.isfile(os.path.join(run_dir, "report.json"))):
-        return None
-    try:
-        with open(path) as fh:
-            saved = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return saved.get("row") if saved.get("spec") == digest else None
-
-
-def run_cell(cell: Cell, cfg, out: str, ledger_path: str) -> tuple[dict, bool]:
-    """Run one cell (or take it from a finished run folder); returns (row, was_skipped)."""
-    from rknn_ray.runio import write_json
-    run_dir = os.path.join(out, "runs", cell.name)
-    digest = _digest(cfg.to_dict())
-    done = _load_done(run_dir, digest)
-    if done is not None:
-        return done, True
-    t0 = time.perf_counter()
-    try:
-        report, wall = run_distill(cfg, run_dir, ledger_path)
-    except Exception as exc:      # one failed cell must not lose the table
-        return _cell_row(cell, None, time.perf_counter() - t0, run_dir, error_text(exc)), False
-    row = _cell_row(cell, report, wall, run_dir)
-    write_json(os.path.join(run_dir, CELL_FILE), {"spec": digest, "overrides": list(cell.overrides),
-                                                  "row": row})
-    return row, False
+def cell_job(cell: Cell, cfg) -> Job:
+    """A grid cell as a runner job: a jobs.distill run in runs/<cell>, resumable by its
+    spec (grid_cell.json). Its row: the cell's names, the report-row schema (``model`` is
+    the trust model, ``mechanism`` beside it), and ``s_used`` / ``k_used`` (what ``auto``
+    resolved to)."""
+    model, mechanism = cell.model.split("/", 1)
+    keys = {"kind": "private", "encoder": cell.encoder, "s": cell.s, "k": cell.k,
+            "model": model, "mechanism": mechanism, "target_eps": cell.eps, "seed": cell.seed,
+            "s_used": None}
+    return Job(cell.name, keys, cfg=cfg,
+               extra=lambda report: {"s_used": report["counts"]["queries"],
+                                     "k_used": report["config"]["rknn"]["k"]})
 
 
 # ----------------------------------------------------------------------------- reference
@@ -266,8 +232,10 @@ def reference_key(cell: Cell, ref_cfg) -> tuple[str, str]:
     return name, digest
 
 
-def run_reference(name: str, digest: str, ref_cfg, out: str) -> tuple[dict, bool]:
-    """The NON-PRIVATE reference in ``out``/reference/<name> (or the saved one)."""
+def run_reference(name: str, digest: str, ref_cfg, out: str,
+                  before_run=None) -> tuple[dict, bool]:
+    """The NON-PRIVATE reference in ``out``/reference/<name> (or the saved one);
+    ``before_run()`` is called only when it must be computed (the runner starts Ray)."""
     from rknn_ray.reference import NOT_PRIVATE, nonprivate_reference
     from rknn_ray.runio import write_json
     folder = os.path.join(out, "reference", name)
@@ -283,6 +251,8 @@ def run_reference(name: str, digest: str, ref_cfg, out: str) -> tuple[dict, bool
     base = {"kind": "reference", "private": False, "warning": NOT_PRIVATE, "name": name,
             "folder": folder, "s": ref_cfg.queries.s, "k": ref_cfg.rknn.k,
             "encoder": ref_cfg.represent.encoder, "seed": ref_cfg.run.seed}
+    if before_run is not None:
+        before_run()
     t0 = time.perf_counter()
     try:
         res = nonprivate_reference(ref_cfg, folder)
@@ -343,8 +313,14 @@ def summarize(cells: list[Cell], rows: dict, refs: dict, ref_of: dict, dataset: 
 
 
 def to_csv(summary: list[dict]) -> str:
-    from jobs.cells import rows_to_csv
+    from jobs.experiments import rows_to_csv
     return rows_to_csv(summary, SUMMARY_COLUMNS)
+
+
+def _model_name(row: dict) -> str:
+    """``central/laplace``: a cell row's trust model and mechanism, as the --model axis names it."""
+    m, mech = row.get("model") or "", row.get("mechanism")
+    return f"{m}/{mech}" if mech and "/" not in m else m
 
 
 def _pct(v) -> str:
@@ -366,7 +342,7 @@ def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], me
     if not meta.get("private", True):
         from rknn_ray.rng import NOT_PRIVATE
         lines += [f"**NOT PRIVATE: run.rng = seeded. {NOT_PRIVATE}**", ""]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for r in summary:
         cells = [r["encoder"], str(r["s"]), str(r["k"]), r["model"],
                  f"{fmt(r['target_eps'])} / {fmt(r['eps'])}", fmt(r["delta"]), str(r["seeds"]),
@@ -376,7 +352,9 @@ def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], me
             cells += [fmt(r["reference_accuracy"]), fmt(r["reference_label_accuracy"])]
         cells += [_pct(r["paper_accuracy"]), _pct(r["paper_label_accuracy"]),
                   _pct(r["paper_nonprivate_accuracy"]), r["paper_setting"]]
-        lines.append("| " + " | ".join(cells) + " |" + (f" errors: {r['errors']}" if r["errors"] else ""))
+        table.append(cells)
+    lines += markdown_table(head, table, [f" errors: {r['errors']}" if r["errors"] else ""
+                                          for r in summary])
     lines += ["", "Student accuracy: the student on the evaluation split; label accuracy: the "
               "released labels propagated to the public set (Acc_pl). eps spent and delta are "
               "what the run's accountant reports (record level, replace-one)."]
@@ -385,28 +363,27 @@ def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], me
     lines += ["", "paper: paper 000 Table 1 \"Ours\" rows at the same dataset and eps "
               "(rknn_ray/paper_numbers.py); its representation and student differ from ours "
               "(see the setting column and jobs/configs/<dataset>_*.yaml).", "",
-              "## Per seed", "", "| cell | seed | student acc | label acc | eps spent | delta | "
-              "s, k used | wall s | error |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in cell_rows:
-        lines.append(f"| {r['encoder']} s={r['s']} k={r['k']} {r['model']} eps={fmt(r['target_eps'])}"
-                     f" | {r['seed']} | {fmt(r['accuracy'])} | {fmt(r['label_accuracy'])} | "
-                     f"{fmt(r['eps'])} | {fmt(r['delta'])} | {r['s_used']}, {r['k_used']} | "
-                     f"{r['wall_s']:.0f} | {r['error']} |")
+              "## Per seed", ""]
+    lines += markdown_table(
+        ("cell", "seed", "student acc", "label acc", "eps spent", "delta", "s, k used", "wall s",
+         "error"),
+        [[f"{r['encoder']} s={r['s']} k={r['k']} {_model_name(r)} eps={fmt(r['target_eps'])}",
+          r["seed"], fmt(r["accuracy"]), fmt(r["label_accuracy"]), fmt(r["eps"]), fmt(r["delta"]),
+          f"{r.get('s_used')}, {r.get('k_used')}", f"{r['wall_s']:.0f}", r["error"]]
+         for r in cell_rows])
     if refs:
-        lines += ["", "## NOT PRIVATE reference (exact counts, same pipeline; reference/)", "",
-                  "| encoder | s | k | seed | student acc | label acc | wall s | error |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for r in refs:
-            lines.append(f"| {r['encoder']} | {r['s']} | {r['k']} | {r['seed']} | "
-                         f"{fmt(r['accuracy'])} | {fmt(r['label_accuracy'])} | "
-                         f"{r['wall_s']:.0f} | {r['error']} |")
+        lines += ["", "## NOT PRIVATE reference (exact counts, same pipeline; reference/)", ""]
+        lines += markdown_table(
+            ("encoder", "s", "k", "seed", "student acc", "label acc", "wall s", "error"),
+            [[r["encoder"], r["s"], r["k"], r["seed"], fmt(r["accuracy"]),
+              fmt(r["label_accuracy"]), f"{r['wall_s']:.0f}", r["error"]] for r in refs])
     return "\n".join(lines) + "\n"
 
 
 def plot(summary: list[dict], path: str, dataset: str) -> None:
     """Student accuracy vs eps per (encoder, s, k, model); reference dashed; paper as stars."""
     from rknn_ray.paper_numbers import paper_rows
-    from rknn_ray.plots import plt, save_png
+    from rknn_ray.plots import plt, save_accuracy_vs_eps
     fig, ax = plt.subplots(figsize=(8.5, 5.2))
     lines: dict = {}
     for r in summary:
@@ -434,15 +411,8 @@ def plot(summary: list[dict], path: str, dataset: str) -> None:
                 alpha=0.75, label="paper 000 Table 1 (Ours)" if j == 0 else None)
         ax.annotate(f"{p.setting} s={p.queries}", (p.eps, p.test_accuracy), fontsize=7,
                     xytext=(4, -10), textcoords="offset points")
-    ax.set_xscale("log")
-    ax.set_xlabel("eps (target)")
-    ax.set_ylabel("student test accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.set_title(f"{dataset}: accuracy vs eps (median over seeds)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    save_png(fig, path)
+    save_accuracy_vs_eps(fig, ax, path, f"{dataset}: accuracy vs eps (median over seeds)",
+                         xlabel="eps (target)", top=1.02, legend_loc="lower right")
 
 
 def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: dict,
@@ -490,49 +460,50 @@ def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=N
     log(f"grid: {len(cells)} private cells ({' x '.join(f'{len(v)} {a}' for a, v in axes.items())})"
         f" of {config} into {out}" + (" + the NOT PRIVATE reference per (encoder, s, k, seed)"
                                       if reference else ""))
-    rows, refs, ref_of = {}, {}, {}
-    t_all = time.perf_counter()
-    with isolated_ledger(out) as ledger_path:
-        from rknn_ray.job.ray_env import ensure_ray
-        started = ensure_ray()
-        try:
-            for i, (cell, cfg) in enumerate(planned, 1):
-                row, skipped = run_cell(cell, cfg, out, ledger_path)
-                rows[cell.name] = row
-                log(f"[{i}/{len(cells)}] {cell.name}: " + (
-                    "done before, skipped" if skipped else
-                    f"ERROR {row['error']}" if row["error"] else
-                    f"student {row['accuracy']:.4f}, labels {row['label_accuracy']:.4f}, "
-                    f"eps {fmt(row['eps'])}, delta {fmt(row['delta'])}, s={row['s_used']}, "
-                    f"k={row['k_used']} ({row['wall_s']:.0f} s)"))
-                meta["wall_s"] = time.perf_counter() - t_all
-                write_outputs(out, cells, rows, refs, ref_of, meta)
-            if reference:
-                todo: dict = {}
-                for cell, cfg in planned:
-                    ref_cfg = reference_config(cfg, rows[cell.name])
-                    if ref_cfg is None:
-                        continue
-                    name, digest = reference_key(cell, ref_cfg)
-                    ref_of[cell.name] = name
-                    todo.setdefault(name, (digest, ref_cfg))
-                for j, (name, (digest, ref_cfg)) in enumerate(todo.items(), 1):
-                    row, skipped = run_reference(name, digest, ref_cfg, out)
-                    refs[name] = row
-                    log(f"[reference {j}/{len(todo)}, NOT PRIVATE] {name}: " + (
-                        "done before, skipped" if skipped else
-                        f"ERROR {row['error']}" if row["error"] else
-                        f"student {row['accuracy']:.4f}, labels {row['label_accuracy']:.4f} "
-                        f"({row['wall_s']:.0f} s)"))
-                    meta["wall_s"] = time.perf_counter() - t_all
-                    write_outputs(out, cells, rows, refs, ref_of, meta)
-        finally:
-            if started:
-                import ray
-                ray.shutdown()
-    meta["complete"] = True
-    meta["wall_s"] = time.perf_counter() - t_all
-    return write_outputs(out, cells, rows, refs, ref_of, meta)
+    refs, ref_of = {}, {}
+    result: dict = {}
+
+    def named(rows: list) -> dict:
+        return {c.name: r for c, r in zip(cells, rows)}
+
+    def write(rows: list, m: dict) -> None:
+        result["doc"] = write_outputs(out, cells, named(rows), refs, ref_of, m)
+
+    def progress(i, n, job, row, skipped):
+        log(f"[{i}/{n}] {job.name}: " + (
+            "done before, skipped" if skipped else
+            f"ERROR {row['error']}" if row["error"] else
+            f"student {row['accuracy']:.4f}, labels {row['label_accuracy']:.4f}, "
+            f"eps {fmt(row['eps'])}, delta {fmt(row['delta'])}, s={row['s_used']}, "
+            f"k={row['k_used']} ({row['wall_s']:.0f} s)"))
+
+    def references(rows: list) -> None:
+        """The NOT PRIVATE reference per (encoder, resolved s, k, seed), after the cells."""
+        if not reference:
+            return
+        by_name = named(rows)
+        todo: dict = {}
+        for cell, cfg in planned:
+            ref_cfg = reference_config(cfg, by_name[cell.name])
+            if ref_cfg is None:
+                continue
+            name, digest = reference_key(cell, ref_cfg)
+            ref_of[cell.name] = name
+            todo.setdefault(name, (digest, ref_cfg))
+        for j, (name, (digest, ref_cfg)) in enumerate(todo.items(), 1):
+            row, skipped = run_reference(name, digest, ref_cfg, out, runner.ensure_ray)
+            refs[name] = row
+            log(f"[reference {j}/{len(todo)}, NOT PRIVATE] {name}: " + (
+                "done before, skipped" if skipped else
+                f"ERROR {row['error']}" if row["error"] else
+                f"student {row['accuracy']:.4f}, labels {row['label_accuracy']:.4f} "
+                f"({row['wall_s']:.0f} s)"))
+            runner.elapsed()
+            write(rows, meta)
+
+    runner = Runner(out, write=write, log=progress, meta=meta, cell_file=CELL_FILE)
+    runner.run([cell_job(cell, cfg) for cell, cfg in planned], then=references)
+    return result["doc"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -569,7 +540,7 @@ def main(argv=None) -> int:
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from jobs.cells import print_result
+    from jobs.experiments import print_result
     print_result(doc, args.json, os.path.join(args.out, "grid.md"))
     return 0
 

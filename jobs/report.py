@@ -33,13 +33,14 @@ import os
 import sys
 import time
 
+from jobs.experiments import STAGES   # the job's own stages, in order
+
 REPORT = "report.json"
 INCOMPLETE = "incomplete.json"
 HTML_NAME = "report.html"
 MAX_DEPTH = 3
 MAX_CSV_ROWS = 200
 MAX_TEXT_CHARS = 20_000
-STAGES = ("data", "queries", "actors", "labels", "student")   # the job's own stages, in order
 ROUND_PARTS = ("clients", "shuffle", "server_open", "server_finalize")
 
 
@@ -193,9 +194,8 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     times += [(k, _seconds(v)) for k, v in sorted(timings.items())
               if k.startswith(("round_", "select_")) and k.count("_") == 1]
     times += [(f"  {k} (all rounds)", _seconds(timings[k])) for k in ROUND_PARTS if timings.get(k)]
-    total = sum(timings.get(k, 0.0) for k in STAGES) + sum(
-        v for k, v in timings.items() if k.startswith(("round_", "select_")) and k.count("_") == 1)
-    times.append(("total of the stages", _seconds(total)))
+    from jobs.experiments import stage_seconds
+    times.append(("total of the stages", _seconds(stage_seconds(timings))))
     student = rep.get("student") or {}
     if student:
         times.append(("student run", f"{_fmt(student.get('epochs'))} epochs, "
@@ -211,23 +211,18 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
 
 
 def run_row(run: dict) -> dict:
-    """One line of a comparison table."""
+    """One line of a comparison table: the run's name and status, then the report-row
+    schema (jobs.experiments.ReportRow), the same fields compare and grid rows hold."""
+    from jobs.experiments import empty_row, report_row
     rep = run["report"]
     if rep is None:
-        return {"run": run["name"], "status": "incomplete"}
-    p, acc, c = rep.get("privacy", {}), rep.get("accuracy", {}), rep.get("counts", {})
-    t = rep.get("timings_s") or {}
-    wall = sum(t.get(k, 0.0) for k in STAGES) + sum(
-        v for k, v in t.items() if k.startswith("round_") and k.count("_") == 1)
-    return {"run": run["name"], "status": "complete", "model": p.get("model"),
-            "mechanism": p.get("mechanism"), "eps": p.get("eps"), "delta": p.get("delta"),
-            "unit": p.get("unit"), "labels": acc.get("labels"), "student": acc.get("student"),
-            "clients": c.get("clients"), "queries": c.get("queries"),
-            "messages": c.get("messages"), "seconds": wall}
+        return {"run": run["name"], "status": "incomplete", **empty_row()}
+    return {"run": run["name"], "status": "complete", **report_row(rep).to_dict()}
 
 
-ROW_COLUMNS = ("run", "status", "model", "mechanism", "eps", "delta", "unit", "labels", "student",
-               "clients", "queries", "messages", "seconds")
+#: the table's columns (schema names: accuracy is the student's, stage_s the stage total)
+ROW_COLUMNS = ("run", "status", "model", "mechanism", "eps", "delta", "unit", "label_accuracy",
+               "accuracy", "clients", "queries", "messages", "stage_s")
 
 
 def text_summary(run: dict) -> str:
@@ -243,7 +238,7 @@ def text_summary(run: dict) -> str:
 
 
 def table_text(rows: list[dict], columns=ROW_COLUMNS) -> str:
-    cells = [[_fmt(r.get(col)) if col != "seconds" or r.get(col) is None else f"{r[col]:.1f}"
+    cells = [[_fmt(r.get(col)) if col != "stage_s" or r.get(col) is None else f"{r[col]:.1f}"
               for col in columns] for r in rows]
     widths = [max([len(col)] + [len(row[i]) for row in cells]) for i, col in enumerate(columns)]
     lines = ["  ".join(col.ljust(w) for col, w in zip(columns, widths))]
@@ -452,7 +447,7 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
                 f"{html.escape(name)}: {html.escape(why)}" for name, why in skipped) + "</p>")
         if rows:
             body.append("<h2>Runs</h2>" + _table(
-                ROW_COLUMNS, [[_fmt(r.get(c)) if c != "seconds" or r.get(c) is None
+                ROW_COLUMNS, [[_fmt(r.get(c)) if c != "stage_s" or r.get(c) is None
                                else f"{r[c]:.1f}" for c in ROW_COLUMNS] for r in rows]))
         body.append(art_html)
         for r in runs:

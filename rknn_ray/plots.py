@@ -17,6 +17,21 @@ def save_png(fig, path: str, dpi: int = 90) -> None:
     plt.close(fig)
 
 
+def save_accuracy_vs_eps(fig, ax, path: str, title: str, xlabel: str = "target eps",
+                         top: float = 1.0, legend_loc: str | None = None) -> None:
+    """Finish and save an experiment's 'student accuracy vs eps' plot (jobs.compare,
+    jobs.grid): log eps axis, accuracy in [0, top], a legend if anything is named."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("student test accuracy")
+    ax.set_ylim(0, top)
+    ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, **({"loc": legend_loc} if legend_loc else {}))
+    fig.tight_layout()
+    save_png(fig, path)
+
+
 def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarray,
                     correct: np.ndarray, noise_bound: float | None,
                     gap_kind: str = "released") -> None:

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from jobs.amplification import main, run_grid
+from benchmarks.amplification import main, run_grid
 from rknn_ray.accounting import BOUNDS
 from rknn_ray.accounting.audit import audit_binary_rr, clopper_pearson
 

@@ -6,6 +6,7 @@ import sqlite3
 import pytest
 
 from jobs import compare
+from jobs.experiments import ROW_FIELDS
 
 
 def test_compare_writes_table_files_and_ledger(tmp_path, capsys, ray_session):
@@ -18,7 +19,7 @@ def test_compare_writes_table_files_and_ledger(tmp_path, capsys, ray_session):
     rows = json.loads((out / "compare.json").read_text())
     assert printed == rows and len(rows) == 6
     for r in rows:
-        assert set(compare.COLUMNS) <= set(r)
+        assert set(compare.COLUMNS) <= set(r) and set(ROW_FIELDS) <= set(r)   # the one row schema
         assert not r["error"], r["error"]
         assert r["unit"] == ("label" if r["method"] == "dpdfd_selective_rr" else "record")
         assert r["eps"] <= r["target_eps"] * (1 + 1e-9)
@@ -42,6 +43,7 @@ def test_compare_failed_cell_is_a_row_not_a_crash(tmp_path, ray_session):
     rows = compare.compare("digits", [1e-4], ["fedmd_nfdp"], str(tmp_path / "c"),
                            student_epochs=1, log=lambda s: None)
     assert len(rows) == 1 and "k=1" in rows[0]["error"]
+    assert set(ROW_FIELDS) <= set(rows[0]) and rows[0]["target_eps"] == 1e-4
 
 
 def test_cli_dispatches_compare(monkeypatch):
@@ -65,6 +67,7 @@ def test_rknn_row_is_a_full_distill_run_with_its_ledger_event(tmp_path, ray_sess
     row = compare.run_rknn("digits", "local", 4.0, 1e-5, str(tmp_path / "run"), str(ledger),
                            student_epochs=1)
     assert set(compare.COLUMNS) <= set(row) and row["method"] == "rknn_local"
+    assert set(ROW_FIELDS) <= set(row) and row["mechanism"] and row["ledger_events"] == 1
     assert row["eps"] == 4.0 and row["unit"] == "record" and row["model"] == "local"
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["student"]["trainer"] == "local" and report["student"]["epochs"] == 1

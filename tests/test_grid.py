@@ -93,6 +93,16 @@ def test_grid_resumes_without_rerunning(digits_grid):
         assert con.execute("SELECT COUNT(*) FROM releases WHERE status = 'released'").fetchone()[0] == 2
 
 
+def test_grid_cli_prints_the_table_of_a_finished_grid(digits_grid, capsys):
+    """`rknn-ray grid` on a finished grid: every cell read back, the markdown table printed."""
+    out = digits_grid[0]
+    sets = [arg for s in FAST for arg in ("--set", s)]
+    assert grid.main(["--out", str(out), "--eps", "0.5", "2", *sets]) == 0
+    captured = capsys.readouterr()
+    assert "## Per seed" in captured.out and "| pca | 60 | 1 | central/laplace |" in captured.out
+    assert captured.err.count("done before, skipped") == 3
+
+
 @pytest.mark.parametrize("args,match", [
     (["--eps", "0"], "'--eps'.*eps must be a finite number > 0"),
     (["--eps", "-1"], "'--eps'.*> 0"),

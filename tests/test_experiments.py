@@ -1,0 +1,163 @@
+"""jobs.experiments: one report-row schema every producer uses, one runner (skip what is
+done, a failure is a row, outputs after every cell)."""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sqlite3
+
+import pytest
+
+from jobs.experiments import (ROW_FIELDS, ROW_SCHEMA, Job, Runner, cell_row,
+                              markdown_table, report_row, rows_to_csv)
+from tests.test_report_folders import write_run
+
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs",
+                      "configs", "digits_central.yaml")
+FAST = ["run.progress=false", "student.num_workers=1", "queries.restarts=1", "student.epochs=1",
+        "privacy.budget_eps=1000000"]
+
+
+def _same(a, b) -> bool:
+    return (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)) \
+        or a == b
+
+
+def _report(tmp_path):
+    """A run folder as jobs.distill leaves it (central/laplace on digits), with the config
+    sections the grid reads, a two-round ledger and an adaptive selection."""
+    folder = write_run(str(tmp_path / "run"), "central", "laplace", eps=1.0)
+    path = os.path.join(folder, "report.json")
+    with open(path) as fh:
+        report = json.load(fh)
+    report["config"]["rknn"] = {"k": 3}
+    report["privacy"]["ledger"] = {"entries": [{"eps": 0.5}, {"eps": 0.5}]}
+    report["privacy"]["details"] = [{"message_bytes": 40}]
+    report["timings_s"]["select_1"] = 0.5
+    report["selection"] = [{"round": 0}, {"round": 1, "uncertainty_chosen": 0.7,
+                                          "uncertainty_all": 0.2,
+                                          "interim_agreement_released": 0.9}]
+    with open(path, "w") as fh:
+        json.dump(report, fh)
+    return folder, report
+
+
+def test_report_row_reads_every_field_once(tmp_path):
+    _, report = _report(tmp_path)
+    row = report_row(report)
+    assert (row.model, row.mechanism, row.dataset, row.unit) == ("central", "laplace", "digits",
+                                                                 "record")
+    assert (row.eps, row.delta, row.accuracy, row.label_accuracy) == (1.0, 0.0, 0.9331, 0.9164)
+    assert (row.queries, row.k_used, row.clients, row.messages) == (10, 3, 1079, 1077)
+    assert row.ledger_events == 2 and row.round_eps == (1.0,) and row.rounds == 1
+    assert row.bytes_per_client == pytest.approx(1077 * 40 / 1079)
+    # the stage total counts the stages, each round and each selection, not a round's parts
+    assert row.stage_s == pytest.approx(0.1 + 1.5 + 4.2 + 2.3 + 0.0 + 31.0 + 0.5)
+    assert tuple(row.to_dict()) == ROW_FIELDS
+    empty = report_row(None).to_dict()
+    assert math.isnan(empty["eps"]) and empty["unit"] == "" and tuple(empty) == ROW_FIELDS
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.eps = 2.0                                  # frozen: a row is what the report said
+
+
+def test_every_producer_yields_the_schema_with_the_same_values(tmp_path):
+    """compare, grid, adaptive rounds and `rknn-ray report` turn one report.json into rows
+    holding every ReportRow field, with equal values."""
+    from benchmarks import adaptive_rounds
+    from jobs import compare, grid
+    from jobs.report import load_run, run_row
+    folder, report = _report(tmp_path)
+    expected = report_row(report).to_dict()
+    _, planned, _ = grid.plan(CONFIG, FAST, k=[3], eps=[1.0])
+    (cell, cfg), = planned
+    args = argparse.Namespace(config=CONFIG, overrides=FAST)
+    rows = {
+        "compare": cell_row(compare.rknn_job("digits", "central", 1.0, 1e-5), report, 1.0, folder),
+        "grid": cell_row(grid.cell_job(cell, cfg), report, 1.0, folder),
+        "adaptive": cell_row(adaptive_rounds.cell_job(
+            {"seed": 0, "target_eps": 1.0, "T": 2, "selection": "uncertain"}, args),
+            report, 1.0, folder),
+        "report": run_row(load_run(folder)),
+    }
+    for who, row in rows.items():
+        missing = set(ROW_FIELDS) - set(row)
+        assert not missing, (who, missing)
+        diff = {f: (row[f], expected[f]) for f in ROW_FIELDS if not _same(row[f], expected[f])}
+        assert not diff, (who, diff)
+    assert rows["grid"]["s_used"] == 10 and rows["grid"]["k_used"] == 3
+    assert rows["adaptive"]["uncertainty_chosen"] == [0.7]
+    assert rows["compare"]["method"] == "rknn_central" and rows["compare"]["target_eps"] == 1.0
+    # grid.csv and compare.csv keep their columns
+    assert rows_to_csv([rows["compare"]], compare.COLUMNS).splitlines()[0] == ",".join(compare.COLUMNS)
+
+
+def test_labels_only_rows_hold_the_schema(tmp_path):
+    """benchmarks.adaptive_rounds --labels-only (in process, no Ray) goes through the runner
+    and its rows carry the same fields."""
+    from benchmarks import adaptive_rounds
+    out = tmp_path / "ar"
+    assert adaptive_rounds.main(["--labels-only", "--config", CONFIG, "--eps", "1", "--rounds",
+                                 "1", "--seeds", "0", "--out", str(out), "--set",
+                                 "queries.restarts=1"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    (row,) = doc["runs"]
+    assert set(ROW_FIELDS) <= set(row) and not row["error"], row.get("error")
+    assert row["eps"] == pytest.approx(1.0) and row["target_eps"] == 1.0 and row["private"] is False
+    assert doc["meta"]["complete"] and (out / "adaptive_rounds.md").read_text().startswith("| eps")
+
+
+def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_session):
+    """A real digits jobs.distill cell and a failing cell: the failure is a row with its
+    error; run again, the finished cell is read back (nothing released twice) and the
+    failed one runs again; a changed spec is not 'done'."""
+    from rknn_ray.config import load_config
+    out = tmp_path / "exp"
+    cfg = load_config(CONFIG, FAST)
+    calls, writes, logged = [], [], []
+
+    def boom():
+        calls.append(1)
+        raise ValueError("bad cell\nsecond line")
+
+    def jobs():
+        return [Job("ok", {"method": "rknn_central", "target_eps": 1.0}, cfg=cfg),
+                Job("bad", {"method": "broken", "target_eps": 1.0, "dataset": "digits",
+                            "model": "central"}, call=boom)]
+
+    def runner():
+        return Runner(str(out), write=lambda rows, meta: writes.append(
+            (len(rows), meta["complete"])), log=lambda i, n, job, row, skipped: logged.append(
+            (job.name, skipped)))
+
+    rows = runner().run(jobs())
+    ok, bad = rows
+    assert set(ROW_FIELDS) <= set(ok) and set(ROW_FIELDS) <= set(bad)
+    assert not ok["error"] and ok["eps"] == pytest.approx(1.0) and ok["method"] == "rknn_central"
+    assert bad["error"] == "ValueError: bad cell" and math.isnan(bad["eps"])
+    assert (bad["dataset"], bad["model"]) == ("digits", "central")    # its names survive the failure
+    assert writes == [(1, False), (2, False), (2, True)]          # outputs after every cell
+    saved = json.loads((out / "runs" / "ok" / Runner.CELL_FILE).read_text())
+    assert saved["schema"] == ROW_SCHEMA and saved["row"]["accuracy"] == ok["accuracy"]
+    report_mtime = os.path.getmtime(out / "runs" / "ok" / "report.json")
+
+    logged.clear()
+    again = runner().run(jobs())
+    assert logged == [("ok", True), ("bad", False)] and len(calls) == 2
+    assert json.loads(json.dumps(again[0])) == json.loads(json.dumps(ok))
+    assert os.path.getmtime(out / "runs" / "ok" / "report.json") == report_mtime
+    with sqlite3.connect(out / "ledger.sqlite") as con:      # released once, in the experiment's
+        assert con.execute("SELECT COUNT(*) FROM releases WHERE status = 'released'"
+                           ).fetchone()[0] == 1
+    only_done = runner()
+    assert only_done.run(jobs()[:1])[0]["accuracy"] == ok["accuracy"]
+    assert only_done._ray_started is None          # all done: Ray was not even asked for
+    changed = Job("ok", {"method": "rknn_central", "target_eps": 1.0},
+                  cfg=load_config(CONFIG, FAST + ["rknn.k=2"]))
+    assert runner().load_done(changed) is None and runner().load_done(jobs()[0]) is not None
+
+
+def test_markdown_table_and_csv_writers():
+    lines = markdown_table(("a", "b"), [[1, "x"], [2, "y"]], ["", " error: e"])
+    assert lines == ["| a | b |", "|---|---|", "| 1 | x |", "| 2 | y | error: e"]
+    assert rows_to_csv([{"a": 1, "b": 2, "c": 3}], ("a", "b")) == "a,b\r\n1,2\r\n"
