@@ -49,8 +49,9 @@ def digits():
 DIGITS_RUNS = {
     # central carries a small total budget: test_budget's second job must be refused by it
     "digits_central": ["privacy.budget_eps=1.5"],
-    "digits_local": [],
-    "digits_shuffle": [],          # eps 2 in the config: amplification shows (eps0 > eps)
+    # the student in the driver: one Ray Train run (central's) proves that path here
+    "digits_local": ["student.trainer=local"],
+    "digits_shuffle": ["student.trainer=local"],   # eps 2 in the config: eps0 > eps shows
 }
 DIGITS_RUNS_FAST = ["student.epochs=1", "queries.restarts=1"]
 
@@ -58,7 +59,8 @@ DIGITS_RUNS_FAST = ["student.epochs=1", "queries.restarts=1"]
 @pytest.fixture(scope="session")
 def digits_runs(ray_session, tmp_path_factory):
     """Folder holding digits_central/, digits_local/, digits_shuffle/ (finished secure-rng runs,
-    one student epoch) and <name>.ledger.sqlite, the ledger each run was charged to."""
+    one student epoch; central's on Ray Train) and <name>.ledger.sqlite, the ledger each run
+    was charged to."""
     from jobs.distill import main
     base = tmp_path_factory.mktemp("digits_runs")
     for name, extra in DIGITS_RUNS.items():

@@ -1,4 +1,5 @@
-"""The main job end to end through Ray (actors + Ray Train), and its bad-input behaviour."""
+"""The main job end to end through Ray (actors; Ray Train in the shared central run), and its
+bad-input behaviour."""
 import json
 import os
 
@@ -7,7 +8,10 @@ import pytest
 
 from jobs.distill import main
 
-FAST = ["student.epochs=2", "queries.restarts=1"]
+# Ray Train's start-up dominates a digits job (~10-15 s of ~20 s on a quiet machine): jobs here
+# train in the driver; the Ray Train path runs in conftest.digits_runs' central run (read by
+# test_digits_central_run_folder), test_student_ray.py and the demo console test
+FAST = ["student.epochs=2", "queries.restarts=1", "student.trainer=local"]
 
 
 def _run(tmp_path, name, config, *overrides):
