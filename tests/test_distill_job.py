@@ -167,6 +167,7 @@ def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(rknn_ray.student, "train_student", interrupted)
+    monkeypatch.setattr(rknn_ray.student, "train_student_local", interrupted)   # FAST's trainer
     code, out = _run(tmp_path, "cut", "digits_central.yaml", "run.rng=seeded")
     assert code == 130
     marker = json.loads((out / "incomplete.json").read_text())
