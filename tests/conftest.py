@@ -40,3 +40,33 @@ def digits():
     y = d.target.astype(np.int64)
     p = np.random.default_rng(0).permutation(len(y))
     return x[p[:1200]], y[p[:1200]], x[p[1200:]], y[p[1200:]]
+
+
+# The digits demo configs run once per test session, each into its own folder with its own
+# ledger; test_distill_job, test_report_runs and test_budget read them instead of each running
+# the same job again (issue 19 item 7). Readers must not change what is there (report.html,
+# which `rknn-ray report` writes beside a run, is the exception).
+DIGITS_RUNS = {
+    # central carries a small total budget: test_budget's second job must be refused by it
+    "digits_central": ["privacy.budget_eps=1.5"],
+    # the student in the driver: one Ray Train run (central's) proves that path here
+    "digits_local": ["student.trainer=local"],
+    "digits_shuffle": ["student.trainer=local"],   # eps 2 in the config: eps0 > eps shows
+}
+DIGITS_RUNS_FAST = ["student.epochs=1", "queries.restarts=1"]
+
+
+@pytest.fixture(scope="session")
+def digits_runs(ray_session, tmp_path_factory):
+    """Folder holding digits_central/, digits_local/, digits_shuffle/ (finished secure-rng runs,
+    one student epoch; central's on Ray Train) and <name>.ledger.sqlite, the ledger each run
+    was charged to."""
+    from jobs.distill import main
+    base = tmp_path_factory.mktemp("digits_runs")
+    for name, extra in DIGITS_RUNS.items():
+        args = ["--config", f"jobs/configs/{name}.yaml", "--out", str(base / name), "--quiet",
+                "--ledger", str(base / f"{name}.ledger.sqlite")]
+        for o in [*DIGITS_RUNS_FAST, *extra]:
+            args += ["--set", o]
+        assert main(args) == 0, name
+    return base

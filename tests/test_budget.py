@@ -59,14 +59,16 @@ def test_two_jobs_at_once_cannot_both_fit_under_the_budget(tmp_path):
     assert outcomes == ["ok", "refused", "refused", "refused"]
 
 
-def test_second_job_over_the_budget_exits_2_before_ray_starts(ray_session, tmp_path,
+def test_second_job_over_the_budget_exits_2_before_ray_starts(digits_runs, tmp_path,
                                                               isolated_privacy_ledger):
-    from jobs.distill import main
+    """The first job is the session's digits central run (budget_eps=1.5, conftest); its
+    ledger is copied, so the second job is refused against what the first really spent."""
+    import shutil
     common = ["--config", "jobs/configs/digits_central.yaml", "--quiet",
               "--set", "privacy.budget_eps=1.5", "--set", "student.epochs=1",
               "--set", "queries.restarts=1"]
-    assert main([*common, "--out", str(tmp_path / "first")]) == 0
-    report = json.loads((tmp_path / "first" / "report.json").read_text())
+    shutil.copyfile(digits_runs / "digits_central.ledger.sqlite", isolated_privacy_ledger)
+    report = json.loads((digits_runs / "digits_central" / "report.json").read_text())
     assert report["privacy"]["budget"]["eps"] == 1.5
     assert report["privacy"]["budget"]["spent_eps"] == pytest.approx(1.0)
     # the same records split, partitioned and dealt otherwise: the same budget (issue 18)

@@ -1,5 +1,4 @@
 """Partitioners: IID balance (vs. the closed-form sampling skew), Dirichlet skew, one per client."""
-import time
 
 import numpy as np
 import pytest
@@ -85,19 +84,15 @@ def test_bad_inputs():
         partition(LABELS[:0], 1)
 
 
-def test_million_records_and_clients_is_fast():
+def test_million_records_and_clients():
+    """(Its speed is a bound in benchmarks.cost_bounds, not asserted here.)"""
     y = np.random.default_rng(9).integers(0, 10, 1_000_000)
-    timings = {}
     for scheme, n in (("iid", 1_000_000), ("dirichlet", 1_000_000), ("dirichlet", 10_000),
                       ("one_per_client", None)):
-        t = time.perf_counter()
         ids = partition(y, n, scheme, alpha=0.5, seed=0)
         order = order_by_client(ids)
-        timings[(scheme, n)] = time.perf_counter() - t
         assert np.bincount(ids, minlength=n or 1_000_000).min() >= 1
         assert np.all(np.diff(ids[order]) >= 0)
-    print({f"{k[0]}/{k[1]}": round(v, 3) for k, v in timings.items()})
-    assert max(timings.values()) < 10.0, timings      # ~0.1-1 s each on 2 shared cores
 
 
 def test_dirichlet_class_shares_follow_beta_marginal():

@@ -1,4 +1,5 @@
-"""The main job end to end through Ray (actors + Ray Train), and its bad-input behaviour."""
+"""The main job end to end through Ray (actors; Ray Train in the shared central run), and its
+bad-input behaviour."""
 import json
 import os
 
@@ -7,7 +8,10 @@ import pytest
 
 from jobs.distill import main
 
-FAST = ["student.epochs=2", "queries.restarts=1"]
+# Ray Train's start-up dominates a digits job (~10-15 s of ~20 s on a quiet machine): jobs here
+# train in the driver; the Ray Train path runs in conftest.digits_runs' central run (read by
+# test_digits_central_run_folder), test_student_ray.py and the demo console test
+FAST = ["student.epochs=2", "queries.restarts=1", "student.trainer=local"]
 
 
 def _run(tmp_path, name, config, *overrides):
@@ -20,9 +24,9 @@ def _run(tmp_path, name, config, *overrides):
     return main(args), out
 
 
-def test_digits_central_run_folder(ray_session, tmp_path):
-    code, out = _run(tmp_path, "central", "digits_central.yaml", "run.rng=seeded")
-    assert code == 0
+def test_digits_central_run_folder(digits_runs, tmp_path):
+    """The session's digits central run (conftest.digits_runs: secure rng, budget_eps 1.5)."""
+    out = digits_runs / "digits_central"
     report = json.loads((out / "report.json").read_text())
     acc, priv, counts = report["accuracy"], report["privacy"], report["counts"]
     assert 0 <= acc["labels"] <= 1 and 0 <= acc["student"] <= 1
@@ -33,8 +37,8 @@ def test_digits_central_run_folder(ray_session, tmp_path):
     assert priv["neighbour"] == "replace-one" and len(priv["rounds"]) == 1
     assert counts["clients"] == 100 and counts["records"] == 1079 and counts["messages"] == 100
     assert sum(counts["rejected"].values()) == 0
-    assert report["rng"] == "seeded" and report["version"]
-    assert priv["private"] is False and "NOT PRIVATE" in priv["warning"]
+    assert report["rng"] == "secure" and report["version"]
+    assert priv["budget"]["eps"] == 1.5 and priv["budget"]["spent_eps"] == pytest.approx(1.0)
     for stage in ("data", "queries", "clients", "server_open", "student"):
         assert report["timings_s"][stage] >= 0
     table = pq.read_table(out / "labels.parquet")
@@ -48,8 +52,9 @@ def test_digits_central_run_folder(ray_session, tmp_path):
     assert load_student(str(out / "student.pt")) is not None
     # a second run into the same folder is refused and leaves the first intact
     before = (out / "report.json").read_bytes()
-    code, _ = _run(tmp_path, "central", "digits_central.yaml")
-    assert code == 2 and (out / "report.json").read_bytes() == before
+    assert main(["--config", "jobs/configs/digits_central.yaml", "--out", str(out),
+                 "--quiet"]) == 2
+    assert (out / "report.json").read_bytes() == before
 
 
 def test_two_rounds_with_diagnostics_spend_at_most_eps(ray_session, tmp_path):
@@ -61,6 +66,7 @@ def test_two_rounds_with_diagnostics_spend_at_most_eps(ray_session, tmp_path):
     report = json.loads((out / "report.json").read_text())
     priv = report["privacy"]
     assert priv["eps"] <= 1.0 + 1e-12 and len(priv["rounds"]) == 2
+    assert report["rng"] == "seeded" and priv["private"] is False and "NOT PRIVATE" in priv["warning"]
     assert [r["eps"] for r in priv["rounds"]] == pytest.approx([0.5, 0.5])
     assert len(priv["ledger"]["entries"]) == 2 and report["counts"]["rounds"] == 2
     s = report["config"]["queries"]["s"]
@@ -106,10 +112,10 @@ def test_two_adaptive_rounds_pick_uncertain_queries_at_equal_total_eps(ray_sessi
     assert table.column("query").to_numpy().max() == s - 1       # labels use both rounds
 
 
-def test_digits_shuffle_single_message_job(ray_session, tmp_path):
-    code, out = _run(tmp_path, "shuffle", "digits_shuffle.yaml", "privacy.eps=2.0")
-    assert code == 0
-    report = json.loads((out / "report.json").read_text())
+def test_digits_shuffle_single_message_job(digits_runs):
+    """The session's digits shuffle run (conftest.digits_runs; eps 2 is the config's)."""
+    report = json.loads((digits_runs / "digits_shuffle" / "report.json").read_text())
+    assert report["config"]["privacy"]["eps"] == 2.0
     priv = report["privacy"]
     assert priv["model"] == "shuffle" and priv["eps"] <= 2.0 + 1e-9 and priv["delta"] == 1e-6
     assert priv["rounds"][0]["n"] == report["counts"]["clients"] == 1079
@@ -161,6 +167,7 @@ def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(rknn_ray.student, "train_student", interrupted)
+    monkeypatch.setattr(rknn_ray.student, "train_student_local", interrupted)   # FAST's trainer
     code, out = _run(tmp_path, "cut", "digits_central.yaml", "run.rng=seeded")
     assert code == 130
     marker = json.loads((out / "incomplete.json").read_text())

@@ -10,7 +10,7 @@ import pytest
 from jobs import grid
 from rknn_ray.errors import ConfigError
 
-FAST = ["student.num_workers=1", "queries.restarts=1", "student.epochs=2"]
+FAST = ["student.num_workers=1", "queries.restarts=1", "student.epochs=2", "student.trainer=local"]
 
 
 @pytest.fixture(scope="module")

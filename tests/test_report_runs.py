@@ -7,24 +7,15 @@ import subprocess
 
 import pytest
 
-from jobs.distill import main as distill_main
 from jobs.report import main as report_main
 
-FAST = ["student.epochs=1", "queries.restarts=1"]
 CONFIGS = ["digits_central.yaml", "digits_local.yaml", "digits_shuffle.yaml"]
 
 
 @pytest.fixture(scope="module")
-def runs(ray_session, tmp_path_factory):
-    """The three digits configs run once for the whole module, into one folder of runs."""
-    base = tmp_path_factory.mktemp("runs")
-    for config in CONFIGS:        # one ledger each: local and shuffle share a dataset identity
-        args = ["--config", f"jobs/configs/{config}", "--out", str(base / config[:-5]), "--quiet",
-                "--ledger", str(base / f"{config[:-5]}.ledger.sqlite")]
-        for o in FAST:
-            args += ["--set", o]
-        assert distill_main(args) == 0, config
-    return base
+def runs(digits_runs):
+    """The three digits configs, run once per session into one folder of runs (conftest)."""
+    return digits_runs
 
 
 @pytest.mark.parametrize("config", CONFIGS)
