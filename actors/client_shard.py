@@ -63,6 +63,7 @@ class ClientShardImpl:
 
     def stream_reports(self, spec: RoundSpec, batch_clients: int):
         """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order."""
+        self.timings = {}           # this round's stage CPU only (get_timings after the round)
         for b, (x, y, ids) in enumerate(self.records.batches(batch_clients)):
             if b == 0 and self._fault.get("flood"):
                 flood = self._flood(spec, x[:1], y[:1], ids[:1], int(self._fault["flood"]))

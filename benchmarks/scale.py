@@ -91,7 +91,8 @@ class MemorySampler(Sampler):
         self.peak = max(self.peak, self._total())
 
 
-def _public_setup(clients: int):
+def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = "collision",
+                  delta: float = 1e-6):
     """Queries and mechanism from public data only (2,000 mixture samples of another seed)."""
     from rknn_ray.data.sources import SyntheticClientsSource
     from rknn_ray.mechanisms import MechanismParams, build
@@ -99,9 +100,9 @@ def _public_setup(clients: int):
     from rknn_ray.represent import make_encoder
     public_x, _ = SyntheticClientsSource(0, 2000, NUM_CLASSES, DIM, SEED + 7).records(0, 2000)
     encoder = make_encoder("raw").fit(public_x)
-    qs = select_queries(encoder.transform(public_x), S, restarts=1, seed=SEED)
-    mech = build("shuffle", "collision", MechanismParams(S, NUM_CLASSES, 1, 1.0, delta=1e-6,
-                                                         num_clients=clients))
+    qs = select_queries(encoder.transform(public_x), s, restarts=1, seed=SEED)
+    mech = build(model, name, MechanismParams(s, NUM_CLASSES, 1, 1.0, delta=delta,
+                                              num_clients=clients))
     return encoder, qs, mech
 
 
@@ -259,6 +260,94 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
             "placement": res.placement}
 
 
+WARM_QUERIES = 100                         # x 10 classes: the 1000-cell vote of issue 20
+WARM_MODELS = {"central": "laplace", "shuffle": "collision"}
+
+
+def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
+             shards: int = 2) -> dict:
+    """Warm rounds: one session per model, a cold round 0, then ``rounds`` more on the same
+    actors (N one-record clients, 100 queries, 1000-cell vote, the server sums).
+
+    Per model: each warm round's wall time and stages, ``round_cpu_s`` (CPU of the whole
+    process tree in the round), the round's floor (its primitives' CPU), ``fixed_s`` =
+    median warm wall - floor / cores and ``fixed_cpu_s`` = median round CPU - floor: what a
+    round costs beyond its messages (actor calls, calibration, hand-overs). On a loaded
+    machine the CPU figures are the ones to compare.
+    """
+    import ray
+
+    from benchmarks.crypto_floor import floor_parts
+    from jobs.progress import Progress
+    from jobs.protocol import ProtocolSession
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.config import load_config
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.student import quiet_train_logs
+
+    if rounds < 1:
+        raise ValueError(f"--warm-rounds must be >= 1, got {rounds}")
+    quiet_train_logs()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    cores = os.cpu_count() or 1
+    started = not ray.is_initialized()     # a test's Ray is used as it is
+    if started:
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
+    out = {"clients": clients, "protocol": "actors-warm", "cores": cores, "rounds": rounds,
+           "queries": WARM_QUERIES, "cells": WARM_QUERIES * NUM_CLASSES, "models": {}}
+    try:
+        for model in models:
+            delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
+            encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model],
+                                              delta)
+            cfg = load_config(None, [f"privacy.model={model}",
+                                     f"privacy.mechanism={WARM_MODELS[model]}",
+                                     f"privacy.delta={delta}",
+                                     f"cluster.shards={shards}", "run.progress=false"])
+            cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
+            sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
+                       for a, b in zip(cuts[:-1], cuts[1:])]
+            walls, cpus, tree_cpus, stages = [], [], [], []
+            ledger = PrivacyLedger()
+            with ProtocolSession(cfg, sources, f"warm-{model}", progress=Progress(False)) as session:
+                for r in range(rounds + 1):
+                    t, c, tree = time.perf_counter(), time.process_time(), _tree_cpu()
+                    res = session.run_round(r, mech, encoder, qs.features, ledger)
+                    walls.append(time.perf_counter() - t)
+                    cpus.append(time.process_time() - c)
+                    tree_cpus.append(_tree_cpu() - tree)
+                    stages.append(res.timings)
+            floor = sum(floor_parts(res.messages, mech.message_size).values())
+            warm = sorted(walls[1:])
+            median = warm[len(warm) // 2]
+            warm_cpu = sorted(tree_cpus[1:])[len(warm) // 2]
+            out["models"][model] = {
+                "cold_s": walls[0], "warm_s": walls[1:], "warm_median_s": median,
+                "driver_cpu_s": cpus[1:], "round_cpu_s": tree_cpus[1:],
+                "stages_s": stages[1:], "messages": res.messages, "floor_cpu_s": floor,
+                "floor_wall_s": floor / cores, "fixed_s": median - floor / cores,
+                "fixed_cpu_s": warm_cpu - floor}
+    finally:
+        if started:
+            ray.shutdown()
+    return out
+
+
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and every descendant (Ray's daemons, the
+    actors, the opener processes): what a round costs whatever else loads the machine."""
+    import psutil
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except (psutil.Error, OSError):
+            continue
+    return total
+
+
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
         object_store_mb: int | None = None, distributed_above: int | None = 5_000_000,
         nodes: int = 1, rng: str = "secure") -> dict:
@@ -302,11 +391,16 @@ def main(argv=None) -> int:
                          "shuffler and the client shards on nodes of their own")
     ap.add_argument("--rng", choices=("secure", "seeded"), default="secure",
                     help="seeded: a reproducible release (NOT private; for comparing runs)")
+    ap.add_argument("--warm-rounds", type=int, default=0,
+                    help="instead of one big round: this many warm rounds per model (central, "
+                         "shuffle) after a cold one; 100 queries, a 1000-cell vote (issue 20)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)
     if args.nodes < 1 or (args.nodes > 1 and args.protocol != "actors"):
         ap.error("--nodes must be >= 1, and > 1 only with --protocol actors")
+    if args.warm_rounds:
+        return _main_warm(args)
     res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb,
               args.distributed_above, args.nodes, args.rng)
     if args.out:
@@ -328,6 +422,27 @@ def main(argv=None) -> int:
               f"spilled {res['spilled_mb']:.0f} MB")
         for party, ids in res["placement"].items():
             print(f"{party}: node(s) {', '.join(i[:8] for i in ids)}")
+    return 0
+
+
+def _main_warm(args) -> int:
+    if args.protocol != "actors" or args.nodes != 1:
+        raise SystemExit("--warm-rounds runs the actors on one node: drop --protocol inprocess "
+                         "and --nodes")
+    res = run_warm(args.clients, args.warm_rounds, shards=args.shards)
+    if args.out:
+        from rknn_ray.runio import write_json
+        write_json(os.path.join(args.out, f"scale-warm-{args.clients}.json"), res)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"| model | cold s | warm s (median of {args.warm_rounds}) | floor / cores | fixed s "
+          "| round CPU s | floor CPU s | fixed CPU s |\n|---|---|---|---|---|---|---|---|")
+    for model, r in res["models"].items():
+        print(f"| {model} | {r['cold_s']:.3f} | {r['warm_median_s']:.3f} | "
+              f"{r['floor_wall_s']:.3f} | {r['fixed_s']:.3f} | "
+              f"{sorted(r['round_cpu_s'])[len(r['round_cpu_s']) // 2]:.3f} | "
+              f"{r['floor_cpu_s']:.3f} | {r['fixed_cpu_s']:.3f} |")
     return 0
 
 
