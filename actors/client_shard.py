@@ -62,6 +62,7 @@ class ClientShardImpl:
 
     def stream_reports(self, spec: RoundSpec, batch_clients: int):
         """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order."""
+        self.timings = {}           # this round's stage CPU only (get_timings after the round)
         for b, (x, y, ids) in enumerate(self.records.batches(batch_clients)):
             yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
 

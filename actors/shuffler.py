@@ -19,28 +19,21 @@ class ShufflerImpl:
     key pair; :meth:`public_key` hands out only the public half, and every
     submitted batch is peeled (bad reports rejected and counted) before pooling.
 
-    ``distributed_above`` (messages) lets the actor choose per round: batches are kept
-    as object refs (only sender ids in this process) and, at release, a round of at
-    most that many messages is shuffled in process, a larger one by the distributed
-    sort (``engine``: ``"tasks"`` or ``"ray_data"``, see :mod:`shuffler.distributed`).
+    ``start_round(distributed=True)`` (the driver decides from the round's expected size,
+    ``shuffle.distributed_above``) keeps the round's batches as object refs (only sender
+    ids in this process) and sorts them across the cluster (:mod:`shuffler.distributed`).
+
+    ``release_refs(first)`` + ``more_refs(count)`` hand the permuted batches over a few at a
+    time, each as soon as it is final, so the server opens while the rest is still
+    being made and the object store holds a bounded window of them.
     """
 
     def __init__(self, min_senders: int, max_batch_messages: int = 65536, *,
                  ctx: RoundContext | None = None, onion_layer: int | None = None,
-                 forwarded_input: bool = False, distributed_above: int | None = None,
-                 engine: str = "tasks"):
-        if distributed_above is not None and (onion_layer is not None or forwarded_input):
-            raise ValueError("distributed_above is for a plain first hop: the distributed shuffle "
-                             "takes no onion layers and needs sender ids; leave it None here")
-        if distributed_above is not None and int(distributed_above) < 0:
-            raise ValueError(f"distributed_above must be >= 0 messages, got {distributed_above}")
-        from shuffler.distributed import ENGINES
-        if engine not in ENGINES:
-            raise ValueError(f"unknown distributed shuffle engine {engine!r}; use one of {ENGINES}")
-        self.distributed_above, self.engine = distributed_above, engine
+                 forwarded_input: bool = False):
         self.pool = ShufflePool(min_senders, max_batch_messages, forwarded_input=forwarded_input)
         self._dist = None
-        self._staged = None      # distributed_above: this round's batches, by ref, until release
+        self._local_out = None   # the in-process pool's permuted batches, not yet handed over
         self._peeler = None
         self._admission = None   # set per round by start_round(admission=...)
         if onion_layer is not None:
@@ -75,21 +68,20 @@ class ShufflerImpl:
         floor = self.pool.min_senders if min_senders is None else int(min_senders)
         self.pool = ShufflePool(floor, self.pool.max_batch_messages,
                                 forwarded_input=self.pool.forwarded_input)
-        self._dist = self._staged = None
+        self._dist = self._local_out = None
         if distributed:
             if self._peeler is not None:
                 raise ValueError("the distributed shuffle takes no onion layers; use "
                                  "shuffle.onion_layers: 0 or keep the round below "
                                  "shuffle.distributed_above")
-            from shuffler.distributed import make_distributed
-            self._dist = make_distributed(floor, self.engine,
-                                          max_batch_messages=self.pool.max_batch_messages)
+            from shuffler.distributed import DistributedShuffle
+            self._dist = DistributedShuffle(floor, max_batch_messages=self.pool.max_batch_messages)
         if self._peeler is not None:
             self._peeler.start_round(round_id)
 
     def submit_refs(self, refs: list) -> int:
         """Batches by reference (a list, so Ray does not fetch them into this call)."""
-        target = self._ref_target()
+        target = self._dist
         if target is None:
             return sum(self.submit(ray.get(r)) for r in refs)
         if self._admission is None:
@@ -111,22 +103,9 @@ class ShufflerImpl:
         reports, senders, _ = self._admission.admit(batch)
         return reports, senders
 
-    def _ref_target(self):
-        """Where batches go by reference this round: the distributed shuffle, the staging
-        area that defers the choice to release (``distributed_above``), or None (the pool)."""
-        if self._dist is not None:
-            return self._dist
-        if self.distributed_above is None:
-            return None
-        if self._staged is None or self._staged.released:
-            from shuffler.distributed import make_distributed
-            self._staged = make_distributed(self.pool.min_senders, self.engine,
-                                            max_batch_messages=self.pool.max_batch_messages)
-        return self._staged
-
     def submit(self, batch: pa.RecordBatch) -> int:
         """Accept one batch from a client shard (or upstream hop); returns reports pooled."""
-        target = self._ref_target()
+        target = self._dist
         if target is not None:
             if self._admission is None:
                 return target.add(batch)
@@ -144,46 +123,37 @@ class ShufflerImpl:
 
     def release(self) -> list[pa.RecordBatch]:
         """All permuted batches (raises PrivacyBudgetError below the sender floor)."""
-        if self._dist is not None or self._staged is not None and (
-                self._staged.released or self._chooses_distributed()):
-            return ray.get(self.release_refs())
-        self._unstage()
+        if self._dist is not None:
+            return ray.get(self._dist.release())
         return list(self.pool.release())
 
-    def release_refs(self) -> list:
-        """Refs of the permuted batches (raises PrivacyBudgetError below the sender floor)."""
+    def release_refs(self, first: int | None = None) -> list:
+        """Refs of the permuted batches: all, or the first ``first`` (:meth:`more_refs` gives
+        the rest). Checks the sender floor first (PrivacyBudgetError: nothing released)."""
         if self._dist is not None:
-            return self._dist.release()
-        if self._staged is not None and self._staged.released:
-            return []            # already sorted and sent; a second call resends nothing
-        if self._chooses_distributed():
-            return self._staged.release()
-        self._unstage()
-        return self._release_local_refs()
+            return self._dist.release(first)
+        if self._local_out is None:
+            self._local_out = self.pool.release()    # checks the floor now
+        return self.more_refs(first)
 
-    def _chooses_distributed(self) -> bool:
-        """A staged round above ``distributed_above`` messages is sorted across the cluster."""
-        return (self._staged is not None and not self._staged.released
-                and self._staged.num_messages > self.distributed_above)
-
-    def _unstage(self) -> None:
-        """A staged round small enough for this process: its batches go into the pool now."""
-        if self._staged is not None and not self._staged.released:
-            for ref in self._staged.take_refs():
-                self.pool.add(ray.get(ref))
-        self._staged = None
-
-    def _release_local_refs(self) -> list:
-        """Like :meth:`release`, but each batch goes to the object store as it is made."""
-        return [ray.put(b) for b in self.pool.release()]
+    def more_refs(self, count: int | None = None) -> list:
+        """The next ``count`` permuted batches (all that are left when None), each put into
+        the object store as it is made; ``[]`` when the round has been handed over."""
+        if self._dist is not None:
+            return self._dist.more(count) if self._dist.released else []
+        if self._local_out is None:
+            return []
+        out = []
+        for batch in self._local_out:
+            out.append(ray.put(batch))
+            if count is not None and len(out) >= count:
+                break
+        return out
 
     def stats(self) -> dict:
         """Messages, distinct (authenticated) senders, bytes; and what admission rejected."""
         if self._dist is not None:
             out = self._dist.stats()
-        elif self._staged is not None:
-            st = self._staged.stats()
-            out = st if self._staged.released else {**st, "mode": "staged"}
         else:
             out = self.pool.stats()
             if self._peeler is not None:

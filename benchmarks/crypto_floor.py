@@ -1,6 +1,7 @@
 """The floor of a shuffle round: CPU seconds of every primitive the protocol cannot skip.
 
-Per message, whatever the implementation: the client makes an ephemeral X25519 key, does
+Per message, whatever the implementation: the client makes an ephemeral X25519 key pair
+(private scalar and the public key it sends), does
 the exchange with the server's key, derives the AEAD key (HKDF-SHA256), seals
 (ChaCha20-Poly1305), derives its credential key and tags the report (HMAC-SHA256 twice);
 the shuffler, which sees senders, derives the same credential key and recomputes the tag;
@@ -51,8 +52,12 @@ def floor_parts(num_messages: int, payload_len: int, sample: int = 2000) -> dict
         return HKDF(hashes.SHA256(), KEY_LEN, salt=salt, info=HKDF_LABEL).derive(shared)
 
     t = {}
-    t["client_keygen"], ephs = _timed(lambda _: X25519PrivateKey.generate(), range(n))
-    pubs = [e.public_key().public_bytes_raw() for e in ephs]
+    def keypair(_):      # the public half is part of key generation: it goes on the wire
+        e = X25519PrivateKey.generate()
+        return e, e.public_key().public_bytes_raw()
+
+    t["client_keygen"], pairs = _timed(keypair, range(n))
+    ephs, pubs = [e for e, _ in pairs], [p for _, p in pairs]
     t["client_exchange"], shared = _timed(lambda e: e.exchange(server_pub), ephs)
     t["client_hkdf"], keys = _timed(lambda i: hkdf(pubs[i] + server_raw, shared[i]), range(n))
     t["client_seal"], cts = _timed(lambda k: ChaCha20Poly1305(k).encrypt(NONCE, plain, aad), keys)

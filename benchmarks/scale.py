@@ -2,6 +2,7 @@
 
     python -m benchmarks.scale --clients 1000000 --protocol actors|inprocess [--json]
         [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--out bench_out/scale]
+    python -m benchmarks.scale --clients 10000 --warm-rounds 5
 
 ``actors`` runs the path users run (ProtocolSession: ClientShard actors streaming
 sealed batches, the Shuffler actor, the Server with its opener processes);
@@ -15,7 +16,11 @@ per primitive for all messages, benchmarks/crypto_floor.py: the client's X25519 
 exchange, HKDF, ChaCha20-Poly1305 seal, credential key and HMAC tag; the shuffler's
 credential key and tag check; the server's exchange, HKDF and open -- measured in the same
 run), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
-``ratio_to_floor`` = wall / floor_wall, ``peak_rss_mb`` (peak of the summed proportional
+``ratio_to_floor`` = wall / floor_wall, ``round_cpu_s`` (actors: CPU of every process of
+the run during the round; ``round_cpu_by_process_s`` by kind of process) and
+``cpu_ratio_to_floor`` = round_cpu / floor (what a loaded machine inflates far less than
+wall time; it includes the opener processes' warm-up, which overlaps the client stage,
+and Ray's own threads and daemons), ``peak_rss_mb`` (peak of the summed proportional
 set size of this process and all its descendants: the driver, Ray's daemons, every actor and opener process)
 and ``spilled_mb`` (what Ray spilled to disk).
 
@@ -25,6 +30,10 @@ client shards on the rest, each node with its share of the cores, so every repor
 node boundaries through Ray's object store. ``nodes`` maps each Ray node id to its roles,
 ``placement`` each party to the node ids its actors reported, ``release`` is the released
 counts; ``--rng seeded`` makes them reproducible across runs (NOT private).
+
+``--warm-rounds R`` measures small rounds instead (:func:`run_warm`): per model, a cold
+round and R warm ones on the same actors, N one-record clients, 100 queries, a 1000-cell
+vote; printed: wall, CPU of every process, the floor, and the fixed cost beyond it.
 """
 from __future__ import annotations
 
@@ -91,7 +100,8 @@ class MemorySampler(Sampler):
         self.peak = max(self.peak, self._total())
 
 
-def _public_setup(clients: int):
+def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = "collision",
+                  delta: float = 1e-6):
     """Queries and mechanism from public data only (2,000 mixture samples of another seed)."""
     from rknn_ray.data.sources import SyntheticClientsSource
     from rknn_ray.mechanisms import MechanismParams, build
@@ -99,9 +109,9 @@ def _public_setup(clients: int):
     from rknn_ray.represent import make_encoder
     public_x, _ = SyntheticClientsSource(0, 2000, NUM_CLASSES, DIM, SEED + 7).records(0, 2000)
     encoder = make_encoder("raw").fit(public_x)
-    qs = select_queries(encoder.transform(public_x), S, restarts=1, seed=SEED)
-    mech = build("shuffle", "collision", MechanismParams(S, NUM_CLASSES, 1, 1.0, delta=1e-6,
-                                                         num_clients=clients))
+    qs = select_queries(encoder.transform(public_x), s, restarts=1, seed=SEED)
+    mech = build(model, name, MechanismParams(s, NUM_CLASSES, 1, 1.0, delta=delta,
+                                              num_clients=clients))
     return encoder, qs, mech
 
 
@@ -247,7 +257,10 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
     with StoreSampler() as store:
         with ProtocolSession(cfg, sources, "scale-bench", progress=Progress(False)) as session:
             start = time.perf_counter() - t0
+            cpu0 = _cpu_by_process()
             res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+            by_process = _cpu_delta(cpu0, _cpu_by_process())
+            round_cpu = sum(by_process.values())
         wall = time.perf_counter() - t_all
     stages = {"setup": start, **res.timings}
     spilled = store.on_disk_mb
@@ -256,7 +269,131 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
             "messages": res.messages, "rejected": res.rejected, "counts": res.counts,
             "eps0": mech.local_eps, "eps": res.guarantee.eps, "qs": qs,
             "message_size": mech.message_size, "spilled_mb": spilled,
-            "placement": res.placement}
+            "placement": res.placement, "round_cpu_s": round_cpu,
+            "round_cpu_by_process_s": by_process}
+
+
+WARM_QUERIES = 100                         # x 10 classes: the 1000-cell vote of issue 20
+WARM_MODELS = {"central": "laplace", "shuffle": "collision"}
+
+
+def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
+             shards: int = 2) -> dict:
+    """Warm rounds: one session per model, a cold round 0, then ``rounds`` more on the same
+    actors (N one-record clients, 100 queries, 1000-cell vote, the server sums).
+
+    Per model: each warm round's wall time and stages, ``round_cpu_s`` (CPU of the whole
+    process tree in the round), the round's floor (its primitives' CPU), ``fixed_s`` =
+    median warm wall - floor / cores and ``fixed_cpu_s`` = median round CPU - floor: what a
+    round costs beyond its messages (actor calls, calibration, hand-overs);
+    ``fixed_cpu_net_s`` also takes off what the idle session burns in that time
+    (``idle_cpu_per_s``, measured for 2 s after the cold round). On a loaded machine the
+    CPU figures are the ones to compare.
+    """
+    import ray
+
+    from benchmarks.crypto_floor import floor_parts
+    from jobs.progress import Progress
+    from jobs.protocol import ProtocolSession
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.config import load_config
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.student import quiet_train_logs
+
+    if rounds < 1:
+        raise ValueError(f"--warm-rounds must be >= 1, got {rounds}")
+    quiet_train_logs()
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    cores = os.cpu_count() or 1
+    started = not ray.is_initialized()     # a test's Ray is used as it is
+    if started:
+        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
+    out = {"clients": clients, "protocol": "actors-warm", "cores": cores, "rounds": rounds,
+           "queries": WARM_QUERIES, "cells": WARM_QUERIES * NUM_CLASSES, "models": {}}
+    try:
+        for model in models:
+            delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
+            encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model],
+                                              delta)
+            cfg = load_config(None, [f"privacy.model={model}",
+                                     f"privacy.mechanism={WARM_MODELS[model]}",
+                                     f"privacy.delta={delta}",
+                                     f"cluster.shards={shards}", "run.progress=false"])
+            cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
+            sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
+                       for a, b in zip(cuts[:-1], cuts[1:])]
+            walls, cpus, tree_cpus, stages, by_process = [], [], [], [], []
+            ledger = PrivacyLedger()
+            with ProtocolSession(cfg, sources, f"warm-{model}", progress=Progress(False)) as session:
+                idle_rate = None
+                for r in range(rounds + 1):
+                    if r == 1:            # warm now: what the idle session burns per second
+                        c0, t0 = _tree_cpu(), time.perf_counter()
+                        time.sleep(2.0)
+                        idle_rate = (_tree_cpu() - c0) / (time.perf_counter() - t0)
+                    t, c, tree = time.perf_counter(), time.process_time(), _cpu_by_process()
+                    res = session.run_round(r, mech, encoder, qs.features, ledger)
+                    walls.append(time.perf_counter() - t)
+                    cpus.append(time.process_time() - c)
+                    by_process.append(_cpu_delta(tree, _cpu_by_process()))
+                    tree_cpus.append(sum(by_process[-1].values()))
+                    stages.append(res.timings)
+            floor = sum(floor_parts(res.messages, mech.message_size).values())
+            warm = sorted(walls[1:])
+            median = warm[len(warm) // 2]
+            warm_cpu = sorted(tree_cpus[1:])[len(warm) // 2]
+            out["models"][model] = {
+                "cold_s": walls[0], "warm_s": walls[1:], "warm_median_s": median,
+                "driver_cpu_s": cpus[1:], "round_cpu_s": tree_cpus[1:],
+                "round_cpu_by_process_s": by_process[1:],
+                "stages_s": stages[1:], "messages": res.messages, "floor_cpu_s": floor,
+                "floor_wall_s": floor / cores, "fixed_s": median - floor / cores,
+                "fixed_cpu_s": warm_cpu - floor, "idle_cpu_per_s": idle_rate,
+                "fixed_cpu_net_s": warm_cpu - floor - idle_rate * median}
+    finally:
+        if started:
+            ray.shutdown()
+    return out
+
+
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and every descendant (Ray's daemons, the
+    actors, the opener processes): what a round costs whatever else loads the machine."""
+    return sum(_cpu_by_process().values())
+
+
+def _cpu_by_process() -> dict[str, float]:
+    """CPU seconds so far of this process tree, by kind of process: ``driver``, each Ray
+    actor or task by its process title (``ray::Server``, ...), ``opener`` (the Server's
+    children), and Ray's daemons by name."""
+    import psutil
+    me = psutil.Process()
+    out: dict[str, float] = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            cmd = p.cmdline()
+            parent = p.parent()
+            title = cmd[0] if cmd else p.name()
+            if p.pid == me.pid:
+                kind = "driver"
+            elif parent is not None and parent.cmdline()[:1] and \
+                    parent.cmdline()[0].startswith("ray::Server"):
+                kind = "opener"
+            elif title.startswith("ray::"):
+                kind = title.split(".")[0].split(" ")[0]
+            elif "raylet" in title or "gcs_server" in title:
+                kind = os.path.basename(title.split(" ")[0])
+            else:
+                kind = "other"
+            out[kind] = out.get(kind, 0.0) + t.user + t.system
+        except (psutil.Error, OSError, IndexError):
+            continue
+    return out
+
+
+def _cpu_delta(before: dict, after: dict) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in sorted(set(before) | set(after))}
 
 
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
@@ -277,6 +414,10 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
             "stages_s": res["stages_s"], "floor_parts": parts, "crypto_floor_s": floor,
             "cores": cores,
             "floor_wall_s": floor / cores, "ratio_to_floor": res["wall_s"] / (floor / cores),
+            "round_cpu_s": res.get("round_cpu_s"),
+            "round_cpu_by_process_s": res.get("round_cpu_by_process_s"),
+            "cpu_ratio_to_floor": (res["round_cpu_s"] / floor if res.get("round_cpu_s")
+                                   else None),
             "peak_rss_mb": mem.peak, "spilled_mb": res["spilled_mb"],
             "senders": res["senders"], "messages": res["messages"], "rejected": res["rejected"],
             "eps0": res["eps0"], "eps": res["eps"], "object_store_mb": object_store_mb,
@@ -302,11 +443,16 @@ def main(argv=None) -> int:
                          "shuffler and the client shards on nodes of their own")
     ap.add_argument("--rng", choices=("secure", "seeded"), default="secure",
                     help="seeded: a reproducible release (NOT private; for comparing runs)")
+    ap.add_argument("--warm-rounds", type=int, default=0,
+                    help="instead of one big round: this many warm rounds per model (central, "
+                         "shuffle) after a cold one; 100 queries, a 1000-cell vote (issue 20)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)
     if args.nodes < 1 or (args.nodes > 1 and args.protocol != "actors"):
         ap.error("--nodes must be >= 1, and > 1 only with --protocol actors")
+    if args.warm_rounds:
+        return _main_warm(args)
     res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb,
               args.distributed_above, args.nodes, args.rng)
     if args.out:
@@ -324,10 +470,36 @@ def main(argv=None) -> int:
         print(f"| **round (wall)** | {res['wall_s']:.2f} |\n"
               f"| crypto floor (CPU s) | {res['crypto_floor_s']:.2f} |\n"
               f"| floor / {res['cores']} cores | {res['floor_wall_s']:.2f} |")
+        if res["round_cpu_s"]:
+            print(f"round CPU (every process) {res['round_cpu_s']:.2f} s = "
+                  f"{res['cpu_ratio_to_floor']:.2f} x the floor's CPU")
+            print(", ".join(f"{k} {v:.2f}" for k, v in res["round_cpu_by_process_s"].items()))
         print(f"ratio to floor {res['ratio_to_floor']:.2f}; peak memory {res['peak_rss_mb']:.0f} MB; "
               f"spilled {res['spilled_mb']:.0f} MB")
         for party, ids in res["placement"].items():
             print(f"{party}: node(s) {', '.join(i[:8] for i in ids)}")
+    return 0
+
+
+def _main_warm(args) -> int:
+    if args.protocol != "actors" or args.nodes != 1:
+        raise SystemExit("--warm-rounds runs the actors on one node: drop --protocol inprocess "
+                         "and --nodes")
+    res = run_warm(args.clients, args.warm_rounds, shards=args.shards)
+    if args.out:
+        from rknn_ray.runio import write_json
+        write_json(os.path.join(args.out, f"scale-warm-{args.clients}.json"), res)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"| model | cold s | warm s (median of {args.warm_rounds}) | floor / cores | fixed s "
+          "| round CPU s | floor CPU s | fixed CPU s | less idle |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for model, r in res["models"].items():
+        print(f"| {model} | {r['cold_s']:.3f} | {r['warm_median_s']:.3f} | "
+              f"{r['floor_wall_s']:.3f} | {r['fixed_s']:.3f} | "
+              f"{sorted(r['round_cpu_s'])[len(r['round_cpu_s']) // 2]:.3f} | "
+              f"{r['floor_cpu_s']:.3f} | {r['fixed_cpu_s']:.3f} | {r['fixed_cpu_net_s']:.3f} |")
     return 0
 
 

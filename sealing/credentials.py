@@ -55,8 +55,14 @@ def _shard_key(master: bytes, job_id: str, shard: int, lo: int, hi: int) -> byte
     return hmac.digest(master, msg, "sha256")
 
 
-def _client_key(shard_key: bytes, sender: int) -> bytes:
-    return hmac.digest(shard_key, b"client" + int(sender).to_bytes(8, "big", signed=True), "sha256")
+def _client_keys(shard_keys: list[bytes], senders: np.ndarray, shards: np.ndarray) -> list[bytes]:
+    """Message j's client key, HMAC(shard key, "client" | sender as signed big-endian i64):
+    one HMAC per distinct sender, on the ids' bytes (no per-message dictionary or ints)."""
+    ids, first, inverse = np.unique(senders, return_index=True, return_inverse=True)
+    kb, digest, sh = ids.astype(">i8").tobytes(), hmac.digest, shards[first].tolist()
+    keys = [digest(shard_keys[sh[j]], b"client" + kb[8 * j:8 * j + 8], "sha256")
+            for j in range(ids.size)]
+    return [keys[j] for j in inverse.ravel().tolist()]
 
 
 def _tag_prefix(ctx: RoundContext) -> bytes:
@@ -65,15 +71,19 @@ def _tag_prefix(ctx: RoundContext) -> bytes:
 
 def _tags(keys: list[bytes], prefix: bytes, senders: np.ndarray, seqs: np.ndarray,
           reports: np.ndarray) -> np.ndarray:
-    """(M, 16) uint8 tags; ``keys[j]`` is message j's client key."""
-    out = np.empty((len(keys), TAG_LEN), np.uint8)
+    """(M, 16) uint8 tags; ``keys[j]`` is message j's client key (one HMAC per message,
+    on plain bytes: no per-message numpy objects)."""
+    m = len(keys)
     sb = senders.astype(">i8").tobytes()
     qb = seqs.astype(">u4").tobytes()
-    rows = np.ascontiguousarray(reports)
-    for j, key in enumerate(keys):
-        msg = prefix + sb[8 * j:8 * j + 8] + qb[4 * j:4 * j + 4] + rows[j].tobytes()
-        out[j] = np.frombuffer(hmac.digest(key, msg, "sha256")[:TAG_LEN], np.uint8)
-    return out
+    rows = np.ascontiguousarray(reports, np.uint8)
+    width = rows.shape[1] if rows.ndim == 2 else 0
+    data = rows.tobytes()
+    digest = hmac.digest
+    tags = [digest(key, prefix + sb[8 * j:8 * j + 8] + qb[4 * j:4 * j + 4]
+                   + data[width * j:width * (j + 1)], "sha256")[:TAG_LEN]
+            for j, key in enumerate(keys)]
+    return np.frombuffer(b"".join(tags), np.uint8).reshape(m, TAG_LEN)
 
 
 def sequence_numbers(senders: np.ndarray) -> np.ndarray:
@@ -105,13 +115,7 @@ class ShardCredential:
             raise ValueError(f"shard {self.shard} holds credentials for clients [{self.lo}, "
                              f"{self.hi}) only")
         seqs = sequence_numbers(senders)
-        cache: dict[int, bytes] = {}
-        keys = []
-        for c in senders.tolist():
-            key = cache.get(c)
-            if key is None:
-                key = cache[c] = _client_key(self.key, c)
-            keys.append(key)
+        keys = _client_keys([self.key], senders, np.zeros(senders.size, np.int64))
         return seqs, _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
 
 
@@ -168,13 +172,7 @@ class SenderVerifier:
         """Mask of messages whose tag is right (``shards`` from :meth:`shard_of`, all >= 0)."""
         shard_keys = [_shard_key(self.master, self.job_id, i, a, b)
                       for i, (a, b) in enumerate(self.ranges)]
-        cache: dict[int, bytes] = {}
-        keys = []
-        for c, sh in zip(senders.tolist(), shards.tolist()):
-            key = cache.get(c)
-            if key is None:
-                key = cache[c] = _client_key(shard_keys[sh], c)
-            keys.append(key)
+        keys = _client_keys(shard_keys, np.asarray(senders, np.int64), np.asarray(shards))
         want = _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
         return np.all(want == tags, axis=1)    # all 16 bytes of every row: no early exit
 

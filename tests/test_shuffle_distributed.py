@@ -1,8 +1,8 @@
-"""The shuffle that outgrows one process: sort by OS-CSPRNG keys (Ray tasks or Ray Data).
+"""The shuffle that outgrows one process: sort by OS-CSPRNG keys on Ray tasks.
 
 Multiset kept, senders dropped, floor enforced, order independent of arrival, keys
-from os.urandom, the Shuffler actor's choice by size, and the same release as the
-in-process shuffle through the real protocol."""
+from os.urandom, sorted buckets handed over a window at a time (the in-process pool's
+batches too), and the same release as the in-process shuffle through the real protocol."""
 import os
 
 import numpy as np
@@ -11,10 +11,8 @@ import pytest
 from scipy import stats
 
 from rknn_ray.errors import PrivacyBudgetError
-from sealing.envelope import from_arrow, to_arrow
-from shuffler.distributed import make_distributed
-
-ENGINES = ["tasks", "ray_data"]
+from sealing.envelope import RoundContext, from_arrow, to_arrow
+from shuffler.distributed import DistributedShuffle
 
 
 def _rows(n=5000, width=12):
@@ -35,13 +33,12 @@ def _positions(batches):
     return got, got[:, :4].copy().view("<u4").ravel().astype(np.int64)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_keeps_the_multiset_drops_senders_and_forgets_arrival_order(ray_session, engine):
+def test_keeps_the_multiset_drops_senders_and_forgets_arrival_order(ray_session):
     ray = ray_session
     rows = _rows()
     senders = np.arange(5000) % 2000                 # every client sends in 2-3 batches
     refs = _batches(ray, rows, senders=senders)
-    shuffle = make_distributed(2000, engine, target_bucket_bytes=15_000, max_batch_messages=700)
+    shuffle = DistributedShuffle(2000, target_bucket_bytes=15_000, max_batch_messages=700)
     taken = sum(shuffle.add(r) for r in refs[:6])
     taken += sum(shuffle.add(ray.get(r)) for r in refs[6:])   # batches by value work too
     assert taken == 5000 and shuffle.num_senders == 2000      # a repeated sender counts once
@@ -49,8 +46,6 @@ def test_keeps_the_multiset_drops_senders_and_forgets_arrival_order(ray_session,
     assert shuffle.buckets == 4
     assert all(b.schema.names == ["report"] for b in out)     # no sender column leaves
     assert all(isinstance(b, pa.RecordBatch) for b in out)
-    if engine == "ray_data":
-        assert max(b.num_rows for b in out) <= 700            # bounded output batches
     got, position = _positions(out)
     assert sorted(map(bytes, got)) == sorted(map(bytes, rows))   # the multiset, exactly
     # arrival position vs output position: deciles independent, rank correlation near 0
@@ -60,16 +55,15 @@ def test_keeps_the_multiset_drops_senders_and_forgets_arrival_order(ray_session,
     assert abs(stats.spearmanr(position, np.arange(5000)).statistic) < 0.06
     st = shuffle.stats()
     assert (st["senders"], st["messages"], st["bytes"], st["batches"]) == (2000, 5000, 60000, 10)
-    assert st["mode"] == "distributed" and st["engine"] == engine
+    assert st["mode"] == "distributed"
     assert st["released_batches"] == len(out) and st["spilled_bytes"] >= 0
     assert shuffle.release() == []                            # releases once
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_refuses_below_the_floor_and_releases_nothing(ray_session, engine):
+def test_refuses_below_the_floor_and_releases_nothing(ray_session):
     rows = _rows(1200)
     refs = _batches(ray_session, rows, per=300)               # 600 distinct senders
-    shuffle = make_distributed(601, engine)
+    shuffle = DistributedShuffle(601)
     for r in refs:
         shuffle.add(r)
     with pytest.raises(PrivacyBudgetError, match="600 distinct senders, fewer than the 601"):
@@ -82,13 +76,11 @@ def test_refuses_below_the_floor_and_releases_nothing(ray_session, engine):
 
 def test_a_batch_without_sender_ids_is_refused(ray_session):
     with pytest.raises(ValueError, match="no 'sender' column"):
-        make_distributed(1).add(to_arrow(_rows(3)))
-    with pytest.raises(ValueError, match="unknown distributed shuffle engine"):
-        make_distributed(1, "spark")
+        DistributedShuffle(1).add(to_arrow(_rows(3)))
 
 
 def test_keys_come_from_os_urandom(monkeypatch):
-    """Both engines' keys are exactly the bytes os.urandom returned; no seeded RNG in sight."""
+    """The keys are exactly the bytes os.urandom returned; no seeded RNG in sight."""
     import inspect
 
     import shuffler.distributed as mod
@@ -102,10 +94,6 @@ def test_keys_come_from_os_urandom(monkeypatch):
     keys = mod._keys(20)
     assert calls == [320]
     assert keys.astype(">u8").tobytes() == counting_urandom(320)
-    table = mod._attach_keys(pa.table({"sender": [1, 2, 3], "report": to_arrow(_rows(3))["report"]}))
-    assert calls[-1] == 48 and table.schema.names == ["key_hi", "key_lo", "report"]
-    assert np.stack([table["key_hi"].to_numpy(), table["key_lo"].to_numpy()], 1).tobytes() \
-        == counting_urandom(48)
     src = inspect.getsource(mod)
     assert "np.random" not in src and "import random" not in src and "default_rng" not in src
 
@@ -120,32 +108,62 @@ def test_tied_keys_are_ordered_by_fresh_random_keys(monkeypatch):
     assert list(mod._key_order(hi, lo)) == [1, 3, 2, 0]
 
 
-def test_shuffler_actor_chooses_the_path_by_size(ray_session):
+def test_sorted_buckets_are_handed_over_a_window_at_a_time(ray_session):
+    """release(first) sorts only the first buckets; more() the next ones: the store never
+    holds the whole sorted round at once, and the pieces together are the whole multiset."""
+    ray = ray_session
+    rows = _rows()
+    shuffle = DistributedShuffle(1000, target_bucket_bytes=7_000)     # 60 kB -> 16 buckets
+    for r in _batches(ray, rows):
+        shuffle.add(r)
+    first = shuffle.release(2)
+    assert len(first) == 2 and shuffle.buckets == 16 and shuffle.remaining == 14
+    assert shuffle.stats()["released_batches"] == 2
+    parts = [first]
+    while shuffle.remaining:
+        parts.append(shuffle.more(3))
+        assert 1 <= len(parts[-1]) <= 3
+    assert shuffle.more(3) == [] and shuffle.release(2) == []
+    got, _ = _positions(ray.get([r for p in parts for r in p]))
+    assert sorted(map(bytes, got)) == sorted(map(bytes, rows))
+    with pytest.raises(ValueError, match="release\\(\\) first"):
+        DistributedShuffle(1).more(1)
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_shuffler_actor_hands_over_in_windows(ray_session, distributed):
+    """The actor's release_refs(first) + more_refs(count): the pool's batches (or the sorted
+    buckets) a few at a time, the floor checked before the first, nothing sent twice."""
     ray = ray_session
     from actors.shuffler import Shuffler
     rows = _rows()
-    refs = _batches(ray, rows)
-    big = Shuffler.options(num_cpus=0.25).remote(1000, 700, distributed_above=4999,
-                                                 engine="ray_data")
-    small = Shuffler.options(num_cpus=0.25).remote(1000, 700, distributed_above=5000)
-    assert ray.get(big.submit_refs.remote(refs[:5])) == 2500
-    assert ray.get(big.submit.remote(ray.get(refs[5]))) == 500     # by value, still staged
-    assert ray.get(big.submit_refs.remote(refs[6:])) == 2000
-    assert ray.get(big.stats.remote())["mode"] == "staged"
-    assert ray.get(small.submit_refs.remote(refs)) == 5000
-    out_big = ray.get(ray.get(big.release_refs.remote()))
-    out_small = ray.get(small.release.remote())
-    st_big, st_small = ray.get([big.stats.remote(), small.stats.remote()])
-    assert st_big["mode"] == "distributed" and st_big["engine"] == "ray_data"
-    assert "mode" not in st_small and st_small["released_batches"] == 8   # the in-process pool
-    for out in (out_big, out_small):
-        got, _ = _positions(out)
-        assert all(b.schema.names == ["report"] for b in out)
-        assert sorted(map(bytes, got)) == sorted(map(bytes, rows))
-    assert ray.get(big.release_refs.remote()) == [] and ray.get(small.release.remote()) == []
+    hop = Shuffler.options(num_cpus=0.25).remote(2500, 700)
+    ray.get(hop.start_round.remote(0, 2501, distributed))
+    assert ray.get(hop.submit_refs.remote(_batches(ray, rows))) == 5000
+    with pytest.raises(Exception, match="2500 distinct senders, fewer than the 2501"):
+        ray.get(hop.release_refs.remote(2))
+    ray.get(hop.start_round.remote(1, 2500, distributed))
+    assert ray.get(hop.submit_refs.remote(_batches(ray, rows))) == 5000
+    first = ray.get(hop.release_refs.remote(2))
+    assert len(first) == (1 if distributed else 2)          # one 60 kB bucket; 8 pool batches
+    got_refs = list(first)
+    while True:
+        more = ray.get(hop.more_refs.remote(3))
+        if not more:
+            break
+        assert len(more) <= 3
+        got_refs += more
+    out = ray.get(got_refs)
+    assert len(out) == (1 if distributed else 8)
+    assert all(b.schema.names == ["report"] for b in out)
+    got, _ = _positions(out)
+    assert sorted(map(bytes, got)) == sorted(map(bytes, rows))
+    assert ray.get(hop.more_refs.remote(3)) == [] and ray.get(hop.release_refs.remote(2)) == []
+    onion = Shuffler.options(num_cpus=0.25).remote(1, ctx=RoundContext("job-window", 0),
+                                                   onion_layer=1)
     with pytest.raises(Exception, match="onion layers"):
-        ray.get(Shuffler.options(num_cpus=0.25).remote(1, distributed_above=10, onion_layer=1).public_key.remote())
-    for a in (big, small):
+        ray.get(onion.start_round.remote(0, 1, True))
+    for a in (hop, onion):
         ray.kill(a)
 
 

@@ -56,6 +56,7 @@ from sealing.credentials import CredentialIssuer
 from sealing.envelope import RoundContext
 
 SHARD_RETRIES = 2
+HANDOVER = 2          # shuffled batches the shuffler hands the server at a time (one hop)
 
 
 class PartyFailure(RknnError):
@@ -268,8 +269,8 @@ class ProtocolSession:
         if hops:
             t1 = time.perf_counter()
             refs, shuffle_stats = self._shuffle(hops, mechanism)
-            timings["shuffle"] = time.perf_counter() - t1
-            for ref in refs:                       # the Server's window bounds what is in flight
+            timings["shuffle"] = time.perf_counter() - t1      # floor check to first hand-over
+            for ref in self._handed_over(hops, refs):   # the Server's window bounds what is in flight
                 self._call(self.server.submit.remote(ref), "server", released=False)
         n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
         # the true cost, from the reports the server actually opened
@@ -384,11 +385,20 @@ class ProtocolSession:
             cause = err.as_instanceof_cause() if isinstance(err, ray.exceptions.RayTaskError) else err
             raise cause
 
+    def _handed_over(self, hops: list, refs: list):
+        """The shuffled batches for the server: one hop hands them over ``HANDOVER`` at a time,
+        each as soon as it is final, and makes the next ones while the server opens these (a
+        bounded window in the object store); an onion chain's last hop released them all."""
+        while refs:
+            more = hops[0].more_refs.remote(HANDOVER) if len(hops) == 1 else None
+            yield from refs
+            refs = self._call(more, "shuffler", released=False) if more is not None else []
+
     def _shuffle(self, hops: list, mechanism: Mechanism) -> tuple[list, dict]:
         """Release through the shuffler chain; returns (batch refs for the server, stats)."""
         try:
             stats = [ray.get(hops[0].stats.remote())]
-            out = ray.get(hops[0].release_refs.remote())
+            out = ray.get(hops[0].release_refs.remote(HANDOVER if len(hops) == 1 else None))
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.as_instanceof_cause(), PrivacyBudgetError):
                 raise PrivacyBudgetError(

@@ -71,22 +71,33 @@ class ShuffleSingleMixin:
         return self._eps0
 
     def central_eps(self, n: int) -> float:
-        """Central eps the bound gives for this eps0 and n shuffled senders."""
+        """Central eps the bound gives for this eps0 and n shuffled senders.
+
+        Memoized per n: eps0, delta and the bound are fixed at calibration, and every round
+        asks again (floor, describe, guarantee, cost: ~50 ms of numerics each, issue 20).
+        """
         if n < 2:
             return math.inf
-        try:
-            return float(self.bound.central_eps(self._eps0, int(n), self.params.delta))
-        except (ValueError, ConfigError):
-            return math.inf
+        cache = self.__dict__.setdefault("_central_eps_memo", {})
+        if int(n) not in cache:
+            try:
+                cache[int(n)] = float(self.bound.central_eps(self._eps0, int(n), self.params.delta))
+            except (ValueError, ConfigError):
+                cache[int(n)] = math.inf
+        return cache[int(n)]
 
     def min_cover(self) -> int:
         """Smallest number of honest reports whose amplified eps meets the target."""
+        if "_min_cover_memo" in self.__dict__:      # a function of the calibration alone
+            return self._min_cover_memo
         target, hi = self.params.eps, honest_count(self.honest_fraction, self.params.num_clients)
         if self.central_eps(hi) > target * (1 + 1e-9):
             raise PrivacyBudgetError(f"eps0={self._eps0:.4g} misses the target at n={hi}")
         from rknn_ray.accounting.calibration import monotone_edge
-        return int(monotone_edge(lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi,
-                                 want="smallest", integer=True))
+        self._min_cover_memo = int(monotone_edge(
+            lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi, want="smallest",
+            integer=True))
+        return self._min_cover_memo
 
     def min_senders(self) -> int:
         """Smallest number of authenticated senders whose assumed-honest share meets the target."""
