@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_cli_json_eps0():
-    out = subprocess.run([sys.executable, "-m", "jobs.amplification", "--n", "100000",
+    out = subprocess.run([sys.executable, "-m", "benchmarks.amplification", "--n", "100000",
                           "--eps0", "4", "--delta", "1e-6", "--json"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     rows = json.loads(out)
