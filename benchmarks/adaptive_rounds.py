@@ -201,8 +201,8 @@ def main(argv=None) -> int:
     from jobs.experiments import Job, Runner
     from rknn_ray.runio import write_json, write_text
     todo = cells(args)
-    jobs = [Job(cell_name(c), dict(c), call=(lambda c=c: label_only_cell(c, args)),
-                resumable=False) for c in todo] if args.labels_only else \
+    jobs = [Job(cell_name(c), dict(c), call=(lambda c=c: label_only_cell(c, args)))
+            for c in todo] if args.labels_only else \
         [cell_job(c, args) for c in todo]
     meta = {"config": os.path.relpath(args.config), "overrides": args.overrides,
             "cpus": os.cpu_count()}

@@ -23,7 +23,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 NAN = float("nan")
@@ -139,20 +139,18 @@ def empty_row() -> dict:
 class Job:
     """One cell of an experiment.
 
-    ``keys``: what names the cell in its row (method, target_eps, seed, ...), set first.
-    A jobs.distill cell has ``cfg`` (a validated Config) and runs into
-    ``runs/<name>``; any other cell (an in-process baseline) has ``call`` returning its
-    row's fields. ``extra(report)`` adds producer-specific fields from a run's report.
-    ``resumable``: a distill cell whose run folder holds report.json and the same spec
-    is read back, not run again.
+    ``keys``: what names the cell in its row (method, target_eps, seed, ...).
+    A jobs.distill cell has ``cfg`` (a validated Config) and runs into ``runs/<name>``;
+    a finished one (report.json and the same spec, keys and row schema in its cell file)
+    is read back, not run again. Any other cell (an in-process baseline, a simulation)
+    has ``call`` returning its row's fields and always runs. ``extra(report)`` adds
+    producer-specific fields read from a run's report.
     """
     name: str
     keys: dict
     cfg: object = None
     call: Callable[[], dict] | None = None
     extra: Callable[[dict], dict] | None = None
-    resumable: bool = True
-    spec: dict = field(default_factory=dict)      # extra identity for the digest
 
 
 def spec_digest(d: dict) -> str:
@@ -197,14 +195,14 @@ class Runner:
         return os.path.join(self.out, "runs", job.name)
 
     def digest(self, job: Job) -> str:
-        return spec_digest({"config": job.cfg.to_dict(), "keys": job.keys, **job.spec})
+        return spec_digest({"config": job.cfg.to_dict(), "keys": job.keys})
 
     # -- done before?
     def load_done(self, job: Job) -> dict | None:
         """The saved row of a finished cell with this spec and row schema, else None."""
         run_dir = self.run_dir(job)
         path = os.path.join(run_dir, self.cell_file)
-        if not (job.resumable and job.cfg is not None and os.path.isfile(path)
+        if not (job.cfg is not None and os.path.isfile(path)
                 and os.path.isfile(os.path.join(run_dir, "report.json"))):
             return None
         try:
@@ -233,14 +231,14 @@ class Runner:
                 row["run"] = run_dir
                 report, wall = run_distill(job.cfg, run_dir, self.ledger_path)
                 row = cell_row(job, report, wall, run_dir)
-                if job.resumable:
-                    write_json(os.path.join(run_dir, self.cell_file),
-                               {"spec": self.digest(job), "schema": ROW_SCHEMA,
-                                "keys": job.keys, "row": row})
+                write_json(os.path.join(run_dir, self.cell_file),
+                           {"spec": self.digest(job), "schema": ROW_SCHEMA, "keys": job.keys,
+                            "row": row})
             else:
                 row.update(job.call())
                 row.update(job.keys)
-                if not isinstance(row.get("wall_s"), (int, float)) or row["wall_s"] != row["wall_s"]:
+                wall = row.get("wall_s")
+                if not isinstance(wall, (int, float)) or math.isnan(wall):   # call did not time it
                     row["wall_s"] = time.perf_counter() - t0
         except Exception as exc:            # one failed cell must not lose the table
             row = {**empty_row(), **job.keys, "run": row["run"],     # the cell's names kept
