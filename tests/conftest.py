@@ -14,6 +14,23 @@ def isolated_privacy_ledger(tmp_path, monkeypatch):
     return path
 
 
+def start_local_ray(ray) -> None:
+    """ray.init for the test session, tried again when Ray's fixed 30 s raylet wait expires on
+    a busy machine (as jobs.ray_env.ensure_ray does for a job): one slow start must not turn
+    every Ray test of the session into a setup error (seen at load 50 on 2 cores)."""
+    from jobs.ray_env import START_ATTEMPTS, STARTUP_TIMEOUT
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            # address="local": always a fresh instance of our own, never a cluster that a
+            # `ray start` (the multi-node tests, another user) left running on this machine
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS:
+                raise
+            ray.shutdown()          # stop the half-started processes before the next try
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
@@ -21,9 +38,7 @@ def ray_session():
     quiet_ray_logs()
     started = False
     if not ray.is_initialized():
-        # address="local": always a fresh instance of our own, never a cluster that a
-        # `ray start` (the multi-node tests, another user) left running on this machine
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_local_ray(ray)
         started = True
     yield ray
     if started:

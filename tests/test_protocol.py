@@ -30,7 +30,8 @@ def test_shuffled_sealed_path_equals_direct_aggregation(model, name):
     """Fixed randomness: seal -> shuffle -> open -> estimate == estimate of the same reports."""
     n = 3000
     ans = answers(n)
-    mech = build(model, name, MechanismParams(6, 3, 1, 1.0, delta=1e-6, num_clients=n))
+    eps = 4.0 if name == "multi" else 1.0     # the path is under test: eps 1 floods ~7x more
+    mech = build(model, name, MechanismParams(6, 3, 1, eps, delta=1e-6, num_clients=n))
     batch = mech.randomize(ans, seeded_generator(5))
     direct = mech.estimate(batch.payloads, n, seeded_generator(9))
     keys, ctx = ServerKeyPair.generate(), RoundContext("job-eq", 0)
