@@ -1,5 +1,5 @@
-"""Evaluate shuffle-model privacy amplification (python -m benchmarks.amplification;
-``python -m jobs.amplification`` and ``rknn-ray-amplification`` run the same).
+"""Evaluate shuffle-model privacy amplification (``python -m benchmarks.amplification``;
+``rknn-ray-amplification`` runs the same).
 
 Single point:
     python -m benchmarks.amplification --n 100000 --eps0 4 --delta 1e-6 --json

@@ -293,8 +293,8 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     import ray
 
     from benchmarks.crypto_floor import floor_parts
-    from jobs.progress import Progress
-    from jobs.protocol import ProtocolSession
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.data.sources import SyntheticClientsSource
@@ -305,9 +305,8 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     quiet_train_logs()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     cores = os.cpu_count() or 1
-    started = not ray.is_initialized()     # a test's Ray is used as it is
-    if started:
-        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False)
+    from rknn_ray.job.ray_env import ensure_ray
+    started = ensure_ray(num_cpus=cores, log_to_driver=False)  # a test's Ray is used as it is
     out = {"clients": clients, "protocol": "actors-warm", "cores": cores, "rounds": rounds,
            "queries": WARM_QUERIES, "cells": WARM_QUERIES * NUM_CLASSES, "models": {}}
     try:

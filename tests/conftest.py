@@ -16,9 +16,9 @@ def isolated_privacy_ledger(tmp_path, monkeypatch):
 
 def start_local_ray(ray) -> None:
     """ray.init for the test session, tried again when Ray's fixed 30 s raylet wait expires on
-    a busy machine (as jobs.ray_env.ensure_ray does for a job): one slow start must not turn
+    a busy machine (as rknn_ray.job.ray_env.ensure_ray does for a job): one slow start must not turn
     every Ray test of the session into a setup error (seen at load 50 on 2 cores)."""
-    from jobs.ray_env import START_ATTEMPTS, STARTUP_TIMEOUT
+    from rknn_ray.job.ray_env import START_ATTEMPTS, STARTUP_TIMEOUT
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             # address="local": always a fresh instance of our own, never a cluster that a

@@ -143,7 +143,7 @@ def test_a_release_saved_with_its_bound_inside_resumes_at_the_same_cost(tmp_path
     the bound as the accountant's choice, and the run's ledger admits it at the saved cost."""
     import numpy as np
 
-    from jobs.release_file import load_release
+    from rknn_ray.job.release_file import load_release
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.runio import RELEASE_FILE
     cost = event_cost(costed_from_dict(LEGACY_SHUFFLE)[0], Costing(bound="fmt_closed_form"))
