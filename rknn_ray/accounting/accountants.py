@@ -50,7 +50,8 @@ def event_cost(event) -> tuple[float, float]:
     if isinstance(event, MultiMessageShuffleDpEvent):
         from rknn_ray.accounting.multi_message import protocol_eps
         return float(protocol_eps(event.dlap_p, event.flood_mean_total, event.sensitivity_l1,
-                                  event.delta)), float(event.delta + event.cap_failure)
+                                  event.delta, event.flood_shape)), \
+            float(event.delta + event.cap_failure)
     if isinstance(event, dp_event.ComposedDpEvent):
         costs = [event_cost(e) for e in event.events]
         return sum(c[0] for c in costs), min(1.0, sum(c[1] for c in costs))
