@@ -355,7 +355,8 @@ TRAIN_ON = ("public", "queries")    # jobs/distill.py: train on propagated publi
 #: privacy.options keys the mechanisms read -> (kind, low, high, low_open, high_open).
 PRIVACY_OPTIONS = {"collision_l": (int, 2, None, False, False),
                    "separation_split": (float, 0, 1, True, True),
-                   "expected_dropout": (float, 0, 1, False, True)}
+                   "expected_dropout": (float, 0, 1, False, True),
+                   "dlap_share": (float, 0, 1, True, True)}     # shuffle multi: DLap vs flooding
 #: Options the pipeline fills from a dedicated key (an options entry would override it).
 SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_record",
                     "bound": "privacy.amplification_bound",
