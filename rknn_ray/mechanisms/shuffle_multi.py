@@ -14,9 +14,9 @@ geometric-share messages plus 2 mu flooding messages. mu is the smallest mean wh
 PLD (rknn_ray.accounting.multi_message) meets (eps, delta), over Poisson and NB(r)
 flooding laws; NB flooding needs ~3x fewer. At eps = 1, delta = 1e-6, k r = 1: 2p/(1-p)
 = 3.8 and mu = 192 (NB r = 16; Poisson needed 609), i.e. ~387 messages per cell instead of
-~1,222. mu does not depend on n or d (per client it falls as 1/n, grows as d), grows
-roughly as ln(1/delta)/eps (NB; Poisson ln(1/delta)/eps^2) and with k r (docs/results.md,
-"noise messages per cell"). Calibration, the (eps, delta) statement and its
+~1,222. mu does not depend on n or d (per client it falls as 1/n, grows as d); measured,
+it grows about as eps^-0.85 with NB (eps^-1.7 with Poisson) and as (ln 1/delta)^1.7-2 for
+both (docs/results.md, "Multi-message noise messages per cell"). Calibration, the (eps, delta) statement and its
 derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
