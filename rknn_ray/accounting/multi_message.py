@@ -41,9 +41,9 @@ of G+ + F: on the half of the outcomes where the DLap difference sits below x, t
 also shifts W = Geometric(p^2) + F by one, so W must itself be shift-private with the
 eps left over from the DLap. A Poisson's log-pmf slope changes by ~1/sqrt(mu) per
 standard deviation, so it needs mu ~ 2 ln(1/delta)/eps2^2 pairs; an over-dispersed
-NB(r, q) (a Gamma-like shape, log-slope ~ (r-1)/f - (1-q)) flattens that and needs about
-three times fewer at r ~ 32 (the measured table in docs/results.md, "multi-message noise
-messages per cell"). Each calibration tries Poisson and r in ``FLOOD_SHAPES`` and keeps
+NB(r, q) (a Gamma-like shape, log-slope ~ (r-1)/f - (1-q)) flattens that and needs
+1.8x (eps 2) to 5.9x (eps 0.5) fewer messages at r = 8 to 32, 3.2x at eps 1 (the
+measured table in docs/results.md, "multi-message noise messages per cell"). Each calibration tries Poisson and r in ``FLOOD_SHAPES`` and keeps
 the smallest mean; every candidate is costed by the same exact PLD.
 """
 from __future__ import annotations
