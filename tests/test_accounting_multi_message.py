@@ -5,15 +5,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rknn_ray.accounting.multi_message import (_pmfs, calibrate_multi_message,
-                                               dlap_limit_eps, protocol_eps)
+from rknn_ray.accounting.multi_message import (FLOOD_SHAPES, POISSON, _pmfs,
+                                               calibrate_multi_message, dlap_limit_eps,
+                                               protocol_eps, smallest_flood_mean)
 from rknn_ray.errors import ConfigError
 
 
-def _exact_view_delta(p, mu, eps, shift):
-    """Brute force: hockey-stick of (x+G+F, G'+F) for x=0 vs x=shift on a 2-D grid."""
+def _exact_view_delta(p, mu, eps, shift, shape=0.0):
+    """Brute force: hockey-stick of (x+G+F, G'+F) for x=0 vs x=shift on a 2-D grid
+    (F Poisson(mu), or NB with mean mu and shape ``shape``)."""
     A = 140
-    f = stats.poisson.pmf(np.arange(A), mu)
+    f = (stats.poisson.pmf(np.arange(A), mu) if shape == 0 else
+         stats.nbinom.pmf(np.arange(A), shape, shape / (mu + shape)))
     geo = (1 - p) * p ** np.arange(A)
 
     def view(x):
@@ -26,8 +29,8 @@ def _exact_view_delta(p, mu, eps, shift):
     return max(np.maximum(P0 - math.exp(eps) * P1, 0).sum(), np.maximum(P1 - math.exp(eps) * P0, 0).sum())
 
 
-def _pair_delta(p, mu, eps):
-    P, Q = _pmfs(p, mu)
+def _pair_delta(p, mu, eps, shape=0.0):
+    P, Q = _pmfs(p, mu, shape)
     keys = set(P) | set(Q)
     e = lambda d, k: math.exp(d[k]) if k in d else 0.0  # noqa: E731
     return max(sum(max(0.0, e(P, k) - math.exp(eps) * e(Q, k)) for k in keys),
@@ -65,7 +68,7 @@ def test_nb_shares_sum_to_discrete_laplace():
 def test_calibration_meets_target_and_reports_parameters():
     c = calibrate_multi_message(1.0, 1e-6, n=1000, sensitivity_l1=4, num_cells=200)
     assert c.eps <= 1.0 and c.eps > 0.9
-    assert protocol_eps(c.dlap_p, c.flood_mean_total, 4, 1e-6) <= 1.0
+    assert protocol_eps(c.dlap_p, c.flood_mean_total, 4, 1e-6, c.flood_shape) <= 1.0
     assert c.nb_shape == pytest.approx(1e-3) and c.nb_success_prob == pytest.approx(1 - c.dlap_p)
     assert c.error_variance == pytest.approx(2 * c.dlap_p / (1 - c.dlap_p) ** 2)
     # within 25% of central Laplace(L1/eps) error (scale 4), far below Laplace(4kr/eps)
@@ -74,3 +77,53 @@ def test_calibration_meets_target_and_reports_parameters():
     assert c.noise_messages_per_client == pytest.approx(expected)
     with pytest.raises(ConfigError):
         calibrate_multi_message(1.0, 2.0, n=10, sensitivity_l1=2, num_cells=4)
+
+
+@pytest.mark.parametrize("p,mu,shape", [(0.5, 3.0, 2.0), (0.7, 8.0, 4.0), (0.6, 10.0, 16.0)])
+def test_nb_flooding_pair_equals_brute_force_view(p, mu, shape):
+    """Negative-binomial flooding: the reduced pair (P, Q) is still exact -- its hockey-stick
+    divergence equals the 2-D view's, for both directions and several eps."""
+    for eps in (0.0, 0.2, 0.5, -math.log(p)):
+        assert _pair_delta(p, mu, eps, shape) == pytest.approx(
+            _exact_view_delta(p, mu, eps, 1, shape), abs=1e-9)
+
+
+def test_nb_pair_is_the_likelihood_ratio_of_the_view():
+    """The pair's privacy-loss values are the view's: on each outcome (a, b) of the 2-D view
+    the ratio P_0/P_1 equals the pair's ratio for that outcome's class (low or u = a)."""
+    p, mu, shape, A = 0.6, 6.0, 3.0, 90
+    f = stats.nbinom.pmf(np.arange(A), shape, shape / (mu + shape))
+    geo = (1 - p) * p ** np.arange(A)
+    P, Q = _pmfs(p, mu, shape)
+
+    def prob(x, a, b):
+        return sum(f[ff] * geo[a - x - ff] * geo[b - ff] for ff in range(min(a - x, b) + 1))
+    for a in range(1, 25):
+        for b in range(0, 25):
+            ratio = prob(0, a, b) / prob(1, a, b)
+            key = "low" if b <= a - 1 else a
+            assert math.log(ratio) == pytest.approx(P[key] - Q[key], abs=1e-9)
+
+
+def test_nb_flooding_reaches_the_same_guarantee_with_fewer_messages():
+    """At the DLap parameter the calibration fixes, the smallest NB flood mean that meets
+    (eps, delta) is well below the smallest Poisson one; both meet it exactly."""
+    p, eps, delta = math.exp(-0.85 * 0.5), 1.0, 1e-6
+    mu_poisson = smallest_flood_mean(p, POISSON, 2, eps, delta)
+    mu_nb = smallest_flood_mean(p, 16.0, 2, eps, delta)
+    assert protocol_eps(p, mu_nb, 2, delta, 16.0) <= eps
+    assert protocol_eps(p, mu_poisson, 2, delta, POISSON) <= eps
+    assert protocol_eps(p, mu_nb / 1.05, 2, delta, 16.0) > eps     # the smallest, to 2-5%
+    assert mu_nb < 0.5 * mu_poisson
+
+
+def test_calibration_keeps_the_law_with_the_fewest_messages():
+    c = calibrate_multi_message(1.0, 1e-6, n=1000, sensitivity_l1=2, num_cells=100)
+    means = {r: smallest_flood_mean(c.dlap_p, r, 2, 1.0, 1e-6) for r in FLOOD_SHAPES}
+    assert c.flood_mean_total == pytest.approx(min(m for m in means.values() if m))
+    assert c.flood_shape == min(means, key=lambda r: means[r])
+    assert protocol_eps(c.dlap_p, c.flood_mean_total, 2, 1e-6, c.flood_shape) == c.eps <= 1.0
+    only_poisson = calibrate_multi_message(1.0, 1e-6, n=1000, sensitivity_l1=2, num_cells=100,
+                                           flood_shapes=(POISSON,))
+    assert only_poisson.flood_shape == POISSON
+    assert c.noise_messages_per_client < 0.5 * only_poisson.noise_messages_per_client

@@ -66,6 +66,29 @@ def test_multi_message_round_trip_unbiased_and_dlap_variance():
     assert mech.guarantee().eps == pytest.approx(mech.cal.eps)
 
 
+def test_multi_message_flooding_has_the_calibrated_law():
+    """The sampled flooding is the law the accountant costs: NB(r, q) with the calibrated
+    mean mu (variance mu + mu^2/r, far above a Poisson's mu), summed over the n/m shares
+    every client sends; the (-) messages of a cell are G- + F (no true message)."""
+    rng = np.random.default_rng(2)
+    n = 3000
+    mech = build("shuffle", "multi", MechanismParams(4, 3, 1, 1.0, delta=1e-6, num_clients=n))
+    c, a = mech.cal, mech.noise_shape()            # a = n / m shares of each law
+    assert c.flood_shape > 0 and mech.event().flood_shape == c.flood_shape
+    ans = one_per_client(rng, n, s=4, c=3)
+    minus = []
+    for i in range(40):
+        cells, negative = decode_messages(mech.randomize(ans, seeded_generator(i)).payloads)
+        minus.append(np.bincount(cells[negative], minlength=12))
+    minus = np.concatenate(minus).astype(float)
+    g_mean, g_var = c.dlap_p / (1 - c.dlap_p), c.dlap_p / (1 - c.dlap_p) ** 2
+    mean = a * (g_mean + c.flood_mean_total)
+    var = a * (g_var + c.flood_mean_total + c.flood_mean_total ** 2 / c.flood_shape)
+    assert minus.mean() == pytest.approx(mean, rel=4 * math.sqrt(var / minus.size) / mean)
+    assert minus.var() == pytest.approx(var, rel=0.25)
+    assert minus.var() > 5 * a * (g_var + c.flood_mean_total)       # not Poisson flooding
+
+
 def test_multi_message_refuses_missing_noise_shares():
     mech = build("shuffle", "multi", MechanismParams(4, 3, 1, 1.0, delta=1e-6, num_clients=1000,
                                                      options={"expected_dropout": 0.1}))
@@ -100,6 +123,30 @@ def test_multi_message_accounting_stable_for_heavy_flooding():
     eps = [protocol_eps(p, mu, 2, 1e-6) for mu in (1e3, 3e3, 8e3, 1.6e4, 3e4, 1e5)]
     assert all(math.isfinite(e) for e in eps)
     assert all(a >= b - 1e-9 for a, b in zip(eps, eps[1:]))       # more flooding, less eps
+    nb = [protocol_eps(p, mu, 2, 1e-6, 16.0) for mu in (1e3, 1e4, 1e5)]   # NB flooding too
+    assert all(math.isfinite(e) for e in nb) and nb[0] >= nb[1] - 1e-9 >= nb[2] - 2e-9
     assert eps[-1] >= dlap_limit_eps(p, 2, 1e-6) - 1e-6            # never below the limit
     cal = calibrate_multi_message(0.5, 1e-6, 1079, 2, 100)
     assert 0.45 <= cal.eps <= 0.5
+
+
+def test_multi_message_dlap_share_trades_error_for_messages():
+    """privacy.options.dlap_share: a smaller DLap share of the per-cell eps means more DLap
+    noise and fewer flooding messages, at the same exactly accounted (eps, delta)."""
+    from rknn_ray.config import load_config
+
+    def mech(**options):
+        return build("shuffle", "multi", MechanismParams(4, 3, 1, 1.0, delta=1e-6,
+                                                         num_clients=3000, options=options))
+    default, lower = mech(), mech(dlap_share=0.7)
+    assert default.cal.dlap_share == 0.85 and lower.cal.dlap_share == 0.7
+    assert lower.cal.error_variance > default.cal.error_variance
+    assert lower.cal.noise_messages_per_client < 0.7 * default.cal.noise_messages_per_client
+    assert lower.guarantee().eps <= 1.0 and default.guarantee().eps <= 1.0
+    with pytest.raises(ConfigError, match="dlap_share"):
+        mech(dlap_share=1.0)
+    cfg = load_config("jobs/configs/digits_shuffle.yaml", ["privacy.mechanism=multi",
+                                                           "privacy.options.dlap_share=0.7"])
+    assert cfg.privacy.options["dlap_share"] == 0.7
+    with pytest.raises(ConfigError, match="dlap_share"):
+        load_config("jobs/configs/digits_shuffle.yaml", ["privacy.options.dlap_share=1.5"])

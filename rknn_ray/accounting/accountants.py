@@ -167,7 +167,8 @@ def event_cost(event, costing: Costing = DEFAULT_COSTING) -> tuple[float, float]
     if isinstance(event, MultiMessageShuffleDpEvent):
         from rknn_ray.accounting.multi_message import protocol_eps
         return float(protocol_eps(event.dlap_p, event.flood_mean_total, event.sensitivity_l1,
-                                  event.delta)), float(event.delta + event.cap_failure)
+                                  event.delta, event.flood_shape)), \
+            float(event.delta + event.cap_failure)
     if isinstance(event, SubsampleDpEvent):
         return subsample_epsilon_delta(int(event.k), int(event.n), bool(event.replacement))
     if isinstance(event, dp_event.ComposedDpEvent):

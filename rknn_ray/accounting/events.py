@@ -50,7 +50,9 @@ class ShuffledLocalDpEvent(dp_event.DpEvent):
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     """Multi-message shuffle: per cell, NB shares of DLap(dlap_p) over ``num_senders`` clients
-    plus Poisson(flood_mean_total) flooding pairs; one record moves ``sensitivity_l1`` cells.
+    plus flooding pairs with mean ``flood_mean_total``: NB with shape ``flood_shape``, or
+    Poisson for 0 (every event written before the shape was recorded); one record moves
+    ``sensitivity_l1`` cells.
 
     The accountant computes eps at ``delta`` with rknn_ray.accounting.multi_message and
     adds ``cap_failure`` (the chance that an honest client's noise exceeds the per-sender
@@ -69,6 +71,7 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     cap_failure: float = 0.0
     honest_fraction: float = 1.0
     noise_senders: int = 0
+    flood_shape: float = 0.0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

@@ -3,21 +3,32 @@
 Every message is a (cell, sign) pair packed in 4 bytes: ``cell << 1 | negative``.
 A client sends one (cell, +1) message per cell each of its records votes into
 (k*r per record) plus its share of the noise: negative-binomial NB(1/n, 1-p)
-messages (j, +1) and (j, -1) and Poisson(mu/n) flooding pairs per cell j.
+messages (j, +1) and (j, -1) and NB(r/n, q) flooding pairs per cell j (mean mu/n;
+Poisson(mu/n) where Poisson needs fewer, see below).
 The n shares of a cell add up to a discrete Laplace DLap(p) on the difference,
 so the server's estimate N+_j - N-_j is unbiased with the central discrete
-Laplace variance 2p/(1-p)^2. Calibration, the (eps, delta) statement and its
+Laplace variance 2p/(1-p)^2.
+
+Noise messages per cell (all clients together; per client divide by m, below): 2p/(1-p)
+geometric-share messages plus 2 mu flooding messages. mu is the smallest mean whose exact
+PLD (rknn_ray.accounting.multi_message) meets (eps, delta), over Poisson and NB(r)
+flooding laws; NB flooding needs ~3x fewer. At eps = 1, delta = 1e-6, k r = 1: 2p/(1-p)
+= 3.8 and mu = 192 (NB r = 16; Poisson needed 609), i.e. ~387 messages per cell instead of
+~1,222. mu does not depend on n or d (per client it falls as 1/n, grows as d); measured,
+it grows about as eps^-0.85 with NB (eps^-1.7 with Poisson) and as (ln 1/delta)^1.7-2 for
+both (docs/results.md, "Multi-message noise messages per cell"). Calibration, the (eps, delta) statement and its
 derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
 
 The shares are drawn by exact integer samplers (:mod:`rknn_ray.mechanisms.exact`,
-ChaCha20 stream): NB with decay rate -ln p rounded down and Poisson means rounded up
-on a 2^-40 grid, i.e. at least the calibrated noise.
+ChaCha20 stream): NB with decay rate -ln p (and -ln q) rounded down and Poisson means
+rounded up on a 2^-40 grid, i.e. at least the calibrated noise (relative change < 1e-12).
 
 Simulation shortcut (the server's view is unchanged): within one batch of B
 clients the per-client shares of a cell are summed exactly -- a sum of B
-NB(1/n) is NB(B/n), a sum of B Poisson(mu/n) is Poisson(B mu/n) -- and each
+NB(1/n) is NB(B/n), a sum of B NB(r/n, q) is NB(B r/n, q), a sum of B Poisson(mu/n)
+is Poisson(B mu/n) -- and each
 noise message is attributed to a uniformly chosen client of the batch. The
 multiset the shuffler forwards has exactly the protocol's distribution; only
 the per-client split of noise messages (invisible after shuffling) differs.
@@ -32,7 +43,7 @@ share; with shares of 1/n_cal, ten honest clients out of 1,000 leave 1% of the n
 most counts exact. So the protocol assumes an honest fraction gamma
 (``privacy.honest_fraction``, default 0.5: an honest majority, the usual assumption
 of distributed noise generation, e.g. Shi et al., NDSS 2011) and every client sends
-the shares of ``m = ceil(gamma * n_cal)`` clients, NB(1/m) and Poisson(mu/m): any m
+the shares of ``m = ceil(gamma * n_cal)`` clients, NB(1/m) and NB(r/m, q): any m
 honest clients together add the full DLap(p) and flooding mu, so the guarantee holds
 whenever at least m senders follow the protocol; more honest senders only add noise
 (post-processing). Below m no guarantee is claimed: h < m honest senders leave
@@ -55,19 +66,23 @@ from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams, Mes
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
 
+DEFAULT_DLAP_SHARE = 0.85   # the DLap's share of the per-cell eps (rest pays the flooding)
+
 MESSAGE_BYTES = 4
 CAP_DELTA_SHARE = 1e-3      # share of delta spent on an honest client exceeding the message cap
 
 
 def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells: int,
-                      beta: float) -> int:
+                      beta: float, flood_shape: float = 0.0) -> int:
     """Smallest M with P[one client's noise messages >= M] <= beta (Chernoff bound).
 
     ``n`` is the number of clients the noise is split over (m, the honest ones).
 
     A client's noise messages are X = sum over d cells of NB(1/n, p) + NB(1/n, p) +
-    2 Poisson(mu/n); log E[e^{tX}] = d (2/n ln((1-p)/(1-p e^t)) + mu/n (e^{2t} - 1)) for
-    t < -ln p, and P[X >= M] <= exp(log E[e^{tX}] - t M). The admitting party drops a
+    2 F with F ~ Poisson(mu/n): log E[e^{tX}] = d (2/n ln((1-p)/(1-p e^t)) + mu/n
+    (e^{2t} - 1)), or F ~ NB(r/n, q) (``flood_shape`` r > 0, q = mu/(mu + r)): the flood
+    term is r/n ln((1-q)/(1-q e^{2t})); for t < -ln p (and t < -ln(q)/2),
+    P[X >= M] <= exp(log E[e^{tX}] - t M). The admitting party drops a
     sender's messages beyond its allowance; an honest client loses noise only with
     probability <= n beta, which the guarantee adds to delta: with caller's beta =
     cap_failure / ((1 + e^eps) n), capped and uncapped outputs differ by at most
@@ -78,10 +93,17 @@ def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells:
     from scipy import optimize
     d, log_beta = float(num_cells), math.log(beta)
     t_max = -math.log(dlap_p)
+    if flood_shape > 0:
+        q = flood_mean_total / (flood_mean_total + flood_shape)
+        t_max = min(t_max, -math.log(q) / 2)
+
+    def flood(t):
+        if flood_shape > 0:
+            return flood_shape / n * math.log((1 - q) / (1 - q * math.exp(2 * t)))
+        return flood_mean_total / n * (math.exp(2 * t) - 1)
 
     def log_mgf(t):
-        return d * (2.0 / n * math.log((1 - dlap_p) / (1 - dlap_p * math.exp(t)))
-                    + flood_mean_total / n * (math.exp(2 * t) - 1))
+        return d * (2.0 / n * math.log((1 - dlap_p) / (1 - dlap_p * math.exp(t))) + flood(t))
 
     def m_at(t):
         return (log_mgf(t) - log_beta) / t
@@ -143,17 +165,27 @@ class MultiMessageShuffle(Mechanism):
         # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
         # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
         from rknn_ray.accounting.multi_message import calibrate_multi_message
+        share = float(params.options.get("dlap_share", DEFAULT_DLAP_SHARE))
+        if not 0 < share < 1:
+            raise ConfigError("privacy.options.dlap_share", f"must be in (0, 1), got {share}",
+                              f"leave it out (default {DEFAULT_DLAP_SHARE}) or set e.g. 0.7: "
+                              "less fixes more DLap noise, fewer flooding messages")
         self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure,
-                                           self.n_honest, params.sensitivity_l1, params.num_cells)
+                                           self.n_honest, params.sensitivity_l1, params.num_cells,
+                                           dlap_share=share)
         # the cap is for one honest client's NB(1/m) shares; the union bound runs over every
         # client that may be honest (all n)
         n_all = max(self.n_cal, int(params.num_clients))
         self.noise_cap = noise_message_cap(self.cal.dlap_p, self.cal.flood_mean_total,
                                            self.n_honest, params.num_cells, self.cap_failure
-                                           / ((1 + math.exp(self.cal.eps)) * n_all))
+                                           / ((1 + math.exp(self.cal.eps)) * n_all),
+                                           self.cal.flood_shape)
         # exact samplers: NB(B/n, q) with q = e^-rate >= p and Poisson means rounded up
         # (both towards more noise, by < 2^-40 relative; see rknn_ray.mechanisms.exact)
         self.nb_rate = noisier_rate(-math.log(self.cal.dlap_p))
+        if self.cal.flood_shape > 0:     # NB(r, q) flooding: q = mu/(mu + r), rate -ln q
+            self.flood_rate = noisier_rate(math.log1p(self.cal.flood_shape
+                                                      / self.cal.flood_mean_total))
 
     @property
     def message_size(self) -> int:
@@ -167,7 +199,10 @@ class MultiMessageShuffle(Mechanism):
         share = Fraction(int(ids.size), self.n_honest)      # B / m, exactly
         plus = negative_binomial(rng, share, self.nb_rate, d)
         minus = negative_binomial(rng, share, self.nb_rate, d)
-        flood = poisson(rng, noisier_mean(share * Fraction(cal.flood_mean_total)), d)
+        if cal.flood_shape > 0:
+            flood = negative_binomial(rng, share * Fraction(cal.flood_shape), self.flood_rate, d)
+        else:
+            flood = poisson(rng, noisier_mean(share * Fraction(cal.flood_mean_total)), d)
         cells = np.concatenate([true_cells,
                                 np.repeat(np.arange(d), plus + flood),
                                 np.repeat(np.arange(d), minus + flood)])
@@ -214,7 +249,7 @@ class MultiMessageShuffle(Mechanism):
                 f"{self.n_cal}; round refused, nothing released. Set "
                 "privacy.options.expected_dropout to the dropout you expect")
         return self.guarantee_of(self._event(), n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
-                                        f"over {self.n_honest} clients + Poisson flooding "
+                                        f"over {self.n_honest} clients + {self._flood_law()} flooding "
                                         f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
                                         f"{self.messages_per_sender()} messages per sender "
                                         f"(noise cap {self.noise_cap}, failure probability "
@@ -238,7 +273,11 @@ class MultiMessageShuffle(Mechanism):
                                           int(self.params.sensitivity_l1),
                                           int(self.params.num_cells), float(c.delta),
                                           float(self.cap_failure), float(self.honest_fraction),
-                                          int(self.n_honest))
+                                          int(self.n_honest), float(c.flood_shape))
+
+    def _flood_law(self) -> str:
+        r = self.cal.flood_shape
+        return f"NB(r={r:g})" if r > 0 else "Poisson"
 
     def noise_shape(self, senders: int | None = None) -> float:
         """NB shape of the noise per sign when ``senders`` (default n_cal) all send shares."""
