@@ -36,14 +36,14 @@ def isolated_ledger(out: str):
 
 
 def run_distill(cfg, out_dir: str, ledger_path: str) -> tuple[dict, float]:
-    """One jobs.distill run of the validated ``cfg`` into ``out_dir`` (replacing a run
-    there); returns (report, wall seconds)."""
-    from jobs.distill import run
+    """One job (:func:`rknn_ray.job.run`, what ``python -m jobs.distill`` runs) of the
+    validated ``cfg`` into ``out_dir`` (replacing a run there); returns (report, wall seconds)."""
+    from rknn_ray.job import run
     from rknn_ray.runio import prepare_run_dir
     # a sweep re-runs its cell: an earlier attempt's unfinished release is replaced, as before
     out = prepare_run_dir(out_dir, overwrite=True, discard_release=True)
     t0 = time.perf_counter()
-    report = run(cfg, out, ledger_path=ledger_path)
+    report = run(cfg, out, ledger_path=ledger_path).report
     return report, time.perf_counter() - t0
 
 
