@@ -103,7 +103,7 @@ def label_only_cell(cell: dict, args) -> dict:
     from rknn_ray.job.session import RoundResult
     from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_for,
                                    prepare_data, round_budgets, round_query_counts)
-    from rknn_ray.queries import union_of_rounds
+    from rknn_ray.labeling.queries import union_of_rounds
     from rknn_ray.rng import seeded_generator
     over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
             f"rounds.count={cell['T']}",

@@ -34,7 +34,7 @@ def closed_form_variance(mech, answers) -> np.ndarray:
 
 
 def run(clients: int, trials: int, eps: float, seed: int = 0) -> list[dict]:
-    from rknn_ray.answers import RecordAnswers
+    from rknn_ray.labeling.answers import RecordAnswers
     from rknn_ray.mechanisms import MechanismParams, build
     from rknn_ray.rng import seeded_generator
     rng = np.random.default_rng(seed)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.collision import collision_client_variance, collision_l
 from rknn_ray.mechanisms.separation import concatenation_moments

@@ -105,8 +105,8 @@ def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = 
     """Queries and mechanism from public data only (2,000 mixture samples of another seed)."""
     from rknn_ray.data.sources import SyntheticClientsSource
     from rknn_ray.mechanisms import MechanismParams, build
-    from rknn_ray.queries import select_queries
-    from rknn_ray.represent import make_encoder
+    from rknn_ray.labeling.queries import select_queries
+    from rknn_ray.representation.represent import make_encoder
     public_x, _ = SyntheticClientsSource(0, 2000, NUM_CLASSES, DIM, SEED + 7).records(0, 2000)
     encoder = make_encoder("raw").fit(public_x)
     qs = select_queries(encoder.transform(public_x), s, restarts=1, seed=SEED)
@@ -118,7 +118,7 @@ def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = 
 def _exact_counts(clients: int, qs, batch: int = 1 << 20) -> np.ndarray:
     """The true counts, for the error columns (regenerated the way the shards made them)."""
     from rknn_ray.data.sources import SyntheticClientsSource
-    from rknn_ray.rknn import reverse_knn
+    from rknn_ray.labeling.rknn import reverse_knn
     src = SyntheticClientsSource(0, clients, NUM_CLASSES, DIM, SEED)
     counts = np.zeros((S, NUM_CLASSES), np.int64)
     for lo in range(0, clients, batch):

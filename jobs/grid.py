@@ -17,7 +17,7 @@ neither spent nor in the way. An axis left out takes the base config's value.
   local/rr, local/collision, shuffle/collision, shuffle/multi, ...); without a
   mechanism: the config's if its model matches, else laplace (central) or collision.
   Shuffle cells need delta: ``--delta`` (default: the config's, else 1e-5).
-* ``--s`` / ``--k``: numbers or ``auto`` (rknn_ray.autotune picks them per cell).
+* ``--s`` / ``--k``: numbers or ``auto`` (rknn_ray.labeling.autotune picks them per cell).
 
 Per (encoder, resolved s, resolved k, seed) the grid also runs the NON-PRIVATE reference
 of the same pipeline (rknn_ray.reference: exact counts, same labels and student) in

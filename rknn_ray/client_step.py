@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from rknn_ray.mechanisms.base import Mechanism, MessageBatch
-from rknn_ray.rknn import build_answers
+from rknn_ray.labeling.rknn import build_answers
 from rknn_ray.rng import derived_generator
 from sealing.credentials import with_credentials
 from sealing.envelope import RoundContext, report_ids_from_key, seal_batch, to_arrow
@@ -37,7 +37,7 @@ class RoundSpec:
     """Everything public a client needs for one round (sent once per round to each shard)."""
     ctx: RoundContext
     mechanism: Mechanism
-    encoder: object                  # rknn_ray.represent.Encoder, fitted on public data
+    encoder: object                  # rknn_ray.representation.represent.Encoder, fitted on public data
     query_features: np.ndarray       # (s, D) the round's queries
     k: int
     num_classes: int

@@ -70,7 +70,7 @@ def _upper_bounds() -> tuple:
 
 
 def _query_selections() -> tuple:
-    from rknn_ray.queries import ADAPTIVE_SELECTORS, NEXT_ROUND_SELECTORS
+    from rknn_ray.labeling.queries import ADAPTIVE_SELECTORS, NEXT_ROUND_SELECTORS
     return (*NEXT_ROUND_SELECTORS, *ADAPTIVE_SELECTORS)
 
 
@@ -164,10 +164,10 @@ class DataConfig:
 @dataclass(frozen=True)
 class RepresentConfig:
     encoder: str = key("pca", "fitted on public data only", str,
-                       choices=_owned("rknn_ray.represent", "ENCODERS"))
+                       choices=_owned("rknn_ray.representation.represent", "ENCODERS"))
     dim: int = key(32, "output dimension (PCA components)", int, low=1)
     whiten: bool = key(False, "PCA whitening", bool)
-    # the learned encoder (simclr, rknn_ray.contrastive): trained on public data only, cached
+    # the learned encoder (simclr, rknn_ray.representation.contrastive): trained on public data only, cached
     epochs: int = key(15, "simclr training epochs (public data only)", int, low=1)
     batch_size: int = key(256, "simclr batch size", int, low=2)
     flip: bool = key(True, "left-right mirror augmentation (false for digits)", bool)
@@ -183,7 +183,7 @@ class RepresentConfig:
 
 @dataclass(frozen=True)
 class QueriesConfig:
-    s: int | str = key(100, "queries; auto: rknn_ray.autotune from n, eps and public data", int,
+    s: int | str = key(100, "queries; auto: rknn_ray.labeling.autotune from n, eps and public data", int,
                        low=1, auto=True)
     restarts: int = key(3, "faiss k-means restarts", int, low=1)
     niter: int = key(25, "faiss k-means iterations", int, low=1)
@@ -251,7 +251,7 @@ class LabelsConfig:
     train_on: str = key("public", "train on propagated public labels, or on the queries only",
                         str, choices=("public", "queries"))
     smooth: int | str = key(1, "public-graph neighbours for denoising (1: off); auto: "
-                            "rknn_ray.denoise decides", int, low=1, auto=True)
+                            "rknn_ray.labeling.denoise decides", int, low=1, auto=True)
 
 
 @dataclass(frozen=True)
@@ -280,10 +280,10 @@ class RoundsConfig:
     budget_split: str | tuple[float, ...] = key(
         "even", "or T fractions of (eps, delta), sum <= 1",
         accepts_text="`even`, or a list of `rounds.count` fractions in (0, 1] summing to <= 1")
-    query_selection: str = key("farthest", "farthest | uncertain (rknn_ray/adaptive.py)", str,
+    query_selection: str = key("farthest", "farthest | uncertain (rknn_ray/labeling/adaptive.py)", str,
                                choices=_query_selections)
     uncertainty: str = key("margin", "uncertain: margin | entropy", str,
-                           choices=_owned("rknn_ray.adaptive", "UNCERTAINTY_RULES"))
+                           choices=_owned("rknn_ray.labeling.adaptive", "UNCERTAINTY_RULES"))
     pool_factor: float = key(2.0, "uncertain: pick s among the pool_factor*s least certain",
                              float, low=1)
     split_queries: bool = key(False, "true: queries.s in total, divided over the rounds", bool)

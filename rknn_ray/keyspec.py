@@ -33,7 +33,7 @@ class Spec:
     high_open: bool = False
     nullable: bool = False
     null: str = ""                     # what null means (docs; the fix of a nullable true/false)
-    auto: bool = False                 # also takes "auto" (rknn_ray.autotune / denoise decide)
+    auto: bool = False                 # also takes "auto" (rknn_ray.labeling.autotune / denoise decide)
     choices: tuple | Callable[[], tuple] | None = None
     check: Callable | None = None
     accepts_text: str | Callable[[], str] = ""   # the reference's "accepts" for a check-only key

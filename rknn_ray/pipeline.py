@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.data.prepared import PreparedData, partitioned, prepare_data  # noqa: F401 - the stages' entry
-from rknn_ray.labels import accuracy, hard_labels, propagate, soft_labels
+from rknn_ray.labeling.labels import accuracy, hard_labels, propagate, soft_labels
 from rknn_ray.mechanisms.base import Mechanism, MechanismParams
-from rknn_ray.queries import QuerySet, select_queries
-from rknn_ray.represent import Encoder, make_encoder
-from rknn_ray.rknn import build_answers
+from rknn_ray.labeling.queries import QuerySet, select_queries
+from rknn_ray.representation.represent import Encoder, make_encoder
+from rknn_ray.labeling.rknn import build_answers
 
 
 def encoder_from_config(cfg, progress=None) -> Encoder:
@@ -187,13 +187,13 @@ def multi_message_s_cap(cfg, data: PreparedData, k: int = 1) -> tuple[int, str] 
 
 def resolve_auto(cfg, data: PreparedData):
     """Replace ``queries.s: auto`` / ``rknn.k: auto`` by values chosen from public information
-    (rknn_ray.autotune); returns (cfg, choice dict or None). The choice is made for one
+    (rknn_ray.labeling.autotune); returns (cfg, choice dict or None). The choice is made for one
     round's share of eps (the smallest, with rounds.count > 1; s per round, times T with
     rounds.split_queries). For the multi-message shuffle protocol s is also capped by the
     messages a client may send in a round (multi_message_s_cap)."""
     if cfg.queries.s != "auto" and cfg.rknn.k != "auto":
         return cfg, None
-    from rknn_ray.autotune import choose_s_k
+    from rknn_ray.labeling.autotune import choose_s_k
     # T > 1 rounds: each round releases with its own share of the budget; choose for the
     # noisiest (smallest) share, which is what that round's counts will carry
     p, count = cfg.privacy, int(cfg.rounds.count)
@@ -236,13 +236,13 @@ def resolve_auto(cfg, data: PreparedData):
 
 def smoothed_labels(counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray, public_truth,
                     label_type: str, neighbours: int, noise_std: float) -> tuple[Labeling, np.ndarray]:
-    """Labels from released counts smoothed over the public k-NN graph (rknn_ray.denoise).
+    """Labels from released counts smoothed over the public k-NN graph (rknn_ray.labeling.denoise).
 
     Post-processing of the release: reads only the noisy ``counts``, the query assignment
     and public embeddings (public truth is used for the accuracy figures only). Returns
     the Labeling (public targets from the smoothed vectors) and the (N, |Y|) smoothed counts.
     """
-    from rknn_ray.denoise import public_knn_graph, smooth_counts
+    from rknn_ray.labeling.denoise import public_knn_graph, smooth_counts
     lab = derive_labels(counts, qs, public_truth, label_type)
     graph = public_knn_graph(public_emb, neighbours)
     sm = smooth_counts(counts, qs.assignment, graph)
@@ -257,10 +257,10 @@ def smoothed_labels(counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray, pu
 def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray,
                   rounds, progress=None, noise_std: float | None = None) -> tuple[Labeling, dict]:
     """Labels for the student from the released counts, smoothed over the public graph when
-    ``labels.smooth`` != 1 (post-processing; rknn_ray.denoise). Returns (Labeling, info)
+    ``labels.smooth`` != 1 (post-processing; rknn_ray.labeling.denoise). Returns (Labeling, info)
     where info records the noise std, the number of neighbours and why, and per-sample
     confidences (``info["confidence"]``, dropped from the report)."""
-    from rknn_ray.denoise import choose_neighbours
+    from rknn_ray.labeling.denoise import choose_neighbours
     from rknn_ray.student.semi import label_confidence
     if noise_std is None:        # the noisiest round's per-count std (its share of eps)
         eps = min(float(r.guarantee.eps) for r in rounds) if rounds else cfg.privacy.eps
@@ -401,12 +401,12 @@ def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_e
                          seed: int, s: int | None = None) -> tuple[QuerySet, dict]:
     """Round t >= 1's queries for the driver: labels from the counts released so far
     (``finish_labels``, as the job's final labels), the interim student, then
-    :func:`rknn_ray.adaptive.select_uncertain` (the stage; this is its orchestration). ``data`` is read for public quantities only (public
+    :func:`rknn_ray.labeling.adaptive.select_uncertain` (the stage; this is its orchestration). ``data`` is read for public quantities only (public
     labels to *measure* the interim student; n, clients and |Y| as the final labels use
     them); the selection itself sees only public embeddings and released-derived labels.
     ``s``: how many new queries (default queries.s; the driver passes this round's share)."""
-    from rknn_ray.adaptive import interim_student_probs, select_uncertain
-    from rknn_ray.queries import union_of_rounds
+    from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
+    from rknn_ray.labeling.queries import union_of_rounds
     all_qs = union_of_rounds(public_emb, query_sets)
     counts = np.concatenate([r.counts for r in rounds])
     lab, _ = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, None)

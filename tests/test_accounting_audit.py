@@ -12,7 +12,7 @@ from rknn_ray.accounting.audit import (COMMON_CELL, DIFF_CELL, audit_binary_rr,
                                        exact_pair_eps, law_eps, pair_class_probabilities,
                                        pair_report_classes, simulate_labeling_error,
                                        threshold_test)
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.collision import (collision_probabilities, decode_reports,

@@ -3,7 +3,7 @@ duplicates (same report id: a retried client) count once; opener processes give 
 import numpy as np
 import pytest
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.rng import seeded_generator
 from sealing.envelope import RoundContext, report_ids_from_key, seal_batch

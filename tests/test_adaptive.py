@@ -1,11 +1,11 @@
-"""Adaptive rounds (rknn_ray/adaptive.py): round t >= 1 picks queries where the interim
+"""Adaptive rounds (rknn_ray/labeling/adaptive.py): round t >= 1 picks queries where the interim
 student is least certain, from public embeddings and released-derived labels only."""
 import inspect
 
 import numpy as np
 import pytest
 
-from rknn_ray.adaptive import (UNCERTAINTY_RULES, interim_student_probs, select_uncertain,
+from rknn_ray.labeling.adaptive import (UNCERTAINTY_RULES, interim_student_probs, select_uncertain,
                                uncertainty)
 from rknn_ray.pipeline import next_round_uncertain
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.noise import discrete_laplace_pmf, discrete_laplace_variance

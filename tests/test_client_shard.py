@@ -6,7 +6,7 @@ from actors.client_shard import ClientShardImpl
 from rknn_ray.client_step import RoundSpec
 from rknn_ray.data.sources import ShardRecords, SyntheticClientsSource
 from rknn_ray.mechanisms import MechanismParams, build
-from rknn_ray.represent import RawEncoder
+from rknn_ray.representation.represent import RawEncoder
 from rknn_ray.shard_secrets import SeededShardSecrets, ShardKeyStore
 from sealing.envelope import RoundContext, from_arrow
 from server.keys import ServerKeyPair

@@ -450,7 +450,7 @@ def test_semi_config_from_run_config_keeps_the_jobs_mapping():
 
 
 def test_choices_declared_beside_torch_code_match_it():
-    """represent.backbone's choices are declared in the config (rknn_ray.contrastive loads
+    """represent.backbone's choices are declared in the config (rknn_ray.representation.contrastive loads
     torch); they must be the ones the encoder accepts."""
-    from rknn_ray.contrastive import BACKBONES
+    from rknn_ray.representation.contrastive import BACKBONES
     assert specs()["represent.backbone"].allowed() == BACKBONES

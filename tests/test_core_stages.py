@@ -4,12 +4,12 @@ import pickle
 import numpy as np
 import pytest
 
-from rknn_ray.answers import RecordAnswers
-from rknn_ray.labels import accuracy, hard_labels, propagate, soft_labels
-from rknn_ray.queries import kmeans_pp_init, nearest, select_queries
-from rknn_ray.represent import PCAEncoder, RawEncoder, make_encoder
+from rknn_ray.labeling.answers import RecordAnswers
+from rknn_ray.labeling.labels import accuracy, hard_labels, propagate, soft_labels
+from rknn_ray.labeling.queries import kmeans_pp_init, nearest, select_queries
+from rknn_ray.representation.represent import PCAEncoder, RawEncoder, make_encoder
 from rknn_ray.errors import ConfigError
-from rknn_ray.rknn import build_answers, reverse_knn
+from rknn_ray.labeling.rknn import build_answers, reverse_knn
 
 
 def blobs(n_per=100, centres=((0, 0), (10, 0), (0, 10), (10, 10)), seed=0):
@@ -100,7 +100,7 @@ def test_library_refuses_labels_out_of_range_and_nan_features():
 
     from rknn_ray.data import validate_features
     from rknn_ray.errors import DataError
-    from rknn_ray.rknn import build_answers
+    from rknn_ray.labeling.rknn import build_answers
     q = np.eye(3, dtype=np.float32)
     x = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
     with pytest.raises(DataError, match="outside 0..3"):

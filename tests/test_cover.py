@@ -15,7 +15,7 @@ import pytest
 from rknn_ray.accounting import BOUNDS
 from rknn_ray.accounting.accountants import event_cost
 from rknn_ray.accounting.events import event_from_dict, event_to_dict
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build

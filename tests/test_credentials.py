@@ -120,7 +120,7 @@ def test_unknown_senders_wrong_lengths_and_garbage_are_counted_not_raised(issuer
 
 def test_multi_message_allowance_covers_honest_clients_and_caps_a_flood():
     """The noise cap: honest clients of a simulated round stay under it; the guarantee says so."""
-    from rknn_ray.answers import RecordAnswers
+    from rknn_ray.labeling.answers import RecordAnswers
     p = MechanismParams(num_queries=20, num_classes=5, k=2, eps=1.0, delta=1e-6, num_clients=400)
     mech = build("shuffle", "multi", p)
     allow = mech.messages_per_sender()

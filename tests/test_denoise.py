@@ -4,11 +4,11 @@ import types
 import numpy as np
 import pytest
 
-from rknn_ray.autotune import choose_s_k
+from rknn_ray.labeling.autotune import choose_s_k
 from rknn_ray.config import load_config
-from rknn_ray.denoise import choose_neighbours, public_knn_graph, smooth_counts
+from rknn_ray.labeling.denoise import choose_neighbours, public_knn_graph, smooth_counts
 from rknn_ray.pipeline import PreparedData, finish_labels, prepare_data, resolve_auto
-from rknn_ray.queries import select_queries
+from rknn_ray.labeling.queries import select_queries
 
 
 def _clusters(rng, n=600, c=4, d=5):
@@ -84,7 +84,7 @@ def test_resolve_auto_on_digits_records_the_choice():
 
 
 def test_auto_s_accounts_for_smoothing_and_is_continuous():
-    from rknn_ray.autotune import smoothed_snr_limit
+    from rknn_ray.labeling.autotune import smoothed_snr_limit
     # Fashion-MNIST sizes: eps = 0.1 -> a few hundred coarse queries, k = 1; eps = 1 -> all 5000
     low = choose_s_k(60000, 5000, 10, 33.0)
     high = choose_s_k(60000, 5000, 10, 3.3)

@@ -98,7 +98,7 @@ def test_local_laplace_rate_and_separation_split_stay_within_eps():
 def test_samplers_draw_with_the_stated_probability(name):
     """The randomizers' coins are the exact rationals above: frequencies on the ChaCha20
     path match the stated probabilities (RR flips; Collision hits on a held cell)."""
-    from rknn_ray.answers import RecordAnswers
+    from rknn_ray.labeling.answers import RecordAnswers
     from rknn_ray.rng import derived_generator
     m, eps = 40_000, 1.3
     mech = build("local", name, _params(1, eps))

@@ -1,10 +1,10 @@
-"""The batched HOG (rknn_ray.hog) is scikit-image's descriptor, to float32 rounding."""
+"""The batched HOG (rknn_ray.representation.hog) is scikit-image's descriptor, to float32 rounding."""
 import numpy as np
 import pytest
 from skimage.feature import hog
 
-from rknn_ray.hog import hog_features
-from rknn_ray.represent import HOGEncoder
+from rknn_ray.representation.hog import hog_features
+from rknn_ray.representation.represent import HOGEncoder
 
 
 def _reference(images, orientations, cell, block):

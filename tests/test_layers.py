@@ -13,6 +13,8 @@ wherever it stands.
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {"sealing": 0, "rknn_ray": 1, "server": 2, "shuffler": 2, "actors": 3, "rknn_ray.job": 4,
           "jobs": 5, "benchmarks": 6}
@@ -132,3 +134,17 @@ def test_orchestration_layer_sits_between_actors_and_jobs():
 def test_layer_rule_catches_the_library_importing_the_orchestration_layer():
     assert layer_of("rknn_ray.job.session") > layer_of("rknn_ray.pipeline")
     assert layer_of("rknn_ray.jobless") == LAYERS["rknn_ray"]   # a prefix, not a substring
+
+
+@pytest.mark.parametrize("stage", ["rknn_ray.representation", "rknn_ray.labeling"])
+def test_each_stage_package_imports_only_what_its_init_allows(stage):
+    """A stage package's ``__init__`` says what it may import (``MAY_IMPORT``); every import
+    of its modules, wherever it stands, is that, the package itself, or nothing of ours."""
+    import importlib
+    allowed = importlib.import_module(stage).MAY_IMPORT
+    graph = import_graph()
+    outside = sorted((m, d) for m, deps in graph.items() if m == stage or m.startswith(stage + ".")
+                     for d in deps
+                     if not (d == stage or d.startswith(stage + "."))
+                     and not any(d == a or d.startswith(a + ".") for a in allowed))
+    assert outside == []

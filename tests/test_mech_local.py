@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, DataError, ReportError
 from rknn_ray.mechanisms import MechanismParams, available, build
 from rknn_ray.mechanisms.collision import (PRIME, collision_client_variance, collision_l,

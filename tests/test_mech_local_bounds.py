@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.bounds import (bernstein_bound, laplace_sum_bound, sup_error,
                                         theorem1_bound, theorem2_bound)

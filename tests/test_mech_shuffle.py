@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rknn_ray.accounting import BOUNDS
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.shuffle_multi import decode_messages, encode_messages

@@ -8,7 +8,7 @@ must be exactly what estimate() releases. Pure library, no Ray."""
 import numpy as np
 import pytest
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import MechanismParams, available, build
 
 S, C, K = 6, 3, 2

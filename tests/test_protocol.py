@@ -6,7 +6,7 @@ import pytest
 
 from actors.server import Server
 from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, build

@@ -35,7 +35,7 @@ except ImportError:
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BANNED = {"Philox", "PCG64", "PCG64DXSM", "MT19937", "SFC64", "default_rng", "RandomState"}
-SECURE_PATH = ["rknn_ray/client_step.py", "rknn_ray/rng.py", "rknn_ray/rknn.py",
+SECURE_PATH = ["rknn_ray/client_step.py", "rknn_ray/rng.py", "rknn_ray/labeling/rknn.py",
                "rknn_ray/mechanisms", "sealing", "shuffler", "server", "actors"]
 ALLOWED = {("rknn_ray/rng.py", "seeded_generator", "PCG64")}
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from rknn_ray.contrastive import ContrastiveEncoder
+from rknn_ray.representation.contrastive import ContrastiveEncoder
 from rknn_ray.student.semi import (SemiConfig, build_semi_model, label_confidence, semi_loop,
                                    train_semi_student)
 

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from scipy import optimize, special, stats
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError
 
 COMMON_CELL, DIFF_CELL = 0, 1          # flat cells of (query 0, class 0) and (query 0, class 1)

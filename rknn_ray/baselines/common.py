@@ -41,7 +41,7 @@ class BaselineSetup:
     data: object                 # rknn_ray.pipeline.PreparedData
     encoder: object
     public_emb: np.ndarray       # (N_pub, D)
-    queries: object              # rknn_ray.queries.QuerySet: the s points every method labels
+    queries: object              # rknn_ray.labeling.queries.QuerySet: the s points every method labels
     private_emb: np.ndarray      # (m, D) private records, embedded with the public encoder
     eval_emb: np.ndarray         # (N_eval, D)
     seconds: float = 0.0

@@ -3,7 +3,7 @@
 All schemes are vectorized (a handful of numpy passes over records and clients,
 a loop only over classes), so a million records or clients take well under a second.
 They return ``client_ids`` (one int64 per record); :func:`order_by_client` groups
-records by client, which is the order :class:`rknn_ray.answers.RecordAnswers` wants.
+records by client, which is the order :class:`rknn_ray.labeling.answers.RecordAnswers` wants.
 
 * ``iid``: a seeded random permutation dealt round-robin; sizes differ by at most 1.
 * ``dirichlet``: for every class ``c`` draw ``p_c ~ Dir(alpha * 1_n)`` over the ``n``

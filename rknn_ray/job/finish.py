@@ -17,7 +17,7 @@ from rknn_ray.job.release_file import load_selections
 from rknn_ray.pipeline import (exact_answers, finish_labels, fit_student, student_description,
                                student_inputs)
 from rknn_ray.plots import run_summary_png
-from rknn_ray.queries import union_of_rounds
+from rknn_ray.labeling.queries import union_of_rounds
 from rknn_ray.rng import NOT_PRIVATE
 from rknn_ray.runio import remove_train_storage, write_json, write_parquet, write_text
 

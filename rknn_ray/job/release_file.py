@@ -14,7 +14,7 @@ import numpy as np
 
 from rknn_ray.accounting.events import costed_from_dict, event_to_dict
 from rknn_ray.mechanisms.base import Guarantee
-from rknn_ray.queries import QuerySet
+from rknn_ray.labeling.queries import QuerySet
 from rknn_ray.runio import RELEASE_FILE, atomic_path
 
 
@@ -47,7 +47,7 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
 def load_release(run_dir: str, public_emb: np.ndarray):
     """(job_id, dataset identity, rounds as RoundResult, their QuerySets) from a run folder."""
     from rknn_ray.job.session import RoundResult
-    from rknn_ray.queries import nearest
+    from rknn_ray.labeling.queries import nearest
     path = os.path.join(run_dir, RELEASE_FILE)
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))

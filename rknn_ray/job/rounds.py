@@ -22,7 +22,7 @@ from rknn_ray.job.release_file import save_release
 from rknn_ray.job.session import CoverShortfall, PartyFailure, ProtocolSession
 from rknn_ray.pipeline import (dataset_sources, mechanism_for, next_round_uncertain,
                                round_budgets, round_query_counts)
-from rknn_ray.queries import NEXT_ROUND_SELECTORS
+from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
 from rknn_ray.rng import NOT_PRIVATE
 
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 
 MODELS = ("central", "local", "shuffle")
 #: privacy.honest_fraction when the config leaves it null, per shuffle mechanism (see

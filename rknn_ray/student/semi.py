@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rknn_ray.augment import strong_view, weak_view
+from rknn_ray.representation.augment import strong_view, weak_view
 from rknn_ray.student.config import SemiConfig       # declared torch-free, with every student key
 
 CHECKPOINT_FILE = "student.pt"
@@ -79,7 +79,7 @@ class BackboneClassifier(nn.Module):
 
 def build_semi_model(image_shape, num_classes: int, encoder_meta: dict | None) -> nn.Module:
     """Backbone of the contrastive encoder's architecture (its weights if given) + linear head."""
-    from rknn_ray.contrastive import build_backbone
+    from rknn_ray.representation.contrastive import build_backbone
     dim = int(encoder_meta["dim"]) if encoder_meta else 64
     backbone = build_backbone(image_shape, dim, encoder_meta.get("backbone", "auto") if encoder_meta else "auto")
     if encoder_meta and encoder_meta.get("state_dict") is not None:
@@ -178,7 +178,7 @@ def train_semi_student(public_x: np.ndarray, targets: np.ndarray, weight: np.nda
                        checkpoint_dir: str | None = None, progress=None) -> SemiResult:
     """Train on all public samples (labels + weights from the release); evaluate on ``test``.
 
-    ``encoder``: a fitted rknn_ray.contrastive.ContrastiveEncoder whose backbone
+    ``encoder``: a fitted rknn_ray.representation.contrastive.ContrastiveEncoder whose backbone
     initializes the student (else a fresh backbone of the same shape). ``targets``:
     (N,) int labels, or (N, |Y|) distributions for ``target="soft"``.
     """

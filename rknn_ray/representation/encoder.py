@@ -1,5 +1,5 @@
-"""The encoder interface: what every representation (rknn_ray.represent, the contrastive
-encoder in rknn_ray.contrastive) implements. Its own module so that encoder
+"""The encoder interface: what every representation (rknn_ray.representation.represent, the contrastive
+encoder in rknn_ray.representation.contrastive) implements. Its own module so that encoder
 implementations and the registry that builds them do not import each other."""
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_ray.queries import nearest
+from rknn_ray.labeling.queries import nearest
 
 
 @dataclass
@@ -80,7 +80,7 @@ def choose_neighbours(num_records: int, k: int, r: int, s: int, num_public: int,
     0.851 at eps 1 where m = 5-6 gave 0.854-0.856; the noise-only rule before this one left
     eps = 4 unsmoothed (labels 0.82 instead of 0.86). m stays within [1, max_neighbours] so
     neighbourhoods remain local: labels got worse beyond about 10 neighbours at every s and
-    eps swept (README "Utility"), which is also the m that rknn_ray.autotune assumes when it
+    eps swept (README "Utility"), which is also the m that rknn_ray.labeling.autotune assumes when it
     picks s. Without noise (the NOT PRIVATE reference) m = 1: the exact counts as they are.
     """
     mu = num_records * k * r / max(1, s)

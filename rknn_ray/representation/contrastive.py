@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rknn_ray.augment import strong_view
+from rknn_ray.representation.augment import strong_view
 from rknn_ray.errors import ConfigError
-from rknn_ray.encoder import Encoder
+from rknn_ray.representation.encoder import Encoder
 
 ENCODER_FILE = "encoder.pt"
 BACKBONES = ("auto", "cnn", "resnet")
@@ -248,7 +248,7 @@ class ContrastiveEncoder(Encoder):
                   f"images ({self.trainer})")
         if self.trainer == "ray":
             from rknn_ray.train_one import fit_one_worker
-            payload = fit_one_worker("rknn_ray.contrastive:contrastive_payload", x, cfg, "encoder",
+            payload = fit_one_worker("rknn_ray.representation.contrastive:contrastive_payload", x, cfg, "encoder",
                                      self.use_gpu)
             self.state_dict, self.history = payload["state_dict"], payload["history"]
         else:

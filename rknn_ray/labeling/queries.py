@@ -80,7 +80,7 @@ def farthest_public_queries(public_emb: np.ndarray, taken: np.ndarray, s: int,
     released (``taken``: their public indices), over public samples only: public
     information, no privacy cost. It spreads new queries into the regions the
     earlier rounds covered worst. (``rounds.query_selection: uncertain``,
-    rknn_ray/adaptive.py, picks where the interim student is least certain instead.)
+    rknn_ray/labeling/adaptive.py, picks where the interim student is least certain instead.)
     """
     x = np.ascontiguousarray(public_emb, dtype=np.float32)
     free = np.ones(x.shape[0], bool)
@@ -105,7 +105,7 @@ def farthest_public_queries(public_emb: np.ndarray, taken: np.ndarray, s: int,
 
 #: Query selection for rounds after the first: name -> f(public_emb, taken, s, seed) -> QuerySet.
 NEXT_ROUND_SELECTORS = {"farthest": farthest_public_queries}
-#: Selections that also read the counts released so far (post-processing): rknn_ray/adaptive.py.
+#: Selections that also read the counts released so far (post-processing): rknn_ray/labeling/adaptive.py.
 ADAPTIVE_SELECTORS = ("uncertain",)
 
 

@@ -38,7 +38,7 @@ import tempfile
 
 import numpy as np
 
-from rknn_ray.queries import QuerySet, nearest, select_queries
+from rknn_ray.labeling.queries import QuerySet, nearest, select_queries
 
 UNCERTAINTY_RULES = ("margin", "entropy")
 

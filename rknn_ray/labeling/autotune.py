@@ -9,7 +9,7 @@ The rule. A query receives on average mu = n*k*r/s votes; the mechanism adds noi
 of standard deviation sigma(k) per count, and for the additive mechanisms sigma
 grows linearly in k (sensitivity 2kr), so the per-query signal-to-noise ratio
 mu/sigma = n*r/(s*sigma(1)) does not depend on k. The released counts are then
-smoothed over up to ``smooth_neighbours`` public neighbours (rknn_ray.denoise), which
+smoothed over up to ``smooth_neighbours`` public neighbours (rknn_ray.labeling.denoise), which
 averages about q = max(1, m*s/N) distinct queries and multiplies the ratio by sqrt(q).
 We take the largest s (finer clusters give purer labels) whose ratio *after*
 smoothing reaches ``target_snr``, clipped to [max(|Y|, 10), number of public samples]; a mechanism whose noise

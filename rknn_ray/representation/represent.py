@@ -4,16 +4,16 @@ An encoder is fitted on *public* data only (it is public), then shipped to the
 client shards, which embed their private records locally. ``raw`` flattens;
 ``pca`` projects onto the top principal components of the public data (faiss
 PCAMatrix, optionally whitened); ``hog`` computes histograms of oriented gradients
-(rknn_ray.hog: scikit-image's descriptor, batched), optionally reduced by PCA fitted
+(rknn_ray.representation.hog: scikit-image's descriptor, batched), optionally reduced by PCA fitted
 on the public HOG features;
 ``simclr`` is a contrastive encoder learned from the public images
-(rknn_ray.contrastive). Other encoders join by implementing ``Encoder``.
+(rknn_ray.representation.contrastive). Other encoders join by implementing ``Encoder``.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from rknn_ray.encoder import Encoder
+from rknn_ray.representation.encoder import Encoder
 from rknn_ray.errors import ConfigError
 
 
@@ -93,7 +93,7 @@ class PCAEncoder(Encoder):
 
 
 class HOGEncoder(Encoder):
-    """Histograms of oriented gradients (rknn_ray.hog: scikit-image's descriptor, batched)
+    """Histograms of oriented gradients (rknn_ray.representation.hog: scikit-image's descriptor, batched)
     of each image's channel mean, cells of ``cell`` pixels (default: side // 7, so 4 px for 28x28, 2 px for 8x8), 2x2-cell blocks,
     L2-Hys normalized; optionally projected to ``dim`` components by PCA on the public HOG
     features (``dim`` <= 0 keeps all)."""
@@ -108,7 +108,7 @@ class HOGEncoder(Encoder):
         return int(self.cell) if self.cell else max(2, side // 7)
 
     def _hog(self, x: np.ndarray) -> np.ndarray:
-        from rknn_ray.hog import hog_features
+        from rknn_ray.representation.hog import hog_features
         x = np.asarray(x, dtype=np.float32)
         if x.ndim == 4:
             x = x.mean(axis=1)
@@ -138,7 +138,7 @@ class HOGEncoder(Encoder):
 
 
 def _contrastive(**kwargs) -> Encoder:
-    from rknn_ray.contrastive import ContrastiveEncoder
+    from rknn_ray.representation.contrastive import ContrastiveEncoder
     return ContrastiveEncoder(**kwargs)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from rknn_ray.answers import RecordAnswers
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import DataError
 
 

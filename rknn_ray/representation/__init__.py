@@ -1,0 +1,11 @@
+"""Stage 1 of the method: the representation both sides share.
+
+Owns the public encoders (HOG, raw pixels, PCA, SimCLR; :mod:`.represent`, :mod:`.hog`,
+:mod:`.contrastive`, :mod:`.augment`) and the :class:`~.encoder.Encoder` interface every
+client and the server embed records with. Fitted on public data only, so nothing here ever
+sees a private record's label.
+
+May import: the errors, the atomic writers and the one-worker Ray Train launcher
+(``MAY_IMPORT``, checked by tests/test_layers.py); never labeling, mechanisms or the job.
+"""
+MAY_IMPORT = ("rknn_ray.errors", "rknn_ray.runio", "rknn_ray.train_one")
