@@ -7,3 +7,7 @@ Ray is the job (student training with Ray Train). The parties' packages sit besi
 """
 
 __version__ = "0.1.0"
+
+from rknn_ray import moved as _moved
+
+_moved.install()        # pickles made before the stage packages still load (rknn_ray/moved.py)

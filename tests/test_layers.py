@@ -148,3 +148,20 @@ def test_each_stage_package_imports_only_what_its_init_allows(stage):
                      if not (d == stage or d.startswith(stage + "."))
                      and not any(d == a or d.startswith(a + ".") for a in allowed))
     assert outside == []
+
+
+def test_a_pickle_made_under_an_old_module_name_still_loads():
+    """encoder.pkl files written before the stage packages name e.g. rknn_ray.represent."""
+    import pickle
+
+    import numpy as np
+
+    from rknn_ray.representation.represent import RawEncoder
+    enc = RawEncoder()
+    blob = pickle.dumps(enc, protocol=0)     # text opcodes: the module name can be edited
+    old = blob.replace(b"rknn_ray.representation.represent", b"rknn_ray.represent")
+    assert old != blob
+    back = pickle.loads(old)
+    assert type(back) is RawEncoder
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(back.transform(x), enc.transform(x))
