@@ -11,7 +11,8 @@ import pytest
 
 from rknn_ray.config import load_config
 
-FAST = ["student.epochs=2", "queries.restarts=1", "run.rng=seeded"]
+FAST = ["student.epochs=2", "queries.restarts=1", "run.rng=seeded",
+        "student.trainer=local"]   # Ray Train: tests/test_student_ray.py, the demo console test
 
 
 def test_run_config_returns_a_run_result_without_the_cli(ray_session, tmp_path,
