@@ -15,8 +15,8 @@ from tests.test_report_folders import write_run
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs",
                       "configs", "digits_central.yaml")
-FAST = ["run.progress=false", "student.num_workers=1", "student.trainer=local", "queries.restarts=1", "student.epochs=1",
-        "privacy.budget_eps=1000000"]
+FAST = ["run.progress=false", "student.num_workers=1", "student.trainer=local",
+        "queries.restarts=1", "student.epochs=1", "privacy.budget_eps=1000000"]
 
 
 def _same(a, b) -> bool:
