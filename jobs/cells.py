@@ -11,6 +11,8 @@ import contextlib
 import os
 import time
 
+from rknn_ray.errors import first_line
+
 #: Budgets of the isolated ledger: an eps grid must not be refused there. The ledger is an
 #: experiment ledger (BudgetStore purpose "experiment"): every cell is an independent
 #: hypothetical release, so neither the delta budget nor the 1/n delta cap applies across cells.
@@ -49,5 +51,5 @@ def run_distill(cfg, out_dir: str, ledger_path: str) -> tuple[dict, float]:
 
 def error_text(exc: BaseException) -> str:
     """``Type: first line`` of an exception, for a failed cell's row."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}" if text else type(exc).__name__
+    text = first_line(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -18,8 +18,8 @@ import sys
 import time
 
 from rknn_ray.config import load_config, validate_resources
-from rknn_ray.errors import ConfigError, RknnError
-from rknn_ray.job.rounds import ReleaseNotSaved, first_line
+from rknn_ray.errors import ConfigError, RknnError, first_line
+from rknn_ray.job.rounds import ReleaseNotSaved
 from rknn_ray.job.session import CoverShortfall
 from rknn_ray.runio import mark_incomplete, prepare_run_dir
 

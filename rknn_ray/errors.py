@@ -65,3 +65,10 @@ class OutOfSpaceError(RknnError, OSError):
 class LedgerError(RknnError):
     """The privacy ledger cannot be used as it is (not a ledger, damaged, locked); the
     file is left untouched: its recorded spend must never be silently forgotten."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (at most ``limit`` characters; "" if none):
+    what a console line, a ledger note or a failed cell's row quotes."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else ""

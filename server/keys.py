@@ -13,7 +13,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from rknn_ray.errors import ConfigError
+from rknn_ray.errors import ConfigError, first_line
 
 
 class ServerKeyPair:
@@ -76,17 +76,12 @@ class ServerKeyPair:
             key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         except (ValueError, TypeError) as exc:
             raise ConfigError("--key-file", f"{path} is not an unencrypted PEM private key "
-                              f"({_first_line(exc)})", "write it with ServerKeyPair.save") from None
+                              f"({first_line(exc, 160) or type(exc).__name__})", "write it with ServerKeyPair.save") from None
         if not isinstance(key, X25519PrivateKey):
             raise ConfigError("--key-file", f"{path} holds a {type(key).__name__}, not an X25519 "
                               "key", "write an X25519 key with ServerKeyPair.save, or omit "
                               "--key-file to generate a fresh key for this job")
         return cls(key)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:160] if text else type(exc).__name__
 
 
 def check_key_file(path: str | os.PathLike, load: bool = False) -> Path:

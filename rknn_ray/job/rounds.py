@@ -16,7 +16,7 @@ import numpy as np
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import mark_started
 from rknn_ray.accounting.events import event_to_dict
-from rknn_ray.errors import ConfigError, PrivacyBudgetError, RknnError
+from rknn_ray.errors import ConfigError, PrivacyBudgetError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import save_release
 from rknn_ray.job.session import CoverShortfall, PartyFailure, ProtocolSession
@@ -28,11 +28,6 @@ from rknn_ray.rng import NOT_PRIVATE
 
 class ReleaseNotSaved(RknnError):
     """A round was released (and counted in the ledger) but release.npz could not be written."""
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else ""
 
 
 def check_dropout(cfg, data) -> None:
