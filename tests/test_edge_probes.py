@@ -475,3 +475,34 @@ def test_a_sigterm_inside_ray_get_is_still_named_sigterm():
         except ProcessLookupError:
             pass
     assert out.split()[-1] == "SIGTERM", out
+
+
+def test_an_interrupted_fit_thread_is_waited_for_after_ray_shutdown():
+    """An interrupt leaves trainer.fit() running in its thread; the job waits for it after
+    ray.shutdown (exiting under it crashed the driver with SIGSEGV in 2 of 10 SIGINT probes)."""
+    import threading
+
+    from jobs.signals import JobInterrupted
+    from rknn_ray.student import train
+
+    release = threading.Event()
+
+    class SlowFit:                     # stands for a fit() whose Ray calls end after shutdown
+        def fit(self):
+            release.wait(10)
+            return "done"
+
+    def interrupt_soon():
+        time.sleep(0.3)
+        signal.raise_signal(signal.SIGINT)
+    old = signal.signal(signal.SIGINT, lambda *a: (_ for _ in ()).throw(JobInterrupted()))
+    try:
+        threading.Thread(target=interrupt_soon).start()
+        with pytest.raises(JobInterrupted):
+            train.fit_off_main_thread(SlowFit())
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert len(train.ABANDONED_FITS) == 1 and not train.ABANDONED_FITS[0].is_set()
+    assert train.join_abandoned_fits(timeout=0.2) is False      # still inside fit()
+    release.set()
+    assert train.join_abandoned_fits(timeout=5) is True and train.ABANDONED_FITS == []

@@ -14,6 +14,7 @@ round. The CLI (jobs/distill.py) adds argument parsing, the console and incomple
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,13 +24,13 @@ import yaml
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
 from rknn_ray.accounting.source_identity import job_source, legacy_release_name
-from rknn_ray.errors import DataError
+from rknn_ray.errors import DataError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.finish import finish
 from rknn_ray.job.progress import Progress
 from rknn_ray.job.ray_env import ensure_ray
 from rknn_ray.job.release_file import load_release
-from rknn_ray.job.rounds import check_dropout, first_line, private_rounds
+from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
@@ -90,6 +91,9 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     finally:
         if started:
             ray.shutdown()
+            training = sys.modules.get("rknn_ray.student.train")   # loaded only if it trained
+            if training is not None:
+                training.join_abandoned_fits()
     return RunResult(report, labels, rounds[-1].guarantee, ledger.to_dict(), out_dir,
                      {k: os.path.join(out_dir, v) for k, v in RUN_FILES.items()})
 

@@ -388,6 +388,24 @@ def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
     return emit
 
 
+#: fit() threads (their "done" events) the driver stopped waiting for: an interrupt reached it.
+ABANDONED_FITS: list = []
+
+
+def join_abandoned_fits(timeout: float = 30.0) -> bool:
+    """After ``ray.shutdown()``: wait for the fit() threads an interrupt left running (their
+    Ray calls fail once Ray is down). A process that exits while one is still inside Ray's
+    native code can crash in interpreter shutdown (SIGSEGV instead of the job's 130/143).
+    True when none is left."""
+    import time
+    end = time.monotonic() + timeout
+    while ABANDONED_FITS:               # events, not Thread.is_alive: on 3.11 a join that an
+        if not ABANDONED_FITS[0].wait(max(0.0, end - time.monotonic())):  # interrupt cut
+            return False                # short marks the thread stopped while it still runs
+        ABANDONED_FITS.pop(0)
+    return True
+
+
 def fit_off_main_thread(trainer):
     """``trainer.fit()`` in a helper thread, the main thread waiting on it.
 
@@ -399,16 +417,23 @@ def fit_off_main_thread(trainer):
     """
     import threading
     box: dict = {}
+    done = threading.Event()
 
     def target():
         try:
             box["result"] = trainer.fit()
         except BaseException as exc:          # handed to the main thread as it is
             box["error"] = exc
+        finally:
+            done.set()
     thread = threading.Thread(target=target, name="ray-train-fit", daemon=True)
     thread.start()
-    while thread.is_alive():
-        thread.join(0.2)                      # short waits: signals run between them
+    try:
+        while not done.wait(0.2):             # short waits: signals run between them
+            pass
+    except BaseException:
+        ABANDONED_FITS.append(done)           # still inside fit(): see join_abandoned_fits
+        raise
     if "error" in box:
         raise box["error"]
     return box["result"]
