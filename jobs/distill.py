@@ -12,16 +12,16 @@ arguments, the console, the exit codes and incomplete.json after a failure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 from rknn_ray.config import load_config, validate_resources
-from rknn_ray.errors import ConfigError, RknnError, first_line
-from rknn_ray.job.rounds import ReleaseNotSaved
-from rknn_ray.job.session import CoverShortfall
-from rknn_ray.runio import mark_incomplete, prepare_run_dir
+from rknn_ray.errors import RknnError
+from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
+from rknn_ray.job.resume import resume_config
+from rknn_ray.rng import check_consent
+from rknn_ray.runio import prepare_run_dir
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -77,65 +77,6 @@ def _start_ray() -> bool:
     return started
 
 
-def check_rng_consent(cfg, insecure_seeded: bool) -> None:
-    """A seeded run is predictable: it runs only when the command line says so, and says so."""
-    from rknn_ray.rng import NOT_PRIVATE
-    if cfg.run.rng != "seeded":
-        return
-    if not insecure_seeded:
-        raise ConfigError("run.rng", "'seeded' makes every client secret and the server's noise "
-                          "predictable from run.seed: the release would not be private",
-                          "use run.rng=secure (the default), or add --insecure-seeded to run a "
-                          "reproducible simulation that is marked NOT PRIVATE everywhere")
-    print(f"WARNING: {NOT_PRIVATE}", file=sys.stderr)
-
-
-#: what ``--resume RUN --set key=value`` may change: work after the release only (the
-#: labels are post-processing of the released counts, the student is trained on them).
-#: Everything else decides what was released, and report.json must agree with release.npz.
-RESUME_MAY_CHANGE = ("student.", "labels.", "cluster.", "run.progress")
-
-
-def check_resume_overrides(saved, cfg) -> None:
-    """Refuse ``--set`` keys that would change the meaning of a finished release."""
-    before, after = _leaves(saved.to_dict()), _leaves(cfg.to_dict())
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-    refused = [k for k in changed if not k.startswith(RESUME_MAY_CHANGE)]
-    if refused:
-        raise ConfigError("--resume", f"--set {', '.join(refused)} would change what the saved "
-                          "release means (it was released with the run folder's config.yaml)",
-                          "resume changes only student.*, labels.*, cluster.* and run.progress; "
-                          "start a new run (a new release, new budget) for anything else")
-
-
-def _leaves(d: dict, prefix: str = "") -> dict:
-    """{"a.b": value} for every leaf of a nested config dict."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_leaves(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _one_line(exc: BaseException) -> str:
-    """A failure as one line: an error raised in a Ray actor as itself, not Ray's wrapping."""
-    cause = getattr(exc, "cause", None)
-    if cause is not None and type(exc).__module__.startswith("ray"):
-        exc = cause
-    if isinstance(exc, RknnError):
-        text = str(exc).strip()
-        return text.splitlines()[0] if text else type(exc).__name__
-    from rknn_ray.errors import NO_SPACE
-    if isinstance(exc, OSError) and exc.errno in NO_SPACE:
-        where = f" writing {exc.filename}" if exc.filename else ""
-        return f"out of disk space{where} ({exc.strerror}). Fix: free space and re-run"
-    if "database or disk is full" in str(exc):
-        return f"out of disk space ({exc}). Fix: free space on the ledger's file system"
-    return f"the job failed: {type(exc).__name__}: {first_line(exc)}"
-
-
 def main(argv=None) -> int:
     from jobs import signals
     with signals.handled():
@@ -149,18 +90,10 @@ def _main(args) -> int:
     try:
         if args.resume:
             out = os.path.abspath(args.resume)
-            if not os.path.isfile(os.path.join(out, "release.npz")):
-                raise ConfigError("--resume", f"{out} has no release.npz",
-                                  "resume a run folder whose private round finished")
-            if os.path.exists(os.path.join(out, "report.json")):
-                raise ConfigError("--resume", f"{out} is already complete (report.json)",
-                                  "nothing to resume; start a new run instead")
-            saved = load_config(os.path.join(out, "config.yaml"))
-            cfg = load_config(os.path.join(out, "config.yaml"), args.overrides)
-            check_resume_overrides(saved, cfg)
+            cfg = resume_config(out, args.overrides)
         else:
             cfg = load_config(args.config, args.overrides)
-        check_rng_consent(cfg, args.insecure_seeded)
+        check_consent(cfg, args.insecure_seeded)
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
             validate_resources(cfg, float(os.cpu_count() or 1))
         if args.key_file:
@@ -179,20 +112,20 @@ def _main(args) -> int:
     except (KeyboardInterrupt, Exception) as exc:
         interrupt = signals.as_interrupt(exc)
         if interrupt is not None:
-            stage = _stage_words(locals().get("progress"))
+            stage = stage_words(locals().get("progress"))
             message = f"interrupted by {interrupt.name}" + (f" during {stage}" if stage else "")
         else:
-            message = _one_line(exc)
+            message = failure_line(exc)
         line = f"error: {message}"
         if owned and out and os.path.isdir(out):
             if created and not os.listdir(out):
                 os.rmdir(out)                 # leave no empty run folder behind
             elif not os.path.exists(os.path.join(out, "report.json")):
-                line += "; " + _record_incomplete(out, message, exc)
+                line += "; " + record_incomplete(out, message, exc)
         print(line, file=sys.stderr)
         if interrupt is not None:
             return interrupt.exit_code
-        if not isinstance(exc, RknnError) and _one_line(exc).startswith("the job failed"):
+        if not isinstance(exc, RknnError) and message.startswith(UNEXPECTED):
             raise
         return 2
     acc, p = report["accuracy"], report["privacy"]
@@ -206,52 +139,6 @@ def _main(args) -> int:
         print(f"[diagnostics, NOT private: {out}/diagnostics] non-private label accuracy "
               f"{report['diagnostics']['nonprivate_labels']:.4f}")
     return 0
-
-
-def _stage_words(progress) -> str | None:
-    """The stage a failure left, in words ("round_0" is the first private round)."""
-    stage = progress and (progress.failed_in or progress.current)
-    if stage and stage.startswith("round_"):
-        return f"private round {int(stage.split('_')[1]) + 1}"
-    return stage or None
-
-
-def _record_incomplete(out: str, message: str, exc: BaseException) -> str:
-    """Write incomplete.json (what happened, whether a release is saved, the next step);
-    returns the rest of the console line. A full disk here costs one clause, not a traceback."""
-    released = os.path.exists(os.path.join(out, "release.npz"))
-    lost = isinstance(exc, ReleaseNotSaved)
-    if released and not lost:
-        next_step, said = (f"python -m jobs.distill --resume {out}",
-                           f"run folder {out} is marked incomplete; its release is saved: finish "
-                           f"it with --resume {out}")
-    elif lost:
-        next_step, said = ("free disk space; the lost release stays counted in the ledger",
-                           f"run folder {out} is marked incomplete; the release was NOT saved "
-                           "(its eps is counted in the ledger)")
-    elif isinstance(exc, CoverShortfall):      # the server saw the reports: spent, but no counts out
-        next_step, said = ("no counts were released and the round's eps stays counted in the "
-                           "ledger; re-run as the reason says",
-                           f"run folder {out} is marked incomplete; no counts were released (the "
-                           "round was refused for labelling; its eps is counted in the ledger)")
-    else:
-        next_step, said = ("nothing was released; fix the cause and re-run",
-                           f"run folder {out} is marked incomplete; nothing was released")
-    earlier = {}
-    try:                        # a failed --resume keeps the first failure's reason beside its own
-        with open(os.path.join(out, "incomplete.json")) as fh:
-            old = json.load(fh)
-        if isinstance(old, dict) and old.get("reason"):
-            earlier = {"earlier_reasons": [*old.get("earlier_reasons", []), old["reason"]][-5:]}
-    except (OSError, ValueError):
-        pass
-    try:
-        mark_incomplete(out, message, release_saved=released and not lost,
-                        released_and_lost=lost, next_step=next_step, **earlier)
-    except OSError as werr:
-        return said.replace(" is marked incomplete", "") + \
-            f" (incomplete.json could not be written: {werr.strerror or werr})"
-    return said + " (incomplete.json)"
 
 
 if __name__ == "__main__":

@@ -440,11 +440,11 @@ def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=N
          insecure_seeded: bool = False) -> dict:
     """Plan (validating every cell), run what is not done yet, write the outputs; returns
     the grid.json document."""
-    from jobs.distill import check_rng_consent
+    from rknn_ray.rng import check_consent
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     base, planned, axes = plan(config, sets, encoders, s, k, models, eps, seeds, delta,
                                student_epochs)
-    check_rng_consent(base, insecure_seeded)       # run.rng=seeded: only when asked, marked
+    check_consent(base, insecure_seeded)       # run.rng=seeded: only when asked, marked
     if not os.environ.get("RAY_ADDRESS"):
         from rknn_ray.config import validate_resources
         for _, cfg in planned:

@@ -75,3 +75,18 @@ def derived_key(secret: bytes, *labels: object) -> bytes:
 def derived_generator(secret: bytes, *labels: object) -> np.random.Generator:
     """ChaCha20 keyed by :func:`derived_key` (deterministic per secret and labels)."""
     return chacha_generator(derived_key(secret, *labels))
+
+
+def check_consent(cfg, insecure_seeded: bool) -> None:
+    """A seeded run is predictable: it runs only when the caller says so (the CLIs'
+    ``--insecure-seeded``), and it says so on stderr."""
+    if cfg.run.rng != "seeded":
+        return
+    if not insecure_seeded:
+        from rknn_ray.errors import ConfigError
+        raise ConfigError("run.rng", "'seeded' makes every client secret and the server's noise "
+                          "predictable from run.seed: the release would not be private",
+                          "use run.rng=secure (the default), or add --insecure-seeded to run a "
+                          "reproducible simulation that is marked NOT PRIVATE everywhere")
+    import sys
+    print(f"WARNING: {NOT_PRIVATE}", file=sys.stderr)

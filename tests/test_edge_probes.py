@@ -221,19 +221,19 @@ def test_a_checkpoint_write_that_runs_out_of_space_leaves_no_truncated_file(
 
 
 def test_incomplete_json_on_a_full_disk_costs_one_clause_not_a_traceback(tmp_path, monkeypatch):
-    import jobs.distill as distill
+    from rknn_ray.job import failure
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(distill, "mark_incomplete", full)
-    said = distill._record_incomplete(str(tmp_path), "why", RuntimeError("x"))
+    monkeypatch.setattr(failure, "mark_incomplete", full)
+    said = failure.record_incomplete(str(tmp_path), "why", RuntimeError("x"))
     assert "incomplete.json could not be written: No space left on device" in said
 
 
 def test_a_second_failure_keeps_the_first_reason(tmp_path):
-    import jobs.distill as distill
-    distill._record_incomplete(str(tmp_path), "interrupted by SIGINT during student", KeyboardInterrupt())
-    distill._record_incomplete(str(tmp_path), "out of disk space", RuntimeError("x"))
+    from rknn_ray.job.failure import record_incomplete
+    record_incomplete(str(tmp_path), "interrupted by SIGINT during student", KeyboardInterrupt())
+    record_incomplete(str(tmp_path), "out of disk space", RuntimeError("x"))
     marker = json.loads((tmp_path / "incomplete.json").read_text())
     assert marker["reason"] == "out of disk space"
     assert marker["earlier_reasons"] == ["interrupted by SIGINT during student"]
@@ -346,7 +346,7 @@ def test_resume_may_change_only_post_release_keys(tmp_path, capsys):
         err = capsys.readouterr().err
         assert bad[0].split("=")[0] in err and "student.*" in err and "Fix" in err
     assert (out / "incomplete.json").read_text() == "before" and not (out / "diagnostics").exists()
-    from jobs.distill import check_resume_overrides
+    from rknn_ray.job.resume import check_resume_overrides
     check_resume_overrides(cfg, load_config(str(out / "config.yaml"),
                                             ["student.epochs=1", "student.num_workers=1",
                                              "labels.type=soft", "run.progress=false"]))
@@ -378,7 +378,7 @@ class _Boom:
 def test_an_error_raised_in_an_actor_reaches_the_console_as_its_own_line(ray_session):
     import ray
 
-    from jobs.distill import _one_line
+    from rknn_ray.job.failure import failure_line
     from rknn_ray.errors import ConfigError, OutOfSpaceError, ReportError
     for err in (ConfigError("a", "b", "c"), ReportError("tampered", "tag"), OutOfSpaceError("/x")):
         back = pickle.loads(pickle.dumps(err))
@@ -386,7 +386,7 @@ def test_an_error_raised_in_an_actor_reaches_the_console_as_its_own_line(ray_ses
     actor = ray.remote(num_cpus=0)(_Boom).remote()
     with pytest.raises(ConfigError) as info:
         ray.get(actor.fail.remote())
-    assert _one_line(info.value) == "config 'server.key': a problem inside the actor. Fix: the fix"
+    assert failure_line(info.value) == "config 'server.key': a problem inside the actor. Fix: the fix"
     ray.kill(actor)
 
 

@@ -4,7 +4,9 @@ Owns the job context (:mod:`.context`), the protocol session on the parties' Ray
 its failure accounting (:mod:`.session`), the multi-round loop with per-round query
 selection (:mod:`.rounds`), the release file (:mod:`.release_file`), Ray start-up
 (:mod:`.ray_env`), where the parties run (:mod:`.placement`), the job's stage clock and
-bars (:mod:`.progress`), and ``run(config) -> RunResult`` (:mod:`.runner`).
+bars (:mod:`.progress`), which run folder ``--resume`` may finish and with which config
+(:mod:`.resume`), a failure said in one line and in incomplete.json (:mod:`.failure`), and
+``run(config) -> RunResult`` (:mod:`.runner`).
 
 May import: the library (the rest of ``rknn_ray``), ``sealing``, ``server``, ``shuffler``
 and ``actors``. It sits above ``actors`` and below ``jobs`` (the CLIs) and ``benchmarks``:

@@ -1,0 +1,86 @@
+"""A failed job, said once: one console line, and incomplete.json in its run folder.
+
+incomplete.json tells the person what happened and what to do next, and that depends on
+what was already paid for: a saved release is finished with ``--resume``; a release that
+could not be saved, or a round refused for too little cover, stays counted in the ledger;
+anything earlier released nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from rknn_ray.errors import NO_SPACE, RknnError, first_line
+from rknn_ray.job.rounds import ReleaseNotSaved
+from rknn_ray.job.session import CoverShortfall
+from rknn_ray.runio import INCOMPLETE_MARKER, RELEASE_FILE, mark_incomplete
+
+#: the prefix of a failure that is not one of ours (a bug): the CLI re-raises those
+UNEXPECTED = "the job failed"
+
+
+def failure_line(exc: BaseException) -> str:
+    """A failure as one line: an error raised in a Ray actor as itself, not Ray's wrapping;
+    a full disk as what to free."""
+    cause = getattr(exc, "cause", None)
+    if cause is not None and type(exc).__module__.startswith("ray"):
+        exc = cause
+    if isinstance(exc, RknnError):
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+        where = f" writing {exc.filename}" if exc.filename else ""
+        return f"out of disk space{where} ({exc.strerror}). Fix: free space and re-run"
+    if "database or disk is full" in str(exc):
+        return f"out of disk space ({exc}). Fix: free space on the ledger's file system"
+    return f"{UNEXPECTED}: {type(exc).__name__}: {first_line(exc)}"
+
+
+def stage_words(progress) -> str | None:
+    """The stage a failure left, in words ("round_0" is the first private round)."""
+    stage = progress and (progress.failed_in or progress.current)
+    if stage and stage.startswith("round_"):
+        return f"private round {int(stage.split('_')[1]) + 1}"
+    return stage or None
+
+
+def record_incomplete(out: str, message: str, exc: BaseException) -> str:
+    """Write incomplete.json (what happened, whether a release is saved, the next step);
+    returns the rest of the console line. A full disk here costs one clause, not a traceback."""
+    released = os.path.exists(os.path.join(out, RELEASE_FILE))
+    lost = isinstance(exc, ReleaseNotSaved)
+    if released and not lost:
+        next_step, said = (f"python -m jobs.distill --resume {out}",
+                           f"run folder {out} is marked incomplete; its release is saved: finish "
+                           f"it with --resume {out}")
+    elif lost:
+        next_step, said = ("free disk space; the lost release stays counted in the ledger",
+                           f"run folder {out} is marked incomplete; the release was NOT saved "
+                           "(its eps is counted in the ledger)")
+    elif isinstance(exc, CoverShortfall):      # the server saw the reports: spent, but no counts out
+        next_step, said = ("no counts were released and the round's eps stays counted in the "
+                           "ledger; re-run as the reason says",
+                           f"run folder {out} is marked incomplete; no counts were released (the "
+                           "round was refused for labelling; its eps is counted in the ledger)")
+    else:
+        next_step, said = ("nothing was released; fix the cause and re-run",
+                           f"run folder {out} is marked incomplete; nothing was released")
+    try:
+        mark_incomplete(out, message, release_saved=released and not lost,
+                        released_and_lost=lost, next_step=next_step, **_earlier_reasons(out))
+    except OSError as werr:
+        return said.replace(" is marked incomplete", "") + \
+            f" (incomplete.json could not be written: {werr.strerror or werr})"
+    return said + f" ({INCOMPLETE_MARKER})"
+
+
+def _earlier_reasons(out: str) -> dict:
+    """A failed --resume keeps the first failures' reasons (the last five) beside its own."""
+    try:
+        with open(os.path.join(out, INCOMPLETE_MARKER)) as fh:
+            old = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if isinstance(old, dict) and old.get("reason"):
+        return {"earlier_reasons": [*old.get("earlier_reasons", []), old["reason"]][-5:]}
+    return {}
