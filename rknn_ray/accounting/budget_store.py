@@ -507,13 +507,16 @@ class BudgetStore:
                      None if meta is None else json.dumps(meta, default=_plain)))
 
     def commit_round(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
-                     event: dict | None, note: str = "released", accounting=None) -> None:
+                     event: dict | None, note: str = "released", accounting=None,
+                     meta: dict | None = None) -> None:
         """Move one round's spend from the job's reservation to a release with its event.
 
         ``note`` marks the release (a seeded simulation says NOT PRIVATE here).
         ``accounting``: the accountant's choices the release was costed with (a Costing or
-        its dict; None: the defaults). The event must rebuild and cost exactly the
-        (eps, delta) committed: the store keeps one source of privacy numbers.
+        its dict; None: the defaults). ``meta``: what the job's ledger shows of it (its
+        guarantee's unit, note, ...; rknn_ray.accounting.ledger.PrivacyLedger writes it).
+        The event must rebuild and cost exactly the (eps, delta) committed: the store keeps
+        one source of privacy numbers.
         """
         costing = self._checked(f"round {round_id} of job {job_id}", eps, delta, event, accounting)
         with self._transaction() as con:
@@ -525,7 +528,8 @@ class BudgetStore:
             rid, r_eps, r_delta = res
             con.execute("UPDATE releases SET eps = ?, delta = ?, updated = ? WHERE id = ?",
                         (max(0.0, r_eps - eps), max(0.0, r_delta - delta), time.time(), rid))
-            self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing)
+            self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
+                                 meta)
 
     def append_release(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
                        event: dict | None, accounting=None, meta: dict | None = None,
@@ -539,15 +543,17 @@ class BudgetStore:
             self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
                                  meta)
 
-    def release_rows(self, identity: str) -> list[dict]:
-        """The released rows of ``identity`` in order: round, eps, delta, event, accounting, meta."""
+    def release_rows(self, identity: str, job_id: str, after: int = 0) -> list[dict]:
+        """The released rows of one job on ``identity`` in order, those past row ``after``
+        only (a ledger view reads each row once): id, round, eps, delta, event, accounting,
+        meta."""
         with self._connect() as con:
-            rows = con.execute("SELECT round, eps, delta, event, accounting, meta FROM releases "
-                               "WHERE identity = ? AND status = 'released' ORDER BY id",
-                               (identity,)).fetchall()
-        return [{"round": r, "eps": e, "delta": d, "event": json.loads(ev) if ev else None,
+            rows = con.execute("SELECT id, round, eps, delta, event, accounting, meta FROM releases "
+                               "WHERE identity = ? AND job_id = ? AND status = 'released' AND "
+                               "id > ? ORDER BY id", (identity, job_id, int(after))).fetchall()
+        return [{"id": i, "round": r, "eps": e, "delta": d, "event": json.loads(ev) if ev else None,
                  "accounting": json.loads(a) if a else None, "meta": json.loads(m) if m else {}}
-                for r, e, d, ev, a, m in rows]
+                for i, r, e, d, ev, a, m in rows]
 
     def close_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended normally: what it reserved and did not release is given back."""
