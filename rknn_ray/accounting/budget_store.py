@@ -1,11 +1,13 @@
 """A privacy budget that lasts across jobs: a SQLite ledger keyed by the private records' source.
 
-This is the project's one ledger: a run's :class:`~rknn_ray.accounting.ledger.PrivacyLedger`
-is a view over a store that lives in memory (path ``:memory:``) and is gone when the run
-ends; the persistent store at a file is not. Every release row holds its event and the
-accountant's choices for it (``accounting``), and is written only when its (eps, delta) is
-the accountant's cost of that event; a release whose event cannot be rebuilt is an error. A budget belongs to the private records themselves
-(record-level DP composes per record): a *source* is a pool of records known by their
+This is the project's one ledger: a job's :class:`~rknn_ray.accounting.ledger.PrivacyLedger`
+is a view over its own rows (identity, job id) of the persistent store at a file, each
+release written there once; a ledger with no persistent store (compare, grid, baselines,
+benchmarks) views a store that lives in memory (path ``:memory:``), gone when the run
+ends. Every release row holds its event and the accountant's choices for it
+(``accounting``), and is written only when its (eps, delta) is the accountant's cost of
+that event; a release whose event cannot be rebuilt is an error. A budget belongs to the
+private records themselves (record-level DP composes per record): a *source* is a pool of records known by their
 per-record fingerprints (rknn_ray/accounting/source_identity.py), and any job whose
 records overlap a source's draws from that source's one budget -- whatever split, seed,
 partition or client count it uses, and in full when it uses only a subset. A job that
@@ -18,7 +20,8 @@ The delta spent on a source never reaches 1/n (n: the fewest private records any
 it used): past that an (eps, delta) guarantee may expose a whole record outright.
 
 A job *reserves* its whole planned spend in one transaction before any client
-randomizes, and *commits* each round's release (with its event) after it. A crash
+randomizes, and *commits* each round's release (with its event, through the job's
+ledger, once release.npz is on disk) after it. A crash
 leaves the reservation counted: a release that may have happened is never forgotten.
 What is spent is composed by the job's accountant (``basic`` sums, or ``pld``; against a
 pure budget, delta = 0, pure events compose exactly by their sum) from the stored events.
