@@ -19,7 +19,7 @@ from rknn_ray.accounting.budget_store import mark_started
 from rknn_ray.errors import ConfigError, PrivacyBudgetError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import save_release
-from rknn_ray.job.session import CoverShortfall, PartyFailure, ProtocolSession
+from rknn_ray.job.session import PartyFailure, ProtocolSession
 from rknn_ray.pipeline import (dataset_sources, mechanism_for, next_round_uncertain,
                                round_budgets, round_query_counts)
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
@@ -119,10 +119,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     try:        # checked by the ledger before the release, recorded below
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
                                                         ledger, record_release=False))
-                    except CoverShortfall:          # opened, so spent: recorded, not labelled
-                        raise
-                    except PrivacyBudgetError:      # refused before the server released anything
-                        raise
+                    except PrivacyBudgetError:      # refused before the server released anything,
+                        raise                       # or a CoverShortfall: recorded, not labelled
                     except PartyFailure as exc:     # the party knows whether counts may be out
                         released = exc.released
                         raise
