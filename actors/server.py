@@ -15,7 +15,6 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 
-import numpy as np
 import ray
 
 from rknn_ray.mechanisms.base import Mechanism

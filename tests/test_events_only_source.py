@@ -115,7 +115,7 @@ def test_compare_totals_are_the_accountants_composition():
 
 
 def test_the_runs_ledger_is_a_view_over_one_store():
-    """PrivacyLedger keeps no list of its own: each release is one row of a store (in memory
+    """PrivacyLedger writes no list of its own: each release is one row of a store (in memory
     for the run) and everything it shows is read back from there; a guarantee that is not
     the accountant's cost of its event never gets in."""
     from dataclasses import replace
@@ -127,7 +127,7 @@ def test_the_runs_ledger_is_a_view_over_one_store():
     ledger = PrivacyLedger(budget_eps=3.0, budget_delta=1e-5, accountant="pld")
     assert ledger.store.path == ":memory:"
     ledger.record(mech.guarantee(), 0, event=mech.event(), messages=20000)
-    (row,) = ledger.store.release_rows("run")
+    (row,) = ledger.store.release_rows("run", "run")
     assert row["event"] == event_to_dict(mech.event())
     assert row["accounting"] == {"bound": "clones_numerical", "delta": 0.0, "method": "rdp"}
     (entry,) = ledger.entries

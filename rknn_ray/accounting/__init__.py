@@ -8,8 +8,9 @@
 * :mod:`.events` -- what a release is (dp_accounting-style frozen events, JSON round trip).
 * :mod:`.accountants` -- what events cost, alone and together (``basic`` sums, ``pld``
   composes PLDs), under the accountant's choices (``Costing``): the only source of eps.
-* :mod:`.budget_store` -- the one ledger (SQLite): persistent across jobs, in memory for a run.
-* :mod:`.ledger` -- ``PrivacyLedger``: a run's view over a store, with the run's budget cap.
+* :mod:`.budget_store` -- the one ledger (SQLite): persistent across jobs, or in memory.
+* :mod:`.ledger` -- ``PrivacyLedger``: a run's view over a store (a job's: its own rows of
+  the persistent one), with the run's budget cap; composes each release once.
 * :mod:`.source_identity` -- which records a job touches: per-record fingerprints of its pool.
 * :mod:`.audit` -- empirical audit (Clopper-Pearson) and simulated labeling error.
 """

@@ -203,8 +203,7 @@ class BasicAccountant(Accountant):
     name = "basic"
 
     def compose(self, events: list, target_delta: float = 0.0) -> tuple[float, float]:
-        costs = [event_cost(*as_costed(e)) for e in events]
-        return sum(c[0] for c in costs), min(1.0, sum(c[1] for c in costs))
+        return Composition("basic").extend(events).result(target_delta)
 
 
 def event_pld(item):
@@ -228,16 +227,61 @@ class PLDAccountant(Accountant):
     name = "pld"
 
     def compose(self, events: list, target_delta: float) -> tuple[float, float]:
-        basic = BasicAccountant().compose(events)
-        total = None
-        for e in events:
-            pld = event_pld(e)
+        return Composition("pld").extend(events).result(target_delta)
+
+
+class Composition:
+    """A running composition by one accountant: each event is costed once, when added.
+
+    A ledger that checks its budget before every round keeps one and adds each release
+    to it, so a check costs the new event, not every event again. The result is the
+    accountant's ``compose`` of the same events in the same order, to the bit (both are
+    this class): ``basic`` sums left to right, ``pld`` composes the PLDs left to right.
+    """
+
+    def __init__(self, accountant: str = "basic"):
+        if accountant not in ACCOUNTANTS:
+            raise ValueError(f"unknown accountant {accountant!r}; use one of {sorted(ACCOUNTANTS)}")
+        self.accountant = accountant
+        self.eps, self.delta = 0, 0           # basic: the events' own costs, summed (as sum())
+        self.pld = None                        # pld: the composed PLD (None: nothing to compose)
+        self.events = 0
+
+    def add(self, item) -> "Composition":
+        """Compose one more ledger item (an event or an (event, Costing) pair) in place."""
+        eps, delta = event_cost(*as_costed(item))
+        self.eps, self.delta = self.eps + eps, self.delta + delta
+        if self.accountant == "pld":
+            pld = event_pld(item)
             if pld is not None:
-                total = pld if total is None else total.compose(pld)
-        if total is None:
+                self.pld = pld if self.pld is None else self.pld.compose(pld)
+        self.events += 1
+        return self
+
+    def extend(self, items) -> "Composition":
+        for item in items:
+            self.add(item)
+        return self
+
+    def copy(self) -> "Composition":
+        """An independent running composition (PLDs are never changed in place)."""
+        other = Composition.__new__(Composition)
+        other.__dict__.update(self.__dict__)
+        return other
+
+    def basic(self) -> tuple[float, float]:
+        """The basic composition (sums) of the events added so far."""
+        return self.eps, min(1.0, self.delta)
+
+    def result(self, target_delta: float = 0.0) -> tuple[float, float]:
+        """(eps, delta) of the events added so far, at ``target_delta`` (pld; basic ignores it)."""
+        basic = self.basic()
+        if self.accountant == "basic":
+            return basic
+        if self.pld is None:
             return 0.0, 0.0
         target = max(float(target_delta), 1e-12)
-        eps = float(total.get_epsilon_for_delta(target))
+        eps = float(self.pld.get_epsilon_for_delta(target))
         if not math.isfinite(eps):      # target below the events' own deltas: PLD says nothing
             return basic
         if basic[0] <= eps and basic[1] <= target:      # basic is tighter here: report it

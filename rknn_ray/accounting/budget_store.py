@@ -1,11 +1,13 @@
 """A privacy budget that lasts across jobs: a SQLite ledger keyed by the private records' source.
 
-This is the project's one ledger: a run's :class:`~rknn_ray.accounting.ledger.PrivacyLedger`
-is a view over a store that lives in memory (path ``:memory:``) and is gone when the run
-ends; the persistent store at a file is not. Every release row holds its event and the
-accountant's choices for it (``accounting``), and is written only when its (eps, delta) is
-the accountant's cost of that event; a release whose event cannot be rebuilt is an error. A budget belongs to the private records themselves
-(record-level DP composes per record): a *source* is a pool of records known by their
+This is the project's one ledger: a job's :class:`~rknn_ray.accounting.ledger.PrivacyLedger`
+is a view over its own rows (identity, job id) of the persistent store at a file, each
+release written there once; a ledger with no persistent store (compare, grid, baselines,
+benchmarks) views a store that lives in memory (path ``:memory:``), gone when the run
+ends. Every release row holds its event and the accountant's choices for it
+(``accounting``), and is written only when its (eps, delta) is the accountant's cost of
+that event; a release whose event cannot be rebuilt is an error. A budget belongs to the
+private records themselves (record-level DP composes per record): a *source* is a pool of records known by their
 per-record fingerprints (rknn_ray/accounting/source_identity.py), and any job whose
 records overlap a source's draws from that source's one budget -- whatever split, seed,
 partition or client count it uses, and in full when it uses only a subset. A job that
@@ -18,7 +20,8 @@ The delta spent on a source never reaches 1/n (n: the fewest private records any
 it used): past that an (eps, delta) guarantee may expose a whole record outright.
 
 A job *reserves* its whole planned spend in one transaction before any client
-randomizes, and *commits* each round's release (with its event) after it. A crash
+randomizes, and *commits* each round's release (with its event, through the job's
+ledger, once release.npz is on disk) after it. A crash
 leaves the reservation counted: a release that may have happened is never forgotten.
 What is spent is composed by the job's accountant (``basic`` sums, or ``pld``; against a
 pure budget, delta = 0, pure events compose exactly by their sum) from the stored events.
@@ -507,13 +510,16 @@ class BudgetStore:
                      None if meta is None else json.dumps(meta, default=_plain)))
 
     def commit_round(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
-                     event: dict | None, note: str = "released", accounting=None) -> None:
+                     event: dict | None, note: str = "released", accounting=None,
+                     meta: dict | None = None) -> None:
         """Move one round's spend from the job's reservation to a release with its event.
 
         ``note`` marks the release (a seeded simulation says NOT PRIVATE here).
         ``accounting``: the accountant's choices the release was costed with (a Costing or
-        its dict; None: the defaults). The event must rebuild and cost exactly the
-        (eps, delta) committed: the store keeps one source of privacy numbers.
+        its dict; None: the defaults). ``meta``: what the job's ledger shows of it (its
+        guarantee's unit, note, ...; rknn_ray.accounting.ledger.PrivacyLedger writes it).
+        The event must rebuild and cost exactly the (eps, delta) committed: the store keeps
+        one source of privacy numbers.
         """
         costing = self._checked(f"round {round_id} of job {job_id}", eps, delta, event, accounting)
         with self._transaction() as con:
@@ -525,7 +531,8 @@ class BudgetStore:
             rid, r_eps, r_delta = res
             con.execute("UPDATE releases SET eps = ?, delta = ?, updated = ? WHERE id = ?",
                         (max(0.0, r_eps - eps), max(0.0, r_delta - delta), time.time(), rid))
-            self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing)
+            self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
+                                 meta)
 
     def append_release(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
                        event: dict | None, accounting=None, meta: dict | None = None,
@@ -539,15 +546,17 @@ class BudgetStore:
             self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
                                  meta)
 
-    def release_rows(self, identity: str) -> list[dict]:
-        """The released rows of ``identity`` in order: round, eps, delta, event, accounting, meta."""
+    def release_rows(self, identity: str, job_id: str, after: int = 0) -> list[dict]:
+        """The released rows of one job on ``identity`` in order, those past row ``after``
+        only (a ledger view reads each row once): id, round, eps, delta, event, accounting,
+        meta."""
         with self._connect() as con:
-            rows = con.execute("SELECT round, eps, delta, event, accounting, meta FROM releases "
-                               "WHERE identity = ? AND status = 'released' ORDER BY id",
-                               (identity,)).fetchall()
-        return [{"round": r, "eps": e, "delta": d, "event": json.loads(ev) if ev else None,
+            rows = con.execute("SELECT id, round, eps, delta, event, accounting, meta FROM releases "
+                               "WHERE identity = ? AND job_id = ? AND status = 'released' AND "
+                               "id > ? ORDER BY id", (identity, job_id, int(after))).fetchall()
+        return [{"id": i, "round": r, "eps": e, "delta": d, "event": json.loads(ev) if ev else None,
                  "accounting": json.loads(a) if a else None, "meta": json.loads(m) if m else {}}
-                for r, e, d, ev, a, m in rows]
+                for i, r, e, d, ev, a, m in rows]
 
     def close_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended normally: what it reserved and did not release is given back."""

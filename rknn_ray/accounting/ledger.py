@@ -1,16 +1,23 @@
 """The privacy ledger of one run: a view over the one ledger, the store.
 
-Every release is a row of a :class:`~rknn_ray.accounting.budget_store.BudgetStore` --
-in memory for a single run unless the caller hands in a store -- holding the release's
-event (rknn_ray.accounting.events; a mechanism builds it with ``Mechanism.event(n)``),
-the accountant's choices beside it, and what the run shows of it (its guarantee's unit,
-note, ...). The store checks on writing that the guarantee's (eps, delta) is the
-accountant's cost of the event; the totals are the store's composition of the events by
-the run's accountant (``basic`` sums, ``pld`` composes privacy-loss distributions), at
-the ledger's delta (the budget delta, else twice the summed delta of the entries, at
-least 1e-12), never above the basic total. An entry recorded without an event counts as
-its stated (eps, delta). This class only adds the run's budget cap (checked before a
-release) and reads its entries back.
+Every release is a row of a :class:`~rknn_ray.accounting.budget_store.BudgetStore`
+holding the release's event (rknn_ray.accounting.events; a mechanism builds it with
+``Mechanism.event(n)``), the accountant's choices beside it, and what the run shows of it
+(its guarantee's unit, note, ...). A job's ledger is the view over its own rows of the
+persistent store (``store``, ``identity``, ``job_id``): each release is written there
+once, into the job's reservation (``commit_round``). Without a store (compare, grid,
+baselines, benchmarks) the ledger keeps its rows in a store in memory, gone when the run
+ends. The store checks on writing that the guarantee's (eps, delta) is the accountant's
+cost of the event; the totals are the composition of the events by the run's accountant
+(``basic`` sums, ``pld`` composes privacy-loss distributions), at the ledger's delta (the
+budget delta, else twice the summed delta of the entries, at least 1e-12), never above
+the basic total. An entry recorded without an event counts as its stated (eps, delta).
+This class only adds the run's budget cap (checked before a release) and reads its
+entries back.
+
+The view reads each row once and composes it once (an incremental
+:class:`~rknn_ray.accounting.accountants.Composition` keyed on the rows read), so a
+check before a round costs that round's event, not every recorded event again.
 
 All entries must share one unit (record / client / label) and neighbour relation:
 composing guarantees about different units is meaningless, so it is refused.
@@ -21,7 +28,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rknn_ray.accounting.accountants import get_accountant
+from rknn_ray.accounting.accountants import Composition
 from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict, event_to_dict
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms.base import Guarantee
@@ -56,10 +63,15 @@ class LedgerEntry:
 
 
 class PrivacyLedger:
-    """Per-job ledger with an optional (eps, delta) budget cap enforced *before* release."""
+    """Per-job ledger with an optional (eps, delta) budget cap enforced *before* release.
+
+    ``store``, ``identity``, ``job_id``: the persistent store and the job whose rows this
+    ledger is (the job must hold a reservation there: every release is committed into
+    it). Without them the ledger lives in memory."""
 
     def __init__(self, budget_eps: float | None = None, budget_delta: float | None = None,
-                 accountant: str = "basic"):
+                 accountant: str = "basic", *, store=None, identity: str | None = None,
+                 job_id: str | None = None):
         if accountant not in ACCOUNTANTS:
             raise ConfigError("privacy.accountant", f"unknown accountant {accountant!r}",
                               f"use one of {ACCOUNTANTS}")
@@ -69,48 +81,69 @@ class PrivacyLedger:
         if budget_delta is not None and not 0 <= budget_delta < 1:
             raise ConfigError("privacy.budget_delta", f"budget delta={budget_delta} out of [0, 1)",
                               "set 0 <= delta < 1")
+        if (store is None) != (identity is None) or (store is None) != (job_id is None):
+            raise ValueError("a ledger over a persistent store needs store, identity and job_id")
         self.budget_eps, self.budget_delta = budget_eps, budget_delta
         self.accountant = accountant
-        self._accountant = get_accountant(accountant)
-        from rknn_ray.accounting.budget_store import BudgetStore
-        from rknn_ray.accounting.ledger_file import MEMORY
-        self.store = BudgetStore(MEMORY)
+        self.persistent = store is not None
+        if store is None:
+            from rknn_ray.accounting.budget_store import BudgetStore
+            from rknn_ray.accounting.ledger_file import MEMORY
+            store, identity, job_id = BudgetStore(MEMORY), RUN, RUN
+        self.store, self.identity, self.job_id = store, identity, job_id
+        # the view so far: the rows read (up to row id _last), their entries, their composition
+        self._last = 0
+        self._entries: list[LedgerEntry] = []
+        self._composed = Composition(accountant)
+        self._delta_sum = 0         # the entries' stated deltas, summed (the default target)
 
     # ------------------------------------------------------------------ the view
-    @property
-    def entries(self) -> list[LedgerEntry]:
-        """Every release, read back from the store (rows are written only by record*)."""
-        out = []
-        for row in self.store.release_rows(RUN):
+    def _read(self) -> None:
+        """Read the rows written since the last read; each is composed once, here."""
+        for row in self.store.release_rows(self.identity, self.job_id, self._last):
             meta = row["meta"]
             g = Guarantee(**{**meta["guarantee"],
                              "accounting": row["accounting"] or meta.get("accounting")})
-            out.append(LedgerEntry(int(row["round"]), g, event_from_dict(row["event"]),
-                                   meta.get("extra", {})))
-        return out
+            entry = LedgerEntry(int(row["round"]), g, event_from_dict(row["event"]),
+                                meta.get("extra", {}))
+            self._composed.add(entry.accounted_event)
+            self._delta_sum += g.delta
+            self._entries.append(entry)
+            self._last = row["id"]
+
+    @property
+    def entries(self) -> list[LedgerEntry]:
+        """Every release, read back from the store (rows are written only by record*)."""
+        self._read()
+        return list(self._entries)
 
     # ------------------------------------------------------------------ composition
-    def _target_delta(self, entries: list[LedgerEntry]) -> float:
-        if self.budget_delta is not None and self.budget_delta > 0:
-            return self.budget_delta
-        return max(1e-12, 2.0 * sum(e.guarantee.delta for e in entries))
-
-    def _compose(self, entries: list[LedgerEntry], extra: list | None = None) -> tuple[float, float]:
-        if not entries and not extra:
+    def _compose(self, extra: list | None = None) -> tuple[float, float]:
+        """Composed (eps, delta) of the entries and ``extra`` [(guarantee, event)] after them."""
+        self._read()
+        extra = [LedgerEntry(-1, g, e) for g, e in (extra or [])]
+        if not self._entries and not extra:
             return 0.0, 0.0
-        target = self._target_delta(entries + [LedgerEntry(-1, g, e) for g, e in (extra or [])])
-        pending = [LedgerEntry(-1, g, e).accounted_event for g, e in (extra or [])]
-        if not entries:
-            return self._accountant.compose(pending, target)
-        return self.store.composed(RUN, self.accountant, pending, target)
+        if self.budget_delta is not None and self.budget_delta > 0:
+            target = self.budget_delta
+        else:
+            delta_sum = self._delta_sum
+            for e in extra:
+                delta_sum += e.guarantee.delta
+            target = max(1e-12, 2.0 * delta_sum)
+        composed = self._composed
+        if extra:
+            composed = composed.copy().extend(e.accounted_event for e in extra)
+        return composed.result(target)
 
     def spent(self) -> tuple[float, float]:
         """Composed (eps, delta) of everything recorded so far."""
-        return self._compose(self.entries)
+        return self._compose()
 
     def _check_unit(self, g: Guarantee) -> None:
-        if self.entries:
-            first = self.entries[0].guarantee
+        self._read()
+        if self._entries:
+            first = self._entries[0].guarantee
             if (g.unit, g.neighbour) != (first.unit, first.neighbour):
                 raise PrivacyBudgetError(
                     f"cannot compose a {g.unit}-level ({g.neighbour}) guarantee with the "
@@ -124,7 +157,7 @@ class PrivacyLedger:
         Call it *before* starting a round: a refused round releases nothing.
         """
         self._check_unit(guarantee)
-        eps, delta = self._compose(self.entries, [(guarantee, event)])
+        eps, delta = self._compose([(guarantee, event)])
         over_eps = self.budget_eps is not None and eps > self.budget_eps * (1 + 1e-12)
         over_delta = self.budget_delta is not None and delta > self.budget_delta * (1 + 1e-12)
         if over_eps or over_delta:
@@ -137,37 +170,43 @@ class PrivacyLedger:
                 "Fix: lower the per-round eps, run fewer rounds, or raise the budget")
         return eps, delta
 
-    def record(self, guarantee: Guarantee, round_id: int, event: Any = None, **extra) -> LedgerEntry:
-        """Check the budget, then append the release. Returns the new entry."""
-        self.check(guarantee, event)
-        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)))
+    def record(self, guarantee: Guarantee, round_id: int, event: Any = None, *,
+               note: str = "released", **extra) -> LedgerEntry:
+        """Check the budget, then append the release. Returns the new entry.
 
-    def record_spent(self, guarantee: Guarantee, round_id: int, event: Any = None,
-                     **extra) -> LedgerEntry:
+        ``note``: the store's word on the release (a seeded run: NOT PRIVATE); ``extra``:
+        what the ledger shows beside it (messages, clients, ...)."""
+        self.check(guarantee, event)
+        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)), note)
+
+    def record_spent(self, guarantee: Guarantee, round_id: int, event: Any = None, *,
+                     note: str = "released", **extra) -> LedgerEntry:
         """Append a release that has already happened, at its true cost, over budget or not.
 
-        For a round the server has opened but that missed its target (too few reports
+        For a round released after its check (a job records it once release.npz is on
+        disk), or one the server has opened but that missed its target (too few reports
         hid each other): refusing to record it would understate what was spent.
         """
         self._check_unit(guarantee)
-        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)))
+        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)), note)
 
-    def _append(self, entry: LedgerEntry) -> LedgerEntry:
-        """One row in the store: the event, the accountant's choices, what the run shows."""
+    def _append(self, entry: LedgerEntry, note: str) -> LedgerEntry:
+        """One row in the store (the only write of a release): the event, the accountant's
+        choices, what the run shows. A job's row is committed into its reservation."""
         g = entry.guarantee
         shown = {k: v for k, v in asdict(g).items() if k != "accounting"}
-        self.store.append_release(RUN, RUN, entry.round_id, g.eps, g.delta,
-                                  event_to_dict(entry.event), accounting=g.accounting,
-                                  meta={"guarantee": shown, "extra": entry.extra,
-                                        "accounting": None if g.accounting is None
-                                        else g.accounting.to_dict()})
+        meta = {"guarantee": shown, "extra": entry.extra,
+                "accounting": None if g.accounting is None else g.accounting.to_dict()}
+        write = self.store.commit_round if self.persistent else self.store.append_release
+        write(self.identity, self.job_id, entry.round_id, g.eps, g.delta,
+              event_to_dict(entry.event), note=note, accounting=g.accounting, meta=meta)
         return entry
 
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
         entries = self.entries
-        eps, delta = self._compose(entries)
-        basic = get_accountant("basic").compose([e.accounted_event for e in entries])
+        eps, delta = self._compose()
+        basic = self._composed.basic()
         return {"accountant": self.accountant,
                 "budget": {"eps": self.budget_eps, "delta": self.budget_delta},
                 "entries": [e.to_dict() for e in entries],

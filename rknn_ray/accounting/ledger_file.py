@@ -38,7 +38,7 @@ def lock_timeout() -> float:
     return value
 
 
-#: the path of a ledger that lives in memory for one run (rknn_ray.accounting.ledger)
+#: the path of a ledger that lives in memory (a PrivacyLedger with no persistent store)
 MEMORY = ":memory:"
 
 

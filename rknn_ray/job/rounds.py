@@ -2,10 +2,11 @@
 
 ``rounds.count`` rounds on one :class:`~rknn_ray.job.session.ProtocolSession`; each round
 picks its queries (:func:`select_round_queries`: k-means for the first, then
-``rounds.query_selection``), spends its share of ``privacy.eps``, is committed to the
-persistent ledger and saved to ``release.npz`` the moment it is released. On a failure
-the job's unreleased reservation is returned, unless the failure came where a release
-may already have happened (then it stays counted).
+``rounds.query_selection``), spends its share of ``privacy.eps``, is saved to
+``release.npz`` (fsync'd) the moment it is released, then written once to the one ledger:
+the job's rows of the persistent store, which its :class:`PrivacyLedger` is a view of
+(:func:`job_ledger`). On a failure the job's unreleased reservation is returned, unless
+the failure came where a release may already have happened (then it stays counted).
 """
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ import numpy as np
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import mark_started
-from rknn_ray.accounting.events import event_to_dict
 from rknn_ray.errors import ConfigError, PrivacyBudgetError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import save_release
-from rknn_ray.job.session import CoverShortfall, PartyFailure, ProtocolSession
+from rknn_ray.job.session import PartyFailure, ProtocolSession
 from rknn_ray.pipeline import (dataset_sources, mechanism_for, next_round_uncertain,
                                round_budgets, round_query_counts)
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
@@ -80,13 +80,16 @@ def select_round_queries(cfg, data, t: int, public_emb: np.ndarray, rounds: list
     return qs, {"round": t, "queries": qs.size, **info}
 
 
-def job_ledger(cfg) -> PrivacyLedger:
-    """The job's in-memory ledger, bounded by privacy.budget_* when set (else the job's eps)."""
-    p = cfg.privacy
+def job_ledger(ctx: JobContext) -> PrivacyLedger:
+    """The job's ledger: a view over its rows of the persistent store (each release is
+    committed into its reservation), bounded by privacy.budget_* when set (else the job's
+    eps), checked before every release."""
+    p = ctx.cfg.privacy
     budget_eps = p.eps if p.budget_eps is None else min(p.budget_eps, p.eps)
     budget_delta = p.delta if p.budget_delta is None else min(p.budget_delta, p.delta)
     return PrivacyLedger(budget_eps=budget_eps, budget_delta=budget_delta or None,
-                         accountant=p.accountant)
+                         accountant=p.accountant, store=ctx.store, identity=ctx.identity,
+                         job_id=ctx.job_id)
 
 
 def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
@@ -94,7 +97,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     QuerySets, the job's ledger, the rounds' mechanisms)."""
     cfg, store, progress = ctx.cfg, ctx.store, ctx.progress
     p = cfg.privacy
-    ledger = job_ledger(cfg)
+    ledger = job_ledger(ctx)
     budgets = ctx.round_budgets()
     sizes = ctx.round_sizes()                  # new queries per round
     rounds, query_sets, selections, mechanisms = [], [], [], []
@@ -113,18 +116,11 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 mechanism = ctx.round_mechanism(t, qs.size)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
                                     f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
-                    try:
+                    try:        # checked by the ledger before the release, recorded below
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
-                                                        ledger))
-                    except CoverShortfall as exc:   # opened, so spent: recorded, not labelled
-                        store.commit_round(ctx.identity, ctx.job_id, t, exc.guarantee.eps,
-                                           exc.guarantee.delta, event_to_dict(exc.event),
-                                           note="refused for labelling: too few reports opened "
-                                                "to meet the target; recorded at its true cost",
-                                           accounting=exc.guarantee.accounting)
-                        raise
-                    except PrivacyBudgetError:      # refused before the server released anything
-                        raise
+                                                        ledger, record_release=False))
+                    except PrivacyBudgetError:      # refused before the server released anything,
+                        raise                       # or a CoverShortfall: recorded, not labelled
                     except PartyFailure as exc:     # the party knows whether counts may be out
                         released = exc.released
                         raise
@@ -143,9 +139,9 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     lost = exc
                     note = (f"released, but release.npz could not be saved ({first_line(exc)}): "
                             "the counts are lost; their eps stays counted")
-                store.commit_round(ctx.identity, ctx.job_id, t, rounds[-1].guarantee.eps,
-                                   rounds[-1].guarantee.delta, event_to_dict(rounds[-1].event),
-                                   note=note, accounting=rounds[-1].guarantee.accounting)
+                done = rounds[-1]       # the round's one ledger write, into the reservation
+                ledger.record_spent(done.guarantee, round_id=t, event=done.event, note=note,
+                                    messages=done.messages, clients=done.clients)
                 released = False
                 if lost is not None:
                     raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "

@@ -226,8 +226,12 @@ class ProtocolSession:
 
     # ------------------------------------------------------------------ one round
     def run_round(self, round_id: int, mechanism: Mechanism, encoder, query_features: np.ndarray,
-                  ledger) -> RoundResult:
-        """Run one private labeling round end to end and record it in ``ledger``."""
+                  ledger, record_release: bool = True) -> RoundResult:
+        """Run one private labeling round end to end and record it in ``ledger``.
+
+        ``record_release=False``: the caller records the released round (a job does, once
+        release.npz is on disk); the ledger still checks it before the release, and a
+        round that misses its target is recorded here at its true cost."""
         cfg = self.cfg
         model = mechanism.model
         ctx = RoundContext(self.job_id, round_id)
@@ -278,6 +282,8 @@ class ProtocolSession:
         guarantee, event = mechanism.round_cost(n, tally["messages"])
         if guarantee.eps > mechanism.params.eps * (1 + 1e-9):
             ledger.record_spent(guarantee, round_id=round_id, event=event,
+                                note="refused for labelling: too few reports opened to meet "
+                                     "the target; recorded at its true cost",
                                 messages=tally["messages"], clients=self.num_clients,
                                 refused="too few reports opened to meet the target")
             opened.close(tally["received"])
@@ -291,8 +297,9 @@ class ProtocolSession:
         with untimed("release") if untimed else contextlib.nullcontext():
             out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
         opened.close(out["received"])
-        ledger.record(guarantee, round_id=round_id, event=event, messages=out["messages"],
-                      clients=self.num_clients)
+        if record_release:      # checked above, released since: recorded as it happened
+            ledger.record_spent(guarantee, round_id=round_id, event=event,
+                                messages=out["messages"], clients=self.num_clients)
         if shuffle_stats is not None:
             honest = getattr(mechanism, "n_honest", guarantee.n)    # multi: the noise senders
             say(f"  cover: {tally['messages']} messages opened from {n} authenticated senders; "
