@@ -171,16 +171,17 @@ def derive_labels(counts: np.ndarray, qs: QuerySet, public_truth: np.ndarray,
 
 
 def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
-    """One source spec per client shard: contiguous client-id ranges of the run's partition.
+    """One source per client shard: contiguous client-id ranges of the run's partition.
 
-    Each shard re-derives the same seeded split and partition from ``cfg`` and keeps
-    its own range (rknn_ray.data.sources), so no private record is shipped to it.
+    Each source holds only its shard's records, cut from ``data`` (the partition this
+    job prepared once), so no shard loads, splits and partitions the whole dataset
+    again, and none holds another shard's records (rknn_ray.data.sources).
     """
-    from rknn_ray.data.sources import DatasetShardSource
+    from rknn_ray.data.sources import PreparedShardSource
     n = data.num_clients
     count = max(1, min(int(shards or cfg.cluster.shards), n))
     cuts = np.linspace(0, n, count + 1).astype(np.int64)
-    return [DatasetShardSource(cfg, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+    return [PreparedShardSource.of(data, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def round_query_counts(cfg) -> list[int]:
