@@ -7,8 +7,9 @@ tests and notebooks can run the method without a cluster.
 The sequences of stages are assembled here once: :func:`prepare_stages` (prepare ->
 auto s, k -> encoder and queries), :func:`nonprivate_labels` (the one non-private
 reference: exact counts -> labels) and :func:`train_on_labels` (student inputs ->
-student). The job, the non-private reference, the baselines and the benchmarks call
-them instead of re-listing the steps.
+student). The non-private reference, a run's diagnostics, the baselines and the
+benchmarks call them instead of re-listing the steps (the job's runner and finish keep
+their own order, with budget checks and progress stages between the same stages).
 """
 from __future__ import annotations
 
