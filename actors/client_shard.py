@@ -1,11 +1,12 @@
 """ClientShard: one Ray actor hosting many virtual clients (the simulation backend).
 
-The shard loads its own private records from a small source spec
-(:mod:`rknn_ray.data.sources`) and never sends them anywhere. It also makes its own
-secret (:mod:`rknn_ray.shard_secrets`): Ray is handed only where to keep it (a node-local,
-owner-only key store and the job id), so the secret never crosses the driver, the GCS or
-the object store; Ray keeps only those public names for restarts. For a round it streams
-one sealed Arrow batch per ``batch_clients`` clients
+The shard opens its own private records from its source (:mod:`rknn_ray.data.sources`:
+only its clients' records, cut from the partition the driver prepared once and handed
+over by reference through the object store) and never sends them anywhere. It also
+makes its own secret (:mod:`rknn_ray.shard_secrets`): Ray is handed only where to keep
+it (a node-local, owner-only key store and the job id), so the secret never crosses the
+driver, the GCS or the object store; Ray keeps only those public names for restarts. For
+a round it streams one sealed Arrow batch per ``batch_clients`` clients
 (:func:`rknn_ray.client_step.client_step`) as a Ray streaming generator, so the driver
 forwards batches while the shard is still sealing and memory is bounded by the
 generator's backpressure window.

@@ -101,8 +101,8 @@ def label_only_cell(cell: dict, args) -> dict:
     from rknn_ray.config import load_config
     from rknn_ray.job.rounds import select_round_queries
     from rknn_ray.job.session import RoundResult
-    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_for,
-                                   prepare_data, round_budgets, round_query_counts)
+    from rknn_ray.pipeline import (exact_counts, finish_labels, mechanism_for, prepare_stages,
+                                   round_budgets, round_query_counts)
     from rknn_ray.labeling.queries import union_of_rounds
     from rknn_ray.rng import seeded_generator
     over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
@@ -113,8 +113,8 @@ def label_only_cell(cell: dict, args) -> dict:
     sizes = round_query_counts(cfg)
     key = (cell["seed"], sizes[0], tuple(args.overrides))
     if key not in _PREPARED:           # data, encoder and round-1 queries: seed and round-1 s only
-        data = prepare_data(cfg)
-        _PREPARED[key] = (data, *fit_queries(cfg, data, s=sizes[0]))
+        st = prepare_stages(cfg, s=sizes[0])
+        _PREPARED[key] = (st.data, st.encoder, st.public_emb, st.queries)
     data, encoder, public_emb, first = _PREPARED[key]
     p = cfg.privacy
     rounds, query_sets, uncertain = [], [], []
@@ -125,7 +125,7 @@ def label_only_cell(cell: dict, args) -> dict:
         if "uncertainty_chosen" in selection:
             uncertain.append(selection)
         mech = mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size)
-        exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts()
+        exact = exact_counts(encoder, data, [qs], cfg.rknn.k)
         noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + t)).astype(float)
         rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))
         query_sets.append(qs)

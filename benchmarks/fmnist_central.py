@@ -35,8 +35,7 @@ def main(argv=None) -> int:
 
     from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import (derive_labels, exact_answers, fit_queries,
-                                   mechanism_for, prepare_data)
+    from rknn_ray.pipeline import derive_labels, exact_counts, mechanism_for, prepare_stages
     from rknn_ray.plots import plt, save_png
     from rknn_ray.rng import secure_generator
     from rknn_ray.runio import write_json
@@ -52,9 +51,9 @@ def main(argv=None) -> int:
                           [f"queries.s={s}", f"rknn.k={args.k}", f"represent.dim={args.dim}",
                            f"run.seed={args.seed}"])
         t0 = time.perf_counter()
-        data = prepare_data(cfg)
-        encoder, _, qs = fit_queries(cfg, data)
-        exact = exact_answers(encoder, data, qs, args.k).counts()
+        st = prepare_stages(cfg)
+        data, qs = st.data, st.queries
+        exact = exact_counts(st.encoder, data, [qs], args.k)
         prep = time.perf_counter() - t0
         sp = data.splits
         for eps in [None] + list(args.eps):

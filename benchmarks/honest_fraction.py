@@ -26,17 +26,15 @@ import numpy as np
 def measure(config: str, fractions: list[float], seeds: int) -> list[dict]:
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms.exact import negative_binomial
-    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, mechanism_for,
-                                   prepare_data, resolve_auto)
+    from rknn_ray.pipeline import exact_counts, finish_labels, mechanism_for, prepare_stages
     from rknn_ray.rng import seeded_generator
     rows = []
     data = None
     for gamma in fractions:
         cfg = load_config(config, ["privacy.mechanism=multi", f"privacy.honest_fraction={gamma}"])
-        data = data or prepare_data(cfg)
-        cfg, choice = resolve_auto(cfg, data)
-        encoder, public_emb, qs = fit_queries(cfg, data)
-        exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts()
+        st = prepare_stages(cfg, data, resolve=True)      # one dataset for every fraction
+        cfg, data, choice, qs, public_emb = st.cfg, st.data, st.auto, st.queries, st.public_emb
+        exact = exact_counts(st.encoder, data, [qs], cfg.rknn.k)
         mech = mechanism_for(cfg, data, model="shuffle", name="multi")
         d = mech.params.num_cells
         shape = Fraction(mech.n_cal, mech.n_honest)

@@ -71,8 +71,8 @@ def main(argv=None) -> int:
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.errors import RknnError
-    from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers, fit_queries,
-                                   mechanism_for, prepare_data)
+    from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers,
+                                   mechanism_for, prepare_stages)
     from rknn_ray.plots import plt, save_png
     from rknn_ray.runio import write_json
     from rknn_ray.student import StudentConfig, train_student, train_student_local
@@ -83,8 +83,8 @@ def main(argv=None) -> int:
             f"run.seed={args.seed}", "run.rng=seeded", "labels.type=soft",
             f"privacy.delta={args.delta}"]
     cfg0 = load_config(None, base + ["privacy.delta=0"])    # data and queries: the default (central) model
-    data = prepare_data(cfg0)
-    encoder, _, qs = fit_queries(cfg0, data)
+    st = prepare_stages(cfg0)
+    data, encoder, qs = st.data, st.encoder, st.queries
     sp = data.splits
     answers = exact_answers(encoder, data, qs, args.k)
     exact = answers.counts()

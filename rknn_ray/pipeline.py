@@ -3,6 +3,13 @@
 No Ray here: ``jobs/distill.py`` runs these stages around the actors
 (ClientShard, Shuffler, Server) and Ray Train. Each stage is a plain function so
 tests and notebooks can run the method without a cluster.
+
+The sequences of stages are assembled here once: :func:`prepare_stages` (prepare ->
+auto s, k -> encoder and queries), :func:`nonprivate_labels` (the one non-private
+reference: exact counts -> labels) and :func:`train_on_labels` (student inputs ->
+student). The non-private reference, a run's diagnostics, the baselines and the
+benchmarks call them instead of re-listing the steps (the job's runner and finish keep
+their own order, with budget checks and progress stages between the same stages).
 """
 from __future__ import annotations
 
@@ -52,6 +59,32 @@ def fit_queries(cfg, data: PreparedData, progress=None,
     return encoder, public_emb, qs
 
 
+@dataclass
+class Stages:
+    """What every run of the method starts from: its data, the public encoder, the public
+    embeddings and the first round's queries (``cfg`` with ``auto`` s and k resolved when
+    :func:`prepare_stages` was asked to)."""
+    cfg: object
+    data: PreparedData
+    encoder: Encoder
+    public_emb: np.ndarray
+    queries: QuerySet
+    auto: dict | None = None        # resolve_auto's choice, None when nothing was resolved
+
+
+def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = False,
+                   s: int | None = None, progress=None) -> Stages:
+    """prepare -> (``resolve``: auto s and k) -> encoder and queries, the one place this
+    sequence is written. ``data``: an already prepared run's (a benchmark reusing one
+    dataset), else prepared here; ``s`` as :func:`fit_queries` takes it."""
+    data = prepare_data(cfg) if data is None else data
+    choice = None
+    if resolve:
+        cfg, choice = resolve_auto(cfg, data)
+    encoder, public_emb, qs = fit_queries(cfg, data, progress, s=s)
+    return Stages(cfg, data, encoder, public_emb, qs, choice)
+
+
 def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) -> RecordAnswers:
     """All held records' answers in one place: only for the non-private reference."""
     rows = data.held_rows()
@@ -59,6 +92,25 @@ def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) ->
     emb = encoder.transform(data.splits.private_x[rows])
     return build_answers(emb, data.splits.private_y[rows], data.client_ids[rows],
                          qs.features, k, data.num_classes)
+
+
+def exact_counts(encoder: Encoder, data: PreparedData, query_sets: list[QuerySet],
+                 k: int) -> np.ndarray:
+    """NOT private: the exact (s, |Y|) counts of every round's queries, stacked in round order."""
+    return np.concatenate([exact_answers(encoder, data, q, k).counts() for q in query_sets])
+
+
+def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: list[QuerySet],
+                      all_qs: QuerySet, public_emb: np.ndarray, rounds=(),
+                      progress=None) -> tuple[np.ndarray, "Labeling", dict]:
+    """The non-private reference's labels, the one place they are made (rknn_ray.reference
+    and a run's diagnostics): exact counts of ``query_sets``, labelled as a private run's
+    released counts are (:func:`finish_labels`, ``all_qs`` their union) with no noise.
+    NOT private: returns (exact counts, Labeling, label info)."""
+    exact = exact_counts(encoder, data, query_sets, cfg.rknn.k)
+    lab, info = finish_labels(cfg, data, exact.astype(float), all_qs, public_emb, list(rounds),
+                              progress, noise_std=0.0)
+    return exact, lab, info
 
 
 def mechanism_params(cfg, data: PreparedData, eps: float | None = None,
@@ -120,16 +172,17 @@ def derive_labels(counts: np.ndarray, qs: QuerySet, public_truth: np.ndarray,
 
 
 def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
-    """One source spec per client shard: contiguous client-id ranges of the run's partition.
+    """One source per client shard: contiguous client-id ranges of the run's partition.
 
-    Each shard re-derives the same seeded split and partition from ``cfg`` and keeps
-    its own range (rknn_ray.data.sources), so no private record is shipped to it.
+    Each source holds only its shard's records, cut from ``data`` (the partition this
+    job prepared once), so no shard loads, splits and partitions the whole dataset
+    again, and none holds another shard's records (rknn_ray.data.sources).
     """
-    from rknn_ray.data.sources import DatasetShardSource
+    from rknn_ray.data.sources import PreparedShardSource
     n = data.num_clients
     count = max(1, min(int(shards or cfg.cluster.shards), n))
     cuts = np.linspace(0, n, count + 1).astype(np.int64)
-    return [DatasetShardSource(cfg, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+    return [PreparedShardSource.of(data, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def round_query_counts(cfg) -> list[int]:
@@ -360,13 +413,15 @@ class StudentInputs:
 
 
 def student_inputs(cfg, data: PreparedData, encoder, lab: Labeling, qs: QuerySet,
-                   public_emb: np.ndarray, info: dict | None, out_dir: str | None) -> StudentInputs:
+                   public_emb: np.ndarray, info: dict | None, out_dir: str | None,
+                   config=None) -> StudentInputs:
     """The student's training set from a Labeling: public images (or the public encoder's
     features, ``student.input: features``), labelled by propagation (``labels.train_on:
-    public``) or only the queries (``queries``). Used by jobs.distill on released labels
-    and by rknn_ray.reference on the non-private ones, so both train the same student."""
+    public``) or only the queries (``queries``). Used by jobs.distill on released labels,
+    by rknn_ray.reference on the non-private ones and by the baselines, so all train the
+    same student. ``config``: a StudentConfig in place of the config's (the baselines')."""
     from rknn_ray.student import StudentConfig
-    scfg = StudentConfig.from_config(cfg)
+    scfg = StudentConfig.from_config(cfg) if config is None else config
     sp, eval_x, image_shape = data.splits, data.splits.eval_x, data.image_shape
     described = None
     if cfg.student.input == "features":     # encoder -> MLP; the encoder is public (issue 11)
@@ -395,6 +450,23 @@ def fit_student(cfg, data: PreparedData, encoder, lab: Labeling, info: dict, inp
                inputs.image_shape, data.num_classes, inputs.config,
                storage_path=out_dir, checkpoint_dir=out_dir,
                sample_weight=inputs.weight, progress=on_epoch)
+
+
+def train_on_labels(cfg, data: PreparedData, encoder, lab: Labeling, info: dict | None,
+                    qs: QuerySet, public_emb: np.ndarray, out_dir: str | None = None,
+                    progress=None, on_epoch=None, student=None) -> tuple[StudentInputs, object]:
+    """student inputs -> student, the sequence every labelling ends with; returns (the
+    inputs, the training result). ``student``: a StudentConfig for the plain student trained
+    in this process (the baselines: their epochs and seed, one CPU worker), else the
+    configured one (:func:`fit_student`: Ray Train, in this process, or the semi student)."""
+    inputs = student_inputs(cfg, data, encoder, lab, qs, public_emb, info, out_dir, student)
+    if student is None:
+        return inputs, fit_student(cfg, data, encoder, lab, info, inputs, out_dir, progress,
+                                   on_epoch)
+    from rknn_ray.student import train_student_local
+    return inputs, train_student_local(inputs.train_x, inputs.targets, inputs.eval_x,
+                                       inputs.eval_y, inputs.image_shape, data.num_classes,
+                                       inputs.config, sample_weight=inputs.weight)
 
 
 def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_emb: np.ndarray,

@@ -5,7 +5,9 @@ private run of ``cfg``; only the released counts are replaced by the exact priva
 counts. It is what the privacy costs are measured against (the "Non-priv Acc." column
 of paper 000, Table 1). No privacy guarantee covers anything computed here: the
 results are marked ``"private": false`` and the folder gets a README saying so.
-Nothing is released and no ledger is touched (no mechanism runs).
+Nothing is released and no ledger is touched (no mechanism runs). The stages are
+rknn_ray.pipeline's sequences (prepare_stages, nonprivate_labels, train_on_labels), the
+same ones a private run and its diagnostics call.
 """
 from __future__ import annotations
 
@@ -32,8 +34,7 @@ def nonprivate_reference(cfg, out_dir: str | None = None, progress=None) -> dict
     checkpoint and a README land there. Needs Ray for the student (Ray Train).
     """
     from rknn_ray.errors import ConfigError
-    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries, fit_student,
-                                   prepare_data, student_inputs)
+    from rknn_ray.pipeline import nonprivate_labels, prepare_stages, train_on_labels
     if "auto" in (cfg.queries.s, cfg.rknn.k):
         raise ConfigError("queries.s", "the non-private reference needs fixed s and k, got "
                           f"s = {cfg.queries.s}, k = {cfg.rknn.k}",
@@ -43,18 +44,17 @@ def nonprivate_reference(cfg, out_dir: str | None = None, progress=None) -> dict
         os.makedirs(out_dir, exist_ok=True)
         write_text(os.path.join(out_dir, "README.txt"), README)
     t0 = time.perf_counter()
-    data = prepare_data(cfg)
-    encoder, public_emb, qs = fit_queries(cfg, data)
-    exact = exact_answers(encoder, data, qs, cfg.rknn.k).counts().astype(float)
-    lab, info = finish_labels(cfg, data, exact, qs, public_emb, rounds=[], noise_std=0.0)
-    inputs = student_inputs(cfg, data, encoder, lab, qs, public_emb, info, out_dir)
-    student = fit_student(cfg, data, encoder, lab, info, inputs, out_dir, progress)
+    st = prepare_stages(cfg)
+    qs = st.queries
+    exact, lab, info = nonprivate_labels(cfg, st.data, st.encoder, [qs], qs, st.public_emb)
+    _, student = train_on_labels(cfg, st.data, st.encoder, lab, info, qs, st.public_emb,
+                                 out_dir, progress)
     return {"private": False, "warning": NOT_PRIVATE,
             "label_accuracy": float(lab.label_accuracy),
             "query_accuracy": float(lab.query_accuracy),
             "student_accuracy": float(student.test_accuracy),
             "queries": int(qs.size), "k": int(cfg.rknn.k),
             "smoothing": info["denoise"]["neighbours"],
-            "records": int(len(data.splits.private_y)),
+            "records": int(len(st.data.splits.private_y)),
             "votes_per_query": float(np.asarray(exact).sum() / max(1, qs.size)),
             "wall_s": time.perf_counter() - t0}

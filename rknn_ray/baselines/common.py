@@ -2,15 +2,15 @@
 RDP conversion and noise calibration, the student, and the result row.
 
 All baselines run on exactly the data reverse k-NN runs on: ``prepare`` calls
-``rknn_ray.pipeline.prepare_data`` (same dataset, split, partition into clients)
-and ``fit_queries`` (same public encoder and the same ``s`` k-means queries). A
-labeling baseline labels those ``s`` queries privately; the labels propagate to
-the public set along the query clusters and the project's student
-(``rknn_ray.student.train_student_local``, the config's student section) is
-trained on them and scored on the evaluation split -- the same path reverse k-NN
-takes. Teachers and local models are small: multinomial logistic regressions
-(optionally one hidden layer) on the public-fitted representation, trained in
-torch as one batch of ``G`` independent models.
+``rknn_ray.pipeline.prepare_stages`` (same dataset, split, partition into clients,
+same public encoder and the same ``s`` k-means queries). A labeling baseline labels
+those ``s`` queries privately; the labels propagate to the public set along the
+query clusters and ``rknn_ray.pipeline.train_on_labels`` trains the project's student
+(the config's student section, in this process) on them and scores it on the
+evaluation split -- the same path reverse k-NN takes. Teachers and local models
+are small: multinomial logistic regressions (optionally one hidden layer) on the
+public-fitted representation, trained in torch as one batch of ``G`` independent
+models.
 """
 from __future__ import annotations
 
@@ -65,15 +65,15 @@ class BaselineSetup:
 
 
 def prepare(cfg) -> BaselineSetup:
-    """Data, split, partition, encoder and queries exactly as ``jobs.distill`` makes them."""
-    from rknn_ray.pipeline import fit_queries, prepare_data, resolve_auto
+    """Data, split, partition, encoder and queries exactly as ``jobs.distill`` makes them
+    (``rknn_ray.pipeline.prepare_stages``, ``auto`` s and k resolved at cfg's eps)."""
+    from rknn_ray.pipeline import prepare_stages
     t0 = time.perf_counter()
-    data = prepare_data(cfg)
-    cfg, _ = resolve_auto(cfg, data)     # queries.s: auto -> the s jobs.distill picks at cfg's eps
-    encoder, public_emb, qs = fit_queries(cfg, data)
-    sp = data.splits
-    return BaselineSetup(cfg, data, encoder, public_emb, qs, encoder.transform(sp.private_x),
-                         encoder.transform(sp.eval_x), time.perf_counter() - t0)
+    st = prepare_stages(cfg, resolve=True)
+    sp = st.data.splits
+    return BaselineSetup(st.cfg, st.data, st.encoder, st.public_emb, st.queries,
+                         st.encoder.transform(sp.private_x), st.encoder.transform(sp.eval_x),
+                         time.perf_counter() - t0)
 
 
 # ----------------------------------------------------------------------------- accounting
@@ -233,34 +233,20 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
 
     Returns (student test accuracy, label accuracy on the public set, Labeling).
     """
-    from rknn_ray.pipeline import derive_labels
+    import dataclasses
+
+    from rknn_ray.pipeline import derive_labels, train_on_labels
     from rknn_ray.student import StudentConfig
-    from rknn_ray.student.train import train_student_local
     cfg = setup.cfg
-    sp = setup.splits
-    lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries, sp.public_y,
-                        cfg.labels.type)
-    st = cfg.student
-    scfg = StudentConfig(epochs=int(epochs or st.epochs), batch_size=st.batch_size, lr=st.lr,
-                         weight_decay=st.weight_decay, num_workers=1, use_gpu=False,
-                         label_type=cfg.labels.type, seed=cfg.run.seed if seed is None else seed,
-                         arch=st.arch, augment=st.augment)
-    # the student reverse k-NN trains: on images, or (student.input: features) an MLP on the
-    # public encoder's features, exactly as jobs.distill feeds it
-    if st.input == "features":
-        public_x, eval_x = setup.public_emb.astype(np.float32), setup.eval_emb.astype(np.float32)
-        shape = (int(setup.public_emb.shape[1]),)
-    else:
-        public_x, eval_x, shape = sp.public_x, sp.eval_x, setup.data.image_shape
-    if cfg.labels.train_on == "queries":
-        qi = setup.queries.public_index
-        train_x = public_x[qi]
-        targets = lab.query_soft if scfg.label_type == "soft" else lab.query_labels
-        weight = lab.query_weight if scfg.label_type == "soft" else None
-    else:
-        train_x, targets, weight = public_x, lab.public_targets, lab.public_weight
-    res = train_student_local(train_x, targets, eval_x, sp.eval_y, shape,
-                              setup.num_classes, scfg, sample_weight=weight)
+    lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries,
+                        setup.splits.public_y, cfg.labels.type)
+    # the student reverse k-NN trains (on images, or with student.input: features an MLP on
+    # the public encoder's features), with the baseline's epochs and seed, in this process
+    scfg = dataclasses.replace(StudentConfig.from_config(cfg), num_workers=1, use_gpu=False,
+                               epochs=int(epochs or cfg.student.epochs),
+                               seed=cfg.run.seed if seed is None else seed)
+    _, res = train_on_labels(cfg, setup.data, setup.encoder, lab, None, setup.queries,
+                             setup.public_emb, student=scfg)
     return float(res.test_accuracy), float(lab.label_accuracy), lab
 
 

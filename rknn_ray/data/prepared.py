@@ -1,9 +1,9 @@
 """The private split as one job prepares it: the dataset loaded, split, checked and dealt to
 clients within the public per-client record bound.
 
-Its own module (in the data layer, below ``rknn_ray.pipeline``) because the client shards'
-record sources (rknn_ray.data.sources) prepare their own records with it, and the
-pipeline wires it with the later stages; neither imports the other.
+Its own module (in the data layer, below ``rknn_ray.pipeline``): the job prepares it once,
+the pipeline wires it with the later stages and cuts each client shard's records from
+it (rknn_ray.data.sources.PreparedShardSource); no shard prepares it again.
 """
 from __future__ import annotations
 

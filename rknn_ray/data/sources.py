@@ -1,12 +1,15 @@
-"""Where a client shard gets its private records: it loads them itself, they are never shipped.
+"""Where a client shard gets its private records: a small picklable spec it opens when it starts.
 
-A source is a small picklable spec (a Ray actor's constructor argument, kept by Ray
-for restarts); the shard calls :meth:`open` when it starts and again after Ray
-restarts it, so private data never sits in the object store and a restarted shard
-holds exactly the records it held before.
+A source is a Ray actor's constructor argument, kept by Ray for restarts; the shard
+calls :meth:`open` when it starts and again after Ray restarts it, so a restarted
+shard holds exactly the records it held before.
 
-* :class:`DatasetShardSource` - the run's dataset, split and partition (all seeded,
-  so every shard derives the same partition), keeping the clients in ``[lo, hi)``.
+* :class:`PreparedShardSource` - the clients ``[lo, hi)`` of the partition the job's
+  driver prepared once (:func:`rknn_ray.data.prepared.prepare_data`): only that shard's
+  records, which the job session hands over through Ray's object store (``ray.put``;
+  the GCS keeps only the reference). The driver holds every private record already;
+  a shard now never holds another shard's clients' records, and no shard loads,
+  splits or partitions the whole dataset again.
 * :class:`SyntheticClientsSource` - one Gaussian-mixture record per client, made
   batch by batch from (seed, client id): ten million clients without ten million
   rows in memory (the scale benchmark).
@@ -57,21 +60,28 @@ class ShardRecords:
             yield self.features[rows], self.labels[rows], self.client_ids[rows]
 
 
-@dataclass(frozen=True)
-class DatasetShardSource:
-    """The clients ``[client_lo, client_hi)`` of the run's partitioned private split."""
-    config: object          # the run's Config (dataset, split, partition, seed)
+@dataclass(frozen=True, eq=False)
+class PreparedShardSource:
+    """The records of clients ``[client_lo, client_hi)``, cut from the driver's prepared
+    partition (held records only: those beyond the public per-client bound stay out)."""
     client_lo: int
     client_hi: int
+    features: np.ndarray
+    labels: np.ndarray
+    client_ids: np.ndarray
+
+    @classmethod
+    def of(cls, data, client_lo: int, client_hi: int) -> "PreparedShardSource":
+        """Clients ``[client_lo, client_hi)`` of ``data`` (a PreparedData)."""
+        rows = data.held_rows()
+        ids = data.client_ids[rows]
+        rows = rows[(ids >= client_lo) & (ids < client_hi)]
+        sp = data.splits
+        return cls(int(client_lo), int(client_hi), sp.private_x[rows], sp.private_y[rows],
+                   data.client_ids[rows])
 
     def open(self) -> ShardRecords:
-        from rknn_ray.data.prepared import prepare_data
-        data = prepare_data(self.config)
-        rows = data.held_rows()         # records beyond the public per-client bound stay out
-        ids = data.client_ids[rows]
-        rows = rows[(ids >= self.client_lo) & (ids < self.client_hi)]
-        return ShardRecords(data.splits.private_x[rows], data.splits.private_y[rows],
-                            data.client_ids[rows])
+        return ShardRecords(self.features, self.labels, self.client_ids)
 
 
 @dataclass(frozen=True)

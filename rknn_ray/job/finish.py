@@ -14,8 +14,8 @@ from rknn_ray import __version__
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.release_file import load_selections
-from rknn_ray.pipeline import (exact_answers, finish_labels, fit_student, student_description,
-                               student_inputs)
+from rknn_ray.pipeline import (finish_labels, fit_student, nonprivate_labels,
+                               student_description, student_inputs)
 from rknn_ray.plots import run_summary_png
 from rknn_ray.labeling.queries import union_of_rounds
 from rknn_ray.rng import NOT_PRIVATE
@@ -43,10 +43,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
     ref = exact = None
     if cfg.run.diagnostics:     # simulation only: exact private counts, never released
-        exact = np.concatenate([exact_answers(ctx.encoder, data, q, cfg.rknn.k).counts()
-                                for q in query_sets])
-        ref, _ = finish_labels(cfg, data, exact.astype(float), all_qs, ctx.public_emb, rounds,
-                               None, noise_std=0.0)
+        exact, ref, _ = nonprivate_labels(cfg, data, ctx.encoder, query_sets, all_qs,
+                                          ctx.public_emb, rounds)
         progress.say(f"[diagnostics, NOT private] non-private label accuracy "
                      f"{ref.label_accuracy:.4f}")
     st = cfg.student

@@ -1,7 +1,8 @@
 """The protocol on Ray actors: shards -> (shufflers) -> server, streamed, for any number of rounds.
 
 A :class:`ProtocolSession` owns the actors of one job and keeps them across rounds:
-the client shards (each loads its own records once), the Server (its key pair, its
+the client shards (each opens its own records once: only its clients', put in the object
+store by the driver, which prepared them), the Server (its key pair, its
 opener processes and the job-wide memory of report ids) and, in the shuffle model,
 the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
 
@@ -161,11 +162,14 @@ class ProtocolSession:
         self.secrets = (SeededShardSecrets(int(cfg.run.seed)) if seeded
                         else ShardKeyStore(job_id, cl.key_store))
         self.shards = []
-        for i, src in enumerate(sources):
+        # each shard's records by reference (the GCS keeps no records), held while the session
+        # lives: Ray re-reads a restarted shard's argument, and frees it only once unreferenced
+        self._sources = [ray.put(src) for src in sources]
+        for i, ref in enumerate(self._sources):
             self.shards.append(parties.shard_actor(i).options(   # SPREAD: shards share out the client nodes
                 num_cpus=cl.shard_cpus, scheduling_strategy="SPREAD",
                 **party_options(cfg, "client")).remote(
-                i, src, self.secrets, issuer.shard_credential(i, *ranges[i])))
+                i, ref, self.secrets, issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         try:
             self.server_public_key = ray.get(self.server.public_key.remote())
@@ -204,7 +208,7 @@ class ProtocolSession:
             pass
         for actor in self.shards + self.hops + [self.server]:
             ray.kill(actor)
-        self.shards, self.hops = [], []
+        self.shards, self.hops, self._sources = [], [], []
 
     def placement(self) -> dict[str, list[str]]:
         """party -> the Ray node ids its actors run on now, as each actor itself reports it

@@ -1,0 +1,127 @@
+"""A client shard gets only its own records, cut from the partition the job prepared once:
+no shard loads, splits or partitions the whole dataset again (issue 19)."""
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import rknn_ray.data.prepared as prepared
+from actors.client_shard import ClientShardImpl
+from rknn_ray.config import load_config
+from rknn_ray.pipeline import dataset_sources, prepare_data
+
+
+def _cfg(*overrides):
+    return load_config("jobs/configs/digits_central.yaml",
+                       ["data.partition=dirichlet", "data.clients=40", "data.alpha=0.3",
+                        "data.max_records_per_client=30", *overrides])
+
+
+def test_a_shards_records_are_exactly_its_part_of_the_partition(monkeypatch):
+    cfg = _cfg()
+    data = prepare_data(cfg)
+    assert data.records_dropped() > 0              # the per-client bound keeps some records out
+    sources = [pickle.loads(pickle.dumps(s)) for s in dataset_sources(cfg, data, shards=3)]
+    monkeypatch.setattr(prepared, "prepare_data", lambda *a: pytest.fail("a shard prepared"))
+    held = data.held_rows()
+    sp = data.splits
+    seen = []
+    for src in sources:
+        recs = src.open()
+        ids = data.client_ids[held]
+        rows = held[(ids >= src.client_lo) & (ids < src.client_hi)]
+        rows = rows[np.argsort(data.client_ids[rows], kind="stable")]   # grouped by client
+        np.testing.assert_array_equal(recs.client_ids, data.client_ids[rows])
+        np.testing.assert_array_equal(recs.labels, sp.private_y[rows])
+        np.testing.assert_array_equal(recs.features, sp.private_x[rows])
+        assert not hasattr(src, "config")           # nothing to prepare the dataset from
+        seen.append(rows)
+    # the shards' parts are disjoint and together hold exactly the held records
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), held)
+    assert [(s.client_lo, s.client_hi) for s in sources] == [(0, 13), (13, 26), (26, 40)]
+
+
+class PrepareCountingShard(ClientShardImpl):
+    """A shard that counts prepare_data calls in its own process while it starts and
+    writes the count beside its key store (the test's folder)."""
+
+    def __init__(self, shard_id, source, secrets, credential=None):
+        import rknn_ray.data.prepared as prep
+        calls = []
+        real = prep.prepare_data
+        prep.prepare_data = lambda *a, **k: calls.append(1) or real(*a, **k)
+        try:
+            super().__init__(shard_id, source, secrets, credential)
+        finally:
+            prep.prepare_data = real
+        with open(os.path.join(secrets.root, f"prepare-calls-{shard_id}"), "w") as fh:
+            fh.write(str(len(calls)))
+
+
+def test_prepare_data_runs_once_per_job(ray_session, tmp_path, monkeypatch,
+                                        isolated_privacy_ledger):
+    """A whole job (3 shards) prepares its data once, in the driver: counted there and in
+    every shard's process."""
+    import functools
+
+    import jobs.distill as distill
+    import rknn_ray.pipeline as pipeline
+    from rknn_ray.job.session import Parties
+    calls = []
+    real = prepared.prepare_data
+    monkeypatch.setattr(pipeline, "prepare_data", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(distill, "run", functools.partial(
+        distill.run, parties=Parties(shard=PrepareCountingShard)))
+    keys = tmp_path / "keys"
+    args = ["--config", "jobs/configs/digits_central.yaml", "--out", str(tmp_path / "run"),
+            "--quiet"]
+    for o in ["student.epochs=1", "queries.restarts=1", "student.trainer=local",
+              "queries.s=20", "cluster.shards=3", f"cluster.key_store={keys}"]:
+        args += ["--set", o]
+    assert distill.main(args) == 0
+    assert len(calls) == 1
+    counts = sorted(p.name for p in keys.iterdir() if p.name.startswith("prepare-calls-"))
+    assert counts == [f"prepare-calls-{i}" for i in range(3)]
+    assert {(keys / name).read_text() for name in counts} == {"0"}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="reads Linux /proc/PID/mem")
+def test_a_shards_records_reach_it_by_reference_never_through_the_gcs(ray_session):
+    """The session puts each shard's records in the object store and passes the reference:
+    no record is in gcs_server, where an actor argument passed by value is inlined when small
+    (the control below, as tests/test_secret_memory.py's canary)."""
+    import psutil
+
+    from rknn_ray.data.sources import PreparedShardSource
+    from rknn_ray.job.session import ProtocolSession
+    from tests.procmem import find_bytes
+
+    def records(canary):
+        x = np.tile(canary.astype(np.float32) / 255.0, (8, 1)).reshape(8, 1, 8, 8)
+        return PreparedShardSource(0, 8, x, np.zeros(8, np.int64), np.arange(8)), x[0].tobytes()
+
+    src, needle = records(np.frombuffer(os.urandom(64), np.uint8))     # 2 KiB: inlinable
+    by_value, control = records(np.frombuffer(os.urandom(64), np.uint8))
+    holder = ray_session.remote(num_cpus=0)(_Holder).remote(by_value)
+    cfg = load_config("jobs/configs/digits_central.yaml",
+                      ["run.rng=seeded", "cluster.openers=0", "queries.s=4"])
+    with ProtocolSession(cfg, [src], "job-by-ref") as session:
+        assert session.num_clients == 8 and ray_session.get(holder.clients.remote()) == 8
+        mine = {c.pid for c in psutil.Process().children(recursive=True)}
+        (gcs,) = [p.pid for p in psutil.process_iter(["name"])
+                  if p.info["name"] == "gcs_server" and p.pid in mine]
+        hits, _ = find_bytes(gcs, needle, control)
+        assert hits[1], "the control: an argument passed by value is in the GCS"
+        assert not hits[0], "a shard's records went through the GCS"
+    ray_session.kill(holder)
+
+
+class _Holder:
+    """An actor given a source by value (the control of the test above)."""
+
+    def __init__(self, source):
+        self.records = source.open()
+
+    def clients(self) -> int:
+        return self.records.num_clients
