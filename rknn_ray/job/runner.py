@@ -91,7 +91,7 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     finally:
         if started:
             ray.shutdown()
-            training = sys.modules.get("rknn_ray.student.train")   # loaded only if it trained
+            training = sys.modules.get("rknn_ray.training.ray_train")  # loaded only if it trained
             if training is not None:
                 training.join_abandoned_fits()
     return RunResult(report, labels, rounds[-1].guarantee, ledger.to_dict(), out_dir,
