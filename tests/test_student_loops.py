@@ -1,5 +1,6 @@
 """One way to run the training loops (rknn_ray.training): the same results as before it,
 loops by name or callable, and no Ray started by surprise."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,16 +81,15 @@ for name, fit in [("student", lambda: train_student(x, y, x, y, (1, 8, 8), 10, S
         print(name, "trained")
     except RknnError as exc:
         print(name, "|", exc)
-import sys
 import ray
 print("ray running:", ray.is_initialized())
 """
 
 
-def test_ray_train_without_a_running_ray_says_how_to_fix_it_and_starts_nothing(tmp_path):
+def test_ray_train_without_a_running_ray_says_how_to_fix_it_and_starts_nothing():
     """The library never starts Ray itself (the job does, rknn_ray.job.ray_env.ensure_ray)."""
     out = subprocess.run([sys.executable, "-c", NO_RAY], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, env={**__import__("os").environ, "RAY_ADDRESS": ""})
+                         timeout=300, env={**os.environ, "RAY_ADDRESS": ""})
     lines = out.stdout.splitlines()
     assert len(lines) == 3, out.stdout + out.stderr
     student, encoder, running = lines
