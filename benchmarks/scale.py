@@ -207,7 +207,7 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
 
     from jobs.local_cluster import LocalCluster, placement_overrides, roles_for
     from rknn_ray.job.ray_env import ensure_ray
-    from rknn_ray.student import quiet_train_logs
+    from rknn_ray.training.logs import quiet_train_logs
 
     quiet_train_logs()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -298,7 +298,7 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.data.sources import SyntheticClientsSource
-    from rknn_ray.student import quiet_train_logs
+    from rknn_ray.training.logs import quiet_train_logs
 
     if rounds < 1:
         raise ValueError(f"--warm-rounds must be >= 1, got {rounds}")

@@ -6,7 +6,7 @@ ledger keeps a reservation that may have been spent, the run folder gets
 ``incomplete.json``, Ray is shut down). ``ray.init`` installs its own SIGTERM handler
 (``sys.exit``), so the job calls ``install()`` again once Ray is up; Ray Train's SIGINT
 handler never appears because the student's ``fit()`` runs off the main thread
-(:func:`rknn_ray.student.train.fit_off_main_thread`). Exit codes follow the shell:
+(:func:`rknn_ray.training.ray_train.fit_off_main_thread`). Exit codes follow the shell:
 128 + the signal number (130 for SIGINT, 143 for SIGTERM).
 """
 from __future__ import annotations

@@ -483,7 +483,7 @@ def test_an_interrupted_fit_thread_is_waited_for_after_ray_shutdown():
     import threading
 
     from jobs.signals import JobInterrupted
-    from rknn_ray.student import train
+    from rknn_ray.training import ray_train as train
 
     release = threading.Event()
 

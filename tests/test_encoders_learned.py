@@ -140,3 +140,41 @@ def test_simclr_trains_in_a_one_worker_ray_train_job(ray_session, tmp_path):
     assert not e.cache_hit and len(e.history) == 1 and e.transform(x).shape == (32, 8)
     assert ContrastiveEncoder(dim=8, epochs=1, batch_size=16, flip=False, trainer="ray",
                               cache_dir=str(tmp_path)).fit(x).cache_hit
+
+
+@pytest.mark.parametrize("encoder, trainer, resume, expected", [
+    ("simclr", "ray", False, [("ray", ["reserved"]), "encoder"]),    # reserve, Ray, then encoder
+    ("simclr", "ray", True, [("ray", []), "encoder"]),               # --resume: nothing reserved
+    ("simclr", "local", False, ["encoder"]),
+    ("pca", "ray", False, ["encoder"])])
+def test_the_job_starts_ray_before_an_encoder_that_trains_on_it(
+        digits_data, monkeypatch, tmp_path, isolated_privacy_ledger, encoder, trainer, resume,
+        expected):
+    """The library never starts Ray, so the job does it first when the encoder trains on Ray
+    Train: after the budget reservation (nothing randomized yet), before the encoder."""
+    import rknn_ray.pipeline
+    from rknn_ray.accounting.budget_store import BudgetStore
+    from rknn_ray.job import run
+    cfg, _ = digits_data
+    cfg = cfg.with_overrides([f"represent.encoder={encoder}", f"represent.trainer={trainer}",
+                              "run.progress=false"])
+    events = []
+
+    def start_ray():
+        rows = [r for d in BudgetStore(str(isolated_privacy_ledger)).datasets()
+                for r in d["releases"]]
+        events.append(("ray", [r["status"] for r in rows]))
+        return False
+
+    def fit_queries(*args, **kwargs):
+        events.append("encoder")
+        raise RuntimeError("stop after the encoder")
+    monkeypatch.setattr(rknn_ray.pipeline, "fit_queries", fit_queries)
+    out = tmp_path / "run"
+    out.mkdir()
+    with pytest.raises(RuntimeError, match="stop after the encoder"):
+        run(cfg, str(out), resume=resume, start_ray=start_ray)
+    assert events == expected
+    if not resume:           # the encoder failed before any client randomized: reservation back
+        (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+        assert [r["status"] for r in dataset["releases"]] == ["unused"]

@@ -9,8 +9,9 @@ import torch
 
 from rknn_ray.errors import ConfigError, DataError
 from rknn_ray.student import (StudentConfig, accuracy, build_model, hard_label_loss, load_student,
-                              quiet_train_logs, resolve_arch, soft_label_loss, train_student_local)
-from rknn_ray.student.train import _STATE_API_NOISE, _shard_indices, _without_noise
+                              resolve_arch, soft_label_loss, train_student_local)
+from rknn_ray.student.train import _shard_indices
+from rknn_ray.training.logs import _STATE_API_NOISE, _without_noise, quiet_train_logs
 
 
 

@@ -49,3 +49,20 @@ def test_ray_train_two_workers_on_digits(ray_session, digits, tmp_path):
     assert 0 < res.train_seconds < res.seconds
     print(f"\nray train: total {res.seconds:.1f}s, in epoch loop {res.train_seconds:.1f}s, "
           f"overhead {res.seconds - res.train_seconds:.1f}s, acc {res.test_accuracy:.3f}")
+
+
+@pytest.mark.slow  # TorchTrainer's fixed start-up
+def test_one_ray_worker_trains_the_student_train_student_local_trains(ray_session, digits, tmp_path):
+    """One loop, two runners: on one Ray Train worker the same seed gives the in-process student
+    (the same rows in the same order; only float sums over other thread counts may differ)."""
+    from rknn_ray.student import train_student_local
+    xtr, ytr, xte, yte = digits
+    cfg = StudentConfig(epochs=2, num_workers=1, use_gpu=False, seed=4)
+    ray_res = train_student(xtr[:500], ytr[:500], xte, yte, (1, 8, 8), 10, cfg,
+                            storage_path=str(tmp_path))
+    local = train_student_local(xtr[:500], ytr[:500], xte, yte, (1, 8, 8), 10, cfg)
+    assert ray_res.num_workers == 1 and ray_res.checkpoint_path == str(tmp_path / "student.pt")
+    assert [h["train_loss"] for h in ray_res.history] == \
+        pytest.approx([h["train_loss"] for h in local.history], rel=1e-4)
+    assert ray_res.test_accuracy == pytest.approx(local.test_accuracy, abs=2 / len(yte))
+    assert not list(tmp_path.glob("student-*"))          # Train's own run folder is gone

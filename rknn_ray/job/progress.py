@@ -12,7 +12,7 @@ Three modes, chosen once per job (:meth:`Progress.for_console`):
 
 Bars are updated from driver threads that see the actors' work as it happens (the
 shards' streaming generators, the Server's count of opened reports, Ray Train's
-per-epoch reports relayed by :mod:`rknn_ray.student.live`); :meth:`Bar.update` and
+per-epoch reports relayed by :mod:`rknn_ray.training.live`); :meth:`Bar.update` and
 :meth:`Bar.set` are thread-safe.
 """
 from __future__ import annotations

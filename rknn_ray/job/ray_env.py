@@ -25,8 +25,8 @@ START_ATTEMPTS = 3
 
 def quiet_ray_logs() -> None:
     """Hide Train's repeated 'State API' warning (logged and forwarded from another
-    process; rknn_ray.student.quiet_train_logs knows where)."""
-    from rknn_ray.student import quiet_train_logs
+    process; rknn_ray.training.logs.quiet_train_logs knows where)."""
+    from rknn_ray.training.logs import quiet_train_logs
     quiet_train_logs()
 
 

@@ -6,7 +6,8 @@
     result.report["accuracy"], result.guarantee, result.paths["labels"]
 
 Loads and partitions the data, reserves the job's budget in the persistent ledger before
-anything randomizes, fits the encoder and the first queries, starts (or joins) Ray, runs
+anything randomizes, fits the encoder and the first queries, starts (or joins) Ray (before
+the encoder when it trains on Ray Train: the library never starts Ray itself), runs
 the private rounds (:mod:`.rounds`) and finishes labels, student and run folder
 (:mod:`.finish`). ``resume=True`` finishes from a saved release.npz without a new private
 round. The CLI (jobs/distill.py) adds argument parsing, the console and incomplete.json.
@@ -68,34 +69,53 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
 
     progress = progress or Progress(cfg.run.progress)
     ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties)
-    started = False
-    if resume:
-        rounds, query_sets, ledger = _saved_rounds(ctx)
-        mechanisms = None
-    else:
-        _reserve(ctx)
-        try:
-            started = start_ray()
-        except BaseException as exc:      # no client has randomized yet: nothing was released
-            _return_reservation(ctx, exc)
-            raise
+    ray_up = _RayStart(start_ray)
     try:
         if resume:
-            started = start_ray()
+            if encoder_trains_on_ray(cfg):
+                ray_up()                  # the encoder may train again, on Ray Train
+            rounds, query_sets, ledger = _saved_rounds(ctx)
+            mechanisms = None
+            ray_up()
         else:
+            _reserve(ctx, ray_up)
+            try:
+                ray_up()
+            except BaseException as exc:  # no client has randomized yet: nothing was released
+                _return_reservation(ctx, exc)
+                raise
             rounds, query_sets, ledger, mechanisms = private_rounds(ctx)
         last = mechanisms[-1] if mechanisms else None
         if last is None and rounds[-1].guarantee.model == "central":   # resumed: the plots' bound
             last = ctx.round_mechanism(len(rounds) - 1, query_sets[-1].size)
         report, labels = finish(ctx, rounds, query_sets, ledger, last)
     finally:
-        if started:
+        if ray_up.started:
             ray.shutdown()
-            training = sys.modules.get("rknn_ray.student.train")   # loaded only if it trained
+            training = sys.modules.get("rknn_ray.training.ray_train")  # loaded only if it trained
             if training is not None:
                 training.join_abandoned_fits()
     return RunResult(report, labels, rounds[-1].guarantee, ledger.to_dict(), out_dir,
                      {k: os.path.join(out_dir, v) for k, v in RUN_FILES.items()})
+
+
+def encoder_trains_on_ray(cfg) -> bool:
+    """The SimCLR encoder trains on Ray Train (``represent.trainer: ray``): then the job starts
+    Ray before fitting it (after the reservation), since the library never starts Ray."""
+    return cfg.represent.encoder == "simclr" and cfg.represent.trainer == "ray"
+
+
+class _RayStart:
+    """Starts (or joins) Ray once, when the job first needs it; ``started``: this job started
+    it (then the job shuts it down)."""
+
+    def __init__(self, start_ray: Callable[[], bool]):
+        self.start_ray, self.up, self.started = start_ray, False, False
+
+    def __call__(self) -> None:
+        if not self.up:
+            self.started = bool(self.start_ray())
+            self.up = True
 
 
 def _context(cfg, out_dir, progress, ledger_path, key_file, parties) -> JobContext:
@@ -135,9 +155,10 @@ def _saved_rounds(ctx: JobContext) -> tuple:
     return rounds, query_sets, ledger
 
 
-def _reserve(ctx: JobContext) -> None:
+def _reserve(ctx: JobContext, ray_up: Callable[[], None]) -> None:
     """Reserve the job's whole spend before anything randomizes, then the public work
-    (config.yaml, encoder, first queries); a failure here returns the reservation."""
+    (config.yaml, Ray if the encoder trains on it, encoder, first queries); a failure here
+    returns the reservation."""
     cfg, data, progress = ctx.cfg, ctx.data, ctx.progress
     sp = data.splits
     check_dropout(cfg, data)             # a round sure to be refused costs no budget
@@ -155,6 +176,8 @@ def _reserve(ctx: JobContext) -> None:
                    yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
                      f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+        if encoder_trains_on_ray(cfg):
+            ray_up()
         fit_s = ctx.round_sizes()[0]
         with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
                             + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"

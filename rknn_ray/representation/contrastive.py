@@ -8,8 +8,9 @@ no label ever enters ``fit``.
 
 Backbones: a small CNN for 8x8 and 28x28 inputs (trains on a laptop CPU in
 minutes) and a ResNet-18-style network for 32x32 (meant for GPU machines).
-Training runs in a Ray Train ``TorchTrainer`` (one worker by default) like the
-student, or in this process (``trainer="local"``: tests, or no Ray wanted).
+:func:`train_contrastive_loop` is one :mod:`rknn_ray.training` loop: it runs in a
+one-worker Ray Train ``TorchTrainer`` (``trainer="ray"``; Ray must be running) or in this
+process (``trainer="local"``: tests, or no Ray wanted).
 
 The trained encoder is cached under ``cache_dir`` (default
 ``$RKNN_RAY_CACHE/encoders`` or ``~/.cache/rknn-ray/encoders``) by a digest of its
@@ -33,6 +34,7 @@ from torch import nn
 from rknn_ray.representation.augment import strong_view
 from rknn_ray.errors import ConfigError
 from rknn_ray.representation.encoder import Encoder
+from rknn_ray.training import run_loop
 
 ENCODER_FILE = "encoder.pt"
 BACKBONES = ("auto", "cnn", "resnet")
@@ -142,8 +144,9 @@ class ContrastiveConfig:
     seed: int = 0
 
 
-def train_contrastive_loop(x: np.ndarray, cfg: dict, device="cpu", on_epoch=None):
-    """The SimCLR loop on public images ``x`` (N, C, H, W); returns (backbone state, history)."""
+def train_contrastive_loop(x: np.ndarray, cfg: dict, device="cpu", on_epoch=None) -> dict:
+    """The SimCLR loop on public images ``x`` (N, C, H, W); returns the backbone's
+    ``state_dict`` (CPU) and the per-epoch ``history``."""
     torch.manual_seed(int(cfg["seed"]))
     net = SimCLRNet(x.shape[1:], int(cfg["dim"]), cfg["backbone"]).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=float(cfg["lr"]), weight_decay=1e-6)
@@ -175,12 +178,6 @@ def train_contrastive_loop(x: np.ndarray, cfg: dict, device="cpu", on_epoch=None
         if on_epoch is not None:
             on_epoch(row)
     state = {k: v.detach().cpu() for k, v in net.backbone.state_dict().items()}
-    return state, history
-
-
-def contrastive_payload(x: np.ndarray, cfg: dict, device) -> dict:
-    """The loop as a rknn_ray.train_one payload function (runs in the Ray Train worker)."""
-    state, history = train_contrastive_loop(x, cfg, device)
     return {"state_dict": state, "history": history}
 
 
@@ -246,19 +243,11 @@ class ContrastiveEncoder(Encoder):
         t0 = time.perf_counter()
         self._say(f"contrastive encoder: training {self.config.epochs} epochs on {len(x)} public "
                   f"images ({self.trainer})")
-        if self.trainer == "ray":
-            from rknn_ray.train_one import fit_one_worker
-            payload = fit_one_worker("rknn_ray.representation.contrastive:contrastive_payload", x, cfg, "encoder",
-                                     self.use_gpu)
-            self.state_dict, self.history = payload["state_dict"], payload["history"]
-        else:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(int(os.environ.get("RKNN_RAY_TORCH_THREADS") or threads))
-            try:
-                self.state_dict, self.history = train_contrastive_loop(
-                    x, cfg, on_epoch=lambda r: self._say(f"  encoder epoch {r['epoch']} loss {r['loss']:.4f}"))
-            finally:
-                torch.set_num_threads(threads)
+        run = run_loop(train_contrastive_loop, x, cfg, trainer=self.trainer, name="encoder",
+                       use_gpu=self.use_gpu, trainer_key="represent.trainer",
+                       on_epoch=None if self.progress is None else
+                       lambda r: self._say(f"  encoder epoch {r['epoch']} loss {r['loss']:.4f}"))
+        self.state_dict, self.history = run.payload["state_dict"], run.payload["history"]
         self.train_seconds = time.perf_counter() - t0
         self._net = None
         if path:

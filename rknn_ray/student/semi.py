@@ -16,8 +16,8 @@ from public samples whose released labels are weak. Targets may be ``hard``
 (argmax labels, weighted), ``soft`` (distributions) or ``weighted`` (hard labels,
 weights from the confidence). Only public inputs and the released labels are used.
 
-Training runs in a one-worker Ray Train ``TorchTrainer`` (rknn_ray.train_one) or in
-this process (``trainer="local"``).
+:func:`semi_loop` is one :mod:`rknn_ray.training` loop: it runs in a one-worker Ray Train
+``TorchTrainer`` (``trainer="ray"``) or in this process (``trainer="local"``).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from torch import nn
 
 from rknn_ray.representation.augment import strong_view, weak_view
 from rknn_ray.student.config import SemiConfig       # declared torch-free, with every student key
+from rknn_ray.training import run_loop
 
 CHECKPOINT_FILE = "student.pt"
 
@@ -88,7 +89,8 @@ def build_semi_model(image_shape, num_classes: int, encoder_meta: dict | None) -
 
 
 def semi_loop(data: dict, cfg: dict, device="cpu", on_epoch=None) -> dict:
-    """The training loop (in a Ray Train worker or in-process); returns a checkpoint payload."""
+    """The semi student's loop (in-process or in a Ray Train worker); returns what student.pt
+    holds (with the per-epoch ``history``)."""
     x = torch.as_tensor(data["x"])
     y = torch.as_tensor(data["targets"])
     w = torch.as_tensor(data["weight"], dtype=torch.float32)
@@ -199,21 +201,10 @@ def train_semi_student(public_x: np.ndarray, targets: np.ndarray, weight: np.nda
         enc_meta = {"dim": encoder.config.dim, "backbone": encoder.config.backbone,
                     "state_dict": encoder.state_dict}
     data = {"x": x, "targets": t, "weight": w, "num_classes": int(num_classes), "encoder": enc_meta}
-    cfg = asdict(config)
-    if config.trainer == "ray":
-        from rknn_ray.train_one import fit_one_worker
-        payload = fit_one_worker("rknn_ray.student.semi:semi_payload", data, cfg, "student-semi")
-    else:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(int(os.environ.get("RKNN_RAY_TORCH_THREADS") or threads))
-        try:
-            payload = semi_loop(data, cfg, "cpu", on_epoch=progress)
-        finally:
-            torch.set_num_threads(threads)
+    run = run_loop(semi_loop, data, asdict(config), trainer=config.trainer, name="semi student",
+                   use_gpu=config.use_gpu, on_epoch=progress, trainer_key="represent.trainer")
+    payload = run.payload
     train_seconds = time.perf_counter() - t0
-    if progress is not None and config.trainer == "ray":
-        for row in payload["history"]:
-            progress(row)
     path = None
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -229,9 +220,4 @@ def train_semi_student(public_x: np.ndarray, targets: np.ndarray, weight: np.nda
         model.eval()
     acc = _accuracy(model, test_x, test_y)
     return SemiResult(acc, len(payload["history"]), payload["history"], path,
-                      time.perf_counter() - t0, payload["device"], 1, train_seconds)
-
-
-def semi_payload(data: dict, cfg: dict, device) -> dict:
-    """rknn_ray.train_one entry point."""
-    return semi_loop(data, cfg, device)
+                      time.perf_counter() - t0, run.device, run.num_workers, train_seconds)

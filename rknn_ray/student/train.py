@@ -1,40 +1,33 @@
-"""Training the student: one loop, run by Ray Train workers or in-process.
+"""The supervised student: its training loop and the two ways to run it.
 
-``train_student`` runs the loop in a Ray Train ``TorchTrainer`` (DDP over
-``num_workers`` workers; GPU when the cluster has one); ``train_student_local``
-runs the very same loop in this process, for tests and machines without a cluster.
-Each worker trains on a fixed, equal-size shard of the labelled rows (like Ray
-Data's shards), so every rank takes the same number of steps; ``batch_size`` is the
-global batch, split evenly over workers. Rank 0 saves the final weights as a
-checkpoint and reports the metrics with it (Train V2 keeps metrics only when a
-checkpoint rides along). Test accuracy is computed on the driver after loading that
-checkpoint, which also proves the checkpoint is usable. Per-epoch metrics reach the
-driver while training runs through :mod:`rknn_ray.student.live`.
+:func:`supervised_loop` is one :mod:`rknn_ray.training` loop: ``train_student`` runs it on
+Ray Train (DDP over ``num_workers`` workers; GPU when the cluster has one),
+``train_student_local`` in this process; both through :func:`rknn_ray.training.run_loop`,
+so the same seed gives the same student on one worker either way. With several workers
+each trains on a fixed, equal-size shard of the labelled rows (like Ray Data's shards),
+so every rank takes the same number of steps; ``batch_size`` is the global batch, split
+evenly over workers. Rank 0's weights come back as the payload; the driver writes
+``student.pt`` and ``history.json`` and computes test accuracy from the written
+checkpoint, which also proves it is usable.
 """
 from __future__ import annotations
 
-import json
-import logging
 import os
-import shutil
-import sys
-import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-from rknn_ray.errors import ConfigError, DataError, RknnError
-from rknn_ray.runio import atomic_path, copy_file, write_json
+from rknn_ray.errors import ConfigError, DataError
+from rknn_ray.runio import atomic_path, write_json
 from rknn_ray.student.config import StudentConfig     # declared torch-free, with every student key
 from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
+from rknn_ray.training import distribute, rank_and_world, run_loop
 
 CHECKPOINT_FILE = "student.pt"
 HISTORY_FILE = "history.json"
-_STATE_API_NOISE = "State API may be temporarily unavailable"
 
 
 @dataclass
@@ -194,43 +187,25 @@ def _checkpoint_payload(model, meta: dict) -> dict:
     return {"state_dict": {k: v.detach().cpu() for k, v in inner.state_dict().items()}, **meta}
 
 
-def _train_loop_per_worker(config: dict) -> None:
-    """Ray Train entry point: each worker trains its shard under DDP; rank 0 checkpoints."""
-    import ray
-    import ray.train
-    import ray.train.torch
-
-    entered = time.time()
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    if world >= 2:
-        torch.set_num_threads(1)
-    x, t, w = ray.get(config["data_ref"])
-    idx = _shard_indices(x.shape[0], int(config["seed"]), rank, world)
-    x, t = np.ascontiguousarray(x[idx]), np.ascontiguousarray(t[idx])
-    w = None if w is None else np.ascontiguousarray(w[idx])
-    torch.manual_seed(int(config["seed"]))  # same init on all ranks (DDP also broadcasts rank 0's)
-    model = build_model(config["image_shape"], config["num_classes"], config["arch"])
-    torch.manual_seed(int(config["seed"]) * 1000 + rank)  # per-rank dropout streams
-    model = ray.train.torch.prepare_model(model)
-    device = ray.train.torch.get_device()
+def supervised_loop(data: tuple, cfg: dict, device, on_epoch=None) -> dict:
+    """The supervised student's loop on ``data`` = (x, targets, weights|None), in-process or
+    on each Ray Train worker. With several workers each trains on its rank's shard under DDP
+    (one worker keeps every row in the given order). Returns {"checkpoint": what student.pt
+    holds, "history", "train_seconds"} (rank 0's is the one kept)."""
+    x, t, w = data
+    rank, world = rank_and_world()
+    seed = int(cfg["seed"])
+    if world > 1:
+        idx = _shard_indices(x.shape[0], seed, rank, world)
+        x, t = np.ascontiguousarray(x[idx]), np.ascontiguousarray(t[idx])
+        w = None if w is None else np.ascontiguousarray(w[idx])
+    torch.manual_seed(seed)                 # same init on all ranks (DDP also broadcasts rank 0's)
+    model = distribute(build_model(cfg["image_shape"], cfg["num_classes"], cfg["arch"]), device)
+    torch.manual_seed(seed * 1000 + rank)   # per-rank dropout and augmentation streams
     t0 = time.perf_counter()
-    started = time.time()
-    from rknn_ray.student.live import quiet_worker_console, relay_pusher
-    quiet_worker_console()          # Train's INFO lines go to Ray's log folder, not the console
-    history = _run_epochs(model, x, t, w, config, device, rank, world,      # live epochs (rank 0)
-                          on_epoch=relay_pusher(config.get("epoch_relay") if rank == 0 else None))
-    metrics = {"train_loss": history[-1]["train_loss"], "train_accuracy": history[-1]["train_accuracy"],
-               "epochs": len(history), "train_seconds": time.perf_counter() - t0, "device": str(device),
-               "world_size": world, "entered_at": entered, "started_at": started, "ended_at": time.time()}
-    if rank == 0:  # the per-epoch history rides in the checkpoint, keeping Train's metric logs short
-        with tempfile.TemporaryDirectory() as tmp:
-            torch.save(_checkpoint_payload(model, config["meta"]), os.path.join(tmp, CHECKPOINT_FILE))
-            with open(os.path.join(tmp, HISTORY_FILE), "w") as f:
-                json.dump(history, f)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-    else:
-        ray.train.report(metrics, checkpoint=None)
+    history = _run_epochs(model, x, t, w, cfg, device, rank, world, on_epoch=on_epoch)
+    return {"checkpoint": _checkpoint_payload(model, cfg["meta"]), "history": history,
+            "train_seconds": time.perf_counter() - t0}
 
 
 # ----------------------------------------------------------------------------- public API
@@ -241,7 +216,10 @@ def load_student(path: str) -> torch.nn.Module:
         path = os.path.join(path, CHECKPOINT_FILE)
     if not os.path.isfile(path):
         raise DataError(f"no student checkpoint at {path}; pass the student.pt a training run wrote")
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    return _model_from(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _model_from(payload: dict) -> torch.nn.Module:
     model = build_model(tuple(payload["image_shape"]), int(payload["num_classes"]), payload["arch"])
     model.load_state_dict(payload["state_dict"])
     return model.eval()
@@ -278,165 +256,13 @@ def train_student_local(train_x, train_targets, test_x, test_y, image_shape, num
                         config: StudentConfig | None = None, storage_path: str | None = None,
                         checkpoint_dir: str | None = None, progress: Callable[[dict], None] | None = None,
                         sample_weight: np.ndarray | None = None) -> StudentResult:
-    """Train in this process with the same loop as the Ray workers (one worker, CPU or local GPU).
+    """Train in this process with the loop the Ray Train workers run (one worker, CPU or local GPU).
 
     ``progress(row)`` is called after every epoch with ``{"epoch", "train_loss", "train_accuracy"}``.
     The checkpoint goes to ``checkpoint_dir`` (else ``storage_path``) as ``student.pt``.
     """
-    config = (config or StudentConfig()).validate()
-    t_start = time.perf_counter()
-    x, t, w = _check_inputs(train_x, train_targets, test_x, test_y, image_shape, num_classes,
-                            config.label_type, sample_weight)
-    meta = _meta(image_shape, num_classes, config.arch, config)
-    cfg = _loop_config(config, image_shape, num_classes, meta)
-    use_gpu = torch.cuda.is_available() if config.use_gpu is None else bool(config.use_gpu)
-    if use_gpu and not torch.cuda.is_available():
-        raise ConfigError("student.use_gpu", "a GPU was requested but torch sees none",
-                          "set student.use_gpu=false (or null for auto)")
-    device = torch.device("cuda" if use_gpu else "cpu")
-    torch.manual_seed(config.seed)
-    model = build_model(image_shape, num_classes, meta["arch"]).to(device)
-    torch.manual_seed(config.seed * 1000)
-    t0 = time.perf_counter()
-    threads = torch.get_num_threads()
-    # small nets on shared CPUs: fewer threads than cores avoids OpenMP spin contention
-    torch.set_num_threads(max(1, min(threads, (os.cpu_count() or 2) // 2)))
-    try:
-        history = _run_epochs(model, x, t, w, cfg, device, rank=0, world=1, on_epoch=progress)
-    finally:
-        torch.set_num_threads(threads)
-    train_seconds = time.perf_counter() - t0
-    ckpt_path = None
-    out_dir = checkpoint_dir or storage_path
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
-        with atomic_path(ckpt_path) as tmp:
-            torch.save(_checkpoint_payload(model, meta), tmp)
-        write_json(os.path.join(out_dir, HISTORY_FILE), history)
-        model = load_student(ckpt_path)
-    else:
-        model = model.cpu()
-    t_eval = time.perf_counter()
-    test_acc = accuracy(model, test_x, test_y)
-    timings = {"train": train_seconds, "evaluate": time.perf_counter() - t_eval}
-    return StudentResult(test_accuracy=test_acc, train_loss=history[-1]["train_loss"],
-                         epochs=len(history), history=history, checkpoint_path=ckpt_path,
-                         seconds=time.perf_counter() - t_start, num_workers=1, device=str(device),
-                         train_seconds=train_seconds, timings={k: round(v, 3) for k, v in timings.items()})
-
-
-class _DropStateApiNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return _STATE_API_NOISE not in record.getMessage()
-
-
-def quiet_train_logs() -> None:
-    """Hide Train V2's harmless 'State API may be temporarily unavailable' warnings.
-
-    With the dashboard off, Train's detached ``PlacementGroupCleaner`` actor (logger
-    ``ray.train.v2._internal.execution.controller.placement_group_cleaner``) polls the
-    State API every second and warns each time. Those lines reach the driver through
-    Ray's log forwarding, so the filter goes in two places: on that logger in this
-    process (which is what a ``worker_process_setup_hook`` calling this does in every
-    worker), and on the forwarded worker output this driver prints.
-    """
-    logger = logging.getLogger("ray.train.v2._internal.execution.controller.placement_group_cleaner")
-    if not any(isinstance(f, _DropStateApiNoise) for f in logger.filters):
-        logger.addFilter(_DropStateApiNoise())
-    _filter_forwarded_worker_logs()
-
-
-def _filter_forwarded_worker_logs() -> None:
-    """Drop the noise lines from the worker output the driver prints (cosmetic; Ray-internal API).
-
-    Ray hands each batch of forwarded worker lines to the handlers of
-    ``ray._private.ray_logging.global_worker_stdstream_dispatcher``; we wrap them once.
-    If a future Ray moves that object, nothing breaks: the warnings simply show again.
-    """
-    try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-        with dispatcher._lock:
-            wrapped = []
-            for name, handler in dispatcher.handlers:
-                if not getattr(handler, "_rknn_quiet", False):
-                    handler = _without_noise(handler)
-                wrapped.append((name, handler))
-            dispatcher.handlers = wrapped
-    except Exception:  # noqa: BLE001 - purely cosmetic
-        logging.getLogger(__name__).debug("could not filter forwarded Ray worker logs", exc_info=True)
-
-
-def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
-    from rknn_ray.student.live import CleanerTracebackFilter
-    cleaner = CleanerTracebackFilter()      # the same cleaner's known traceback (see there)
-
-    def emit(data: dict) -> None:
-        lines = data.get("lines")
-        if lines and data.get("actor_name") == "PlacementGroupCleaner":
-            lines = cleaner(data)
-            if not lines:
-                return
-            data = {**data, "lines": lines}
-        if lines and any(_STATE_API_NOISE in line for line in lines):
-            lines = [line for line in lines if _STATE_API_NOISE not in line]
-            if not lines:
-                return
-            data = {**data, "lines": lines}
-        handler(data)
-    emit._rknn_quiet = True  # type: ignore[attr-defined]
-    return emit
-
-
-#: fit() threads (their "done" events) the driver stopped waiting for: an interrupt reached it.
-ABANDONED_FITS: list = []
-
-
-def join_abandoned_fits(timeout: float = 30.0) -> bool:
-    """After ``ray.shutdown()``: wait for the fit() threads an interrupt left running (their
-    Ray calls fail once Ray is down). A process that exits while one is still inside Ray's
-    native code can crash in interpreter shutdown (SIGSEGV instead of the job's 130/143).
-    True when none is left."""
-    import time
-    end = time.monotonic() + timeout
-    while ABANDONED_FITS:               # events, not Thread.is_alive: on 3.11 a join that an
-        if not ABANDONED_FITS[0].wait(max(0.0, end - time.monotonic())):  # interrupt cut
-            return False                # short marks the thread stopped while it still runs
-        ABANDONED_FITS.pop(0)
-    return True
-
-
-def fit_off_main_thread(trainer):
-    """``trainer.fit()`` in a helper thread, the main thread waiting on it.
-
-    Ray Train v2 installs its own SIGINT handler when ``fit()`` runs on the main thread
-    (it calls ``sys.exit`` and stays installed after ``fit()`` returns). Off the main
-    thread it installs none, so the caller's SIGINT/SIGTERM handlers stay in charge: an
-    interrupt reaches the driver as its own exception, and ending the driver's Ray
-    (``ray.shutdown``) ends the run.
-    """
-    import threading
-    box: dict = {}
-    done = threading.Event()
-
-    def target():
-        try:
-            box["result"] = trainer.fit()
-        except BaseException as exc:          # handed to the main thread as it is
-            box["error"] = exc
-        finally:
-            done.set()
-    thread = threading.Thread(target=target, name="ray-train-fit", daemon=True)
-    thread.start()
-    try:
-        while not done.wait(0.2):             # short waits: signals run between them
-            pass
-    except BaseException:
-        ABANDONED_FITS.append(done)           # still inside fit(): see join_abandoned_fits
-        raise
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    return _train("local", train_x, train_targets, test_x, test_y, image_shape, num_classes,
+                  config, storage_path, checkpoint_dir, progress, sample_weight)
 
 
 def train_student(train_x, train_targets, test_x, test_y, image_shape, num_classes,
@@ -445,86 +271,47 @@ def train_student(train_x, train_targets, test_x, test_y, image_shape, num_class
                   sample_weight: np.ndarray | None = None) -> StudentResult:
     """Train with Ray Train (``TorchTrainer``, DDP over ``config.num_workers`` workers).
 
-    Needs a running Ray (``ray.init`` first; a local one is started if none is).
-    ``storage_path`` is Ray Train's storage (the run folder); the final checkpoint is
-    also copied to ``checkpoint_dir/student.pt`` when given. ``progress(row)`` is called
-    for each epoch while training runs (rank 0 pushes every epoch to a relay actor
-    that a driver thread polls: :mod:`rknn_ray.student.live`), once per epoch. Train's
-    own INFO lines stay in Ray's log folder.
+    Needs a running Ray (rknn_ray.job.ray_env.ensure_ray first; none is started here).
+    ``storage_path`` is Ray Train's storage (the run folder; Train's own folder there is
+    removed afterwards); ``student.pt`` and ``history.json`` go to ``checkpoint_dir`` (else
+    ``storage_path``). ``progress(row)`` is called for each epoch while training runs
+    (:mod:`rknn_ray.training.live`).
     """
-    if "ray" not in sys.modules and not os.environ.get("RAY_ADDRESS"):
-        # a Ray we may start below stays on loopback; Ray reads this once, at import
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    import ray
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    return _train("ray", train_x, train_targets, test_x, test_y, image_shape, num_classes,
+                  config, storage_path, checkpoint_dir, progress, sample_weight)
 
+
+def _train(trainer, train_x, train_targets, test_x, test_y, image_shape, num_classes, config,
+           storage_path, checkpoint_dir, progress, sample_weight) -> StudentResult:
     config = (config or StudentConfig()).validate()
     t_start = time.perf_counter()
     x, t, w = _check_inputs(train_x, train_targets, test_x, test_y, image_shape, num_classes,
                             config.label_type, sample_weight)
-    if not ray.is_initialized():  # normally the pipeline has called ray.init already
-        ray.init() if os.environ.get("RAY_ADDRESS") else ray.init(include_dashboard=False)
-    quiet_train_logs()
-    resources = ray.cluster_resources()
-    use_gpu = resources.get("GPU", 0) > 0 if config.use_gpu is None else bool(config.use_gpu)
-    need, kind = (config.num_workers, "GPU" if use_gpu else "CPU")
-    if resources.get(kind, 0) < need:
-        raise ConfigError("student.num_workers", f"{need} workers need {need} {kind}s but the Ray cluster "
-                          f"has {resources.get(kind, 0):g}", f"set student.num_workers<={int(resources.get(kind, 0))}"
-                          " or add nodes" + ("" if kind == "CPU" else " (or student.use_gpu=false)"))
     meta = _meta(image_shape, num_classes, config.arch, config)
-    loop_cfg = _loop_config(config, image_shape, num_classes, meta)
-    loop_cfg["data_ref"] = ray.put((x, t, w))
-    storage = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "rknn_ray_train"))
-    from rknn_ray.student.live import LiveEpochs
-    live = LiveEpochs(progress) if progress is not None else None
-    loop_cfg["epoch_relay"] = live.relay if live else None
-    trainer_name = f"student-{uuid.uuid4().hex[:8]}"
-    trainer = TorchTrainer(
-        _train_loop_per_worker,
-        train_loop_config=loop_cfg,
-        scaling_config=ScalingConfig(num_workers=config.num_workers, use_gpu=use_gpu),
-        run_config=RunConfig(name=trainer_name, storage_path=storage,
-                             checkpoint_config=CheckpointConfig(num_to_keep=1),
-                             failure_config=FailureConfig(max_failures=0),
-                             logging_config=LoggingConfig(log_level="WARNING")),
-    )
-    fit_start = time.time()
-    if live:
-        with live:
-            result = fit_off_main_thread(trainer)
+    # in-process: small nets on shared CPUs, fewer threads than cores avoid OpenMP spin contention
+    threads = max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) // 2))
+    run = run_loop(supervised_loop, (x, t, w), _loop_config(config, image_shape, num_classes, meta),
+                   trainer=trainer, name="student", use_gpu=config.use_gpu, on_epoch=progress,
+                   num_workers=config.num_workers if trainer == "ray" else 1,
+                   storage_path=storage_path, threads=threads, trainer_key="student.trainer")
+    out, history = run.payload, run.payload["history"]
+    ckpt_path = None
+    out_dir = checkpoint_dir or storage_path
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
+        with atomic_path(ckpt_path) as tmp:                 # never a truncated student.pt
+            torch.save(out["checkpoint"], tmp)
+        write_json(os.path.join(out_dir, HISTORY_FILE), history)
+        model = load_student(ckpt_path)
     else:
-        result = fit_off_main_thread(trainer)
-    fit_end = time.time()
-    if result.checkpoint is None or result.metrics is None:
-        raise RknnError("Ray Train finished without a checkpoint or metrics; see the worker logs above")
-    metrics = result.metrics
-    with result.checkpoint.as_directory() as ckpt_dir:
-        src = os.path.join(ckpt_dir, CHECKPOINT_FILE)
-        ckpt_path = os.path.join(result.checkpoint.path, CHECKPOINT_FILE)  # in Train's storage
-        if checkpoint_dir:
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            ckpt_path = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
-            copy_file(src, ckpt_path)           # atomic: never a truncated student.pt
-            copy_file(os.path.join(ckpt_dir, HISTORY_FILE), os.path.join(checkpoint_dir, HISTORY_FILE))
-        model = load_student(src)
-        with open(os.path.join(ckpt_dir, HISTORY_FILE)) as f:
-            history = json.load(f)
-    if checkpoint_dir:       # the checkpoint lives in checkpoint_dir now: drop Train's copy
-        shutil.rmtree(os.path.join(storage, trainer_name), ignore_errors=True)
-    if live:
-        live.finish(history)     # any epoch that did not arrive live (never twice)
+        model = _model_from(out["checkpoint"])
     t_eval = time.perf_counter()
     test_acc = accuracy(model, test_x, test_y)
-    timings = {"workers_start": metrics["entered_at"] - fit_start,      # controller + worker processes
-               "worker_setup": metrics["started_at"] - metrics["entered_at"],  # data, DDP model
-               "train": float(metrics["train_seconds"]),
-               "checkpoint_and_shutdown": fit_end - metrics["ended_at"],
-               "evaluate": time.perf_counter() - t_eval}
-    return StudentResult(test_accuracy=test_acc, train_loss=float(metrics["train_loss"]),
-                         epochs=int(metrics["epochs"]), history=history,
-                         checkpoint_path=ckpt_path,
-                         seconds=time.perf_counter() - t_start, num_workers=config.num_workers,
-                         device=str(metrics["device"]), train_seconds=float(metrics["train_seconds"]),
+    timings = {**{k: v for k, v in run.timings.items() if k != "loop"},
+               "train": float(out["train_seconds"]), "evaluate": time.perf_counter() - t_eval}
+    return StudentResult(test_accuracy=test_acc, train_loss=history[-1]["train_loss"],
+                         epochs=len(history), history=history, checkpoint_path=ckpt_path,
+                         seconds=time.perf_counter() - t_start, num_workers=run.num_workers,
+                         device=run.device, train_seconds=float(out["train_seconds"]),
                          timings={k: round(v, 3) for k, v in timings.items()})

@@ -15,7 +15,6 @@ instead of 7.5 s. The workers report once, at the end, with the only checkpoint
 """
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Callable
 
@@ -88,75 +87,3 @@ class LiveEpochs:
             if row.get("epoch") not in done:
                 self.seen.append(row)
                 self.callback(row)
-
-
-class _BelowWarningFrom(logging.Filter):
-    def __init__(self, name: str):
-        super().__init__()
-        self.logger_name = name
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.name != self.logger_name or record.levelno >= logging.WARNING
-
-
-def quiet_worker_console() -> None:
-    """In a Train worker: keep Train's INFO lines that escape ``LoggingConfig`` off the console.
-
-    Ray 2.60's ``ray/train/v2/_internal/execution/context.py`` names its logger by file
-    path (``getLogger(__file__)``), so ``LoggingConfig(log_level="WARNING")`` does not
-    reach its "Reporting training result ..." lines: they propagate to the root logger.
-    The filter goes on the root's console handlers only, so Train's log files in Ray's
-    log folder still get them. Warnings and errors still show.
-    """
-    try:
-        import ray.train.v2._internal.execution.context as train_context
-        name = train_context.logger.name
-    except Exception:  # noqa: BLE001 - another Ray: nothing to do
-        return
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
-                and not any(isinstance(f, _BelowWarningFrom) for f in handler.filters):
-            handler.addFilter(_BelowWarningFrom(name))
-
-
-CLEANER = "PlacementGroupCleaner"
-CLEANER_NO_ADDRESS = "Found multiple active Ray instances"
-
-
-class CleanerTracebackFilter:
-    """Forwarded-log filter (driver side) for one known-harmless traceback of Train V2.
-
-    With several local Ray instances on one host, Train's ``PlacementGroupCleaner`` actor
-    cannot pick the State API address and its monitor thread dies with a traceback ending
-    in ``ConnectionError: Found multiple active Ray instances``. With the dashboard off it
-    cannot reach the State API either way (the same reason its 'State API may be
-    temporarily unavailable' warnings are dropped), so locally nothing is lost. The
-    traceback arrives split over several batches: lines from ``Exception in thread`` up
-    to the exception line are held back, dropped if that line is the known one, and
-    passed on otherwise. Every other line passes at once.
-    """
-
-    def __init__(self):
-        self.held: dict = {}          # pid -> lines held back
-
-    def __call__(self, data: dict) -> list[str]:
-        lines = list(data.get("lines") or [])
-        if data.get("actor_name") != CLEANER:
-            return lines
-        pid, out = data.get("pid"), []
-        for line in lines:
-            held = self.held.get(pid)
-            if held is None:
-                if line.startswith("Exception in thread"):
-                    self.held[pid] = [line]
-                else:
-                    out.append(line)
-                continue
-            held.append(line)
-            body = line.strip()
-            if line[:1].isspace() or body.startswith(("Traceback", "File ")) or not body:
-                continue
-            del self.held[pid]                    # the exception line: decide
-            if CLEANER_NO_ADDRESS not in line:
-                out.extend(held)
-        return out

@@ -1,0 +1,85 @@
+"""Every training loop of the project, run one way: in this process or on Ray Train.
+
+A loop is a plain function ``loop(data, cfg, device, on_epoch) -> payload`` (the shape of
+Ray Train's ``train_loop_per_worker`` examples): it trains on ``data`` as ``cfg`` says,
+calls ``on_epoch(row)`` after each epoch (when given), and returns a dict of tensors and
+plain values with the per-epoch rows under ``"history"``. The supervised student
+(rknn_ray/student/train.py), the semi-supervised student (rknn_ray/student/semi.py) and the
+SimCLR encoder (rknn_ray/representation/contrastive.py) are such loops.
+
+:func:`run_loop` runs one where ``trainer`` says: :func:`.local.fit_local` (this process,
+one worker) or :func:`.ray_train.fit_on_ray` (a ``TorchTrainer`` of ``num_workers``
+workers, DDP when more than one). Neither starts Ray: on Ray Train the caller starts it
+first (rknn_ray.job.ray_env.ensure_ray). A loop that runs on several workers asks
+:func:`rank_and_world` for its shard and wraps its model with :func:`distribute`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+TRAINERS = ("ray", "local")
+
+
+@dataclass
+class LoopRun:
+    """What running a loop gave: rank 0's payload, where it ran, and the stages' seconds."""
+
+    payload: dict
+    device: str = "cpu"
+    num_workers: int = 1
+    timings: dict = field(default_factory=dict)
+
+
+def resolve_loop(loop: str | Callable) -> Callable:
+    """A loop given as a callable, or by name as "module:function"."""
+    if callable(loop):
+        return loop
+    module, name = loop.rsplit(":", 1)
+    return getattr(importlib.import_module(module), name)
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(this worker's rank, the number of workers): (0, 1) outside a process group."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def distribute(model: torch.nn.Module, device) -> torch.nn.Module:
+    """``model`` on ``device``, wrapped in DDP when several workers train it (what
+    ``ray.train.torch.prepare_model`` does, written so that the loop also runs in-process)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    model = model.to(device)
+    if rank_and_world()[1] > 1:
+        from torch.nn.parallel import DistributedDataParallel
+        kw = {"device_ids": [device], "output_device": device} if device.type == "cuda" else {}
+        model = DistributedDataParallel(model, **kw)
+    return model
+
+
+def run_loop(loop: str | Callable, data, cfg: dict, *, trainer: str = "local", name: str = "train",
+             num_workers: int = 1, use_gpu: bool | None = None, on_epoch=None,
+             storage_path: str | None = None, threads: int | None = None,
+             trainer_key: str = "student.trainer") -> LoopRun:
+    """Run ``loop`` on ``data`` with ``cfg``: on Ray Train (``trainer="ray"``) or here.
+
+    ``on_epoch(row)`` gets each epoch's row as it ends (from rank 0 on Ray Train).
+    ``threads``: torch threads in this process (local only; ``RKNN_RAY_TORCH_THREADS``
+    overrides). ``trainer_key`` names the config key in the errors.
+    """
+    if trainer == "ray":
+        from rknn_ray.training.ray_train import fit_on_ray
+        return fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers, use_gpu=use_gpu,
+                          on_epoch=on_epoch, storage_path=storage_path, trainer_key=trainer_key)
+    if trainer != "local":
+        from rknn_ray.errors import ConfigError
+        raise ConfigError(trainer_key, f"unknown trainer {trainer!r}", f"use one of {TRAINERS}")
+    from rknn_ray.training.local import fit_local
+    return fit_local(loop, data, cfg, use_gpu=use_gpu, on_epoch=on_epoch, threads=threads)

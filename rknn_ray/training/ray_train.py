@@ -1,0 +1,182 @@
+"""The one Ray Train launcher: a ``TorchTrainer`` of N workers running a training loop.
+
+Each worker runs :func:`train_loop_per_worker` (Ray Train's entry point): it takes the data
+from the object store, runs ``loop(data, cfg, device, on_epoch)`` (DDP over the workers when
+there are several; the loop shards its data by rank), and rank 0 reports the loop's payload
+as the run's only checkpoint (Train V2 keeps metrics only when a checkpoint rides along).
+Per-epoch rows reach the driver while training runs (:mod:`.live`). One worker takes the
+free CPUs of a node (as many torch threads; ``RKNN_RAY_TORCH_THREADS`` overrides); several
+take Ray's default of one CPU (or one GPU) each and one thread.
+
+``fit()`` runs off the main thread (:func:`fit_off_main_thread`), so the caller's signal
+handlers stay in charge; a job interrupted inside it waits for the abandoned thread after
+``ray.shutdown`` (:func:`join_abandoned_fits`). Ray is never started here.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+
+import torch
+
+from rknn_ray.errors import ConfigError, RknnError
+from rknn_ray.training import LoopRun, resolve_loop
+
+PAYLOAD_FILE = "payload.pt"
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train entry point: run the loop on this worker; rank 0 reports its payload."""
+    import ray
+    import ray.train
+    import ray.train.torch
+
+    from rknn_ray.training.live import relay_pusher
+    from rknn_ray.training.logs import quiet_worker_console
+    entered = time.time()
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(int(config["threads"]))
+    loop = resolve_loop(config["loop"])
+    data = ray.get(config["data_ref"])
+    device = ray.train.torch.get_device()
+    quiet_worker_console()          # Train's INFO lines go to Ray's log folder, not the console
+    started = time.time()
+    payload = loop(data, config["loop_config"], device,
+                   relay_pusher(config["epoch_relay"] if rank == 0 else None))   # live epochs
+    metrics = {"device": str(device), "world_size": world, "entered_at": entered,
+               "started_at": started, "ended_at": time.time()}
+    if rank == 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.save(payload, os.path.join(tmp, PAYLOAD_FILE))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+    else:
+        ray.train.report(metrics, checkpoint=None)
+
+
+def ray_is_running() -> bool:
+    ray = sys.modules.get("ray")            # not imported: certainly not running
+    return ray is not None and ray.is_initialized()
+
+
+def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int = 1,
+               use_gpu: bool | None = None, on_epoch=None, storage_path: str | None = None,
+               trainer_key: str = "student.trainer") -> LoopRun:
+    """Run ``loop`` ("module:function" or a callable) on ``num_workers`` Ray Train workers;
+    returns rank 0's payload. ``use_gpu``: None takes a GPU per worker when the cluster has
+    one. ``storage_path``: Train's storage (default a temp folder); the run's folder there
+    is removed once the payload is read back. Needs a running Ray."""
+    if not ray_is_running():
+        raise RknnError(f"Ray is not running, and the {name} trains on Ray Train ({trainer_key}: "
+                        "ray); library code does not start Ray by surprise. Fix: call "
+                        "rknn_ray.job.ray_env.ensure_ray() first or use trainer=local "
+                        f"({trainer_key}=local)")
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from rknn_ray.training.live import LiveEpochs
+    from rknn_ray.training.logs import quiet_train_logs
+    quiet_train_logs()
+    total = ray.cluster_resources()
+    gpu = total.get("GPU", 0) > 0 if use_gpu is None else bool(use_gpu)
+    kind, have = ("GPU" if gpu else "CPU"), int(total.get("GPU" if gpu else "CPU", 0))
+    if have < num_workers:
+        raise ConfigError("student.num_workers", f"{num_workers} workers need {num_workers} {kind}s "
+                          f"but the Ray cluster has {have}", f"set student.num_workers<={have} or "
+                          "add nodes" + ("" if kind == "CPU" else " (or student.use_gpu=false)"))
+    per_worker, threads = None, 1                    # several workers: Ray's 1 CPU (or GPU) each
+    if num_workers == 1:
+        free = ray.available_resources().get("CPU", 1)
+        threads = max(1, int(min(free, os.cpu_count() or 1)))
+        per_worker = {"CPU": threads}
+    storage = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "rknn_ray_train"))
+    run_name = f"{name}-{uuid.uuid4().hex[:8]}"
+    live = LiveEpochs(on_epoch) if on_epoch is not None else None
+    config = {"loop": loop, "loop_config": cfg, "data_ref": ray.put(data),
+              "threads": int(os.environ.get("RKNN_RAY_TORCH_THREADS") or threads),
+              "epoch_relay": live.relay if live else None}
+    trainer = TorchTrainer(
+        train_loop_per_worker, train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=gpu,
+                                     resources_per_worker=per_worker),
+        run_config=RunConfig(name=run_name, storage_path=storage,
+                             checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             failure_config=FailureConfig(max_failures=0),
+                             logging_config=LoggingConfig(log_level="WARNING")))
+    fit_start = time.time()
+    if live:
+        with live:
+            result = fit_off_main_thread(trainer)
+    else:
+        result = fit_off_main_thread(trainer)
+    fit_end = time.time()
+    if result.checkpoint is None or result.metrics is None:
+        raise RknnError(f"Ray Train finished the {name} without a checkpoint or metrics; "
+                        "see the worker logs above")
+    with result.checkpoint.as_directory() as folder:
+        payload = torch.load(os.path.join(folder, PAYLOAD_FILE), map_location="cpu",
+                             weights_only=True)
+    shutil.rmtree(os.path.join(storage, run_name), ignore_errors=True)  # the payload is read
+    if live:
+        live.finish(payload.get("history", []))     # any epoch that did not arrive live
+    m = result.metrics
+    timings = {"workers_start": m["entered_at"] - fit_start,         # controller + worker processes
+               "worker_setup": m["started_at"] - m["entered_at"],   # threads, data
+               "loop": m["ended_at"] - m["started_at"],
+               "checkpoint_and_shutdown": fit_end - m["ended_at"]}
+    return LoopRun(payload, str(m["device"]), int(m["world_size"]), timings)
+
+
+#: fit() threads (their "done" events) the driver stopped waiting for: an interrupt reached it.
+ABANDONED_FITS: list = []
+
+
+def join_abandoned_fits(timeout: float = 30.0) -> bool:
+    """After ``ray.shutdown()``: wait for the fit() threads an interrupt left running (their
+    Ray calls fail once Ray is down). A process that exits while one is still inside Ray's
+    native code can crash in interpreter shutdown (SIGSEGV instead of the job's 130/143).
+    True when none is left."""
+    end = time.monotonic() + timeout
+    while ABANDONED_FITS:               # events, not Thread.is_alive: on 3.11 a join that an
+        if not ABANDONED_FITS[0].wait(max(0.0, end - time.monotonic())):  # interrupt cut
+            return False                # short marks the thread stopped while it still runs
+        ABANDONED_FITS.pop(0)
+    return True
+
+
+def fit_off_main_thread(trainer):
+    """``trainer.fit()`` in a helper thread, the main thread waiting on it.
+
+    Ray Train v2 installs its own SIGINT handler when ``fit()`` runs on the main thread
+    (it calls ``sys.exit`` and stays installed after ``fit()`` returns). Off the main
+    thread it installs none, so the caller's SIGINT/SIGTERM handlers stay in charge: an
+    interrupt reaches the driver as its own exception, and ending the driver's Ray
+    (``ray.shutdown``) ends the run.
+    """
+    import threading
+    box: dict = {}
+    done = threading.Event()
+
+    def target():
+        try:
+            box["result"] = trainer.fit()
+        except BaseException as exc:          # handed to the main thread as it is
+            box["error"] = exc
+        finally:
+            done.set()
+    thread = threading.Thread(target=target, name="ray-train-fit", daemon=True)
+    thread.start()
+    try:
+        while not done.wait(0.2):             # short waits: signals run between them
+            pass
+    except BaseException:
+        ABANDONED_FITS.append(done)           # still inside fit(): see join_abandoned_fits
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
