@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.procmem import find_bytes
+from tests.procmem import find_bytes, holds_only_file_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,3 +84,15 @@ def test_shard_secrets_are_in_their_shards_only_never_in_driver_gcs_or_object_st
                     p.kill()
                 except psutil.NoSuchProcess:
                     pass
+
+
+def test_the_scan_skips_only_what_holds_a_files_own_bytes():
+    """Library code and constants are skipped (~2/3 of a worker's bytes); anything a process
+    can write, or that is not a file on disk, is read."""
+    assert holds_only_file_bytes("r-xp", "/usr/lib/libtorch_cpu.so")
+    assert holds_only_file_bytes("r--p", "/usr/bin/python3.11")
+    for perms, name in (("rw-p", "/usr/lib/libc.so.6"), ("r--s", "/dev/shm/plasma"),
+                        ("rw-s", "/tmp/ray/plasma"), ("r--p", "/memfd:plasma (deleted)"),
+                        ("r--p", "/tmp/x.so (deleted)"), ("r--p", ""), ("rw-p", "[heap]"),
+                        ("r--p", "[stack]")):
+        assert not holds_only_file_bytes(perms, name), (perms, name)
