@@ -1,5 +1,4 @@
-"""The main job end to end through Ray (actors; Ray Train in the shared central run), and its
-bad-input behaviour."""
+"""The main job end to end through Ray (actors), and its bad-input behaviour."""
 import json
 import os
 
@@ -9,8 +8,8 @@ import pytest
 from jobs.distill import main
 
 # Ray Train's start-up dominates a digits job (~10-15 s of ~20 s on a quiet machine): jobs here
-# train in the driver; the Ray Train path runs in conftest.digits_runs' central run (read by
-# test_digits_central_run_folder), test_student_ray.py and the demo console test
+# train in the driver, as conftest.digits_runs' do; the job's Ray Train path runs in the demo
+# console test (test_progress_demo_console) and test_student_ray.py
 FAST = ["student.epochs=2", "queries.restarts=1", "student.trainer=local"]
 
 

@@ -1,5 +1,8 @@
 """The README demo's console, captured from a fresh process (its own local Ray): only the
-project's lines and the result, and epoch lines while the student trains."""
+project's lines and the result, and epoch lines while the student trains. It is also the
+suite's end-to-end proof of the job's Ray Train path (the session's shared digits runs train
+in the driver): the run folder holds the checkpoint Train wrote, and not Train's own copies."""
+import json
 import os
 import re
 import subprocess
@@ -47,3 +50,10 @@ def test_readme_demo_console_is_clean_and_live(tmp_path):
     done = [s for k, s in stamps.items() if k.startswith("student: Ray Train") and "done in" in k]
     assert first and last and done, proc.stderr[-3000:]
     assert first[0] < last[0] <= done[0]          # the first epoch was shown before the last ran
+    report = json.loads((out / "report.json").read_text())
+    student = report["student"]
+    assert (student["trainer"], student["num_workers"], student["epochs"]) == ("ray", 2, 8)
+    assert student["checkpoint"] == str(out / "student.pt") and 0 <= student["test_accuracy"] <= 1
+    from rknn_ray.student import load_student
+    assert load_student(student["checkpoint"]) is not None
+    assert not list(out.glob("student-*"))        # Ray Train's storage removed once copied

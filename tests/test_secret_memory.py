@@ -12,6 +12,7 @@ another process's memory needs ptrace rights: root, or (Yama ptrace_scope 1) bei
 ancestor, which this test is; a PermissionError here means the CI lacks them.
 """
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.procmem import find_bytes
+from tests.procmem import find_bytes, holds_only_file_bytes, touched_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,3 +85,34 @@ def test_shard_secrets_are_in_their_shards_only_never_in_driver_gcs_or_object_st
                     p.kill()
                 except psutil.NoSuchProcess:
                     pass
+
+
+def test_the_scan_skips_only_what_holds_a_files_own_bytes():
+    """Library code and constants are skipped (~2/3 of a worker's bytes); anything a process
+    can write, or that is not a file on disk, is read."""
+    assert holds_only_file_bytes("r-xp", "/usr/lib/libtorch_cpu.so")
+    assert holds_only_file_bytes("r--p", "/usr/bin/python3.11")
+    for perms, name in (("rw-p", "/usr/lib/libc.so.6"), ("r--s", "/dev/shm/plasma"),
+                        ("rw-s", "/tmp/ray/plasma"), ("r--p", "/memfd:plasma (deleted)"),
+                        ("r--p", "/tmp/x.so (deleted)"), ("r--p", ""), ("rw-p", "[heap]"),
+                        ("r--p", "[stack]")):
+        assert not holds_only_file_bytes(perms, name), (perms, name)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux /proc/PID/pagemap")
+def test_of_anonymous_memory_only_the_written_pages_are_read_and_a_secret_there_is_found():
+    size, at = 64 << 20, 40 << 20
+    area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    secret = os.urandom(32)
+    area[at - 8:at + 24] = secret                  # straddles a page boundary: two pages
+    lo = _address(area)                            # page-aligned, as mmap returns it
+    with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
+        runs = touched_runs(pagemap, lo, lo + size)
+    assert runs == [(lo + at - 4096, lo + at + 4096)]
+    (found,), _ = find_bytes(os.getpid(), secret)
+    assert _address(area) + at - 8 in found
+
+
+def _address(area: mmap.mmap) -> int:
+    import ctypes
+    return ctypes.addressof(ctypes.c_char.from_buffer(area))
