@@ -6,7 +6,8 @@ Trains the real student (rknn_ray.student.train_student_local: its loop run by
 rknn_ray.training's in-process runner, the loop every Ray Train worker runs) on sklearn's
 digits with the same seed, data order and labels on the CPU and on CUDA, and compares:
 first-epoch loss, final test accuracy, and the largest difference of the first forward
-pass; and the SimCLR encoder's loop (the same runner, ``use_gpu``) by its first-epoch loss.
+pass; the SimCLR encoder's loop and the semi-supervised student's loop (the same runner,
+``use_gpu``) by their first-epoch losses and the semi student's test accuracy.
 cuDNN kernels are not bit-identical to CPU ones, so the comparison is by tolerance, not
 equality. Needs only torch, numpy and scikit-learn (no Ray, no faiss), so it runs on a bare
 GPU image.
@@ -26,6 +27,8 @@ def run(epochs: int = 15) -> dict:
 
     from rknn_ray.student.models import build_model
     from rknn_ray.representation.contrastive import ContrastiveEncoder
+    from rknn_ray.student.config import SemiConfig
+    from rknn_ray.student.semi import train_semi_student
     from rknn_ray.student.train import StudentConfig, train_student_local
 
     d = load_digits()
@@ -56,16 +59,31 @@ def run(epochs: int = 15) -> dict:
         enc = ContrastiveEncoder(dim=32, epochs=2, batch_size=128, flip=False, trainer="local",
                                  cache_dir=None, use_gpu=dev == "cuda").fit(x[tr])
         results[dev]["encoder_first_loss"] = enc.history[0]["loss"]
+        semi = train_semi_student(x[tr], y[tr], None, x[te], y[te], 10,
+                                  SemiConfig(epochs=max(2, epochs // 3), trainer="local", seed=0,
+                                             use_gpu=dev == "cuda", flip=False), encoder=enc)
+        results[dev].update(semi_accuracy=semi.test_accuracy, semi_device=semi.device,
+                            semi_first_loss=_first_loss(semi.history))
     out["runs"] = results
     out["accuracy_gap"] = abs(results["cpu"]["test_accuracy"] - results["cuda"]["test_accuracy"])
     out["first_epoch_loss_gap"] = abs(results["cpu"]["first_epoch_loss"]
                                       - results["cuda"]["first_epoch_loss"])
     out["encoder_first_loss_gap"] = abs(results["cpu"]["encoder_first_loss"]
                                         - results["cuda"]["encoder_first_loss"])
+    out["semi_accuracy_gap"] = abs(results["cpu"]["semi_accuracy"] - results["cuda"]["semi_accuracy"])
+    out["semi_first_loss_gap"] = abs(results["cpu"]["semi_first_loss"]
+                                     - results["cuda"]["semi_first_loss"])
     out["parity"] = bool(out["forward_max_abs_diff"] < 1e-4 and out["accuracy_gap"] <= 0.02
                          and out["first_epoch_loss_gap"] < 0.02
-                         and out["encoder_first_loss_gap"] < 0.1)
+                         and out["encoder_first_loss_gap"] < 0.1
+                         and out["semi_accuracy_gap"] <= 0.03 and out["semi_first_loss_gap"] < 0.1)
     return out
+
+
+def _first_loss(history: list) -> float:
+    """The first epoch's training loss, whatever the loop calls it."""
+    row = history[0]
+    return float(next(v for k, v in row.items() if "loss" in k))
 
 
 def main(argv=None) -> int:
