@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
+import warnings
 
 import torch
 
@@ -43,6 +44,9 @@ def train_loop_per_worker(config: dict) -> None:
     torch.set_num_threads(int(config["threads"]))
     loop = resolve_loop(config["loop"])
     data = ray.get(config["data_ref"])
+    # the object store hands out read-only numpy views (zero copy); the loops never write to
+    # their inputs, so torch's warning about tensors made from them is noise here
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     device = ray.train.torch.get_device()
     quiet_worker_console()          # Train's INFO lines go to Ray's log folder, not the console
     started = time.time()
