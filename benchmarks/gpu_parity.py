@@ -56,8 +56,10 @@ def run(epochs: int = 15) -> dict:
                         "first_epoch_loss": res.history[0]["train_loss"],
                         "final_loss": res.history[-1]["train_loss"],
                         "train_seconds": res.train_seconds}
+        # cache_dir "": no encoder cache, so the CUDA run trains instead of loading the CPU one
         enc = ContrastiveEncoder(dim=32, epochs=2, batch_size=128, flip=False, trainer="local",
-                                 cache_dir=None, use_gpu=dev == "cuda").fit(x[tr])
+                                 cache_dir="", use_gpu=dev == "cuda").fit(x[tr])
+        assert not enc.cache_hit
         results[dev]["encoder_first_loss"] = enc.history[0]["loss"]
         semi = train_semi_student(x[tr], y[tr], None, x[te], y[te], 10,
                                   SemiConfig(epochs=max(2, epochs // 3), trainer="local", seed=0,

@@ -97,3 +97,23 @@ def test_ray_train_without_a_running_ray_says_how_to_fix_it_and_starts_nothing()
         assert "Ray is not running" in line and "ensure_ray() first" in line, line
         assert f"{key}=local" in line, line
     assert running == "ray running: False"
+
+
+def test_distribute_takes_in_process_cuda_without_an_index(monkeypatch):
+    """The in-process runner asks for "cuda" (no index); torch.cuda.set_device refuses that
+    (found on a lent H100 by benchmarks.gpu_parity), so only a Ray Train worker's cuda:N is set."""
+    import torch
+
+    from rknn_ray.training import distribute
+    chosen, moved = [], []
+
+    def set_device(device):
+        if torch.device(device).index is None:      # what torch itself raises on
+            raise ValueError("Expected a torch.device with a specified index")
+        chosen.append(device)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, d: moved.append(str(d)) or self)
+    model = torch.nn.Linear(2, 2)
+    assert distribute(model, "cuda") is model and chosen == [] and moved == ["cuda"]
+    distribute(model, torch.device("cuda", 1))
+    assert chosen == [torch.device("cuda", 1)] and moved == ["cuda", "cuda:1"]

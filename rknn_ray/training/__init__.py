@@ -54,8 +54,8 @@ def distribute(model: torch.nn.Module, device) -> torch.nn.Module:
     """``model`` on ``device``, wrapped in DDP when several workers train it (what
     ``ray.train.torch.prepare_model`` does, written so that the loop also runs in-process)."""
     device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    if device.type == "cuda" and device.index is not None:   # a Ray Train worker's cuda:N
+        torch.cuda.set_device(device)       # (in-process "cuda" is the current device already)
     model = model.to(device)
     if rank_and_world()[1] > 1:
         from torch.nn.parallel import DistributedDataParallel
