@@ -36,7 +36,8 @@ def test_the_three_loops_give_the_results_recorded_before_the_launcher(digits):
     assert [v for h in r.history for v in (h["train_loss"], h["train_accuracy"])] == \
         acc(np.ravel(BEFORE["supervised"][1]).tolist(), rel=1e-5)
     enc = ContrastiveEncoder(dim=16, epochs=1, batch_size=64, flip=False, trainer="local",
-                             cache_dir=None).fit(xtr[:256])
+                             cache_dir="").fit(xtr[:256])         # "": trains, never a cached one
+    assert not enc.cache_hit
     weights = sum(float(v.double().sum()) for v in enc.state_dict.values() if v.is_floating_point())
     assert [enc.history[0]["loss"], weights] == acc(BEFORE["simclr"], rel=1e-5)
     r = train_semi_student(xtr[:300], ytr[:300], np.linspace(0.2, 1, 300).astype(np.float32), xte,
@@ -117,3 +118,25 @@ def test_distribute_takes_in_process_cuda_without_an_index(monkeypatch):
     assert distribute(model, "cuda") is model and chosen == [] and moved == ["cuda"]
     distribute(model, torch.device("cuda", 1))
     assert chosen == [torch.device("cuda", 1)] and moved == ["cuda", "cuda:1"]
+
+
+def test_a_semi_run_of_one_epoch_and_ten_steps_trains(digits):
+    """OneCycleLR divides by zero when its warm-up ends at step 0 (pct_start 0.1 of 10 steps);
+    rknn_ray.training.one_cycle gives that run a 2-step warm-up instead of a crash."""
+    import torch
+
+    from rknn_ray.training import one_cycle
+    xtr, ytr, xte, yte = digits
+    res = train_semi_student(xtr[:1280], ytr[:1280], None, xte, yte, 10,
+                             SemiConfig(epochs=1, batch_size=128, trainer="local", flip=False))
+    assert len(res.history) == 1 and np.isfinite(res.history[0]["train_loss"])
+    opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    lrs = []
+    for total in (1, 2, 10, 40):
+        sched = one_cycle(opt, 0.1, total, pct_start=0.1)
+        for _ in range(total):
+            opt.step()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+    assert all(np.isfinite(lrs))
+    assert isinstance(one_cycle(opt, 0.1, 40, 0.1), torch.optim.lr_scheduler.OneCycleLR)

@@ -34,7 +34,7 @@ from torch import nn
 from rknn_ray.representation.augment import strong_view
 from rknn_ray.errors import ConfigError
 from rknn_ray.representation.encoder import Encoder
-from rknn_ray.training import run_loop
+from rknn_ray.training import one_cycle, run_loop
 
 ENCODER_FILE = "encoder.pt"
 BACKBONES = ("auto", "cnn", "resnet")
@@ -155,8 +155,7 @@ def train_contrastive_loop(x: np.ndarray, cfg: dict, device="cpu", on_epoch=None
     n = xs.shape[0]
     bs = max(2, min(int(cfg["batch_size"]), n))
     steps = max(1, n // bs)                    # drop the last partial batch (NT-Xent wants full ones)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=float(cfg["lr"]), total_steps=epochs * steps,
-                                                pct_start=0.15)
+    sched = one_cycle(opt, float(cfg["lr"]), epochs * steps, pct_start=0.15)
     gen = torch.Generator().manual_seed(int(cfg["seed"]) + 17)
     history = []
     for epoch in range(epochs):

@@ -33,7 +33,7 @@ from torch import nn
 
 from rknn_ray.representation.augment import strong_view, weak_view
 from rknn_ray.student.config import SemiConfig       # declared torch-free, with every student key
-from rknn_ray.training import run_loop
+from rknn_ray.training import one_cycle, run_loop
 
 CHECKPOINT_FILE = "student.pt"
 
@@ -106,8 +106,7 @@ def semi_loop(data: dict, cfg: dict, device="cpu", on_epoch=None) -> dict:
     bs = max(2, min(int(cfg["batch_size"]), n))
     steps = max(1, math.ceil(n / bs))
     epochs = int(cfg["epochs"])
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[cfg["lr"] * scale, cfg["lr"]],
-                                                total_steps=epochs * steps, pct_start=0.1)
+    sched = one_cycle(opt, [cfg["lr"] * scale, cfg["lr"]], epochs * steps, pct_start=0.1)
     gen = torch.Generator().manual_seed(int(cfg["seed"]) + 29)
     flip, tau, lam = bool(cfg["flip"]), float(cfg["threshold"]), float(cfg["lambda_u"])
     soft = y.ndim == 2

@@ -50,6 +50,20 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+def one_cycle(opt, max_lr, total_steps: int, pct_start: float):
+    """torch's OneCycleLR, except where it cannot run: its warm-up phase ends at step
+    ``pct_start * total_steps - 1``, and at exactly 0 it divides by zero (e.g. 1 epoch of 10
+    steps at pct_start 0.1); there the warm-up takes 2 steps, and under 3 steps the rate is
+    constant."""
+    total_steps = int(total_steps)
+    if total_steps < 3:
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    if float(pct_start * total_steps) - 1 == 0:
+        pct_start = 2.0 / total_steps
+    return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=max_lr, total_steps=total_steps,
+                                               pct_start=pct_start)
+
+
 def distribute(model: torch.nn.Module, device) -> torch.nn.Module:
     """``model`` on ``device``, wrapped in DDP when several workers train it (what
     ``ray.train.torch.prepare_model`` does, written so that the loop also runs in-process)."""
