@@ -30,10 +30,12 @@ class NfdpShard:
 
 
 class RayParties:
-    """One NfdpShard actor per party group (needs a running Ray; the job starts it)."""
+    """One NfdpShard actor per party group (needs a running Ray; the job starts it). Each
+    group's records go by reference (``ray.put``): an argument passed by value is inlined in
+    the GCS's copy of the actor's creation task when small."""
 
     def __init__(self, groups: list[dict]):
-        self.actors = [NfdpShard.remote(g) for g in groups]
+        self.actors = [NfdpShard.remote(ray.put(g)) for g in groups]
 
     def call(self, method: str, *args) -> list:
         return ray.get([getattr(a, method).remote(*args) for a in self.actors])

@@ -91,11 +91,8 @@ def test_a_shards_records_reach_it_by_reference_never_through_the_gcs(ray_sessio
     """The session puts each shard's records in the object store and passes the reference:
     no record is in gcs_server, where an actor argument passed by value is inlined when small
     (the control below, as tests/test_secret_memory.py's canary)."""
-    import psutil
-
     from rknn_ray.data.sources import PreparedShardSource
     from rknn_ray.job.session import ProtocolSession
-    from tests.procmem import find_bytes
 
     def records(canary):
         x = np.tile(canary.astype(np.float32) / 255.0, (8, 1)).reshape(8, 1, 8, 8)
@@ -108,10 +105,7 @@ def test_a_shards_records_reach_it_by_reference_never_through_the_gcs(ray_sessio
                       ["run.rng=seeded", "cluster.openers=0", "queries.s=4"])
     with ProtocolSession(cfg, [src], "job-by-ref") as session:
         assert session.num_clients == 8 and ray_session.get(holder.clients.remote()) == 8
-        mine = {c.pid for c in psutil.Process().children(recursive=True)}
-        (gcs,) = [p.pid for p in psutil.process_iter(["name"])
-                  if p.info["name"] == "gcs_server" and p.pid in mine]
-        hits, _ = find_bytes(gcs, needle, control)
+        hits = _in_gcs(needle, control)
         assert hits[1], "the control: an argument passed by value is in the GCS"
         assert not hits[0], "a shard's records went through the GCS"
     ray_session.kill(holder)
@@ -125,3 +119,30 @@ class _Holder:
 
     def clients(self) -> int:
         return self.records.num_clients
+
+
+def _in_gcs(*needles: bytes) -> list[list[int]]:
+    """Where each needle is in the memory of the gcs_server this test process started."""
+    import psutil
+
+    from tests.procmem import find_bytes
+    mine = {c.pid for c in psutil.Process().children(recursive=True)}
+    (gcs,) = [p.pid for p in psutil.process_iter(["name"])
+              if p.info["name"] == "gcs_server" and p.pid in mine]
+    return find_bytes(gcs, *needles)[0]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="reads Linux /proc/PID/mem")
+def test_nfdp_parties_records_reach_their_actors_by_reference(ray_session):
+    """The FedMD-NFDP baseline's party groups (their private records) go to the NfdpShard
+    actors through the object store, never inlined in the GCS."""
+    from actors.nfdp_shard import RayParties
+    rows = np.frombuffer(os.urandom(8 * 16), np.uint8).astype(np.float32).reshape(8, 16)
+    group = dict(xs=[rows], ys=[np.arange(8) % 2], k=4, replacement=True, num_classes=2,
+                 seed=0, rng_kind="seeded")
+    host = RayParties([group])
+    try:
+        assert host.call("predict", rows[:2])[0].shape == (1, 2, 2)   # the actor has them
+        assert not any(_in_gcs(rows.tobytes()[:64], rows.tobytes()[64:128]))
+    finally:
+        host.close()
