@@ -47,24 +47,41 @@ class ClientShardImpl:
 
     def __init__(self, shard_id: int, source, secrets, credential=None):
         """``secrets``: a :class:`rknn_ray.shard_secrets.ShardKeyStore` (or, seeded runs,
-        :class:`~rknn_ray.shard_secrets.SeededShardSecrets`), never the secret itself."""
+        :class:`~rknn_ray.shard_secrets.SeededShardSecrets`), never the secret itself.
+        ``source``: the shard's records source, or None when its records ride with the calls
+        that need them (``[ObjectRef]``, the session's way; see :meth:`_records`)."""
         self.shard_id = shard_id
-        self.records = source.open()
+        self.records = None if source is None else source.open()
         self._secrets = secrets
         self._secret = secrets.secret(shard_id, restarted=_restarted())
         self._credential = credential        # sealing.credentials.ShardCredential for its clients
         self.timings: dict[str, float] = {}
 
-    def num_clients(self) -> int:
-        return int(self.records.num_clients)
+    def _records(self, source=None):
+        """This shard's records, opened on first use from ``source`` (``[ObjectRef]``: a
+        nested reference, fetched here). The session hands the reference with every call
+        rather than to the constructor: a restartable actor with a constructor argument in
+        the object store makes Ray log an error line at every job start (ray#53727), and a
+        restarted shard gets the reference again with its next call."""
+        if self.records is None:
+            if source is None:
+                raise ValueError(f"shard {self.shard_id} has no records yet: pass its source")
+            if isinstance(source, list):
+                (source,) = ray.get(source)
+            self.records = source.open()
+        return self.records
 
-    def max_records_per_client(self) -> int:
-        return int(self.records.max_records_per_client)
+    def num_clients(self, source=None) -> int:
+        return int(self._records(source).num_clients)
 
-    def stream_reports(self, spec: RoundSpec, batch_clients: int):
+    def max_records_per_client(self, source=None) -> int:
+        return int(self._records(source).max_records_per_client)
+
+    def stream_reports(self, spec: RoundSpec, batch_clients: int, source=None):
         """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order."""
+        records = self._records(source)
         self.timings = {}           # this round's stage CPU only (get_timings after the round)
-        for b, (x, y, ids) in enumerate(self.records.batches(batch_clients)):
+        for b, (x, y, ids) in enumerate(records.batches(batch_clients)):
             yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
 
     def get_timings(self) -> dict:

@@ -27,8 +27,8 @@ class CrashingShard(ClientShardImpl):
     marker: str = ""
     lose_secret: bool = False
 
-    def stream_reports(self, spec, batch_clients: int):
-        for sent, batch in enumerate(super().stream_reports(spec, batch_clients), start=1):
+    def stream_reports(self, spec, batch_clients: int, source=None):
+        for sent, batch in enumerate(super().stream_reports(spec, batch_clients, source), start=1):
             yield batch
             if sent >= self.after and self.marker and not os.path.exists(self.marker):
                 open(self.marker, "w").close()
@@ -45,15 +45,15 @@ class FloodingShard(ClientShardImpl):
 
     count: int = 1000
 
-    def stream_reports(self, spec, batch_clients: int):
+    def stream_reports(self, spec, batch_clients: int, source=None):
         from sealing.credentials import with_credentials
         from sealing.envelope import from_arrow, to_arrow
-        x, y, ids = next(iter(self.records.batches(batch_clients)))
+        x, y, ids = next(iter(self._records(source).batches(batch_clients)))
         x, y, ids = x[:1], y[:1], ids[:1]
         reports = np.concatenate([from_arrow(client_step(spec, self._secret, 10**6 + j, x, y, ids))[0]
                                   for j in range(self.count)])
         senders = np.repeat(ids[:1], self.count)
-        yield from super().stream_reports(spec, batch_clients)
+        yield from super().stream_reports(spec, batch_clients, source)
         seqs, tags = self._credential.sign(spec.ctx, senders, reports)
         yield with_credentials(to_arrow(reports, senders), seqs, tags)
 
@@ -65,10 +65,10 @@ class GarbageShard(ClientShardImpl):
 
     every: int = 10
 
-    def stream_reports(self, spec, batch_clients: int):
+    def stream_reports(self, spec, batch_clients: int, source=None):
         from sealing.credentials import with_credentials
         from sealing.envelope import CONTEXT_LEN, from_arrow, to_arrow
-        for batch in super().stream_reports(spec, batch_clients):
+        for batch in super().stream_reports(spec, batch_clients, source):
             reports, senders = from_arrow(batch)
             bad = senders % self.every == 0
             reports = reports.copy()

@@ -77,7 +77,8 @@ def test_a_restarted_shard_actor_resends_the_same_reports_from_its_stored_secret
                                                                                   tmp_path):
     """A real ClientShard actor, killed and restarted by Ray: the same plaintexts and ids,
     secure mode (the secret was never in this process). With its key file gone, the
-    restarted actor refuses to start, naming the problem and the fix."""
+    restarted actor refuses to start, naming the problem and the fix. The records ride with
+    each call as the session hands them ([ObjectRef]), so the new incarnation reopens them."""
     from actors.client_shard import ClientShard
     from rknn_ray.job.session import _actor_death, _wait_alive
     from server.keys import ServerKeyPair
@@ -86,10 +87,11 @@ def test_a_restarted_shard_actor_resends_the_same_reports_from_its_stored_secret
     store = ShardKeyStore("job-actor", str(tmp_path / "keys"))
     keys = ServerKeyPair.generate()
     spec = _spec(keys)
+    records = [ray_session.put(SOURCE)]
 
     def stream(actor):
         return ray_session.get(list(actor.stream_reports.options(
-            num_returns="streaming").remote(spec, 128)))
+            num_returns="streaming").remote(spec, 128, records)))
 
     def pid(actor):
         return ray_session.get(actor.__ray_call__.remote(lambda self: os.getpid()))
@@ -109,7 +111,7 @@ def test_a_restarted_shard_actor_resends_the_same_reports_from_its_stored_secret
             time.sleep(0.2)
         raise AssertionError("the shard neither restarted nor died within 60 s")
 
-    shard = ClientShard.remote(0, SOURCE, store)
+    shard = ClientShard.remote(0, None, store)
     first = _open(stream(shard), keys, spec)
     assert kill_and_wait(shard)
     again = _open(stream(shard), keys, spec)
@@ -117,7 +119,7 @@ def test_a_restarted_shard_actor_resends_the_same_reports_from_its_stored_secret
     np.testing.assert_array_equal(again[1], first[1])     # and the same report ids
     os.unlink(store.path(0))                              # as if restarted on another node
     assert not kill_and_wait(shard)
-    alive, why = _wait_alive(shard, timeout=60)          # what the driver's pump sees
+    alive, why = _wait_alive(shard, records, timeout=60)          # what the driver's pump sees
     assert not alive
     text = _actor_death("client shard 0 did not come back", why)
     assert "ShardSecretError" in text and "a second time" in text and "Fix:" in text

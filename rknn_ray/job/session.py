@@ -163,17 +163,19 @@ class ProtocolSession:
                         else ShardKeyStore(job_id, cl.key_store))
         self.shards = []
         # each shard's records by reference (the GCS keeps no records), held while the session
-        # lives: Ray re-reads a restarted shard's argument, and frees it only once unreferenced
-        self._sources = [ray.put(src) for src in sources]
-        for i, ref in enumerate(self._sources):
+        # lives and handed with every call that needs them ([ref]: the shard fetches it), so a
+        # restarted shard gets them again with its next call (ClientShardImpl._records)
+        self._sources = [[ray.put(src)] for src in sources]
+        for i in range(len(sources)):
             self.shards.append(parties.shard_actor(i).options(   # SPREAD: shards share out the client nodes
                 num_cpus=cl.shard_cpus, scheduling_strategy="SPREAD",
                 **party_options(cfg, "client")).remote(
-                i, ref, self.secrets, issuer.shard_credential(i, *ranges[i])))
+                i, None, self.secrets, issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         try:
             self.server_public_key = ray.get(self.server.public_key.remote())
-            self.shard_clients = ray.get([s.num_clients.remote() for s in self.shards])
+            self.shard_clients = ray.get([s.num_clients.remote(src)
+                                          for s, src in zip(self.shards, self._sources)])
         except ray.exceptions.RayActorError as exc:
             self.close()
             raise PartyFailure(_actor_death("a party failed to start; nothing was released", exc),
@@ -351,7 +353,7 @@ class ProtocolSession:
                     gen = shard.stream_reports.options(
                         num_returns="streaming",
                         _generator_backpressure_num_objects=max(2, int(cl.window))
-                    ).remote(spec_ref, int(cl.batch_clients))
+                    ).remote(spec_ref, int(cl.batch_clients), self._sources[i])
                     sent = 0
                     for ref in gen:
                         rows = ray.get(sink.submit_refs.remote([ref]) if is_shuffler
@@ -372,7 +374,7 @@ class ProtocolSession:
                         return
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
                         "it; it re-sends the round (same reports, counted once)")
-                    alive, why = _wait_alive(shard)
+                    alive, why = _wait_alive(shard, self._sources[i])
                     if not alive:
                         errors.append(PartyFailure(_actor_death(
                             f"client shard {i} died and did not come back; nothing was released",
@@ -443,15 +445,17 @@ def _shortfall_message(round_id: int, mechanism: Mechanism, g: Guarantee, sender
             f"calibrated for that many; or find out why reports fail to open")
 
 
-def _wait_alive(actor, timeout: float = 120.0) -> tuple[bool, BaseException | None]:
-    """Block until a restarting actor answers again: (True, None), or (False, last error).
+def _wait_alive(actor, source, timeout: float = 120.0) -> tuple[bool, BaseException | None]:
+    """Block until a restarting shard answers again (reopening its records from ``source``):
+    (True, None), or (False, last error).
 
     A restart whose constructor raised (e.g. a shard that lost its secret) is final: no wait.
     """
     deadline, last = time.monotonic() + timeout, None
     while time.monotonic() < deadline:
         try:
-            ray.get(actor.num_clients.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            ray.get(actor.num_clients.remote(source),
+                    timeout=max(1.0, deadline - time.monotonic()))
             return True, None
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
             last = exc
