@@ -163,18 +163,17 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     assert ledger.spent()[0] == pytest.approx(res.guarantee.eps)
 
 
-def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(ray_session,
-                                                                               tmp_path):
+def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(
+        clean_shuffle_round, tmp_path):
     """Shard 0 dies after its first batch; Ray restarts it and it re-sends the round. The
     re-sent messages carry the same (sender, seq): the shuffler's admission drops the copies
     (the server would drop them by report id), and the release is the same as a round without
     the failure (same job id, seeded shard secrets and server noise)."""
-    cfg = _digits_cfg("privacy.eps=2.0")
-    _, _, _, _, (clean,) = _session_round(cfg, job_id="job-kill")
+    cfg, clean = clean_shuffle_round                     # conftest: the round without the fault
     from rknn_ray.job.session import Parties
     from tests.faulty_parties import crashing_shard
     parties = Parties(shards={0: crashing_shard(tmp_path / "died", after=1)})
-    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-kill", parties=parties)
+    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-clean", parties=parties)
     assert (tmp_path / "died").exists()                  # the fault really happened
     np.testing.assert_array_equal(hit.counts, clean.counts)
     assert hit.messages == clean.messages == 1079
