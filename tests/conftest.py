@@ -87,3 +87,14 @@ def digits_runs(ray_session, tmp_path_factory):
             args += ["--set", o]
         assert main(args) == 0, name
     return base
+
+
+@pytest.fixture(scope="session")
+def clean_shuffle_round(ray_session):
+    """(cfg, result): one seeded digits shuffle round (eps 2, job id job-clean) on real
+    actors, without a fault: the reference that test_protocol's killed-shard round and
+    test_shuffle_distributed's distributed round must release exactly (same job id, seeded
+    shard secrets and server noise), run once for both."""
+    from tests.test_protocol import _digits_cfg, _session_round
+    cfg = _digits_cfg("privacy.eps=2.0")
+    return cfg, _session_round(cfg, job_id="job-clean")[4][0]

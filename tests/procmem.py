@@ -70,14 +70,14 @@ def find_bytes(pid: int, *needles: bytes) -> tuple[list[list[int]], int]:
                                    "start Ray with a small object_store_memory to scan it")
             runs = touched_runs(pagemap, lo, hi) if private_anonymous(perms, name) else [(lo, hi)]
             for start, end in runs:
-                found_in, n_read = _scan(mem, start, end, needles, keep)
+                found_in, n_read = scan_range(mem, start, end, needles, keep)
                 for found, more in zip(hits, found_in):
                     found.extend(more)
                 scanned += n_read
     return hits, scanned
 
 
-def _scan(mem, lo: int, hi: int, needles, keep: int) -> tuple[list[list[int]], int]:
+def scan_range(mem, lo: int, hi: int, needles, keep: int) -> tuple[list[list[int]], int]:
     """Occurrences of each needle in ``lo..hi`` of the open /proc/PID/mem, and bytes read."""
     hits: list[list[int]] = [[] for _ in needles]
     tail, addr, scanned = b"", lo, 0

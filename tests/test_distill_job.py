@@ -158,10 +158,18 @@ def test_key_file_problems_are_caught_before_ray_starts(tmp_path, capsys):
 
 def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new_round(
         ray_session, tmp_path, monkeypatch, isolated_privacy_ledger):
-    """SIGINT during the student: the release is already saved and in the persistent ledger;
-    the folder says incomplete; --resume finishes it and spends nothing more."""
+    """SIGINT during the student: the release is already saved and in the persistent ledger
+    (saved before the ledger commits it); the folder says incomplete; --resume finishes it
+    and spends nothing more."""
     import rknn_ray.student
     from rknn_ray.accounting.budget_store import BudgetStore
+    on_disk_at_commit = []
+    real_commit = BudgetStore.commit_round
+
+    def spy(self, *args, **kwargs):
+        on_disk_at_commit.append((tmp_path / "cut" / "release.npz").exists())
+        return real_commit(self, *args, **kwargs)
+    monkeypatch.setattr(BudgetStore, "commit_round", spy)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -169,6 +177,7 @@ def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new
     monkeypatch.setattr(rknn_ray.student, "train_student_local", interrupted)   # FAST's trainer
     code, out = _run(tmp_path, "cut", "digits_central.yaml", "run.rng=seeded")
     assert code == 130
+    assert on_disk_at_commit == [True]
     marker = json.loads((out / "incomplete.json").read_text())
     assert marker["release_saved"] is True and "--resume" in marker["next_step"]
     assert not (out / "report.json").exists() and (out / "release.npz").exists()

@@ -183,23 +183,8 @@ def test_a_full_disk_at_the_release_counts_it_in_the_ledger_and_says_so(
     assert dataset["spent"]["eps"] == pytest.approx(1.0)
 
 
-def test_the_release_is_on_disk_before_the_ledger_commits_it(
-        ray_session, tmp_path, monkeypatch):
-    seen = []
-    real = BudgetStore.commit_round
-
-    def spy(self, identity, job_id, round_id, *a, **k):
-        seen.append((out / "release.npz").exists())
-        return real(self, identity, job_id, round_id, *a, **k)
-    monkeypatch.setattr(BudgetStore, "commit_round", spy)
-    import rknn_ray.student
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(rknn_ray.student, "train_student", interrupted)
-    out = tmp_path / "order"
-    assert main(_args("digits_central.yaml", out)) == 130
-    assert seen == [True]
+# the release is on disk before the ledger commits it: test_distill_job.py's
+# test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new_round
 
 
 def test_a_checkpoint_write_that_runs_out_of_space_leaves_no_truncated_file(
@@ -438,12 +423,21 @@ def test_small_ones_missing_data_fix_and_the_reject_names(tmp_path, capsys):
 
 
 SIGTERM_IN_RAY_GET = """
-import os, sys, time
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+import time
 import ray
 from jobs import signals
-ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+from rknn_ray.job.ray_env import ensure_ray
+ensure_ray(num_cpus=1)                 # a local instance, started as the job starts it
 signals.install()                      # after ray.init, as the job does
+
+@ray.remote(num_cpus=0)
+def resolve():
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+    return canonicalize_bootstrap_address_or_die(None)
+
+print("OWN", ray.get_runtime_context().gcs_address, flush=True)
+print("RESOLVED", ray.get(resolve.remote()), flush=True)
+
 @ray.remote
 def nap():
     time.sleep(60)
@@ -457,15 +451,27 @@ ray.shutdown()
 """
 
 
-def test_a_sigterm_inside_ray_get_is_still_named_sigterm():
+def test_a_sigterm_inside_ray_get_is_still_named_sigterm_and_workers_find_their_own_ray(
+        ray_session):
     """Ray's blocking get turns the exception our handler raises into a bare
     KeyboardInterrupt; the job must still say SIGTERM (and exit 143), not SIGINT (the
-    full-job probe caught it as 'interrupted by SIGINT' once)."""
+    full-job probe caught it as 'interrupted by SIGINT' once).
+
+    The same process (a job's local Ray, started beside this session's instance) shows that
+    its workers name their own cluster: Ray Train's PlacementGroupCleaner looks its
+    controller up through the State API without an address, and with a second instance on
+    the machine it died on "Found multiple active Ray instances" (a CI failure)."""
+    assert ray_session.is_initialized()          # the other instance: this test session's
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.Popen([sys.executable, "-c", SIGTERM_IN_RAY_GET], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        assert proc.stdout.readline().strip() == "blocked"
+        own, resolved, blocked = (proc.stdout.readline().split() for _ in range(3))
+        assert own[0] == "OWN" and resolved == ["RESOLVED", own[1]], (own, resolved)
+        assert own[1] != ray_session.get_runtime_context().gcs_address
+        assert blocked == ["blocked"]
         time.sleep(1.0)                   # inside ray.get by now
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)

@@ -108,14 +108,25 @@ def _session_round(cfg, job_id="job-fixed", rounds=1, parties=None, ledger=None,
     return data, enc, qs, ledger, results
 
 
-def test_the_release_is_left_out_of_every_round_timing(ray_session):
+CENTRAL = ("privacy.model=central", "privacy.mechanism=laplace", "privacy.delta=0")
+
+
+@pytest.fixture(scope="module")
+def central_two_rounds(ray_session):
+    """Two central rounds on one session (job-fixed), run once for the tests that read them:
+    (data, ledger, results, progress)."""
+    from rknn_ray.job.progress import Progress
+    progress = Progress(False)
+    data, _, _, ledger, results = _session_round(_digits_cfg(*CENTRAL), rounds=2,
+                                                 progress=progress)
+    return data, ledger, results, progress
+
+
+def test_the_release_is_left_out_of_every_round_timing(central_two_rounds):
     """Issue 21: the Server's finish (the exact noise draw, whose run time grows with the
     noise) runs in an untimed span of the round's stage, so report.json's round_N and the
     console exclude it, and no per-round timing names it."""
-    from rknn_ray.job.progress import Progress
-    progress = Progress(False)
-    cfg = _digits_cfg("privacy.model=central", "privacy.mechanism=laplace", "privacy.delta=0")
-    _, _, _, _, results = _session_round(cfg, rounds=2, progress=progress)
+    _, _, results, progress = central_two_rounds
     assert progress.untimed_spans == {"round_0": ["release"], "round_1": ["release"]}
     assert {"round_0", "round_1"} <= set(progress.timings)
     for res in results:
@@ -152,18 +163,17 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     assert ledger.spent()[0] == pytest.approx(res.guarantee.eps)
 
 
-def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(ray_session,
-                                                                               tmp_path):
+def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(
+        clean_shuffle_round, tmp_path):
     """Shard 0 dies after its first batch; Ray restarts it and it re-sends the round. The
     re-sent messages carry the same (sender, seq): the shuffler's admission drops the copies
     (the server would drop them by report id), and the release is the same as a round without
     the failure (same job id, seeded shard secrets and server noise)."""
-    cfg = _digits_cfg("privacy.eps=2.0")
-    _, _, _, _, (clean,) = _session_round(cfg, job_id="job-kill")
+    cfg, clean = clean_shuffle_round                     # conftest: the round without the fault
     from rknn_ray.job.session import Parties
     from tests.faulty_parties import crashing_shard
     parties = Parties(shards={0: crashing_shard(tmp_path / "died", after=1)})
-    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-kill", parties=parties)
+    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-clean", parties=parties)
     assert (tmp_path / "died").exists()                  # the fault really happened
     np.testing.assert_array_equal(hit.counts, clean.counts)
     assert hit.messages == clean.messages == 1079
@@ -173,9 +183,8 @@ def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(
     assert len(ledger.to_dict()["entries"]) == 1
 
 
-def test_two_rounds_on_one_session_reuse_actors_and_ids_never_collide(ray_session):
-    cfg = _digits_cfg("privacy.model=central", "privacy.mechanism=laplace", "privacy.delta=0")
-    data, _, _, ledger, results = _session_round(cfg, rounds=2)
+def test_two_rounds_on_one_session_reuse_actors_and_ids_never_collide(central_two_rounds):
+    data, ledger, results, _ = central_two_rounds
     n = data.num_clients
     assert [r.messages for r in results] == [n, n]       # no report of round 1 is a "replay"
     assert all(r.rejected["replayed"] == 0 for r in results)
@@ -183,19 +192,20 @@ def test_two_rounds_on_one_session_reuse_actors_and_ids_never_collide(ray_sessio
 
 
 @pytest.mark.parametrize("model,mechanism", [("central", "laplace")])
-def test_a_flooding_client_moves_the_release_by_at_most_its_allowance(ray_session, model,
+def test_a_flooding_client_moves_the_release_by_at_most_its_allowance(central_two_rounds, model,
                                                                        mechanism):
     """The issue's attack on real actors: one client of shard 1 sends 1,000 validly signed
-    reports. Same seeds as a clean round: the central noise is the same draw, so the
-    release differs from the clean one by that client's own contribution at most. (The
-    shuffle model's admission is the same code, exercised by tests/test_hostile_streams.py.)"""
-    extra = ["privacy.delta=0"] if model == "central" else []
-    cfg = _digits_cfg(f"privacy.model={model}", f"privacy.mechanism={mechanism}", *extra)
-    _, _, _, _, (clean,) = _session_round(cfg, job_id="job-flood")
+    reports. Same seeds as a clean round (the first of the shared two-round session, same
+    job id): the central noise is the same draw, so the release differs from the clean one
+    by that client's own contribution at most. (The shuffle model's admission is the same
+    code, exercised by tests/test_hostile_streams.py.)"""
+    cfg = _digits_cfg(f"privacy.model={model}", f"privacy.mechanism={mechanism}",
+                      "privacy.delta=0")
+    assert (model, mechanism) == ("central", "laplace")   # the clean round is CENTRAL's
+    clean = central_two_rounds[2][0]
     from rknn_ray.job.session import Parties
     from tests.faulty_parties import flooding_shard
-    _, _, _, _, (hit,) = _session_round(cfg, job_id="job-flood",
-                                        parties=Parties(shards={1: flooding_shard(1000)}))
+    _, _, _, _, (hit,) = _session_round(cfg, parties=Parties(shards={1: flooding_shard(1000)}))
     assert hit.rejected["over_limit"] == 999 and hit.rejected["duplicate_message"] == 1
     assert hit.messages == clean.messages == hit.clients
     assert hit.authenticated_senders == clean.authenticated_senders == hit.clients

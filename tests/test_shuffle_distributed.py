@@ -167,13 +167,13 @@ def test_shuffler_actor_hands_over_in_windows(ray_session, distributed):
         ray.kill(a)
 
 
-def test_protocol_round_distributed_equals_in_process(ray_session):
-    """Same job, seeded secrets and server noise: the distributed path releases the same counts."""
-    from tests.test_protocol import _digits_cfg, _session_round
-    cfg = _digits_cfg("privacy.eps=2.0")
-    _, _, _, _, (local,) = _session_round(cfg, job_id="job-dist")
+def test_protocol_round_distributed_equals_in_process(clean_shuffle_round):
+    """Same job, seeded secrets and server noise: the distributed path releases the same counts
+    as the in-process one (conftest's clean round)."""
+    from tests.test_protocol import _session_round
+    cfg, local = clean_shuffle_round
     cfg_d = cfg.with_overrides(["shuffle.distributed_above=100"])
-    _, _, _, _, (dist,) = _session_round(cfg_d, job_id="job-dist")
+    _, _, _, _, (dist,) = _session_round(cfg_d, job_id="job-clean")
     assert dist.shuffler["hops"][0]["mode"] == "distributed"
     assert "mode" not in local.shuffler["hops"][0]
     assert dist.shuffler["senders"] == local.shuffler["senders"] == 1079
