@@ -8,9 +8,12 @@ import pytest  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def isolated_privacy_ledger(tmp_path, monkeypatch):
-    """Every test gets its own persistent privacy ledger (never the user's)."""
+    """Every test gets its own persistent privacy ledger (never the user's), and its own
+    encoder cache: a SimCLR encoder cached by an earlier run (or by the user) would make a
+    training test pass without training."""
     path = tmp_path / "privacy-ledger.sqlite"
     monkeypatch.setenv("RKNN_RAY_LEDGER", str(path))
+    monkeypatch.setenv("RKNN_RAY_CACHE", str(tmp_path / "rknn-ray-cache"))
     return path
 
 
