@@ -147,7 +147,7 @@ def test_local_ray_env_sets_defaults_and_respects_the_user(monkeypatch):
 
 
 def test_forwarded_cleaner_traceback_of_a_shared_host_is_dropped_other_lines_kept():
-    from rknn_ray.student.train import _without_noise
+    from rknn_ray.training.logs import _without_noise
     got = []
     emit = _without_noise(got.append)
     tb = ["Exception in thread PlacementGroupCleanerMonitor:", "Traceback (most recent call last):",
