@@ -153,6 +153,37 @@ def join_abandoned_fits(timeout: float = 30.0) -> bool:
     return True
 
 
+#: seconds an interrupted run gets to end (its controller killed) before it is left behind
+FIT_STOP_WAIT = 15.0
+
+
+def _stop_fit(thread, done, wait: float | None = None) -> bool:
+    """End an interrupted ``fit()`` on its helper thread; True when it ended.
+
+    Ray Train ends a run on SIGINT itself only when ``fit()`` runs on the main thread. Ours
+    runs on a helper thread blocked in ``ray.get(controller.run.remote())``; left there, it
+    is still inside Ray's native code when the job shuts Ray down, and the process can crash
+    (SIGSEGV, not the job's 130/143: 3 of 5 SIGINT probes here). So the run's controller
+    actor, found in that thread's frames, is killed: the blocked get raises, the thread ends
+    while Ray is up, and the controller's training workers die with their owner. A run
+    interrupted before its controller exists is left to :func:`join_abandoned_fits`."""
+    import ray
+    controller, frame = None, sys._current_frames().get(thread.ident)
+    while frame is not None and controller is None:
+        if frame.f_code.co_name == "_initialize_and_run_controller":
+            controller = frame.f_locals.get("controller")
+        frame = frame.f_back
+    if controller is not None:
+        try:
+            ray.kill(controller)
+        except Exception:  # noqa: BLE001 - already dead, or Ray going down: the wait decides
+            pass
+    if done.wait(FIT_STOP_WAIT if wait is None else wait):
+        return True
+    ABANDONED_FITS.append(done)               # still inside fit(): see join_abandoned_fits
+    return False
+
+
 def fit_off_main_thread(trainer):
     """``trainer.fit()`` in a helper thread, the main thread waiting on it.
 
@@ -179,7 +210,7 @@ def fit_off_main_thread(trainer):
         while not done.wait(0.2):             # short waits: signals run between them
             pass
     except BaseException:
-        ABANDONED_FITS.append(done)           # still inside fit(): see join_abandoned_fits
+        _stop_fit(thread, done)               # end the run while Ray is still up
         raise
     if "error" in box:
         raise box["error"]
