@@ -65,7 +65,7 @@ def run(epochs: int = 15) -> dict:
                                   SemiConfig(epochs=max(2, epochs // 3), trainer="local", seed=0,
                                              use_gpu=dev == "cuda", flip=False), encoder=enc)
         results[dev].update(semi_accuracy=semi.test_accuracy, semi_device=semi.device,
-                            semi_first_loss=_first_loss(semi.history))
+                            semi_first_loss=semi.history[0]["train_loss"])
     out["runs"] = results
     out["accuracy_gap"] = abs(results["cpu"]["test_accuracy"] - results["cuda"]["test_accuracy"])
     out["first_epoch_loss_gap"] = abs(results["cpu"]["first_epoch_loss"]
@@ -81,11 +81,6 @@ def run(epochs: int = 15) -> dict:
                          and out["semi_accuracy_gap"] <= 0.03 and out["semi_first_loss_gap"] < 0.1)
     return out
 
-
-def _first_loss(history: list) -> float:
-    """The first epoch's training loss, whatever the loop calls it."""
-    row = history[0]
-    return float(next(v for k, v in row.items() if "loss" in k))
 
 
 def main(argv=None) -> int:
