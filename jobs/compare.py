@@ -128,8 +128,9 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
 
 # ----------------------------------------------------------------------------- baselines
 
-def run_baseline(method: str, setup, eps: float, delta: float):
-    """One baseline at one eps; returns its BaselineResult."""
+def run_baseline(method: str, setup, eps: float, delta: float, ledger=None):
+    """One baseline at one eps, recorded in ``ledger`` (default: its own, in memory);
+    returns its BaselineResult."""
     from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
     shards = NFDP_SHARDS.get(setup.data.dataset, 2)
     if method in ("fedmd_nfdp", "fedmd_nfdp_wor"):
@@ -137,48 +138,34 @@ def run_baseline(method: str, setup, eps: float, delta: float):
         from rknn_ray.job.ray_env import ensure_ray
         ensure_ray()                      # a no-op inside the comparison, which started it
         return nfdp.run_nfdp(setup, eps, replacement=method == "fedmd_nfdp", hosts=RayParties,
-                             shards=shards)
+                             shards=shards, ledger=ledger)
     if method == "dpdfd_selective_rr":
-        return dpdfd.run_dpdfd(setup, eps)
+        return dpdfd.run_dpdfd(setup, eps, ledger=ledger)
     if method == "pate_lnmax":
-        return pate.run_pate(setup, eps, delta, aggregator="lnmax")
+        return pate.run_pate(setup, eps, delta, aggregator="lnmax", ledger=ledger)
     if method == "pate_gnmax":
-        return pate.run_pate(setup, eps, delta, aggregator="gnmax", data_dependent=True)
+        return pate.run_pate(setup, eps, delta, aggregator="gnmax", data_dependent=True,
+                             ledger=ledger)
     if method == "private_knn":
-        return private_knn.run_private_knn(setup, eps, delta)
+        return private_knn.run_private_knn(setup, eps, delta, ledger=ledger)
     if method == "dpsgd_head":
-        return dpsgd.run_dpsgd(setup, eps, delta)
+        return dpsgd.run_dpsgd(setup, eps, delta, ledger=ledger)
     raise ValueError(f"unknown baseline {method!r}")
 
 
-def composed_spend(entries: list) -> tuple[float, float]:
-    """(eps, delta) of a result's ledger entries: the basic accountant's composition of
-    their events (rebuilt, under the choices recorded beside each), never a hand sum."""
-    from rknn_ray.accounting.accountants import Costing, get_accountant
-    from rknn_ray.accounting.events import costed_from_dict
-    events = []
-    for e in entries:
-        event, legacy = costed_from_dict(e["event"])
-        events.append((event, Costing.from_dict({**legacy, **(e.get("accounting") or {})})))
-    return get_accountant("basic").compose(events)
-
-
-def record_in_store(store, setup, result, job_id: str) -> None:
-    """Every release of a baseline into the compare's persistent ledger (its own budget line
-    per method: the units and neighbour relations of different methods do not compose)."""
+def baseline_ledger(store, setup, method: str, target_eps: float, delta: float, job_id: str):
+    """The ledger a baseline records into: a view over its own rows in the compare's
+    persistent store (one write per release; a budget line per method: the units and
+    neighbour relations of different methods do not compose), reserved for the target
+    before the baseline touches private data."""
+    from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.source_identity import private_data_digest
     sp = setup.splits
     identity, described = private_data_digest(setup.cfg, sp.private_x, sp.private_y,
                                               setup.data.client_ids)
-    ident = f"{identity}/{result.method}"
-    entries = result.ledger.get("entries", [])
-    total_eps, total_delta = composed_spend(entries)
-    store.reserve(ident, f"{described} [{result.method}, {result.unit}-level]", job_id, total_eps,
-                  total_delta, (1e9, 1.0))
-    for e in entries:
-        store.commit_round(ident, job_id, e["round"], e["eps"], e["delta"], e["event"],
-                           accounting=e.get("accounting"))
-    store.close_job(ident, job_id, f"compare: {result.method} at target eps {result.target_eps}")
+    ident = f"{identity}/{method}"
+    store.reserve(ident, f"{described} [{method}]", job_id, target_eps, delta, (1e9, 1.0))
+    return PrivacyLedger(store=store, identity=ident, job_id=job_id)
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -274,9 +261,15 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                                                  + ([f"queries.s={baseline_s}"]
                                                     if baseline_s else []))))
                 meta["baseline_queries"] = int(setup[0].queries.size)
-            res = run_baseline(method, setup[0], eps, delta)
-            record_in_store(BudgetStore(runner.ledger_path), setup[0], res,
-                            f"compare-{uuid.uuid4().hex[:12]}")
+            store, job_id = BudgetStore(runner.ledger_path), f"compare-{uuid.uuid4().hex[:12]}"
+            ledger = baseline_ledger(store, setup[0], method, eps, delta, job_id)
+            try:
+                res = run_baseline(method, setup[0], eps, delta, ledger)
+            except BaseException:
+                # a release may have happened before the failure: the reservation stays counted
+                store.mark_failed(ledger.identity, job_id, f"compare: {method} failed")
+                raise
+            store.close_job(ledger.identity, job_id, f"compare: {method} at target eps {eps:g}")
             ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
             return {**res.row(), "model": res.ledger["entries"][0]["model"],
                     "ledger_events": len(res.ledger["entries"])}

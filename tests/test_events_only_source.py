@@ -4,7 +4,7 @@ The store rebuilds every release's event and costs it with the accountant under 
 choices recorded beside it: an event it cannot rebuild is an error naming the type and
 the fix (never a generic stand-in), a commit whose numbers are not the accountant's cost
 of its event is refused, the bound of a legacy shuffle event is read as the accountant's
-choice, and jobs.compare's totals are the accountant's composition of the events.
+choice, and jobs.compare's baselines write each release once, into the compare's store.
 """
 import json
 import sqlite3
@@ -98,20 +98,30 @@ def test_every_baseline_release_survives_the_store_at_its_accountant_cost(tmp_pa
     assert store.composed("ds", "basic", target_delta=0.5) == cost
 
 
-def test_compare_totals_are_the_accountants_composition():
-    """jobs.compare records a method's releases at the accountant's composition of their
-    events: the stated eps in an entry is never summed by hand."""
-    from jobs.compare import composed_spend
+def test_a_baseline_records_each_release_once_into_the_compares_store(tmp_path):
+    """jobs.compare hands each baseline a ledger that is a view over its reservation in the
+    compare's store: each release is written there once (no copy from a ledger of its own)
+    and the totals are the accountant's composition of the events, not a hand sum."""
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.baselines.common import record
+    store = BudgetStore(str(tmp_path / "compare.sqlite"))
+    store.reserve("ds/pate_gnmax", "digits [pate_gnmax]", "compare-1", 2.0, 1e-5, (1e9, 1.0))
+    ledger = PrivacyLedger(store=store, identity="ds/pate_gnmax", job_id="compare-1")
     a, b = BASELINE_RELEASES["pate_gnmax"], BASELINE_RELEASES["nfdp"]
-    entries = [{"round": 0, "eps": 123.0, "delta": 0.0, "event": event_to_dict(a[0]),
-                "accounting": a[1].to_dict()},
-               {"round": 1, "eps": 456.0, "delta": 0.0, "event": event_to_dict(b[0]),
-                "accounting": b[1].to_dict()}]
+    for i, (event, costing) in enumerate((a, b)):
+        record(ledger, event, costing, "central", "gnmax", "record", "add/remove", "test",
+               round_id=i)
+    store.close_job("ds/pate_gnmax", "compare-1", "done")
     ca, cb = event_cost(*a), event_cost(*b)
-    assert composed_spend(entries) == pytest.approx((ca[0] + cb[0], ca[1] + cb[1]), rel=1e-12)
-    with pytest.raises(UnrebuildableEventError, match="PateDpEvent"):
-        composed_spend([{"round": 0, "eps": 1.0, "delta": 0.0,
-                         "event": {"type": "PateDpEvent", "eps": 1.0, "delta": 0.0}}])
+    with sqlite3.connect(store.path) as con:
+        rows = con.execute("SELECT round, eps, event FROM releases WHERE status = 'released' "
+                           "ORDER BY id").fetchall()
+    assert [(r, e) for r, e, _ in rows] == [(0, ca[0]), (1, cb[0])]
+    assert [json.loads(ev)["type"] for _, _, ev in rows] == [a[0].__class__.__name__,
+                                                              b[0].__class__.__name__]
+    assert ledger.spent() == pytest.approx((ca[0] + cb[0], ca[1] + cb[1]), rel=1e-12)
+    assert store.composed("ds/pate_gnmax", "basic", target_delta=0.5) == pytest.approx(
+        (ca[0] + cb[0], ca[1] + cb[1]), rel=1e-12)
 
 
 def test_the_runs_ledger_is_a_view_over_one_store():
