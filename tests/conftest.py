@@ -5,6 +5,21 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import pytest  # noqa: E402
 
+from tests.parallel import longest_first, make_scheduler  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    longest_first(items)
+
+
+@pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist (the test extra installs it)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``-n N`` (``--dist load``, xdist's default): one unit per module or
+    shared-fixture group, longest first (tests/parallel.py). Other ``--dist`` modes as asked."""
+    if config.getoption("dist") != "load":
+        return None
+    return make_scheduler(config, log)
+
 
 @pytest.fixture(autouse=True)
 def isolated_privacy_ledger(tmp_path, monkeypatch):

@@ -1,0 +1,37 @@
+"""The suite's split over xdist workers (tests/parallel.py): shared session fixtures stay on
+one worker, the order is longest first and otherwise as collected."""
+import glob
+import os
+import re
+from types import SimpleNamespace
+
+from tests.parallel import LONGEST_FIRST, SHARED_FIXTURE_UNITS, longest_first, unit_of
+
+TESTS = os.path.dirname(__file__)
+
+
+def test_every_module_reading_a_shared_session_fixture_is_in_that_fixtures_unit():
+    """A module that reads digits_runs or clean_shuffle_round on a worker of its own would run
+    that fixture (a whole job, a whole protocol round) a second time."""
+    for fixture in ("digits_runs", "clean_shuffle_round"):
+        readers = {os.path.basename(p) for p in glob.glob(os.path.join(TESTS, "test_*.py"))
+                   if re.search(rf"def test_\w+\([^)]*\b{fixture}\b", open(p).read())}
+        assert readers, fixture
+        assert {m: unit_of(f"tests/{m}::t") for m in readers} == {m: fixture for m in readers}
+
+
+def test_units_are_modules_or_groups_and_the_order_is_longest_first_then_as_collected():
+    assert unit_of("tests/test_config.py::test_x[a::b]") == "test_config.py"
+    assert unit_of("tests/test_budget.py::test_y") == "digits_runs"
+    assert all(os.path.exists(os.path.join(TESTS, m)) for m in SHARED_FIXTURE_UNITS)
+    assert all(u in SHARED_FIXTURE_UNITS.values() or os.path.exists(os.path.join(TESTS, u))
+               for u in LONGEST_FIRST)
+    ids = ["tests/test_config.py::a", "tests/test_edge_probes.py::b", "tests/test_noise.py::c",
+           "tests/test_protocol.py::d", "tests/test_config.py::e", "tests/test_budget.py::f",
+           "tests/test_shuffle_distributed.py::g"]
+    items = [SimpleNamespace(nodeid=i) for i in ids]
+    longest_first(items)
+    assert [i.nodeid[6:] for i in items] == [
+        "test_protocol.py::d", "test_shuffle_distributed.py::g",   # clean_shuffle_round
+        "test_edge_probes.py::b", "test_budget.py::f",               # then digits_runs
+        "test_config.py::a", "test_noise.py::c", "test_config.py::e"]  # the rest as collected
