@@ -17,3 +17,6 @@ def test_scale_run_reports_the_floor_parts_it_sums():
     assert set(res["floor_parts"]) == set(PARTS)
     assert abs(res["crypto_floor_s"] - sum(res["floor_parts"].values())) < 1e-9
     assert res["messages"] == 3000 and sum(res["rejected"].values()) == 0
+    # the memory sampler's own cost is reported beside the peak it measured
+    assert res["peak_rss_mb"] > 0 and res["memory_sample_period_s"] == 2.0
+    assert res["memory_sampler_cpu_s"] >= 0
