@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import ray
 
-from rknn_ray.client_step import RoundSpec, client_step
+from rknn_ray.client_step import RoundSpec, client_pieces, client_step, tail_pieces
 
 
 def _restarted() -> bool:
@@ -78,11 +79,23 @@ class ClientShardImpl:
         return int(self._records(source).max_records_per_client)
 
     def stream_reports(self, spec: RoundSpec, batch_clients: int, source=None):
-        """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order."""
+        """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order;
+        the last batch in pieces (:func:`~rknn_ray.client_step.tail_pieces`), so the server
+        opens most of it while the rest is sealed."""
         records = self._records(source)
         self.timings = {}           # this round's stage CPU only (get_timings after the round)
-        for b, (x, y, ids) in enumerate(records.batches(batch_clients)):
-            yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
+        batches = records.batches(batch_clients)
+        nxt = next(batches, None)
+        b = 0
+        while nxt is not None:
+            (x, y, ids), nxt = nxt, next(batches, None)
+            if nxt is not None:
+                yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
+            else:
+                yield from client_pieces(spec, self._secret, b, x, y, ids,
+                                         tail_pieces(np.unique(ids).size), self.timings,
+                                         self._credential)
+            b += 1
 
     def get_timings(self) -> dict:
         return dict(self.timings)

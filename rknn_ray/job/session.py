@@ -48,7 +48,7 @@ from actors.server import ServerImpl
 from actors.shuffler import ShufflerImpl
 from rknn_ray.job.placement import check_placement_feasible, party_options, placement_of
 from rknn_ray.job.progress import PolledBar, bar_for
-from rknn_ray.client_step import RoundSpec, sealed_width
+from rknn_ray.client_step import RoundSpec, piece_clients, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
 from rknn_ray.rng import derived_key
@@ -348,6 +348,7 @@ class ProtocolSession:
             if is_shuffler else None
 
         def pump(i: int, shard) -> None:
+            sizes = piece_clients(self.shard_clients[i], int(cl.batch_clients))
             for attempt in range(SHARD_RETRIES + 1):
                 try:
                     gen = shard.stream_reports.options(
@@ -361,8 +362,7 @@ class ProtocolSession:
                         sent += 1
                         if attempt == 0:      # a re-sent round is not new progress
                             with lock:
-                                sealed.update(min(int(cl.batch_clients),
-                                                  self.shard_clients[i] - (sent - 1) * int(cl.batch_clients)))
+                                sealed.update(sizes[sent - 1] if sent <= len(sizes) else 0)
                                 if pooled is not None:
                                     pooled.update(int(rows or 0))
                     return
