@@ -100,6 +100,11 @@ class ClientShardImpl:
     def get_timings(self) -> dict:
         return dict(self.timings)
 
+    def round_info(self) -> dict:
+        """This round's stage CPU and the Ray node this incarnation runs on, in one call
+        (a restarted shard may run on another node, so the node is asked every round)."""
+        return {"timings": dict(self.timings), "node": ray.get_runtime_context().get_node_id()}
+
     def forget_secret(self) -> bool:
         """Delete this shard's stored secret (the job's rounds are over); True if one was."""
         return self._secrets.forget(self.shard_id)
