@@ -6,10 +6,10 @@ over by reference through the object store) and never sends them anywhere. It al
 makes its own secret (:mod:`rknn_ray.shard_secrets`): Ray is handed only where to keep
 it (a node-local, owner-only key store and the job id), so the secret never crosses the
 driver, the GCS or the object store; Ray keeps only those public names for restarts. For
-a round it streams one sealed Arrow batch per ``batch_clients`` clients
-(:func:`rknn_ray.client_step.client_step`) as a Ray streaming generator, so the driver
-forwards batches while the shard is still sealing and memory is bounded by the
-generator's backpressure window.
+a round it streams one sealed Arrow batch per ``batch_clients`` clients, the last one in
+pieces (:func:`rknn_ray.client_step.client_step`, ``client_pieces``) as a Ray streaming
+generator, so the driver forwards batches while the shard is still sealing and memory is
+bounded by the generator's backpressure window.
 
 Retries never re-randomize: batch ``b`` of round ``t`` draws its randomness and its
 report ids from the shard's secret and ``(job, t, b)``; a restarted shard reads the same
