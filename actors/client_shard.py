@@ -6,10 +6,10 @@ over by reference through the object store) and never sends them anywhere. It al
 makes its own secret (:mod:`rknn_ray.shard_secrets`): Ray is handed only where to keep
 it (a node-local, owner-only key store and the job id), so the secret never crosses the
 driver, the GCS or the object store; Ray keeps only those public names for restarts. For
-a round it streams one sealed Arrow batch per ``batch_clients`` clients
-(:func:`rknn_ray.client_step.client_step`) as a Ray streaming generator, so the driver
-forwards batches while the shard is still sealing and memory is bounded by the
-generator's backpressure window.
+a round it streams one sealed Arrow batch per ``batch_clients`` clients, the last one in
+pieces (:func:`rknn_ray.client_step.client_step`, ``client_pieces``) as a Ray streaming
+generator, so the driver forwards batches while the shard is still sealing and memory is
+bounded by the generator's backpressure window.
 
 Retries never re-randomize: batch ``b`` of round ``t`` draws its randomness and its
 report ids from the shard's secret and ``(job, t, b)``; a restarted shard reads the same
@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import ray
 
-from rknn_ray.client_step import RoundSpec, client_step
+from rknn_ray.client_step import RoundSpec, client_pieces, client_step, tail_pieces
 
 
 def _restarted() -> bool:
@@ -78,14 +79,31 @@ class ClientShardImpl:
         return int(self._records(source).max_records_per_client)
 
     def stream_reports(self, spec: RoundSpec, batch_clients: int, source=None):
-        """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order."""
+        """Yield the round's sealed batches, one per ``batch_clients`` clients, in a fixed order;
+        the last batch in pieces (:func:`~rknn_ray.client_step.tail_pieces`), so the server
+        opens most of it while the rest is sealed."""
         records = self._records(source)
         self.timings = {}           # this round's stage CPU only (get_timings after the round)
-        for b, (x, y, ids) in enumerate(records.batches(batch_clients)):
-            yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
+        batches = records.batches(batch_clients)
+        nxt = next(batches, None)
+        b = 0
+        while nxt is not None:
+            (x, y, ids), nxt = nxt, next(batches, None)
+            if nxt is not None:
+                yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
+            else:
+                yield from client_pieces(spec, self._secret, b, x, y, ids,
+                                         tail_pieces(np.unique(ids).size), self.timings,
+                                         self._credential)
+            b += 1
 
     def get_timings(self) -> dict:
         return dict(self.timings)
+
+    def round_info(self) -> dict:
+        """This round's stage CPU and the Ray node this incarnation runs on, in one call
+        (a restarted shard may run on another node, so the node is asked every round)."""
+        return {"timings": dict(self.timings), "node": ray.get_runtime_context().get_node_id()}
 
     def forget_secret(self) -> bool:
         """Delete this shard's stored secret (the job's rounds are over); True if one was."""

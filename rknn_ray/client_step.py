@@ -72,6 +72,62 @@ def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.n
     With a ``credential`` (the shard's :class:`sealing.credentials.ShardCredential`) every
     message also carries its ``seq`` and ``tag`` columns.
     """
+    msgs, report_ids = client_messages(spec, secret, batch_index, features, labels, client_ids,
+                                       timings)
+    return seal_messages(spec, msgs, report_ids, timings, credential)
+
+
+def client_pieces(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
+                  labels: np.ndarray, client_ids: np.ndarray, pieces: int,
+                  timings: dict | None = None, credential=None):
+    """:func:`client_step`'s reports in ``pieces`` Arrow batches, each sealed and yielded
+    as soon as it is done, so the next party starts on the first while the rest is sealed.
+
+    The batch is randomized as one (the same randomness and report ids as
+    :func:`client_step`); pieces cut at client boundaries, so every sender's messages
+    (and sequence numbers) stay in one piece.
+    """
+    msgs, report_ids = client_messages(spec, secret, batch_index, features, labels, client_ids,
+                                       timings)
+    for lo, hi in piece_bounds(np.unique(client_ids), pieces):
+        keep = (msgs.senders >= lo) & (msgs.senders < hi)
+        yield seal_messages(spec, MessageBatch(msgs.payloads[keep], msgs.senders[keep]),
+                            report_ids[keep], timings, credential)
+
+
+def piece_bounds(ids: np.ndarray, pieces: int) -> list[tuple[int, int]]:
+    """[lo, hi) client-id ranges cutting the sorted ``ids`` into ``pieces`` near-equal parts
+    (the first starts at -inf and the last ends at +inf: no sender falls outside)."""
+    parts = [p for p in np.array_split(ids, max(1, min(int(pieces), ids.size))) if p.size]
+    if not parts:
+        return [(-(1 << 62), 1 << 62)]
+    cuts = [int(p[0]) for p in parts[1:]]
+    return list(zip([-(1 << 62)] + cuts, cuts + [1 << 62]))
+
+
+TAIL_PIECES, PIECE_CLIENTS = 8, 256     # a shard's last batch: up to 8 pieces of >= ~256 clients
+
+
+def tail_pieces(clients: int) -> int:
+    """Pieces a shard's last batch of ``clients`` is sealed in: what is sealed after the last
+    piece goes out is what the server opens alone, so that tail is kept short."""
+    return max(1, min(TAIL_PIECES, -(-int(clients) // PIECE_CLIENTS)))
+
+
+def piece_clients(num_clients: int, batch_clients: int) -> list[int]:
+    """Clients in each item a shard streams (``ClientShardImpl.stream_reports``): its batches
+    of ``batch_clients``, the last one in :func:`tail_pieces` pieces (the driver's progress)."""
+    sizes = [min(batch_clients, num_clients - lo) for lo in range(0, num_clients, batch_clients)]
+    if not sizes:
+        return []
+    last = sizes.pop()
+    return sizes + [int(p.size) for p in np.array_split(np.arange(last), tail_pieces(last))
+                    if p.size]
+
+
+def client_messages(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
+                    labels: np.ndarray, client_ids: np.ndarray, timings: dict | None = None):
+    """The batch's randomized messages and their report ids, not yet sealed."""
     t0 = time.thread_time()       # CPU of this thread: other load does not inflate it
     emb = spec.encoder.transform(features)
     answers = build_answers(emb, labels, client_ids, spec.query_features, spec.k, spec.num_classes)
@@ -85,19 +141,26 @@ def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.n
         keep = ~np.isin(msgs.senders, gone)
         msgs = MessageBatch(msgs.payloads[keep], msgs.senders[keep])
     report_ids = report_ids_from_key(batch_key(secret, ctx, batch_index, "report-id"), len(msgs))
+    if timings is not None:
+        for name, took in (("embed_rknn", t1 - t0), ("randomize", time.thread_time() - t1)):
+            timings[name] = timings.get(name, 0.0) + took
+    return msgs, report_ids
+
+
+def seal_messages(spec: RoundSpec, msgs: MessageBatch, report_ids: np.ndarray,
+                  timings: dict | None = None, credential=None) -> pa.RecordBatch:
+    """Seal (and sign, with a ``credential``) messages into one Arrow batch."""
     t2 = time.thread_time()
     if spec.hop_public_keys:
-        sealed = seal_onion(spec.server_public_key, list(spec.hop_public_keys), msgs.payloads, ctx,
+        sealed = seal_onion(spec.server_public_key, list(spec.hop_public_keys), msgs.payloads, spec.ctx,
                             spec.pad_to, report_ids=report_ids)
     else:
-        sealed = seal_batch(spec.server_public_key, msgs.payloads, ctx, spec.pad_to,
+        sealed = seal_batch(spec.server_public_key, msgs.payloads, spec.ctx, spec.pad_to,
                             report_ids=report_ids)
     out = to_arrow(sealed, msgs.senders)
     if credential is not None:
-        seqs, tags = credential.sign(ctx, msgs.senders, sealed)
+        seqs, tags = credential.sign(spec.ctx, msgs.senders, sealed)
         out = with_credentials(out, seqs, tags)
     if timings is not None:
-        for name, took in (("embed_rknn", t1 - t0), ("randomize", t2 - t1),
-                           ("seal", time.thread_time() - t2)):
-            timings[name] = timings.get(name, 0.0) + took
+        timings["seal"] = timings.get("seal", 0.0) + time.thread_time() - t2
     return out

@@ -19,6 +19,7 @@ tests/test_accountants.py.
 """
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -141,6 +142,13 @@ def _library_event(event) -> bool:
     return isinstance(event, (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent))
 
 
+@functools.lru_cache(maxsize=1024)
+def _amplified(bound, eps0: float, n: int, delta: float) -> float:
+    """``bound.central_eps`` once per (bound, eps0, n, delta): a round's one shuffle event is
+    costed at its check, its record and every later check (~10 ms of root finding each)."""
+    return bound.central_eps(eps0, n, delta)
+
+
 def event_cost(event, costing: Costing = DEFAULT_COSTING) -> tuple[float, float]:
     """(eps, delta) of one event on its own, under the accountant's ``costing`` choices."""
     pure = _pure_eps(event)
@@ -159,8 +167,8 @@ def event_cost(event, costing: Costing = DEFAULT_COSTING) -> tuple[float, float]
             raise UnknownEventError(f"amplification bound {costing.bound!r} is not an upper bound; "
                                     f"cost shuffle events with one of "
                                     f"{sorted(b for b in BOUNDS if b != 'lower_bound')}")
-        eps = BOUNDS[costing.bound].central_eps(event.eps0, int(event.num_senders), event.delta) \
-            if int(event.num_senders) >= 2 else math.inf
+        eps = _amplified(BOUNDS[costing.bound], float(event.eps0), int(event.num_senders),
+                         float(event.delta)) if int(event.num_senders) >= 2 else math.inf
         if not eps < event.eps0:         # each record's own report is eps0-LDP regardless
             return float(event.eps0), 0.0
         return float(eps), float(event.delta)

@@ -20,6 +20,7 @@ whole clients, in a fixed order (a retry regenerates the same batches).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -113,9 +114,7 @@ class SyntheticClientsSource:
         means = class_means(self.num_classes, self.dim, self.separation, self.seed).astype(np.float32)
         xs, ys = [], []
         for c0 in range(lo // self.CHUNK * self.CHUNK, hi, self.CHUNK):
-            rng = seeded_generator(self.seed * 1_000_003 + c0 // self.CHUNK + 1)
-            y = rng.integers(0, self.num_classes, self.CHUNK)
-            x = rng.standard_normal((self.CHUNK, self.dim), dtype=np.float32)
+            x, y = _chunk(self.seed, c0 // self.CHUNK, self.CHUNK, self.num_classes, self.dim)
             a, b = max(lo, c0) - c0, min(hi, c0 + self.CHUNK) - c0
             xs.append(x[a:b] + means[y[a:b]])
             ys.append(y[a:b])
@@ -126,3 +125,15 @@ class SyntheticClientsSource:
             hi = min(lo + batch_clients, self.client_hi)
             x, y = self.records(lo, hi)
             yield x, y, np.arange(lo, hi, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=2)
+def _chunk(seed: int, index: int, size: int, num_classes: int, dim: int):
+    """One chunk of synthetic clients, kept for the next call (8 MB at dim 32): a warm round
+    of a small shard, or the next batch of a big one, reads the chunk it just made instead
+    of drawing 2 million normals again (read-only: callers copy what they take)."""
+    rng = seeded_generator(seed * 1_000_003 + index + 1)
+    y = rng.integers(0, num_classes, size)
+    x = rng.standard_normal((size, dim), dtype=np.float32)
+    x.flags.writeable = y.flags.writeable = False
+    return x, y

@@ -48,7 +48,7 @@ from actors.server import ServerImpl
 from actors.shuffler import ShufflerImpl
 from rknn_ray.job.placement import check_placement_feasible, party_options, placement_of
 from rknn_ray.job.progress import PolledBar, bar_for
-from rknn_ray.client_step import RoundSpec, sealed_width
+from rknn_ray.client_step import RoundSpec, piece_clients, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
 from rknn_ray.mechanisms.base import Guarantee, Mechanism
 from rknn_ray.rng import derived_key
@@ -172,6 +172,7 @@ class ProtocolSession:
                 **party_options(cfg, "client")).remote(
                 i, None, self.secrets, issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
+        self._fixed_nodes: dict | None = None   # where the Server and shufflers run (asked once)
         try:
             self.server_public_key = ray.get(self.server.public_key.remote())
             self.shard_clients = ray.get([s.num_clients.remote(src)
@@ -218,6 +219,17 @@ class ProtocolSession:
         parties = {"client": self.shards, "shuffler": self.hops, "server": [self.server]}
         return placement_of(parties)
 
+    def _round_placement(self, shard_nodes: list[str]) -> dict[str, list[str]]:
+        """:meth:`placement` with the shards' nodes as they reported them this round; the
+        Server and the shufflers are never restarted (no ``max_restarts``), so where they
+        run is asked once per job."""
+        if self._fixed_nodes is None:
+            fixed = placement_of({"shuffler": self.hops, "server": [self.server]})
+            if "server" not in fixed or (self.hops and "shuffler" not in fixed):
+                return {**({"client": sorted(set(shard_nodes))} if shard_nodes else {}), **fixed}
+            self._fixed_nodes = fixed
+        return {**({"client": sorted(set(shard_nodes))} if shard_nodes else {}), **self._fixed_nodes}
+
     def _shufflers(self, floor: int) -> list:
         """The shuffler chain (made once per job, reused by every round)."""
         sh = self.cfg.shuffle
@@ -228,6 +240,7 @@ class ProtocolSession:
                 num_cpus=self.cfg.cluster.shuffler_cpus, **party_options(self.cfg, "shuffler")).remote(
                 floor if i == 0 else 0, ctx=ctx, onion_layer=(i + 1) if layers else None,
                 forwarded_input=i > 0) for i in range(max(1, layers))]
+            self._fixed_nodes = None
         return self.hops
 
     # ------------------------------------------------------------------ one round
@@ -263,18 +276,17 @@ class ProtocolSession:
         # the party that sees senders admits them (credentials, allowance, the round's one
         # report length): the first shuffler, else the server
         admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec))
-        if hops:
-            ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
-                                          admission if i == 0 else None)
-                     for i, h in enumerate(hops)])
-        ray.get(self.server.begin_round.remote(ctx, mechanism, None if hops else admission))
+        ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
+                                      admission if i == 0 else None)
+                 for i, h in enumerate(hops)]
+                + [self.server.begin_round.remote(ctx, mechanism, None if hops else admission)])
         sink = hops[0] if hops else self.server
-        self._opened = opened = PolledBar(      # closed below, or by close() after a failure
-            bar_for(self.progress, "reports opened", None, "reports"),
-            lambda: ray.get(self.server.opened.remote(), timeout=10))
+        self._opened = opened = self._opened_bar()   # closed below, or by close() after a failure
         t0 = time.perf_counter()
         self._stream_clients(ray.put(spec), sink, say)
         timings["clients"] = time.perf_counter() - t0   # central/local: opening overlaps this
+        # the shards are done: their stage CPU and nodes come while the server opens
+        infos = [s.round_info.remote() for s in self.shards]
         shuffle_stats = None
         if hops:
             t1 = time.perf_counter()
@@ -313,8 +325,14 @@ class ProtocolSession:
                 f"fraction {getattr(mechanism, 'honest_fraction', 1.0):g})")
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
-        for t in ray.get([s.get_timings.remote() for s in self.shards]):
-            for key, v in t.items():
+        shard_nodes = []
+        for ref in infos:
+            try:
+                info = ray.get(ref, timeout=60)
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                continue            # never fails a released round (placement leaves it out)
+            shard_nodes.append(info["node"])
+            for key, v in info["timings"].items():
                 timings[f"shards_{key}_cpu"] = timings.get(f"shards_{key}_cpu", 0.0) + v
         rejected = dict(out["rejected"])
         if shuffle_stats is not None:            # what the first hop's admission dropped
@@ -327,7 +345,16 @@ class ProtocolSession:
                    if mechanism.messages_per_sender() == 1 else None)
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
                            out["received"], self.num_clients, rejected, timings,
-                           shuffle_stats, authenticated, missing, self.placement())
+                           shuffle_stats, authenticated, missing,
+                           self._round_placement(shard_nodes))
+
+    def _opened_bar(self):
+        """The "reports opened" bar, polled from the Server while a console shows it (with
+        progress off nothing polls: an actor call every 0.5 s for a bar nobody sees)."""
+        if self.progress is None or not getattr(self.progress, "enabled", True):
+            return _NoPoll()
+        return PolledBar(bar_for(self.progress, "reports opened", None, "reports"),
+                         lambda: ray.get(self.server.opened.remote(), timeout=10))
 
     def _call(self, ref, party: str, released: bool):
         try:
@@ -348,6 +375,7 @@ class ProtocolSession:
             if is_shuffler else None
 
         def pump(i: int, shard) -> None:
+            sizes = piece_clients(self.shard_clients[i], int(cl.batch_clients))
             for attempt in range(SHARD_RETRIES + 1):
                 try:
                     gen = shard.stream_reports.options(
@@ -361,8 +389,7 @@ class ProtocolSession:
                         sent += 1
                         if attempt == 0:      # a re-sent round is not new progress
                             with lock:
-                                sealed.update(min(int(cl.batch_clients),
-                                                  self.shard_clients[i] - (sent - 1) * int(cl.batch_clients)))
+                                sealed.update(sizes[sent - 1] if sent <= len(sizes) else 0)
                                 if pooled is not None:
                                     pooled.update(int(rows or 0))
                     return
@@ -409,9 +436,13 @@ class ProtocolSession:
 
     def _shuffle(self, hops: list, mechanism: Mechanism) -> tuple[list, dict]:
         """Release through the shuffler chain; returns (batch refs for the server, stats)."""
+        # submitted together: the actor runs them in this order, with one wait instead of three
+        before = hops[0].stats.remote()
+        released = hops[0].release_refs.remote(HANDOVER if len(hops) == 1 else None)
+        after = hops[0].stats.remote()
         try:
-            stats = [ray.get(hops[0].stats.remote())]
-            out = ray.get(hops[0].release_refs.remote(HANDOVER if len(hops) == 1 else None))
+            stats = [ray.get(before)]
+            out = ray.get(released)
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.as_instanceof_cause(), PrivacyBudgetError):
                 raise PrivacyBudgetError(
@@ -421,13 +452,24 @@ class ProtocolSession:
         except ray.exceptions.RayActorError as exc:
             raise PartyFailure(_actor_death("the shuffler died; nothing was released", exc),
                                "shuffler") from None
-        stats[0] = ray.get(hops[0].stats.remote())
+        try:
+            stats[0] = ray.get(after)
+        except ray.exceptions.RayActorError as exc:
+            raise PartyFailure(_actor_death("the shuffler died; nothing was released", exc),
+                               "shuffler") from None
         for hop in hops[1:]:
             ray.get([hop.submit.remote(r) for r in out])
             out = ray.get(hop.release_refs.remote())
             stats.append(ray.get(hop.stats.remote()))
         return out, {"hops": stats, "senders": stats[0]["senders"],
                      "messages": stats[-1]["messages"], "bytes": stats[0]["bytes"]}
+
+
+class _NoPoll:
+    """The opened-reports bar when no console shows progress: nothing to poll or close."""
+
+    def close(self, final: int | None = None) -> None:
+        pass
 
 
 def _shortfall_message(round_id: int, mechanism: Mechanism, g: Guarantee, senders: int,

@@ -47,21 +47,27 @@ class _Uniform:
         return self.below(p.denominator) < p.numerator
 
 
-def _bernoulli_exp_le1(gamma: Fraction, u: _Uniform) -> bool:
-    """Exact Bernoulli(exp(-gamma)) for 0 <= gamma <= 1 (CKS 2020, Alg. 1)."""
+def _bernoulli_exp_le1(num: int, den: int, u: _Uniform) -> bool:
+    """Exact Bernoulli(exp(-num/den)) for 0 <= num/den <= 1, num/den in lowest terms
+    (CKS 2020, Alg. 1). Plain integers, not ``Fraction`` (a third of the release's time):
+    each trial ``gamma / k`` is reduced as ``Fraction`` reduces it, so the uniform draws,
+    and a seeded release, are the same as with ``Fraction``."""
     k = 1
-    while u.bernoulli(gamma / k):
+    while True:
+        d = den * k
+        g = math.gcd(num, d)
+        if not u.below(d // g) < num // g:      # Bernoulli(gamma / k)
+            return k % 2 == 1
         k += 1
-    return k % 2 == 1
 
 
-def _bernoulli_exp(gamma: Fraction, u: _Uniform) -> bool:
-    """Exact Bernoulli(exp(-gamma)) for gamma >= 0."""
-    while gamma > 1:
-        if not _bernoulli_exp_le1(Fraction(1), u):
+def _bernoulli_exp(num: int, den: int, u: _Uniform) -> bool:
+    """Exact Bernoulli(exp(-num/den)) for num/den >= 0 in lowest terms."""
+    while num > den:
+        if not _bernoulli_exp_le1(1, 1, u):
             return False
-        gamma -= 1
-    return _bernoulli_exp_le1(gamma, u)
+        num -= den                # (num - den) / den stays in lowest terms
+    return _bernoulli_exp_le1(num, den, u)
 
 
 def _one_discrete_laplace(scale: Fraction, u: _Uniform) -> int:
@@ -69,10 +75,11 @@ def _one_discrete_laplace(scale: Fraction, u: _Uniform) -> int:
     t, s = scale.numerator, scale.denominator
     while True:
         uu = u.below(t)
-        if not _bernoulli_exp(Fraction(uu, t), u):
+        g = math.gcd(uu, t)                     # Fraction(uu, t) in lowest terms
+        if not _bernoulli_exp(uu // g, t // g, u):
             continue
         v = 0
-        while _bernoulli_exp(Fraction(1), u):
+        while _bernoulli_exp(1, 1, u):
             v += 1
         y = (uu + t * v) // s
         negative = u.below(2) == 1

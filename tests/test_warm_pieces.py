@@ -1,0 +1,105 @@
+"""The cuts that make small rounds fast change no report, no draw and no count."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+
+def _spec(n: int, model: str = "central"):
+    from benchmarks.scale import NUM_CLASSES, _public_setup
+    from rknn_ray.client_step import RoundSpec
+    from sealing.envelope import RoundContext
+    from server.keys import ServerKeyPair
+
+    mech_name = "laplace" if model == "central" else "collision"
+    encoder, qs, mech = _public_setup(n, 10, model, mech_name, 0.0 if model == "central" else 1e-6)
+    pk = ServerKeyPair.generate().public_bytes()
+    return RoundSpec(RoundContext("job-p", 0), mech, encoder, qs.features, 1, NUM_CLASSES, pk)
+
+
+@pytest.mark.parametrize("model", ["central", "shuffle"])
+def test_tail_pieces_carry_the_batch_reports_unchanged(model):
+    """A shard's last batch in pieces: the same senders, sequence numbers and report ids as
+    the one batch it replaces (the randomness is drawn for the whole batch)."""
+    from actors.client_shard import ClientShardImpl
+    from benchmarks.scale import DIM, NUM_CLASSES, SEED
+    from rknn_ray.client_step import client_step, piece_clients
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.shard_secrets import SeededShardSecrets
+    from sealing.credentials import CredentialIssuer
+
+    n, batch = 1100, 400
+    spec = _spec(n, model)
+    source = SyntheticClientsSource(0, n, NUM_CLASSES, DIM, SEED)
+    cred = CredentialIssuer("job-p", b"k" * 32).shard_credential(0, 0, n)
+    shard = ClientShardImpl(0, source, SeededShardSecrets(0), cred)
+    streamed = list(shard.stream_reports(spec, batch))
+    assert [len(np.unique(b.column("sender").to_numpy())) for b in streamed] == \
+        piece_clients(n, batch)
+    assert len(streamed) > 3                      # 400, 400, and the last 300 in 2 pieces
+    whole = [client_step(spec, shard._secret, b, x, y, ids, None, cred)
+             for b, (x, y, ids) in enumerate(source.batches(batch))]
+    for col in ("sender", "seq"):
+        got = np.concatenate([b.column(col).to_numpy() for b in streamed])
+        want = np.concatenate([b.column(col).to_numpy() for b in whole])
+        assert np.array_equal(np.sort(got), np.sort(want))
+
+
+def test_open_chunks_share_a_batch_evenly():
+    from actors.server import MIN_CHUNK, OPEN_CHUNK, open_chunk
+
+    assert open_chunk(10_000, 2) == 5000                  # not 8192 + 1808
+    for rows, p in [(20_000, 2), (100_000, 16), (777, 3), (1, 2)]:
+        step = open_chunk(rows, p)
+        tasks = math.ceil(rows / step)
+        assert MIN_CHUNK <= step <= max(MIN_CHUNK, OPEN_CHUNK)
+        assert rows <= MIN_CHUNK or tasks % p == 0 or step == MIN_CHUNK
+
+
+def _fraction_reference(scale, n, rng):
+    """The sampler as it was written with Fraction (CKS 2020, Alg. 1 and 2)."""
+    from rknn_ray.mechanisms.noise import _Uniform
+
+    u = _Uniform(rng)
+
+    def le1(gamma):
+        k = 1
+        while u.bernoulli(gamma / k):
+            k += 1
+        return k % 2 == 1
+
+    def bexp(gamma):
+        while gamma > 1:
+            if not le1(Fraction(1)):
+                return False
+            gamma -= 1
+        return le1(gamma)
+
+    scale = Fraction(scale)
+    t, s = scale.numerator, scale.denominator
+    out = []
+    while len(out) < n:
+        uu = u.below(t)
+        if not bexp(Fraction(uu, t)):
+            continue
+        v = 0
+        while bexp(Fraction(1)):
+            v += 1
+        y = (uu + t * v) // s
+        neg = u.below(2) == 1
+        if neg and y == 0:
+            continue
+        out.append(-y if neg else y)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0, 0.3, 2.5, 20.0, Fraction(7, 3)])
+def test_integer_discrete_laplace_draws_what_fraction_drew(scale):
+    from rknn_ray.mechanisms.noise import discrete_laplace
+    from rknn_ray.rng import make_generator
+
+    got = discrete_laplace(scale, 500, make_generator("seeded", 11))
+    assert np.array_equal(got, _fraction_reference(scale, 500, make_generator("seeded", 11)))
