@@ -1,7 +1,8 @@
 """One shuffle round at scale: single message, Collision, every report sealed.
 
     python -m benchmarks.scale --clients 1000000 --protocol actors|inprocess [--json]
-        [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--out bench_out/scale]
+        [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--memory-period 2]
+        [--out bench_out/scale]
     python -m benchmarks.scale --clients 10000 --warm-rounds 5
 
 ``actors`` runs the path users run (ProtocolSession: ClientShard actors streaming
@@ -403,11 +404,11 @@ def _cpu_delta(before: dict, after: dict) -> dict[str, float]:
 
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
         object_store_mb: int | None = None, distributed_above: int | None = 5_000_000,
-        nodes: int = 1, rng: str = "secure") -> dict:
+        nodes: int = 1, rng: str = "secure", memory_period: float = 2.0) -> dict:
     from benchmarks.crypto_floor import floor_parts
     if nodes > 1 and protocol != "actors":
         raise ValueError("--nodes needs --protocol actors (the in-process run has no nodes)")
-    with MemorySampler() as mem:
+    with MemorySampler(memory_period) as mem:
         res = (run_actors(clients, batch, shards, object_store_mb, distributed_above, nodes, rng)
                if protocol == "actors"
                else run_inprocess(clients, batch))
@@ -452,6 +453,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-rounds", type=int, default=0,
                     help="instead of one big round: this many warm rounds per model (central, "
                          "shuffle) after a cold one; 100 queries, a 1000-cell vote (issue 20)")
+    ap.add_argument("--memory-period", type=float, default=2.0,
+                    help="seconds between memory samples (each costs the driver ~0.1 CPU s "
+                         "in a big round: a long round may sample less often)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)
@@ -460,7 +464,7 @@ def main(argv=None) -> int:
     if args.warm_rounds:
         return _main_warm(args)
     res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb,
-              args.distributed_above, args.nodes, args.rng)
+              args.distributed_above, args.nodes, args.rng, args.memory_period)
     if args.out:
         from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-{args.protocol}-{args.clients}.json"), res)
