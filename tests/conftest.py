@@ -9,7 +9,9 @@ from tests.parallel import longest_first, make_scheduler  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    longest_first(items)
+    """On an xdist worker (``-n N``): longest units first; one process keeps the collected order."""
+    if hasattr(config, "workerinput"):
+        longest_first(items)
 
 
 @pytest.hookimpl(optionalhook=True)     # a hook of pytest-xdist (the test extra installs it)
