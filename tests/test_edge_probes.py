@@ -153,6 +153,53 @@ def test_signal_exit_codes_follow_the_shell():
     assert pickle.loads(pickle.dumps(JobInterrupted(signal.SIGTERM))).signum == signal.SIGTERM
 
 
+
+class _SignalsItselfWhenCollected:
+    """Sends this process SIGINT from inside ``__del__`` and runs on, so the handler's
+    exception is raised where Python can only print it ("Exception ignored")."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100_000):       # bytecodes: the handler runs here, inside __del__
+            pass
+
+
+def test_an_interrupt_python_drops_is_raised_at_the_next_stage():
+    """A SIGINT whose exception lands in a __del__ or weakref callback was lost: the probe
+    saw a Ctrl-C during the student's start-up finish the job with exit 0. It is kept and
+    raised again at the next safe point (a stage's start here), once."""
+    from jobs import signals
+    from rknn_ray import interrupts
+    from rknn_ray.job.progress import Progress
+    progress = Progress(False)
+    with signals.handled():
+        _SignalsItselfWhenCollected()             # collected at once: the SIGINT is dropped
+        assert interrupts.received == signal.SIGINT   # it did arrive
+        with pytest.raises(signals.JobInterrupted) as caught:
+            with progress.stage("student"):
+                pytest.fail("a stage must not start after a dropped interrupt")
+        assert caught.value.exit_code == 130
+        with progress.stage("cleanup"):           # raised once, not again
+            pass
+    assert interrupts.received is None and signal.getsignal(signal.SIGINT) is not signals._raise
+
+
+def test_an_interrupt_wrapped_by_python_is_still_an_interrupt():
+    """A SIGINT during an import can land in a class body's ``__set_name__``; Python 3.11
+    wraps it in a RuntimeError (a probe printed 'the job failed: RuntimeError: Error calling
+    __set_name__' and exited 1). The job still sees the interrupt behind it (exit 130)."""
+    from jobs.signals import JobInterrupted, as_interrupt
+
+    class Interrupting:
+        def __set_name__(self, owner, name):
+            raise JobInterrupted(signal.SIGINT)
+    try:
+        type("Imported", (), {"field": Interrupting()})
+    except BaseException as exc:                 # noqa: BLE001 - whatever Python made of it
+        caught = exc
+    assert as_interrupt(caught).exit_code == 130
+    assert as_interrupt(RuntimeError("unrelated")) is None
+
 # ---------------------------------------------------------------------- 2. disk full
 
 def test_a_full_disk_at_the_release_counts_it_in_the_ledger_and_says_so(

@@ -148,11 +148,16 @@ class _Controller:
         time.sleep(120)
 
 
-def test_an_interrupted_fit_is_ended_while_ray_is_up(ray_session):
+@pytest.mark.parametrize("setup_s, interrupt_after_s", [(0.0, 3.0), (2.0, 0.1)],
+                         ids=["blocked_in_run", "controller_not_yet_created"])
+def test_an_interrupted_fit_is_ended_while_ray_is_up(ray_session, setup_s, interrupt_after_s):
     """What fit_off_main_thread does on an interrupt: the helper thread blocked in
     ray.get(controller.run.remote()) (Ray Train's _initialize_and_run_controller) gets its
     controller killed, so it ends before the job shuts Ray down (a thread left inside Ray's
-    native code crashed the process with SIGSEGV in 3 of 5 SIGINT probes)."""
+    native code crashed the process with SIGSEGV in 3 of 5 SIGINT probes). An interrupt
+    that lands while fit() still sets up (no controller yet: on a busy machine the SIGINT
+    probe hit that window, waited out its 15 s and crashed) is watched until the
+    controller exists, which is then killed at once."""
     import threading
     import time
 
@@ -160,6 +165,7 @@ def test_an_interrupted_fit_is_ended_while_ray_is_up(ray_session):
     done, errors = threading.Event(), []
 
     def _initialize_and_run_controller():
+        time.sleep(setup_s)                        # Ray Train's set-up before the controller
         controller = ray_session.remote(num_cpus=0)(_Controller).remote()
         ray_session.get(controller.run.remote())
 
@@ -172,7 +178,7 @@ def test_an_interrupted_fit_is_ended_while_ray_is_up(ray_session):
             done.set()
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
-    time.sleep(3)                                  # blocked in the controller's run
+    time.sleep(interrupt_after_s)
     t0 = time.monotonic()
     assert ray_train._stop_fit(thread, done, wait=30) and time.monotonic() - t0 < 30
     assert isinstance(errors[0], ray_session.exceptions.RayActorError)

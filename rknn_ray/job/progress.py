@@ -24,6 +24,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from rknn_ray import interrupts
+
 MODES = ("bars", "lines", "off")
 
 
@@ -92,6 +94,7 @@ class Progress:
     def stage(self, name: str, what: str | None = None):
         # the stage is current before its first line: an interrupt that lands while the line
         # is written (a reader that signals on seeing it) still names this stage
+        interrupts.raise_pending()          # a stage's bounds are safe points (rknn_ray.interrupts)
         start, skipped = self._clock(), self._untimed
         self._open.append(name)
         outer, self.current = self.current, name
@@ -104,6 +107,7 @@ class Progress:
         finally:
             self._open.remove(name)
             self.current = outer
+        interrupts.raise_pending()
         took = self._clock() - start - (self._untimed - skipped)
         self.timings[name] = self.timings.get(name, 0.0) + took
         self.say(f"{what or name} done in {took:.1f}s")

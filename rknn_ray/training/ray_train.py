@@ -166,22 +166,38 @@ def _stop_fit(thread, done, wait: float | None = None) -> bool:
     (SIGSEGV, not the job's 130/143: 3 of 5 SIGINT probes here). So the run's controller
     actor, found in that thread's frames, is killed: the blocked get raises, the thread ends
     while Ray is up, and the controller's training workers die with their owner. A run
-    interrupted before its controller exists is left to :func:`join_abandoned_fits`."""
+    interrupted while ``fit()`` still sets up is watched until its controller exists (on a
+    busy machine that can take seconds: the probe once waited out its 15 s here, then
+    crashed in shutdown), and killed then. Only a run still going after ``wait`` is left to
+    :func:`join_abandoned_fits`."""
     import ray
-    controller, frame = None, sys._current_frames().get(thread.ident)
-    while frame is not None and controller is None:
-        if frame.f_code.co_name == "_initialize_and_run_controller":
-            controller = frame.f_locals.get("controller")
-        frame = frame.f_back
-    if controller is not None:
-        try:
-            ray.kill(controller)
-        except Exception:  # noqa: BLE001 - already dead, or Ray going down: the wait decides
-            pass
-    if done.wait(FIT_STOP_WAIT if wait is None else wait):
-        return True
+    end = time.monotonic() + (FIT_STOP_WAIT if wait is None else wait)
+    killed = False
+    while True:
+        if not killed:
+            controller = _controller_of(thread)
+            if controller is not None:
+                killed = True
+                try:
+                    ray.kill(controller)
+                except Exception:  # noqa: BLE001 - already dead, or Ray going down: the wait decides
+                    pass
+        if done.wait(min(0.05, max(0.0, end - time.monotonic()))):
+            return True
+        if time.monotonic() >= end:
+            break
     ABANDONED_FITS.append(done)               # still inside fit(): see join_abandoned_fits
     return False
+
+
+def _controller_of(thread):
+    """The Train controller actor a ``fit()`` thread started, once it exists (else None)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "_initialize_and_run_controller":
+            return frame.f_locals.get("controller")
+        frame = frame.f_back
+    return None
 
 
 def fit_off_main_thread(trainer):
@@ -194,6 +210,9 @@ def fit_off_main_thread(trainer):
     (``ray.shutdown``) ends the run.
     """
     import threading
+
+    from rknn_ray import interrupts
+    interrupts.raise_pending()                # one Python dropped on the way here
     box: dict = {}
     done = threading.Event()
 
@@ -208,7 +227,7 @@ def fit_off_main_thread(trainer):
     thread.start()
     try:
         while not done.wait(0.2):             # short waits: signals run between them
-            pass
+            interrupts.raise_pending()
     except BaseException:
         _stop_fit(thread, done)               # end the run while Ray is still up
         raise
