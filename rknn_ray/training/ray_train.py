@@ -98,6 +98,10 @@ def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int =
         free = ray.available_resources().get("CPU", 1)
         threads = max(1, int(min(free, os.cpu_count() or 1)))
         per_worker = {"CPU": threads}
+    # Train's controller looks at its workers every 2 s by default, so a student's end (and
+    # each step of its start) waits up to one look: 3.5-4 s from the last epoch to fit()'s
+    # return here, 1.1-1.3 s at 0.25 s. Read when the trainer starts; a user's setting wins.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(HEALTH_CHECK_INTERVAL_S))
     storage = os.path.abspath(storage_path or os.path.join(tempfile.gettempdir(), "rknn_ray_train"))
     run_name = f"{name}-{uuid.uuid4().hex[:8]}"
     live = LiveEpochs(on_epoch) if on_epoch is not None else None
@@ -135,6 +139,9 @@ def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int =
                "checkpoint_and_shutdown": fit_end - m["ended_at"]}
     return LoopRun(payload, str(m["device"]), int(m["world_size"]), timings)
 
+
+#: seconds between Train's controller's looks at its workers (Ray's default: 2)
+HEALTH_CHECK_INTERVAL_S = 0.5
 
 #: fit() threads (their "done" events) the driver stopped waiting for: an interrupt reached it.
 ABANDONED_FITS: list = []
