@@ -26,12 +26,12 @@ def test_readme_opens_with_the_two_setup_commands_and_is_short():
     assert block == [
         "pip install -c constraints.txt -e . && python -m jobs.distill --config "
         "jobs/configs/digits_central.yaml",
-        'pip install -c constraints.txt -e ".[test]" && python -m pytest -q tests']
+        'pip install -c constraints.txt -e ".[test]" && python -m pytest -q -n 2 tests']
     assert text.index("```bash") < text.index("\n## ")       # before any section
     assert len(text.splitlines()) <= 250
     ci = _read(os.path.join(ROOT, ".ci", "run"))
     assert 'pip install -q -c constraints.txt -e ".[test]"' in ci
-    assert "python -m pytest -q" in ci and " tests" in ci   # the README's, plus flags
+    assert "python -m pytest -q -n 2" in ci and " tests" in ci   # the README's, plus flags
 
 
 def _anchor(heading: str) -> str:
