@@ -37,9 +37,12 @@ class Job:
     """A real ``python -m jobs.distill`` in its own process group (so a test can signal it,
     and clean up after a SIGKILL everything it started)."""
 
-    def __init__(self, args, ledger):
+    def __init__(self, args, ledger, ray_address: str | None = None):
         env = {**os.environ, "RKNN_RAY_LEDGER": str(ledger), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                "PYTHONUNBUFFERED": "1"}
+        env.pop("RAY_ADDRESS", None)
+        if ray_address:          # join that Ray (as under `ray job submit`); else start its own
+            env["RAY_ADDRESS"] = ray_address
         self.proc = subprocess.Popen([sys.executable, "-m", "jobs.distill", *args], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
@@ -78,15 +81,22 @@ class Job:
             pass
 
 
+def _address(ray) -> str:
+    """The address of this test process's Ray, for a job that joins it."""
+    return ray.get_runtime_context().gcs_address
+
+
 def _error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("error:")]
 
 
 # ---------------------------------------------------------------------- 1. signals
 
-def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(tmp_path):
+def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(ray_session, tmp_path):
+    """The job joins this session's Ray (a job under `ray job submit` does; the SIGINT probe
+    below covers a job that started its own Ray and must shut it down)."""
     out, ledger = tmp_path / "term", tmp_path / "ledger.sqlite"
-    job = Job(_args("digits_shuffle.yaml", out), ledger)
+    job = Job(_args("digits_shuffle.yaml", out), ledger, _address(ray_session))
     # the round's first line comes before its first client works (a signal right on it
     # lands before the round starts, and the reservation is rightly returned); the digits
     # client round takes several seconds here
@@ -274,13 +284,13 @@ def test_a_second_failure_keeps_the_first_reason(tmp_path):
 # ---------------------------------------------------------------------- 3. kill -9
 
 def test_a_killed_driver_leaves_a_reservation_that_budget_lists_and_settle_counts(
-        tmp_path, capsys):
+        ray_session, tmp_path, capsys):
     from jobs.budget import main as budget_main
     out, ledger = tmp_path / "killed", tmp_path / "ledger.sqlite"
-    job = Job(_args("digits_central.yaml", out), ledger)
+    job = Job(_args("digits_central.yaml", out), ledger, _address(ray_session))   # joins Ray
     try:
         job.wait_for("starting 2 client shards")   # clients may randomize from here
-        job.kill_group()                            # kill -9 of the driver (and its Ray)
+        job.kill_group()                            # kill -9 of the driver (Ray ends its actors)
         job.proc.wait(timeout=30)
     finally:
         job.kill_group()
