@@ -133,6 +133,23 @@ def test_private_knn_is_subsampled_gaussian_in_dp_accounting():
     assert private_knn_epsilon(gamma, sigma, Q, delta) < private_knn_epsilon(1.0, sigma, Q, delta)
 
 
+def test_calibration_stops_at_its_relative_tolerance_and_never_overspends():
+    """Bisection in log space to ``rel_tol`` (each RDP evaluation costs ~0.3 s): the noise
+    returned meets the target, is within a factor 1 + rel_tol of the smallest that does, and
+    took ~log2(ln(hi/lo) / rel_tol) evaluations, not a fixed 45-60."""
+    from rknn_ray.baselines.common import calibrate_decreasing
+    calls = []
+
+    def eps_of(x):
+        calls.append(x)
+        return 3.0 / x
+    x = calibrate_decreasing(eps_of, 0.5, lo=1e-2, hi=1e5, rel_tol=1e-6)
+    assert eps_of(x) <= 0.5 and 6.0 <= x <= 6.0 * (1 + 1.01e-6)
+    assert len(calls) - 1 <= 2 + math.ceil(math.log2(math.log(1e7) / 1e-6))   # 26 of them
+    tight = calibrate_decreasing(lambda v: 3.0 / v, 0.5, lo=1e-2, hi=1e5, rel_tol=1e-12)
+    assert 6.0 <= tight <= x
+
+
 def test_private_knn_calibration():
     s = calibrate_sigma(1.0, 0.15, 30, 1e-5)
     assert private_knn_epsilon(0.15, s, 30, 1e-5) <= 1.0 + 1e-9
