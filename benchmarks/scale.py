@@ -1,7 +1,7 @@
 """One shuffle round at scale: single message, Collision, every report sealed.
 
     python -m benchmarks.scale --clients 1000000 --protocol actors|inprocess [--json]
-        [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--memory-period 2]
+        [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--memory-period 2] [--floor-period 5]
         [--out bench_out/scale]
     python -m benchmarks.scale --clients 10000 --warm-rounds 5
 
@@ -15,8 +15,11 @@ central target eps = 1, delta = 1e-6.
 Printed (and written as JSON): wall time, time per stage, ``floor_parts`` (CPU seconds
 per primitive for all messages, benchmarks/crypto_floor.py: the client's X25519 keygen +
 exchange, HKDF, ChaCha20-Poly1305 seal, credential key and HMAC tag; the shuffler's
-credential key and tag check; the server's exchange, HKDF and open -- measured in the same
-run), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
+credential key and tag check; the server's exchange, HKDF and open -- measured during the
+round: each part's median over samples taken every ``--floor-period`` s, since this
+machine's speed drifts; ``floor_spread_s`` is the range one sample implied and
+``floor_after_round_s`` one floor taken after the round, the way it was measured before
+2026-11-25), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
 ``ratio_to_floor`` = wall / floor_wall, ``round_cpu_s`` (actors: CPU of every process of
 the run during the round; ``round_cpu_by_process_s`` by kind of process) and
 ``cpu_ratio_to_floor`` = round_cpu / floor (what a loaded machine inflates far less than
@@ -104,6 +107,33 @@ class MemorySampler(Sampler):
 
     def sample(self) -> None:
         self.peak = max(self.peak, self._total())
+
+
+class FloorSampler(Sampler):
+    """The floor measured while the round runs: every ``period`` s, ``probe`` messages' worth
+    of each primitive (benchmarks/crypto_floor.py, this thread's CPU clock). This machine's
+    speed drifts by up to ~1.5x over minutes (five 2,000-message floors within a minute
+    here: 175-230 CPU s per 1e6 messages; one taken after a 1e6 round: 152), so one floor
+    taken after the round made ``ratio_to_floor`` swing 1.25 -> 1.96 between two runs of the
+    same code. The floor used is each part's median per-message cost over the round."""
+
+    def __init__(self, payload_len: int, period: float = 5.0, probe: int = 200):
+        super().__init__(period)
+        self.payload_len, self.probe, self.samples = payload_len, probe, []
+
+    def sample(self) -> None:
+        from benchmarks.crypto_floor import floor_parts
+        self.samples.append(floor_parts(self.probe, self.payload_len, sample=self.probe))
+
+    def parts(self, num_messages: int) -> dict[str, float]:
+        """Each part's median CPU seconds per message over the samples, for ``num_messages``."""
+        return {part: float(np.median([s[part] for s in self.samples])) / self.probe * num_messages
+                for part in self.samples[0]}
+
+    def spread(self, num_messages: int) -> list[float]:
+        """The lowest and highest floor (all parts) one sample implied, for ``num_messages``."""
+        totals = [sum(s.values()) / self.probe * num_messages for s in self.samples]
+        return [min(totals), max(totals)]
 
 
 def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = "collision",
@@ -404,20 +434,26 @@ def _cpu_delta(before: dict, after: dict) -> dict[str, float]:
 
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
         object_store_mb: int | None = None, distributed_above: int | None = 5_000_000,
-        nodes: int = 1, rng: str = "secure", memory_period: float = 2.0) -> dict:
+        nodes: int = 1, rng: str = "secure", memory_period: float = 2.0,
+        floor_period: float = 5.0) -> dict:
     from benchmarks.crypto_floor import floor_parts
     if nodes > 1 and protocol != "actors":
         raise ValueError("--nodes needs --protocol actors (the in-process run has no nodes)")
-    with MemorySampler(memory_period) as mem:
+    message_size = _public_setup(clients)[2].message_size
+    with MemorySampler(memory_period) as mem, FloorSampler(message_size, floor_period) as probe:
         res = (run_actors(clients, batch, shards, object_store_mb, distributed_above, nodes, rng)
                if protocol == "actors"
                else run_inprocess(clients, batch))
-    parts = floor_parts(clients, res["message_size"])
+    parts = probe.parts(clients)
     floor = sum(parts.values())
+    at_rest = sum(floor_parts(clients, res["message_size"]).values())   # the old way, for contrast
     cores = res["cores"]
     err = np.abs(res["counts"] - _exact_counts(clients, res["qs"]))
     return {"clients": clients, "protocol": protocol, "wall_s": res["wall_s"],
             "stages_s": res["stages_s"], "floor_parts": parts, "crypto_floor_s": floor,
+            "floor_samples": len(probe.samples), "floor_sample_period_s": probe.period,
+            "floor_spread_s": probe.spread(clients), "floor_sampler_cpu_s": probe.cpu_s,
+            "floor_after_round_s": at_rest,
             "cores": cores,
             "floor_wall_s": floor / cores, "ratio_to_floor": res["wall_s"] / (floor / cores),
             "round_cpu_s": res.get("round_cpu_s"),
@@ -456,6 +492,9 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-period", type=float, default=2.0,
                     help="seconds between memory samples (each costs the driver ~0.1 CPU s "
                          "in a big round: a long round may sample less often)")
+    ap.add_argument("--floor-period", type=float, default=5.0,
+                    help="seconds between floor samples taken during the round (each ~200 "
+                         "messages of every primitive, ~40 ms of one core)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)
@@ -464,7 +503,8 @@ def main(argv=None) -> int:
     if args.warm_rounds:
         return _main_warm(args)
     res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb,
-              args.distributed_above, args.nodes, args.rng, args.memory_period)
+              args.distributed_above, args.nodes, args.rng, args.memory_period,
+              args.floor_period)
     if args.out:
         from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-{args.protocol}-{args.clients}.json"), res)
@@ -480,6 +520,10 @@ def main(argv=None) -> int:
         print(f"| **round (wall)** | {res['wall_s']:.2f} |\n"
               f"| crypto floor (CPU s) | {res['crypto_floor_s']:.2f} |\n"
               f"| floor / {res['cores']} cores | {res['floor_wall_s']:.2f} |")
+        lo, hi = res["floor_spread_s"]
+        print(f"floor: median of {res['floor_samples']} samples taken during the round (one "
+              f"sample's floor {lo:.1f}-{hi:.1f} CPU s); one taken after it: "
+              f"{res['floor_after_round_s']:.1f} CPU s")
         if res["round_cpu_s"]:
             print(f"round CPU (every process) {res['round_cpu_s']:.2f} s = "
                   f"{res['cpu_ratio_to_floor']:.2f} x the floor's CPU")
