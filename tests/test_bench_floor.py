@@ -28,6 +28,8 @@ def test_scale_run_reports_the_floor_parts_it_sums():
     assert res["floor_samples"] >= 2 and res["floor_sample_period_s"] == 0.05
     assert lo <= res["crypto_floor_s"] * (1 + 1e-9) and res["crypto_floor_s"] <= hi * (1 + 1e-9)
     assert res["floor_after_round_s"] > 0 and res["floor_sampler_cpu_s"] >= 0
+    assert res["benchmark_own_cpu_s"] == pytest.approx(
+        res["memory_sampler_cpu_s"] + res["floor_sampler_cpu_s"])
 
 
 def test_floor_sampler_takes_each_parts_median_per_message():
