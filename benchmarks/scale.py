@@ -140,15 +140,20 @@ def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = 
                   delta: float = 1e-6):
     """Queries and mechanism from public data only (2,000 mixture samples of another seed)."""
     from rknn_ray.data.sources import SyntheticClientsSource
-    from rknn_ray.mechanisms import MechanismParams, build
     from rknn_ray.labeling.queries import select_queries
     from rknn_ray.representation.represent import make_encoder
     public_x, _ = SyntheticClientsSource(0, 2000, NUM_CLASSES, DIM, SEED + 7).records(0, 2000)
     encoder = make_encoder("raw").fit(public_x)
     qs = select_queries(encoder.transform(public_x), s, restarts=1, seed=SEED)
-    mech = build(model, name, MechanismParams(s, NUM_CLASSES, 1, 1.0, delta=delta,
+    return encoder, qs, _mechanism(clients, s, model, name, delta)
+
+
+def _mechanism(clients: int, s: int = S, model: str = "shuffle", name: str = "collision",
+               delta: float = 1e-6):
+    """The round's mechanism (public parameters only)."""
+    from rknn_ray.mechanisms import MechanismParams, build
+    return build(model, name, MechanismParams(s, NUM_CLASSES, 1, 1.0, delta=delta,
                                               num_clients=clients))
-    return encoder, qs, mech
 
 
 def _exact_counts(clients: int, qs, batch: int = 1 << 20) -> np.ndarray:
@@ -439,7 +444,7 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
     from benchmarks.crypto_floor import floor_parts
     if nodes > 1 and protocol != "actors":
         raise ValueError("--nodes needs --protocol actors (the in-process run has no nodes)")
-    message_size = _public_setup(clients)[2].message_size
+    message_size = _mechanism(clients).message_size        # the floor samples' payload
     with MemorySampler(memory_period) as mem, FloorSampler(message_size, floor_period) as probe:
         res = (run_actors(clients, batch, shards, object_store_mb, distributed_above, nodes, rng)
                if protocol == "actors"
