@@ -132,16 +132,6 @@ def test_feature_student_inputs_and_every_public_sample_a_query(digits_data, tmp
         np.testing.assert_allclose(pickle.load(fh).transform(data.splits.eval_x), eval_emb, atol=1e-5)
 
 
-@pytest.mark.slow  # TorchTrainer's fixed start-up: ~30 s idle, 177 s measured on a loaded machine
-def test_simclr_trains_in_a_one_worker_ray_train_job(ray_session, tmp_path):
-    x = np.random.default_rng(3).random((32, 1, 8, 8)).astype(np.float32)
-    e = ContrastiveEncoder(dim=8, epochs=1, batch_size=16, flip=False, trainer="ray",
-                           cache_dir=str(tmp_path)).fit(x)
-    assert not e.cache_hit and len(e.history) == 1 and e.transform(x).shape == (32, 8)
-    assert ContrastiveEncoder(dim=8, epochs=1, batch_size=16, flip=False, trainer="ray",
-                              cache_dir=str(tmp_path)).fit(x).cache_hit
-
-
 @pytest.mark.parametrize("encoder, trainer, resume, expected", [
     ("simclr", "ray", False, [("ray", ["reserved"]), "encoder"]),    # reserve, Ray, then encoder
     ("simclr", "ray", True, [("ray", []), "encoder"]),               # --resume: nothing reserved

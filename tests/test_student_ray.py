@@ -1,16 +1,8 @@
-"""The student under real Ray Train (TorchTrainer, 2 CPU workers, DDP over gloo)."""
-import json
-import os
-import threading
-import time
-
-import numpy as np
+"""The training loops under real Ray Train (a TorchTrainer of CPU workers)."""
 import pytest
 
 from rknn_ray.errors import ConfigError
-from rknn_ray.student import StudentConfig, accuracy, load_student, train_student
-
-
+from rknn_ray.student import StudentConfig, train_student
 
 
 def test_more_workers_than_cpus_is_refused_before_training(ray_session, digits, tmp_path):
@@ -21,62 +13,75 @@ def test_more_workers_than_cpus_is_refused_before_training(ray_session, digits, 
                       StudentConfig(epochs=1, num_workers=cpus + 1, use_gpu=False), storage_path=str(tmp_path))
 
 
-@pytest.mark.slow  # ~35-70 s here: ~30 s is TorchTrainer's fixed start-up cost
-def test_ray_train_two_workers_on_digits(ray_session, digits, tmp_path):
+@pytest.mark.slow  # one TorchTrainer start-up (~30 CPU s here) for the three loops
+def test_every_loop_runs_on_a_ray_train_worker_as_it_runs_in_process(ray_session, digits,
+                                                                    tmp_path, monkeypatch):
+    """One loop, two runners, for each loop of the project: the supervised student, the semi
+    student and the SimCLR encoder each build their loop's inputs and hand them, with
+    trainer=ray, to the one launcher (``fit_on_ray``). Those very inputs then run on one Ray
+    Train worker, in one TorchTrainer (its start-up is the cost here, not the loops), and
+    give what this process gives: the same rows in the same order, so the same losses
+    (only float sums over other thread counts may differ). Epoch rows arrive live.
+
+    The DDP path (two workers) is proven end to end by the README demo's job
+    (tests/test_progress_demo_console.py), the cluster path by tests/test_cluster_submit.py."""
+    import torch
+
+    import rknn_ray.training.ray_train as ray_train
+    from rknn_ray.representation.contrastive import ContrastiveEncoder
+    from rknn_ray.student.semi import SemiConfig, train_semi_student
+    from rknn_ray.training import resolve_loop
+    from rknn_ray.training.local import fit_local
     xtr, ytr, xte, yte = digits
-    # a sixth of the rows are "unlabeled queries": garbage labels, weight 0 -> must be ignored
-    weight = np.ones(len(ytr), dtype=np.float32)
-    weight[::6] = 0.0
-    labels = ytr.copy()
-    labels[::6] = (labels[::6] + 1) % 10
-    seen, arrived = [], []
+    handed = []             # what each entry point gives the launcher; run here to finish it
 
-    def on_epoch(row):
-        seen.append(row)
-        arrived.append((threading.current_thread().name, time.monotonic()))
+    def in_process(loop, data, cfg, **kw):
+        handed.append((loop, data, cfg, kw))
+        return fit_local(loop, data, cfg, use_gpu=False, on_epoch=kw.get("on_epoch"))
+    monkeypatch.setattr(ray_train, "fit_on_ray", in_process)
+    student = train_student(xtr[:500], ytr[:500], xte, yte, (1, 8, 8), 10,
+                            StudentConfig(epochs=2, num_workers=1, use_gpu=False, seed=4),
+                            storage_path=str(tmp_path / "student"))
+    semi = train_semi_student(xtr[:256], ytr[:256], None, xte, yte, 10,
+                              SemiConfig(epochs=2, batch_size=32, flip=False, trainer="ray",
+                                         use_gpu=False), progress=lambda row: None)
+    encoder = ContrastiveEncoder(dim=8, epochs=1, batch_size=16, flip=False, trainer="ray",
+                                 cache_dir="", use_gpu=False).fit(xtr[:64])
+    monkeypatch.undo()
+    assert [(kw["name"], kw["trainer_key"], kw["num_workers"] if "num_workers" in kw else 1)
+            for *_, kw in handed] == [("student", "student.trainer", 1),
+                                      ("semi student", "represent.trainer", 1),
+                                      ("encoder", "represent.trainer", 1)]
+    assert handed[1][3]["on_epoch"] is not None      # the caller's progress reaches the launcher
+    local = [student.history, semi.history, encoder.history]
 
-    t0 = time.monotonic()
-    res = train_student(xtr, labels, xte, yte, (1, 8, 8), 10,
-                        StudentConfig(epochs=8, num_workers=2, use_gpu=False, seed=0),
-                        storage_path=str(tmp_path / "ray"), checkpoint_dir=str(tmp_path / "ckpt"),
-                        progress=on_epoch, sample_weight=weight)
-    returned = time.monotonic()
-    assert res.num_workers == 2 and res.device == "cpu" and res.epochs == 8
-    assert len(res.history) == 8 and seen == res.history       # each epoch once, in order
-    assert [r["epoch"] for r in seen] == list(range(1, 9))
-    # epochs reach the driver while Train still runs, not all at its end: the relay's poll
-    # thread runs only inside trainer.fit(), so a row it delivered arrived live
-    assert any(thread == "rknn-live-epochs" for thread, _ in arrived), arrived
-    assert t0 < arrived[0][1] < returned - 0.5
-    assert res.history[-1]["train_loss"] < res.history[0]["train_loss"] / 3
-    assert res.history[-1]["train_accuracy"] > 0.9
-    assert res.test_accuracy >= 0.9
-    # the copied checkpoint is the model that was evaluated
-    assert res.checkpoint_path == str(tmp_path / "ckpt" / "student.pt")
-    assert accuracy(load_student(res.checkpoint_path), xte, yte) == res.test_accuracy
-    with open(tmp_path / "ckpt" / "history.json") as f:
-        assert json.load(f) == res.history
-    assert set(res.timings) >= {"workers_start", "train", "evaluate"}
-    # Ray Train's own copy (its student-<id>/ storage) is removed once checkpoint_dir has it
-    stored = [os.path.join(dp, f) for dp, _, fs in os.walk(tmp_path / "ray") for f in fs if f == "student.pt"]
-    assert stored == [] and not list((tmp_path / "ray").glob("student-*"))
-    assert 0 < res.train_seconds < res.seconds
-    print(f"\nray train: total {res.seconds:.1f}s, in epoch loop {res.train_seconds:.1f}s, "
-          f"overhead {res.seconds - res.train_seconds:.1f}s, acc {res.test_accuracy:.3f}")
+    def every_loop(jobs, cfg, device, on_epoch):
+        """Each handed loop in turn on this worker; rows tagged so none is mistaken for another."""
+        payloads, rows = [], []
 
+        def tagged(which):
+            def push(row):
+                rows.append({**row, "loop": which, "epoch": len(rows) + 1})
+                if on_epoch is not None:
+                    on_epoch(rows[-1])
+            return push
+        for which, (loop, data, loop_cfg) in enumerate(jobs):
+            payloads.append(resolve_loop(loop)(data, loop_cfg, device, tagged(which)))
+        return {"payloads": payloads, "history": rows}
 
-@pytest.mark.slow  # TorchTrainer's fixed start-up
-def test_one_ray_worker_trains_the_student_train_student_local_trains(ray_session, digits, tmp_path):
-    """One loop, two runners: on one Ray Train worker the same seed gives the in-process student
-    (the same rows in the same order; only float sums over other thread counts may differ)."""
-    from rknn_ray.student import train_student_local
-    xtr, ytr, xte, yte = digits
-    cfg = StudentConfig(epochs=2, num_workers=1, use_gpu=False, seed=4)
-    ray_res = train_student(xtr[:500], ytr[:500], xte, yte, (1, 8, 8), 10, cfg,
-                            storage_path=str(tmp_path))
-    local = train_student_local(xtr[:500], ytr[:500], xte, yte, (1, 8, 8), 10, cfg)
-    assert ray_res.num_workers == 1 and ray_res.checkpoint_path == str(tmp_path / "student.pt")
-    assert [h["train_loss"] for h in ray_res.history] == \
-        pytest.approx([h["train_loss"] for h in local.history], rel=1e-4)
-    assert ray_res.test_accuracy == pytest.approx(local.test_accuracy, abs=2 / len(yte))
-    assert not list(tmp_path.glob("student-*"))          # Train's own run folder is gone
+    seen = []
+    run = ray_train.fit_on_ray(every_loop, [(loop, data, cfg) for loop, data, cfg, _ in handed],
+                               {}, name="every-loop", num_workers=1, use_gpu=False,
+                               on_epoch=seen.append, storage_path=str(tmp_path / "ray"))
+    assert run.num_workers == 1 and run.device == "cpu"
+    assert seen == run.payload["history"]            # every row once, in order
+    assert [r["loop"] for r in seen] == [0, 0, 1, 1, 2]
+    on_ray = [p["history"] for p in run.payload["payloads"]]
+    for ray_rows, local_rows in zip(on_ray, local):
+        assert [sorted(r) for r in ray_rows] == [sorted(r) for r in local_rows]
+        loss = "loss" if "loss" in local_rows[0] else "train_loss"
+        assert [r[loss] for r in ray_rows] == pytest.approx([r[loss] for r in local_rows], rel=1e-4)
+    trained = run.payload["payloads"][2]["state_dict"]  # the encoder's weights, not only its loss
+    for name, value in encoder.state_dict.items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-3, atol=1e-5)
+    assert not list((tmp_path / "ray").glob("every-loop-*"))   # Train's own run folder is gone

@@ -53,20 +53,3 @@ def test_initialized_from_the_contrastive_backbone(tmp_path):
                              SemiConfig(epochs=1, batch_size=16, flip=False, trainer="local"),
                              encoder=enc, checkpoint_dir=str(tmp_path))
     assert (tmp_path / "student.pt").exists() and res.epochs == 1
-
-
-@pytest.mark.slow  # TorchTrainer's fixed start-up
-def test_semi_student_on_ray_train_gives_the_local_one(ray_session, digits):
-    """The semi loop through the one launcher: a Ray Train worker trains what this process does."""
-    xtr, ytr, xte, yte = digits
-    results, seen = {}, []
-    for trainer in ("ray", "local"):
-        results[trainer] = train_semi_student(
-            xtr[:256], ytr[:256], None, xte, yte, 10,
-            SemiConfig(epochs=2, batch_size=32, flip=False, trainer=trainer, use_gpu=False),
-            progress=seen.append if trainer == "ray" else None)
-    ray_res, local = results["ray"], results["local"]
-    assert seen == ray_res.history and ray_res.num_workers == 1 and ray_res.device == "cpu"
-    assert [h["train_loss"] for h in ray_res.history] == \
-        pytest.approx([h["train_loss"] for h in local.history], rel=1e-4)
-    assert ray_res.test_accuracy == pytest.approx(local.test_accuracy, abs=2 / len(yte))
