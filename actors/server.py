@@ -40,12 +40,14 @@ def open_chunk(rows: int, processes: int) -> int:
 
 
 class ServerImpl:
-    def __init__(self, job_id: str, key_file: str | None = None, openers: int = 0,
+    def __init__(self, job_id: str, key_file: str | None = None, openers: int | None = 0,
                  window: int = 16):
+        """``openers``: opener processes, started (and warmed) now; None leaves the count to
+        the first round (:meth:`begin_round`), when the round's size is known."""
         self.job_id = job_id
         self._keys = ServerKeyPair.load(key_file) if key_file else ServerKeyPair.generate()
         self._guard = ReplayGuard(ID_LEN)          # report ids, across every round of the job
-        self._pool = OpenerPool(self._keys, openers)
+        self._pool = None if openers is None else OpenerPool(self._keys, openers)
         self._window = max(1, int(window))
         self._lock = threading.Lock()
         self._inflight: set = set()
@@ -58,12 +60,16 @@ class ServerImpl:
         return self._keys.public_bytes()
 
     def begin_round(self, ctx: RoundContext, mechanism: Mechanism,
-                    admission: tuple | None = None) -> None:
+                    admission: tuple | None = None, openers: int = 0) -> None:
         """Start a round. ``admission = (verifier, ctx, allowance, report_width)`` in the central
         and local models,
         where the server is the party that sees senders: each batch is admitted by sender
-        credential and per-sender allowance (:mod:`sealing.credentials`) before opening."""
+        credential and per-sender allowance (:mod:`sealing.credentials`) before opening.
+        ``openers``: the opener processes to start when the Server was made without a count
+        (the first round's; later rounds reuse them). They warm while the clients seal."""
         self._drain()
+        if self._pool is None:
+            self._pool = OpenerPool(self._keys, openers)
         self._pool.begin_round(ctx, mechanism)
         self._acc = RoundAccumulator(mechanism, self._guard)
         self._admission = None
@@ -164,7 +170,8 @@ class ServerImpl:
         return out
 
     def shutdown(self) -> None:
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()
 
 
 Server = ray.remote(ServerImpl)

@@ -253,13 +253,15 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
     quiet_train_logs()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     cores = os.cpu_count() or 1
-    cluster, overrides = None, [f"run.rng={rng}"]
+    # one opener per core, as every earlier row measured (a job's default opens a round of
+    # under 20,000 messages in the Server itself: rknn_ray.job.session.OPEN_IN_SERVER_BELOW)
+    cluster, overrides = None, [f"run.rng={rng}", f"cluster.openers={cores}"]
     if nodes > 1:
         roles = roles_for(nodes)
         # the cores are shared out, so the parties get what the single node gives them
         cluster = LocalCluster(roles, cpus=max(1.0, cores / nodes),
                                object_store_mb=object_store_mb or 500).start()
-        overrides += placement_overrides(roles) + [f"cluster.openers={cores}"]
+        overrides += placement_overrides(roles)
         ensure_ray(address=cluster.address, log_to_driver=False)
     else:
         ensure_ray(num_cpus=cores, object_store_mb=object_store_mb, log_to_driver=False)
@@ -357,7 +359,7 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
                                               delta)
             cfg = load_config(None, [f"privacy.model={model}",
                                      f"privacy.mechanism={WARM_MODELS[model]}",
-                                     f"privacy.delta={delta}",
+                                     f"privacy.delta={delta}", f"cluster.openers={cores}",
                                      f"cluster.shards={shards}", "run.progress=false"])
             cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
             sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)

@@ -261,8 +261,9 @@ class ClusterConfig:
     shard_cpus: float = key(0.5, "Ray CPUs per shard actor", float, low=0, low_open=True)
     server_cpus: float = key(0.25, "Ray CPUs of the Server actor", float, low=0, low_open=True)
     shuffler_cpus: float = key(0.25, "Ray CPUs per Shuffler actor", float, low=0, low_open=True)
-    openers: int | None = key(None, "the Server's opener processes (null: one per CPU, at most "
-                              "16)", int, low=0, high=64, nullable=True)
+    openers: int | None = key(None, "the Server's opener processes (null: none for a round of "
+                              "under 20,000 expected messages, the Server opens them itself; "
+                              "else one per CPU, at most 16)", int, low=0, high=64, nullable=True)
     window: int = key(16, "batches in flight per shard stream and in the Server", int, low=1,
                       high=1024)
     key_store: str | None = key(None, "absolute node-local folder for shard secrets (null: "

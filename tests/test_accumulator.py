@@ -111,3 +111,33 @@ def test_bad_rows_are_counted_and_a_round_releases_once(keys):
         acc.finalize(seeded_generator(0))
     empty = RoundAccumulator(mech)
     assert empty.finalize(seeded_generator(0)).counts.shape == (6, 3)   # an empty round releases noise only
+
+
+@pytest.mark.parametrize("openers", [0, 1])
+def test_a_server_made_without_an_opener_count_takes_the_first_rounds(keys, tmp_path, openers):
+    """cluster.openers: null. Nothing starts with the Server; its first round says how many
+    opener processes (none below OPEN_IN_SERVER_BELOW expected messages: the Server opens
+    them itself) and later rounds keep them. Either way the release is the same."""
+    from actors.server import ServerImpl
+    from rknn_ray.job.session import OPEN_IN_SERVER_BELOW, opener_processes
+    from sealing.envelope import to_arrow
+    assert opener_processes(3, 10) == 3 and opener_processes(0, 10 ** 9) == 0   # as asked
+    assert opener_processes(None, OPEN_IN_SERVER_BELOW - 1) == 0
+    key = tmp_path / "server.pem"
+    keys.save(key)
+    mech, msgs, ct = sealed_round(keys, "local", "collision", n=1200)
+    server = ServerImpl(CTX.job_id, str(key), None, 4)
+    try:
+        assert server._pool is None                  # no process started with the Server
+        server.begin_round(CTX, mech, None, openers)
+        pool = server._pool
+        assert pool.processes == openers and (pool._executor is None) == (openers == 0)
+        for part in np.array_split(ct, 3):
+            server.submit(to_arrow(part))
+        release = server.finish("seeded", 0)
+        server.begin_round(RoundContext(CTX.job_id, 1), mech, None, openers + 1)
+        assert server._pool is pool                  # the first round's pool, reused
+    finally:
+        server.shutdown()
+    assert release["messages"] == len(msgs)
+    np.testing.assert_allclose(release["counts"], mech.estimate(msgs.payloads, len(msgs)))

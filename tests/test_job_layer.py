@@ -133,3 +133,10 @@ def test_the_student_stages_leave_the_label_info_alone(tmp_path):
     assert student_description(_ctx("queries.s=10").cfg, ctx.data, enc,
                                student_inputs(_ctx("queries.s=10").cfg, ctx.data, enc, lab, qs,
                                               emb, info, None)) is None
+
+
+def test_a_big_round_gets_one_opener_per_cpu_of_the_cluster(ray_session):
+    from rknn_ray.job.session import OPEN_IN_SERVER_BELOW, opener_processes
+    cpus = int(ray_session.cluster_resources()["CPU"])
+    assert opener_processes(None, OPEN_IN_SERVER_BELOW) == max(1, min(16, cpus))
+    assert opener_processes(None) == max(1, min(16, cpus))      # size unknown: the pool

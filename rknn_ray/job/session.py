@@ -131,10 +131,20 @@ def new_job_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def opener_processes(requested: int | None) -> int:
-    """Opener processes for the Server: as asked, else one per CPU of the cluster (at most 16)."""
+#: expected messages in a round below which the Server opens them itself (``cluster.openers:
+#: null``). An opener process costs ~1 CPU s to start and warm; a digits job (~1,000 reports,
+#: ~70 ms of opening) spent 4-6 CPU s and 2-3 s of wall more with its two than without.
+OPEN_IN_SERVER_BELOW = 20_000
+
+
+def opener_processes(requested: int | None, expected_messages: float | None = None) -> int:
+    """Opener processes for the Server: as asked; else none for a round expected to carry
+    fewer than :data:`OPEN_IN_SERVER_BELOW` messages, and one per CPU of the cluster (at
+    most 16) for a bigger one."""
     if requested is not None:
         return max(0, int(requested))
+    if expected_messages is not None and expected_messages < OPEN_IN_SERVER_BELOW:
+        return 0
     cpus = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
     return max(1, min(16, cpus))
 
@@ -152,7 +162,7 @@ class ProtocolSession:
                                  if cfg.privacy.model == "shuffle" else []))
         self.server = parties.server_actor().options(
             num_cpus=cl.server_cpus, **party_options(cfg, "server")).remote(
-            job_id, key_file, opener_processes(cl.openers), cl.window)
+            job_id, key_file, cl.openers, cl.window)     # null: the first round sets the count
         # the simulation's credential authority: one key per shard, for its clients only
         issuer = CredentialIssuer(job_id, derived_key(str(cfg.run.seed).encode(), "credentials")
                                   if seeded else None)
@@ -258,13 +268,13 @@ class ProtocolSession:
         say = self.progress.say if self.progress else (lambda _m: None)
         timings: dict[str, float] = {}
         hops, hop_keys = [], ()
+        expected = self.num_clients * float(mechanism.describe().get(
+            "messages_per_client_expected", 1.0))
         if model == "shuffle":
             floor = mechanism.min_senders()
             if cfg.shuffle.min_senders is not None:
                 floor = max(floor, int(cfg.shuffle.min_senders))
             hops = self._shufflers(floor)
-            expected = self.num_clients * float(mechanism.describe().get(
-                "messages_per_client_expected", 1.0))
             distributed = (cfg.shuffle.distributed_above is not None and not cfg.shuffle.onion_layers
                            and expected > cfg.shuffle.distributed_above)
             if cfg.shuffle.onion_layers:
@@ -279,7 +289,8 @@ class ProtocolSession:
         ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
                                       admission if i == 0 else None)
                  for i, h in enumerate(hops)]
-                + [self.server.begin_round.remote(ctx, mechanism, None if hops else admission)])
+                + [self.server.begin_round.remote(ctx, mechanism, None if hops else admission,
+                                                  opener_processes(cfg.cluster.openers, expected))])
         sink = hops[0] if hops else self.server
         self._opened = opened = self._opened_bar()   # closed below, or by close() after a failure
         t0 = time.perf_counter()
