@@ -95,6 +95,14 @@ class ShufflerDyingAtShuffle(ShufflerImpl):
         os._exit(1)
 
 
+class ShufflerDyingAtSubmit(ShufflerImpl):
+    """The shuffler process dies as the first client batch reaches it (the clients' stage):
+    nothing was released, and the shards, alive throughout, are not the party to name."""
+
+    def submit_refs(self, *args, **kwargs):
+        os._exit(1)
+
+
 def configured(cls: type, **attrs) -> type:
     """``cls`` with the given class attributes (one test's fault settings)."""
     unknown = set(attrs) - set(dir(cls))

@@ -1,6 +1,7 @@
 """The main job end to end through Ray (actors), and its bad-input behaviour."""
 import json
 import os
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -209,7 +210,8 @@ def test_a_seeded_run_needs_insecure_seeded_on_the_command_line(tmp_path, capsys
 
 
 @pytest.mark.parametrize("faulty,party,kept", [("ServerDyingAtRelease", "server", True),
-                                               ("ShufflerDyingAtShuffle", "shuffler", False)])
+                                               ("ShufflerDyingAtShuffle", "shuffler", False),
+                                               ("ShufflerDyingAtSubmit", "shuffler", False)])
 def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
         ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger, faulty, party, kept):
     """Fault injection per party: the job ends with one message naming the party, the run folder
@@ -226,6 +228,7 @@ def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
     code, out = _run(tmp_path, party, "digits_shuffle.yaml", "run.rng=seeded")
     err = capsys.readouterr().err
     assert code == 2 and f"the {party} died" in err and "Traceback" not in err
+    assert not re.search(r"client shard \d", err)   # the shards lived: none blamed or retried
     marker = json.loads((out / "incomplete.json").read_text())
     assert f"the {party} died" in marker["reason"] and marker["release_saved"] is False
     assert not (out / "report.json").exists()

@@ -73,6 +73,14 @@ class PartyFailure(RknnError):
         self.party, self.released = party, released
 
 
+class _SinkDied(Exception):
+    """A client thread's hand-over found the shuffler or server dead (not the shard)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class CoverShortfall(PrivacyBudgetError):
     """The server opened the round's reports, but too few of them hid each other.
 
@@ -155,6 +163,7 @@ class ProtocolSession:
     def __init__(self, cfg, sources: list, job_id: str, key_file: str | None = None,
                  progress=None, parties: Parties | None = None):
         self.cfg, self.job_id, self.progress = cfg, job_id, progress
+        self._closing = False       # set by close(): client threads still running then go quietly
         self.parties = parties = parties or Parties()
         cl = cfg.cluster
         seeded = cfg.run.rng == "seeded"
@@ -207,6 +216,7 @@ class ProtocolSession:
         step needs the secrets; a shard that is already dead leaves its file behind
         (docs/threat-model.md says where).
         """
+        self._closing = True
         if getattr(self, "_opened", None) is not None:
             self._opened.close()           # a round that failed leaves its progress poller running
         forgot = [s.forget_secret.remote() for s in self.shards]
@@ -385,18 +395,26 @@ class ProtocolSession:
         pooled = bar_for(self.progress, "messages into the shuffler", None, "msgs") \
             if is_shuffler else None
 
+        sink_party = "shuffler" if is_shuffler else "server"
+
         def pump(i: int, shard) -> None:
             sizes = piece_clients(self.shard_clients[i], int(cl.batch_clients))
+            source = self._sources[i]           # close() empties the list under a late thread
             for attempt in range(SHARD_RETRIES + 1):
                 try:
                     gen = shard.stream_reports.options(
                         num_returns="streaming",
                         _generator_backpressure_num_objects=max(2, int(cl.window))
-                    ).remote(spec_ref, int(cl.batch_clients), self._sources[i])
+                    ).remote(spec_ref, int(cl.batch_clients), source)
                     sent = 0
                     for ref in gen:
-                        rows = ray.get(sink.submit_refs.remote([ref]) if is_shuffler
-                                       else sink.submit.remote(ref))
+                        try:
+                            rows = ray.get(sink.submit_refs.remote([ref]) if is_shuffler
+                                           else sink.submit.remote(ref))
+                        except ray.exceptions.RayActorError as exc:
+                            if isinstance(exc, ray.exceptions.RayTaskError):
+                                raise   # the sink ran and failed on the shard's batch: the shard's
+                            raise _SinkDied(exc) from None      # the sink itself died
                         sent += 1
                         if attempt == 0:      # a re-sent round is not new progress
                             with lock:
@@ -404,7 +422,15 @@ class ProtocolSession:
                                 if pooled is not None:
                                     pooled.update(int(rows or 0))
                     return
+                except _SinkDied as died:
+                    if not self._closing:
+                        errors.append(PartyFailure(_actor_death(
+                            f"the {sink_party} died; nothing was released", died.cause),
+                            sink_party))
+                    return
                 except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                    if self._closing:        # the job is ending (an interrupt): no retry, no line
+                        return
                     if attempt == SHARD_RETRIES:
                         errors.append(PartyFailure(_actor_death(
                             f"client shard {i} died {attempt + 1} times; nothing was released",
@@ -412,14 +438,15 @@ class ProtocolSession:
                         return
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
                         "it; it re-sends the round (same reports, counted once)")
-                    alive, why = _wait_alive(shard, self._sources[i])
+                    alive, why = _wait_alive(shard, source)
                     if not alive:
                         errors.append(PartyFailure(_actor_death(
                             f"client shard {i} died and did not come back; nothing was released",
                             why or exc), f"client shard {i}"))
                         return
                 except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
-                    errors.append(exc)
+                    if not self._closing:
+                        errors.append(exc)
                     return
 
         threads = [threading.Thread(target=pump, args=(i, s), daemon=True)
