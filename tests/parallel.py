@@ -20,25 +20,25 @@ SHARED_FIXTURE_UNITS = {
     "test_shuffle_distributed.py": "clean_shuffle_round",
 }
 
-# the longest units, longest first: summed test times (``--junitxml``) on this 2-core machine
-# (2026-11-25, two workers); every other module follows in collection order. A stale order
+# the longest units, longest first: summed test times (``--durations``) on this 2-core machine
+# (2026-11-26, two workers); every other module follows in collection order. A stale order
 # costs time, never correctness.
 LONGEST_FIRST = [
+    "digits_runs",
     "clean_shuffle_round",
     "test_edge_probes.py",
-    "digits_runs",
     "test_cluster_submit.py",
-    "test_student_ray.py",
     "test_multinode.py",
     "test_progress_demo_console.py",
-    "test_student_semi.py",
-    "test_baselines_methods.py",
-    "test_shard_secrets.py",
-    "test_encoders_learned.py",
+    "test_student_ray.py",
     "test_cover.py",
-    "test_one_ledger.py",
+    "test_shard_secrets.py",
     "test_amplification_job.py",
     "test_secret_memory.py",
+    "test_grid.py",
+    "test_baselines_methods.py",
+    "test_one_ledger.py",
+    "test_shard_sources.py",
 ]
 
 

@@ -104,7 +104,7 @@ def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(ra
     assert code == 143, text
     (line,) = _error_lines(text)
     assert "interrupted by SIGTERM during private round 1" in line and "incomplete.json" in line
-    assert "Traceback" not in text
+    assert "Traceback" not in text, text
     marker = json.loads((out / "incomplete.json").read_text())
     assert marker["reason"].startswith("interrupted by SIGTERM") and marker["release_saved"] is False
     assert not (out / "report.json").exists() and not (out / "release.npz").exists()
