@@ -21,6 +21,7 @@ from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.base import honest_count
 from rknn_ray.rng import seeded_generator
+from tests.test_protocol import _digits_cfg
 
 DIGITS_N = 1079             # private digits records = clients (digits_shuffle.yaml)
 GARBAGE = len(range(0, DIGITS_N, 10))      # clients whose id is a multiple of 10: 108
@@ -78,12 +79,6 @@ def test_honest_fraction_is_validated_and_has_one_home():
     with pytest.raises(ConfigError, match="privacy.honest_fraction"):
         build("shuffle", "multi", MechanismParams(4, 3, 1, 1.0, delta=1e-6, num_clients=100,
                                                   options={"honest_fraction": 1.5}))
-
-
-def _digits_cfg(*overrides):
-    return load_config("jobs/configs/digits_shuffle.yaml",
-                       ["run.rng=seeded", "queries.s=10", "cluster.shards=2",
-                        "cluster.batch_clients=200", "cluster.openers=1", *overrides])
 
 
 def _garbage_parties():

@@ -85,9 +85,11 @@ def test_server_actor_rejects_and_counts_bad_reports(ray_session):
 
 
 def _digits_cfg(*overrides):
+    """A seeded digits shuffle job of two shards; its Server opens a round of this size itself
+    (cluster.openers: null), except where a test asks for opener processes."""
     return load_config("jobs/configs/digits_shuffle.yaml",
                        ["run.rng=seeded", "queries.s=10", "cluster.shards=2",
-                        "cluster.batch_clients=200", "cluster.openers=1", *overrides])
+                        "cluster.batch_clients=200", *overrides])
 
 
 def _session_round(cfg, job_id="job-fixed", rounds=1, parties=None, ledger=None, progress=None):
@@ -149,8 +151,9 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     # honest_fraction 1 and eps 4: the chain is under test here, not the fraction or eps
     # (0.5 doubles the noise messages every hop peels: tests/test_cover.py covers it; eps 1
     # sends ~9x the noise messages per client of eps 4, each sealed and peeled twice)
+    # and the Server opens through an opener process: the session-level run of that pool
     cfg = _digits_cfg("privacy.mechanism=multi", "shuffle.onion_layers=2", "privacy.eps=4.0",
-                      "privacy.honest_fraction=1.0")
+                      "privacy.honest_fraction=1.0", "cluster.openers=1")
     data, enc, qs, ledger, (res,) = _session_round(cfg)
     assert res.shuffler["senders"] == data.num_clients
     assert len(res.shuffler["hops"]) == 2
