@@ -99,7 +99,7 @@ DIGITS_RUNS = {
 }
 # the student trains in the driver: Ray Train's start-up is ~10 s of a digits job, and the
 # job's Ray Train path is proven end to end by test_progress_demo_console (the README's
-# command, its run folder checked) and in detail by test_student_ray
+# command on 2 workers, its run folder checked); test_student_ray runs every loop on Train
 DIGITS_RUNS_FAST = ["student.epochs=1", "queries.restarts=1", "student.trainer=local"]
 
 
