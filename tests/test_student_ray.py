@@ -48,10 +48,9 @@ def test_every_loop_runs_on_a_ray_train_worker_as_it_runs_in_process(ray_session
     encoder = ContrastiveEncoder(dim=8, epochs=1, batch_size=16, flip=False, trainer="ray",
                                  cache_dir="", use_gpu=False).fit(xtr[:64])
     monkeypatch.undo()
-    assert [(kw["name"], kw["trainer_key"], kw["num_workers"] if "num_workers" in kw else 1)
-            for *_, kw in handed] == [("student", "student.trainer", 1),
-                                      ("semi student", "represent.trainer", 1),
-                                      ("encoder", "represent.trainer", 1)]
+    assert [(kw["name"], kw["trainer_key"], kw["num_workers"]) for *_, kw in handed] == [
+        ("student", "student.trainer", 1), ("semi student", "represent.trainer", 1),
+        ("encoder", "represent.trainer", 1)]
     assert handed[1][3]["on_epoch"] is not None      # the caller's progress reaches the launcher
     local = [student.history, semi.history, encoder.history]
 
