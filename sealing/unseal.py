@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, ID_LEN, JOB_TAG_LEN, KEY_LEN, NONCE,
-                               PLAIN_HEAD, TAG_LEN, RoundContext, derive_key, layer_info)
+                               PLAIN_HEAD, SEAL_CHUNK, TAG_LEN, RoundContext, derive_key,
+                               layer_info)
 
 REJECT_KINDS = ("malformed", "wrong_job", "wrong_round", "tampered", "replayed")
 
@@ -76,22 +77,26 @@ def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes
     info = layer_info(aad_head[32:])
     data = np.ascontiguousarray(rows).tobytes()
     opened, kept = [], []
-    for i in candidates.tolist():
-        base = i * width
-        eph_pub = data[base + CONTEXT_LEN:base + HEADER_LEN]
-        try:
-            shared = exchange(X25519PublicKey.from_public_bytes(eph_pub))
-        except ValueError:  # low-order point: all-zero shared secret, crafted input
-            rejects["malformed"] += 1
-            continue
-        key = derive_key(shared, eph_pub, recipient_pub, info)
-        try:
-            opened.append(ChaCha20Poly1305(key).decrypt(NONCE, data[base + HEADER_LEN:base + width],
-                                                        aad_head + eph_pub))
-        except InvalidTag:
-            rejects["tampered"] += 1
-            continue
-        kept.append(i)
+    # one primitive at a time over a chunk (as in sealing.envelope.seal_batch: ~10% less CPU)
+    rows_left = candidates.tolist()
+    for lo in range(0, len(rows_left), SEAL_CHUNK):
+        chunk = rows_left[lo:lo + SEAL_CHUNK]
+        pubs = [data[i * width + CONTEXT_LEN:i * width + HEADER_LEN] for i in chunk]
+        shared = [_exchange_or_none(exchange, eph_pub) for eph_pub in pubs]
+        keys = [None if secret is None else derive_key(secret, eph_pub, recipient_pub, info)
+                for eph_pub, secret in zip(pubs, shared)]
+        for i, eph_pub, key in zip(chunk, pubs, keys):
+            if key is None:     # low-order point: all-zero shared secret, crafted input
+                rejects["malformed"] += 1
+                continue
+            base = i * width
+            try:
+                opened.append(ChaCha20Poly1305(key).decrypt(NONCE, data[base + HEADER_LEN:base + width],
+                                                            aad_head + eph_pub))
+            except InvalidTag:
+                rejects["tampered"] += 1
+                continue
+            kept.append(i)
     if not kept:
         return _empty_result(payload_len, rejects)
     kept = np.asarray(kept, np.int64)
@@ -111,6 +116,14 @@ def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes
     ids = np.ascontiguousarray(plain[good, :ID_LEN]).view(f"S{ID_LEN}").ravel()
     eph = np.ascontiguousarray(rows[kept, CONTEXT_LEN:HEADER_LEN]).view(f"S{KEY_LEN}").ravel()
     return Opened(payloads, ids, eph, kept, rejects)
+
+
+def _exchange_or_none(exchange, eph_pub: bytes) -> bytes | None:
+    """The X25519 shared secret, or None for a point the library refuses (low order)."""
+    try:
+        return exchange(X25519PublicKey.from_public_bytes(eph_pub))
+    except ValueError:
+        return None
 
 
 def _empty_result(payload_len, rejects) -> Opened:

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from rknn_ray.errors import ConfigError
-from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, RoundContext, ciphertext_len, report_ids_from_key,
-                               from_arrow, seal_batch, to_arrow)
+from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, SEAL_CHUNK, RoundContext, ciphertext_len,
+                               from_arrow, report_ids_from_key, seal_batch, to_arrow)
 from sealing.onion import seal_onion
 from sealing.replay import ReplayGuard
 from shuffler.layers import LayerKeyPair, LayerPeeler
@@ -142,6 +142,24 @@ def test_version_layer_length_and_padding_violations_are_malformed(keypair):
     zero_point[0, CONTEXT_LEN:HEADER_LEN] = 0
     _, rej = opened_and_rejects(ReportOpener(keypair, CTX, 12), zero_point)
     rejects_only(rej, malformed=1)
+
+
+def test_a_batch_over_several_chunks_keeps_its_order_and_each_reject(keypair):
+    """Sealing and opening go one primitive at a time over chunks of SEAL_CHUNK messages:
+    a batch spanning three chunks round-trips in order, and bad rows anywhere in it
+    (a chunk's first and last row included) are counted and dropped alone."""
+    m = 2 * SEAL_CHUNK + 5
+    plain = payloads(m, seed=3)
+    ct = seal_batch(keypair.public_bytes(), plain, CTX)
+    tampered = [0, SEAL_CHUNK - 1, 2 * SEAL_CHUNK + 4]
+    low_order = [SEAL_CHUNK, 2 * SEAL_CHUNK]
+    ct[tampered, -1] ^= 1
+    ct[np.ix_(low_order, np.arange(CONTEXT_LEN, HEADER_LEN))] = 0
+    out = ReportOpener(keypair, CTX, 12).open_batch(ct)
+    good = np.setdiff1d(np.arange(m), tampered + low_order)
+    assert np.array_equal(out.kept, good) and np.array_equal(out.payloads, plain[good])
+    assert len(set(out.eph_pubs.tolist())) == good.size     # a fresh ephemeral key per message
+    rejects_only(out.rejects, malformed=2, tampered=3)
 
 
 def test_fuzzed_batches_never_crash_and_account_for_every_row(keypair):
