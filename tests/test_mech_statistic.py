@@ -115,6 +115,23 @@ def test_finalize_equals_the_sum_of_per_report_estimates(v):
                                per_report, rtol=1e-9, atol=1e-6)
 
 
+@pytest.mark.parametrize("v", [v for v in VARIANTS if v[0] in ("local", "shuffle")
+                               and v[1] != "multi"], ids=variant_id)
+def test_decoding_one_report_at_a_time_gives_the_same_statistic(v, monkeypatch):
+    """Hash decoding works over cache-sized chunks of reports (DECODE_CHUNK_ELEMENTS):
+    one report per chunk must give the statistic of the whole batch, bit for bit."""
+    from rknn_ray.mechanisms import collision, separation
+    model, name, opts = v
+    records = 2 if opts.get("multi_record") == "normalize" else 1
+    mech = mechanism(model, name, opts, records)
+    msgs = mech.randomize(answers(300, seed=2, records_per_client=records),
+                          np.random.default_rng(4))
+    whole = mech.statistic(msgs.payloads)
+    for module in (collision, separation):
+        monkeypatch.setattr(module, "DECODE_CHUNK_ELEMENTS", 1)
+    np.testing.assert_array_equal(mech.statistic(msgs.payloads), whole)
+
+
 def test_a_statistic_of_the_wrong_shape_is_refused():
     mech = mechanism("local", "concatenation", {})
     with pytest.raises(ValueError, match="statistic has shape"):

@@ -51,7 +51,7 @@ from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_down
-from rknn_ray.mechanisms.randomized_response import FlatLocalMechanism
+from rknn_ray.mechanisms.randomized_response import DECODE_CHUNK_ELEMENTS, FlatLocalMechanism
 
 PRIME = (1 << 31) - 1          # Mersenne prime 2^31 - 1: the hash field
 _P = np.uint64(PRIME)
@@ -305,7 +305,7 @@ class CollisionMechanism(FlatLocalMechanism):
         """Per cell: how many reports hit it (H_i(v) == z_i)."""
         seeds, (z,) = decode_reports(self._checked(payloads), [self.oracle.z_bytes])
         hits = np.zeros(self.oracle.d, dtype=np.int64)
-        for sl in self._chunks(len(z), self.oracle.d):
+        for sl in self._chunks(len(z), self.oracle.d, DECODE_CHUNK_ELEMENTS):
             hits += self.oracle.hits(seeds[sl], z[sl]).sum(axis=0, dtype=np.int64)
         return hits
 

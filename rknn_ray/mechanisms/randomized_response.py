@@ -50,6 +50,11 @@ from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_up
 
 MULTI_RECORD = ("sample", "normalize")
 CHUNK_ELEMENTS = 1 << 21   # elements of the largest (clients x cells) working array
+# Hash decoding (Collision, Separation, Concatenation) makes several passes over a (reports x
+# cells) int64 array: at 2^18 elements (2 MiB) they stay in cache, up to 3x faster than at
+# 2^21 (docs/results.md, "Decoding in cache-sized chunks"). Bit and integer decoding gain
+# nothing; randomizing keeps CHUNK_ELEMENTS (its draws, hence seeded reports, depend on it).
+DECODE_CHUNK_ELEMENTS = 1 << 18
 
 
 class LocalMechanism(Mechanism):
@@ -100,8 +105,8 @@ class LocalMechanism(Mechanism):
         return ids, answers
 
     @staticmethod
-    def _chunks(n: int, width: int):
-        step = max(1, CHUNK_ELEMENTS // max(1, width))
+    def _chunks(n: int, width: int, elements: int = CHUNK_ELEMENTS):
+        step = max(1, elements // max(1, width))
         for a in range(0, n, step):
             yield slice(a, min(n, a + step))
 

@@ -40,7 +40,7 @@ from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
 from rknn_ray.mechanisms.collision import (SEED_BYTES, CollisionOracle, collision_l,
                                            collision_rates, decode_reports, encode_reports)
 from rknn_ray.mechanisms.exact import float_below
-from rknn_ray.mechanisms.randomized_response import LocalMechanism
+from rknn_ray.mechanisms.randomized_response import DECODE_CHUNK_ELEMENTS, LocalMechanism
 
 
 def separation_client_variance(var_t: tuple[float, float],
@@ -174,7 +174,8 @@ class SeparationMechanism(LocalMechanism):
         return _pair_statistic(((self.oracle_t.hits(seeds[sl], zt[sl]),
                                  self.oracle_y.hits(seeds[sl], zy[sl]))
                                 for sl in self._chunks(len(seeds), self.params.num_queries
-                                                       + self.params.num_classes)),
+                                                       + self.params.num_classes,
+                                                       DECODE_CHUNK_ELEMENTS)),
                                self.params.num_queries, self.params.num_classes)
 
     def finalize(self, stat: np.ndarray, num_reports: int,
@@ -259,7 +260,7 @@ class ConcatenationMechanism(LocalMechanism):
         s, ny = self.params.num_queries, self.params.num_classes
 
         def parts():
-            for sl in self._chunks(len(z), self.oracle.d):
+            for sl in self._chunks(len(z), self.oracle.d, DECODE_CHUNK_ELEMENTS):
                 x = self.oracle.hits(seeds[sl], z[sl])
                 yield x[:, :s], x[:, s:]
         return _pair_statistic(parts(), s, ny)
