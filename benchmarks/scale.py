@@ -1,7 +1,7 @@
 """One shuffle round at scale: single message, Collision, every report sealed.
 
     python -m benchmarks.scale --clients 1000000 --protocol actors|inprocess [--json]
-        [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--memory-period 2] [--floor-period 5]
+        [--object-store-mb 512] [--shards 2] [--nodes 3] [--rng seeded] [--memory-period 5] [--floor-period 5]
         [--out bench_out/scale]
     python -m benchmarks.scale --clients 10000 --warm-rounds 5
 
@@ -20,7 +20,9 @@ round: each part's median over samples taken every ``--floor-period`` s, since t
 machine's speed drifts; ``floor_spread_s`` is the range one sample implied and
 ``floor_after_round_s`` one floor taken after the round, the way it was measured before
 2026-11-25), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
-``ratio_to_floor`` = wall / floor_wall, ``round_cpu_s`` (actors: CPU of every process of
+``ratio_to_floor`` = wall / floor_wall (the wall includes the actors' start-up and
+shutdown), ``round_wall_s`` and ``round_ratio_to_floor`` (actors: the round alone, from its
+start to the release), ``round_cpu_s`` (actors: CPU of every process of
 the run during the round; ``round_cpu_by_process_s`` by kind of process) and
 ``cpu_ratio_to_floor`` = round_cpu / floor (what a loaded machine inflates far less than
 wall time; it includes the opener processes' warm-up, which overlaps the client stage,
@@ -301,7 +303,9 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
         with ProtocolSession(cfg, sources, "scale-bench", progress=Progress(False)) as session:
             start = time.perf_counter() - t0
             cpu0 = _cpu_by_process()
+            t_round = time.perf_counter()
             res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+            round_wall = time.perf_counter() - t_round
             by_process = _cpu_delta(cpu0, _cpu_by_process())
             round_cpu = sum(by_process.values())
         wall = time.perf_counter() - t_all
@@ -312,7 +316,7 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
             "messages": res.messages, "rejected": res.rejected, "counts": res.counts,
             "eps0": mech.local_eps, "eps": res.guarantee.eps, "qs": qs,
             "message_size": mech.message_size, "spilled_mb": spilled,
-            "placement": res.placement, "round_cpu_s": round_cpu,
+            "placement": res.placement, "round_cpu_s": round_cpu, "round_wall_s": round_wall,
             "round_cpu_by_process_s": by_process}
 
 
@@ -441,7 +445,7 @@ def _cpu_delta(before: dict, after: dict) -> dict[str, float]:
 
 def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int = 2,
         object_store_mb: int | None = None, distributed_above: int | None = 5_000_000,
-        nodes: int = 1, rng: str = "secure", memory_period: float = 2.0,
+        nodes: int = 1, rng: str = "secure", memory_period: float = 5.0,
         floor_period: float = 5.0) -> dict:
     from benchmarks.crypto_floor import floor_parts
     if nodes > 1 and protocol != "actors":
@@ -463,6 +467,11 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
             "floor_after_round_s": at_rest,
             "cores": cores,
             "floor_wall_s": floor / cores, "ratio_to_floor": res["wall_s"] / (floor / cores),
+            # the round alone (actors: from the round's start to its release, without the
+            # actors' start-up and shutdown, which a job pays once for all its rounds)
+            "round_wall_s": res.get("round_wall_s"),
+            "round_ratio_to_floor": (res["round_wall_s"] / (floor / cores)
+                                     if res.get("round_wall_s") else None),
             "round_cpu_s": res.get("round_cpu_s"),
             "round_cpu_by_process_s": res.get("round_cpu_by_process_s"),
             "cpu_ratio_to_floor": (res["round_cpu_s"] / floor if res.get("round_cpu_s")
@@ -502,9 +511,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-rounds", type=int, default=0,
                     help="instead of one big round: this many warm rounds per model (central, "
                          "shuffle) after a cold one; 100 queries, a 1000-cell vote (issue 20)")
-    ap.add_argument("--memory-period", type=float, default=2.0,
+    ap.add_argument("--memory-period", type=float, default=5.0,
                     help="seconds between memory samples (each costs the driver ~0.1 CPU s "
-                         "in a big round: a long round may sample less often)")
+                         "in a big round; rows before 2026-11-26 sampled every 2 s)")
     ap.add_argument("--floor-period", type=float, default=5.0,
                     help="seconds between floor samples taken during the round (each ~200 "
                          "messages of every primitive, ~40 ms of one core)")
@@ -543,6 +552,9 @@ def main(argv=None) -> int:
                   f"({res['cpu_ratio_to_floor_without_samplers']:.2f} x without the "
                   f"benchmark's own samplers, {res['benchmark_own_cpu_s']:.2f} s)")
             print(", ".join(f"{k} {v:.2f}" for k, v in res["round_cpu_by_process_s"].items()))
+        if res["round_wall_s"]:
+            print(f"the round alone (no actor start-up or shutdown): {res['round_wall_s']:.2f} s "
+                  f"= {res['round_ratio_to_floor']:.2f} x floor / cores")
         print(f"ratio to floor {res['ratio_to_floor']:.2f}; peak memory {res['peak_rss_mb']:.0f} MB; "
               f"spilled {res['spilled_mb']:.0f} MB")
         for party, ids in res["placement"].items():
