@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from sealing.envelope import RoundContext, from_arrow
+from sealing.envelope import RoundContext, from_arrow, integer_column, numeric_array
 from sealing.replay import ReplayGuard
 
 TAG_LEN = 16
@@ -124,7 +124,7 @@ def with_credentials(batch: pa.RecordBatch, seqs: np.ndarray, tags: np.ndarray) 
     tags = np.ascontiguousarray(tags, np.uint8)
     tag_col = pa.FixedSizeBinaryArray.from_buffers(pa.binary(TAG_LEN), len(tags),
                                                    [None, pa.py_buffer(tags)])
-    return pa.RecordBatch.from_arrays([*batch.columns, pa.array(seqs, pa.uint32()), tag_col],
+    return pa.RecordBatch.from_arrays([*batch.columns, numeric_array(seqs, pa.uint32()), tag_col],
                                       names=[*batch.schema.names, "seq", "tag"])
 
 
@@ -261,7 +261,7 @@ def _credential_columns(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
     if seq_col.null_count or tag_col.null_count or not pa.types.is_fixed_size_binary(tag_col.type) \
             or tag_col.type.byte_width != TAG_LEN:
         raise ValueError("malformed credential columns")
-    seqs = seq_col.to_numpy(zero_copy_only=False).astype(np.int64)
+    seqs = integer_column(seq_col, "seq").astype(np.int64)
     if seqs.size and seqs.min() < 0:
         raise ValueError("negative seq")
     buf = tag_col.buffers()[1]

@@ -118,6 +118,43 @@ def test_unknown_senders_wrong_lengths_and_garbage_are_counted_not_raised(issuer
     assert adm.authenticated_senders == 0
 
 
+def test_sender_and_seq_columns_of_another_type_are_bad_credentials(issuer):
+    """The columns are read from their buffers (no pandas on the hot path): an integer
+    column of another width still reads right; a float, string or nullable one is refused."""
+    adm = SenderAdmission(issuer.verifier(RANGES), CTX, allowance=1, report_width=40)
+    ok = _signed(issuer.shard_credential(0, *RANGES[0]), [1, 2, 3])
+
+    def with_column(name, array):
+        cols = [array if n == name else c for n, c in zip(ok.schema.names, ok.columns)]
+        return pa.RecordBatch.from_arrays(cols, names=ok.schema.names)
+    for name, bad in (("sender", pa.array([1.0, 2.0, 3.0])), ("sender", pa.array(["1", "2", "3"])),
+                      ("seq", pa.array([0.0, 0.0, 0.0])), ("seq", pa.array([0, None, 0], pa.uint32()))):
+        assert adm.admit(with_column(name, bad))[2]["bad_credential"] == 3, (name, bad.type)
+    narrow = with_column("sender", pa.array([1, 2, 3], pa.int32())).slice(1)   # offset 1 too
+    reports, senders, rejects = adm.admit(narrow)
+    assert senders.tolist() == [2, 3] and sum(rejects.values()) == 0
+    assert adm.authenticated_senders == 2
+
+
+def test_sealing_and_admission_do_not_import_pandas():
+    """pyarrow's pa.array / to_numpy import pandas (~0.6 CPU s in every actor of a round)."""
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np\n"
+            "from sealing.credentials import CredentialIssuer, SenderAdmission, with_credentials\n"
+            "from sealing.envelope import RoundContext, from_arrow, seal_batch, to_arrow\n"
+            "ctx = RoundContext('j', 0); iss = CredentialIssuer('j')\n"
+            "ct = seal_batch(bytes(range(1, 33)), np.zeros((4, 8), np.uint8), ctx)\n"
+            "seqs, tags = iss.shard_credential(0, 0, 10).sign(ctx, np.arange(4), ct)\n"
+            "batch = with_credentials(to_arrow(ct, np.arange(4)), seqs, tags)\n"
+            "adm = SenderAdmission(iss.verifier([(0, 10)]), ctx, 1, ct.shape[1])\n"
+            "assert adm.admit(batch)[1].tolist() == [0, 1, 2, 3]\n"
+            "from_arrow(batch)\n"
+            "print('pandas' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
 def test_multi_message_allowance_covers_honest_clients_and_caps_a_flood():
     """The noise cap: honest clients of a simulated round stay under it; the guarantee says so."""
     from rknn_ray.labeling.answers import RecordAnswers
