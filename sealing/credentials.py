@@ -57,11 +57,13 @@ def _shard_key(master: bytes, job_id: str, shard: int, lo: int, hi: int) -> byte
 
 def _client_keys(shard_keys: list[bytes], senders: np.ndarray, shards: np.ndarray) -> list[bytes]:
     """Message j's client key, HMAC(shard key, "client" | sender as signed big-endian i64):
-    one HMAC per distinct sender, on the ids' bytes (no per-message dictionary or ints)."""
+    one HMAC per distinct sender, each on one slice of a prebuilt byte string."""
     ids, first, inverse = np.unique(senders, return_index=True, return_inverse=True)
-    kb, digest, sh = ids.astype(">i8").tobytes(), hmac.digest, shards[first].tolist()
-    keys = [digest(shard_keys[sh[j]], b"client" + kb[8 * j:8 * j + 8], "sha256")
-            for j in range(ids.size)]
+    msgs = np.empty((ids.size, 14), np.uint8)
+    msgs[:, :6] = np.frombuffer(b"client", np.uint8)
+    msgs[:, 6:] = ids.astype(">i8").view(np.uint8).reshape(-1, 8)
+    data, digest, sh = msgs.tobytes(), hmac.digest, shards[first].tolist()
+    keys = [digest(shard_keys[sh[j]], data[14 * j:14 * j + 14], "sha256") for j in range(ids.size)]
     return [keys[j] for j in inverse.ravel().tolist()]
 
 
@@ -71,17 +73,20 @@ def _tag_prefix(ctx: RoundContext) -> bytes:
 
 def _tags(keys: list[bytes], prefix: bytes, senders: np.ndarray, seqs: np.ndarray,
           reports: np.ndarray) -> np.ndarray:
-    """(M, 16) uint8 tags; ``keys[j]`` is message j's client key (one HMAC per message,
-    on plain bytes: no per-message numpy objects)."""
+    """(M, 16) uint8 tags; ``keys[j]`` is message j's client key. Every tagged message
+    (prefix | sender | seq | report) is a row of one numpy array, so each HMAC takes one
+    slice: no per-message concatenation or numpy object."""
     m = len(keys)
-    sb = senders.astype(">i8").tobytes()
-    qb = seqs.astype(">u4").tobytes()
-    rows = np.ascontiguousarray(reports, np.uint8)
-    width = rows.shape[1] if rows.ndim == 2 else 0
-    data = rows.tobytes()
-    digest = hmac.digest
-    tags = [digest(key, prefix + sb[8 * j:8 * j + 8] + qb[4 * j:4 * j + 4]
-                   + data[width * j:width * (j + 1)], "sha256")[:TAG_LEN]
+    rows = np.ascontiguousarray(reports, np.uint8).reshape(m, -1)
+    head = len(prefix)
+    width = head + 12 + rows.shape[1]
+    msgs = np.empty((m, width), np.uint8)
+    msgs[:, :head] = np.frombuffer(prefix, np.uint8)
+    msgs[:, head:head + 8] = np.asarray(senders).astype(">i8").view(np.uint8).reshape(m, 8)
+    msgs[:, head + 8:head + 12] = np.asarray(seqs).astype(">u4").view(np.uint8).reshape(m, 4)
+    msgs[:, head + 12:] = rows
+    data, digest = msgs.tobytes(), hmac.digest
+    tags = [digest(key, data[width * j:width * (j + 1)], "sha256")[:TAG_LEN]
             for j, key in enumerate(keys)]
     return np.frombuffer(b"".join(tags), np.uint8).reshape(m, TAG_LEN)
 
