@@ -322,6 +322,7 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
 
 WARM_QUERIES = 100                         # x 10 classes: the 1000-cell vote of issue 20
 WARM_MODELS = {"central": "laplace", "shuffle": "collision"}
+WARM_FLOOR_PROBE = 1000                    # messages of every primitive after each warm round
 
 
 def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
@@ -330,7 +331,8 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     actors (N one-record clients, 100 queries, 1000-cell vote, the server sums).
 
     Per model: each warm round's wall time and stages, ``round_cpu_s`` (CPU of the whole
-    process tree in the round), the round's floor (its primitives' CPU), ``fixed_s`` =
+    process tree in the round), the round's floor (its primitives' CPU: each part's median
+    over samples of WARM_FLOOR_PROBE messages taken after every warm round), ``fixed_s`` =
     median warm wall - floor / cores and ``fixed_cpu_s`` = median round CPU - floor: what a
     round costs beyond its messages (actor calls, calibration, hand-overs);
     ``fixed_cpu_net_s`` also takes off what the idle session burns in that time
@@ -339,7 +341,6 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     """
     import ray
 
-    from benchmarks.crypto_floor import floor_parts
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
@@ -370,6 +371,9 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
                        for a, b in zip(cuts[:-1], cuts[1:])]
             walls, cpus, tree_cpus, stages, by_process = [], [], [], [], []
             ledger = PrivacyLedger()
+            # the floor between the warm rounds, out of their timed windows (this machine's
+            # speed drifts; one floor taken after the rounds moved fixed_s by ~0.3 s at 1e4)
+            probe = FloorSampler(mech.message_size, period=0.0, probe=WARM_FLOOR_PROBE)
             with ProtocolSession(cfg, sources, f"warm-{model}", progress=Progress(False)) as session:
                 idle_rate = None
                 for r in range(rounds + 1):
@@ -385,7 +389,9 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
                     by_process.append(_cpu_delta(tree, _cpu_by_process()))
                     tree_cpus.append(sum(by_process[-1].values()))
                     stages.append(res.timings)
-            floor = sum(floor_parts(res.messages, mech.message_size).values())
+                    if r:
+                        probe.sample()
+            floor = sum(probe.parts(res.messages).values())
             warm = sorted(walls[1:])
             median = warm[len(warm) // 2]
             warm_cpu = sorted(tree_cpus[1:])[len(warm) // 2]
@@ -394,6 +400,7 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
                 "driver_cpu_s": cpus[1:], "round_cpu_s": tree_cpus[1:],
                 "round_cpu_by_process_s": by_process[1:],
                 "stages_s": stages[1:], "messages": res.messages, "floor_cpu_s": floor,
+                "floor_samples": len(probe.samples), "floor_spread_cpu_s": probe.spread(res.messages),
                 "floor_wall_s": floor / cores, "fixed_s": median - floor / cores,
                 "fixed_cpu_s": warm_cpu - floor, "idle_cpu_per_s": idle_rate,
                 "fixed_cpu_net_s": warm_cpu - floor - idle_rate * median}

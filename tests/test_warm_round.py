@@ -51,6 +51,8 @@ def test_warm_round_benchmark_reports_per_round_costs(ray_session):
     r = res["models"]["central"]
     assert res["cells"] == 1000 and len(r["warm_s"]) == 2 and r["messages"] == 300
     assert r["floor_cpu_s"] > 0 and len(r["round_cpu_s"]) == 2
+    lo, hi = r["floor_spread_cpu_s"]             # sampled after each warm round, median used
+    assert r["floor_samples"] == 2 and lo <= r["floor_cpu_s"] * (1 + 1e-9) <= hi * (1 + 1e-9)
     assert abs(r["fixed_s"] - (r["warm_median_s"] - r["floor_wall_s"])) < 1e-9
     assert all(st["shards_seal_cpu"] > 0 for st in r["stages_s"])
 
