@@ -125,6 +125,6 @@ def clean_shuffle_round(ray_session):
     actors, without a fault: the reference that test_protocol's killed-shard round and
     test_shuffle_distributed's distributed round must release exactly (same job id, seeded
     shard secrets and server noise), run once for both."""
-    from tests.test_protocol import _digits_cfg, _session_round
-    cfg = _digits_cfg("privacy.eps=2.0")
-    return cfg, _session_round(cfg, job_id="job-clean")[4][0]
+    from tests.digits_rounds import digits_cfg, session_round
+    cfg = digits_cfg("privacy.eps=2.0")
+    return cfg, session_round(cfg, job_id="job-clean")[4][0]

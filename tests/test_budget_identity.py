@@ -14,7 +14,7 @@ from rknn_ray.accounting.source_identity import job_source, private_data_digest
 from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.pipeline import prepare_data
-from tests.test_data_readers import write_idx_images, write_idx_labels
+from tests.data_files import write_idx_images, write_idx_labels
 
 DIGITS = "jobs/configs/digits_central.yaml"
 FIRST = ["privacy.budget_eps=1.5", "queries.s=10"]

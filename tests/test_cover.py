@@ -21,7 +21,7 @@ from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.base import honest_count
 from rknn_ray.rng import seeded_generator
-from tests.test_protocol import _digits_cfg
+from tests.digits_rounds import digits_cfg
 
 DIGITS_N = 1079             # private digits records = clients (digits_shuffle.yaml)
 GARBAGE = len(range(0, DIGITS_N, 10))      # clients whose id is a multiple of 10: 108
@@ -94,14 +94,14 @@ def _two_rounds(parties, overrides_per_round):
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_for, prepare_data
-    cfg = _digits_cfg()
+    cfg = digits_cfg()
     data = prepare_data(cfg)
     enc, _, qs = fit_queries(cfg, data)
     out = []
     with ProtocolSession(cfg, dataset_sources(cfg, data), "job-cover", progress=Progress(False),
                          parties=parties) as session:
         for t, overrides in enumerate(overrides_per_round):
-            c = _digits_cfg(*overrides)
+            c = digits_cfg(*overrides)
             ledger = PrivacyLedger(budget_eps=c.privacy.eps, budget_delta=c.privacy.delta)
             mech = mechanism_for(c, data)
             try:

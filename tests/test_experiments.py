@@ -11,7 +11,7 @@ import pytest
 
 from jobs.experiments import (ROW_FIELDS, ROW_SCHEMA, Job, Runner, cell_row,
                               markdown_table, report_row, rows_to_csv)
-from tests.test_report_folders import write_run
+from tests.run_folders import write_run
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs",
                       "configs", "digits_central.yaml")

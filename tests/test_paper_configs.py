@@ -10,7 +10,7 @@ from rknn_ray.config import load_config
 from rknn_ray.data import load_dataset
 from rknn_ray.errors import ConfigError, DataError
 from rknn_ray.paper_numbers import TABLE1_OURS, matching, paper_rows
-from tests.test_data_readers import write_cifar, write_mnist, write_svhn
+from tests.data_files import write_cifar, write_mnist, write_svhn
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs")
 PAPER = glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "papers", "000_*.txt"))

@@ -7,7 +7,6 @@ import pytest
 from actors.server import Server
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.labeling.answers import RecordAnswers
-from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.rng import seeded_generator
@@ -15,6 +14,7 @@ from sealing.envelope import RoundContext, from_arrow, seal_batch, to_arrow
 from server.keys import ServerKeyPair
 from server.opening import ReportOpener
 from shuffler.pool import ShufflePool
+from tests.digits_rounds import digits_cfg, session_round
 
 
 def answers(n, s=6, c=3, seed=0):
@@ -84,32 +84,6 @@ def test_server_actor_rejects_and_counts_bad_reports(ray_session):
     ray_session.kill(server)
 
 
-def _digits_cfg(*overrides):
-    """A seeded digits shuffle job of two shards; its Server opens a round of this size itself
-    (cluster.openers: null), except where a test asks for opener processes."""
-    return load_config("jobs/configs/digits_shuffle.yaml",
-                       ["run.rng=seeded", "queries.s=10", "cluster.shards=2",
-                        "cluster.batch_clients=200", *overrides])
-
-
-def _session_round(cfg, job_id="job-fixed", rounds=1, parties=None, ledger=None, progress=None):
-    from rknn_ray.job.progress import Progress
-    from rknn_ray.job.session import ProtocolSession
-    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_for, prepare_data
-    data = prepare_data(cfg)
-    enc, _, qs = fit_queries(cfg, data)
-    ledger = ledger or PrivacyLedger()
-    progress = progress or Progress(False)
-    mech = mechanism_for(cfg, data)
-    results = []
-    with ProtocolSession(cfg, dataset_sources(cfg, data), job_id, progress=progress,
-                         parties=parties) as session:
-        for t in range(rounds):
-            with progress.stage(f"round_{t}"):         # as jobs.distill times a round
-                results.append(session.run_round(t, mech, enc, qs.features, ledger))
-    return data, enc, qs, ledger, results
-
-
 CENTRAL = ("privacy.model=central", "privacy.mechanism=laplace", "privacy.delta=0")
 
 
@@ -119,7 +93,7 @@ def central_two_rounds(ray_session):
     (data, ledger, results, progress)."""
     from rknn_ray.job.progress import Progress
     progress = Progress(False)
-    data, _, _, ledger, results = _session_round(_digits_cfg(*CENTRAL), rounds=2,
+    data, _, _, ledger, results = session_round(digits_cfg(*CENTRAL), rounds=2,
                                                  progress=progress)
     return data, ledger, results, progress
 
@@ -137,10 +111,10 @@ def test_the_release_is_left_out_of_every_round_timing(central_two_rounds):
 
 
 def test_round_refused_when_dropouts_shrink_the_senders(ray_session):
-    cfg = _digits_cfg("shuffle.dropout=0.2")
+    cfg = digits_cfg("shuffle.dropout=0.2")
     ledger = PrivacyLedger()
     with pytest.raises(PrivacyBudgetError, match="distinct senders"):
-        _session_round(cfg, ledger=ledger)
+        session_round(cfg, ledger=ledger)
     assert ledger.spent() == (0.0, 0.0) and not ledger.to_dict()["entries"]
 
 
@@ -152,9 +126,9 @@ def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     # (0.5 doubles the noise messages every hop peels: tests/test_cover.py covers it; eps 1
     # sends ~9x the noise messages per client of eps 4, each sealed and peeled twice)
     # and the Server opens through an opener process: the session-level run of that pool
-    cfg = _digits_cfg("privacy.mechanism=multi", "shuffle.onion_layers=2", "privacy.eps=4.0",
+    cfg = digits_cfg("privacy.mechanism=multi", "shuffle.onion_layers=2", "privacy.eps=4.0",
                       "privacy.honest_fraction=1.0", "cluster.openers=1")
-    data, enc, qs, ledger, (res,) = _session_round(cfg)
+    data, enc, qs, ledger, (res,) = session_round(cfg)
     assert res.shuffler["senders"] == data.num_clients
     assert len(res.shuffler["hops"]) == 2
     assert sum(res.rejected.values()) == 0 and res.messages == res.shuffler["messages"]
@@ -176,7 +150,7 @@ def test_shard_killed_mid_round_gives_the_same_release_and_counts_nothing_twice(
     from rknn_ray.job.session import Parties
     from tests.faulty_parties import crashing_shard
     parties = Parties(shards={0: crashing_shard(tmp_path / "died", after=1)})
-    _, _, _, ledger, (hit,) = _session_round(cfg, job_id="job-clean", parties=parties)
+    _, _, _, ledger, (hit,) = session_round(cfg, job_id="job-clean", parties=parties)
     assert (tmp_path / "died").exists()                  # the fault really happened
     np.testing.assert_array_equal(hit.counts, clean.counts)
     assert hit.messages == clean.messages == 1079
@@ -202,13 +176,13 @@ def test_a_flooding_client_moves_the_release_by_at_most_its_allowance(central_tw
     job id): the central noise is the same draw, so the release differs from the clean one
     by that client's own contribution at most. (The shuffle model's admission is the same
     code, exercised by tests/test_hostile_streams.py.)"""
-    cfg = _digits_cfg(f"privacy.model={model}", f"privacy.mechanism={mechanism}",
+    cfg = digits_cfg(f"privacy.model={model}", f"privacy.mechanism={mechanism}",
                       "privacy.delta=0")
     assert (model, mechanism) == ("central", "laplace")   # the clean round is CENTRAL's
     clean = central_two_rounds[2][0]
     from rknn_ray.job.session import Parties
     from tests.faulty_parties import flooding_shard
-    _, _, _, _, (hit,) = _session_round(cfg, parties=Parties(shards={1: flooding_shard(1000)}))
+    _, _, _, _, (hit,) = session_round(cfg, parties=Parties(shards={1: flooding_shard(1000)}))
     assert hit.rejected["over_limit"] == 999 and hit.rejected["duplicate_message"] == 1
     assert hit.messages == clean.messages == hit.clients
     assert hit.authenticated_senders == clean.authenticated_senders == hit.clients

@@ -13,52 +13,7 @@ matplotlib.use("Agg")
 from jobs.cli import main as cli_main  # noqa: E402
 from jobs.report import ReportError, build_report, find_runs, main  # noqa: E402
 from rknn_ray.mechanisms import available  # noqa: E402
-
-
-def _png(path, color="#4477aa"):
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(3, 2))
-    ax.bar([0, 1], [0.9, 0.8], color=color)
-    fig.savefig(path, format="png")
-    plt.close(fig)
-
-
-def write_run(folder, model, mechanism, eps=1.0, delta=0.0, shuffler=False, diagnostics=False):
-    """A run folder as jobs.distill leaves it (report.json, summary.png, history.json)."""
-    os.makedirs(folder, exist_ok=True)
-    rejected = {"malformed": 0, "wrong_job": 0, "wrong_round": 0, "tampered": 2, "replayed": 0}
-    report = {
-        "accuracy": {"labels": 0.9164, "student": 0.9331, "nonprivate_labels": None,
-                     "query_labels": 0.9},
-        "privacy": {"model": model, "mechanism": mechanism, "eps": eps, "delta": delta,
-                    "unit": "record", "neighbour": "replace-one",
-                    "rounds": [{"eps": eps, "delta": delta, "model": model, "mechanism": mechanism,
-                                "unit": "record", "neighbour": "replace-one", "n": 1079}],
-                    "ledger": {}, "details": [{}],
-                    "budget": {"dataset": "abc", "description": "digits (test)", "eps": 20.0,
-                               "delta": 0.0, "spent_eps": eps, "ledger": "/tmp/x"}},
-        "counts": {"clients": 1079, "records": 1079, "queries": 10, "public": 359, "evaluation": 359,
-                   "messages": 1077, "received": 1079, "rejected": rejected, "rounds": 1},
-        "student": {"test_accuracy": 0.9331, "epochs": 2, "num_workers": 2, "device": "cpu",
-                    "train_samples": 359},
-        "timings_s": {"data": 0.1, "queries": 1.5, "actors": 4.2, "round_0": 2.3, "clients": 1.9,
-                      "server_open": 0.8, "server_finalize": 0.01, "labels": 0.0, "student": 31.0},
-        "rng": "secure", "version": "0.1.0", "job_id": "0123456789abcdef",
-        "config": {"run": {"name": f"{model}-{mechanism}"}, "data": {"dataset": "digits"}},
-    }
-    if shuffler:
-        report["shuffler"] = [{"senders": 1079, "messages": 1079, "bytes": 99}]
-    if diagnostics:
-        os.makedirs(os.path.join(folder, "diagnostics"))
-        _png(os.path.join(folder, "diagnostics", "summary_nonprivate.png"), "#999999")
-        report["diagnostics"] = {"private": False, "nonprivate_labels": 0.95}
-    _png(os.path.join(folder, "summary.png"))
-    with open(os.path.join(folder, "history.json"), "w") as f:
-        json.dump([{"epoch": 1, "train_loss": 2.0, "train_accuracy": 0.3},
-                   {"epoch": 2, "train_loss": 1.5, "train_accuracy": 0.6}], f)
-    with open(os.path.join(folder, "report.json"), "w") as f:
-        json.dump(report, f)
-    return folder
+from tests.run_folders import write_png, write_run  # noqa: E402
 
 
 def _embedded_pngs(html_text):
@@ -132,7 +87,7 @@ def test_folder_of_runs_compares_them_and_shows_the_folder_results(tmp_path, cap
     (grid / "compare.json").write_text(json.dumps({"runs": ["eps0.5", "eps1"], "metric": "student"}))
     (grid / "grid.csv").write_text("eps,student\n0.5,0.91\n1,0.93\n")
     (grid / "table.txt").write_text("eps  student\n0.5  0.91\n")
-    _png(str(grid / "accuracy_vs_eps.png"))
+    write_png(str(grid / "accuracy_vs_eps.png"))
     (grid / "notes.bin").write_bytes(b"\x00\x01")                     # ignored
     assert [os.path.relpath(p, grid) for p in find_runs(str(grid))] == \
         ["eps0.5", "eps1", os.path.join("local", "collision")]

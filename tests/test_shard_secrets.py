@@ -136,16 +136,16 @@ def test_a_round_whose_shard_lost_its_secret_fails_clearly_and_releases_nothing(
     refuses to start, so the round fails naming the cause, and the ledger records nothing."""
     from rknn_ray.job.session import PartyFailure
     from rknn_ray.accounting import PrivacyLedger
-    from tests.test_protocol import _digits_cfg, _session_round
+    from tests.digits_rounds import digits_cfg, session_round
 
-    cfg = _digits_cfg("run.rng=secure", f"cluster.key_store={tmp_path / 'keys'}")
+    cfg = digits_cfg("run.rng=secure", f"cluster.key_store={tmp_path / 'keys'}")
     from rknn_ray.job.session import Parties
     from tests.faulty_parties import crashing_shard
     parties = Parties(shards={0: crashing_shard(tmp_path / "died", after=1, lose_secret=True)})
     ledger = PrivacyLedger()
     with pytest.raises(PartyFailure, match="client shard 0 died and did not come back; nothing "
                        "was released: .*ShardSecretError.*restarted.*Fix") as err:
-        _session_round(cfg, job_id="job-lost", parties=parties, ledger=ledger)
+        session_round(cfg, job_id="job-lost", parties=parties, ledger=ledger)
     assert err.value.party == "client shard 0" and not err.value.released
     assert (tmp_path / "died").exists() and not ledger.to_dict()["entries"]
     assert not (tmp_path / "keys" / "job-lost").exists()   # closing deleted shard 1's secret
@@ -157,12 +157,12 @@ def test_a_key_store_others_can_open_stops_the_job_at_startup_with_the_fix(ray_s
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import PartyFailure, ProtocolSession
     from rknn_ray.pipeline import dataset_sources, prepare_data
-    from tests.test_protocol import _digits_cfg
+    from tests.digits_rounds import digits_cfg
 
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
-    cfg = _digits_cfg("run.rng=secure", f"cluster.key_store={shared}")
+    cfg = digits_cfg("run.rng=secure", f"cluster.key_store={shared}")
     with pytest.raises(PartyFailure, match="failed to start; nothing was released: .*"
                        "ShardSecretError.*mode 777.*Fix: chmod 700"):
         ProtocolSession(cfg, dataset_sources(cfg, prepare_data(cfg)), "job-open",

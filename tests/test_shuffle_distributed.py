@@ -170,10 +170,10 @@ def test_shuffler_actor_hands_over_in_windows(ray_session, distributed):
 def test_protocol_round_distributed_equals_in_process(clean_shuffle_round):
     """Same job, seeded secrets and server noise: the distributed path releases the same counts
     as the in-process one (conftest's clean round)."""
-    from tests.test_protocol import _session_round
+    from tests.digits_rounds import session_round
     cfg, local = clean_shuffle_round
     cfg_d = cfg.with_overrides(["shuffle.distributed_above=100"])
-    _, _, _, _, (dist,) = _session_round(cfg_d, job_id="job-clean")
+    _, _, _, _, (dist,) = session_round(cfg_d, job_id="job-clean")
     assert dist.shuffler["hops"][0]["mode"] == "distributed"
     assert "mode" not in local.shuffler["hops"][0]
     assert dist.shuffler["senders"] == local.shuffler["senders"] == 1079
