@@ -154,4 +154,11 @@ def test_state_api_noise_is_filtered():
     emit = _without_noise(printed.append)
     emit({"pid": 1, "lines": [f"x {_STATE_API_NOISE} y"]})                 # all noise: nothing printed
     emit({"pid": 2, "lines": ["keep me", _STATE_API_NOISE, "and me"]})
-    assert printed == [{"pid": 2, "lines": ["keep me", "and me"]}]
+    # abseil's mutex trace, as a Ray worker printed it in a CI run of the README demo
+    emit({"pid": 3, "lines": [
+        "[mutex.cc : 452] RAW: Lock blocking 0x560a8e404e70   @ 0x7f93eec2b1a2 0x7f93edcfb23c",
+        "[mutex.cc : 452] RAW: Lock returning 0x560a8e404e70   @ 0x7f93eec2b1a2",
+        "[mutex.cc : 452] RAW: Unlock 0x560a8e404e70   @ 0x7f93ee5c2125 0x7f93eec4c3b0"]})
+    emit({"pid": 4, "lines": ["a mutex.cc problem of our own: RAW: Lock blocking", "kept"]})
+    assert printed == [{"pid": 2, "lines": ["keep me", "and me"]},
+                       {"pid": 4, "lines": ["a mutex.cc problem of our own: RAW: Lock blocking", "kept"]}]

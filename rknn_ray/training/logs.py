@@ -1,14 +1,25 @@
 """Ray Train's console noise, kept off the driver's and the workers' consoles.
 
-Cosmetic only: each filter targets one known-harmless message of Ray 2.60's Train V2 and,
-if a future Ray moves what it hooks, does nothing (the message simply shows again).
+Cosmetic only: each filter targets one known-harmless message (Ray 2.60's Train V2, and an
+abseil mutex trace a worker may print) and, if a future Ray moves what it hooks, does nothing
+(the message simply shows again).
 """
 from __future__ import annotations
 
 import logging
+import re
 from typing import Callable
 
 _STATE_API_NOISE = "State API may be temporarily unavailable"
+# abseil's mutex event trace ("[mutex.cc : 452] RAW: Lock blocking 0x...   @ 0x..."): three
+# lines a Ray worker printed once in this project's CI runs (the README demo, 2026-11-26).
+# Printed by abseil inside a third-party library (reported for other torch programs too),
+# not by this job, and harmless
+_ABSEIL_MUTEX_TRACE = re.compile(r"\[mutex\.cc : \d+\] RAW: (Lock blocking|Lock returning|Unlock) 0x")
+
+
+def _noise(line: str) -> bool:
+    return _STATE_API_NOISE in line or _ABSEIL_MUTEX_TRACE.search(line) is not None
 
 
 class _DropStateApiNoise(logging.Filter):
@@ -33,7 +44,8 @@ def quiet_train_logs() -> None:
 
 
 def _filter_forwarded_worker_logs() -> None:
-    """Drop the noise lines from the worker output the driver prints (cosmetic; Ray-internal API).
+    """Drop the noise lines (Train's State API warnings, abseil's mutex trace) from the worker
+    output the driver prints (cosmetic; Ray-internal API).
 
     Ray hands each batch of forwarded worker lines to the handlers of
     ``ray._private.ray_logging.global_worker_stdstream_dispatcher``; we wrap them once.
@@ -62,8 +74,8 @@ def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
             if not lines:
                 return
             data = {**data, "lines": lines}
-        if lines and any(_STATE_API_NOISE in line for line in lines):
-            lines = [line for line in lines if _STATE_API_NOISE not in line]
+        if lines and any(_noise(line) for line in lines):
+            lines = [line for line in lines if not _noise(line)]
             if not lines:
                 return
             data = {**data, "lines": lines}
