@@ -198,6 +198,25 @@ def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, 
         ray_env.ensure_ray(num_cpus=1)
 
 
+def test_forwarded_noise_is_dropped_from_ray_start_not_only_from_training(monkeypatch):
+    """ray.init adds the handler that prints forwarded worker lines; ensure_ray wraps it right
+    after, so noise a worker prints before any training starts (abseil's mutex trace, seen once
+    in the README demo's console) is dropped too."""
+    import ray
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    from rknn_ray.job import ray_env
+    printed = []
+    monkeypatch.setattr(dispatcher, "handlers", [])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: dispatcher.add_handler("ray_print_logs",
+                                                                          printed.append))
+    assert ray_env.ensure_ray(num_cpus=1) is True
+    dispatcher.emit({"pid": 7, "lines": ["[mutex.cc : 452] RAW: Unlock 0x55a   @ 0x7f93", "kept"]})
+    assert printed == [{"pid": 7, "lines": ["kept"]}]
+
+
 def test_untimed_spans_stay_out_of_stage_timings_and_the_console_clock():
     """Issue 21: the release's noise draw (an exact sampler runs longer for larger noise) is
     in no stage timing and no console timestamp; a fake clock makes this exact."""

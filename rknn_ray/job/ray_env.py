@@ -80,6 +80,7 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=log_to_driver)
+        quiet_ray_logs()        # again: init adds the handler that prints forwarded worker lines
         return False
     local_ray_env()
     store = None if object_store_mb is None else int(object_store_mb) * 2 ** 20
@@ -91,6 +92,7 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
                      runtime_env=WORKER_RUNTIME_ENV, log_to_driver=log_to_driver,
                      configure_logging=True, logging_level=logging.WARNING,
                      **({"object_store_memory": store} if store else {}))
+            quiet_ray_logs()    # again: init adds the handler that prints forwarded worker lines
             return True
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
             if STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS:
