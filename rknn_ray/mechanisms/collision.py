@@ -132,30 +132,36 @@ def hash_coefficients(seeds: np.ndarray, tag: int, degree: int) -> np.ndarray:
     return splitmix64(base[:, None] + j[None, :]) % _P
 
 
-def _fold(x: np.ndarray) -> np.ndarray:
-    """One Mersenne fold: x mod P up to adding a multiple of P (result < 2^33)."""
-    return (x & _P) + (x >> _S31)
+def _fold_into(h: np.ndarray, scratch: np.ndarray) -> None:
+    """One Mersenne fold in place: h <- (h & P) + (h >> 31), h mod P up to a multiple of P
+    (result < 2^33). In place: fresh temporaries of a decode-sized array cost page faults."""
+    np.bitwise_and(h, _P, out=scratch)
+    np.right_shift(h, _S31, out=h)
+    h += scratch
 
 
 def poly_hash(coeffs: np.ndarray, keys: np.ndarray, l: int) -> np.ndarray:
     """H_i(key) in [0, l) for every row i of ``coeffs`` and every key: (B, K) int64.
 
     ``keys`` is (K,) shared by all rows or (B, K) per row; keys must be < 2^29 so
-    lazy Horner steps stay below 2^63.
+    lazy Horner steps stay below 2^63. Two (B, K) arrays in all, updated in place.
     """
     keys = np.asarray(keys, dtype=np.uint64)
     if keys.ndim == 1:
         keys = keys[None, :]
     t = coeffs.shape[1]
     h = np.broadcast_to(coeffs[:, t - 1:t], (coeffs.shape[0], keys.shape[1])).copy()
+    scratch = np.empty_like(h)
     for j in range(t - 2, -1, -1):
         h *= keys
         h += coeffs[:, j:j + 1]
-        h = _fold(h)
-    h = _fold(h)
-    h = _fold(h)
-    h -= _P * (h >= _P)
-    return ((h * np.uint64(l)) >> _S31).astype(np.int64)
+        _fold_into(h, scratch)
+    _fold_into(h, scratch)
+    _fold_into(h, scratch)
+    np.subtract(h, _P, out=h, where=h >= _P)
+    h *= np.uint64(l)
+    h >>= _S31
+    return h.view(np.int64)          # < l < 2^32: the same values as int64
 
 
 # ---------------------------------------------------------------- client sampler
