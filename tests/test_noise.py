@@ -1,12 +1,18 @@
-"""Exact discrete Laplace: support, mean, variance, pmf and the DP ratio."""
+"""Discrete Laplace (the exact sampler of the central release): support, mean, variance,
+pmf and the DP ratio; the paper's continuous Laplace."""
 import math
 
 import numpy as np
 import pytest
 
-from rknn_ray.mechanisms.noise import (continuous_laplace, discrete_laplace,
-                                       discrete_laplace_pmf, discrete_laplace_variance)
+from rknn_ray.mechanisms.exact import discrete_laplace as exact_discrete_laplace
+from rknn_ray.mechanisms.noise import (continuous_laplace, discrete_laplace_pmf,
+                                       discrete_laplace_variance)
 from rknn_ray.rng import seeded_generator
+
+
+def discrete_laplace(scale, n, rng):
+    return exact_discrete_laplace(rng, scale, (n,))
 
 
 @pytest.mark.parametrize("scale", [0.7, 2.0, 10.0])
@@ -30,9 +36,18 @@ def test_pmf_matches_empirical_frequencies():
         assert abs(freq - p) < 6 * math.sqrt(p * (1 - p) / n), v
 
 
-def test_secure_source_without_generator():
-    x = discrete_laplace(3.0, 2000, rng=None)   # secrets.randbelow
-    assert x.dtype == np.int64 and abs(x.mean()) < 1.0
+def test_central_release_without_generator_draws_fresh_integer_noise():
+    """rng None (run.rng secure): each release keys its own ChaCha20 from the OS CSPRNG."""
+    from rknn_ray.mechanisms import MechanismParams, build
+
+    mech = build("central", "laplace", MechanismParams(100, 10, 1, eps=1.0))
+    zero = np.zeros((100, 10), np.int64)
+    a, b = mech.add_noise(zero, None), mech.add_noise(zero, None)
+    assert a.dtype == np.int64 and a.shape == (100, 10)
+    assert not np.array_equal(a, b)
+    var = discrete_laplace_variance(2.0)                    # scale 2kr/eps = 2
+    both = np.concatenate([a.ravel(), b.ravel()])
+    assert abs(both.mean()) < 6 * math.sqrt(var / both.size)
 
 
 def test_pmf_ratio_is_eps_for_sensitivity():
@@ -46,7 +61,7 @@ def test_pmf_ratio_is_eps_for_sensitivity():
 
 def test_bad_scale_rejected():
     with pytest.raises(ValueError, match="scale"):
-        discrete_laplace(0.0, 3)
+        discrete_laplace(0.0, 3, seeded_generator(0))
     with pytest.raises(ValueError, match="scale"):
         continuous_laplace(-1.0, 3, seeded_generator(0))
 

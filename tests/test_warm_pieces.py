@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -57,49 +56,3 @@ def test_open_chunks_share_a_batch_evenly():
         tasks = math.ceil(rows / step)
         assert MIN_CHUNK <= step <= max(MIN_CHUNK, OPEN_CHUNK)
         assert rows <= MIN_CHUNK or tasks % p == 0 or step == MIN_CHUNK
-
-
-def _fraction_reference(scale, n, rng):
-    """The sampler as it was written with Fraction (CKS 2020, Alg. 1 and 2)."""
-    from rknn_ray.mechanisms.noise import _Uniform
-
-    u = _Uniform(rng)
-
-    def le1(gamma):
-        k = 1
-        while u.bernoulli(gamma / k):
-            k += 1
-        return k % 2 == 1
-
-    def bexp(gamma):
-        while gamma > 1:
-            if not le1(Fraction(1)):
-                return False
-            gamma -= 1
-        return le1(gamma)
-
-    scale = Fraction(scale)
-    t, s = scale.numerator, scale.denominator
-    out = []
-    while len(out) < n:
-        uu = u.below(t)
-        if not bexp(Fraction(uu, t)):
-            continue
-        v = 0
-        while bexp(Fraction(1)):
-            v += 1
-        y = (uu + t * v) // s
-        neg = u.below(2) == 1
-        if neg and y == 0:
-            continue
-        out.append(-y if neg else y)
-    return np.array(out)
-
-
-@pytest.mark.parametrize("scale", [1.0, 2.0, 0.3, 2.5, 20.0, Fraction(7, 3)])
-def test_integer_discrete_laplace_draws_what_fraction_drew(scale):
-    from rknn_ray.mechanisms.noise import discrete_laplace
-    from rknn_ray.rng import make_generator
-
-    got = discrete_laplace(scale, 500, make_generator("seeded", 11))
-    assert np.array_equal(got, _fraction_reference(scale, 500, make_generator("seeded", 11)))

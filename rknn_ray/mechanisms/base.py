@@ -170,7 +170,7 @@ class Mechanism(ABC):
                  rng: np.random.Generator | None = None) -> np.ndarray:
         """The (s, |Y|) float64 estimate from the summed statistic of ``num_reports`` messages.
 
-        Central mechanisms draw their noise here (rng None: the OS CSPRNG).
+        Central mechanisms draw their noise here (rng None: ChaCha20 keyed by the OS CSPRNG).
         """
 
     def estimate(self, payloads: np.ndarray, num_clients: int | None = None,

@@ -8,8 +8,12 @@ float 2kr/eps, which rounds down for about half of all (eps, k) and would imply 
 above the target by ~1e-16.
 
 Noise (``options['noise']``):
-* ``discrete`` (default): exact discrete Laplace from rknn_ray.mechanisms.noise,
-  fed by the OS CSPRNG unless the run asked for a seeded generator.
+* ``discrete`` (default): exact discrete Laplace (:func:`rknn_ray.mechanisms.exact.discrete_laplace`,
+  vectorized integer draws) from a ChaCha20 stream keyed by 256 fresh bits of the OS
+  CSPRNG per release, unless the run asked for a seeded generator. The sampler's decay
+  rate is ``1/scale`` itself when it lies on the samplers' 2^-40 grid (eps/(2kr) = 1/2, 1/4,
+  ...), else that rate rounded down to the grid: more noise by < 2^-40 / rate relative,
+  so the stated scale and event never claim less noise than is drawn.
 * ``continuous``: the paper's Laplace(2kr/eps) in floating point (Mironov 2012:
   floating-point Laplace can leak; offered to reproduce the paper, not default).
 
@@ -27,8 +31,8 @@ import numpy as np
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
-from rknn_ray.mechanisms.exact import noisier_scale
-from rknn_ray.mechanisms.noise import continuous_laplace, discrete_laplace
+from rknn_ray.mechanisms.exact import discrete_laplace, noisier_scale
+from rknn_ray.mechanisms.noise import continuous_laplace
 
 NOISE_KINDS = ("discrete", "continuous")
 
@@ -114,12 +118,12 @@ class CentralLaplace(Mechanism):
         return flat.reshape(self.params.num_queries, self.params.num_classes)
 
     def add_noise(self, counts: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
-        """Counts plus noise of scale 2kr/eps (rng None: OS CSPRNG)."""
-        if self.noise == "discrete":
-            return counts + discrete_laplace(self.scale, counts.shape, rng)
+        """Counts plus noise of scale 2kr/eps (rng None: ChaCha20 keyed by the OS CSPRNG)."""
         if rng is None:
             from rknn_ray.rng import secure_generator
             rng = secure_generator()
+        if self.noise == "discrete":
+            return counts + discrete_laplace(rng, self.scale, counts.shape)
         return counts + continuous_laplace(float(self.scale), counts.shape, rng)
 
     def statistic(self, payloads: np.ndarray) -> np.ndarray:

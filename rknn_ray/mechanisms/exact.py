@@ -110,8 +110,8 @@ def float_below(x: Fraction) -> float:
 def noisier_scale(sensitivity: int, eps: float | Fraction) -> Fraction:
     """Laplace scale >= sensitivity / eps, exactly: 1 / (eps / sensitivity rounded down to a
     float), within 2^-52 relative; a float 2kr/eps may round down and imply an eps above
-    the target. (A rational whose numerator may exceed 2^62: for the scalar sampler in
-    :mod:`rknn_ray.mechanisms.noise`, which takes any size.)"""
+    the target. :func:`discrete_laplace` draws at this scale, or (off its 2^-40 grid) at a
+    scale larger by < 2^-40 / rate relative."""
     rate = float_below(Fraction(eps) / int(sensitivity))
     if not rate > 0:
         raise ValueError(f"eps / sensitivity = {float(eps)}/{sensitivity} is not a positive float")
@@ -189,7 +189,10 @@ def geometric(rng, g: Fraction, size: int) -> np.ndarray:
 
 def discrete_laplace(rng, scale: float | Fraction, shape) -> np.ndarray:
     """Exact discrete Laplace, P[x] ~ exp(-|x| / scale'), scale' = 1/noisier_rate(1/scale) >= scale."""
-    g = noisier_rate(1 / Fraction(scale))
+    scale = Fraction(scale)
+    if scale <= 0:
+        raise ValueError(f"discrete Laplace scale must be > 0, got {float(scale)}")
+    g = noisier_rate(1 / scale)
     size = int(np.prod(shape))
     return (geometric(rng, g, size) - geometric(rng, g, size)).reshape(shape)
 
