@@ -34,7 +34,7 @@ def _child_warm() -> int:
     """Import what opening and decoding need, so the first real batch does not pay for it."""
     import time
 
-    import rknn_ray.mechanisms  # noqa: F401  (registers every mechanism: scipy, dp_accounting)
+    import rknn_ray.mechanisms  # noqa: F401  (registers every mechanism)
     time.sleep(0.2)             # keep this worker busy so the pool starts the next one too
     return os.getpid()
 

@@ -96,10 +96,12 @@ def test_sigterm_during_the_client_round_exits_143_with_one_line_and_a_record(ra
     """The job joins this session's Ray (a job under `ray job submit` does; the SIGINT probe
     below covers a job that started its own Ray and must shut it down)."""
     out, ledger = tmp_path / "term", tmp_path / "ledger.sqlite"
-    job = Job(_args("digits_shuffle.yaml", out), ledger, _address(ray_session))
-    # the round's first line comes before its first client works (a signal right on it
-    # lands before the round starts, and the reservation is rightly returned); the digits
-    # client round takes several seconds here
+    # multi-message: ~67,000 messages, a client stage of ~5 s here (a collision round of the
+    # 1,079 clients is over in ~0.4 s). The round's first line comes before its first client
+    # works (a signal right on it lands before the round starts, and the reservation is
+    # rightly returned), so the signal waits 1.5 s
+    job = Job(_args("digits_shuffle.yaml", out, "privacy.mechanism=multi"), ledger,
+              _address(ray_session))
     code, text = job.signal_after("round 1/1", 1.5, signal.SIGTERM)
     assert code == 143, text
     (line,) = _error_lines(text)

@@ -14,11 +14,29 @@
 * :mod:`.source_identity` -- which records a job touches: per-record fingerprints of its pool.
 * :mod:`.audit` -- empirical audit (Clopper-Pearson) and simulated labeling error.
 """
-from rknn_ray.accounting.bounds import (BOUNDS, AmplificationBound, VariationRatioBound,
-                                        amplified_local_eps, get_bound, variation_ratio_bound)
-from rknn_ray.accounting.ledger import PrivacyLedger, atomic_write_json
-from rknn_ray.accounting.multi_message import MultiMessageCalibration, calibrate_multi_message
+from __future__ import annotations
 
-__all__ = ["BOUNDS", "AmplificationBound", "VariationRatioBound", "amplified_local_eps",
-           "get_bound", "variation_ratio_bound", "PrivacyLedger", "atomic_write_json",
-           "MultiMessageCalibration", "calibrate_multi_message"]
+import importlib
+
+# name -> submodule, loaded on first use: a process that only unpickles a mechanism (an
+# opener, a client shard) imports rknn_ray.accounting.bounds, and with eager imports here
+# it paid for dp_accounting and scipy (~1 CPU s) before its first report
+_LAZY = {"BOUNDS": "bounds", "AmplificationBound": "bounds", "VariationRatioBound": "bounds",
+         "amplified_local_eps": "bounds", "get_bound": "bounds",
+         "variation_ratio_bound": "bounds", "PrivacyLedger": "ledger",
+         "atomic_write_json": "ledger", "MultiMessageCalibration": "multi_message",
+         "calibrate_multi_message": "multi_message"}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -45,7 +45,10 @@ import math
 from abc import ABC, abstractmethod
 
 import numpy as np
-from scipy import stats
+
+# scipy is imported in the functions that use it: an opener or a client shard unpickles
+# mechanisms that refer to this module and never calls them (an eager import cost each
+# such process ~1 CPU s before its first report)
 
 from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT_SLACK_PER_TERM,
                                         TAIL_MASS, _window, eps_for_delta)
@@ -278,6 +281,7 @@ class _RRCountDelta:
     """
 
     def __init__(self, p: float, n: int, tail: float = TAIL_MASS):
+        from scipy import stats
         q = 1.0 / (p + 1.0)
         self.pi0, self.pi1 = p / (p + 1.0), 1.0 / (p + 1.0)
         lo, hi, _ = _window(n - 1, q, tail)

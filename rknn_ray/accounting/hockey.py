@@ -35,7 +35,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
+
+# scipy is imported in the functions that use it: an opener or a client shard unpickles
+# mechanisms that refer to this module and never calls them (an eager import cost each
+# such process ~1 CPU s before its first report)
 
 # Mass of Bin(n-1, 2r) left outside the summation window. The skipped terms are
 # bounded by this mass and added to every *upper* bound (safe side).
@@ -75,6 +78,7 @@ def _window(n_others: int, q: float, tail: float) -> tuple[int, int, float]:
     window (scipy's isf is unreliable this deep in the tail); the mass actually left
     out is then computed exactly from the binomial CDF.
     """
+    from scipy import stats
     if n_others == 0:
         return 0, 0, 0.0
     mu, var = n_others * q, n_others * q * (1.0 - q)
@@ -95,6 +99,7 @@ class PairDelta:
     """
 
     def __init__(self, pair: BlanketPair, tail: float = TAIL_MASS):
+        from scipy import stats
         self.pair = pair
         n1 = pair.n - 1
         q = min(1.0, 2.0 * pair.r)
@@ -111,6 +116,7 @@ class PairDelta:
         self.slack = FLOAT_SLACK_PER_TERM * (4 * m.size + 16)
 
     def delta(self, eps: float) -> tuple[float, float]:
+        from scipy import stats
         P, m = self.pair, self.m
         ee = math.exp(eps)
         a, p, g = P.a, P.p, P.g
@@ -138,6 +144,7 @@ def eps_for_delta(pd: PairDelta, delta: float, eps_hi: float, upper: bool,
     ``upper=False``: the largest eps with estimate - err > delta (a certified lower
     bound); 0.0 if none.
     """
+    from scipy import optimize
     def exceeds(e: float) -> bool:
         est, up, down = pd.delta(e)
         return (est + up > delta) if upper else (est - down > delta)

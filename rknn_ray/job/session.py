@@ -192,6 +192,8 @@ class ProtocolSession:
                 i, None, self.secrets, issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         self._fixed_nodes: dict | None = None   # where the Server and shufflers run (asked once)
+        if cfg.privacy.model == "shuffle":      # starts beside the others, not in round 0
+            self._shufflers(0)                  # (each round's start_round sets the floor)
         try:
             self.server_public_key = ray.get(self.server.public_key.remote())
             self.shard_clients = ray.get([s.num_clients.remote(src)
