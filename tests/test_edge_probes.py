@@ -521,6 +521,8 @@ def test_a_sigterm_inside_ray_get_is_still_named_sigterm_and_workers_find_their_
     controller up through the State API without an address, and with a second instance on
     the machine it died on "Found multiple active Ray instances" (a CI failure)."""
     assert ray_session.is_initialized()          # the other instance: this test session's
+    from rknn_ray.job.ray_env import other_ray_on_this_machine
+    assert other_ray_on_this_machine()           # so the job's local Ray pins its workers
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.Popen([sys.executable, "-c", SIGTERM_IN_RAY_GET], cwd=ROOT, text=True,

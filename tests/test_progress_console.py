@@ -198,6 +198,24 @@ def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, 
         ray_env.ensure_ray(num_cpus=1)
 
 
+def test_workers_are_pinned_to_their_ray_only_when_another_ray_runs_here(monkeypatch):
+    """The setup hook (a job runtime env) costs every worker ~0.7 CPU s and the prestarted
+    workers: a lone local instance starts without it, one beside another instance with it
+    (the scan itself, against a real second instance: tests/test_edge_probes.py)."""
+    import ray
+
+    from rknn_ray.job import ray_env
+    calls = []
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray_env, "local_ray_env", lambda: None)     # leaves os.environ alone
+    for other, expected in ((True, ray_env.WORKER_RUNTIME_ENV), (False, None)):
+        monkeypatch.setattr(ray_env, "other_ray_on_this_machine", lambda other=other: other)
+        assert ray_env.ensure_ray(num_cpus=1) is True
+        assert calls[-1].get("runtime_env") == expected
+
+
 def test_forwarded_noise_is_dropped_from_ray_start_not_only_from_training(monkeypatch):
     """ray.init adds the handler that prints forwarded worker lines; ensure_ray wraps it right
     after, so noise a worker prints before any training starts (abseil's mutex trace, seen once
