@@ -104,6 +104,7 @@ def test_ensure_ray_is_the_one_start_up_for_a_local_instance_or_a_cluster(monkey
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray_env, "local_ray_env", lambda: None)     # leaves os.environ alone
     assert ray_env.ensure_ray(num_cpus=2, object_store_mb=300, log_to_driver=False) is True
     assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 2
     assert calls[-1]["object_store_memory"] == 300 * 2 ** 20

@@ -132,7 +132,11 @@ def test_local_ray_env_sets_defaults_and_respects_the_user(monkeypatch):
             calls.append(s)
     monkeypatch.setattr(ray._raylet, "Config", FakeConfig)
     for key in ("RAY_AUTH_MODE", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"):
-        monkeypatch.delenv(key, raising=False)
+        # setenv first: delenv of an unset key records nothing, and what local_ray_env sets
+        # below then outlived the test (RAY_AUTH_MODE=token made the next Ray start fail
+        # against this process's cached 'disabled' config)
+        monkeypatch.setenv(key, "unset-by-this-test")
+        monkeypatch.delenv(key)
     ray_env.local_ray_env()
     import os
     assert os.environ["RAY_AUTH_MODE"] == "token" and calls == [""]
@@ -180,6 +184,7 @@ def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(1))
+    monkeypatch.setattr(ray_env, "local_ray_env", lambda: None)     # leaves os.environ alone
 
     def flaky_init(**kwargs):
         calls.append(kwargs)
@@ -227,6 +232,7 @@ def test_forwarded_noise_is_dropped_from_ray_start_not_only_from_training(monkey
     printed = []
     monkeypatch.setattr(dispatcher, "handlers", [])
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_env, "local_ray_env", lambda: None)     # leaves os.environ alone
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: dispatcher.add_handler("ray_print_logs",
                                                                           printed.append))
