@@ -109,6 +109,26 @@ def test_polled_bar_follows_the_poll_and_sets_the_final_value():
     assert isinstance(broken.bar, Bar) and broken.bar.closed
 
 
+def test_a_counter_that_has_not_moved_prints_no_line_until_it_closes():
+    """A polled bar's first poll comes while the clients still seal: 'reports opened: 0' said
+    nothing (and looked like a stall). The first line comes with the first count; closing
+    still says the final one, zero included."""
+    out = io.StringIO()
+    p = Progress(True, out, interval=0.0)
+    bar = p.bar("reports opened", None, "reports")
+    bar.set(0)
+    bar.set(0)
+    assert out.getvalue() == ""
+    bar.set(7)
+    bar.close()
+    assert [ln.split("] ")[1] for ln in out.getvalue().splitlines()] == [
+        "  reports opened: 7 reports"]
+    idle = p.bar("messages", None, "msgs")
+    idle.set(0)
+    idle.close()
+    assert out.getvalue().splitlines()[-1].endswith("  messages: 0 msgs")
+
+
 def test_random_shift_returns_standard_strides_for_one_channel():
     """With one channel, .contiguous() kept channels-last strides and DDP warned
     'Grad strides do not match bucket view strides'; the shift now copies to NCHW."""

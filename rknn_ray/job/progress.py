@@ -175,6 +175,9 @@ class Bar:
                 elif postfix is not None:
                     self._tqdm.refresh()
                 return
+            if self._said is None and self.n == 0 and not self.postfix:
+                return          # a counter that has not moved yet says nothing (a polled one
+                                # printed "reports opened: 0" while the clients still sealed)
             now = time.perf_counter()
             if self.progress.enabled and (self._last_line is None
                                           or now - self._last_line >= self.progress.interval):
