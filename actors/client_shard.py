@@ -18,6 +18,12 @@ the server counts once (a shard restarted where its secret is gone refuses to st
 Every message is signed with the shard's credential for its sender
 (:mod:`sealing.credentials`), so the party that sees senders can authenticate them and
 enforce the per-sender allowance.
+
+Between rounds the session may ask a shard to :meth:`~ClientShardImpl.prepare_keys`: it
+makes the next round's encapsulations (ephemeral X25519, exchange, HKDF: the data-free
+~90% of sealing) ahead, so the round itself only encrypts and signs. Each is used once and
+never leaves this process (:mod:`sealing.encapsulation`); a restarted shard has none and
+makes them as it seals.
 """
 from __future__ import annotations
 
@@ -27,6 +33,8 @@ import numpy as np
 import ray
 
 from rknn_ray.client_step import RoundSpec, client_pieces, client_step, tail_pieces
+from sealing.encapsulation import EncapsulationPool
+from sealing.envelope import SERVER_LAYER, layer_info
 
 
 def _restarted() -> bool:
@@ -57,6 +65,9 @@ class ClientShardImpl:
         self._secret = secrets.secret(shard_id, restarted=_restarted())
         self._credential = credential        # sealing.credentials.ShardCredential for its clients
         self.timings: dict[str, float] = {}
+        self._pool = EncapsulationPool()       # next round's encapsulations (prepare_keys)
+        self._recipients: list[tuple[bytes, bytes]] = []   # last round's (key, HKDF info) per layer
+        self._sealed = 0                       # messages the last round sealed (per layer)
 
     def _records(self, source=None):
         """This shard's records, opened on first use from ``source`` (``[ObjectRef]``: a
@@ -84,18 +95,38 @@ class ClientShardImpl:
         opens most of it while the rest is sealed."""
         records = self._records(source)
         self.timings = {}           # this round's stage CPU only (get_timings after the round)
+        self._recipients = round_recipients(spec)
+        self._sealed = 0
         batches = records.batches(batch_clients)
         nxt = next(batches, None)
         b = 0
         while nxt is not None:
             (x, y, ids), nxt = nxt, next(batches, None)
             if nxt is not None:
-                yield client_step(spec, self._secret, b, x, y, ids, self.timings, self._credential)
+                items = [client_step(spec, self._secret, b, x, y, ids, self.timings,
+                                     self._credential, self._pool)]
             else:
-                yield from client_pieces(spec, self._secret, b, x, y, ids,
-                                         tail_pieces(np.unique(ids).size), self.timings,
-                                         self._credential)
+                items = client_pieces(spec, self._secret, b, x, y, ids,
+                                      tail_pieces(np.unique(ids).size), self.timings,
+                                      self._credential, self._pool)
+            for item in items:
+                self._sealed += item.num_rows
+                yield item
             b += 1
+
+    def prepare_keys(self, messages: int | None = None, max_ready: int = 1 << 20) -> dict:
+        """Make the next round's encapsulations ahead: ``messages`` per layer (None: as many
+        as the last round sealed) for the last round's recipients, at most ``max_ready`` in
+        all; ones for other keys are dropped. Returns the pool's counts and this call's CPU."""
+        if int(max_ready) < 0:
+            raise ValueError(f"max_ready must be >= 0, got {max_ready}")
+        self._pool.max_ready = int(max_ready)
+        count = self._sealed if messages is None else int(messages)
+        self._pool.drop(keep=self._recipients)
+        cpu0, made = self._pool.fill_cpu_s, 0
+        for recipient, info in self._recipients:
+            made += self._pool.fill(recipient, info, count)
+        return {**self._pool.stats(), "made_now": made, "cpu_s": self._pool.fill_cpu_s - cpu0}
 
     def get_timings(self) -> dict:
         return dict(self.timings)
@@ -108,6 +139,15 @@ class ClientShardImpl:
     def forget_secret(self) -> bool:
         """Delete this shard's stored secret (the job's rounds are over); True if one was."""
         return self._secrets.forget(self.shard_id)
+
+
+def round_recipients(spec: RoundSpec) -> list[tuple[bytes, bytes]]:
+    """(public key, HKDF info) of every layer a round's reports are sealed to: the server's,
+    then each shuffler hop's (onion mode)."""
+    out = [(bytes(spec.server_public_key), layer_info(spec.ctx.header_prefix(SERVER_LAYER)))]
+    for hop, key in enumerate(spec.hop_public_keys):
+        out.append((bytes(key), layer_info(spec.ctx.header_prefix(hop + 1))))
+    return out
 
 
 #: a shard that dies is restarted (it re-sends the same reports); its tasks are not retried

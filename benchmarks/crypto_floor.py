@@ -19,6 +19,8 @@ import time
 PARTS = ("client_keygen", "client_exchange", "client_hkdf", "client_seal", "client_hmac_key",
          "client_hmac_tag", "shuffler_hmac_key", "shuffler_hmac_tag", "server_exchange",
          "server_hkdf", "server_open")
+#: the parts a client can do before the round (sealing.encapsulation): they need no data
+AHEAD_PARTS = ("client_keygen", "client_exchange", "client_hkdf")
 
 
 def _timed(fn, items) -> tuple[float, list]:

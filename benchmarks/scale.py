@@ -40,6 +40,9 @@ counts; ``--rng seeded`` makes them reproducible across runs (NOT private).
 ``--warm-rounds R`` measures small rounds instead (:func:`run_warm`): per model, a cold
 round and R warm ones on the same actors, N one-record clients, 100 queries, a 1000-cell
 vote; printed: wall, CPU of every process, the floor, and the fixed cost beyond it.
+``--prepare both|on|off`` (default both): each model also with the shards' encapsulations
+made between the rounds (``ProtocolSession.prepare_next_round``, outside the timed window,
+its wall and CPU reported apart), against the floor left in the round.
 """
 from __future__ import annotations
 
@@ -132,9 +135,11 @@ class FloorSampler(Sampler):
         return {part: float(np.median([s[part] for s in self.samples])) / self.probe * num_messages
                 for part in self.samples[0]}
 
-    def spread(self, num_messages: int) -> list[float]:
-        """The lowest and highest floor (all parts) one sample implied, for ``num_messages``."""
-        totals = [sum(s.values()) / self.probe * num_messages for s in self.samples]
+    def spread(self, num_messages: int, skip: tuple = ()) -> list[float]:
+        """The lowest and highest floor (all parts but ``skip``) one sample implied, for
+        ``num_messages``."""
+        totals = [sum(v for k, v in s.items() if k not in skip) / self.probe * num_messages
+                  for s in self.samples]
         return [min(totals), max(totals)]
 
 
@@ -326,7 +331,7 @@ WARM_FLOOR_PROBE = 1000                    # messages of every primitive after e
 
 
 def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
-             shards: int = 2) -> dict:
+             shards: int = 2, prepare: tuple = (False,)) -> dict:
     """Warm rounds: one session per model, a cold round 0, then ``rounds`` more on the same
     actors (N one-record clients, 100 queries, 1000-cell vote, the server sums).
 
@@ -338,9 +343,15 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     ``fixed_cpu_net_s`` also takes off what the idle session burns in that time
     (``idle_cpu_per_s``, measured for 2 s after the cold round). On a loaded machine the
     CPU figures are the ones to compare.
+
+    ``prepare``: for each True, the model runs again (key ``<model>+prepared``) with the
+    shards' encapsulations made before every warm round (``prepare_s`` / ``prepare_cpu_s``,
+    outside the round's window); its ``floor_cpu_s`` is what is left in the round (every
+    part but :data:`benchmarks.crypto_floor.AHEAD_PARTS`, which ``floor_ahead_cpu_s`` holds).
     """
     import ray
 
+    from benchmarks.crypto_floor import AHEAD_PARTS
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
@@ -358,56 +369,77 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     out = {"clients": clients, "protocol": "actors-warm", "cores": cores, "rounds": rounds,
            "queries": WARM_QUERIES, "cells": WARM_QUERIES * NUM_CLASSES, "models": {}}
     try:
-        for model in models:
-            delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
-            encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model],
-                                              delta)
-            cfg = load_config(None, [f"privacy.model={model}",
-                                     f"privacy.mechanism={WARM_MODELS[model]}",
-                                     f"privacy.delta={delta}", f"cluster.openers={cores}",
-                                     f"cluster.shards={shards}", "run.progress=false"])
-            cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
-            sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
-                       for a, b in zip(cuts[:-1], cuts[1:])]
-            walls, cpus, tree_cpus, stages, by_process = [], [], [], [], []
-            ledger = PrivacyLedger()
-            # the floor between the warm rounds, out of their timed windows (this machine's
-            # speed drifts; one floor taken after the rounds moved fixed_s by ~0.3 s at 1e4)
-            probe = FloorSampler(mech.message_size, period=0.0, probe=WARM_FLOOR_PROBE)
-            with ProtocolSession(cfg, sources, f"warm-{model}", progress=Progress(False)) as session:
-                idle_rate = None
-                for r in range(rounds + 1):
-                    if r == 1:            # warm now: what the idle session burns per second
-                        c0, t0 = _tree_cpu(), time.perf_counter()
-                        time.sleep(2.0)
-                        idle_rate = (_tree_cpu() - c0) / (time.perf_counter() - t0)
-                    tree = _cpu_by_process()       # the process walk stays out of the timed window
-                    t, c = time.perf_counter(), time.process_time()
-                    res = session.run_round(r, mech, encoder, qs.features, ledger)
-                    walls.append(time.perf_counter() - t)
-                    cpus.append(time.process_time() - c)
-                    by_process.append(_cpu_delta(tree, _cpu_by_process()))
-                    tree_cpus.append(sum(by_process[-1].values()))
-                    stages.append(res.timings)
-                    if r:
-                        probe.sample()
-            floor = sum(probe.parts(res.messages).values())
-            warm = sorted(walls[1:])
-            median = warm[len(warm) // 2]
-            warm_cpu = sorted(tree_cpus[1:])[len(warm) // 2]
-            out["models"][model] = {
-                "cold_s": walls[0], "warm_s": walls[1:], "warm_median_s": median,
-                "driver_cpu_s": cpus[1:], "round_cpu_s": tree_cpus[1:],
-                "round_cpu_by_process_s": by_process[1:],
-                "stages_s": stages[1:], "messages": res.messages, "floor_cpu_s": floor,
-                "floor_samples": len(probe.samples), "floor_spread_cpu_s": probe.spread(res.messages),
-                "floor_wall_s": floor / cores, "fixed_s": median - floor / cores,
-                "fixed_cpu_s": warm_cpu - floor, "idle_cpu_per_s": idle_rate,
-                "fixed_cpu_net_s": warm_cpu - floor - idle_rate * median}
+        for prepared in prepare:
+            for model in models:
+                name = f"{model}+prepared" if prepared else model
+                out["models"][name] = _warm_model(
+                    clients, rounds, model, shards, prepared, cores, ProtocolSession, Progress,
+                    PrivacyLedger, load_config, SyntheticClientsSource, AHEAD_PARTS)
     finally:
         if started:
             ray.shutdown()
     return out
+
+
+def _warm_model(clients, rounds, model, shards, prepared, cores, ProtocolSession, Progress,
+                PrivacyLedger, load_config, SyntheticClientsSource, ahead_parts) -> dict:
+    """One model's session of :func:`run_warm`."""
+    delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
+    encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model], delta)
+    cfg = load_config(None, [f"privacy.model={model}", f"privacy.mechanism={WARM_MODELS[model]}",
+                             f"privacy.delta={delta}", f"cluster.openers={cores}",
+                             f"cluster.shards={shards}", "run.progress=false",
+                             f"cluster.precompute_keys={bool(prepared)}"])
+    cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
+    sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
+               for a, b in zip(cuts[:-1], cuts[1:])]
+    walls, cpus, tree_cpus, stages, by_process = [], [], [], [], []
+    prep_walls, prep_cpus, prep_stats = [], [], []
+    ledger = PrivacyLedger()
+    # the floor between the warm rounds, out of their timed windows (this machine's
+    # speed drifts; one floor taken after the rounds moved fixed_s by ~0.3 s at 1e4)
+    probe = FloorSampler(mech.message_size, period=0.0, probe=WARM_FLOOR_PROBE)
+    with ProtocolSession(cfg, sources, f"warm-{model}", progress=Progress(False)) as session:
+        idle_rate = None
+        for r in range(rounds + 1):
+            if r == 1:            # warm now: what the idle session burns per second
+                c0, t0 = _tree_cpu(), time.perf_counter()
+                time.sleep(2.0)
+                idle_rate = (_tree_cpu() - c0) / (time.perf_counter() - t0)
+            if r and prepared:    # the keys, made before the round's window opens
+                c0, t0 = _tree_cpu(), time.perf_counter()
+                prep_stats.append(session.prepare_next_round(wait=True))
+                prep_walls.append(time.perf_counter() - t0)
+                prep_cpus.append(_tree_cpu() - c0)
+            tree = _cpu_by_process()       # the process walk stays out of the timed window
+            t, c = time.perf_counter(), time.process_time()
+            res = session.run_round(r, mech, encoder, qs.features, ledger)
+            walls.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - c)
+            by_process.append(_cpu_delta(tree, _cpu_by_process()))
+            tree_cpus.append(sum(by_process[-1].values()))
+            stages.append(res.timings)
+            if r:
+                probe.sample()
+    parts = probe.parts(res.messages)
+    ahead = sum(v for k, v in parts.items() if prepared and k in ahead_parts)
+    floor = sum(parts.values()) - ahead
+    warm = sorted(walls[1:])
+    median = warm[len(warm) // 2]
+    warm_cpu = sorted(tree_cpus[1:])[len(warm) // 2]
+    row = {"cold_s": walls[0], "warm_s": walls[1:], "warm_median_s": median,
+           "driver_cpu_s": cpus[1:], "round_cpu_s": tree_cpus[1:],
+           "round_cpu_by_process_s": by_process[1:],
+           "stages_s": stages[1:], "messages": res.messages, "floor_cpu_s": floor,
+           "floor_samples": len(probe.samples),
+           "floor_spread_cpu_s": probe.spread(res.messages, ahead_parts if prepared else ()),
+           "floor_wall_s": floor / cores, "fixed_s": median - floor / cores,
+           "fixed_cpu_s": warm_cpu - floor, "idle_cpu_per_s": idle_rate,
+           "fixed_cpu_net_s": warm_cpu - floor - idle_rate * median, "prepared": bool(prepared)}
+    if prepared:
+        row.update({"floor_ahead_cpu_s": ahead, "prepare_s": prep_walls,
+                    "prepare_cpu_s": prep_cpus, "prepare_stats": prep_stats})
+    return row
 
 
 def _tree_cpu() -> float:
@@ -518,6 +550,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warm-rounds", type=int, default=0,
                     help="instead of one big round: this many warm rounds per model (central, "
                          "shuffle) after a cold one; 100 queries, a 1000-cell vote (issue 20)")
+    ap.add_argument("--prepare", choices=("both", "on", "off"), default="both",
+                    help="warm rounds: also (both), only (on) or never (off) with the shards' "
+                         "encapsulations made between the rounds")
     ap.add_argument("--memory-period", type=float, default=5.0,
                     help="seconds between memory samples (each costs the driver ~0.1 CPU s "
                          "in a big round; rows before 2026-11-26 sampled every 2 s)")
@@ -573,7 +608,8 @@ def _main_warm(args) -> int:
     if args.protocol != "actors" or args.nodes != 1:
         raise SystemExit("--warm-rounds runs the actors on one node: drop --protocol inprocess "
                          "and --nodes")
-    res = run_warm(args.clients, args.warm_rounds, shards=args.shards)
+    prepare = {"both": (False, True), "on": (True,), "off": (False,)}[args.prepare]
+    res = run_warm(args.clients, args.warm_rounds, shards=args.shards, prepare=prepare)
     if args.out:
         from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-warm-{args.clients}.json"), res)
@@ -581,14 +617,22 @@ def _main_warm(args) -> int:
         print(json.dumps(res))
         return 0
     print(f"| model | cold s | warm s (median of {args.warm_rounds}) | floor / cores | fixed s "
-          "| round CPU s | floor CPU s | fixed CPU s | less idle |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+          "| round CPU s | floor CPU s | fixed CPU s | less idle | made ahead: s, CPU s |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     for model, r in res["models"].items():
+        ahead = (f"{_median(r['prepare_s']):.3f}, {_median(r['prepare_cpu_s']):.3f}"
+                 if r["prepared"] else "-")
         print(f"| {model} | {r['cold_s']:.3f} | {r['warm_median_s']:.3f} | "
               f"{r['floor_wall_s']:.3f} | {r['fixed_s']:.3f} | "
-              f"{sorted(r['round_cpu_s'])[len(r['round_cpu_s']) // 2]:.3f} | "
-              f"{r['floor_cpu_s']:.3f} | {r['fixed_cpu_s']:.3f} | {r['fixed_cpu_net_s']:.3f} |")
+              f"{_median(r['round_cpu_s']):.3f} | "
+              f"{r['floor_cpu_s']:.3f} | {r['fixed_cpu_s']:.3f} | {r['fixed_cpu_net_s']:.3f} | "
+              f"{ahead} |")
     return 0
+
+
+def _median(values) -> float:
+    """The middle value (the upper one of an even count), as the warm rows report it."""
+    return sorted(values)[len(values) // 2]
 
 
 if __name__ == "__main__":

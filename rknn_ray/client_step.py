@@ -66,20 +66,21 @@ def sealed_width(spec: RoundSpec) -> int:
 
 def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
                 labels: np.ndarray, client_ids: np.ndarray,
-                timings: dict | None = None, credential=None) -> pa.RecordBatch:
+                timings: dict | None = None, credential=None, pool=None) -> pa.RecordBatch:
     """Sealed reports of one batch of whole clients (see module docstring).
 
     With a ``credential`` (the shard's :class:`sealing.credentials.ShardCredential`) every
-    message also carries its ``seq`` and ``tag`` columns.
+    message also carries its ``seq`` and ``tag`` columns. ``pool``: encapsulations made
+    ahead (:class:`sealing.encapsulation.EncapsulationPool`), each used once.
     """
     msgs, report_ids = client_messages(spec, secret, batch_index, features, labels, client_ids,
                                        timings)
-    return seal_messages(spec, msgs, report_ids, timings, credential)
+    return seal_messages(spec, msgs, report_ids, timings, credential, pool)
 
 
 def client_pieces(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
                   labels: np.ndarray, client_ids: np.ndarray, pieces: int,
-                  timings: dict | None = None, credential=None):
+                  timings: dict | None = None, credential=None, pool=None):
     """:func:`client_step`'s reports in ``pieces`` Arrow batches, each sealed and yielded
     as soon as it is done, so the next party starts on the first while the rest is sealed.
 
@@ -92,7 +93,7 @@ def client_pieces(spec: RoundSpec, secret: bytes, batch_index: int, features: np
     for lo, hi in piece_bounds(np.unique(client_ids), pieces):
         keep = (msgs.senders >= lo) & (msgs.senders < hi)
         yield seal_messages(spec, MessageBatch(msgs.payloads[keep], msgs.senders[keep]),
-                            report_ids[keep], timings, credential)
+                            report_ids[keep], timings, credential, pool)
 
 
 def piece_bounds(ids: np.ndarray, pieces: int) -> list[tuple[int, int]]:
@@ -148,15 +149,16 @@ def client_messages(spec: RoundSpec, secret: bytes, batch_index: int, features: 
 
 
 def seal_messages(spec: RoundSpec, msgs: MessageBatch, report_ids: np.ndarray,
-                  timings: dict | None = None, credential=None) -> pa.RecordBatch:
-    """Seal (and sign, with a ``credential``) messages into one Arrow batch."""
+                  timings: dict | None = None, credential=None, pool=None) -> pa.RecordBatch:
+    """Seal (and sign, with a ``credential``) messages into one Arrow batch; encapsulations
+    come from ``pool`` where it has them."""
     t2 = time.thread_time()
     if spec.hop_public_keys:
         sealed = seal_onion(spec.server_public_key, list(spec.hop_public_keys), msgs.payloads, spec.ctx,
-                            spec.pad_to, report_ids=report_ids)
+                            spec.pad_to, report_ids=report_ids, pool=pool)
     else:
         sealed = seal_batch(spec.server_public_key, msgs.payloads, spec.ctx, spec.pad_to,
-                            report_ids=report_ids)
+                            report_ids=report_ids, pool=pool)
     out = to_arrow(sealed, msgs.senders)
     if credential is not None:
         seqs, tags = credential.sign(spec.ctx, msgs.senders, sealed)

@@ -35,12 +35,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-KEY_LEN = 32                  # X25519 public key / AEAD key
+from sealing.encapsulation import (CHUNK as SEAL_CHUNK, HKDF_LABEL, KEY_LEN, EncapsulationPool,
+                                   encapsulate, layer_info, recipient_key)
+
 TAG_LEN = 16                  # Poly1305 tag
 ID_LEN = 16                   # report identity, first field of the plaintext
 LEN_PREFIX = 2                # u16 payload length inside the plaintext
@@ -50,9 +52,7 @@ HEADER_LEN = 1 + 1 + JOB_TAG_LEN + 4 + KEY_LEN   # 46
 CONTEXT_LEN = HEADER_LEN - KEY_LEN               # version, layer, job tag, round
 SERVER_LAYER = 0
 MAX_PAYLOAD = 2 ** 16 - 1
-SEAL_CHUNK = 4096            # messages per primitive-at-a-time pass (seal_batch, open_rows)
 NONCE = bytes(12)             # each AEAD key is used exactly once, so a fixed nonce is safe
-HKDF_LABEL = b"rknn-ray/seal"
 _SHA256 = hashes.SHA256()
 
 
@@ -94,21 +94,6 @@ def derive_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes, info: bytes)
     return HKDF(_SHA256, KEY_LEN, salt=eph_pub + recipient_pub, info=info).derive(shared)
 
 
-def layer_info(prefix: bytes) -> bytes:
-    """HKDF info: a fixed label plus version and layer (domain-separates the layers)."""
-    return HKDF_LABEL + prefix[:2]
-
-
-def _public_key(key: bytes | X25519PublicKey) -> tuple[X25519PublicKey, bytes]:
-    if isinstance(key, X25519PublicKey):
-        return key, key.public_bytes_raw()
-    key = bytes(key)
-    if len(key) != KEY_LEN:
-        raise ValueError(f"a recipient public key is {KEY_LEN} raw X25519 bytes, got {len(key)}; "
-                         "pass ServerKeyPair.public_bytes()")
-    return X25519PublicKey.from_public_bytes(key), key
-
-
 def report_ids_from_key(key: bytes, count: int) -> np.ndarray:
     """``count`` pseudorandom 16-byte report ids: the ChaCha20 keystream of a 32-byte key.
 
@@ -148,37 +133,32 @@ def _padded_plaintexts(payloads: np.ndarray, pad_to: int | None,
 
 def seal_batch(server_public_key: bytes, payloads: np.ndarray, ctx: RoundContext,
                pad_to: int | None = None, *, layer: int = SERVER_LAYER,
-               report_ids: np.ndarray | None = None) -> np.ndarray:
+               report_ids: np.ndarray | None = None,
+               pool: EncapsulationPool | None = None) -> np.ndarray:
     """Seal each row of ``payloads`` for the holder of ``server_public_key``.
 
     Returns an (M, ciphertext_len(pad_to)) uint8 array, one report per row.
     ``layer`` is 0 for the server; onion layers for shufflers use 1, 2, ...
-    (see :func:`shuffler.layers.seal_onion`). The loops are the bare
-    cryptography, one primitive at a time; padding and assembly are numpy.
+    (see :func:`shuffler.layers.seal_onion`). Each report gets its own encapsulation:
+    from ``pool`` when one was made ahead (each handed out once), else made here
+    (:mod:`sealing.encapsulation`). The loops are the bare cryptography, one primitive
+    at a time; padding and assembly are numpy.
     """
-    pub_obj, pub_bytes = _public_key(server_public_key)
+    _, pub_bytes = recipient_key(server_public_key)
     plain = _padded_plaintexts(payloads, pad_to, report_ids)
     m, plen = plain.shape
     prefix = ctx.header_prefix(layer)
     aad_head = ctx.job_digest + prefix
     info = layer_info(prefix)
     plain_bytes = memoryview(plain.tobytes())
-    # One primitive at a time over a chunk of messages, not all primitives per message:
-    # the same calls, ~10% less CPU (each primitive's code stays hot; measured A/B in
-    # docs/results.md, "Sealing and opening by primitive"). Chunks bound the ephemeral keys held.
-    eph_pubs, sealed = [], []
-    generate, hkdf, aead = X25519PrivateKey.generate, HKDF, ChaCha20Poly1305
-    for lo in range(0, m, SEAL_CHUNK):
-        hi = min(m, lo + SEAL_CHUNK)
-        ephs = [generate() for _ in range(lo, hi)]
-        pubs = [eph.public_key().public_bytes_raw() for eph in ephs]
-        shared = [eph.exchange(pub_obj) for eph in ephs]
-        del ephs
-        keys = [hkdf(_SHA256, KEY_LEN, salt=eph_pub + pub_bytes, info=info).derive(secret)
-                for eph_pub, secret in zip(pubs, shared)]
-        sealed += [aead(key).encrypt(NONCE, plain_bytes[i * plen:(i + 1) * plen], aad_head + eph_pub)
-                   for i, key, eph_pub in zip(range(lo, hi), keys, pubs)]
-        eph_pubs += pubs
+    if pool is not None:
+        eph_pubs, keys = pool.take(pub_bytes, info, m)
+    else:
+        eph_pubs, keys = encapsulate(server_public_key, m, info)
+    aead = ChaCha20Poly1305
+    sealed = [aead(key).encrypt(NONCE, plain_bytes[i * plen:(i + 1) * plen], aad_head + eph_pub)
+              for i, key, eph_pub in zip(range(m), keys, eph_pubs)]
+    del keys
     out = np.empty((m, HEADER_LEN + plen + TAG_LEN), np.uint8)
     out[:, :CONTEXT_LEN] = np.frombuffer(prefix, np.uint8)
     if m:

@@ -47,8 +47,14 @@ def test_shuffle_calibration_is_computed_once_per_mechanism():
 @pytest.mark.slow
 def test_warm_round_benchmark_reports_per_round_costs(ray_session):
     from benchmarks.scale import run_warm
-    res = run_warm(300, rounds=2, models=("central",))
-    r = res["models"]["central"]
+    res = run_warm(300, rounds=2, models=("central",), prepare=(False, True))
+    r, p = res["models"]["central"], res["models"]["central+prepared"]
+    # the prepared session: keys made before each warm round, outside its window; the floor
+    # left in the round is every part but the ones made ahead
+    assert p["prepared"] and not r["prepared"] and len(p["prepare_s"]) == 2
+    assert [st["made_now"] for st in p["prepare_stats"]] == [300, 300]
+    assert p["prepare_stats"][1]["used"] == 300 and p["prepare_stats"][1]["fresh"] == 300
+    assert p["floor_cpu_s"] > 0 and p["floor_ahead_cpu_s"] > 0
     assert res["cells"] == 1000 and len(r["warm_s"]) == 2 and r["messages"] == 300
     assert r["floor_cpu_s"] > 0 and len(r["round_cpu_s"]) == 2
     lo, hi = r["floor_spread_cpu_s"]             # sampled after each warm round, median used

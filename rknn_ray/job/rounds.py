@@ -143,6 +143,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 ledger.record_spent(done.guarantee, round_id=t, event=done.event, note=note,
                                     messages=done.messages, clients=done.clients)
                 released = False
+                if lost is None and t + 1 < len(budgets):
+                    session.prepare_next_round()    # the shards' keys, while queries are picked
                 if lost is not None:
                     raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "
                                           f"is counted in the ledger, but it could not be saved: "

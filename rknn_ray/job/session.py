@@ -27,6 +27,12 @@ same report ids go out and the server counts every report once: admission drops 
 copies (``rejected.duplicate_message``: the same sender and sequence number again), and the
 server's report-id check (``rejected.replayed``) catches any copy that gets past admission.
 A restarted shard that cannot find its secret refuses to start.
+
+Between rounds, :meth:`ProtocolSession.prepare_next_round` has each shard make the next
+round's encapsulations ahead (``cluster.precompute_keys``; :mod:`sealing.encapsulation`):
+the round then only encrypts and signs. The next round's first call on a shard waits for
+its preparation (a Ray actor runs its calls in order), so what is not done by then is
+done inside the round, as it would be without it.
 """
 from __future__ import annotations
 
@@ -192,6 +198,7 @@ class ProtocolSession:
                 i, None, self.secrets, issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         self._fixed_nodes: dict | None = None   # where the Server and shufflers run (asked once)
+        self._preparing: list = []              # prepare_keys calls not yet collected
         if cfg.privacy.model == "shuffle":      # starts beside the others, not in round 0
             self._shufflers(0)                  # (each round's start_round sets the floor)
         try:
@@ -265,6 +272,33 @@ class ProtocolSession:
             self._fixed_nodes = None
         return self.hops
 
+    # ------------------------------------------------------------------ between rounds
+    def prepare_next_round(self, messages: int | None = None, wait: bool = False) -> dict | None:
+        """Have every shard make the next round's encapsulations now (each as many as it
+        sealed in the last round per layer, or ``messages``), while the driver does other
+        work. Nothing to do before the first round or with ``cluster.precompute_keys``
+        off. ``wait=True`` returns the shards' summed counts and CPU seconds; otherwise the
+        next :meth:`run_round` collects the calls (a failed one only means the round makes
+        its keys itself: a dead shard is restarted by the round as always)."""
+        cl = self.cfg.cluster
+        if not cl.precompute_keys:
+            return None
+        self._preparing += [s.prepare_keys.remote(messages, int(cl.precompute_max))
+                            for s in self.shards]
+        return self._collect_prepared() if wait else None
+
+    def _collect_prepared(self) -> dict:
+        total: dict = {}
+        refs, self._preparing = self._preparing, []
+        for ref in refs:
+            try:
+                got = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue
+            for key, v in got.items():
+                total[key] = total.get(key, 0) + v
+        return total
+
     # ------------------------------------------------------------------ one round
     def run_round(self, round_id: int, mechanism: Mechanism, encoder, query_features: np.ndarray,
                   ledger, record_release: bool = True) -> RoundResult:
@@ -277,6 +311,8 @@ class ProtocolSession:
         model = mechanism.model
         ctx = RoundContext(self.job_id, round_id)
         ledger.check(mechanism.guarantee(), mechanism.event())   # refuse before any client works
+        if self._preparing:
+            self._collect_prepared()
         say = self.progress.say if self.progress else (lambda _m: None)
         timings: dict[str, float] = {}
         hops, hop_keys = [], ()
