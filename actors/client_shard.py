@@ -66,6 +66,7 @@ class ClientShardImpl:
         self._credential = credential        # sealing.credentials.ShardCredential for its clients
         self.timings: dict[str, float] = {}
         self._pool = EncapsulationPool()       # next round's encapsulations (prepare_keys)
+        self._pool_at_start = self._pool.stats()
         self._recipients: list[tuple[bytes, bytes]] = []   # last round's (key, HKDF info) per layer
         self._sealed = 0                       # messages the last round sealed (per layer)
 
@@ -97,6 +98,7 @@ class ClientShardImpl:
         self.timings = {}           # this round's stage CPU only (get_timings after the round)
         self._recipients = round_recipients(spec)
         self._sealed = 0
+        self._pool_at_start = self._pool.stats()
         batches = records.batches(batch_clients)
         nxt = next(batches, None)
         b = 0
@@ -132,9 +134,12 @@ class ClientShardImpl:
         return dict(self.timings)
 
     def round_info(self) -> dict:
-        """This round's stage CPU and the Ray node this incarnation runs on, in one call
-        (a restarted shard may run on another node, so the node is asked every round)."""
-        return {"timings": dict(self.timings), "node": ray.get_runtime_context().get_node_id()}
+        """This round's stage CPU, how many of its encapsulations were made ahead, and the Ray
+        node this incarnation runs on, in one call (a restarted shard may run on another
+        node, so the node is asked every round)."""
+        ahead = self._pool.stats()["used"] - self._pool_at_start["used"]
+        return {"timings": dict(self.timings), "node": ray.get_runtime_context().get_node_id(),
+                "keys_made_ahead": int(ahead)}
 
     def forget_secret(self) -> bool:
         """Delete this shard's stored secret (the job's rounds are over); True if one was."""

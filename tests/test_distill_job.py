@@ -69,6 +69,9 @@ def test_two_rounds_with_diagnostics_spend_at_most_eps(ray_session, tmp_path):
     assert report["rng"] == "seeded" and priv["private"] is False and "NOT PRIVATE" in priv["warning"]
     assert [r["eps"] for r in priv["rounds"]] == pytest.approx([0.5, 0.5])
     assert len(priv["ledger"]["entries"]) == 2 and report["counts"]["rounds"] == 2
+    # between the rounds the shards made round 2's keys (cluster.precompute_keys): every
+    # report of round 2 was sealed with one, none of round 1's
+    assert report["counts"]["keys_made_ahead"] == [0, report["counts"]["messages"] // 2]
     s = report["config"]["queries"]["s"]
     assert report["counts"]["queries"] == 2 * s                  # two rounds of s, all distinct
     diag = report["diagnostics"]

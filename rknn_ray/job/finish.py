@@ -86,6 +86,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                    "rejected": sum_dicts(r.rejected for r in rounds),
                    "authenticated_senders": [r.authenticated_senders for r in rounds],
                    "missing": [r.missing for r in rounds],
+                   "keys_made_ahead": [r.keys_made_ahead for r in rounds],
                    "rounds": len(rounds)},
         "split": sp.describe(),
         "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,

@@ -35,7 +35,7 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
                                "rejected": r.rejected, "timings": r.timings,
                                "shuffler": r.shuffler,
                                "authenticated_senders": r.authenticated_senders,
-                               "missing": r.missing})
+                               "missing": r.missing, "keys_made_ahead": r.keys_made_ahead})
     arrays["meta"] = np.array(json.dumps(meta, default=float))
     path = os.path.join(out_dir, RELEASE_FILE)
     with atomic_path(path) as tmp:             # fsync'd before it is renamed into place
@@ -63,7 +63,7 @@ def load_release(run_dir: str, public_emb: np.ndarray):
             rounds.append(RoundResult(z[f"counts_{t}"], guarantee, event, m["mechanism"], m["messages"],
                                       m["received"], m["clients"], m["rejected"], m["timings"],
                                       m["shuffler"], m.get("authenticated_senders"),
-                                      m.get("missing")))
+                                      m.get("missing"), None, m.get("keys_made_ahead")))
     return meta["job_id"], meta["dataset"], rounds, query_sets
 
 

@@ -114,6 +114,7 @@ class RoundResult:
     authenticated_senders: int | None = None   # senders with an admitted, authenticated message
     missing: int | None = None                 # clients whose report was not counted (1 per client)
     placement: dict | None = None              # party -> the Ray node ids its actors ran on
+    keys_made_ahead: int | None = None         # messages sealed with encapsulations made ahead
 
 
 @dataclass(frozen=True)
@@ -384,13 +385,14 @@ class ProtocolSession:
                 f"fraction {getattr(mechanism, 'honest_fraction', 1.0):g})")
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
-        shard_nodes = []
+        shard_nodes, ahead = [], 0
         for ref in infos:
             try:
                 info = ray.get(ref, timeout=60)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
                 continue            # never fails a released round (placement leaves it out)
             shard_nodes.append(info["node"])
+            ahead += int(info.get("keys_made_ahead", 0))
             for key, v in info["timings"].items():
                 timings[f"shards_{key}_cpu"] = timings.get(f"shards_{key}_cpu", 0.0) + v
         rejected = dict(out["rejected"])
@@ -405,7 +407,7 @@ class ProtocolSession:
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
                            out["received"], self.num_clients, rejected, timings,
                            shuffle_stats, authenticated, missing,
-                           self._round_placement(shard_nodes))
+                           self._round_placement(shard_nodes), ahead)
 
     def _opened_bar(self):
         """The "reports opened" bar, polled from the Server while a console shows it (with
