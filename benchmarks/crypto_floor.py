@@ -21,6 +21,8 @@ PARTS = ("client_keygen", "client_exchange", "client_hkdf", "client_seal", "clie
          "server_hkdf", "server_open")
 #: the parts a client can do before the round (sealing.encapsulation): they need no data
 AHEAD_PARTS = ("client_keygen", "client_exchange", "client_hkdf")
+#: the parts done once per client and job, then kept for later rounds (ClientKeyTable)
+KEPT_PARTS = ("client_hmac_key", "shuffler_hmac_key")
 
 
 def _timed(fn, items) -> tuple[float, list]:

@@ -344,14 +344,19 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     (``idle_cpu_per_s``, measured for 2 s after the cold round). On a loaded machine the
     CPU figures are the ones to compare.
 
+    A warm round reuses every client's credential key from round 0 (kept per process,
+    :class:`sealing.credentials.ClientKeyTable`), so its floor leaves out
+    :data:`benchmarks.crypto_floor.KEPT_PARTS` (``floor_kept_cpu_s``; up to the table's
+    size, 2^21 clients).
+
     ``prepare``: for each True, the model runs again (key ``<model>+prepared``) with the
     shards' encapsulations made before every warm round (``prepare_s`` / ``prepare_cpu_s``,
-    outside the round's window); its ``floor_cpu_s`` is what is left in the round (every
-    part but :data:`benchmarks.crypto_floor.AHEAD_PARTS`, which ``floor_ahead_cpu_s`` holds).
+    outside the round's window); its ``floor_cpu_s`` is what is left in the round (also
+    without :data:`benchmarks.crypto_floor.AHEAD_PARTS`, which ``floor_ahead_cpu_s`` holds).
     """
     import ray
 
-    from benchmarks.crypto_floor import AHEAD_PARTS
+    from benchmarks.crypto_floor import AHEAD_PARTS, KEPT_PARTS
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
@@ -374,7 +379,7 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
                 name = f"{model}+prepared" if prepared else model
                 out["models"][name] = _warm_model(
                     clients, rounds, model, shards, prepared, cores, ProtocolSession, Progress,
-                    PrivacyLedger, load_config, SyntheticClientsSource, AHEAD_PARTS)
+                    PrivacyLedger, load_config, SyntheticClientsSource, AHEAD_PARTS, KEPT_PARTS)
     finally:
         if started:
             ray.shutdown()
@@ -382,8 +387,10 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
 
 
 def _warm_model(clients, rounds, model, shards, prepared, cores, ProtocolSession, Progress,
-                PrivacyLedger, load_config, SyntheticClientsSource, ahead_parts) -> dict:
+                PrivacyLedger, load_config, SyntheticClientsSource, ahead_parts,
+                kept_parts) -> dict:
     """One model's session of :func:`run_warm`."""
+    from sealing.credentials import TABLE_MAX_CLIENTS
     delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
     encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model], delta)
     cfg = load_config(None, [f"privacy.model={model}", f"privacy.mechanism={WARM_MODELS[model]}",
@@ -422,8 +429,10 @@ def _warm_model(clients, rounds, model, shards, prepared, cores, ProtocolSession
             if r:
                 probe.sample()
     parts = probe.parts(res.messages)
+    kept = sum(v for k, v in parts.items() if clients <= TABLE_MAX_CLIENTS and k in kept_parts)
     ahead = sum(v for k, v in parts.items() if prepared and k in ahead_parts)
-    floor = sum(parts.values()) - ahead
+    skip = tuple(kept_parts if kept else ()) + tuple(ahead_parts if prepared else ())
+    floor = sum(parts.values()) - ahead - kept
     warm = sorted(walls[1:])
     median = warm[len(warm) // 2]
     warm_cpu = sorted(tree_cpus[1:])[len(warm) // 2]
@@ -432,7 +441,7 @@ def _warm_model(clients, rounds, model, shards, prepared, cores, ProtocolSession
            "round_cpu_by_process_s": by_process[1:],
            "stages_s": stages[1:], "messages": res.messages, "floor_cpu_s": floor,
            "floor_samples": len(probe.samples),
-           "floor_spread_cpu_s": probe.spread(res.messages, ahead_parts if prepared else ()),
+           "floor_spread_cpu_s": probe.spread(res.messages, skip), "floor_kept_cpu_s": kept,
            "floor_wall_s": floor / cores, "fixed_s": median - floor / cores,
            "fixed_cpu_s": warm_cpu - floor, "idle_cpu_per_s": idle_rate,
            "fixed_cpu_net_s": warm_cpu - floor - idle_rate * median, "prepared": bool(prepared)}

@@ -26,6 +26,9 @@ before duplicates, so a forged message cannot use up an honest sender's slot. Th
 number of *authenticated* distinct senders (at least one admitted message) is the n the
 amplification uses. The shuffler forwards only the ``report`` column: the server never
 learns who sent what in the shuffle model.
+
+A client's key is derived once per process and kept (:class:`ClientKeyTable`), so the
+rounds after the first compute one HMAC per message on each side, the tag.
 """
 from __future__ import annotations
 
@@ -65,6 +68,51 @@ def _client_keys(shard_keys: list[bytes], senders: np.ndarray, shards: np.ndarra
     data, digest, sh = msgs.tobytes(), hmac.digest, shards[first].tolist()
     keys = [digest(shard_keys[sh[j]], data[14 * j:14 * j + 14], "sha256") for j in range(ids.size)]
     return [keys[j] for j in inverse.ravel().tolist()]
+
+
+TABLE_MAX_CLIENTS = 1 << 21      # a key table per id range up to this size (33 bytes a client)
+TABLES_KEPT = 4                  # tables per process (a job's one verifier or credential, spare)
+
+
+class ClientKeyTable:
+    """The client keys of one id range ``[lo, hi)``, each derived at its first use and kept.
+
+    A client's key depends only on the job's keys and its id, so every later round of the
+    job reuses it: a warm round pays one HMAC per message (the tag), not two. It holds what
+    its owner (the shard's key, the verifier's master) can derive anyway.
+    """
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = int(lo), int(hi)
+        self._keys = np.zeros((self.hi - self.lo, 32), np.uint8)
+        self._known = np.zeros(self.hi - self.lo, bool)
+
+    def keys(self, shard_keys: list[bytes], senders: np.ndarray, shards: np.ndarray) -> list[bytes]:
+        """:func:`_client_keys` for ``senders`` (all in ``[lo, hi)``), from the table where known."""
+        idx = np.asarray(senders, np.int64) - self.lo
+        new = np.flatnonzero(~self._known[idx])
+        if new.size:
+            made = _client_keys(shard_keys, np.asarray(senders)[new], np.asarray(shards)[new])
+            self._keys[idx[new]] = np.frombuffer(b"".join(made), np.uint8).reshape(-1, 32)
+            self._known[idx[new]] = True
+        flat = self._keys[idx].tobytes()
+        return [flat[32 * j:32 * j + 32] for j in range(idx.size)]
+
+
+_TABLES: dict = {}
+
+
+def _key_table(owner, lo: int, hi: int) -> ClientKeyTable | None:
+    """This process's table for ``owner`` (a ShardCredential or SenderVerifier: equal owners
+    share one, so a verifier unpickled anew every round finds the last round's keys); None
+    for a range over TABLE_MAX_CLIENTS (a one-round job of millions: no reuse to pay for)."""
+    if hi - lo > TABLE_MAX_CLIENTS or hi <= lo:
+        return None
+    table = _TABLES.pop(owner, None) or ClientKeyTable(lo, hi)
+    _TABLES[owner] = table                       # most recently used last
+    while len(_TABLES) > TABLES_KEPT:
+        _TABLES.pop(next(iter(_TABLES)))
+    return table
 
 
 def _tag_prefix(ctx: RoundContext) -> bytes:
@@ -120,7 +168,10 @@ class ShardCredential:
             raise ValueError(f"shard {self.shard} holds credentials for clients [{self.lo}, "
                              f"{self.hi}) only")
         seqs = sequence_numbers(senders)
-        keys = _client_keys([self.key], senders, np.zeros(senders.size, np.int64))
+        zeros = np.zeros(senders.size, np.int64)
+        table = _key_table(self, self.lo, self.hi)
+        keys = (table.keys([self.key], senders, zeros) if table is not None
+                else _client_keys([self.key], senders, zeros))
         return seqs, _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
 
 
@@ -177,7 +228,11 @@ class SenderVerifier:
         """Mask of messages whose tag is right (``shards`` from :meth:`shard_of`, all >= 0)."""
         shard_keys = [_shard_key(self.master, self.job_id, i, a, b)
                       for i, (a, b) in enumerate(self.ranges)]
-        keys = _client_keys(shard_keys, np.asarray(senders, np.int64), np.asarray(shards))
+        senders = np.asarray(senders, np.int64)
+        lo = min((a for a, _ in self.ranges), default=0)
+        table = _key_table(self, lo, max((b for _, b in self.ranges), default=0))
+        keys = (table.keys(shard_keys, senders, np.asarray(shards)) if table is not None
+                else _client_keys(shard_keys, senders, np.asarray(shards)))
         want = _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
         return np.all(want == tags, axis=1)    # all 16 bytes of every row: no early exit
 

@@ -176,3 +176,41 @@ def test_multi_message_allowance_covers_honest_clients_and_caps_a_flood():
         msgs = mech.randomize(answers, np.random.Generator(np.random.PCG64(seed)))
         worst = max(worst, int(np.bincount(msgs.senders).max()))
     assert worst <= allow
+
+
+def test_kept_client_keys_give_the_same_tags_and_still_refuse_forgeries(monkeypatch):
+    """A client's key, derived once and kept (ClientKeyTable), signs and verifies exactly as a
+    freshly derived one; a verifier unpickled anew (as every round's admission arrives) finds
+    the table its equal left; a tampered report still fails; ranges over the cap keep none."""
+    import pickle
+
+    from sealing import credentials as cr
+    monkeypatch.setattr(cr, "_TABLES", {})
+    issuer = CredentialIssuer("job-table", b"t" * 32)
+    cred = issuer.shard_credential(0, 0, 50)
+    senders = np.array([3, 7, 7, 49, 0])
+    reports = np.random.default_rng(1).integers(0, 256, (5, 24), dtype=np.uint8)
+    first = cred.sign(CTX, senders, reports)               # fills the shard's table
+    again = cred.sign(CTX, senders, reports)                # read from it
+    monkeypatch.setattr(cr, "TABLE_MAX_CLIENTS", 10)        # no table: derived as before
+    fresh = cred.sign(CTX, senders, reports)
+    monkeypatch.setattr(cr, "TABLE_MAX_CLIENTS", 1 << 21)
+    for got in (again, fresh):
+        assert np.array_equal(got[0], first[0]) and np.array_equal(got[1], first[1])
+    ranges = [(0, 50), (50, 90)]
+    verifier = issuer.verifier(ranges)
+    shards = verifier.shard_of(senders)
+    assert verifier.valid(CTX, senders, first[0], reports, first[1], shards).all()
+    table = cr._TABLES[verifier]
+    assert table._known[[0, 3, 7, 49]].all() and not table._known[[1, 60]].any()
+    copy = pickle.loads(pickle.dumps(verifier))             # next round's admission
+    assert copy is not verifier and cr._key_table(copy, 0, 90) is table
+    tampered = reports.copy()
+    tampered[2, 5] ^= 1
+    assert copy.valid(CTX, senders, first[0], tampered, first[1], shards).tolist() == \
+        [True, True, False, True, True]
+    other = CredentialIssuer("job-table", b"u" * 32).verifier(ranges)   # another master
+    assert not other.valid(CTX, senders, first[0], reports, first[1], shards).any()
+    for i in range(cr.TABLES_KEPT + 2):                   # at most TABLES_KEPT per process
+        cr._key_table(("owner", i), 0, 10)
+    assert len(cr._TABLES) == cr.TABLES_KEPT and verifier not in cr._TABLES

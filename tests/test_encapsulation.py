@@ -198,3 +198,38 @@ def test_a_prepared_session_releases_what_an_unprepared_one_does(ray_session):
         counts[precompute] = got
     for r in range(2):
         assert np.array_equal(counts[True][r], counts[False][r])
+
+
+def test_onion_layers_are_prepared_each_for_its_own_hop():
+    """With a shuffler hop, a prepared round seals both layers from the pool (the server's
+    and the hop's keys, each layer's own HKDF info); the hop peels and the server opens all."""
+    from actors.client_shard import ClientShardImpl, round_recipients
+    from benchmarks.scale import DIM, NUM_CLASSES, SEED, _public_setup
+    from rknn_ray.client_step import RoundSpec
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.shard_secrets import SeededShardSecrets
+    from sealing.envelope import from_arrow
+    from shuffler.layers import LayerKeyPair, LayerPeeler
+
+    n = 200
+    encoder, qs, mech = _public_setup(n, 10, "shuffle", "collision", 1e-6)
+    server, hop = ServerKeyPair.generate(), LayerKeyPair.generate(1)
+    shard = ClientShardImpl(0, SyntheticClientsSource(0, n, NUM_CLASSES, DIM, SEED),
+                            SeededShardSecrets(0))
+    peeler = LayerPeeler(hop, RoundContext("job-o", 0))
+    for r in range(2):
+        ctx = RoundContext("job-o", r)
+        spec = RoundSpec(ctx, mech, encoder, qs.features, 1, NUM_CLASSES, server.public_bytes(),
+                         (hop.public_bytes(),))
+        assert [k for k, _ in round_recipients(spec)] == [server.public_bytes(), hop.public_bytes()]
+        if r:
+            assert shard.prepare_keys()["made_now"] == 2 * n      # n per layer
+        fresh = shard._pool.stats()["fresh"]
+        sealed = np.concatenate([from_arrow(b)[0] for b in shard.stream_reports(spec, 64)])
+        assert shard._pool.stats()["fresh"] == (2 * n if r == 0 else fresh)
+        peeler.start_round(r)
+        inner, kept, rejects = peeler.peel(sealed)
+        assert len(kept) == n and sum(rejects.values()) == 0
+        out = ReportOpener(server, ctx, mech.message_size).open_batch(inner)
+        assert len(out.payloads) == n and sum(out.rejects.values()) == 0
+    assert shard._pool.stats()["used"] == 2 * n and shard._pool.ready() == 0

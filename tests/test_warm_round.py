@@ -54,7 +54,7 @@ def test_warm_round_benchmark_reports_per_round_costs(ray_session):
     assert p["prepared"] and not r["prepared"] and len(p["prepare_s"]) == 2
     assert [st["made_now"] for st in p["prepare_stats"]] == [300, 300]
     assert p["prepare_stats"][1]["used"] == 300 and p["prepare_stats"][1]["fresh"] == 300
-    assert p["floor_cpu_s"] > 0 and p["floor_ahead_cpu_s"] > 0
+    assert p["floor_cpu_s"] > 0 and p["floor_ahead_cpu_s"] > 0 and r["floor_kept_cpu_s"] > 0
     assert res["cells"] == 1000 and len(r["warm_s"]) == 2 and r["messages"] == 300
     assert r["floor_cpu_s"] > 0 and len(r["round_cpu_s"]) == 2
     lo, hi = r["floor_spread_cpu_s"]             # sampled after each warm round, median used
