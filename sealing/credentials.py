@@ -92,9 +92,13 @@ class ClientKeyTable:
         idx = np.asarray(senders, np.int64) - self.lo
         new = np.flatnonzero(~self._known[idx])
         if new.size:
-            made = _client_keys(shard_keys, np.asarray(senders)[new], np.asarray(shards)[new])
+            fresh = new.size == idx.size          # a first round: every key is new, kept as made
+            made = (_client_keys(shard_keys, np.asarray(senders), np.asarray(shards)) if fresh
+                    else _client_keys(shard_keys, np.asarray(senders)[new], np.asarray(shards)[new]))
             self._keys[idx[new]] = np.frombuffer(b"".join(made), np.uint8).reshape(-1, 32)
             self._known[idx[new]] = True
+            if fresh:
+                return made
         flat = self._keys[idx].tobytes()
         return [flat[32 * j:32 * j + 32] for j in range(idx.size)]
 
