@@ -45,6 +45,10 @@ class RoundSpec:
     hop_public_keys: tuple = ()      # onion mode: one per shuffler hop, first hop first
     dropout: float = 0.0             # simulated: each client independently never sends
     pad_to: int | None = None
+    # what the clients' coins are derived from beside the secret and (round, batch): None,
+    # the job id (a fresh one per job); a seeded simulation names its seed instead, so the
+    # same command releases the same counts (run.rng: seeded, NOT private)
+    randomness_label: str | None = None
 
 
 def batch_key(secret: bytes, ctx: RoundContext, batch_index: int, purpose: str) -> bytes:
@@ -134,7 +138,8 @@ def client_messages(spec: RoundSpec, secret: bytes, batch_index: int, features: 
     answers = build_answers(emb, labels, client_ids, spec.query_features, spec.k, spec.num_classes)
     t1 = time.thread_time()
     ctx = spec.ctx
-    rng = derived_generator(secret, ctx.job_id, ctx.round_id, batch_index)
+    rng = derived_generator(secret, spec.randomness_label or ctx.job_id, ctx.round_id,
+                            batch_index)
     msgs = spec.mechanism.randomize(answers, rng)
     if spec.dropout > 0:
         ids = np.unique(client_ids)

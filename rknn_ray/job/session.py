@@ -331,7 +331,9 @@ class ProtocolSession:
         spec = RoundSpec(ctx, mechanism, encoder, np.ascontiguousarray(query_features),
                          int(cfg.rknn.k), int(mechanism.params.num_classes),
                          self.server_public_key, hop_keys,
-                         float(cfg.shuffle.dropout) if model == "shuffle" else 0.0)
+                         float(cfg.shuffle.dropout) if model == "shuffle" else 0.0,
+                         randomness_label=(f"seeded:{int(cfg.run.seed)}"
+                                           if cfg.run.rng == "seeded" else None))
         # the party that sees senders admits them (credentials, allowance, the round's one
         # report length): the first shuffler, else the server
         admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec))
