@@ -396,7 +396,8 @@ def _warm_model(clients, rounds, model, shards, prepared, cores, ProtocolSession
     cfg = load_config(None, [f"privacy.model={model}", f"privacy.mechanism={WARM_MODELS[model]}",
                              f"privacy.delta={delta}", f"cluster.openers={cores}",
                              f"cluster.shards={shards}", "run.progress=false",
-                             f"cluster.precompute_keys={bool(prepared)}"])
+                             f"cluster.precompute_keys={bool(prepared)}",
+                             f"rounds.count={min(100, rounds + 1)}"])
     cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
     sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
                for a, b in zip(cuts[:-1], cuts[1:])]

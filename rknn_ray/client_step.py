@@ -49,6 +49,7 @@ class RoundSpec:
     # the job id (a fresh one per job); a seeded simulation names its seed instead, so the
     # same command releases the same counts (run.rng: seeded, NOT private)
     randomness_label: str | None = None
+    keep_embeddings: bool = False    # more rounds follow: a shard keeps its records' embeddings
 
 
 def batch_key(secret: bytes, ctx: RoundContext, batch_index: int, purpose: str) -> bytes:
@@ -70,21 +71,25 @@ def sealed_width(spec: RoundSpec) -> int:
 
 def client_step(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
                 labels: np.ndarray, client_ids: np.ndarray,
-                timings: dict | None = None, credential=None, pool=None) -> pa.RecordBatch:
+                timings: dict | None = None, credential=None, pool=None,
+                embedding: np.ndarray | None = None) -> pa.RecordBatch:
     """Sealed reports of one batch of whole clients (see module docstring).
 
     With a ``credential`` (the shard's :class:`sealing.credentials.ShardCredential`) every
     message also carries its ``seq`` and ``tag`` columns. ``pool``: encapsulations made
     ahead (:class:`sealing.encapsulation.EncapsulationPool`), each used once.
+    ``embedding``: ``spec.encoder.transform(features)`` when the caller kept it from an
+    earlier round (the encoder is the job's; only the queries change between rounds).
     """
     msgs, report_ids = client_messages(spec, secret, batch_index, features, labels, client_ids,
-                                       timings)
+                                       timings, embedding)
     return seal_messages(spec, msgs, report_ids, timings, credential, pool)
 
 
 def client_pieces(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
                   labels: np.ndarray, client_ids: np.ndarray, pieces: int,
-                  timings: dict | None = None, credential=None, pool=None):
+                  timings: dict | None = None, credential=None, pool=None,
+                  embedding: np.ndarray | None = None):
     """:func:`client_step`'s reports in ``pieces`` Arrow batches, each sealed and yielded
     as soon as it is done, so the next party starts on the first while the rest is sealed.
 
@@ -93,7 +98,7 @@ def client_pieces(spec: RoundSpec, secret: bytes, batch_index: int, features: np
     (and sequence numbers) stay in one piece.
     """
     msgs, report_ids = client_messages(spec, secret, batch_index, features, labels, client_ids,
-                                       timings)
+                                       timings, embedding)
     for lo, hi in piece_bounds(np.unique(client_ids), pieces):
         keep = (msgs.senders >= lo) & (msgs.senders < hi)
         yield seal_messages(spec, MessageBatch(msgs.payloads[keep], msgs.senders[keep]),
@@ -131,10 +136,12 @@ def piece_clients(num_clients: int, batch_clients: int) -> list[int]:
 
 
 def client_messages(spec: RoundSpec, secret: bytes, batch_index: int, features: np.ndarray,
-                    labels: np.ndarray, client_ids: np.ndarray, timings: dict | None = None):
+                    labels: np.ndarray, client_ids: np.ndarray, timings: dict | None = None,
+                    embedding: np.ndarray | None = None):
     """The batch's randomized messages and their report ids, not yet sealed."""
-    t0 = time.thread_time()       # CPU of this thread: other load does not inflate it
-    emb = spec.encoder.transform(features)
+    t = time.thread_time()        # CPU of this thread: other load does not inflate it
+    emb = spec.encoder.transform(features) if embedding is None else embedding
+    t0 = time.thread_time()
     answers = build_answers(emb, labels, client_ids, spec.query_features, spec.k, spec.num_classes)
     t1 = time.thread_time()
     ctx = spec.ctx
@@ -148,7 +155,8 @@ def client_messages(spec: RoundSpec, secret: bytes, batch_index: int, features: 
         msgs = MessageBatch(msgs.payloads[keep], msgs.senders[keep])
     report_ids = report_ids_from_key(batch_key(secret, ctx, batch_index, "report-id"), len(msgs))
     if timings is not None:
-        for name, took in (("embed_rknn", t1 - t0), ("randomize", time.thread_time() - t1)):
+        parts = [("rknn", t1 - t0), ("randomize", time.thread_time() - t1)]
+        for name, took in parts + ([("embed", t0 - t)] if embedding is None else []):
             timings[name] = timings.get(name, 0.0) + took
     return msgs, report_ids
 

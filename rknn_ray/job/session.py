@@ -333,7 +333,8 @@ class ProtocolSession:
                          self.server_public_key, hop_keys,
                          float(cfg.shuffle.dropout) if model == "shuffle" else 0.0,
                          randomness_label=(f"seeded:{int(cfg.run.seed)}"
-                                           if cfg.run.rng == "seeded" else None))
+                                           if cfg.run.rng == "seeded" else None),
+                         keep_embeddings=int(cfg.rounds.count) > 1)
         # the party that sees senders admits them (credentials, allowance, the round's one
         # report length): the first shuffler, else the server
         admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec))
