@@ -233,3 +233,29 @@ def test_onion_layers_are_prepared_each_for_its_own_hop():
         out = ReportOpener(server, ctx, mech.message_size).open_batch(inner)
         assert len(out.payloads) == n and sum(out.rejects.values()) == 0
     assert shard._pool.stats()["used"] == 2 * n and shard._pool.ready() == 0
+
+
+@pytest.mark.slow
+def test_a_shard_that_dies_between_rounds_only_loses_its_keys(ray_session):
+    """Killed after round 0, a shard comes back with an empty pool: preparing the next round
+    does not fail, the restarted shard makes its keys as it seals, the other shard uses its
+    own, and the round counts every report."""
+    from benchmarks.scale import DIM, NUM_CLASSES, SEED, _public_setup
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.config import load_config
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.job.session import ProtocolSession
+
+    n = 400
+    encoder, qs, mech = _public_setup(n, 10, "central", "laplace", 0.0)
+    cfg = load_config(None, ["privacy.model=central", "privacy.mechanism=laplace",
+                             "privacy.delta=0", "cluster.openers=0", "run.progress=false"])
+    sources = [SyntheticClientsSource(0, n // 2, NUM_CLASSES, DIM, SEED),
+               SyntheticClientsSource(n // 2, n, NUM_CLASSES, DIM, SEED)]
+    with ProtocolSession(cfg, sources, "job-prepared-kill") as session:
+        session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+        ray_session.kill(session.shards[0], no_restart=False)
+        prep = session.prepare_next_round(wait=True)
+        assert prep.get("made_now", 0) in (n // 2, n)   # the survivor's; the restarted one: none
+        res = session.run_round(1, mech, encoder, qs.features, PrivacyLedger())
+    assert res.messages == n and res.keys_made_ahead == n // 2

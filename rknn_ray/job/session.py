@@ -284,8 +284,11 @@ class ProtocolSession:
         cl = self.cfg.cluster
         if not cl.precompute_keys:
             return None
-        self._preparing += [s.prepare_keys.remote(messages, int(cl.precompute_max))
-                            for s in self.shards]
+        for shard in self.shards:
+            try:
+                self._preparing.append(shard.prepare_keys.remote(messages, int(cl.precompute_max)))
+            except ray.exceptions.RayError:   # never fatal: that shard makes its keys in the round
+                continue
         return self._collect_prepared() if wait else None
 
     def _collect_prepared(self) -> dict:
