@@ -23,7 +23,7 @@ Between rounds the session may ask a shard to :meth:`~ClientShardImpl.prepare_ke
 makes the next round's encapsulations (ephemeral X25519, exchange, HKDF: the data-free
 ~90% of sealing) ahead, so the round itself only encrypts and signs. Each is used once and
 never leaves this process (:mod:`sealing.encapsulation`); a restarted shard has none and
-makes them as it seals. When more rounds follow (``RoundSpec.keep_embeddings``), its
+makes them as it seals. When more rounds follow (``RoundSpec.more_rounds``), its
 records' embeddings are kept across rounds too (the job's encoder does not change; only the
 queries do), up to :data:`EMBED_KEEP_MB`.
 """
@@ -110,7 +110,7 @@ class ClientShardImpl:
         self._recipients = round_recipients(spec)
         self._sealed = 0
         self._pool_at_start = self._pool.stats()
-        embed = self._embedder(spec.encoder, batch_clients, spec.keep_embeddings)
+        embed = self._embedder(spec.encoder, batch_clients, spec.more_rounds)
         batches = records.batches(batch_clients)
         nxt = next(batches, None)
         b = 0

@@ -49,7 +49,9 @@ class RoundSpec:
     # the job id (a fresh one per job); a seeded simulation names its seed instead, so the
     # same command releases the same counts (run.rng: seeded, NOT private)
     randomness_label: str | None = None
-    keep_embeddings: bool = False    # more rounds follow: a shard keeps its records' embeddings
+    # more rounds of this job follow: keep what they reuse (a shard its records' embeddings,
+    # every party its clients' credential keys); a one-round job keeps nothing
+    more_rounds: bool = False
 
 
 def batch_key(secret: bytes, ctx: RoundContext, batch_index: int, purpose: str) -> bytes:
@@ -174,7 +176,7 @@ def seal_messages(spec: RoundSpec, msgs: MessageBatch, report_ids: np.ndarray,
                             report_ids=report_ids, pool=pool)
     out = to_arrow(sealed, msgs.senders)
     if credential is not None:
-        seqs, tags = credential.sign(spec.ctx, msgs.senders, sealed)
+        seqs, tags = credential.sign(spec.ctx, msgs.senders, sealed, keep=spec.more_rounds)
         out = with_credentials(out, seqs, tags)
     if timings is not None:
         timings["seal"] = timings.get("seal", 0.0) + time.thread_time() - t2

@@ -27,8 +27,9 @@ number of *authenticated* distinct senders (at least one admitted message) is th
 amplification uses. The shuffler forwards only the ``report`` column: the server never
 learns who sent what in the shuffle model.
 
-A client's key is derived once per process and kept (:class:`ClientKeyTable`), so the
-rounds after the first compute one HMAC per message on each side, the tag.
+When more rounds of the job follow, a client's key is derived once per process and kept
+(:class:`ClientKeyTable`), so the later rounds compute one HMAC per message on each side,
+the tag; a one-round job keeps none.
 """
 from __future__ import annotations
 
@@ -106,13 +107,18 @@ class ClientKeyTable:
 _TABLES: dict = {}
 
 
-def _key_table(owner, lo: int, hi: int) -> ClientKeyTable | None:
+def _key_table(owner, lo: int, hi: int, create: bool = True) -> ClientKeyTable | None:
     """This process's table for ``owner`` (a ShardCredential or SenderVerifier: equal owners
-    share one, so a verifier unpickled anew every round finds the last round's keys); None
-    for a range over TABLE_MAX_CLIENTS (a one-round job of millions: no reuse to pay for)."""
+    share one, so a verifier unpickled anew every round finds the last round's keys). None
+    for a range over TABLE_MAX_CLIENTS, and, unless ``create`` (more rounds follow), where
+    no earlier round made one: a one-round job has no reuse to pay for."""
     if hi - lo > TABLE_MAX_CLIENTS or hi <= lo:
         return None
-    table = _TABLES.pop(owner, None) or ClientKeyTable(lo, hi)
+    table = _TABLES.pop(owner, None)
+    if table is None:
+        if not create:
+            return None
+        table = ClientKeyTable(lo, hi)
     _TABLES[owner] = table                       # most recently used last
     while len(_TABLES) > TABLES_KEPT:
         _TABLES.pop(next(iter(_TABLES)))
@@ -164,16 +170,17 @@ class ShardCredential:
     hi: int
     key: bytes
 
-    def sign(self, ctx: RoundContext, senders: np.ndarray, reports: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
-        """(seq uint32, tags (M, 16) uint8) for messages of this shard's clients."""
+    def sign(self, ctx: RoundContext, senders: np.ndarray, reports: np.ndarray,
+             keep: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(seq uint32, tags (M, 16) uint8) for messages of this shard's clients; ``keep``:
+        more rounds follow, keep the client keys for them (:class:`ClientKeyTable`)."""
         senders = np.asarray(senders, np.int64)
         if senders.size and (senders.min() < self.lo or senders.max() >= self.hi):
             raise ValueError(f"shard {self.shard} holds credentials for clients [{self.lo}, "
                              f"{self.hi}) only")
         seqs = sequence_numbers(senders)
         zeros = np.zeros(senders.size, np.int64)
-        table = _key_table(self, self.lo, self.hi)
+        table = _key_table(self, self.lo, self.hi, create=keep)
         keys = (table.keys([self.key], senders, zeros) if table is not None
                 else _client_keys([self.key], senders, zeros))
         return seqs, _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
@@ -228,13 +235,15 @@ class SenderVerifier:
         return np.where(ok, idx, -1)
 
     def valid(self, ctx: RoundContext, senders: np.ndarray, seqs: np.ndarray,
-              reports: np.ndarray, tags: np.ndarray, shards: np.ndarray) -> np.ndarray:
-        """Mask of messages whose tag is right (``shards`` from :meth:`shard_of`, all >= 0)."""
+              reports: np.ndarray, tags: np.ndarray, shards: np.ndarray,
+              keep: bool = False) -> np.ndarray:
+        """Mask of messages whose tag is right (``shards`` from :meth:`shard_of`, all >= 0);
+        ``keep``: more rounds follow, keep the client keys for them."""
         shard_keys = [_shard_key(self.master, self.job_id, i, a, b)
                       for i, (a, b) in enumerate(self.ranges)]
         senders = np.asarray(senders, np.int64)
         lo = min((a for a, _ in self.ranges), default=0)
-        table = _key_table(self, lo, max((b for _, b in self.ranges), default=0))
+        table = _key_table(self, lo, max((b for _, b in self.ranges), default=0), create=keep)
         keys = (table.keys(shard_keys, senders, np.asarray(shards)) if table is not None
                 else _client_keys(shard_keys, senders, np.asarray(shards)))
         want = _tags(keys, _tag_prefix(ctx), senders, seqs, reports)
@@ -245,11 +254,12 @@ class SenderAdmission:
     """One round's admission at the party that sees senders (see module docstring)."""
 
     def __init__(self, verifier: SenderVerifier, ctx: RoundContext, allowance: int,
-                 report_width: int | None = None):
+                 report_width: int | None = None, keep_keys: bool = False):
         if int(allowance) < 1:
             raise ValueError(f"the per-sender allowance must be >= 1 message, got {allowance}")
         self.verifier, self.ctx, self.allowance = verifier, ctx, int(allowance)
         self.report_width = None if report_width is None else int(report_width)
+        self.keep_keys = bool(keep_keys)       # more rounds follow: keep the client keys
         self._slots = ReplayGuard(12)          # (sender, seq) admitted so far
         self._senders = ReplayGuard(8)         # senders with at least one admitted message
         self.authenticated_senders = 0
@@ -280,7 +290,7 @@ class SenderAdmission:
         idx = np.flatnonzero(keep)
         if idx.size:
             good = self.verifier.valid(self.ctx, senders[idx], seqs[idx], reports[idx], tags[idx],
-                                       shards[idx])
+                                       shards[idx], self.keep_keys)
             rejects["bad_credential"] += int((~good).sum())
             keep[idx[~good]] = False
         idx = np.flatnonzero(keep)

@@ -190,7 +190,9 @@ def test_kept_client_keys_give_the_same_tags_and_still_refuse_forgeries(monkeypa
     cred = issuer.shard_credential(0, 0, 50)
     senders = np.array([3, 7, 7, 49, 0])
     reports = np.random.default_rng(1).integers(0, 256, (5, 24), dtype=np.uint8)
-    first = cred.sign(CTX, senders, reports)               # fills the shard's table
+    cred.sign(CTX, senders, reports)                        # one round only: nothing kept
+    assert cr._TABLES == {}
+    first = cred.sign(CTX, senders, reports, keep=True)     # more rounds follow: kept
     again = cred.sign(CTX, senders, reports)                # read from it
     monkeypatch.setattr(cr, "TABLE_MAX_CLIENTS", 10)        # no table: derived as before
     fresh = cred.sign(CTX, senders, reports)
@@ -201,10 +203,12 @@ def test_kept_client_keys_give_the_same_tags_and_still_refuse_forgeries(monkeypa
     verifier = issuer.verifier(ranges)
     shards = verifier.shard_of(senders)
     assert verifier.valid(CTX, senders, first[0], reports, first[1], shards).all()
+    assert verifier not in cr._TABLES
+    assert verifier.valid(CTX, senders, first[0], reports, first[1], shards, keep=True).all()
     table = cr._TABLES[verifier]
     assert table._known[[0, 3, 7, 49]].all() and not table._known[[1, 60]].any()
     copy = pickle.loads(pickle.dumps(verifier))             # next round's admission
-    assert copy is not verifier and cr._key_table(copy, 0, 90) is table
+    assert copy is not verifier and cr._key_table(copy, 0, 90, create=False) is table
     tampered = reports.copy()
     tampered[2, 5] ^= 1
     assert copy.valid(CTX, senders, first[0], tampered, first[1], shards).tolist() == \

@@ -49,7 +49,7 @@ def test_a_later_round_reuses_the_embeddings_and_sends_the_same_reports(monkeypa
 
     def spec(r, e=enc, queries=qs.features, keep=True):
         return RoundSpec(RoundContext("job-emb", r), mech, e, queries, 1, NUM_CLASSES,
-                         server.public_bytes(), keep_embeddings=keep)
+                         server.public_bytes(), more_rounds=keep)
 
     CountingEncoder.calls = 0
     _round(kept, spec(0), server, mech)

@@ -337,10 +337,11 @@ class ProtocolSession:
                          float(cfg.shuffle.dropout) if model == "shuffle" else 0.0,
                          randomness_label=(f"seeded:{int(cfg.run.seed)}"
                                            if cfg.run.rng == "seeded" else None),
-                         keep_embeddings=int(cfg.rounds.count) > 1)
+                         more_rounds=int(cfg.rounds.count) > 1)
         # the party that sees senders admits them (credentials, allowance, the round's one
         # report length): the first shuffler, else the server
-        admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec))
+        admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec),
+                     spec.more_rounds)
         ray.get([h.start_round.remote(round_id, floor if i == 0 else 0, distributed,
                                       admission if i == 0 else None)
                  for i, h in enumerate(hops)]
