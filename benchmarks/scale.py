@@ -356,12 +356,6 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     """
     import ray
 
-    from benchmarks.crypto_floor import AHEAD_PARTS, KEPT_PARTS
-    from rknn_ray.job.progress import Progress
-    from rknn_ray.job.session import ProtocolSession
-    from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.config import load_config
-    from rknn_ray.data.sources import SyntheticClientsSource
     from rknn_ray.training.logs import quiet_train_logs
 
     if rounds < 1:
@@ -377,19 +371,22 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
         for prepared in prepare:
             for model in models:
                 name = f"{model}+prepared" if prepared else model
-                out["models"][name] = _warm_model(
-                    clients, rounds, model, shards, prepared, cores, ProtocolSession, Progress,
-                    PrivacyLedger, load_config, SyntheticClientsSource, AHEAD_PARTS, KEPT_PARTS)
+                out["models"][name] = _warm_model(clients, rounds, model, shards, prepared, cores)
     finally:
         if started:
             ray.shutdown()
     return out
 
 
-def _warm_model(clients, rounds, model, shards, prepared, cores, ProtocolSession, Progress,
-                PrivacyLedger, load_config, SyntheticClientsSource, ahead_parts,
-                kept_parts) -> dict:
+def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bool,
+                cores: int) -> dict:
     """One model's session of :func:`run_warm`."""
+    from benchmarks.crypto_floor import AHEAD_PARTS as ahead_parts, KEPT_PARTS as kept_parts
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.config import load_config
+    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.session import ProtocolSession
     from sealing.credentials import TABLE_MAX_CLIENTS
     delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
     encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model], delta)

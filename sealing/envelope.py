@@ -144,7 +144,7 @@ def seal_batch(server_public_key: bytes, payloads: np.ndarray, ctx: RoundContext
     (:mod:`sealing.encapsulation`). The loops are the bare cryptography, one primitive
     at a time; padding and assembly are numpy.
     """
-    _, pub_bytes = recipient_key(server_public_key)
+    pub_obj, pub_bytes = recipient_key(server_public_key)
     plain = _padded_plaintexts(payloads, pad_to, report_ids)
     m, plen = plain.shape
     prefix = ctx.header_prefix(layer)
@@ -154,7 +154,7 @@ def seal_batch(server_public_key: bytes, payloads: np.ndarray, ctx: RoundContext
     if pool is not None:
         eph_pubs, keys = pool.take(pub_bytes, info, m)
     else:
-        eph_pubs, keys = encapsulate(server_public_key, m, info)
+        eph_pubs, keys = encapsulate(pub_obj, m, info)
     aead = ChaCha20Poly1305
     sealed = [aead(key).encrypt(NONCE, plain_bytes[i * plen:(i + 1) * plen], aad_head + eph_pub)
               for i, key, eph_pub in zip(range(m), keys, eph_pubs)]
