@@ -11,7 +11,8 @@ from rknn_ray.mechanisms import MechanismParams, available, build
 from rknn_ray.mechanisms.collision import (PRIME, collision_client_variance, collision_l,
                                            collision_omega, collision_probabilities,
                                            collision_rates, decode_reports, hash_coefficients,
-                                           poly_hash, sample_collision)
+                                           hash_every_key, key_powers, poly_hash,
+                                           sample_collision, CollisionOracle)
 from rknn_ray.mechanisms.noise import discrete_laplace_pmf
 from rknn_ray.mechanisms.randomized_response import rr_flip_probability, rr_output_probability
 from rknn_ray.mechanisms.separation import concatenation_moments
@@ -239,6 +240,44 @@ def test_hash_family_pairwise_collisions_and_uniformity():
     v = 1000
     exact = (c[0] + c[1] * v + c[2] * v ** 2 + c[3] * v ** 3) % PRIME
     assert h[5, 3] == (exact * l) >> 31
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3, 4, 5, 6, 9])
+def test_server_hash_of_every_cell_equals_the_horner_hash(degree):
+    """hash_every_key (powers, one fold per three terms) gives poly_hash's values bit for
+    bit, also at the largest coefficients and keys, where a missed fold would overflow."""
+    rng = np.random.default_rng(degree)
+    coeffs = hash_coefficients(rng.integers(0, 1 << 64, 300, dtype=np.uint64), 0, degree)
+    coeffs[0] = PRIME - 1                                 # every term at its largest
+    coeffs[1] = 0
+    for num_keys, l in ((1000, 7), (2000, 40_000), (37, 3)):
+        keys = np.arange(num_keys)
+        expect = poly_hash(coeffs, keys, l)
+        assert np.array_equal(hash_every_key(coeffs, key_powers(num_keys, degree), l), expect)
+    big = np.array([0, 1, (1 << 29) - 1], dtype=np.uint64)   # the largest key allowed
+    powers = np.stack([big ** 0] + [np.array([pow(int(v), j, PRIME) for v in big], np.uint64)
+                                    for j in range(1, degree + 1)])
+    assert np.array_equal(hash_every_key(coeffs, powers, 1000), poly_hash(coeffs, big, 1000))
+    # every product at its largest, (P-1)^2: exact against Python's integers
+    worst = np.full((degree + 1, 4), PRIME - 1, np.uint64)
+    worst[:, 1] = PRIME - 2
+    worst[0] = 1                                          # v^0: the constant term
+    exact = [[sum(int(c) * int(w) for c, w in zip(row, worst[:, v])) % PRIME
+              for v in range(4)] for row in coeffs[:3]]
+    # l = 2^31: (h * l) >> 31 is h itself, so an error of a few units cannot hide in a bucket
+    assert hash_every_key(coeffs[:3], worst, 1 << 31).tolist() == exact
+
+
+def test_hit_counts_in_chunks_equal_the_hit_matrix():
+    """The server's per-cell count (reused buffers, any chunk size) sums the hit matrix."""
+    oracle = CollisionOracle(d=250, c=2, eps=1.5, l=collision_l(1.5, 2))
+    rng = np.random.default_rng(9)
+    seeds = rng.integers(0, 1 << 64, 1003, dtype=np.uint64)
+    z = rng.integers(0, oracle.l, 1003)
+    expect = oracle.hits(seeds, z).sum(axis=0)
+    for chunk in (1, 250, 4096, 1 << 16, 1 << 30):
+        assert np.array_equal(oracle.hit_counts(seeds, z, chunk), expect)
+    assert np.array_equal(oracle.hit_counts(seeds[:0], z[:0], 4096), np.zeros(250, np.int64))
 
 
 def test_rr_and_laplace_samplers():

@@ -164,6 +164,50 @@ def poly_hash(coeffs: np.ndarray, keys: np.ndarray, l: int) -> np.ndarray:
     return h.view(np.int64)          # < l < 2^32: the same values as int64
 
 
+def key_powers(num_keys: int, degree: int) -> np.ndarray:
+    """(degree+1, K) uint64: v^j mod P for every key v < K and j <= degree."""
+    v = np.arange(num_keys, dtype=np.uint64)
+    powers = np.empty((degree + 1, num_keys), dtype=np.uint64)
+    powers[0] = 1
+    for j in range(1, degree + 1):
+        powers[j] = powers[j - 1] * v % _P        # < 2^31 * 2^29: no overflow
+    return powers
+
+
+def hash_every_key(coeffs: np.ndarray, powers: np.ndarray, l: int,
+                   out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
+    """H_i(v) in [0, l) for every row i of ``coeffs`` and every key v < K: (B, K) int64.
+
+    The same values as ``poly_hash(coeffs, np.arange(K), l)`` (the same polynomial mod P),
+    for the server's decoding, where every report's hash is evaluated on every cell: the
+    sum of c_j * (v^j mod P) over precomputed powers folds once per four terms (each
+    product <= (P-1)^2 < 2^62 - 2^32, so four of them and a folded rest < 2^34 stay below
+    2^64; tests/test_mech_local.py fails at five) instead of once per Horner step,
+    and ``out``/``scratch`` let a caller reuse its (B, K) buffers across chunks.
+    """
+    b, t = coeffs.shape
+    k = powers.shape[1]
+    h = np.empty((b, k), np.uint64) if out is None else out[:b, :k]
+    tmp = np.empty_like(h) if scratch is None else scratch[:b, :k]
+    np.multiply(coeffs[:, t - 1:t], powers[t - 1][None, :], out=h)
+    terms = 1
+    for j in range(t - 2, 0, -1):
+        if terms == 4:
+            _fold_into(h, tmp)
+            terms = 0
+        np.multiply(coeffs[:, j:j + 1], powers[j][None, :], out=tmp)
+        h += tmp
+        terms += 1
+    if t > 1:                       # (t == 1: powers[0] is 1, h is the constant already)
+        h += coeffs[:, 0:1]
+    _fold_into(h, tmp)              # < 2^34
+    _fold_into(h, tmp)              # < 2P
+    np.subtract(h, _P, out=h, where=h >= _P)
+    h *= np.uint64(l)
+    h >>= _S31
+    return h.view(np.int64)
+
+
 # ---------------------------------------------------------------- client sampler
 
 def sample_collision(hashed: np.ndarray, eps: float, l: int, c: int,
@@ -232,10 +276,27 @@ class CollisionOracle:
         hashed = poly_hash(hash_coefficients(seeds, self.tag, self.degree), cells, self.l)
         return sample_collision(hashed, self.eps, self.l, self.c, rng)
 
+    @functools.cached_property
+    def _powers(self) -> np.ndarray:
+        return key_powers(self.d, self.degree)
+
     def hits(self, seeds: np.ndarray, z: np.ndarray) -> np.ndarray:
         """(B, d) bool: does report i hit cell v, i.e. H_i(v) == z_i."""
         coeffs = hash_coefficients(seeds, self.tag, self.degree)
-        return poly_hash(coeffs, np.arange(self.d), self.l) == z[:, None]
+        return hash_every_key(coeffs, self._powers, self.l) == z[:, None]
+
+    def hit_counts(self, seeds: np.ndarray, z: np.ndarray, chunk_elements: int) -> np.ndarray:
+        """(d,) int64: how many reports hit each cell, ``chunk_elements`` hashes at a time in
+        two reused buffers (fresh ones per chunk cost page faults)."""
+        counts = np.zeros(self.d, dtype=np.int64)
+        rows = max(1, int(chunk_elements) // max(1, self.d))
+        coeffs = hash_coefficients(seeds, self.tag, self.degree)
+        out = np.empty((min(rows, len(z)), self.d), np.uint64)
+        scratch = np.empty_like(out)
+        for lo in range(0, len(z), rows):
+            hashed = hash_every_key(coeffs[lo:lo + rows], self._powers, self.l, out, scratch)
+            counts += (hashed == z[lo:lo + rows, None]).sum(axis=0, dtype=np.int64)
+        return counts
 
     def client_estimates(self, seeds: np.ndarray, z: np.ndarray) -> np.ndarray:
         """(B, d) unbiased per-report estimates of the input indicator vector."""
@@ -310,10 +371,7 @@ class CollisionMechanism(FlatLocalMechanism):
     def statistic(self, payloads: np.ndarray) -> np.ndarray:
         """Per cell: how many reports hit it (H_i(v) == z_i)."""
         seeds, (z,) = decode_reports(self._checked(payloads), [self.oracle.z_bytes])
-        hits = np.zeros(self.oracle.d, dtype=np.int64)
-        for sl in self._chunks(len(z), self.oracle.d, DECODE_CHUNK_ELEMENTS):
-            hits += self.oracle.hits(seeds[sl], z[sl]).sum(axis=0, dtype=np.int64)
-        return hits
+        return self.oracle.hit_counts(seeds, z, DECODE_CHUNK_ELEMENTS)
 
     def finalize(self, stat: np.ndarray, num_reports: int,
                  rng: np.random.Generator | None = None) -> np.ndarray:
