@@ -331,7 +331,7 @@ WARM_FLOOR_PROBE = 1000                    # messages of every primitive after e
 
 
 def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
-             shards: int = 2, prepare: tuple = (False,)) -> dict:
+             shards: int = 2, prepare: tuple = (False,), batch: int | None = None) -> dict:
     """Warm rounds: one session per model, a cold round 0, then ``rounds`` more on the same
     actors (N one-record clients, 100 queries, 1000-cell vote, the server sums).
 
@@ -371,7 +371,8 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
         for prepared in prepare:
             for model in models:
                 name = f"{model}+prepared" if prepared else model
-                out["models"][name] = _warm_model(clients, rounds, model, shards, prepared, cores)
+                out["models"][name] = _warm_model(clients, rounds, model, shards, prepared, cores,
+                                                  batch)
     finally:
         if started:
             ray.shutdown()
@@ -379,7 +380,7 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
 
 
 def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bool,
-                cores: int) -> dict:
+                cores: int, batch: int | None = None) -> dict:
     """One model's session of :func:`run_warm`."""
     from benchmarks.crypto_floor import AHEAD_PARTS as ahead_parts, KEPT_PARTS as kept_parts
     from rknn_ray.accounting import PrivacyLedger
@@ -394,7 +395,8 @@ def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bo
                              f"privacy.delta={delta}", f"cluster.openers={cores}",
                              f"cluster.shards={shards}", "run.progress=false",
                              f"cluster.precompute_keys={bool(prepared)}",
-                             f"rounds.count={min(100, rounds + 1)}"])
+                             f"rounds.count={min(100, rounds + 1)}"]
+                      + ([f"cluster.batch_clients={int(batch)}"] if batch else []))
     cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
     sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)
                for a, b in zip(cuts[:-1], cuts[1:])]
@@ -543,7 +545,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=100000)
     ap.add_argument("--protocol", choices=("actors", "inprocess"), default="actors")
-    ap.add_argument("--batch", type=int, default=20000, help="clients per sealed batch")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="clients per sealed batch (default 20000, the config's default; warm "
+                         "rounds: the config's cluster.batch_clients unless given)")
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--object-store-mb", type=int, default=None,
                     help="cap Ray's object store (MB) so large rounds must spill")
@@ -573,7 +577,7 @@ def main(argv=None) -> int:
         ap.error("--nodes must be >= 1, and > 1 only with --protocol actors")
     if args.warm_rounds:
         return _main_warm(args)
-    res = run(args.clients, args.protocol, args.batch, args.shards, args.object_store_mb,
+    res = run(args.clients, args.protocol, args.batch or 20000, args.shards, args.object_store_mb,
               args.distributed_above, args.nodes, args.rng, args.memory_period,
               args.floor_period)
     if args.out:
@@ -616,7 +620,8 @@ def _main_warm(args) -> int:
         raise SystemExit("--warm-rounds runs the actors on one node: drop --protocol inprocess "
                          "and --nodes")
     prepare = {"both": (False, True), "on": (True,), "off": (False,)}[args.prepare]
-    res = run_warm(args.clients, args.warm_rounds, shards=args.shards, prepare=prepare)
+    res = run_warm(args.clients, args.warm_rounds, shards=args.shards, prepare=prepare,
+                   batch=args.batch)
     if args.out:
         from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-warm-{args.clients}.json"), res)
