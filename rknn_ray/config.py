@@ -487,9 +487,11 @@ PRIVACY_OPTIONS = {
                              float, low=0, high=1, low_open=True, high_open=True),
     "expected_dropout": Spec("shuffle multi: share of clients that may not send; the noise is "
                              "split over the rest", float, low=0, high=1, high_open=True),
-    "dlap_share": Spec("shuffle multi: the DLap noise's share of the per-cell eps (default "
-                       "0.85); the rest pays for flooding: lower sends fewer messages, with "
-                       "more noise", float, low=0, high=1, low_open=True, high_open=True)}
+    "dlap_share": Spec("shuffle multi: the DLap noise's share of the per-cell eps; the rest "
+                       "pays for flooding: lower sends fewer messages, with more noise. Unset: "
+                       "with queries.s auto under shuffle.max_messages_per_client, the one of "
+                       "0.85, 0.7, 0.55 that allows the most queries; else 0.85",
+                       float, low=0, high=1, low_open=True, high_open=True)}
 #: Options the pipeline fills from a dedicated key (an options entry would override it).
 SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_record",
                     "bound": "privacy.amplification_bound",

@@ -238,6 +238,22 @@ def multi_message_s_cap(cfg, data: PreparedData, k: int = 1) -> tuple[int, str] 
                    f"{per_cell:.4g} noise messages per cell x s x {data.num_classes} classes")
 
 
+def free_dlap_shares(cfg) -> tuple[float, ...]:
+    """The DLap shares :func:`resolve_auto` chooses from, or () where the share is not free:
+    another mechanism, s fixed, no message cap, or ``privacy.options.dlap_share`` set.
+
+    Under the cap a smaller share means fewer flooding messages per cell, so more queries
+    for the same messages per client; query count is what bounds the labels there (on
+    Fashion-MNIST at eps = 1 the release at the capped s is as accurate as the exact counts,
+    docs/results.md), so the share that allows the most queries is chosen."""
+    from rknn_ray.mechanisms.shuffle_multi import AUTO_DLAP_SHARES
+    p = cfg.privacy
+    if (p.model != "shuffle" or p.mechanism != "multi" or cfg.queries.s != "auto"
+            or cfg.shuffle.max_messages_per_client is None or "dlap_share" in (p.options or {})):
+        return ()
+    return AUTO_DLAP_SHARES
+
+
 def resolve_auto(cfg, data: PreparedData):
     """Replace ``queries.s: auto`` / ``rknn.k: auto`` by values chosen from public information
     (rknn_ray.labeling.autotune); returns (cfg, choice dict or None). The choice is made for one
@@ -253,7 +269,6 @@ def resolve_auto(cfg, data: PreparedData):
     eps_t, delta_t = min(round_budgets(p.eps, p.delta, count, cfg.rounds.budget_split))
     per_round = cfg if count == 1 else cfg.with_overrides([f"privacy.eps={eps_t}",
                                                             f"privacy.delta={delta_t}"])
-    sigma = noise_std_per_count(per_round, data, k=1)
     split = count > 1 and cfg.rounds.split_queries
     fixed_s = None if cfg.queries.s == "auto" else (
         max(1, cfg.queries.s // count) if split else cfg.queries.s)
@@ -265,15 +280,30 @@ def resolve_auto(cfg, data: PreparedData):
         pool_cap = (max(1, n_pub // count), f"{count} rounds of s new public samples: "
                     f"s <= {n_pub} // {count}")
 
-    def choose(k_for_cap: int):
-        caps = [] if fixed_s is not None else [
-            c for c in (pool_cap, multi_message_s_cap(per_round, data, k_for_cap)) if c]
-        return choose_s_k(len(data.splits.private_y), n_pub, data.num_classes, sigma,
-                          r=cfg.rknn.r, fixed_s=fixed_s, fixed_k=fixed_k,
-                          max_s=min(caps) if caps else None)
-    choice = choose(fixed_k or 1)
-    if choice.k > (fixed_k or 1) and fixed_s is None:     # a larger k costs more noise messages
-        choice = choose(choice.k)
+    def choose_at(run_cfg):
+        sigma = noise_std_per_count(run_cfg, data, k=1)
+
+        def choose(k_for_cap: int):
+            caps = [] if fixed_s is not None else [
+                c for c in (pool_cap, multi_message_s_cap(run_cfg, data, k_for_cap)) if c]
+            return choose_s_k(len(data.splits.private_y), n_pub, data.num_classes, sigma,
+                              r=cfg.rknn.r, fixed_s=fixed_s, fixed_k=fixed_k,
+                              max_s=min(caps) if caps else None)
+        choice = choose(fixed_k or 1)
+        if choice.k > (fixed_k or 1) and fixed_s is None:  # a larger k costs more noise messages
+            choice = choose(choice.k)
+        return choice, sigma
+
+    shares, share_info = free_dlap_shares(cfg), {}
+    if shares:          # the most queries; on a tie the larger share (less noise)
+        tried = [(share, *choose_at(per_round.with_overrides(
+            [f"privacy.options.dlap_share={share}"]))) for share in shares]
+        share, choice, sigma = max(tried, key=lambda t: t[1].s)
+        cfg = cfg.with_overrides([f"privacy.options.dlap_share={share}"])
+        share_info = {"dlap_share": share, "dlap_share_tried": {str(sh): int(c.s)
+                                                                for sh, c, _ in tried}}
+    else:
+        choice, sigma = choose_at(per_round)
     s_total = cfg.queries.s if fixed_s is not None else (
         min(n_pub, choice.s * count) if split else choice.s)
     reason = choice.reason
@@ -281,10 +311,14 @@ def resolve_auto(cfg, data: PreparedData):
         reason += f"; chosen for one round's eps = {eps_t:.4g} of {count}" + (
             f"; s = {choice.s} per round x {count} rounds (rounds.split_queries) -> {s_total}"
             if split else "")
+    if share_info:
+        reason += (f"; privacy.options.dlap_share = {share_info['dlap_share']:g}, of "
+                   + ", ".join(f"{sh} (s = {v})" for sh, v in share_info["dlap_share_tried"].items())
+                   + ": the most queries under the message cap")
     cfg = cfg.with_overrides([f"queries.s={s_total}", f"rknn.k={choice.k}"])
     extra = {"per_round_eps": eps_t, "rounds": count} if count > 1 else {}
     return cfg, {**choice.to_dict(), "s": int(s_total), "reason": reason, "noise_std_k1": sigma,
-                 **extra}
+                 **share_info, **extra}
 
 
 def smoothed_labels(counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray, public_truth,

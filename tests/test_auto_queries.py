@@ -7,7 +7,8 @@ import os
 import pytest
 
 from rknn_ray.config import load_config
-from rknn_ray.pipeline import multi_message_s_cap, prepare_data, resolve_auto
+from rknn_ray.mechanisms.shuffle_multi import AUTO_DLAP_SHARES, DEFAULT_DLAP_SHARE
+from rknn_ray.pipeline import free_dlap_shares, multi_message_s_cap, prepare_data, resolve_auto
 
 SHUFFLE_CONFIGS = ["digits_shuffle.yaml", "fmnist_shuffle.yaml"]
 
@@ -37,7 +38,10 @@ def test_collision_gets_one_query_per_class(name):
 
 @pytest.mark.parametrize("name", SHUFFLE_CONFIGS)
 def test_multi_message_gets_the_capped_noise_rule(name):
-    cfg, data, resolved, choice = _resolved(name, "privacy.mechanism=multi")
+    """At a fixed DLap share: the noise rule's s, capped by the messages a client may send."""
+    cfg, data, resolved, choice = _resolved(name, "privacy.mechanism=multi",
+                                            "privacy.options.dlap_share=0.85")
+    assert "dlap_share" not in choice           # the config fixed it: nothing chosen
     cap, why = multi_message_s_cap(resolved, data, k=resolved.rknn.k)
     assert resolved.queries.s == cap
     assert "shuffle.max_messages_per_client" in choice["reason"]
@@ -49,3 +53,38 @@ def test_multi_message_gets_the_capped_noise_rule(name):
     # than Poisson flooding did: even the 1,079 digits clients now get at least one query
     # per class at 64 messages per client (Poisson flooding left s = 8 < 10 classes)
     assert cap >= data.num_classes
+
+
+@pytest.mark.parametrize("name", SHUFFLE_CONFIGS)
+def test_multi_message_chooses_the_dlap_share_with_the_most_queries(name):
+    """Left free, the DLap share is the one of AUTO_DLAP_SHARES whose s (noise rule and
+    message cap at that share) is largest, the larger share on a tie; the choice, what each
+    share allowed and why are in the choice (report.json utility.auto)."""
+    cfg, data, resolved, choice = _resolved(name, "privacy.mechanism=multi")
+    per_share = {}
+    for share in AUTO_DLAP_SHARES:
+        fixed = resolve_auto(cfg.with_overrides([f"privacy.options.dlap_share={share}"]), data)[0]
+        per_share[share] = fixed.queries.s
+    best = max(AUTO_DLAP_SHARES, key=lambda sh: per_share[sh])
+    assert resolved.privacy.options["dlap_share"] == choice["dlap_share"] == best
+    assert resolved.queries.s == per_share[best] == choice["s"]
+    assert choice["dlap_share_tried"] == {str(sh): v for sh, v in per_share.items()}
+    assert f"privacy.options.dlap_share = {best:g}" in choice["reason"]
+    # fewer flooding messages per cell buy more queries at the same cap
+    assert per_share[best] > per_share[DEFAULT_DLAP_SHARE]
+    assert resolved.queries.s >= data.num_classes
+
+
+def test_the_dlap_share_is_left_alone_unless_it_is_free():
+    """s fixed, no message cap, another mechanism, or a share the config set: no choice."""
+    for overrides in (["queries.s=40"], ["shuffle.max_messages_per_client=null"],
+                      ["privacy.options.dlap_share=0.7"]):
+        cfg = load_config("jobs/configs/digits_shuffle.yaml",
+                          ["privacy.mechanism=multi", *overrides])
+        assert free_dlap_shares(cfg) == ()
+    assert free_dlap_shares(load_config("jobs/configs/digits_shuffle.yaml")) == ()   # collision
+    cfg = load_config("jobs/configs/digits_shuffle.yaml", ["privacy.mechanism=multi"])
+    assert free_dlap_shares(cfg) == AUTO_DLAP_SHARES
+    data = prepare_data(cfg)
+    resolved, choice = resolve_auto(cfg.with_overrides(["queries.s=40"]), data)
+    assert "dlap_share" not in (resolved.privacy.options or {}) and choice is None   # nothing auto

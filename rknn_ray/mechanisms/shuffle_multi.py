@@ -16,7 +16,11 @@ flooding laws; NB flooding needs ~3x fewer. At eps = 1, delta = 1e-6, k r = 1: 2
 = 3.8 and mu = 192 (NB r = 16; Poisson needed 609), i.e. ~387 messages per cell instead of
 ~1,222. mu does not depend on n or d (per client it falls as 1/n, grows as d); measured,
 it grows about as eps^-0.85 with NB (eps^-1.7 with Poisson) and as (ln 1/delta)^1.7-2 for
-both (docs/results.md, "Multi-message noise messages per cell"). Calibration, the (eps, delta) statement and its
+both (docs/results.md, "Multi-message noise messages per cell"). These numbers are at the
+DLap's default share 0.85 of the per-cell eps (``privacy.options.dlap_share``); with
+``queries.s: auto`` under a message cap the job picks the share that allows the most queries
+(rknn_ray.pipeline.free_dlap_shares): 0.55 on Fashion-MNIST at eps = 1, mu = 67 (NB r = 32),
+at 2.4x the DLap's variance. Calibration, the (eps, delta) statement and its
 derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
@@ -67,6 +71,9 @@ from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
 
 DEFAULT_DLAP_SHARE = 0.85   # the DLap's share of the per-cell eps (rest pays the flooding)
+#: Shares ``queries.s: auto`` tries under a message cap (rknn_ray.pipeline.resolve_auto):
+#: a smaller one buys fewer flooding messages per cell, hence more queries, with more noise.
+AUTO_DLAP_SHARES = (DEFAULT_DLAP_SHARE, 0.7, 0.55)
 
 MESSAGE_BYTES = 4
 CAP_DELTA_SHARE = 1e-3      # share of delta spent on an honest client exceeding the message cap
