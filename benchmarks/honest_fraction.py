@@ -1,16 +1,20 @@
-"""The utility cost of the multi-message protocol's assumed honest fraction, in process.
+"""The utility cost of the multi-message protocol's assumed honest fraction and DLap share,
+in process.
 
     python -m benchmarks.honest_fraction [--config jobs/configs/fmnist_shuffle.yaml]
-        [--fractions 0.5 1.0] [--seeds 3] [--json]
+        [--fractions 0.5 1.0] [--shares auto 0.85 0.7 0.55] [--seeds 3] [--json]
 
-For each ``privacy.honest_fraction`` it resolves ``queries.s: auto`` as the job does (the
-per-client message cap binds harder when every client sends m = ceil(gamma n) clients'
-shares), fits the public encoder and queries, computes the exact counts, and adds the
-noise the release carries when every client is honest: per cell NB(n/m, p) - NB(n/m, p)
-from the exact sampler (flooding pairs cancel in the estimate). Labels come from the
-job's own post-processing (smoothing over the public graph). Prints s, the noise standard
-deviation per count, expected messages per client and the label accuracy per seed. No
-actors and no student: it isolates what the fraction costs the released counts.
+For each ``privacy.honest_fraction`` and ``privacy.options.dlap_share`` (``auto``: left to
+the job's choice, rknn_ray.pipeline.free_dlap_shares) it resolves ``queries.s: auto`` as
+the job does (the per-client message cap binds harder when every client sends m = ceil(gamma
+n) clients' shares, and less when a smaller DLap share needs fewer flooding messages), fits
+the public encoder and queries, computes the exact counts, and adds the noise the release
+carries when every client is honest: per cell NB(n/m, p) - NB(n/m, p) from the exact
+sampler (flooding pairs cancel in the estimate). Labels come from the job's own
+post-processing (smoothing over the public graph). Prints s, the noise standard deviation
+per count, expected messages per client, the label accuracy per seed, and the label
+accuracy of the exact counts at the same s (what the queries alone allow). No actors and
+no student: it isolates what each setting costs the released counts.
 """
 from __future__ import annotations
 
@@ -23,16 +27,18 @@ from fractions import Fraction
 import numpy as np
 
 
-def measure(config: str, fractions: list[float], seeds: int) -> list[dict]:
+def measure(config: str, fractions: list[float], seeds: int,
+            shares: tuple = ("auto",)) -> list[dict]:
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms.exact import negative_binomial
     from rknn_ray.pipeline import exact_counts, finish_labels, mechanism_for, prepare_stages
     from rknn_ray.rng import seeded_generator
     rows = []
     data = None
-    for gamma in fractions:
-        cfg = load_config(config, ["privacy.mechanism=multi", f"privacy.honest_fraction={gamma}"])
-        st = prepare_stages(cfg, data, resolve=True)      # one dataset for every fraction
+    for gamma, share in [(g, sh) for g in fractions for sh in shares]:
+        cfg = load_config(config, ["privacy.mechanism=multi", f"privacy.honest_fraction={gamma}"]
+                          + ([] if share == "auto" else [f"privacy.options.dlap_share={share}"]))
+        st = prepare_stages(cfg, data, resolve=True)      # one dataset for every setting
         cfg, data, choice, qs, public_emb = st.cfg, st.data, st.auto, st.queries, st.public_emb
         exact = exact_counts(st.encoder, data, [qs], cfg.rknn.k)
         mech = mechanism_for(cfg, data, model="shuffle", name="multi")
@@ -46,12 +52,15 @@ def measure(config: str, fractions: list[float], seeds: int) -> list[dict]:
                      - negative_binomial(rng, shape, mech.nb_rate, d)).reshape(exact.shape)
             lab, _ = finish_labels(cfg, data, exact + noise, qs, public_emb, [], noise_std=std)
             accs.append(float(lab.label_accuracy))
-        rows.append({"honest_fraction": gamma, "s": int(qs.size), "k": int(cfg.rknn.k),
+        exact_lab, _ = finish_labels(cfg, data, exact, qs, public_emb, [], noise_std=std)
+        rows.append({"honest_fraction": gamma, "dlap_share": mech.cal.dlap_share,
+                     "dlap_share_set": share, "s": int(qs.size), "k": int(cfg.rknn.k),
                      "noise_senders": mech.n_honest, "clients": mech.n_cal,
                      "noise_std_per_count": std,
                      "messages_per_client_expected": mech.describe()["messages_per_client_expected"],
                      "eps": mech.cal.eps, "label_accuracy": accs,
                      "label_accuracy_median": float(np.median(accs)),
+                     "label_accuracy_exact_counts": float(exact_lab.label_accuracy),
                      "auto": (choice or {}).get("reason")})
     return rows
 
@@ -60,20 +69,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="jobs/configs/fmnist_shuffle.yaml")
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.5, 1.0])
+    ap.add_argument("--shares", nargs="+", default=["auto"],
+                    help="privacy.options.dlap_share values, or auto (the job's choice)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
-    rows = measure(a.config, a.fractions, a.seeds)
+    shares = [sh if sh == "auto" else float(sh) for sh in a.shares]
+    rows = measure(a.config, a.fractions, a.seeds, tuple(shares))
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
     from jobs.experiments import markdown_table
     print("\n".join(markdown_table(
-        ("honest fraction", "s", "noise senders m", "noise std/count", "msgs/client",
-         "label acc (median)"),
-        [[f"{r['honest_fraction']:g}", r["s"], f"{r['noise_senders']} of {r['clients']}",
+        ("honest fraction", "DLap share", "s", "noise senders m", "noise std/count",
+         "msgs/client", "label acc (median)", "exact counts, same s"),
+        [[f"{r['honest_fraction']:g}",
+          f"{r['dlap_share']:g}" + (" (auto)" if r["dlap_share_set"] == "auto" else ""),
+          r["s"], f"{r['noise_senders']} of {r['clients']}",
           f"{r['noise_std_per_count']:.3g}", f"{r['messages_per_client_expected']:.1f}",
-          f"{r['label_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['label_accuracy'])})"]
+          f"{r['label_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['label_accuracy'])})",
+          f"{r['label_accuracy_exact_counts']:.4f}"]
          for r in rows])))
     return 0
 
