@@ -2,7 +2,7 @@
 in process.
 
     python -m benchmarks.honest_fraction [--config jobs/configs/fmnist_shuffle.yaml]
-        [--fractions 0.5 1.0] [--shares auto 0.85 0.7 0.55] [--seeds 3] [--json]
+        [--fractions 0.5 1.0] [--shares auto 0.85 0.7 0.55] [--seeds 3] [--student] [--json]
 
 For each ``privacy.honest_fraction`` and ``privacy.options.dlap_share`` (``auto``: left to
 the job's choice, rknn_ray.pipeline.free_dlap_shares) it resolves ``queries.s: auto`` as
@@ -13,8 +13,10 @@ carries when every client is honest: per cell NB(n/m, p) - NB(n/m, p) from the e
 sampler (flooding pairs cancel in the estimate). Labels come from the job's own
 post-processing (smoothing over the public graph). Prints s, the noise standard deviation
 per count, expected messages per client, the label accuracy per seed, and the label
-accuracy of the exact counts at the same s (what the queries alone allow). No actors and
-no student: it isolates what each setting costs the released counts.
+accuracy of the exact counts at the same s (what the queries alone allow); with
+``--student``, also the job's student trained on each draw's labels (its loop in this
+process, ``student.trainer: local``). No actors: it isolates what each setting costs the
+released counts.
 """
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ import numpy as np
 
 
 def measure(config: str, fractions: list[float], seeds: int,
-            shares: tuple = ("auto",)) -> list[dict]:
+            shares: tuple = ("auto",), student: bool = False) -> list[dict]:
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms.exact import negative_binomial
-    from rknn_ray.pipeline import exact_counts, finish_labels, mechanism_for, prepare_stages
+    from rknn_ray.pipeline import (exact_counts, finish_labels, mechanism_for, prepare_stages,
+                                   train_on_labels)
     from rknn_ray.rng import seeded_generator
     rows = []
     data = None
@@ -45,13 +48,17 @@ def measure(config: str, fractions: list[float], seeds: int,
         d = mech.params.num_cells
         shape = Fraction(mech.n_cal, mech.n_honest)
         std = math.sqrt(mech.describe()["error_variance_all_honest"])
-        accs = []
+        accs, students = [], []
         for seed in range(seeds):
             rng = seeded_generator(1000 + seed)
             noise = (negative_binomial(rng, shape, mech.nb_rate, d)
                      - negative_binomial(rng, shape, mech.nb_rate, d)).reshape(exact.shape)
-            lab, _ = finish_labels(cfg, data, exact + noise, qs, public_emb, [], noise_std=std)
+            lab, info = finish_labels(cfg, data, exact + noise, qs, public_emb, [], noise_std=std)
             accs.append(float(lab.label_accuracy))
+            if student:     # the job's student, its loop run in this process
+                local = cfg.with_overrides(["student.trainer=local"])
+                _, res = train_on_labels(local, data, st.encoder, lab, info, qs, public_emb)
+                students.append(float(res.test_accuracy))
         exact_lab, _ = finish_labels(cfg, data, exact, qs, public_emb, [], noise_std=std)
         rows.append({"honest_fraction": gamma, "dlap_share": mech.cal.dlap_share,
                      "dlap_share_set": share, "s": int(qs.size), "k": int(cfg.rknn.k),
@@ -61,6 +68,8 @@ def measure(config: str, fractions: list[float], seeds: int,
                      "eps": mech.cal.eps, "label_accuracy": accs,
                      "label_accuracy_median": float(np.median(accs)),
                      "label_accuracy_exact_counts": float(exact_lab.label_accuracy),
+                     "student_accuracy": students,
+                     "student_accuracy_median": float(np.median(students)) if students else None,
                      "auto": (choice or {}).get("reason")})
     return rows
 
@@ -72,23 +81,27 @@ def main(argv=None) -> int:
     ap.add_argument("--shares", nargs="+", default=["auto"],
                     help="privacy.options.dlap_share values, or auto (the job's choice)")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--student", action="store_true",
+                    help="also train the job's student on each draw's labels (in this process)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     shares = [sh if sh == "auto" else float(sh) for sh in a.shares]
-    rows = measure(a.config, a.fractions, a.seeds, tuple(shares))
+    rows = measure(a.config, a.fractions, a.seeds, tuple(shares), a.student)
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
     from jobs.experiments import markdown_table
     print("\n".join(markdown_table(
         ("honest fraction", "DLap share", "s", "noise senders m", "noise std/count",
-         "msgs/client", "label acc (median)", "exact counts, same s"),
+         "msgs/client", "label acc (median)", "exact counts, same s", "student (median)"),
         [[f"{r['honest_fraction']:g}",
           f"{r['dlap_share']:g}" + (" (auto)" if r["dlap_share_set"] == "auto" else ""),
           r["s"], f"{r['noise_senders']} of {r['clients']}",
           f"{r['noise_std_per_count']:.3g}", f"{r['messages_per_client_expected']:.1f}",
           f"{r['label_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['label_accuracy'])})",
-          f"{r['label_accuracy_exact_counts']:.4f}"]
+          f"{r['label_accuracy_exact_counts']:.4f}",
+          "-" if r["student_accuracy_median"] is None else
+          f"{r['student_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['student_accuracy'])})"]
          for r in rows])))
     return 0
 
