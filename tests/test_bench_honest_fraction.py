@@ -16,3 +16,11 @@ def test_rows_per_fraction_and_share_with_the_auto_share_giving_the_most_queries
             assert r["eps"] <= 2.0 * (1 + 1e-9) and r["noise_std_per_count"] > 0
     # every client carrying twice the noise shares (fraction 0.5) leaves fewer queries
     assert rows[0]["noise_senders"] < rows[2]["noise_senders"] and rows[1]["s"] <= rows[3]["s"]
+
+
+def test_student_column_trains_the_jobs_student_on_each_draw():
+    (row,) = measure("jobs/configs/digits_shuffle.yaml", [1.0], 2, (0.85,), student=True)
+    assert len(row["student_accuracy"]) == 2 == len(row["label_accuracy"])
+    # a student trained on labels ~0.9 accurate generalises well past chance (10 classes)
+    assert all(0.5 < a <= 1 for a in row["student_accuracy"])
+    assert min(row["student_accuracy"]) <= row["student_accuracy_median"] <= max(row["student_accuracy"])
