@@ -51,7 +51,7 @@ from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_up
 MULTI_RECORD = ("sample", "normalize")
 CHUNK_ELEMENTS = 1 << 21   # elements of the largest (clients x cells) working array
 # Hash decoding (Collision, Separation, Concatenation) makes several passes over a (reports x
-# cells) uint64 array, in place (collision.poly_hash); at 2^16 elements (512 KiB) the arrays
+# cells) uint64 array, in place (collision.hash_every_key); at 2^16 elements (512 KiB) the arrays
 # stay in cache: 1.2-3.7x faster than the old temporaries at 2^21 (docs/results.md,
 # "Decoding"). Bit and integer decoding gain nothing; randomizing keeps CHUNK_ELEMENTS (its
 # draws, hence seeded reports, depend on it).
