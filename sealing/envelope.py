@@ -5,7 +5,7 @@ Opening lives with the key holders (:mod:`server.opening` for the server,
 :mod:`shuffler.layers` for a shuffler's own layer), both built on
 :mod:`sealing.unseal`; nothing in this module can open a report.
 
-Each report is hybrid public-key encryption (ephemeral X25519, HKDF-SHA256,
+Each report is hybrid public-key encryption (ephemeral X25519, a BLAKE2b key derivation,
 ChaCha20-Poly1305) of one fixed-length message, laid out as::
 
     header (clear, 46 bytes)                      | sealed (16 + 2 + pad_to + 16 bytes)
@@ -34,14 +34,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from sealing.encapsulation import (CHUNK as SEAL_CHUNK, HKDF_LABEL, KEY_LEN, EncapsulationPool,
-                                   encapsulate, layer_info, recipient_key)
+from sealing.encapsulation import (CHUNK as SEAL_CHUNK, KDF_LABEL, KEY_LEN, EncapsulationPool,
+                                   derive_key, encapsulate, layer_info, recipient_key)
 
 TAG_LEN = 16                  # Poly1305 tag
 ID_LEN = 16                   # report identity, first field of the plaintext
@@ -53,7 +51,7 @@ CONTEXT_LEN = HEADER_LEN - KEY_LEN               # version, layer, job tag, roun
 SERVER_LAYER = 0
 MAX_PAYLOAD = 2 ** 16 - 1
 NONCE = bytes(12)             # each AEAD key is used exactly once, so a fixed nonce is safe
-_SHA256 = hashes.SHA256()
+WIRE_VERSION = 2              # 2: BLAKE2b key derivation (1: HKDF-SHA256); in every header
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class RoundContext:
     """What a report is bound to: a job, a round in it, and the protocol version."""
     job_id: str
     round_id: int
-    version: int = 1
+    version: int = WIRE_VERSION
 
     def __post_init__(self):
         if not isinstance(self.job_id, str) or not self.job_id:
@@ -87,11 +85,6 @@ class RoundContext:
 def ciphertext_len(pad_to: int) -> int:
     """Length of one sealed report whose payloads are padded to ``pad_to`` bytes."""
     return HEADER_LEN + PLAIN_HEAD + pad_to + TAG_LEN
-
-
-def derive_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes, info: bytes) -> bytes:
-    """HKDF-SHA256 of the X25519 secret; the salt binds both public keys, ``info`` the layer."""
-    return HKDF(_SHA256, KEY_LEN, salt=eph_pub + recipient_pub, info=info).derive(shared)
 
 
 def report_ids_from_key(key: bytes, count: int) -> np.ndarray:
@@ -171,7 +164,7 @@ def crypto_floor_seconds(num_messages: int, payload_len: int, sample: int = 2000
     """Seconds the bare primitives need to seal ``num_messages`` reports, measured here.
 
     Times ``min(sample, num_messages)`` iterations of exactly the per-message work
-    (X25519 key generation + exchange, HKDF-SHA256, ChaCha20-Poly1305) with no
+    (X25519 key generation + exchange, key derivation, ChaCha20-Poly1305) with no
     framing, and scales linearly: the floor any sealing implementation pays.
     The clock is this thread's CPU time, so other load on a shared machine does
     not inflate the floor (compare it with CPU time, or wall time on an idle core).
@@ -183,13 +176,11 @@ def crypto_floor_seconds(num_messages: int, payload_len: int, sample: int = 2000
     recipient_bytes = recipient.public_bytes_raw()
     plain = os.urandom(PLAIN_HEAD + payload_len)
     aad = bytes(32 + HEADER_LEN)
-    sha256 = hashes.SHA256()
     t0 = time.thread_time()
     for _ in range(n):
         eph = X25519PrivateKey.generate()
         eph_pub = eph.public_key().public_bytes_raw()
-        key = HKDF(sha256, KEY_LEN, salt=eph_pub + recipient_bytes,
-                   info=HKDF_LABEL).derive(eph.exchange(recipient))
+        key = derive_key(eph.exchange(recipient), eph_pub, recipient_bytes, KDF_LABEL)
         ChaCha20Poly1305(key).encrypt(NONCE, plain, aad)
     return (time.thread_time() - t0) * num_messages / n
 

@@ -15,9 +15,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from sealing.encapsulation import derive_key, parse_public_key
 from sealing.envelope import (CONTEXT_LEN, HEADER_LEN, ID_LEN, JOB_TAG_LEN, KEY_LEN, NONCE,
-                               PLAIN_HEAD, SEAL_CHUNK, TAG_LEN, RoundContext, derive_key,
-                               layer_info)
+                               PLAIN_HEAD, SEAL_CHUNK, TAG_LEN, RoundContext, layer_info)
 
 REJECT_KINDS = ("malformed", "wrong_job", "wrong_round", "tampered", "replayed")
 
@@ -121,7 +121,7 @@ def open_rows(exchange: Callable[[X25519PublicKey], bytes], recipient_pub: bytes
 def _exchange_or_none(exchange, eph_pub: bytes) -> bytes | None:
     """The X25519 shared secret, or None for a point the library refuses (low order)."""
     try:
-        return exchange(X25519PublicKey.from_public_bytes(eph_pub))
+        return exchange(parse_public_key(eph_pub))
     except ValueError:
         return None
 

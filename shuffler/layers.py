@@ -7,7 +7,7 @@ one shuffler is honest.
 
 A layer key can never open the server layer: the server layer is sealed to a
 different key, its header says layer 0 (which a peeler rejects before any
-cryptography), and the layer number is part of both the HKDF info and the
+cryptography), and the layer number is part of both the key derivation's info and the
 AEAD associated data. Nothing in this package imports :mod:`server`.
 """
 from __future__ import annotations

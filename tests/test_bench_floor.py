@@ -9,7 +9,7 @@ from benchmarks.crypto_floor import PARTS, floor_parts
 def test_floor_parts_cover_every_primitive_and_scale_with_messages():
     parts = floor_parts(400, 24, sample=200)
     assert tuple(parts) == PARTS
-    assert {"client_hmac_tag", "shuffler_hmac_tag", "client_seal", "server_open"} <= set(parts)
+    assert {"client_mac_tag", "shuffler_mac_tag", "client_seal", "server_open"} <= set(parts)
     assert all(v > 0 for v in parts.values())
     assert floor_parts(0, 24) == {p: 0.0 for p in PARTS}
 

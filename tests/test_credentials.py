@@ -218,3 +218,24 @@ def test_kept_client_keys_give_the_same_tags_and_still_refuse_forgeries(monkeypa
     for i in range(cr.TABLES_KEPT + 2):                   # at most TABLES_KEPT per process
         cr._key_table(("owner", i), 0, 10)
     assert len(cr._TABLES) == cr.TABLES_KEPT and verifier not in cr._TABLES
+
+
+def test_the_tag_is_keyed_blake2b_as_the_module_documents(issuer):
+    """Recomputed from the docstring alone: shard key = MAC(master, domain|shard|job|i|lo|hi),
+    client key = MAC(shard key, "client" | i64), tag = 128-bit MAC(client key, domain | job
+    digest | round u32 | sender i64 | seq u32 | report); MAC = keyed BLAKE2b."""
+    import hashlib
+
+    def mac(key, msg, size=32):
+        return hashlib.blake2b(msg, key=key, digest_size=size).digest()
+
+    cred = issuer.shard_credential(1, *RANGES[1])
+    reports = np.arange(2 * 40, dtype=np.uint8).reshape(2, 40)
+    seqs, tags = cred.sign(CTX, np.array([12, 12]), reports)
+    assert seqs.tolist() == [0, 1]
+    shard_key = mac(issuer._master, b"rknn-ray/credential/v2|shard|%s|1|10|20" % CTX.job_id.encode())
+    client_key = mac(shard_key, b"client" + (12).to_bytes(8, "big", signed=True))
+    for j in range(2):
+        msg = (b"rknn-ray/credential/v2" + CTX.job_digest + CTX.round_id.to_bytes(4, "big")
+               + (12).to_bytes(8, "big") + j.to_bytes(4, "big") + reports[j].tobytes())
+        assert tags[j].tobytes() == mac(client_key, msg, 16)

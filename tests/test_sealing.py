@@ -252,3 +252,35 @@ def test_onion_layers_peel_in_order_and_never_open_the_server_layer(keypair):
     rejects_only(LayerPeeler(hops[0], CTX).peel(relabelled)[2], tampered=8)
     with pytest.raises(ValueError, match="Layer 0 is the server's"):
         LayerKeyPair.generate(0)
+
+
+def test_wire_format_2_opens_with_only_the_documented_primitives(keypair):
+    """An opener written from the module docstring alone (X25519, BLAKE2b-256 of secret |
+    ephemeral key | recipient key | label | version | layer, ChaCha20-Poly1305 with a zero
+    nonce and job digest | header as associated data) opens what seal_batch made."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    from sealing.encapsulation import KDF_LABEL, derive_key, parse_public_key
+    p = payloads(3, 12)
+    ct = seal_batch(keypair.public_bytes(), p, CTX, pad_to=20)
+    assert ct[0, 0] == 2 == CTX.version and ct[0, 1] == 0          # version 2, server layer
+    recipient = keypair.public_bytes()
+    for row, want in zip(ct, p):
+        header, sealed = row[:HEADER_LEN].tobytes(), row[HEADER_LEN:].tobytes()
+        eph = header[CONTEXT_LEN:]
+        secret = keypair.exchange(X25519PublicKey.from_public_bytes(eph))
+        key = hashlib.blake2b(secret + eph + recipient + KDF_LABEL + header[:2],
+                              digest_size=32).digest()
+        assert key == derive_key(secret, eph, recipient, KDF_LABEL + header[:2])
+        plain = ChaCha20Poly1305(key).decrypt(bytes(12), sealed, CTX.job_digest + header)
+        assert int.from_bytes(plain[16:18], "big") == 12
+        assert plain[18:30] == want.tobytes() and plain[30:] == bytes(8)
+        # the fast parse is the public API's key: same secret, same refusals
+        assert keypair.exchange(parse_public_key(eph)) == secret
+    with pytest.raises(ValueError):
+        parse_public_key(b"\x01" * 31)
+    with pytest.raises(ValueError):           # a low-order point: the exchange refuses it
+        keypair.exchange(parse_public_key(bytes(32)))
