@@ -2,7 +2,8 @@
 in process.
 
     python -m benchmarks.honest_fraction [--config jobs/configs/fmnist_shuffle.yaml]
-        [--fractions 0.5 1.0] [--shares auto 0.85 0.7 0.55] [--seeds 3] [--student] [--json]
+        [--fractions 0.5 1.0] [--shares auto 0.85 0.7 0.55] [--seeds 3] [--student]
+        [--set KEY=VALUE ...] [--json]
 
 For each ``privacy.honest_fraction`` and ``privacy.options.dlap_share`` (``auto``: left to
 the job's choice, rknn_ray.pipeline.free_dlap_shares) it resolves ``queries.s: auto`` as
@@ -15,7 +16,9 @@ post-processing (smoothing over the public graph). Prints s, the noise standard 
 per count, expected messages per client, the label accuracy per seed, and the label
 accuracy of the exact counts at the same s (what the queries alone allow); with
 ``--student``, also the job's student trained on each draw's labels (its loop in this
-process, ``student.trainer: local``). No actors: it isolates what each setting costs the
+process, ``student.trainer: local``) and once on the exact counts' labels: the student the
+queries alone allow, whatever the noise. ``--set`` adds config overrides (``queries.s=5000``:
+the exact-count columns at an s the cap would not allow). No actors: it isolates what each setting costs the
 released counts.
 """
 from __future__ import annotations
@@ -30,7 +33,8 @@ import numpy as np
 
 
 def measure(config: str, fractions: list[float], seeds: int,
-            shares: tuple = ("auto",), student: bool = False) -> list[dict]:
+            shares: tuple = ("auto",), student: bool = False,
+            overrides: tuple = ()) -> list[dict]:
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms.exact import negative_binomial
     from rknn_ray.pipeline import (exact_counts, finish_labels, mechanism_for, prepare_stages,
@@ -40,7 +44,8 @@ def measure(config: str, fractions: list[float], seeds: int,
     data = None
     for gamma, share in [(g, sh) for g in fractions for sh in shares]:
         cfg = load_config(config, ["privacy.mechanism=multi", f"privacy.honest_fraction={gamma}"]
-                          + ([] if share == "auto" else [f"privacy.options.dlap_share={share}"]))
+                          + ([] if share == "auto" else [f"privacy.options.dlap_share={share}"])
+                          + list(overrides))
         st = prepare_stages(cfg, data, resolve=True)      # one dataset for every setting
         cfg, data, choice, qs, public_emb = st.cfg, st.data, st.auto, st.queries, st.public_emb
         exact = exact_counts(st.encoder, data, [qs], cfg.rknn.k)
@@ -59,7 +64,12 @@ def measure(config: str, fractions: list[float], seeds: int,
                 local = cfg.with_overrides(["student.trainer=local"])
                 _, res = train_on_labels(local, data, st.encoder, lab, info, qs, public_emb)
                 students.append(float(res.test_accuracy))
-        exact_lab, _ = finish_labels(cfg, data, exact, qs, public_emb, [], noise_std=std)
+        exact_lab, exact_info = finish_labels(cfg, data, exact, qs, public_emb, [], noise_std=std)
+        student_exact = None
+        if student:         # no noise at all: the ceiling these queries put on the student
+            local = cfg.with_overrides(["student.trainer=local"])
+            _, res = train_on_labels(local, data, st.encoder, exact_lab, exact_info, qs, public_emb)
+            student_exact = float(res.test_accuracy)
         rows.append({"honest_fraction": gamma, "dlap_share": mech.cal.dlap_share,
                      "dlap_share_set": share, "s": int(qs.size), "k": int(cfg.rknn.k),
                      "noise_senders": mech.n_honest, "clients": mech.n_cal,
@@ -70,6 +80,7 @@ def measure(config: str, fractions: list[float], seeds: int,
                      "label_accuracy_exact_counts": float(exact_lab.label_accuracy),
                      "student_accuracy": students,
                      "student_accuracy_median": float(np.median(students)) if students else None,
+                     "student_accuracy_exact_counts": student_exact,
                      "auto": (choice or {}).get("reason")})
     return rows
 
@@ -83,17 +94,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--student", action="store_true",
                     help="also train the job's student on each draw's labels (in this process)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override, as for jobs.distill (repeatable)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     shares = [sh if sh == "auto" else float(sh) for sh in a.shares]
-    rows = measure(a.config, a.fractions, a.seeds, tuple(shares), a.student)
+    rows = measure(a.config, a.fractions, a.seeds, tuple(shares), a.student, tuple(a.overrides))
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
     from jobs.experiments import markdown_table
     print("\n".join(markdown_table(
         ("honest fraction", "DLap share", "s", "noise senders m", "noise std/count",
-         "msgs/client", "label acc (median)", "exact counts, same s", "student (median)"),
+         "msgs/client", "label acc (median)", "exact counts, same s", "student (median)",
+         "student, exact counts"),
         [[f"{r['honest_fraction']:g}",
           f"{r['dlap_share']:g}" + (" (auto)" if r["dlap_share_set"] == "auto" else ""),
           r["s"], f"{r['noise_senders']} of {r['clients']}",
@@ -101,7 +115,9 @@ def main(argv=None) -> int:
           f"{r['label_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['label_accuracy'])})",
           f"{r['label_accuracy_exact_counts']:.4f}",
           "-" if r["student_accuracy_median"] is None else
-          f"{r['student_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['student_accuracy'])})"]
+          f"{r['student_accuracy_median']:.4f} ({', '.join(f'{x:.4f}' for x in r['student_accuracy'])})",
+          "-" if r["student_accuracy_exact_counts"] is None else
+          f"{r['student_accuracy_exact_counts']:.4f}"]
          for r in rows])))
     return 0
 

@@ -24,3 +24,10 @@ def test_student_column_trains_the_jobs_student_on_each_draw():
     # a student trained on labels ~0.9 accurate generalises well past chance (10 classes)
     assert all(0.5 < a <= 1 for a in row["student_accuracy"])
     assert min(row["student_accuracy"]) <= row["student_accuracy_median"] <= max(row["student_accuracy"])
+    # and once on the exact counts' labels: the ceiling the queries set, no noise at all
+    assert 0.5 < row["student_accuracy_exact_counts"] <= 1
+    # without --student no student; --set overrides reach the config (an s the cap would refuse)
+    (plain,) = measure("jobs/configs/digits_shuffle.yaml", [1.0], 1, (0.85,),
+                       overrides=("queries.s=30",))
+    assert plain["student_accuracy_exact_counts"] is None and plain["student_accuracy"] == []
+    assert plain["s"] == 30
