@@ -20,8 +20,8 @@ Every message is signed with the shard's credential for its sender
 enforce the per-sender allowance.
 
 Between rounds the session may ask a shard to :meth:`~ClientShardImpl.prepare_keys`: it
-makes the next round's encapsulations (ephemeral X25519, exchange, key derivation: the data-free
-~90% of sealing) ahead, so the round itself only encrypts and signs. Each is used once and
+makes the next round's encapsulations (ephemeral X25519, exchange, key derivation: the
+data-free ~90% of sealing) ahead, so the round itself only encrypts and signs. Each is used once and
 never leaves this process (:mod:`sealing.encapsulation`); a restarted shard has none and
 makes them as it seals. When more rounds follow (``RoundSpec.more_rounds``), its
 records' embeddings are kept across rounds too (the job's encoder does not change; only the
@@ -77,7 +77,7 @@ class ClientShardImpl:
         self.timings: dict[str, float] = {}
         self._pool = EncapsulationPool()       # next round's encapsulations (prepare_keys)
         self._pool_at_start = self._pool.stats()
-        self._recipients: list[tuple[bytes, bytes]] = []   # last round's (key, key-derivation info) per layer
+        self._recipients: list[tuple[bytes, bytes]] = []   # last round's (key, KDF info) per layer
         self._sealed = 0                       # messages the last round sealed (per layer)
         self._embed_key, self._embedded, self._embedded_bytes = None, {}, 0   # see _embedder
 
@@ -181,8 +181,8 @@ class ClientShardImpl:
 
 
 def round_recipients(spec: RoundSpec) -> list[tuple[bytes, bytes]]:
-    """(public key, key-derivation info) of every layer a round's reports are sealed to: the server's,
-    then each shuffler hop's (onion mode)."""
+    """(public key, key-derivation info) of every layer a round's reports are sealed to: the
+    server's, then each shuffler hop's (onion mode)."""
     out = [(bytes(spec.server_public_key), layer_info(spec.ctx.header_prefix(SERVER_LAYER)))]
     for hop, key in enumerate(spec.hop_public_keys):
         out.append((bytes(key), layer_info(spec.ctx.header_prefix(hop + 1))))

@@ -18,8 +18,8 @@ accuracy of the exact counts at the same s (what the queries alone allow); with
 ``--student``, also the job's student trained on each draw's labels (its loop in this
 process, ``student.trainer: local``) and once on the exact counts' labels: the student the
 queries alone allow, whatever the noise. ``--set`` adds config overrides (``queries.s=5000``:
-the exact-count columns at an s the cap would not allow). No actors: it isolates what each setting costs the
-released counts.
+the exact-count columns at an s the cap would not allow). No actors: it isolates what each
+setting costs the released counts.
 """
 from __future__ import annotations
 

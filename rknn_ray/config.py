@@ -274,8 +274,8 @@ class ClusterConfig:
                                 "labels} a node must have to host it; {}: any node",
                                 free_form=True, factory=FrozenDict)
     precompute_keys: bool = key(True, "between rounds each shard makes the next round's "
-                                "encapsulations (ephemeral X25519 + key derivation: data-free, each used "
-                                "once) while the driver picks queries", bool)
+                                "encapsulations (ephemeral X25519 + key derivation: data-free, "
+                                "each used once) while the driver picks queries", bool)
     precompute_max: int = key(1 << 20, "encapsulations a shard holds ready at most (~150 bytes "
                               "each in memory)", int, low=0, high=1 << 26)
 

@@ -1,7 +1,8 @@
 """The key half of sealing, made once per report: fresh ephemeral X25519, the exchange with
-the recipient's key, the key derivation (:func:`derive_key`, BLAKE2b). None of it depends on the report, its round or the data,
-so a client may make it before the round (:class:`EncapsulationPool`) and seal in the round
-with only the AEAD and the credential tag left to do.
+the recipient's key, the key derivation (:func:`derive_key`, BLAKE2b). None of it depends
+on the report, its round or the data, so a client may make it before the round
+(:class:`EncapsulationPool`) and seal in the round with only the AEAD and the credential
+tag left to do.
 
 What may never happen is a second use: every report's AEAD key is used with the fixed nonce
 of :mod:`sealing.envelope`, so two reports under one key would leak their XOR and forge
@@ -9,8 +10,9 @@ tags. An encapsulation is therefore handed out by :meth:`EncapsulationPool.take`
 once (it leaves the pool as it is taken), the pool refuses to be pickled (no copy of it
 can leave its process, so a Ray retry, a checkpoint or a second actor never holds the same
 keys), and a restarted process starts with an empty pool. The keys are bound to one
-recipient key and one layer (both public keys and the layer are hashed into the key); the round is bound by the AEAD's
-associated data at sealing, so a key made before the round seals for that round alone.
+recipient key and one layer (both public keys and the layer are hashed into the key); the
+round is bound by the AEAD's associated data at sealing, so a key made before the round
+seals for that round alone.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Opener processes inside the server's trust domain, feeding one accumulator.
 
 Opening costs a key parse, an X25519 exchange, a key derivation and an AEAD open per
-report (~55 us of CPU), and ``cryptography`` holds the GIL, so threads do not scale: the Server actor
-starts child *processes* (spawn) and hands each the private key over a pipe from
-their parent. The key never goes through Ray (no object store, no task argument);
+report (~55 us of CPU), and ``cryptography`` holds the GIL, so threads do not scale: the
+Server actor starts child *processes* (spawn) and hands each the private key over a pipe
+from their parent. The key never goes through Ray (no object store, no task argument);
 the children die with the actor. ``processes=0`` opens in the calling process
 (tests, the in-process benchmark): same code, no pool.
 """
