@@ -53,6 +53,12 @@ def measure(config: str, fractions: list[float], seeds: int,
         d = mech.params.num_cells
         shape = Fraction(mech.n_cal, mech.n_honest)
         std = math.sqrt(mech.describe()["error_variance_all_honest"])
+        local = cfg.with_overrides(["student.trainer=local"])   # the job's student, in process
+
+        def student_of(labels, info) -> float:
+            _, res = train_on_labels(local, data, st.encoder, labels, info, qs, public_emb)
+            return float(res.test_accuracy)
+
         accs, students = [], []
         for seed in range(seeds):
             rng = seeded_generator(1000 + seed)
@@ -60,16 +66,11 @@ def measure(config: str, fractions: list[float], seeds: int,
                      - negative_binomial(rng, shape, mech.nb_rate, d)).reshape(exact.shape)
             lab, info = finish_labels(cfg, data, exact + noise, qs, public_emb, [], noise_std=std)
             accs.append(float(lab.label_accuracy))
-            if student:     # the job's student, its loop run in this process
-                local = cfg.with_overrides(["student.trainer=local"])
-                _, res = train_on_labels(local, data, st.encoder, lab, info, qs, public_emb)
-                students.append(float(res.test_accuracy))
+            if student:
+                students.append(student_of(lab, info))
         exact_lab, exact_info = finish_labels(cfg, data, exact, qs, public_emb, [], noise_std=std)
-        student_exact = None
-        if student:         # no noise at all: the ceiling these queries put on the student
-            local = cfg.with_overrides(["student.trainer=local"])
-            _, res = train_on_labels(local, data, st.encoder, exact_lab, exact_info, qs, public_emb)
-            student_exact = float(res.test_accuracy)
+        # no noise at all: the ceiling these queries put on the student
+        student_exact = student_of(exact_lab, exact_info) if student else None
         rows.append({"honest_fraction": gamma, "dlap_share": mech.cal.dlap_share,
                      "dlap_share_set": share, "s": int(qs.size), "k": int(cfg.rknn.k),
                      "noise_senders": mech.n_honest, "clients": mech.n_cal,
