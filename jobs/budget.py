@@ -9,8 +9,9 @@ split loaded, known by per-record fingerprints (any job touching any of its reco
 from its one budget). Budgets are set once, by the first job on a dataset, and change
 only here. Identities from older ledgers (``legacy``) move onto a source at its first job;
 ``set`` on a moved identity says where it went. ``settle`` closes the open reservation of a
-job that died without closing it (``kill -9``, a lost node): counted as spent, unless the
-job died before any client randomized. Errors exit 2 and never print a traceback.
+job that died without closing it (``kill -9``, a lost node): counted as spent once the ledger
+recorded it as started (before its first client randomized), returned only when it never
+started. Errors exit 2 and never print a traceback.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import sys
 import time
 
 from rknn_ray.accounting.budget_store import (ENV_PATH, BudgetStore, default_path,
-                                              open_reservations, settle)
+                                              open_reservations, settle, settle_fate)
 from rknn_ray.errors import RknnError
 
 
@@ -126,8 +127,7 @@ def _print_open(pending: list[dict]) -> None:
     for r in pending:
         state = {True: "driver running", False: "driver gone", None: "driver unknown"}[
             r["driver_alive"]]
-        fate = ("counted as spent if settled: its clients may have randomized" if r["started"]
-                else "returned if settled: it died before any client randomized")
+        fate = "if settled: " + settle_fate(r)
         print(f"  job {r['job_id']}  age {_age(r['age_s'])}  eps={r['eps']:.4g} "
               f"delta={r['delta']:.3g}  {state}  on {r['identity']} ({fate})")
         if r["driver_alive"] is not True:
@@ -142,7 +142,7 @@ def _settle(store: BudgetStore, job_id: str | None) -> int:
         return 2
     for r in settle(store, job_id):
         print(f"job {job_id} on {r['identity']}: eps={r['eps']:.4g} delta={r['delta']:.3g} "
-              f"{'counted as spent' if r['status'] == 'released' else 'returned'} ({r['note']})")
+              f"{settle_fate(r)}")
     return 0
 
 

@@ -8,6 +8,7 @@ subclass configured for one test (a class, since Ray builds the actor from it).
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import numpy as np
@@ -85,6 +86,21 @@ class ServerDyingAtRelease(ServerImpl):
 
     def finish(self, *args, **kwargs):
         os._exit(1)
+
+
+class ServerKilledWhileOpening(ServerImpl):
+    """The server process is killed (SIGKILL, as ``kill -9``) once it has opened ``after``
+    reports, mid-round: no counts are released, but every report it opened is a release to
+    it."""
+
+    after: int = 10
+
+    def submit(self, batch) -> int:
+        rows = super().submit(batch)
+        if self.opened() >= self.after:
+            self._drain()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return rows
 
 
 class ShufflerDyingAtShuffle(ShufflerImpl):

@@ -143,8 +143,8 @@ def test_a_round_whose_shard_lost_its_secret_fails_clearly_and_releases_nothing(
     from tests.faulty_parties import crashing_shard
     parties = Parties(shards={0: crashing_shard(tmp_path / "died", after=1, lose_secret=True)})
     ledger = PrivacyLedger()
-    with pytest.raises(PartyFailure, match="client shard 0 died and did not come back; nothing "
-                       "was released: .*ShardSecretError.*restarted.*Fix") as err:
+    with pytest.raises(PartyFailure, match="client shard 0 died and did not come back; no counts "
+                       "were released: .*ShardSecretError.*restarted.*Fix") as err:
         session_round(cfg, job_id="job-lost", parties=parties, ledger=ledger)
     assert err.value.party == "client shard 0" and not err.value.released
     assert (tmp_path / "died").exists() and not ledger.to_dict()["entries"]

@@ -53,6 +53,7 @@ from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile
 from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE
 from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
+RESERVED_NOTE = "reserved before any client randomized"
 SLACK = 1e-9           # relative: float sums of fractions of eps must not refuse an exact fit
 SCHEMA_VERSION = 2     # 2: record-pool sources; 0/1: identities from the job's manifest
 DEFAULT_DELTA_SHARE = 0.1   # a new source's default delta budget: 1/(10 n)
@@ -66,7 +67,8 @@ TABLES = (
     job_id TEXT NOT NULL, round INTEGER, status TEXT NOT NULL CHECK (status IN
         ('reserved', 'released', 'unused')),
     eps REAL NOT NULL, delta REAL NOT NULL, event TEXT, note TEXT,
-    created REAL NOT NULL, updated REAL NOT NULL, accounting TEXT, meta TEXT)""",
+    created REAL NOT NULL, updated REAL NOT NULL, accounting TEXT, meta TEXT,
+    started REAL, driver TEXT)""",
     "CREATE INDEX IF NOT EXISTS releases_by_identity ON releases(identity)",
     # v2: a source's record pool (fingerprints: sorted unique little-endian uint64)
     """CREATE TABLE IF NOT EXISTS sources (
@@ -158,9 +160,16 @@ class BudgetStore:
         # the accountant's choices beside each release's event (Costing; NULL: the defaults),
         # and what a run's ledger shows of it (the guarantee's unit, note, ...; JSON)
         have = {r[1] for r in con.execute("PRAGMA table_info(releases)")}
-        for column in ("accounting", "meta"):
+        for column in ("accounting", "meta", "driver"):
             if column not in have:
                 con.execute(f"ALTER TABLE releases ADD COLUMN {column} TEXT")
+        if "started" not in have:
+            # when a reservation's clients could first randomize (mark_started): a state,
+            # never read from the note. An older ledger's open reservation whose note is
+            # no longer the one it was made with may have started: it counts as started
+            con.execute("ALTER TABLE releases ADD COLUMN started REAL")
+            con.execute("UPDATE releases SET started = updated WHERE status = 'reserved' AND "
+                        "COALESCE(note, '') != ?", (RESERVED_NOTE,))
         if version < SCHEMA_VERSION:
             # compare's per-method baseline lines ("<digest>/<method>") are not record budgets
             con.execute("INSERT OR IGNORE INTO legacy SELECT identity, description FROM datasets "
@@ -440,8 +449,7 @@ class BudgetStore:
                     (total_eps, total_delta), accountant, over_eps, over_delta, cap, n))
             con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
                         "note, created, updated) VALUES (?, ?, NULL, 'reserved', ?, ?, NULL, ?, ?, ?)",
-                        (identity, job_id, eps, delta, "reserved before any client randomized",
-                         time.time(), time.time()))
+                        (identity, job_id, eps, delta, RESERVED_NOTE, time.time(), time.time()))
         return b_eps, b_delta
 
     def _refusal(self, identity, description, budget, spend, job, total, accountant,
@@ -573,14 +581,16 @@ class BudgetStore:
 
 
 # ---------------------------------------------------------------------- open reservations
-#: the note a reservation gets just before the job's clients may randomize (mark_started)
+#: the note a reservation gets when its clients may randomize (mark_started); words only:
+#: whether a reservation started is its ``started`` column
 STARTED_NOTE = "clients may randomize"
 _DRIVER = re.compile(r"driver pid (\d+) on (\S+?)[;)]")
 
 
-def _driver_alive(note: str | None) -> bool | None:
-    """Whether the job's driver process still runs: None when unknown (another host, no pid)."""
-    m = _DRIVER.search(note or "")
+def _driver_alive(driver: str | None, note: str | None) -> bool | None:
+    """Whether the job's driver process still runs: None when unknown (another host, no pid).
+    ``driver``: the reservation's "pid on host"; older ledgers kept it in the note."""
+    m = re.fullmatch(r"(\d+) on (\S+)", driver or "") or _DRIVER.search(note or "")
     if not m or m.group(2) != socket.gethostname():
         return None
     try:
@@ -593,36 +603,61 @@ def _driver_alive(note: str | None) -> bool | None:
 
 
 def mark_started(store: "BudgetStore", identity: str, job_id: str) -> None:
-    """Note on the job's reservation that its clients may randomize from now on (and which
-    driver process holds it): before this, the job provably released nothing."""
-    note = (f"{STARTED_NOTE} since {time.strftime('%Y-%m-%d %H:%M:%S')} (driver pid "
-            f"{os.getpid()} on {socket.gethostname()}); a release may happen")
+    """Record on the job's reservation that its clients may randomize from now on (the
+    ``started`` state, and which driver process holds it): before this, the job provably
+    released nothing. Refused (PrivacyBudgetError) when the reservation is no longer open
+    (settled by hand while the job prepared): no client may randomize without one."""
+    now, driver = time.time(), f"{os.getpid()} on {socket.gethostname()}"
+    note = (f"{STARTED_NOTE} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))} "
+            f"(driver pid {driver}); a release may happen")
     with store._transaction() as con:
-        con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND job_id = ? "
-                    "AND status = 'reserved'", (note, time.time(), identity, job_id))
+        done = con.execute("UPDATE releases SET started = COALESCE(started, ?), driver = ?, "
+                           "note = ?, updated = ? WHERE identity = ? AND job_id = ? AND "
+                           "status = 'reserved'", (now, driver, note, now, identity, job_id))
+        if done.rowcount == 0:
+            raise PrivacyBudgetError(f"job {job_id} holds no open reservation on {identity} (was it "
+                                     "settled by hand?): no client may randomize. Fix: re-run the "
+                                     "job (it reserves its budget again)")
 
 
 def open_reservations(store: "BudgetStore", now: float | None = None) -> list[dict]:
     """Every reservation still open (a running job, or one killed without closing it), with
-    its age, whether its clients may have randomized, and whether its driver still runs."""
+    its age, whether its clients may have randomized (``started``: the ledger's state, or a
+    round already committed), and whether its driver still runs."""
     now = time.time() if now is None else now
     with store._connect() as con:
         rows = con.execute(
             "SELECT r.job_id, r.identity, d.description, r.eps, r.delta, r.note, r.created, "
+            "r.started, r.driver, "
             "(SELECT COUNT(*) FROM releases x WHERE x.job_id = r.job_id AND x.status = 'released') "
             "FROM releases r JOIN datasets d ON d.identity = r.identity "
             "WHERE r.status = 'reserved' ORDER BY r.created").fetchall()
     return [{"job_id": j, "identity": i, "description": desc, "eps": e, "delta": dl,
              "note": n, "created": c, "age_s": max(0.0, now - c),
-             "started": bool(released) or STARTED_NOTE in (n or ""),
-             "driver_alive": _driver_alive(n)}
-            for j, i, desc, e, dl, n, c, released in rows]
+             "started": started is not None or bool(released), "started_at": started,
+             "driver_alive": _driver_alive(driver, n)}
+            for j, i, desc, e, dl, n, c, started, driver, released in rows]
+
+
+def _when(t: float | None) -> str:
+    return "" if t is None else " at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def settle_fate(row: dict) -> str:
+    """What settling an open reservation does, and why (the list's words and settle's note)."""
+    if row["started"]:
+        return (f"counted as spent: the ledger records that its clients could randomize"
+                f"{_when(row.get('started_at'))} (started), so every report opened since is a "
+                "release, whoever died")
+    return ("returned: the ledger records that no client could randomize (the job died before "
+            "its private round started), so nothing was released")
 
 
 def settle(store: "BudgetStore", job_id: str) -> list[dict]:
-    """Close a dead job's open reservation: counted as spent (status ``released``, no round),
-    or returned (``unused``) only when the job provably released nothing (it died before any
-    client could randomize). Refuses while the job's driver still runs on this host."""
+    """Close a dead job's open reservation: counted as spent (status ``released``, no round)
+    once it started (its ``started`` state, set before the first client randomizes), or
+    returned (``unused``) only when it never started: then the job provably released
+    nothing. Refuses while the job's driver still runs on this host."""
     rows = [r for r in open_reservations(store) if r["job_id"] == job_id]
     if not rows:
         raise PrivacyBudgetError(f"job {job_id} has no open reservation in {store.path}. Fix: copy "
@@ -634,16 +669,15 @@ def settle(store: "BudgetStore", job_id: str) -> list[dict]:
     done = []
     with store._transaction() as con:
         for r in rows:
-            if r["started"]:
-                status = "released"
-                note = ("settled by hand: the job ended without closing its reservation after its "
-                        "clients could randomize, so a release may have happened; counted as spent")
-            else:
-                status = "unused"
-                note = ("settled by hand: the job ended before any client randomized; nothing "
-                        "was released, the reservation is returned")
-            con.execute("UPDATE releases SET status = ?, note = ?, updated = ? WHERE identity = ? "
-                        "AND job_id = ? AND status = 'reserved'",
-                        (status, note, time.time(), r["identity"], job_id))
+            status = "released" if r["started"] else "unused"
+            note = "settled by hand: " + settle_fate(r)
+            # a job that starts meanwhile is not returned (mark_started and this are exclusive)
+            changed = con.execute("UPDATE releases SET status = ?, note = ?, updated = ? WHERE "
+                                  "identity = ? AND job_id = ? AND status = 'reserved'"
+                                  + ("" if r["started"] else " AND started IS NULL"),
+                                  (status, note, time.time(), r["identity"], job_id)).rowcount
+            if not changed:
+                raise PrivacyBudgetError(f"job {job_id} started its private round while being "
+                                         "settled; nothing was changed. Fix: run settle again")
             done.append({**r, "status": status, "note": note})
     return done

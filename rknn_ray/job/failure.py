@@ -2,8 +2,8 @@
 
 incomplete.json tells the person what happened and what to do next, and that depends on
 what was already paid for: a saved release is finished with ``--resume``; a release that
-could not be saved, or a round refused for too little cover, stays counted in the ledger;
-anything earlier released nothing.
+could not be saved, a round refused for too little cover, or a round interrupted once its
+clients may have randomized stays counted in the ledger; anything earlier released nothing.
 """
 from __future__ import annotations
 
@@ -62,6 +62,11 @@ def record_incomplete(out: str, message: str, exc: BaseException) -> str:
                            "ledger; re-run as the reason says",
                            f"run folder {out} is marked incomplete; no counts were released (the "
                            "round was refused for labelling; its eps is counted in the ledger)")
+    elif getattr(exc, "budget_kept", False):   # its clients may have randomized: spent
+        next_step, said = ("no counts were saved and the round's eps stays counted in the "
+                           "ledger; fix the cause and re-run",
+                           f"run folder {out} is marked incomplete; no counts were saved (the "
+                           "round's clients may have randomized: its eps is counted in the ledger)")
     else:
         next_step, said = ("nothing was released; fix the cause and re-run",
                            f"run folder {out} is marked incomplete; nothing was released")

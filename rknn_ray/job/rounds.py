@@ -5,8 +5,10 @@ picks its queries (:func:`select_round_queries`: k-means for the first, then
 ``rounds.query_selection``), spends its share of ``privacy.eps``, is saved to
 ``release.npz`` (fsync'd) the moment it is released, then written once to the one ledger:
 the job's rows of the persistent store, which its :class:`PrivacyLedger` is a view of
-(:func:`job_ledger`). On a failure the job's unreleased reservation is returned, unless
-the failure came where a release may already have happened (then it stays counted).
+(:func:`job_ledger`). The reservation is marked *started* (a state in the ledger) before
+the first client may randomize. A failure once a round's clients may have randomized keeps
+the reservation counted, whoever died (a report the server opened is a release to it);
+one between rounds, or before the first, returns what no round has used.
 """
 from __future__ import annotations
 
@@ -16,10 +18,10 @@ import numpy as np
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import mark_started
-from rknn_ray.errors import ConfigError, PrivacyBudgetError, RknnError, first_line
+from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import save_release
-from rknn_ray.job.session import PartyFailure, ProtocolSession
+from rknn_ray.job.session import CoverShortfall, ProtocolSession
 from rknn_ray.pipeline import (dataset_sources, mechanism_for, next_round_uncertain,
                                round_budgets, round_query_counts)
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
@@ -101,7 +103,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     budgets = ctx.round_budgets()
     sizes = ctx.round_sizes()                  # new queries per round
     rounds, query_sets, selections, mechanisms = [], [], [], []
-    released = False
+    in_round = None       # the round whose clients may have randomized, until it is committed
     try:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
@@ -116,20 +118,16 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 mechanism = ctx.round_mechanism(t, qs.size)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
                                     f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
-                    try:        # checked by the ledger before the release, recorded below
+                    ledger.check(mechanism.guarantee(), mechanism.event())  # refused: none worked
+                    in_round = t    # from here every failure keeps the round counted: a report
+                    try:            # the server opened, or may open, is a release to it
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
                                                         ledger, record_release=False))
-                    except PrivacyBudgetError:      # refused before the server released anything,
-                        raise                       # or a CoverShortfall: recorded, not labelled
-                    except PartyFailure as exc:     # the party knows whether counts may be out
-                        released = exc.released
-                        raise
-                    except BaseException:
-                        released = True             # unknown: count it as released
+                    except CoverShortfall:          # recorded at its true cost, not labelled
+                        in_round = None
                         raise
                 query_sets.append(qs)
                 mechanisms.append(mechanism)
-                released = True         # until the ledger commits it, a failure keeps it counted
                 note = NOT_PRIVATE if cfg.run.rng != "secure" else "released"
                 lost = None
                 try:        # durable (fsync'd) on disk before the ledger commits the round
@@ -142,7 +140,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 done = rounds[-1]       # the round's one ledger write, into the reservation
                 ledger.record_spent(done.guarantee, round_id=t, event=done.event, note=note,
                                     messages=done.messages, clients=done.clients)
-                released = False
+                in_round = None
                 if lost is None and t + 1 < len(budgets):
                     session.prepare_next_round()    # the shards' keys, while queries are picked
                 if lost is not None:
@@ -151,13 +149,18 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                                           f"{str(lost).strip().splitlines()[0]}") from None
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {first_line(exc)})"
+        if in_round is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                exc.budget_kept = True      # incomplete.json says the eps stays counted
         try:
-            if released:
-                store.mark_failed(ctx.identity, ctx.job_id, what + "; reservation kept: a release "
-                                  "may have happened")
+            if in_round is not None:
+                store.mark_failed(ctx.identity, ctx.job_id, what + f"; round {in_round + 1}'s "
+                                  "clients may have randomized: reservation kept, counted as spent "
+                                  "(a release may have happened)")
             else:               # every round so far is committed; nothing else can be out
                 store.close_job(ctx.identity, ctx.job_id, what + f"; {len(rounds)} round(s) "
-                                "released, the rest of the reservation returned")
+                                "released, the rest of the reservation returned (no client of "
+                                "a later round randomized)")
         except Exception:       # a ledger that cannot be written keeps the reservation counted
             pass
         raise

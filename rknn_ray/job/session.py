@@ -428,8 +428,8 @@ class ProtocolSession:
         try:
             return ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            what = ("the counts may have been released" if released
-                    else "nothing was released")
+            what = ("the counts may have been released" if released   # else: reports it
+                    else "no counts were released")                       # opened stay spent
             raise PartyFailure(_actor_death(f"the {party} died; {what}", exc), party,
                                released) from None
 
@@ -472,7 +472,7 @@ class ProtocolSession:
                 except _SinkDied as died:
                     if not self._closing:
                         errors.append(PartyFailure(_actor_death(
-                            f"the {sink_party} died; nothing was released", died.cause),
+                            f"the {sink_party} died; no counts were released", died.cause),
                             sink_party))
                     return
                 except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
@@ -480,7 +480,7 @@ class ProtocolSession:
                         return
                     if attempt == SHARD_RETRIES:
                         errors.append(PartyFailure(_actor_death(
-                            f"client shard {i} died {attempt + 1} times; nothing was released",
+                            f"client shard {i} died {attempt + 1} times; no counts were released",
                             exc), f"client shard {i}"))
                         return
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
@@ -488,7 +488,7 @@ class ProtocolSession:
                     alive, why = _wait_alive(shard, source)
                     if not alive:
                         errors.append(PartyFailure(_actor_death(
-                            f"client shard {i} died and did not come back; nothing was released",
+                            f"client shard {i} died and did not come back; no counts were released",
                             why or exc), f"client shard {i}"))
                         return
                 except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
@@ -532,15 +532,15 @@ class ProtocolSession:
             if isinstance(exc.as_instanceof_cause(), PrivacyBudgetError):
                 raise PrivacyBudgetError(
                     f"round refused by the shuffler: {stats[0]['senders']} distinct senders, "
-                    f"the target needs {mechanism.min_senders()}; nothing was released") from None
+                    f"the target needs {mechanism.min_senders()}; no counts were released") from None
             raise
         except ray.exceptions.RayActorError as exc:
-            raise PartyFailure(_actor_death("the shuffler died; nothing was released", exc),
+            raise PartyFailure(_actor_death("the shuffler died; no counts were released", exc),
                                "shuffler") from None
         try:
             stats[0] = ray.get(after)
         except ray.exceptions.RayActorError as exc:
-            raise PartyFailure(_actor_death("the shuffler died; nothing was released", exc),
+            raise PartyFailure(_actor_death("the shuffler died; no counts were released", exc),
                                "shuffler") from None
         for hop in hops[1:]:
             ray.get([hop.submit.remote(r) for r in out])
