@@ -6,8 +6,10 @@ after the server has opened reports, and a Server actor killed by SIGKILL mid-ro
 """
 import functools
 import json
+import re
 import signal
 
+import numpy as np
 import pytest
 
 from jobs.budget import main as budget_main
@@ -80,3 +82,179 @@ def test_a_server_killed_mid_round_keeps_the_whole_reservation(
     assert pending["started"]             # settled once this driver (the test) is gone: spent
     assert budget_main(["--ledger", str(isolated_privacy_ledger)]) == 0
     assert "if settled: counted as spent" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- 3. no count of the pool
+
+DIGITS = "jobs/configs/digits_central.yaml"
+
+
+def _with(data, **parts):
+    """``data`` with some of its split's parts replaced (copies: a Splits is read-only)."""
+    import dataclasses
+    return dataclasses.replace(data, splits=dataclasses.replace(data.splits, **parts))
+
+
+def _published(ledger, cfg, data, capsys) -> dict:
+    """Everything a job publishes about its budget source, through the job's own functions:
+    the description (report.json privacy.budget.description, report.html, the console), the
+    budget it reserves against, and `rknn-ray budget` (text and --json), with the source's
+    random name, job id and times left out."""
+    from rknn_ray.accounting.budget_store import job_default_budget
+    from rknn_ray.accounting.source_identity import job_source
+    store = BudgetStore(str(ledger))
+    identity, described, _ = job_source(store, cfg, data)
+    n = len(data.splits.private_y)
+    budget = store.reserve(identity, described, "job", cfg.privacy.eps, cfg.privacy.delta,
+                           job_default_budget(cfg.privacy, n), records=n)
+    capsys.readouterr()
+    assert budget_main(["--ledger", str(ledger), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert budget_main(["--ledger", str(ledger)]) == 0
+    text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d", "WHEN", capsys.readouterr().out
+                  .replace(identity, "ID").replace(str(ledger), "LEDGER"))
+    for r in listed["releases"]:
+        r.pop("updated")
+    listed.pop("identity")
+    return {"description": described, "budget": budget, "spent": store.spent(identity).eps,
+            "listed": listed, "text": "\n".join(line for line in text.splitlines()
+                                                if "age " not in line)}
+
+
+def test_replacing_a_private_record_by_a_public_one_changes_no_published_field(tmp_path, capsys):
+    """Neighbouring datasets (private record 0 replaced by a copy of public record 0) must
+    publish the same budget fields: the old description counted the pool's distinct records
+    (1797 against 1796)."""
+    from rknn_ray.config import load_config
+    from rknn_ray.pipeline import prepare_data
+    cfg = load_config(DIGITS, [])
+    data = prepare_data(cfg)
+    private_x = data.splits.private_x.copy()
+    private_x[0] = data.splits.public_x[0]
+    neighbour = _with(data, private_x=private_x)
+    one = _published(tmp_path / "a.sqlite", cfg, data, capsys)
+    other = _published(tmp_path / "b.sqlite", cfg, neighbour, capsys)
+    assert one == other
+    assert one["description"] == "digits: record pool"
+    assert "1797" not in json.dumps(one) and "1796" not in json.dumps(other)
+
+
+# ---------------------------------------------------------------------- 4. keyed fingerprints
+
+#: the sources table as schema version 2 wrote it (bare fingerprints; verbatim)
+V2_SOURCES = """CREATE TABLE IF NOT EXISTS sources (
+    identity TEXT PRIMARY KEY, dataset TEXT NOT NULL, records INTEGER NOT NULL,
+    min_private INTEGER, fingerprints BLOB NOT NULL)"""
+
+
+def _v2_ledger(path, identity: str, fingerprints) -> None:
+    """A ledger as schema version 2 left it: one source of bare fingerprints, one release."""
+    import sqlite3
+    import time
+    from rknn_ray.accounting.budget_store import TABLES
+    con = sqlite3.connect(str(path), isolation_level=None)
+    for stmt in TABLES:
+        con.execute(V2_SOURCES if "TABLE IF NOT EXISTS sources" in stmt else stmt)
+    con.execute("PRAGMA user_version = 2")
+    now = time.time()
+    con.execute("INSERT INTO datasets VALUES (?, ?, 3.0, 1e-5, ?)",
+                (identity, f"digits: record pool of {len(fingerprints)} records", now))
+    con.execute("INSERT INTO sources VALUES (?, 'digits', ?, 1079, ?)",
+                (identity, len(fingerprints), fingerprints.tobytes()))
+    con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, note, "
+                "created, updated) VALUES (?, 'old-job', NULL, 'released', 1.0, 0, NULL, "
+                "'settled by hand', ?, ?)", (identity, now, now))
+    con.close()
+
+
+def _stored(path) -> bytes:
+    import sqlite3
+    con = sqlite3.connect(str(path))
+    try:
+        return b"".join(b for (b,) in con.execute("SELECT fingerprints FROM sources"))
+    finally:
+        con.close()
+
+
+def test_an_old_ledger_is_keyed_in_place_and_still_finds_its_source(tmp_path):
+    """A v2 ledger held every record's bare BLAKE2b-64: anyone reading the file could test a
+    candidate record. After the migration the file holds only keyed fingerprints (no bare
+    one of any record), the same records still meet their source, and two ledgers key the
+    same records differently."""
+    from rknn_ray.accounting.source_identity import job_source, pool_fingerprints, \
+        record_fingerprints
+    from rknn_ray.config import load_config
+    from rknn_ray.pipeline import prepare_data
+    cfg = load_config(DIGITS, [])
+    data = prepare_data(cfg)
+    bare = pool_fingerprints(data.splits)
+    old = tmp_path / "old.sqlite"
+    _v2_ledger(old, "pool-old", bare)
+    store = BudgetStore(str(old))                       # migrates
+    blob = np.frombuffer(_stored(old), dtype="<u8")
+    assert len(blob) == len(bare) and not np.isin(bare, blob).any()
+    candidate = record_fingerprints(data.splits.private_x[:1])   # a membership test, file alone
+    assert not np.isin(candidate, blob).any()
+    assert np.isin(store.keyed_fingerprints(candidate), blob).all()   # with the key: it works
+    identity, described, _ = job_source(store, cfg, data)
+    assert identity == "pool-old" and described == "digits: record pool"
+    (row,) = store.datasets()
+    assert row["description"] == "digits: record pool" and row["spent"]["eps"] == 1.0
+    fresh = BudgetStore(str(tmp_path / "new.sqlite"))
+    job_source(fresh, cfg, data)
+    assert not np.isin(np.frombuffer(_stored(tmp_path / "new.sqlite"), dtype="<u8"), blob).any()
+
+
+# ---------------------------------------------------------------------- 5. near-duplicates
+
+def _everywhere(data, change):
+    """``data`` with ``change`` applied to every record of every part."""
+    sp = data.splits
+    return _with(data, **{k: change(np.asarray(getattr(sp, k), dtype=np.float32).copy())
+                          for k in ("private_x", "public_x", "eval_x")})
+
+
+def _zero_pixel_plus(x):
+    flat = x.reshape(len(x), -1)
+    flat[:, 0] += 1 / 16                 # digits' pixel 0 is 0 in every record
+    return x
+
+
+TRANSFORMS = {
+    "zero pixel +1/16": _zero_pixel_plus,
+    "x255/256": lambda x: x * np.float32(255 / 256),
+    "one float32 ulp": lambda x: np.nextafter(x, np.float32(np.inf)),
+}
+
+
+@pytest.mark.parametrize("transform", sorted(TRANSFORMS))
+def test_a_copy_changed_on_every_record_still_meets_its_source(tmp_path, transform):
+    from rknn_ray.accounting.source_identity import job_source
+    from rknn_ray.config import load_config
+    from rknn_ray.pipeline import prepare_data
+    cfg = load_config(DIGITS, [])
+    data = prepare_data(cfg)
+    assert not np.asarray(data.splits.private_x).reshape(len(data.splits.private_x), -1)[:, 0].any()
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    identity, _, _ = job_source(store, cfg, data)
+    changed = _everywhere(data, TRANSFORMS[transform])
+    assert not np.array_equal(changed.splits.private_x, data.splits.private_x)
+    assert job_source(store, cfg, changed)[0] == identity
+    assert len(store.datasets()) == 1
+
+
+def test_a_shifted_copy_is_not_recognized_and_unrelated_records_stay_apart(tmp_path):
+    """The limits the docs state: a 1-pixel shift is another pool; records of another data
+    set with the same shape do not merge into it."""
+    from rknn_ray.accounting.source_identity import job_source
+    from rknn_ray.config import load_config
+    from rknn_ray.pipeline import prepare_data
+    cfg = load_config(DIGITS, [])
+    data = prepare_data(cfg)
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    identity, _, _ = job_source(store, cfg, data)
+    shifted = _everywhere(data, lambda x: np.roll(x.reshape(len(x), 8, 8), 1, axis=2).reshape(x.shape))
+    rng = np.random.default_rng(0)
+    unrelated = _everywhere(data, lambda x: rng.integers(0, 17, x.shape).astype(np.float32))
+    assert job_source(store, cfg, shifted)[0] != identity
+    assert job_source(store, cfg, unrelated)[0] != identity

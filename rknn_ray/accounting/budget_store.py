@@ -55,7 +55,7 @@ from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 RESERVED_NOTE = "reserved before any client randomized"
 SLACK = 1e-9           # relative: float sums of fractions of eps must not refuse an exact fit
-SCHEMA_VERSION = 2     # 2: record-pool sources; 0/1: identities from the job's manifest
+SCHEMA_VERSION = 3     # 3: keyed fingerprints; 2: record-pool sources; 0/1: manifest identities
 DEFAULT_DELTA_SHARE = 0.1   # a new source's default delta budget: 1/(10 n)
 
 TABLES = (
@@ -70,10 +70,11 @@ TABLES = (
     created REAL NOT NULL, updated REAL NOT NULL, accounting TEXT, meta TEXT,
     started REAL, driver TEXT)""",
     "CREATE INDEX IF NOT EXISTS releases_by_identity ON releases(identity)",
-    # v2: a source's record pool (fingerprints: sorted unique little-endian uint64)
+    # v2: a source's record pool (fingerprints: sorted unique little-endian uint64; v3: under
+    # the ledger's fingerprint key, and ``near``: the pool's near fingerprints, keyed too)
     """CREATE TABLE IF NOT EXISTS sources (
     identity TEXT PRIMARY KEY, dataset TEXT NOT NULL, records INTEGER NOT NULL,
-    min_private INTEGER, fingerprints BLOB NOT NULL)""",
+    min_private INTEGER, fingerprints BLOB NOT NULL, near BLOB)""",
     # v2: an identity that no longer exists, and the source its releases moved to
     """CREATE TABLE IF NOT EXISTS aliases (
     old TEXT PRIMARY KEY, new TEXT NOT NULL, reason TEXT NOT NULL, created REAL NOT NULL)""",
@@ -116,6 +117,14 @@ def _up(x: float) -> str:
 def _plain(value):
     """JSON for what a run's ledger shows beside a release: numpy scalars as numbers."""
     return value.item() if hasattr(value, "item") else str(value)
+
+
+def _keyed(key: bytes, fingerprints) -> np.ndarray:
+    """Sorted unique keyed BLAKE2b-64 of each 64-bit fingerprint under ``key``."""
+    fp = np.unique(np.asarray(fingerprints, dtype=FINGERPRINT_DTYPE))
+    return np.unique(np.fromiter(
+        (int.from_bytes(hashlib.blake2b(f.tobytes(), key=key, digest_size=8).digest(), "little")
+         for f in fp), dtype=FINGERPRINT_DTYPE, count=len(fp)))
 
 
 @dataclass
@@ -170,12 +179,45 @@ class BudgetStore:
             con.execute("ALTER TABLE releases ADD COLUMN started REAL")
             con.execute("UPDATE releases SET started = updated WHERE status = 'reserved' AND "
                         "COALESCE(note, '') != ?", (RESERVED_NOTE,))
-        if version < SCHEMA_VERSION:
+        if "near" not in {r[1] for r in con.execute("PRAGMA table_info(sources)")}:
+            con.execute("ALTER TABLE sources ADD COLUMN near BLOB")
+        if version < 2:
             # compare's per-method baseline lines ("<digest>/<method>") are not record budgets
             con.execute("INSERT OR IGNORE INTO legacy SELECT identity, description FROM datasets "
                         "WHERE instr(identity, '/') = 0 AND identity NOT IN "
                         "(SELECT identity FROM sources)")
+        if version < 3:
+            # v2 stored bare fingerprints (anyone reading the file could test a record's
+            # membership): key them in place; the same records still find their source
+            con.execute("PRAGMA secure_delete = ON")     # the bare blobs' pages are zeroed
+            key = self._fingerprint_key(con)
+            for ident, blob in con.execute("SELECT identity, fingerprints FROM sources").fetchall():
+                keyed = _keyed(key, np.frombuffer(blob, dtype=FINGERPRINT_DTYPE))
+                con.execute("UPDATE sources SET fingerprints = ? WHERE identity = ?",
+                            (keyed.tobytes(), ident))
+            # v2 descriptions counted the pool's distinct records (a function of the private ones)
+            con.execute("UPDATE datasets SET description = (SELECT s.dataset || ': record pool' "
+                        "FROM sources s WHERE s.identity = datasets.identity) WHERE identity IN "
+                        "(SELECT identity FROM sources)")
+        if version < SCHEMA_VERSION:
             con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @staticmethod
+    def _fingerprint_key(con) -> bytes:
+        """The ledger's secret fingerprint key (made once, from the OS CSPRNG, kept in the
+        ledger: whoever holds the file holds the key)."""
+        row = con.execute("SELECT value FROM meta WHERE key = 'fingerprint_key'").fetchone()
+        if row is None:
+            row = (secrets.token_hex(32),)
+            con.execute("INSERT INTO meta VALUES ('fingerprint_key', ?)", row)
+        return bytes.fromhex(row[0])
+
+    def keyed_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
+        """``fingerprints`` (record_fingerprints / near_fingerprints) as this ledger stores and
+        matches them: each under its fingerprint key (keyed BLAKE2b-64), sorted unique."""
+        with self._transaction() as con:
+            key = self._fingerprint_key(con)
+        return _keyed(key, fingerprints)
 
     def keyed_name(self, digest: str) -> str:
         """``digest`` (of private data) under this ledger's own secret key (HMAC-SHA256).
@@ -193,30 +235,40 @@ class BudgetStore:
 
     # ------------------------------------------------------------------ sources
     def source_identity(self, dataset: str, fingerprints: np.ndarray,
-                        legacy: str | None = None) -> tuple[str, str]:
+                        legacy: str | None = None,
+                        near: np.ndarray | None = None) -> tuple[str, str]:
         """(identity, description) of the source that holds these records, registered now.
 
-        Overlapping sources are merged into the oldest of them (its identity stays); with
-        no overlap, the pool's digest is a new source. Legacy identities (ledgers from
-        before the record-pool identity) are migrated here: ``legacy`` (the job's
+        ``fingerprints``: the records' bare fingerprints (record_fingerprints), ``near``:
+        their near fingerprints (near_fingerprints; None: none); both are stored and matched
+        only under the ledger's key. Sources that share a fingerprint of either kind are
+        merged into the oldest of them (its identity stays); with no overlap, a new source
+        with a random name. The description holds nothing computed from the records (only
+        the dataset's declared name). Legacy identities (ledgers from before the
+        record-pool identity) are migrated here: ``legacy`` (the job's
         :func:`~rknn_ray.accounting.source_identity.private_data_digest`, the identity the
         old code gave it) and every legacy identity of a dataset named ``dataset``.
         """
-        fp = np.unique(np.asarray(fingerprints, dtype=FINGERPRINT_DTYPE))
         with self._transaction() as con:
+            key = self._fingerprint_key(con)
+            fp = _keyed(key, fingerprints)
+            nf = _keyed(key, np.zeros(0) if near is None else near)
             overlapping = []
-            for ident, blob, created in con.execute(
-                    "SELECT s.identity, s.fingerprints, COALESCE(d.created, 0) FROM sources s "
-                    "LEFT JOIN datasets d ON d.identity = s.identity"):
+            for ident, blob, near_blob, created in con.execute(
+                    "SELECT s.identity, s.fingerprints, s.near, COALESCE(d.created, 0) FROM "
+                    "sources s LEFT JOIN datasets d ON d.identity = s.identity"):
                 known = np.frombuffer(blob, dtype=FINGERPRINT_DTYPE)
-                if np.isin(fp, known, assume_unique=True).any():
-                    overlapping.append((created, ident, known))
+                known_near = np.frombuffer(near_blob or b"", dtype=FINGERPRINT_DTYPE)
+                if (np.isin(fp, known, assume_unique=True).any()
+                        or np.isin(nf, known_near, assume_unique=True).any()):
+                    overlapping.append((created, ident, known, known_near))
             overlapping.sort(key=lambda t: (t[0], t[1]))
             # a new source's name is random: report.json publishes it, and a digest of the
             # records would let anyone who knows all but one of them test guesses for it
             survivor = overlapping[0][1] if overlapping else "pool-" + secrets.token_hex(14)
-            pool = np.unique(np.concatenate([fp] + [k for _, _, k in overlapping]))
-            for _, ident, _ in overlapping[1:]:
+            pool = np.unique(np.concatenate([fp] + [t[2] for t in overlapping]))
+            pool_near = np.unique(np.concatenate([nf] + [t[3] for t in overlapping]))
+            for _, ident, *_ in overlapping[1:]:
                 self._merge(con, ident, survivor, f"a job on {dataset} touched records of both "
                             "sources: their releases compose on one budget")
             prefix = dataset.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + " (%"
@@ -224,11 +276,15 @@ class BudgetStore:
                                       "description LIKE ? ESCAPE '\\'", (legacy or "", prefix)).fetchall():
                 self._merge(con, old, survivor, f"migrated: ledger identity from before the "
                             f"record-pool identity, a {dataset} job's")
-            description = f"{dataset}: record pool of {len(pool)} records"
-            con.execute("INSERT INTO sources (identity, dataset, records, min_private, fingerprints) "
-                        "VALUES (?, ?, ?, NULL, ?) ON CONFLICT(identity) DO UPDATE SET "
-                        "records = excluded.records, fingerprints = excluded.fingerprints",
-                        (survivor, dataset, len(pool), pool.astype(FINGERPRINT_DTYPE).tobytes()))
+            # published (report.json, console, `rknn-ray budget`): never a count of the pool,
+            # whose distinct records depend on the private ones
+            description = f"{dataset}: record pool"
+            con.execute("INSERT INTO sources (identity, dataset, records, min_private, fingerprints, "
+                        "near) VALUES (?, ?, ?, NULL, ?, ?) ON CONFLICT(identity) DO UPDATE SET "
+                        "records = excluded.records, fingerprints = excluded.fingerprints, "
+                        "near = excluded.near",
+                        (survivor, dataset, len(pool), pool.astype(FINGERPRINT_DTYPE).tobytes(),
+                         pool_near.astype(FINGERPRINT_DTYPE).tobytes()))
             con.execute("UPDATE datasets SET description = ? WHERE identity = ?",
                         (description, survivor))
         return survivor, description
@@ -311,7 +367,6 @@ class BudgetStore:
                             "released": spend.releases, "reserved": spend.reserved,
                             "kind": ("source" if src else "legacy" if identity in legacy
                                      else "other"),
-                            "records": src[0] if src else None,
                             "min_private": src[1] if src else None,
                             "merged": [{"identity": o, "reason": why} for o, why in con.execute(
                                 "SELECT old, reason FROM aliases WHERE new = ? ORDER BY created",

@@ -7,6 +7,14 @@ another split rule or seed any of them can become private). Each record is finge
 by its features alone (a relabelled copy of a record is still that record), so the
 ledger can tell that two jobs share records even when one uses a subset of the other's
 files (rknn_ray/accounting/budget_store.py matches and merges sources on any overlap).
+The ledger stores these digests only under its own secret key (``BudgetStore.keyed_fingerprints``):
+its file alone does not answer "is this record in a source?" for a reader without the key.
+
+Each record also has a *near* fingerprint, of a coarse quantization of its features scaled
+by their largest magnitude (:func:`near_fingerprints`): a copy changed by less than half a
+step on every feature (one float32 ulp, x255/256, +1/16 on an always-zero digits pixel) has
+the same one, so the sources still meet. A match of either kind only ever merges sources
+(more conservative); a shifted or otherwise rearranged copy is not recognized.
 
 :func:`private_data_digest` is the older, narrower digest (the private part as one job
 split and partitioned it). It no longer keys the budget; under the ledger's secret key it
@@ -35,11 +43,48 @@ def record_fingerprints(x: np.ndarray) -> np.ndarray:
     return np.unique(out)
 
 
-def pool_fingerprints(splits) -> np.ndarray:
-    """Fingerprints of every record a job's split loaded (private + public + evaluation)."""
-    parts = [record_fingerprints(x) for x in (splits.private_x, splits.public_x, splits.eval_x)
+#: quantization steps between 0 and a record's largest |feature| (near fingerprints), and
+#: where the steps' boundaries sit: a feature at 0 keeps its code up to +0.075 of the largest
+#: (+1/16 on a digits pixel), and no value k/15 or k/16 of the largest lies on a boundary
+NEAR_LEVELS = 4
+NEAR_OFFSET = 0.2
+#: records with fewer features get no near fingerprint: their coarse codes are too few to
+#: keep unrelated data sets apart
+NEAR_MIN_FEATURES = 16
+
+
+def near_fingerprints(x: np.ndarray) -> np.ndarray:
+    """Sorted unique 64-bit fingerprints of each record's coarse form: its features divided
+    by their largest magnitude, in steps of 1/NEAR_LEVELS (boundaries moved by NEAR_OFFSET;
+    blake2b, a domain tag apart from :func:`record_fingerprints`). Empty for records of
+    fewer than NEAR_MIN_FEATURES features."""
+    a = np.asarray(x, dtype="<f4").reshape(len(x), -1).astype(np.float64)
+    if len(a) == 0 or a.shape[1] < NEAR_MIN_FEATURES:
+        return np.zeros(0, FINGERPRINT_DTYPE)
+    scale = np.abs(a).max(axis=1, keepdims=True)
+    scale[~(scale > 0) | ~np.isfinite(scale)] = 1.0
+    q = np.clip(np.floor(np.nan_to_num(a / scale) * NEAR_LEVELS + 0.5 + NEAR_OFFSET),
+                -NEAR_LEVELS - 1, NEAR_LEVELS + 1).astype("<i1")
+    tag = b"near%d+%g:" % (NEAR_LEVELS, NEAR_OFFSET)
+    out = np.fromiter((int.from_bytes(hashlib.blake2b(tag + r.tobytes(), digest_size=8).digest(),
+                                      "little") for r in q), dtype=FINGERPRINT_DTYPE, count=len(q))
+    return np.unique(out)
+
+
+def _pool(splits, fingerprint) -> np.ndarray:
+    parts = [fingerprint(x) for x in (splits.private_x, splits.public_x, splits.eval_x)
              if len(x)]
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, FINGERPRINT_DTYPE)
+
+
+def pool_fingerprints(splits) -> np.ndarray:
+    """Fingerprints of every record a job's split loaded (private + public + evaluation)."""
+    return _pool(splits, record_fingerprints)
+
+
+def pool_near_fingerprints(splits) -> np.ndarray:
+    """Near fingerprints (:func:`near_fingerprints`) of every record a job's split loaded."""
+    return _pool(splits, near_fingerprints)
 
 
 def private_data_digest(cfg, private_x: np.ndarray, private_y: np.ndarray,
@@ -72,7 +117,7 @@ def job_source(store, cfg, data) -> tuple[str, str, str]:
     sp = data.splits
     digest, _ = private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)
     identity, described = store.source_identity(cfg.data.dataset, pool_fingerprints(sp),
-                                                legacy=digest)
+                                                legacy=digest, near=pool_near_fingerprints(sp))
     return identity, described, store.keyed_name(digest)
 
 
