@@ -34,6 +34,12 @@ time) is rknn_ray/accounting/ledger_file.py.
 Ledgers written before the record-pool identity (schema version 0/1) are migrated
 explicitly: their identities are listed as *legacy*, and the first job on a dataset of
 the same name moves their releases (and budget) onto its source (see ``aliases``).
+Schema 2 stored bare fingerprints: opening it keys them in place under the ledger's
+fingerprint key (kept in ``meta``, so whoever reads the file holds it too).
+
+A reservation is *started* (its ``started`` column) before its first client may
+randomize; ``settle`` counts a started reservation as spent and returns only one that
+never started.
 """
 from __future__ import annotations
 
