@@ -58,16 +58,20 @@ def near_fingerprints(x: np.ndarray) -> np.ndarray:
     by their largest magnitude, in steps of 1/NEAR_LEVELS (boundaries moved by NEAR_OFFSET;
     blake2b, a domain tag apart from :func:`record_fingerprints`). Empty for records of
     fewer than NEAR_MIN_FEATURES features."""
-    a = np.asarray(x, dtype="<f4").reshape(len(x), -1).astype(np.float64)
-    if len(a) == 0 or a.shape[1] < NEAR_MIN_FEATURES:
+    x = np.asarray(x).reshape(len(x), -1)
+    if len(x) == 0 or x.shape[1] < NEAR_MIN_FEATURES:
         return np.zeros(0, FINGERPRINT_DTYPE)
-    scale = np.abs(a).max(axis=1, keepdims=True)
-    scale[~(scale > 0) | ~np.isfinite(scale)] = 1.0
-    q = np.clip(np.floor(np.nan_to_num(a / scale) * NEAR_LEVELS + 0.5 + NEAR_OFFSET),
-                -NEAR_LEVELS - 1, NEAR_LEVELS + 1).astype("<i1")
     tag = b"near%d+%g:" % (NEAR_LEVELS, NEAR_OFFSET)
-    out = np.fromiter((int.from_bytes(hashlib.blake2b(tag + r.tobytes(), digest_size=8).digest(),
-                                      "little") for r in q), dtype=FINGERPRINT_DTYPE, count=len(q))
+    out = np.empty(len(x), FINGERPRINT_DTYPE)
+    for start in range(0, len(x), 4096):           # a chunk's float32 copy at a time
+        a = x[start:start + 4096].astype("<f4")
+        if not np.isfinite(a).all():
+            a = np.nan_to_num(a, posinf=0.0, neginf=0.0)
+        scale = np.abs(a).max(axis=1, keepdims=True)
+        scale[~(scale > 0)] = 1.0
+        q = np.floor(a / scale * NEAR_LEVELS + (0.5 + NEAR_OFFSET)).astype("<i1")
+        out[start:start + len(q)] = [int.from_bytes(hashlib.blake2b(
+            tag + r.tobytes(), digest_size=8).digest(), "little") for r in q]
     return np.unique(out)
 
 
