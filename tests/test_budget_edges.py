@@ -147,6 +147,15 @@ V2_SOURCES = """CREATE TABLE IF NOT EXISTS sources (
     min_private INTEGER, fingerprints BLOB NOT NULL)"""
 
 
+#: the releases table as schema version 2 wrote it (no started / driver columns; verbatim)
+V2_RELEASES = """CREATE TABLE IF NOT EXISTS releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, identity TEXT NOT NULL REFERENCES datasets(identity),
+    job_id TEXT NOT NULL, round INTEGER, status TEXT NOT NULL CHECK (status IN
+        ('reserved', 'released', 'unused')),
+    eps REAL NOT NULL, delta REAL NOT NULL, event TEXT, note TEXT,
+    created REAL NOT NULL, updated REAL NOT NULL, accounting TEXT, meta TEXT)"""
+
+
 def _v2_ledger(path, identity: str, fingerprints) -> None:
     """A ledger as schema version 2 left it: one source of bare fingerprints, one release."""
     import sqlite3
@@ -154,7 +163,8 @@ def _v2_ledger(path, identity: str, fingerprints) -> None:
     from rknn_ray.accounting.budget_store import TABLES
     con = sqlite3.connect(str(path), isolation_level=None)
     for stmt in TABLES:
-        con.execute(V2_SOURCES if "TABLE IF NOT EXISTS sources" in stmt else stmt)
+        con.execute(V2_SOURCES if "TABLE IF NOT EXISTS sources" in stmt else
+                    V2_RELEASES if "TABLE IF NOT EXISTS releases" in stmt else stmt)
     con.execute("PRAGMA user_version = 2")
     now = time.time()
     con.execute("INSERT INTO datasets VALUES (?, ?, 3.0, 1e-5, ?)",
@@ -259,3 +269,39 @@ def test_a_shifted_copy_is_not_recognized_and_unrelated_records_stay_apart(tmp_p
     unrelated = _everywhere(data, lambda x: rng.integers(0, 17, x.shape).astype(np.float32))
     assert job_source(store, cfg, shifted)[0] != identity
     assert job_source(store, cfg, unrelated)[0] != identity
+
+
+# ---------------------------------------------------------------------- 1. (the state, migrated)
+
+def test_an_old_ledger_s_overwritten_note_still_counts_as_started(tmp_path):
+    """A v2 ledger knew 'started' only from the note, which the failure path overwrote: on
+    opening, every open reservation whose note is no longer the reservation's own counts as
+    started (and is settled as spent); an untouched one is still returned."""
+    from rknn_ray.accounting.budget_store import settle
+    _v2_ledger(tmp_path / "old.sqlite", "pool-old", np.arange(10, dtype="<u8"))
+    import sqlite3
+    con = sqlite3.connect(str(tmp_path / "old.sqlite"), isolation_level=None)
+    for job, note in (("failed", "job failed (JobInterrupted: SIGTERM); reservation kept: a "
+                                 "release may have happened"),
+                      ("early", "reserved before any client randomized")):
+        con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
+                    "note, created, updated) VALUES ('pool-old', ?, NULL, 'reserved', 1.0, 0, "
+                    "NULL, ?, 0, 0)", (job, note))
+    con.close()
+    store = BudgetStore(str(tmp_path / "old.sqlite"))
+    assert {r["job_id"]: r["started"] for r in open_reservations(store)} == {"failed": True,
+                                                                             "early": False}
+    assert [r["status"] for r in settle(store, "failed")] == ["released"]
+    assert [r["status"] for r in settle(store, "early")] == ["unused"]
+
+
+def test_a_reservation_settled_before_its_job_started_stops_the_job(tmp_path):
+    """settle may return a reservation whose driver it cannot see (another host, or before
+    the job recorded its driver): the job must then refuse to let any client randomize."""
+    from rknn_ray.accounting.budget_store import mark_started, settle
+    from rknn_ray.errors import PrivacyBudgetError
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("d", "data", "job", 1.0, 0.0, (10.0, 0.0))
+    assert [r["status"] for r in settle(store, "job")] == ["unused"]
+    with pytest.raises(PrivacyBudgetError, match="no open reservation.*no client may randomize"):
+        mark_started(store, "d", "job")
