@@ -298,9 +298,13 @@ def test_an_old_ledger_s_overwritten_note_still_counts_as_started(tmp_path):
 def test_a_reservation_settled_before_its_job_started_stops_the_job(tmp_path):
     """settle may return a reservation whose driver it cannot see (another host, or before
     the job recorded its driver): the job must then refuse to let any client randomize."""
-    from rknn_ray.accounting.budget_store import mark_started, settle
+    from rknn_ray.accounting.budget_store import mark_driver, mark_started, settle
     from rknn_ray.errors import PrivacyBudgetError
     store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("d", "data", "mine", 1.0, 0.0, (10.0, 0.0))
+    mark_driver(store, "d", "mine")                # a job (this process) still preparing
+    with pytest.raises(PrivacyBudgetError, match="still running"):
+        settle(store, "mine")
     store.reserve("d", "data", "job", 1.0, 0.0, (10.0, 0.0))
     assert [r["status"] for r in settle(store, "job")] == ["unused"]
     with pytest.raises(PrivacyBudgetError, match="no open reservation.*no client may randomize"):

@@ -663,12 +663,24 @@ def _driver_alive(driver: str | None, note: str | None) -> bool | None:
     return True
 
 
+def _this_driver() -> str:
+    return f"{os.getpid()} on {socket.gethostname()}"
+
+
+def mark_driver(store: "BudgetStore", identity: str, job_id: str) -> None:
+    """Record which driver process holds the job's reservation (settle refuses while it runs),
+    from the moment it is made: a job still preparing is not settled from under it."""
+    with store._transaction() as con:
+        con.execute("UPDATE releases SET driver = ? WHERE identity = ? AND job_id = ? AND "
+                    "status = 'reserved'", (_this_driver(), identity, job_id))
+
+
 def mark_started(store: "BudgetStore", identity: str, job_id: str) -> None:
     """Record on the job's reservation that its clients may randomize from now on (the
     ``started`` state, and which driver process holds it): before this, the job provably
     released nothing. Refused (PrivacyBudgetError) when the reservation is no longer open
     (settled by hand while the job prepared): no client may randomize without one."""
-    now, driver = time.time(), f"{os.getpid()} on {socket.gethostname()}"
+    now, driver = time.time(), _this_driver()
     note = (f"{STARTED_NOTE} since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))} "
             f"(driver pid {driver}); a release may happen")
     with store._transaction() as con:

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
+from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget, mark_driver
 from rknn_ray.accounting.source_identity import job_source, legacy_release_name
 from rknn_ray.errors import DataError, first_line
 from rknn_ray.job.context import JobContext
@@ -169,6 +169,7 @@ def _reserve(ctx: JobContext, ray_up: Callable[[], None]) -> None:
                                    job_default_budget(p, len(sp.private_y)),
                                    accountant=p.accountant, records=len(sp.private_y))
     try:
+        mark_driver(ctx.store, ctx.identity, ctx.job_id)     # not settled while this job runs
         progress.say(f"privacy budget of {ctx.described}: eps={ctx.budget[0]:g}, "
                      f"delta={ctx.budget[1]:g}; this job reserved eps={p.eps:g} "
                      f"(ledger {ctx.store.path})")
