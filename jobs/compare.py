@@ -159,12 +159,14 @@ def baseline_ledger(store, setup, method: str, target_eps: float, delta: float, 
     neighbour relations of different methods do not compose), reserved for the target
     before the baseline touches private data."""
     from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.accounting.budget_store import mark_started
     from rknn_ray.accounting.source_identity import private_data_digest
     sp = setup.splits
     identity, described = private_data_digest(setup.cfg, sp.private_x, sp.private_y,
                                               setup.data.client_ids)
     ident = f"{identity}/{method}"
     store.reserve(ident, f"{described} [{method}]", job_id, target_eps, delta, (1e9, 1.0))
+    mark_started(store, ident, job_id)      # the baseline may release from here: settled as spent
     return PrivacyLedger(store=store, identity=ident, job_id=job_id)
 
 
