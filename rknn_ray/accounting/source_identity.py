@@ -11,9 +11,9 @@ The ledger stores these digests only under its own secret key (``BudgetStore.key
 its file alone does not answer "is this record in a source?" for a reader without the key.
 
 Each record also has a *near* fingerprint, of a coarse quantization of its features scaled
-by their largest magnitude (:func:`near_fingerprints`): a copy changed by less than half a
-step on every feature (one float32 ulp, x255/256, +1/16 on an always-zero digits pixel) has
-the same one, so the sources still meet. A match of either kind only ever merges sources
+by their largest magnitude (:func:`near_fingerprints`): a copy whose every feature stays
+within its step (one float32 ulp, x255/256, +1/16 on an always-zero digits pixel) has the
+same one, so the sources still meet. A match of either kind only ever merges sources
 (more conservative); a shifted or otherwise rearranged copy is not recognized.
 
 :func:`private_data_digest` is the older, narrower digest (the private part as one job
