@@ -84,6 +84,20 @@ def copy_file(src: str, path: str) -> None:
         shutil.copyfile(src, tmp)
 
 
+def save_torch(path: str, obj) -> None:
+    """``torch.save(obj)`` onto ``path`` atomically. Serialized in memory first and written
+    with Python's own file calls: torch's C++ writer reports a full disk as a bare
+    RuntimeError (``inline_container.cc``), this way it is an OSError naming the file
+    (:class:`~rknn_ray.errors.OutOfSpaceError`) and no partial file is left."""
+    import io
+
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(buf.getbuffer())
+
+
 def _jsonable(obj):
     if isinstance(obj, (np.integer,)):
         return int(obj)

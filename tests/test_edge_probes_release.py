@@ -154,3 +154,85 @@ def test_overwrite_keeps_the_old_run_when_the_new_job_is_refused(
     assert len(_error_lines(err)) == 1 and "Traceback" not in err
     after = {name: (tmp_path / "old" / name).read_bytes() for name in os.listdir(old)}
     assert after == before                       # nothing deleted, nothing written
+
+
+# ---------------------------------------------------------------------- 10. shard secrets after a death
+
+@pytest.mark.parametrize("faulty,party,config", [
+    ("ServerDyingAtOpen", "server", "digits_local.yaml"),
+    ("ShufflerDyingAtSubmit", "shuffler", "digits_shuffle.yaml")])
+def test_live_shards_delete_their_secrets_after_a_server_or_shuffler_death(
+        ray_session, tmp_path, monkeypatch, capsys, faulty, party, config):
+    """The Server (local model) or the Shuffler dies as the first batch reaches it, while the
+    shards still stream (one client a batch: their streams block on backpressure). The job
+    fails naming the party, and the live shards have deleted their shard-*.key files (the
+    threat model: live shards delete them on close), the job's key folder with them."""
+    import functools
+
+    import jobs.distill as distill
+    from rknn_ray.job.session import Parties
+    from tests import faulty_parties
+    monkeypatch.setattr(distill, "run", functools.partial(
+        distill.run, parties=Parties(**{party: getattr(faulty_parties, faulty)})))
+    keys = tmp_path / "keys"
+    code = main(_args(config, tmp_path / "run", f"cluster.key_store={keys}",
+                      "cluster.batch_clients=1"))
+    err = capsys.readouterr().err
+    assert code == 2 and f"the {party} died; nothing was released" in err, err
+    assert keys.is_dir() and os.listdir(keys) == []     # the job's folder and every key gone
+
+
+# ---------------------------------------------------------------------- 11. a full disk at student.pt
+
+def _private_mount() -> list[str] | None:
+    """The command prefix that runs a process in its own mount namespace where it may mount a
+    tmpfs (root: unshare -m; else a user namespace: unshare -rm), None where neither works."""
+    import subprocess
+    import tempfile
+    prefix = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+    with tempfile.TemporaryDirectory() as probe:
+        try:
+            done = subprocess.run([*prefix, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                   probe], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    return prefix if done.returncode == 0 else None
+
+
+@pytest.mark.parametrize("trainer", ["local", "ray"])
+def test_a_full_disk_at_student_pt_is_one_line_leaves_no_partial_file_and_resumes(
+        tmp_path, trainer):
+    """The run folder's file system fills up as the student starts (a real 4 MiB tmpfs,
+    tests/full_disk_job.py): exit 2 with one line "out of disk space writing <path>" and the
+    fix, no traceback (torch's inline_container.cc, Ray Train's worker errors), no student.pt
+    or Ray Train checkpoint_*/payload.pt left, and the saved release resumes once there is
+    space again."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    prefix = _private_mount()
+    if prefix is None:
+        pytest.skip("no private mount namespace here (unshare -m / -rm) for a small tmpfs")
+    root = Path(__file__).resolve().parents[1]
+    mount, result = tmp_path / "disk", tmp_path / "result.json"
+    mount.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, in its namespace
+    env.update(PYTHONPATH=str(root), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+               RKNN_RAY_LEDGER=str(tmp_path / "ledger.sqlite"))
+    done = subprocess.run([*prefix, sys.executable, str(root / "tests" / "full_disk_job.py"),
+                           str(mount), str(result), trainer], cwd=root, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    text = done.stdout.split("RESUMING")[0]
+    assert done.returncode == 0 and result.exists(), done.stdout
+    got = json.loads(result.read_text())
+    assert got["code"] == 2, text
+    (line,) = _error_lines(text)
+    assert "out of disk space writing " in line and "Fix: free space" in line, line
+    assert ("/run/student.pt" in line) if trainer == "local" else ("/run/student-" in line)
+    # Ray's TrainController may print a traceback of its own as Ray shuts down after a failed
+    # fit (autoscaling_coordinator_client, a Ray-internal race): not the job's, not the worker's
+    ours = "\n".join(ln for ln in text.splitlines() if "(TrainController pid=" not in ln)
+    assert "Traceback" not in ours and "inline_container" not in ours, text
+    assert got["files"] == ["config.yaml", "incomplete.json", "release.npz"], got["files"]
+    assert got["incomplete"]["release_saved"] is True
+    assert got["resume_code"] == 0 and "report.json" in got["resumed"], done.stdout
