@@ -156,7 +156,7 @@ def test_overwrite_keeps_the_old_run_when_the_new_job_is_refused(
     assert after == before                       # nothing deleted, nothing written
 
 
-# ---------------------------------------------------------------------- 10. shard secrets after a death
+# ---------------------------------------------------------------------- 10. secrets after a death
 
 @pytest.mark.parametrize("faulty,party,config", [
     ("ServerDyingAtOpen", "server", "digits_local.yaml"),
@@ -182,7 +182,7 @@ def test_live_shards_delete_their_secrets_after_a_server_or_shuffler_death(
     assert keys.is_dir() and os.listdir(keys) == []     # the job's folder and every key gone
 
 
-# ---------------------------------------------------------------------- 11. a full disk at student.pt
+# ---------------------------------------------------------------------- 11. full disk at student.pt
 
 def _private_mount() -> list[str] | None:
     """The command prefix that runs a process in its own mount namespace where it may mount a
@@ -216,7 +216,7 @@ def test_a_full_disk_at_student_pt_is_one_line_leaves_no_partial_file_and_resume
     root = Path(__file__).resolve().parents[1]
     mount, result = tmp_path / "disk", tmp_path / "result.json"
     mount.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, in its namespace
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own Ray, in there
     env.update(PYTHONPATH=str(root), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
                RKNN_RAY_LEDGER=str(tmp_path / "ledger.sqlite"))
     done = subprocess.run([*prefix, sys.executable, str(root / "tests" / "full_disk_job.py"),

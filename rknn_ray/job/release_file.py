@@ -84,8 +84,8 @@ def check_release(run_dir: str, key: bytes) -> None:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same refusal
-        raise DataError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)}). Fix: restore "
-                        "the file from a backup; its budget stays spent") from None
+        raise DataError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)}). "
+                        "Fix: restore the file from a backup; its budget stays spent") from None
     if TAG not in arrays:
         raise DataError(f"{path} carries no authentication tag (saved before release files "
                         "were tagged, or the tag was removed), so its counts cannot be checked. "

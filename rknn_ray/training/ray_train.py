@@ -58,7 +58,7 @@ def train_loop_per_worker(config: dict) -> None:
     if rank == 0:
         with tempfile.TemporaryDirectory() as tmp:
             torch.save(payload, os.path.join(tmp, PAYLOAD_FILE))
-            try:         # Train copies the checkpoint into its storage (the run folder's student-*/)
+            try:         # Train copies it into its storage (the run folder's student-*/)
                 ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
             except Exception as exc:
                 if disk_full(exc):       # one line at the driver, not Train's traceback
