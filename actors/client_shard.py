@@ -42,6 +42,9 @@ from sealing.encapsulation import EncapsulationPool
 from sealing.envelope import SERVER_LAYER, layer_info
 
 
+#: the concurrency group of the call that ends a shard's job (see forget_secret)
+CLOSING = "closing"
+
 #: a shard keeps its records' embeddings across rounds up to this size (a job's encoder is
 #: fixed; Fashion-MNIST's HOG+PCA of 30,000 records: ~6 CPU s a round, 7.7 MB kept)
 EMBED_KEEP_MB = 256
@@ -175,8 +178,13 @@ class ClientShardImpl:
         return {"timings": dict(self.timings), "node": ray.get_runtime_context().get_node_id(),
                 "keys_made_ahead": int(ahead)}
 
+    @ray.method(concurrency_group=CLOSING)
     def forget_secret(self) -> bool:
-        """Delete this shard's stored secret (the job's rounds are over); True if one was."""
+        """Delete this shard's stored secret (the job's rounds are over); True if one was.
+
+        Runs in its own concurrency group: after a Server or Shuffler death the shard's
+        round call may still be blocked on its stream's backpressure (nobody consumes it
+        any more), and a call queued behind it would never delete the file."""
         return self._secrets.forget(self.shard_id)
 
 
@@ -189,8 +197,10 @@ def round_recipients(spec: RoundSpec) -> list[tuple[bytes, bytes]]:
     return out
 
 
-#: a shard that dies is restarted (it re-sends the same reports); its tasks are not retried
-SHARD_ACTOR_OPTIONS = {"max_restarts": 2, "max_task_retries": 0}
+#: a shard that dies is restarted (it re-sends the same reports); its tasks are not retried;
+#: forget_secret runs beside a round call still blocked in its stream (its own thread)
+SHARD_ACTOR_OPTIONS = {"max_restarts": 2, "max_task_retries": 0,
+                       "concurrency_groups": {CLOSING: 1}}
 
 
 def remote_class(impl: type = ClientShardImpl):

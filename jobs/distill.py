@@ -21,7 +21,7 @@ from rknn_ray.errors import RknnError
 from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
 from rknn_ray.job.resume import resume_config
 from rknn_ray.rng import check_consent
-from rknn_ray.runio import prepare_run_dir
+from rknn_ray.runio import prepare_run_dir, unfinished_release
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -55,12 +55,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
-        ledger_path: str | None = None, resume: bool = False, parties=None) -> dict:
+        ledger_path: str | None = None, resume: bool = False, parties=None,
+        replace_old_run: bool = False) -> dict:
     """The job (:func:`rknn_ray.job.run`) for a validated ``cfg`` into the prepared
     ``out_dir``, with this process's signal handling; returns the report."""
     from rknn_ray.job import run as run_job
     return run_job(cfg, out_dir, key_file=key_file, progress=progress, ledger_path=ledger_path,
-                   resume=resume, parties=parties, start_ray=_start_ray).report
+                   resume=resume, parties=parties, start_ray=_start_ray,
+                   replace_old_run=replace_old_run).report
 
 
 def _start_ray() -> bool:
@@ -102,13 +104,15 @@ def _main(args) -> int:
         if not args.resume:
             out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             created = not os.path.exists(out)
+            # --overwrite: the old run stays until the new job has its budget reserved
             out = prepare_run_dir(out, overwrite=args.overwrite,
-                                  discard_release=args.discard_release)
+                                  discard_release=args.discard_release, replace_at_start=True)
         owned = True
         from rknn_ray.job.progress import Progress
         progress = Progress.for_console(cfg.run.progress, quiet=args.quiet)
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
-                     resume=bool(args.resume), progress=progress)
+                     resume=bool(args.resume), progress=progress,
+                     replace_old_run=bool(args.overwrite and not args.resume))
     except (KeyboardInterrupt, Exception) as exc:
         interrupt = signals.as_interrupt(exc)
         if interrupt is not None:
@@ -120,7 +124,7 @@ def _main(args) -> int:
         if owned and out and os.path.isdir(out):
             if created and not os.listdir(out):
                 os.rmdir(out)                 # leave no empty run folder behind
-            elif not os.path.exists(os.path.join(out, "report.json")):
+            elif unfinished_release(out) or not os.path.exists(os.path.join(out, "report.json")):
                 line += "; " + record_incomplete(out, message, exc)
         print(line, file=sys.stderr)
         if interrupt is not None:

@@ -84,6 +84,20 @@ def copy_file(src: str, path: str) -> None:
         shutil.copyfile(src, tmp)
 
 
+def save_torch(path: str, obj) -> None:
+    """``torch.save(obj)`` onto ``path`` atomically. Serialized in memory first and written
+    with Python's own file calls: torch's C++ writer reports a full disk as a bare
+    RuntimeError (``inline_container.cc``), this way it is an OSError naming the file
+    (:class:`~rknn_ray.errors.OutOfSpaceError`) and no partial file is left."""
+    import io
+
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(buf.getbuffer())
+
+
 def _jsonable(obj):
     if isinstance(obj, (np.integer,)):
         return int(obj)
@@ -114,17 +128,40 @@ def write_parquet(path: str, table) -> None:
         pq.write_table(table, tmp)
 
 
-def prepare_run_dir(path: str, overwrite: bool = False, discard_release: bool = False) -> str:
+def unfinished_release(path: str) -> bool:
+    """Whether the run folder holds a release.npz that no report.json finished: its budget is
+    spent and only ``--resume`` can finish it. Only a report of that same release (its job
+    id) finishes it: a malformed, foreign or half-edited report.json never hides a release,
+    and an unreadable release counts as unfinished (it is never deleted by accident)."""
+    release = os.path.join(path, RELEASE_FILE)
+    if not os.path.isfile(release):
+        return False
+    try:
+        with np.load(release, allow_pickle=False) as z:
+            saved = json.loads(str(z["meta"]))["job_id"]
+        with open(os.path.join(path, RUN_MARKER)) as fh:
+            report = json.load(fh)
+    except Exception:  # noqa: BLE001 - anything unreadable: the release is not known finished
+        return True
+    return not (isinstance(report, dict) and isinstance(saved, str)
+                and report.get("job_id") == saved)
+
+
+def prepare_run_dir(path: str, overwrite: bool = False, discard_release: bool = False,
+                    replace_at_start: bool = False) -> str:
     """Create the run folder; refuse one that holds another run unless ``overwrite``.
 
     A folder whose release.npz was never finished holds budget already spent: it is
     pointed to ``--resume``, and ``overwrite`` deletes it only with ``discard_release``.
+    ``replace_at_start``: the old run's files stay until the new job starts work (it calls
+    :func:`clear_old_run` once its budget is reserved), so a job refused before that (its
+    budget, its config, its ledger) leaves the old run as it was.
     """
     path = os.path.abspath(path)
     if os.path.isfile(path):
         raise ConfigError("--out", f"{path} is a file", "pass a folder path for the run")
-    complete = os.path.exists(os.path.join(path, RUN_MARKER))
-    unresumed = not complete and os.path.exists(os.path.join(path, RELEASE_FILE))
+    unresumed = unfinished_release(path)
+    complete = not unresumed and os.path.exists(os.path.join(path, RUN_MARKER))
     if unresumed and not (overwrite and discard_release):
         raise ConfigError("--out", f"{path} holds a saved release (release.npz) that was never "
                           "finished: its privacy budget is already spent",
@@ -137,13 +174,8 @@ def prepare_run_dir(path: str, overwrite: bool = False, discard_release: bool = 
         if not complete and not overwrite:
             raise ConfigError("--out", f"{path} exists and is not empty",
                               "choose a new or empty --out folder, or pass --overwrite")
-    if overwrite and os.path.isdir(path):
-        import shutil
-        for name in RUN_FILES:
-            if os.path.isfile(os.path.join(path, name)):
-                os.unlink(os.path.join(path, name))
-        shutil.rmtree(os.path.join(path, "diagnostics"), ignore_errors=True)
-        remove_train_storage(path)
+    if overwrite and os.path.isdir(path) and not replace_at_start:
+        clear_old_run(path)
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, ".write-test")
@@ -154,6 +186,16 @@ def prepare_run_dir(path: str, overwrite: bool = False, discard_release: bool = 
         raise ConfigError("--out", f"cannot write the run folder {path} ({exc.strerror or exc})",
                           "choose a folder you can write to") from None
     return path
+
+
+def clear_old_run(path: str) -> None:
+    """Delete an earlier run's files from the folder (what ``--overwrite`` replaces)."""
+    import shutil
+    for name in RUN_FILES:
+        if os.path.isfile(os.path.join(path, name)):
+            os.unlink(os.path.join(path, name))
+    shutil.rmtree(os.path.join(path, "diagnostics"), ignore_errors=True)
+    remove_train_storage(path)
 
 
 def remove_train_storage(path: str) -> None:

@@ -103,6 +103,14 @@ class ServerKilledWhileOpening(ServerImpl):
         return rows
 
 
+class ServerDyingAtOpen(ServerImpl):
+    """The server process dies as the first client batch reaches it (the clients' stage, no
+    shuffler): nothing was released, and the shards are still streaming."""
+
+    def submit(self, *args, **kwargs):
+        os._exit(1)
+
+
 class ShufflerDyingAtShuffle(ShufflerImpl):
     """The shuffler process dies when the driver asks it to shuffle (after every client
     has sent): nothing was released."""

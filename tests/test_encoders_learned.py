@@ -162,6 +162,13 @@ def test_the_job_starts_ray_before_an_encoder_that_trains_on_it(
     monkeypatch.setattr(rknn_ray.pipeline, "fit_queries", fit_queries)
     out = tmp_path / "run"
     out.mkdir()
+    if resume:           # a saved release, tagged under this ledger's key (resume checks it first)
+        from rknn_ray.job.release_file import TAG, release_tag, release_tag_key
+        arrays = {"meta": np.array('{"job_id": "0123abcd"}')}
+        arrays[TAG] = np.array(release_tag(release_tag_key(
+            BudgetStore(str(isolated_privacy_ledger))), arrays))
+        with open(out / "release.npz", "wb") as fh:
+            np.savez(fh, **arrays)
     with pytest.raises(RuntimeError, match="stop after the encoder"):
         run(cfg, str(out), resume=resume, start_ray=start_ray)
     assert events == expected

@@ -27,9 +27,19 @@ def _saved_run(tmp_path, *files):
 def test_resume_needs_a_saved_release_and_an_unfinished_run(tmp_path):
     with pytest.raises(ConfigError, match="has no release.npz"):
         resume_config(str(_saved_run(tmp_path)))
-    done = _saved_run(tmp_path / "b", "release.npz", "report.json")
+    import json
+
+    import numpy as np
+    done = _saved_run(tmp_path / "b")
+    with open(done / "release.npz", "wb") as fh:
+        np.savez(fh, meta=np.array(json.dumps({"job_id": "0123abcd"})))
+    (done / "report.json").write_text(json.dumps({"job_id": "0123abcd"}))
     with pytest.raises(ConfigError, match="already complete"):
         resume_config(str(done))
+    # a report.json of another job, or a malformed one, finishes nothing (issue 34 item 7)
+    for report in ('{"job_id": "ffffffff"}', '{"job_id": "0123', "[]"):
+        (done / "report.json").write_text(report)
+        assert resume_config(str(done)).privacy.eps == load_config(CONFIG).privacy.eps
 
 
 def test_resume_takes_the_folders_config_with_post_release_overrides_only(tmp_path):

@@ -239,6 +239,16 @@ class BudgetStore:
         return "hmac-" + hmac.new(bytes.fromhex(row[0]), digest.encode(),
                                   hashlib.sha256).hexdigest()[:32]
 
+    def purpose_key(self, purpose: str) -> bytes:
+        """A 32-byte key for one use (``purpose``, e.g. "release.npz"), derived from the
+        ledger's secret ``name_key`` (made on first use): HMAC-SHA256 over a label that no
+        hex digest given to :meth:`keyed_name` can equal, so the uses never share a key."""
+        self.keyed_name("")                   # makes the ledger's key if it has none yet
+        with self._connect() as con:
+            (key,) = con.execute("SELECT value FROM meta WHERE key = 'name_key'").fetchone()
+        return hmac.new(bytes.fromhex(key), f"rknn-ray purpose: {purpose}".encode(),
+                        hashlib.sha256).digest()
+
     # ------------------------------------------------------------------ sources
     def source_identity(self, dataset: str, fingerprints: np.ndarray,
                         legacy: str | None = None,

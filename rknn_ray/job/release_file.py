@@ -4,24 +4,55 @@ Written atomically after every round (counts, that round's queries, its guarante
 event, its counts of messages and rejects), so a job that fails after a release --
 in labeling, in the student, on an interrupt -- can be finished from the saved release
 with ``--resume RUN`` instead of spending budget on a new private round.
+
+The file carries a tag (keyed BLAKE2b under a key derived from the job's ledger secret,
+:meth:`~rknn_ray.accounting.budget_store.BudgetStore.purpose_key`) over every array in it:
+counts, queries and meta. ``--resume`` checks it before anything else
+(:func:`check_release`): an edited file, or one saved under another ledger, is refused,
+since labels and a student built from changed counts would carry a guarantee they do not
+have. A file saved before releases were tagged is refused too (a stripped tag must not
+pass as an old file); docs/running.md says what to do with one.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 
 import numpy as np
 
 from rknn_ray.accounting.events import costed_from_dict, event_to_dict
+from rknn_ray.errors import DataError, first_line
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray.labeling.queries import QuerySet
 from rknn_ray.runio import RELEASE_FILE, atomic_path
 
 
+#: the array that holds the file's tag; the purpose its key is derived for
+TAG, TAG_PURPOSE = "tag", "release.npz"
+
+
+def release_tag_key(store) -> bytes:
+    """The key release.npz is tagged with: the job's ledger's (a BudgetStore)."""
+    return store.purpose_key(TAG_PURPOSE)
+
+
+def release_tag(key: bytes, arrays) -> str:
+    """Keyed BLAKE2b over every array but the tag: its name, dtype, shape and bytes."""
+    h = hashlib.blake2b(key=key, digest_size=32, person=b"rknn-release")
+    for name in sorted(n for n in arrays if n != TAG):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode() + b"\0")
+        h.update(a.tobytes())
+    return "blake2b-" + h.hexdigest()
+
+
 def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_sets: list,
-                 selections: list | None = None) -> str:
-    """All rounds released so far (overwrites the previous file, atomically); ``selections``:
-    how each round's queries were chosen (public facts, for report.json's ``selection``)."""
+                 selections: list | None = None, *, key: bytes) -> str:
+    """All rounds released so far (overwrites the previous file, atomically), tagged under
+    ``key`` (:func:`release_tag_key`); ``selections``: how each round's queries were chosen
+    (public facts, for report.json's ``selection``)."""
     arrays = {}
     meta = {"job_id": job_id, "dataset": dataset, "rounds": [],
             "selections": list(selections or [])[:len(rounds)]}
@@ -37,11 +68,34 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
                                "authenticated_senders": r.authenticated_senders,
                                "missing": r.missing, "keys_made_ahead": r.keys_made_ahead})
     arrays["meta"] = np.array(json.dumps(meta, default=float))
+    arrays[TAG] = np.array(release_tag(key, arrays))
     path = os.path.join(out_dir, RELEASE_FILE)
     with atomic_path(path) as tmp:             # fsync'd before it is renamed into place
         with open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
     return path
+
+
+def check_release(run_dir: str, key: bytes) -> None:
+    """Refuse (DataError, one line) a release.npz whose tag is missing or does not match
+    its contents under ``key``: nothing is changed or deleted."""
+    path = os.path.join(run_dir, RELEASE_FILE)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in z.files}
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same refusal
+        raise DataError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)}). "
+                        "Fix: restore the file from a backup; its budget stays spent") from None
+    if TAG not in arrays:
+        raise DataError(f"{path} carries no authentication tag (saved before release files "
+                        "were tagged, or the tag was removed), so its counts cannot be checked. "
+                        "Fix: finish it with the rknn-ray version that saved it, or start a new "
+                        "run (its budget stays spent)")
+    if not hmac.compare_digest(str(arrays[TAG]), release_tag(key, arrays)):
+        raise DataError(f"{path} fails its authentication tag: it was changed after it was "
+                        "saved, or saved under another ledger. Fix: resume with the ledger the "
+                        "job ran with (--ledger) and the file as the job saved it; an edited "
+                        "release cannot be finished (its budget stays spent)")
 
 
 def load_release(run_dir: str, public_emb: np.ndarray):

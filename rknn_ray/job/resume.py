@@ -11,7 +11,7 @@ import os
 
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError
-from rknn_ray.runio import RELEASE_FILE, RUN_MARKER
+from rknn_ray.runio import RELEASE_FILE, RUN_MARKER, unfinished_release
 
 #: the config keys (prefixes) that ``--resume RUN --set key=value`` may change
 RESUME_MAY_CHANGE = ("student.", "labels.", "cluster.", "run.progress")
@@ -19,12 +19,13 @@ RESUME_MAY_CHANGE = ("student.", "labels.", "cluster.", "run.progress")
 
 def resume_config(run_dir: str, overrides=()):
     """The config to finish ``run_dir`` with: its config.yaml plus ``overrides``, refused
-    when the folder has no release to finish, is already complete, or an override would
-    change what the saved release means."""
+    when the folder has no release to finish, is already complete (a report.json of that
+    release: a malformed one finishes nothing), or an override would change what the saved
+    release means."""
     if not os.path.isfile(os.path.join(run_dir, RELEASE_FILE)):
         raise ConfigError("--resume", f"{run_dir} has no {RELEASE_FILE}",
                           "resume a run folder whose private round finished")
-    if os.path.exists(os.path.join(run_dir, RUN_MARKER)):
+    if not unfinished_release(run_dir):         # its own report.json finished it
         raise ConfigError("--resume", f"{run_dir} is already complete ({RUN_MARKER})",
                           "nothing to resume; start a new run instead")
     path = os.path.join(run_dir, "config.yaml")

@@ -20,7 +20,7 @@ from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import mark_started
 from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
-from rknn_ray.job.release_file import save_release
+from rknn_ray.job.release_file import release_tag_key, save_release
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
 from rknn_ray.pipeline import (dataset_sources, mechanism_for, next_round_uncertain,
                                round_budgets, round_query_counts)
@@ -104,6 +104,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     sizes = ctx.round_sizes()                  # new queries per round
     rounds, query_sets, selections, mechanisms = [], [], [], []
     in_round = None       # the round whose clients may have randomized, until it is committed
+    tag_key = release_tag_key(store)           # release.npz is tagged under the ledger's key
     try:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
@@ -132,7 +133,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 lost = None
                 try:        # durable (fsync'd) on disk before the ledger commits the round
                     save_release(ctx.out_dir, ctx.job_id, ctx.release_key or ctx.identity,
-                                 rounds, query_sets, selections)
+                                 rounds, query_sets, selections, key=tag_key)
                 except OSError as exc:
                     lost = exc
                     note = (f"released, but release.npz could not be saved ({first_line(exc)}): "

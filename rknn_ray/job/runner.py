@@ -30,12 +30,12 @@ from rknn_ray.job.context import JobContext
 from rknn_ray.job.finish import finish
 from rknn_ray.job.progress import Progress
 from rknn_ray.job.ray_env import ensure_ray
-from rknn_ray.job.release_file import load_release
+from rknn_ray.job.release_file import check_release, load_release, release_tag_key
 from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
-from rknn_ray.runio import write_text
+from rknn_ray.runio import clear_old_run, write_text
 
 #: the run folder's files (report.json last: it marks a complete run)
 RUN_FILES = {"config": "config.yaml", "release": "release.npz", "ledger": "ledger.json",
@@ -56,14 +56,16 @@ class RunResult:
 
 def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
         ledger_path: str | None = None, resume: bool = False, parties: Parties | None = None,
-        start_ray: Callable[[], bool] = ensure_ray) -> RunResult:
+        start_ray: Callable[[], bool] = ensure_ray, replace_old_run: bool = False) -> RunResult:
     """Run the job for a validated ``cfg`` into the prepared ``out_dir``.
 
     ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
     for the whole job); each round spends its share of ``privacy.eps``, is one ledger
     entry, and is saved to ``release.npz`` the moment it is released. ``parties``: the
     code each party's actor runs (tests inject faulty ones). ``start_ray`` starts or joins
-    Ray and says whether it started it (then the job shuts it down).
+    Ray and says whether it started it (then the job shuts it down). ``replace_old_run``:
+    ``out_dir`` still holds the run ``--overwrite`` replaces (``prepare_run_dir(...,
+    replace_at_start=True)``); its files are deleted once this job's budget is reserved.
     """
     import ray
 
@@ -78,7 +80,7 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
             mechanisms = None
             ray_up()
         else:
-            _reserve(ctx, ray_up)
+            _reserve(ctx, ray_up, replace_old_run)
             try:
                 ray_up()
             except BaseException as exc:  # no client has randomized yet: nothing was released
@@ -136,6 +138,7 @@ def _context(cfg, out_dir, progress, ledger_path, key_file, parties) -> JobConte
 def _saved_rounds(ctx: JobContext) -> tuple:
     """--resume: the rounds saved in release.npz (no private round, no budget spent)."""
     cfg = ctx.cfg
+    check_release(ctx.out_dir, release_tag_key(ctx.store))     # unchanged since it was saved
     ctx.encoder, ctx.public_emb, _ = pipeline.fit_queries(cfg, ctx.data, ctx.say)  # public, deterministic
     job_id, saved_identity, rounds, query_sets = load_release(ctx.out_dir, ctx.public_emb)
     # run folders from before keyed names hold the bare digest: still recognized
@@ -155,10 +158,10 @@ def _saved_rounds(ctx: JobContext) -> tuple:
     return rounds, query_sets, ledger
 
 
-def _reserve(ctx: JobContext, ray_up: Callable[[], None]) -> None:
+def _reserve(ctx: JobContext, ray_up: Callable[[], None], replace_old_run: bool = False) -> None:
     """Reserve the job's whole spend before anything randomizes, then the public work
-    (config.yaml, Ray if the encoder trains on it, encoder, first queries); a failure here
-    returns the reservation."""
+    (the old run's files out, config.yaml, Ray if the encoder trains on it, encoder, first
+    queries); a failure here returns the reservation."""
     cfg, data, progress = ctx.cfg, ctx.data, ctx.progress
     sp = data.splits
     check_dropout(cfg, data)             # a round sure to be refused costs no budget
@@ -170,6 +173,8 @@ def _reserve(ctx: JobContext, ray_up: Callable[[], None]) -> None:
                                    accountant=p.accountant, records=len(sp.private_y))
     try:
         mark_driver(ctx.store, ctx.identity, ctx.job_id)     # not settled while this job runs
+        if replace_old_run:           # the new job starts work: only now is the old run replaced
+            clear_old_run(ctx.out_dir)
         progress.say(f"privacy budget of {ctx.described}: eps={ctx.budget[0]:g}, "
                      f"delta={ctx.budget[1]:g}; this job reserved eps={p.eps:g} "
                      f"(ledger {ctx.store.path})")

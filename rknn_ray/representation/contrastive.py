@@ -272,9 +272,8 @@ class ContrastiveEncoder(Encoder):
         """Write the trained encoder into ``folder`` (the run folder) as encoder.pt."""
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, ENCODER_FILE)
-        from rknn_ray.runio import atomic_path
-        with atomic_path(path) as tmp:             # never a truncated encoder.pt
-            torch.save(self._payload(), tmp)
+        from rknn_ray.runio import save_torch
+        save_torch(path, self._payload())          # never a truncated encoder.pt
         return path
 
     def backbone(self) -> nn.Module:

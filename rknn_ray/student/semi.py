@@ -208,9 +208,8 @@ def train_semi_student(public_x: np.ndarray, targets: np.ndarray, weight: np.nda
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
         path = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
-        from rknn_ray.runio import atomic_path
-        with atomic_path(path) as tmp:               # never a truncated student.pt
-            torch.save({k: v for k, v in payload.items()}, tmp)
+        from rknn_ray.runio import save_torch
+        save_torch(path, dict(payload))              # never a truncated student.pt
         model = load_semi_student(path)
     else:
         model = build_semi_model(tuple(payload["image_shape"]), num_classes,

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rknn_ray.errors import ConfigError, DataError
-from rknn_ray.runio import atomic_path, write_json
+from rknn_ray.runio import save_torch, write_json
 from rknn_ray.student.config import StudentConfig     # declared torch-free, with every student key
 from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
 from rknn_ray.training import distribute, rank_and_world, run_loop
@@ -300,8 +300,7 @@ def _train(trainer, train_x, train_targets, test_x, test_y, image_shape, num_cla
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         ckpt_path = os.path.join(out_dir, CHECKPOINT_FILE)
-        with atomic_path(ckpt_path) as tmp:                 # never a truncated student.pt
-            torch.save(out["checkpoint"], tmp)
+        save_torch(ckpt_path, out["checkpoint"])            # never a truncated student.pt
         write_json(os.path.join(out_dir, HISTORY_FILE), history)
         model = load_student(ckpt_path)
     else:

@@ -93,6 +93,18 @@ class _BelowWarningFrom(logging.Filter):
         return record.name != self.logger_name or record.levelno >= logging.WARNING
 
 
+class _OwnErrorTraceback(logging.Filter):
+    """Train's "Error in training function" traceback of an error of ours (rknn_ray.errors,
+    e.g. a full disk at the checkpoint): the driver says it in one line with its fix."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith("Error in training function"):
+            return True
+        lines = [line for line in text.splitlines() if line.strip()]
+        return not lines[-1].startswith("rknn_ray.errors.")
+
+
 def quiet_worker_console() -> None:
     """In a Train worker: keep Train's INFO lines that escape ``LoggingConfig`` off the console.
 
@@ -100,7 +112,8 @@ def quiet_worker_console() -> None:
     path (``getLogger(__file__)``), so ``LoggingConfig(log_level="WARNING")`` does not
     reach its "Reporting training result ..." lines: they propagate to the root logger.
     The filter goes on the root's console handlers only, so Train's log files in Ray's
-    log folder still get them. Warnings and errors still show.
+    log folder still get them. Warnings and errors still show, except the traceback of an
+    error of ours, which the driver says in one line.
     """
     try:
         import ray.train.v2._internal.execution.context as train_context
@@ -111,6 +124,13 @@ def quiet_worker_console() -> None:
         if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler) \
                 and not any(isinstance(f, _BelowWarningFrom) for f in handler.filters):
             handler.addFilter(_BelowWarningFrom(name))
+    try:
+        import ray.train.v2._internal.util as train_util
+        errors = train_util.logger
+    except Exception:  # noqa: BLE001 - another Ray: its traceback simply shows
+        return
+    if not any(isinstance(f, _OwnErrorTraceback) for f in errors.filters):
+        errors.addFilter(_OwnErrorTraceback())
 
 
 CLEANER = "PlacementGroupCleaner"

@@ -14,6 +14,7 @@ handlers stay in charge; a job interrupted inside it waits for the abandoned thr
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -24,7 +25,7 @@ import warnings
 
 import torch
 
-from rknn_ray.errors import ConfigError, RknnError
+from rknn_ray.errors import NO_SPACE, ConfigError, OutOfSpaceError, RknnError
 from rknn_ray.training import LoopRun, resolve_loop
 
 PAYLOAD_FILE = "payload.pt"
@@ -57,7 +58,12 @@ def train_loop_per_worker(config: dict) -> None:
     if rank == 0:
         with tempfile.TemporaryDirectory() as tmp:
             torch.save(payload, os.path.join(tmp, PAYLOAD_FILE))
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            try:         # Train copies it into its storage (the run folder's student-*/)
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+            except Exception as exc:
+                if disk_full(exc):       # one line at the driver, not Train's traceback
+                    raise OutOfSpaceError(config["storage"], os.strerror(errno.ENOSPC)) from None
+                raise
     else:
         ray.train.report(metrics, checkpoint=None)
 
@@ -111,7 +117,8 @@ def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int =
     live = LiveEpochs(on_epoch) if on_epoch is not None else None
     config = {"loop": loop, "loop_config": cfg, "data_ref": ray.put(data),
               "threads": int(os.environ.get("RKNN_RAY_TORCH_THREADS") or threads),
-              "epoch_relay": live.relay if live else None}
+              "epoch_relay": live.relay if live else None,
+              "storage": os.path.join(storage, run_name)}
     trainer = TorchTrainer(
         train_loop_per_worker, train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=gpu,
@@ -121,11 +128,19 @@ def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int =
                              failure_config=FailureConfig(max_failures=0),
                              logging_config=LoggingConfig(log_level="WARNING")))
     fit_start = time.time()
-    if live:
-        with live:
+    try:
+        if live:
+            with live:
+                result = fit_off_main_thread(trainer)
+        else:
             result = fit_off_main_thread(trainer)
-    else:
-        result = fit_off_main_thread(trainer)
+    except Exception as exc:
+        if not disk_full(exc):
+            raise
+        # a checkpoint cut short by a full disk (checkpoint_*/payload.pt): nothing of it is kept
+        shutil.rmtree(os.path.join(storage, run_name), ignore_errors=True)
+        raise OutOfSpaceError(os.path.join(storage, run_name),
+                              os.strerror(errno.ENOSPC)) from None
     fit_end = time.time()
     if result.checkpoint is None or result.metrics is None:
         raise RknnError(f"Ray Train finished the {name} without a checkpoint or metrics; "
@@ -142,6 +157,26 @@ def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int =
                "loop": m["ended_at"] - m["started_at"],
                "checkpoint_and_shutdown": fit_end - m["ended_at"]}
     return LoopRun(payload, str(m["device"]), int(m["world_size"]), timings)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether a failed fit() ran out of disk: an OSError of a full disk (or quota) anywhere
+    in its causes or its workers' failures (Train's WorkerGroupError), else the words of one
+    in its text (an error that crossed processes may arrive as text only)."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OutOfSpaceError) or (isinstance(e, OSError) and e.errno in NO_SPACE):
+            return True
+        todo += [e.__cause__, e.__context__, getattr(e, "cause", None)]
+        failures = getattr(e, "worker_failures", None)
+        if isinstance(failures, dict):
+            todo += [f for f in failures.values() if isinstance(f, BaseException)]
+    text = str(exc)
+    return any(os.strerror(code) in text for code in NO_SPACE)
 
 
 #: fit() threads (their "done" events) the driver stopped waiting for: an interrupt reached it.
