@@ -37,13 +37,13 @@ class Job:
     """A real ``python -m jobs.distill`` in its own process group (so a test can signal it,
     and clean up after a SIGKILL everything it started)."""
 
-    def __init__(self, args, ledger, ray_address: str | None = None):
+    def __init__(self, args, ledger, ray_address: str | None = None, wrapper=()):
         env = {**os.environ, "RKNN_RAY_LEDGER": str(ledger), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                "PYTHONUNBUFFERED": "1"}
         env.pop("RAY_ADDRESS", None)
         if ray_address:          # join that Ray (as under `ray job submit`); else start its own
             env["RAY_ADDRESS"] = ray_address
-        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.distill", *args], cwd=ROOT,
+        self.proc = subprocess.Popen([*wrapper, sys.executable, "-m", "jobs.distill", *args], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -576,3 +576,55 @@ def test_an_interrupted_fit_thread_is_waited_for_after_ray_shutdown(monkeypatch)
     assert train.join_abandoned_fits(timeout=0.2) is False      # still inside fit()
     release.set()
     assert train.join_abandoned_fits(timeout=5) is True and train.ABANDONED_FITS == []
+
+
+# ---------------------------------------------------------------------- issue 34: signals to the group
+
+def _student_interrupted_by_the_group(out: Path, code: int, text: str, ledger) -> None:
+    """What a group SIGTERM during the student must leave: 143, one line, incomplete.json,
+    the release saved and finished by --resume."""
+    assert code == 143, text
+    (line,) = _error_lines(text)
+    assert "interrupted by SIGTERM during student" in line and f"--resume {out}" in line, line
+    assert "Traceback" not in text and "Failed to connect to GCS" not in text, text
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert marker["release_saved"] is True and marker["next_step"].endswith(f"--resume {out}")
+    env = {**os.environ, "RKNN_RAY_LEDGER": str(ledger), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "jobs.distill", "--resume", str(out), "--quiet",
+                           "--set", "student.epochs=1", "--set", "student.trainer=local"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (out / "report.json").exists() and not (out / "incomplete.json").exists()
+
+
+def test_sigterm_to_the_whole_process_group_during_the_student_reaches_the_driver_only(tmp_path):
+    """`kill -TERM -- -PGID` (systemd, Slurm's scancel): Ray's own GCS and raylet are not in the
+    job's group, so the driver still has its Ray to shut down and writes its record (it hung
+    60 s on 'Failed to connect to GCS', exited 1 and wrote no incomplete.json)."""
+    out, ledger = tmp_path / "group", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out, "student.epochs=50"), ledger)   # setsid
+    try:
+        job.wait_for("student: Ray Train")
+        time.sleep(2)
+        os.killpg(job.proc.pid, signal.SIGTERM)        # the job's whole process group
+        code, text = job.finish(timeout=50)            # well under Ray's 60 s GCS wait
+    finally:
+        job.kill_group()
+    _student_interrupted_by_the_group(out, code, text, ledger)
+
+
+def test_timeout_ending_the_job_during_the_student_leaves_a_record(tmp_path):
+    """GNU timeout forwards the signal it gets (or its own at the deadline) to the job and to
+    its whole process group."""
+    out, ledger = tmp_path / "timeout", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out, "student.epochs=50"), ledger,
+              wrapper=["timeout", "--preserve-status", "600"])
+    try:
+        job.wait_for("student: Ray Train")
+        time.sleep(2)
+        job.proc.send_signal(signal.SIGTERM)           # to timeout, which signals the group
+        code, text = job.finish(timeout=50)
+    finally:
+        job.kill_group()
+    _student_interrupted_by_the_group(out, code, text, ledger)

@@ -13,6 +13,7 @@ environment always win; nothing here applies to a cluster joined through RAY_ADD
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -79,6 +80,35 @@ def other_ray_on_this_machine() -> bool:
         return True
 
 
+@contextlib.contextmanager
+def ray_processes_in_their_own_session():
+    """Start the processes of a local instance (GCS, raylet, their helpers) each in its own
+    session, so that a signal to the job's process group (``timeout``, Slurm's scancel,
+    systemd, ``kill -- -PGID``) reaches the driver only: it then still has its Ray to shut
+    down and writes its record (with Ray's processes in the group, the GCS died with the
+    driver's signal, and the driver hung 60 s waiting for it and wrote nothing).
+
+    Ray already does this on Windows; on Linux it only blocks SIGINT in them. They still
+    die with the driver: Ray starts them with the kernel's parent-death signal, so without
+    that (no ``prctl``) they stay in the group, where Ray's reaper can find them."""
+    from ray._private import services, utils
+    base = services.ConsolePopen
+    if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support():
+        yield
+        return
+
+    class OwnSessionPopen(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = base
+
+
 def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
                object_store_mb: int | None = None, log_to_driver: bool = True) -> bool:
     """Init Ray if needed; returns True when this call started a local instance.
@@ -103,10 +133,11 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
         try:
             # address="local": always our own instance, never a cluster that a `ray start`
             # (jobs.local_cluster, another user) left running on this machine
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                     log_to_driver=log_to_driver, **env,
-                     configure_logging=True, logging_level=logging.WARNING,
-                     **({"object_store_memory": store} if store else {}))
+            with ray_processes_in_their_own_session():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
+                         include_dashboard=False, log_to_driver=log_to_driver, **env,
+                         configure_logging=True, logging_level=logging.WARNING,
+                         **({"object_store_memory": store} if store else {}))
             quiet_ray_logs()    # again: init adds the handler that prints forwarded worker lines
             return True
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
