@@ -78,6 +78,10 @@ def load_dataset(name: str, data_root: str | None = None, **kwargs) -> Dataset:
     return load_svhn(root, **kwargs)
 
 
+#: scikit-learn's digits: one fixed pool (its public part is known before it loads)
+DIGITS_RECORDS = 1797
+
+
 def load_digits() -> Dataset:
     """scikit-learn's 1,797 real 8x8 digits (shipped in the wheel); one pool, split later."""
     table = None
@@ -87,7 +91,7 @@ def load_digits() -> Dataset:
         path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
         if os.path.isfile(path):
             table = np.loadtxt(path, delimiter=",")
-    if table is None or table.shape != (1797, 65):
+    if table is None or table.shape != (DIGITS_RECORDS, 65):
         from sklearn.datasets import load_digits as sk_load_digits
         bunch = sk_load_digits()
         table = np.column_stack([bunch.data, bunch.target])
