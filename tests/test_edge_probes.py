@@ -794,3 +794,53 @@ def test_queries_beyond_the_public_set_are_refused_before_any_data_loads(
     line = _refused(capsys, isolated_privacy_ledger, *_args(
         "digits_central.yaml", tmp_path / "q", "queries.s=400"))
     assert "exceeds the 359 public samples" in line and not (tmp_path / "q").exists()
+
+
+# ---------------------------------------------------------------------- issue 34 item 12: RAY_ADDRESS
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["nothing_listening", "http", "not_host_port"])
+def test_a_ray_address_that_leads_nowhere_is_one_line_before_any_budget(tmp_path, kind):
+    """Nothing listening retried for minutes (Ray rewrites 127.0.0.1 to this machine's
+    address); http:// and garbage gave 40-50-line tracebacks. Now: a bounded check (its
+    TCP wait is 5 s), one line, exit 2, and no budget reserved."""
+    port = _free_port()
+    address = {"nothing_listening": f"127.0.0.1:{port}", "http": f"http://127.0.0.1:{port}",
+               "not_host_port": "garbage:notaport"}[kind]
+    out, ledger = tmp_path / "addr", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out), ledger, ray_address=address)
+    try:
+        code, text = job.finish(timeout=60)       # Ray alone retried far longer than this
+    finally:
+        job.kill_group()
+    assert code == 2, text
+    line = _one_error_line(text)
+    assert "RAY_ADDRESS" in line and address in line and "unset it" in line
+    assert not out.exists() and not ledger.exists()
+
+
+def test_a_cluster_gone_when_the_job_joins_it_returns_the_reservation(
+        tmp_path, isolated_privacy_ledger):
+    """The address was checked up front but nothing answers when the job starts Ray (after
+    its reservation): nothing was randomized, so the reservation is returned."""
+    from functools import partial
+
+    from rknn_ray.config import load_config
+    from rknn_ray.errors import ConfigError
+    from rknn_ray.job import run
+    from rknn_ray.job.ray_env import check_ray_address
+    from rknn_ray.runio import prepare_run_dir
+    cfg = load_config("jobs/configs/digits_central.yaml", FAST + ["run.progress=false"])
+    out = prepare_run_dir(str(tmp_path / "gone"))
+    with pytest.raises(ConfigError, match="nothing answers"):
+        run(cfg, out, start_ray=partial(check_ray_address, f"127.0.0.1:{_free_port()}"))
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    (row,) = dataset["releases"]
+    assert row["status"] == "unused" and "reservation returned" in row["note"]
+    assert dataset["spent"]["eps"] == 0

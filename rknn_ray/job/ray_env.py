@@ -18,6 +18,14 @@ import logging
 import os
 import sys
 
+from rknn_ray.errors import ConfigError, first_line
+
+#: how long the check of a RAY_ADDRESS waits for its GCS to answer (Ray itself retries for
+#: minutes, and then exits from inside ray.init)
+RAY_ADDRESS_WAIT_S = 5.0
+_ADDRESS_FIX = ("set RAY_ADDRESS to the cluster's GCS address <head ip>:6379 (what `ray start "
+                "--head` printed), or unset it to start a local instance")
+
 # Ray waits a hard-coded 30 s for a new local raylet to register; on a machine whose
 # cores are busy with other work that is not always enough, and a second try usually is.
 STARTUP_TIMEOUT = "timed out during startup"
@@ -109,6 +117,44 @@ def ray_processes_in_their_own_session():
         services.ConsolePopen = base
 
 
+def check_ray_address(address: str, wait_s: float = RAY_ADDRESS_WAIT_S) -> str:
+    """The GCS address Ray will join for ``address`` (RAY_ADDRESS), once something answers
+    there within ``wait_s``; else a ConfigError in one line. A URL (the dashboard's, which
+    ``ray job submit`` takes), text that is not host:port, 'auto' with no cluster on this
+    machine and a port nobody listens on are said at once instead of Ray's tracebacks or
+    its minutes of retries. ``local`` (start one) and ``ray://`` (Ray Client) pass as given."""
+    import socket
+    text = str(address).strip()
+    if text == "local":
+        return text
+    scheme = text.split("://", 1)[0] if "://" in text else None
+    if scheme is not None and scheme != "ray":
+        raise ConfigError("RAY_ADDRESS", f"{address!r} is a {scheme}:// URL (a dashboard "
+                          "address, which `ray job submit --address` takes); a job joins the "
+                          "cluster's GCS at host:port", _ADDRESS_FIX)
+    target = text[len("ray://"):] if scheme == "ray" else text
+    host, _, port = target.rpartition(":")
+    if text != "auto" and (not host or not port.isdigit() or not 0 < int(port) < 65536):
+        raise ConfigError("RAY_ADDRESS", f"{address!r} is not host:port", _ADDRESS_FIX)
+    if scheme is None:
+        from ray._private.services import canonicalize_bootstrap_address
+        try:                # what Ray joins: 'auto' found on this machine, localhost rewritten
+            target = canonicalize_bootstrap_address(text)
+        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError / ValueError
+            what = ("found no running Ray instance on this machine" if text == "auto"
+                    else f"cannot be used ({first_line(exc)})")
+            raise ConfigError("RAY_ADDRESS", f"{address!r} {what}", _ADDRESS_FIX) from None
+        host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s).close()
+    except OSError as exc:
+        via = "" if target == text else f" (Ray joins it as {target})"
+        why = "no answer" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+        raise ConfigError("RAY_ADDRESS", f"nothing answers at {address!r}{via} ({why}; waited "
+                          f"at most {wait_s:g} s): no Ray cluster runs there", _ADDRESS_FIX) from None
+    return target
+
+
 def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
                object_store_mb: int | None = None, log_to_driver: bool = True) -> bool:
     """Init Ray if needed; returns True when this call started a local instance.
@@ -123,7 +169,12 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=log_to_driver)
+        check_ray_address(address)      # one line now, not Ray's traceback or minutes of retries
+        try:
+            ray.init(address=address, log_to_driver=log_to_driver)
+        except ConnectionError as exc:  # something answered there, but not a GCS we may join
+            raise ConfigError("RAY_ADDRESS", f"Ray could not join {address!r} ({first_line(exc)})",
+                              _ADDRESS_FIX) from None
         quiet_ray_logs()        # again: init adds the handler that prints forwarded worker lines
         return False
     local_ray_env()
