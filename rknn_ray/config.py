@@ -542,8 +542,7 @@ SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_rec
 
 def synthetic_keys() -> dict[str, type]:
     """data.synthetic keys: gaussian_mixture's parameters, typed by their defaults."""
-    from rknn_ray.data.synthetic import gaussian_mixture
-    return {name: type(p.default) for name, p in inspect.signature(gaussian_mixture).parameters.items()}
+    return {name: type(default) for name, default in _synthetic_defaults().items()}
 
 
 def _validate(cfg: dict) -> None:
