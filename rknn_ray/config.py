@@ -757,10 +757,15 @@ def _check_queries_fit(s, count: int, split_queries: bool, public_size: int) -> 
                           f"{max(1, public_size // count)}")
 
 
+def check_public_size(cfg: Config, public_size: int) -> None:
+    """queries.s and rounds.count against a public set of ``public_size`` samples."""
+    _check_queries_fit(cfg.queries.s, cfg.rounds.count, cfg.rounds.split_queries, public_size)
+
+
 def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int) -> None:
     """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|,
     delta < 1/n in the shuffle model)."""
-    _check_queries_fit(cfg.queries.s, cfg.rounds.count, cfg.rounds.split_queries, public_size)
+    check_public_size(cfg, public_size)
     if cfg.data.partition != "one_per_client" and cfg.data.clients > num_private:
         raise ConfigError("data.clients", f"{cfg.data.clients} clients for only {num_private} "
                           "private records",

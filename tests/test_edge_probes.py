@@ -844,3 +844,18 @@ def test_a_cluster_gone_when_the_job_joins_it_returns_the_reservation(
     (row,) = dataset["releases"]
     assert row["status"] == "unused" and "reservation returned" in row["note"]
     assert dataset["spent"]["eps"] == 0
+
+
+def test_queries_beyond_an_mnist_public_set_are_refused_before_the_private_files_are_read(
+        tmp_path, capsys, isolated_privacy_ledger):
+    """The paper's public set is half the test file, counted from its labels' header: the
+    refusal comes although the private train images are unreadable (they are never opened)."""
+    from tests.data_files import write_mnist
+    write_mnist(str(tmp_path / "data"), n_train=40, n_test=20, gz=False)
+    (tmp_path / "data" / "train-images-idx3-ubyte").write_bytes(b"not an IDX file")
+    assert main(_args("fmnist_central.yaml", tmp_path / "m", f"data.data_root={tmp_path / 'data'}",
+                      "queries.s=50", "rknn.k=1")) == 2
+    err = capsys.readouterr().err              # the data stage's start line, then the refusal
+    (line,) = _error_lines(err)
+    assert "queries.s" in line and "exceeds the 10 public samples" in line and "Traceback" not in err
+    assert BudgetStore(str(isolated_privacy_ledger)).datasets() == []
