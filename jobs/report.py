@@ -477,9 +477,14 @@ def main(argv=None) -> int:
     except (ReportError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(text)
-    if written:
-        print(f"report: {written}")
+    try:
+        print(text)
+        if written:
+            print(f"report: {written}")
+        sys.stdout.flush()          # a closed pipe shows here, not at exit
+    except BrokenPipeError:         # `rknn-ray report DIR | head`: the reader had enough
+        from jobs.signals import reader_gone
+        return reader_gone()
     return 0
 
 

@@ -721,8 +721,13 @@ def test_budget_into_a_closed_pipe_exits_quietly(tmp_path):
     store = BudgetStore(str(ledger))
     for i in range(400):                  # more than a pipe buffer of listing
         store.set_budget(f"dataset-{i:04d}", 4.0, 0.0, description="a dataset " + "x" * 100)
-    for cmd in (["jobs.cli", "budget"], ["jobs.budget"]):
-        proc = subprocess.Popen([sys.executable, "-m", *cmd, "--ledger", str(ledger)], cwd=ROOT,
+    for i in range(300):                  # and a folder report longer than a pipe buffer
+        (tmp_path / "runs" / f"r{i:03d}").mkdir(parents=True)
+        (tmp_path / "runs" / f"r{i:03d}" / "incomplete.json").write_text(
+            '{"status": "incomplete", "reason": "' + "why " * 60 + '"}')
+    for cmd in (["jobs.cli", "budget", "--ledger", str(ledger)], ["jobs.budget", "--ledger", str(ledger)],
+                ["jobs.report", str(tmp_path / "runs"), "--no-html"]):
+        proc = subprocess.Popen([sys.executable, "-m", *cmd], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         proc.stdout.readline()            # `head -1`: one line, then the reader is gone
         proc.stdout.close()
