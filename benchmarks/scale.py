@@ -391,11 +391,18 @@ def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bo
     from sealing.credentials import TABLE_MAX_CLIENTS
     delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
     encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model], delta)
+    count = min(100, rounds + 1)
+    # the clients are SyntheticClientsSource's: the config says so, with a pool whose public
+    # part (a fifth) holds every round's new queries, as a job's config must
+    pool = max(clients, 5 * WARM_QUERIES * count)
     cfg = load_config(None, [f"privacy.model={model}", f"privacy.mechanism={WARM_MODELS[model]}",
+                             "data.dataset=synthetic", f"data.synthetic.num_samples={pool}",
+                             f"data.synthetic.num_classes={NUM_CLASSES}",
+                             f"data.synthetic.dim={DIM}", f"queries.s={WARM_QUERIES}",
                              f"privacy.delta={delta}", f"cluster.openers={cores}",
                              f"cluster.shards={shards}", "run.progress=false",
                              f"cluster.precompute_keys={bool(prepared)}",
-                             f"rounds.count={min(100, rounds + 1)}"]
+                             f"rounds.count={count}"]
                       + ([f"cluster.batch_clients={int(batch)}"] if batch else []))
     cuts = np.linspace(0, clients, shards + 1).astype(np.int64)
     sources = [SyntheticClientsSource(int(a), int(b), NUM_CLASSES, DIM, SEED)

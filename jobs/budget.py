@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -38,7 +39,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()          # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:       # `rknn-ray budget | head`: the reader had what it wanted
+        from jobs.signals import reader_gone
+        return reader_gone()
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -84,7 +90,7 @@ def _run(args) -> int:
         return 0
     rows = store.datasets()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(_finite(rows), indent=2, allow_nan=False))
         return 0
     _print_open(open_reservations(store))
     print(f"privacy ledger: {store.path}" + ("  (experiment ledger: cells are independent "
@@ -110,6 +116,18 @@ def _run(args) -> int:
             print(f"    {when}  job {r['job_id']}  round {r['round'] if r['round'] is not None else '-'}"
                   f"  {r['status']:<8}  eps={r['eps']:.4g} delta={r['delta']:.3g}  {event}  {r['note'] or ''}")
     return 0
+
+
+def _finite(obj):
+    """JSON has no infinity or NaN (Python would write ``Infinity``, which JSON readers
+    refuse): such a number is written as the string "inf", "-inf" or "nan"."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _age(seconds: float) -> str:

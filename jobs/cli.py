@@ -12,7 +12,16 @@ import sys
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()          # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:         # `rknn-ray report DIR | head`: the reader had enough
+        from jobs.signals import reader_gone
+        return reader_gone()
+
+
+def _dispatch(argv: list) -> int:
     if argv and argv[0] == "budget":
         from jobs.budget import main as budget_main
         return budget_main(argv[1:])

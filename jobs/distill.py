@@ -98,6 +98,12 @@ def _main(args) -> int:
         check_consent(cfg, args.insecure_seeded)
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
             validate_resources(cfg, float(os.cpu_count() or 1))
+            if not args.resume and cfg.run.rng != "seeded":   # the shards' node is this one
+                from rknn_ray.shard_secrets import check_key_store
+                check_key_store(cfg.cluster.key_store)
+        else:                                       # a cluster to join: there, before any budget
+            from rknn_ray.job.ray_env import check_ray_address
+            check_ray_address(os.environ["RAY_ADDRESS"])
         if args.key_file:
             from server.keys import check_key_file
             check_key_file(args.key_file, load=True)

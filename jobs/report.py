@@ -54,6 +54,8 @@ def _read_json(path: str):
     try:
         with open(path) as f:
             return json.load(f)
+    except RecursionError:          # nested thousands deep: no run wrote that
+        raise ReportError(f"{path} is nested too deeply to be a run's JSON") from None
     except ValueError as exc:       # truncated or not JSON: name the file
         raise ReportError(f"{path} is not valid JSON ({exc}); the run that wrote it may have "
                           "been cut off") from None
@@ -111,7 +113,7 @@ def load_run(folder: str) -> dict:
     if os.path.isfile(hp):
         try:
             run["history"] = _read_json(hp)
-        except (OSError, ValueError):
+        except (OSError, ValueError, ReportError):     # a side file: the run is still shown
             pass
     return run
 
@@ -386,7 +388,7 @@ def _folder_artifacts(folder: str) -> tuple[str, str]:
             elif name.endswith(".png"):
                 blocks.append(_png_tag(path, name))
                 texts.append(f"{name}: plot")
-        except (OSError, ValueError) as exc:          # show what is broken, keep going
+        except (OSError, ValueError, ReportError) as exc:   # show what is broken, keep going
             blocks.append(f'<p class="warn">{html.escape(name)}: could not read ({html.escape(str(exc))})</p>')
             texts.append(f"{name}: could not read ({exc})")
     return "\n".join(texts), "\n".join(blocks)
@@ -475,9 +477,14 @@ def main(argv=None) -> int:
     except (ReportError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(text)
-    if written:
-        print(f"report: {written}")
+    try:
+        print(text)
+        if written:
+            print(f"report: {written}")
+        sys.stdout.flush()          # a closed pipe shows here, not at exit
+    except BrokenPipeError:         # `rknn-ray report DIR | head`: the reader had enough
+        from jobs.signals import reader_gone
+        return reader_gone()
     return 0
 
 

@@ -14,6 +14,7 @@ handler never appears because the student's ``fit()`` runs off the main thread
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -96,3 +97,14 @@ def as_interrupt(exc: BaseException) -> JobInterrupted | None:
             return JobInterrupted(received if received is not None else signal.SIGINT)
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def reader_gone() -> int:
+    """A command's reader closed the pipe (``rknn-ray budget | head``): stop writing, quietly,
+    and exit as a shell tool killed by SIGPIPE does (141). stdout is pointed at /dev/null so
+    Python's own flush at exit does not raise the same error again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):      # no real stdout (a test's capture): nothing to flush
+        pass
+    return 128 + signal.SIGPIPE

@@ -125,11 +125,16 @@ def _eps(value, path, spec):
 
 # ---------------------------------------------------------------------- typed sections
 
+#: the largest run.seed: faiss takes its k-means seed as a C int
+SEED_MAX = 2 ** 31 - 1
+
+
 @dataclass(frozen=True)
 class RunConfig:
     name: str = key("run", "names the run folder runs/<name>-<time>", str, check=_folder_name,
                     accepts_text="a folder name without `/`")
-    seed: int = key(0, "split / partition seed (and all randomness if rng=seeded)", int, low=0)
+    seed: int = key(0, "split / partition seed (and all randomness if rng=seeded); at most "
+                    "2**31 - 1, a C int (faiss's k-means seed)", int, low=0, high=SEED_MAX)
     rng: str = key("secure", "secure (OS CSPRNG) or seeded (reproducible simulation)", str,
                    choices=_owned("rknn_ray.rng", "RNG_KINDS"))
     progress: bool = key(True, "bars or periodic lines on stderr; false: silent", bool)
@@ -380,8 +385,40 @@ FREE_FORM = {(name, f.name) for name, cls in SECTIONS.items() for f in dataclass
 
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults <- YAML file <- overrides, validated once: a frozen :class:`Config`."""
-    cfg = _merge(DEFAULTS, _read_yaml(path)) if path else _merge(DEFAULTS, {})
-    return _finish(cfg, overrides)
+    try:
+        cfg = _merge(DEFAULTS, _read_yaml(path)) if path else _merge(DEFAULTS, {})
+        return _finish(cfg, overrides)
+    except RecursionError:        # a mapping nested thousands deep, in the file or an override
+        raise ConfigError(path or "--set", "is nested too deeply to be a config",
+                          "write sections one level deep, as in jobs/configs/*.yaml") from None
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping (PyYAML keeps the
+    last silently, so a config could say eps twice and mean the second)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue                      # '<<' merges are overridden on purpose
+                name = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = name in seen
+                    seen.add(name)
+                except TypeError:                 # an unhashable key: SafeLoader says so itself
+                    continue
+                if duplicate:
+                    raise ConfigError("--config", f"key '{name}' is set twice in one mapping "
+                                      f"(line {key_node.start_mark.line + 1}); YAML would keep "
+                                      "only the last", "delete one of the two")
+        return super().construct_mapping(node, deep=deep)
+
+
+def strict_yaml(text):
+    """YAML text (or an open file) as :class:`StrictLoader` reads it."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def parse_override(text: str) -> dict:
@@ -394,7 +431,9 @@ def parse_override(text: str) -> dict:
         raise ConfigError(key, "override key is empty or has an empty part",
                           "write a dotted key such as privacy.eps")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = strict_yaml(raw) if raw.strip() else None
+    except ConfigError as exc:                # a key set twice
+        raise ConfigError(key, exc.problem, exc.fix) from None
     except yaml.YAMLError as exc:
         raise ConfigError(key, f"value {raw!r} is not valid YAML ({str(exc).splitlines()[0]})",
                           "quote the value or write a list as [a, b]") from None
@@ -413,15 +452,18 @@ def _read_yaml(path: str) -> dict:
         raise ConfigError("--config", f"file {path!r} {problem}", fix)
     try:
         with open(path, encoding="utf-8") as fh:
-            loaded = yaml.safe_load(fh)
+            loaded = strict_yaml(fh)
+    except ConfigError as exc:                # a key set twice
+        raise ConfigError(path, exc.problem, exc.fix) from None
     except (yaml.YAMLError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError("--config", f"{path} is not a valid YAML text file "
                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})", fix) from None
     except OSError as exc:
         raise ConfigError("--config", f"cannot read {path}: {exc.strerror}",
                           "check the file's permissions") from None
-    if loaded is None:
-        return {}
+    if loaded is None or loaded == {}:     # it would run the default job, and spend its budget
+        raise ConfigError("--config", f"{path} sets nothing (empty, or only comments)",
+                          "write the sections to change, e.g. 'privacy: {eps: 1.0}'; " + fix)
     if not isinstance(loaded, dict):
         raise ConfigError("--config", f"{path} holds a {type(loaded).__name__}, not a mapping of "
                           "sections", "write sections such as 'privacy: {eps: 1.0}'; " + fix)
@@ -500,8 +542,7 @@ SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_rec
 
 def synthetic_keys() -> dict[str, type]:
     """data.synthetic keys: gaussian_mixture's parameters, typed by their defaults."""
-    from rknn_ray.data.synthetic import gaussian_mixture
-    return {name: type(p.default) for name, p in inspect.signature(gaussian_mixture).parameters.items()}
+    return {name: type(default) for name, default in _synthetic_defaults().items()}
 
 
 def _validate(cfg: dict) -> None:
@@ -515,6 +556,10 @@ def _validate(cfg: dict) -> None:
     cfg["rounds"]["budget_split"] = _check_split(cfg["rounds"]["budget_split"], cfg["rounds"]["count"])
     _check_options(cfg)
     _check_synthetic(cfg)
+    public = declared_public_size(cfg)
+    if public is not None:
+        _check_queries_fit(cfg["queries"]["s"], cfg["rounds"]["count"],
+                           cfg["rounds"]["split_queries"], public)
     cfg["cluster"]["placement"] = check_placement(cfg["cluster"]["placement"])
 
 
@@ -603,6 +648,48 @@ def _check_synthetic(cfg: dict) -> None:
     if synthetic and cfg["data"]["dataset"] != "synthetic":
         raise ConfigError("data.synthetic", f"is only read for data.dataset=synthetic, not "
                           f"{cfg['data']['dataset']!r}", "set data.synthetic=null or data.dataset=synthetic")
+    if cfg["data"]["dataset"] == "synthetic":
+        _check_synthetic_memory({**_synthetic_defaults(), **synthetic})
+
+
+def _synthetic_defaults() -> dict:
+    from rknn_ray.data.synthetic import gaussian_mixture
+    return {name: p.default for name, p in inspect.signature(gaussian_mixture).parameters.items()}
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_synthetic_memory(args: dict) -> None:
+    """A mixture the driver cannot hold is refused here, not by a MemoryError (or minutes of
+    QR on a 1e8-dimensional basis) once the job runs."""
+    from rknn_ray.data.synthetic import footprint_bytes
+    n, c, d = (int(args[k]) for k in ("num_samples", "num_classes", "dim"))
+    need, have = footprint_bytes(n, c, d), physical_memory()
+    if have and need > have:
+        raise ConfigError("data.synthetic", f"num_samples={n:,} x dim={d:,} needs about "
+                          f"{need / 2 ** 30:,.1f} GiB (the features held about three times), "
+                          f"this machine has {have / 2 ** 30:.1f} GiB",
+                          "lower data.synthetic.num_samples or data.synthetic.dim")
+
+
+def declared_public_size(cfg: dict) -> int | None:
+    """The public set's size where the config alone fixes it (digits' fixed pool, synthetic's
+    num_samples; both split 'stratified' by either rule), so queries.s is checked before any
+    data loads. A dataset read from files learns it when loaded (:func:`validate_with_data`)."""
+    from rknn_ray.data.readers import DIGITS_RECORDS
+    from rknn_ray.data.splits import stratified_public_count
+    d = cfg["data"]
+    if d["dataset"] == "digits":
+        return stratified_public_count(DIGITS_RECORDS)
+    if d["dataset"] == "synthetic":
+        return stratified_public_count(int({**_synthetic_defaults(), **d["synthetic"]}["num_samples"]))
+    return None
 
 
 #: cluster.placement: the protocol's parties (rknn_ray/job/session.py) and what each may require of
@@ -653,16 +740,14 @@ def check_placement(placement) -> dict:
 
 # ---------------------------------------------------------------------- after loading
 
-def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int) -> None:
-    """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|,
-    delta < 1/n in the shuffle model)."""
-    s, count = cfg.queries.s, cfg.rounds.count
+def _check_queries_fit(s, count: int, split_queries: bool, public_size: int) -> None:
+    """Every round picks s public samples that are not yet queries: they must exist."""
     if s == "auto":
         s = 1
     if s > public_size:
         raise ConfigError("queries.s", f"s = {s} exceeds the {public_size} public samples",
                           f"set queries.s <= {public_size}")
-    if cfg.rounds.split_queries:            # s in total over the rounds (round_query_counts)
+    if split_queries:            # s in total over the rounds (round_query_counts)
         count = 1
     if s * count > public_size:
         raise ConfigError("rounds.count", f"{count} rounds of s = {s} new queries need "
@@ -670,6 +755,17 @@ def validate_with_data(cfg: Config, public_size: int, num_private: int, num_clas
                           f"that are not yet queries), there are {public_size}",
                           f"lower rounds.count to <= {public_size // s} or queries.s to <= "
                           f"{max(1, public_size // count)}")
+
+
+def check_public_size(cfg: Config, public_size: int) -> None:
+    """queries.s and rounds.count against a public set of ``public_size`` samples."""
+    _check_queries_fit(cfg.queries.s, cfg.rounds.count, cfg.rounds.split_queries, public_size)
+
+
+def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int) -> None:
+    """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|,
+    delta < 1/n in the shuffle model)."""
+    check_public_size(cfg, public_size)
     if cfg.data.partition != "one_per_client" and cfg.data.clients > num_private:
         raise ConfigError("data.clients", f"{cfg.data.clients} clients for only {num_private} "
                           "private records",

@@ -46,6 +46,19 @@ def _private_dir(path: str, what: str) -> None:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+    _check_private(path, what)
+
+
+def check_key_store(root: str | None) -> None:
+    """The driver's early look at the key store on its own node (a local instance): one that
+    exists must be an owner-only folder, so the job is refused in one line before Ray starts,
+    not by each shard through Ray's frames. A missing one is made by the first shard."""
+    path = root or default_root()
+    if os.path.lexists(path):
+        _check_private(path, "key store")
+
+
+def _check_private(path: str, what: str) -> None:
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise ShardSecretError(f"the {what} {path} is not a folder (a link or a file). Fix: "

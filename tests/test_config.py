@@ -256,7 +256,7 @@ def test_valid_rounds():
     assert (cfg.rounds.count, cfg.rounds.budget_split) == (3, (0.25, 0.25, 0.5))
     assert load_config(None, ["rounds.count=2", "rounds.budget_split=[0.2, 0.3]"]).rounds.budget_split \
         == (0.2, 0.3)                                               # sum < 1: spend less
-    assert load_config(None, ["rounds.count=4"]).rounds.budget_split == "even"
+    assert load_config(None, ["rounds.count=3"]).rounds.budget_split == "even"
 
 
 # ---------------------------------------------------------------------- free-form keys are real
@@ -338,7 +338,8 @@ def test_missing_folder_and_empty_config_files(tmp_path):
         load_config(str(tmp_path))
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing set\n")
-    assert load_config(str(empty)) == load_config(None)
+    with pytest.raises(ConfigError, match="sets nothing"):    # not the default job, unasked
+        load_config(str(empty))
     nested = tmp_path / "nested.yaml"
     nested.write_text("privacy: 3\n")
     with pytest.raises(ConfigError, match="expected a mapping"):

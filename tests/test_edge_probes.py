@@ -37,13 +37,13 @@ class Job:
     """A real ``python -m jobs.distill`` in its own process group (so a test can signal it,
     and clean up after a SIGKILL everything it started)."""
 
-    def __init__(self, args, ledger, ray_address: str | None = None):
+    def __init__(self, args, ledger, ray_address: str | None = None, wrapper=()):
         env = {**os.environ, "RKNN_RAY_LEDGER": str(ledger), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                "PYTHONUNBUFFERED": "1"}
         env.pop("RAY_ADDRESS", None)
         if ray_address:          # join that Ray (as under `ray job submit`); else start its own
             env["RAY_ADDRESS"] = ray_address
-        self.proc = subprocess.Popen([sys.executable, "-m", "jobs.distill", *args], cwd=ROOT,
+        self.proc = subprocess.Popen([*wrapper, sys.executable, "-m", "jobs.distill", *args], cwd=ROOT,
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.lines: list[str] = []
@@ -576,3 +576,291 @@ def test_an_interrupted_fit_thread_is_waited_for_after_ray_shutdown(monkeypatch)
     assert train.join_abandoned_fits(timeout=0.2) is False      # still inside fit()
     release.set()
     assert train.join_abandoned_fits(timeout=5) is True and train.ABANDONED_FITS == []
+
+
+# ---------------------------------------------------------------------- issue 34: signals to the group
+
+def _student_interrupted_by_the_group(out: Path, code: int, text: str, ledger) -> None:
+    """What a group SIGTERM during the student must leave: 143, one line, incomplete.json,
+    the release saved and finished by --resume."""
+    assert code == 143, text
+    (line,) = _error_lines(text)
+    assert "interrupted by SIGTERM during student" in line and f"--resume {out}" in line, line
+    assert "Traceback" not in text and "Failed to connect to GCS" not in text, text
+    marker = json.loads((out / "incomplete.json").read_text())
+    assert marker["release_saved"] is True and marker["next_step"].endswith(f"--resume {out}")
+    env = {**os.environ, "RKNN_RAY_LEDGER": str(ledger), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "jobs.distill", "--resume", str(out), "--quiet",
+                           "--set", "student.epochs=1", "--set", "student.trainer=local"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (out / "report.json").exists() and not (out / "incomplete.json").exists()
+
+
+def test_sigterm_to_the_whole_process_group_during_the_student_reaches_the_driver_only(tmp_path):
+    """`kill -TERM -- -PGID` (systemd, Slurm's scancel): Ray's own GCS and raylet are not in the
+    job's group, so the driver still has its Ray to shut down and writes its record (it hung
+    60 s on 'Failed to connect to GCS', exited 1 and wrote no incomplete.json)."""
+    out, ledger = tmp_path / "group", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out, "student.epochs=50"), ledger)   # setsid
+    try:
+        job.wait_for("student: Ray Train")
+        time.sleep(2)
+        os.killpg(job.proc.pid, signal.SIGTERM)        # the job's whole process group
+        code, text = job.finish(timeout=50)            # well under Ray's 60 s GCS wait
+    finally:
+        job.kill_group()
+    _student_interrupted_by_the_group(out, code, text, ledger)
+
+
+def test_timeout_ending_the_job_during_the_student_leaves_a_record(tmp_path):
+    """GNU timeout forwards the signal it gets (or its own at the deadline) to the job and to
+    its whole process group."""
+    out, ledger = tmp_path / "timeout", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out, "student.epochs=50"), ledger,
+              wrapper=["timeout", "--preserve-status", "600"])
+    try:
+        job.wait_for("student: Ray Train")
+        time.sleep(2)
+        job.proc.send_signal(signal.SIGTERM)           # to timeout, which signals the group
+        code, text = job.finish(timeout=50)
+    finally:
+        job.kill_group()
+    _student_interrupted_by_the_group(out, code, text, ledger)
+
+
+# ---------------------------------------------------------------------- issue 34: wording, one line each
+
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert line.startswith("error: ") and "Fix:" in line, line
+    return line
+
+
+def _refused(capsys, ledger, *args) -> str:
+    """``main(args)`` refuses in one line with exit 2, before any budget or Ray."""
+    import ray
+    started = ray.is_initialized()
+    assert main(list(args)) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert ray.is_initialized() == started
+    assert not Path(ledger).exists() or BudgetStore(str(ledger)).datasets() == []
+    return line
+
+
+def test_a_seed_beyond_a_c_int_is_refused_and_the_largest_one_runs_k_means(
+        tmp_path, capsys, isolated_privacy_ledger):
+    """faiss takes its k-means seed as a C int: 2**31 - 1 plus a restart overflowed."""
+    out = tmp_path / "seed"
+    line = _refused(capsys, isolated_privacy_ledger, *_args("digits_central.yaml", out,
+                                                            "run.seed=2147483648"))
+    assert "run.seed" in line and "2147483647" in line and not out.exists()
+    from rknn_ray.labeling.queries import select_queries
+    x = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    assert select_queries(x, 5, restarts=2, niter=2, seed=2 ** 31 - 1).size == 5
+
+
+def test_a_config_nested_100000_deep_is_one_line(tmp_path, capsys, isolated_privacy_ledger):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("privacy:" + " {a:" * 100_000 + " 1" + "}" * 100_000 + "\n")
+    line = _refused(capsys, isolated_privacy_ledger, "--config", str(deep),
+                    "--out", str(tmp_path / "o"))
+    assert "nested too deeply" in line
+
+
+@pytest.mark.parametrize("override", ["data.synthetic.num_samples=1e10",
+                                      "data.synthetic.dim=1e8"])
+def test_a_synthetic_mixture_larger_than_memory_is_refused_up_front(
+        tmp_path, capsys, isolated_privacy_ledger, override):
+    """Was a MemoryError (num_samples) or ~80 s of QR on a 1e8-dimensional basis that did not
+    answer SIGTERM (dim): refused before anything is allocated."""
+    started = time.monotonic()
+    line = _refused(capsys, isolated_privacy_ledger, *_args(
+        "digits_central.yaml", tmp_path / "syn", "data.dataset=synthetic", override))
+    assert "data.synthetic" in line and "GiB" in line
+    assert time.monotonic() - started < 30
+
+
+def test_a_key_store_others_can_open_is_refused_before_ray_starts(tmp_path):
+    """A mode-777 cluster.key_store was found by every shard, after Ray started (22 Ray
+    frames before the line that named it): the whole console is now that one line."""
+    store, ledger, out = tmp_path / "keys", tmp_path / "ledger.sqlite", tmp_path / "ks"
+    store.mkdir()
+    store.chmod(0o777)
+    env = {**os.environ, "RKNN_RAY_LEDGER": str(ledger), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "jobs.distill",
+                           *_args("digits_central.yaml", out, f"cluster.key_store={store}")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    line = _one_error_line(done.stderr)
+    assert str(store) in line and "mode 777" in line and f"chmod 700 {store}" in line
+    assert not out.exists() and not ledger.exists()
+
+
+def test_a_folder_report_survives_one_malformed_side_json(tmp_path, capsys):
+    from jobs.report import main as report_main
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "incomplete.json").write_text('{"status": "incomplete", "reason": "test"}')
+    (run / "history.json").write_text('[{"epoch": 1, ')              # cut off
+    (tmp_path / "summary.json").write_text('{"cells": [1, 2')          # cut off
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert report_main([str(tmp_path), "--no-html"]) == 0
+    text = capsys.readouterr().out
+    assert "1 run(s)" in text and "summary.json: could not read" in text
+    assert "deep.json: could not read" in text and "nested too deeply" in text
+    assert report_main([str(run), "--no-html"]) == 0                  # the run alone, too
+
+
+def test_budget_into_a_closed_pipe_exits_quietly(tmp_path):
+    """`rknn-ray budget | head`: the reader went away; no BrokenPipeError 'please report it'."""
+    ledger = tmp_path / "l.sqlite"
+    store = BudgetStore(str(ledger))
+    for i in range(400):                  # more than a pipe buffer of listing
+        store.set_budget(f"dataset-{i:04d}", 4.0, 0.0, description="a dataset " + "x" * 100)
+    for i in range(300):                  # and a folder report longer than a pipe buffer
+        (tmp_path / "runs" / f"r{i:03d}").mkdir(parents=True)
+        (tmp_path / "runs" / f"r{i:03d}" / "incomplete.json").write_text(
+            '{"status": "incomplete", "reason": "' + "why " * 60 + '"}')
+    for cmd in (["jobs.cli", "budget", "--ledger", str(ledger)], ["jobs.budget", "--ledger", str(ledger)],
+                ["jobs.report", str(tmp_path / "runs"), "--no-html"]):
+        proc = subprocess.Popen([sys.executable, "-m", *cmd], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdout.readline()            # `head -1`: one line, then the reader is gone
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141 and err == "", (cmd, err)
+
+
+def test_budget_set_refuses_infinity_and_json_never_prints_it(tmp_path, capsys):
+    from jobs.budget import main as budget_main
+    ledger = tmp_path / "l.sqlite"
+    BudgetStore(str(ledger)).set_budget("d", 4.0, 0.0)
+    for bad in ("inf", "nan", "-1"):
+        assert budget_main(["set", "d", "--eps", bad, "--ledger", str(ledger)]) == 2
+        line = _one_error_line(capsys.readouterr().err)
+        assert "finite" in line
+    assert BudgetStore(str(ledger)).budget("d")[0] == 4.0
+    import sqlite3
+    with sqlite3.connect(ledger) as con:                  # what an older version let through
+        con.execute("UPDATE datasets SET budget_eps = ? WHERE identity = 'd'", (float("inf"),))
+    assert budget_main(["--json", "--ledger", str(ledger)]) == 0
+
+    def refuse(name):
+        raise AssertionError(f"not JSON: {name}")
+    (row,) = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert row["budget"]["eps"] == "inf"
+
+
+def test_a_key_written_twice_is_refused(tmp_path, capsys, isolated_privacy_ledger):
+    cfg = tmp_path / "twice.yaml"
+    cfg.write_text("privacy:\n  model: central\n  eps: 1.0\n  eps: 8.0\n")
+    line = _refused(capsys, isolated_privacy_ledger, "--config", str(cfg),
+                    "--out", str(tmp_path / "o"))
+    assert "'eps'" in line and "twice" in line and "line 4" in line
+    line = _refused(capsys, isolated_privacy_ledger, *_args(
+        "digits_central.yaml", tmp_path / "o2", "privacy.options={a: 1, a: 2}"))
+    assert "twice" in line
+
+
+def test_an_empty_config_file_is_refused_not_the_default_job(tmp_path, capsys,
+                                                             isolated_privacy_ledger):
+    for text in ("", "# nothing here\n", "{}\n"):
+        cfg = tmp_path / "empty.yaml"
+        cfg.write_text(text)
+        out = tmp_path / "o"
+        line = _refused(capsys, isolated_privacy_ledger, "--config", str(cfg), "--out", str(out))
+        assert "sets nothing" in line and not out.exists()
+
+
+def test_a_budget_refusal_names_eps_and_delta_of_what_is_spent(tmp_path):
+    from rknn_ray.errors import PrivacyBudgetError
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("d", "data", "first", 1.0, 0.0, (1.5, 0.0))
+    with pytest.raises(PrivacyBudgetError) as info:
+        store.reserve("d", "data", "second", 1.0, 0.0, (1.5, 0.0))
+    assert "eps=1, delta=0 is already spent or reserved" in str(info.value)
+    assert "1 / 0 is" not in str(info.value)
+
+
+def test_queries_beyond_the_public_set_are_refused_before_any_data_loads(
+        tmp_path, capsys, isolated_privacy_ledger):
+    """digits' and synthetic's public sizes follow from the config (359 of 1,797 digits)."""
+    from rknn_ray.config import load_config
+    from rknn_ray.errors import ConfigError
+    for overrides, key in ((["queries.s=400"], "queries.s"), (["rounds.count=7"], "rounds.count"),
+                           (["data.dataset=synthetic", "data.synthetic.num_samples=100",
+                             "queries.s=30"], "queries.s")):
+        with pytest.raises(ConfigError, match=key):
+            load_config("jobs/configs/digits_central.yaml", overrides)
+    line = _refused(capsys, isolated_privacy_ledger, *_args(
+        "digits_central.yaml", tmp_path / "q", "queries.s=400"))
+    assert "exceeds the 359 public samples" in line and not (tmp_path / "q").exists()
+
+
+# ---------------------------------------------------------------------- issue 34 item 12: RAY_ADDRESS
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["nothing_listening", "http", "not_host_port"])
+def test_a_ray_address_that_leads_nowhere_is_one_line_before_any_budget(tmp_path, kind):
+    """Nothing listening retried for minutes (Ray rewrites 127.0.0.1 to this machine's
+    address); http:// and garbage gave 40-50-line tracebacks. Now: a bounded check (its
+    TCP wait is 5 s), one line, exit 2, and no budget reserved."""
+    port = _free_port()
+    address = {"nothing_listening": f"127.0.0.1:{port}", "http": f"http://127.0.0.1:{port}",
+               "not_host_port": "garbage:notaport"}[kind]
+    out, ledger = tmp_path / "addr", tmp_path / "ledger.sqlite"
+    job = Job(_args("digits_central.yaml", out), ledger, ray_address=address)
+    try:
+        code, text = job.finish(timeout=60)       # Ray alone retried far longer than this
+    finally:
+        job.kill_group()
+    assert code == 2, text
+    line = _one_error_line(text)
+    assert "RAY_ADDRESS" in line and address in line and "unset it" in line
+    assert not out.exists() and not ledger.exists()
+
+
+def test_a_cluster_gone_when_the_job_joins_it_returns_the_reservation(
+        tmp_path, isolated_privacy_ledger):
+    """The address was checked up front but nothing answers when the job starts Ray (after
+    its reservation): nothing was randomized, so the reservation is returned."""
+    from functools import partial
+
+    from rknn_ray.config import load_config
+    from rknn_ray.errors import ConfigError
+    from rknn_ray.job import run
+    from rknn_ray.job.ray_env import check_ray_address
+    from rknn_ray.runio import prepare_run_dir
+    cfg = load_config("jobs/configs/digits_central.yaml", FAST + ["run.progress=false"])
+    out = prepare_run_dir(str(tmp_path / "gone"))
+    with pytest.raises(ConfigError, match="nothing answers"):
+        run(cfg, out, start_ray=partial(check_ray_address, f"127.0.0.1:{_free_port()}"))
+    (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
+    (row,) = dataset["releases"]
+    assert row["status"] == "unused" and "reservation returned" in row["note"]
+    assert dataset["spent"]["eps"] == 0
+
+
+def test_queries_beyond_an_mnist_public_set_are_refused_before_the_private_files_are_read(
+        tmp_path, capsys, isolated_privacy_ledger):
+    """The paper's public set is half the test file, counted from its labels' header: the
+    refusal comes although the private train images are unreadable (they are never opened)."""
+    from tests.data_files import write_mnist
+    write_mnist(str(tmp_path / "data"), n_train=40, n_test=20, gz=False)
+    (tmp_path / "data" / "train-images-idx3-ubyte").write_bytes(b"not an IDX file")
+    assert main(_args("fmnist_central.yaml", tmp_path / "m", f"data.data_root={tmp_path / 'data'}",
+                      "queries.s=50", "rknn.k=1")) == 2
+    err = capsys.readouterr().err              # the data stage's start line, then the refusal
+    (line,) = _error_lines(err)
+    assert "queries.s" in line and "exceeds the 10 public samples" in line and "Traceback" not in err
+    assert BudgetStore(str(isolated_privacy_ledger)).datasets() == []

@@ -109,8 +109,13 @@ def test_ensure_ray_is_the_one_start_up_for_a_local_instance_or_a_cluster(monkey
     assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 2
     assert calls[-1]["object_store_memory"] == 300 * 2 ** 20
     assert calls[-1]["log_to_driver"] is False and calls[-1]["include_dashboard"] is False
-    assert ray_env.ensure_ray(address="127.0.0.1:6379") is False
-    assert calls[-1] == {"address": "127.0.0.1:6379", "log_to_driver": True}
+    import socket
+    with socket.socket() as listening:      # a cluster address is joined once something answers
+        listening.bind(("0.0.0.0", 0))
+        listening.listen()
+        address = f"127.0.0.1:{listening.getsockname()[1]}"
+        assert ray_env.ensure_ray(address=address) is False
+    assert calls[-1] == {"address": address, "log_to_driver": True}
     assert ray_env.ensure_ray() is True and "object_store_memory" not in calls[-1]
 
 

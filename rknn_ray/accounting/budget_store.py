@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import os
 import re
 import secrets
@@ -400,9 +401,9 @@ class BudgetStore:
 
         A delta budget at or above 1/n (n: the fewest private records a job on the source
         used) is refused outside experiment ledgers."""
-        if not eps > 0 or not 0 <= delta < 1:
-            raise ConfigError("budget", f"eps={eps} must be > 0 and delta={delta} in [0, 1)",
-                              "pass a positive eps and a delta in [0, 1)")
+        if not (eps > 0 and math.isfinite(eps)) or not 0 <= delta < 1:
+            raise ConfigError("budget", f"eps={eps} must be finite and > 0, and delta={delta} in "
+                              "[0, 1)", "pass a finite positive eps and a delta in [0, 1)")
         with self._transaction() as con:
             n = self._min_private(con, identity)
             if n and self.purpose != "experiment" and delta >= 1.0 / n:
@@ -530,7 +531,7 @@ class BudgetStore:
         limits = ([f"eps ({t_eps:.6g} > budget {b_eps:g})"] if over_eps else []) + \
                  ([f"delta ({t_delta:.3g} > budget {b_delta:g})"] if over_delta else [])
         head = (f"refused before any work: {description} has a privacy budget of eps={b_eps:g}, "
-                f"delta={b_delta:g}; {spend.eps:.6g} / {spend.delta:.3g} is already spent or "
+                f"delta={b_delta:g}; eps={spend.eps:.6g}, delta={spend.delta:.3g} is already spent or "
                 f"reserved ({spend.releases} releases, {spend.reserved} open reservations), and "
                 f"this job needs eps={eps:g}, delta={delta:g}: {accountant} composition gives "
                 f"eps={t_eps:.6g}, delta={t_delta:.3g}. ")

@@ -63,8 +63,11 @@ class PreparedData:
 def prepare_data(cfg) -> PreparedData:
     """Load the dataset, make the split, check it, partition private records, and keep at
     most the public record bound per client (rknn_ray.data.partition)."""
-    from rknn_ray.config import validate_with_data
+    from rknn_ray.config import check_public_size, validate_with_data
     d = cfg.data
+    early = public_size_before_loading(cfg)
+    if early is not None:               # queries.s against the public set, before any private file
+        check_public_size(cfg, early)
     if d.dataset == "synthetic":
         ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {}))
     elif d.dataset == "svhn":
@@ -76,6 +79,19 @@ def prepare_data(cfg) -> PreparedData:
     validate_features(splits.public_x, splits.public_y, ds.num_classes, what="public data")
     validate_with_data(cfg, len(splits.public_x), len(splits.private_x), ds.num_classes)
     return partitioned(cfg, splits, ds.num_classes, tuple(ds.image_shape), ds.name)
+
+
+def public_size_before_loading(cfg) -> int | None:
+    """The public set's size where a public file says it before any private record is read:
+    MNIST-style data under the paper's rule (half the test set, counted from its labels'
+    header). digits and synthetic are checked when the config is (rknn_ray.config)."""
+    from rknn_ray.data.readers import idx_test_count
+    from rknn_ray.data.splits import PAPER_RULE, paper_mnist_public_count
+    d = cfg.data
+    if d.split != "paper" or PAPER_RULE.get(d.dataset) != "mnist":
+        return None
+    n_test = idx_test_count(d.dataset, d.data_root)
+    return None if n_test is None or n_test < 2 else paper_mnist_public_count(n_test)
 
 
 def partitioned(cfg, splits, num_classes: int, image_shape: tuple, name: str) -> PreparedData:

@@ -78,6 +78,10 @@ def load_dataset(name: str, data_root: str | None = None, **kwargs) -> Dataset:
     return load_svhn(root, **kwargs)
 
 
+#: scikit-learn's digits: one fixed pool (its public part is known before it loads)
+DIGITS_RECORDS = 1797
+
+
 def load_digits() -> Dataset:
     """scikit-learn's 1,797 real 8x8 digits (shipped in the wheel); one pool, split later."""
     table = None
@@ -87,7 +91,7 @@ def load_digits() -> Dataset:
         path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
         if os.path.isfile(path):
             table = np.loadtxt(path, delimiter=",")
-    if table is None or table.shape != (1797, 65):
+    if table is None or table.shape != (DIGITS_RECORDS, 65):
         from sklearn.datasets import load_digits as sk_load_digits
         bunch = sk_load_digits()
         table = np.column_stack([bunch.data, bunch.target])
@@ -102,14 +106,40 @@ def _missing(what: str, root: str, looked: str, fix: str) -> DataError:
     return DataError(f"{what} files not found under {root!r}: missing {looked}. Fix: {fix}")
 
 
+def _idx_folders(key: str, root: str) -> list[str]:
+    """``root``, ``root/<name>`` and the torchvision layout ``root/<Name>/raw``."""
+    sub = {"mnist": ("mnist", "MNIST"), "fashion_mnist": ("fashion-mnist", "FashionMNIST")}[key]
+    return [root, os.path.join(root, sub[0]), os.path.join(root, sub[1], "raw")]
+
+
+def idx_test_count(name: str, data_root: str | None = None) -> int | None:
+    """How many records MNIST-style test files hold, from the test labels' IDX header alone
+    (8 bytes of a public file; no private record is read); None where it cannot say (the
+    full load then names the problem)."""
+    import gzip
+    import struct
+
+    from rknn_ray.data.idx import IDX_STEMS, find_idx_file
+    key = canonical_name(name)
+    if key not in ("fashion_mnist", "mnist"):
+        return None
+    root = data_root if data_root is not None else DEFAULT_ROOTS[key]
+    path = find_idx_file(_idx_folders(key, root), IDX_STEMS["test"][1])
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as fh:
+            magic, count = struct.unpack(">II", fh.read(8))
+    except (TypeError, AttributeError, OSError, EOFError, struct.error):  # None: no such file
+        return None
+    return count if magic == 0x00000801 else None
+
+
 def load_idx_dataset(key: str, root: str) -> Dataset:
     """MNIST or Fashion-MNIST from IDX files (raw or .gz) in ``root``.
 
     Looks in ``root``, ``root/<name>`` and the torchvision layout ``root/<Name>/raw``.
     """
     from rknn_ray.data.idx import IDX_STEMS, find_idx_file, read_idx_split
-    sub = {"mnist": ("mnist", "MNIST"), "fashion_mnist": ("fashion-mnist", "FashionMNIST")}[key]
-    folders = [root, os.path.join(root, sub[0]), os.path.join(root, sub[1], "raw")]
+    folders = _idx_folders(key, root)
     title = "Fashion-MNIST" if key == "fashion_mnist" else "MNIST"
     stems = [s for pair in IDX_STEMS.values() for s in pair]
     missing = [s for s in stems if find_idx_file(folders, s) is None]

@@ -121,6 +121,16 @@ def stratified_parts(y: np.ndarray, n_public: int, n_eval: int, rng) -> tuple:
             np.sort(grouped[is_eval]))
 
 
+def stratified_public_count(n: int) -> int:
+    """The public part of a pool of ``n`` records under the rule 'stratified'."""
+    return max(1, int(round(n * STRATIFIED_FRACTIONS[1])))
+
+
+def paper_mnist_public_count(n_test: int) -> int:
+    """The public part under the paper's rule for MNIST-style data: half the test set."""
+    return n_test // 2
+
+
 def make_splits(dataset: Dataset, rule: str = "paper", seed: int = 0,
                 public_size: int | None = None, eval_size: int | None = None) -> Splits:
     """Split ``dataset`` by ``rule`` ('paper' or 'stratified'); see the module docstring.
@@ -140,7 +150,7 @@ def make_splits(dataset: Dataset, rule: str = "paper", seed: int = 0,
             raise ConfigError("dataset", f"{dataset.name} has {n} records; a split needs >= 3",
                               "use a larger data set")
         pub = _check_size("split.public_size", public_size, 1, n - 2, f"{n} records in the pool")
-        pub = pub if pub is not None else max(1, int(round(n * STRATIFIED_FRACTIONS[1])))
+        pub = pub if pub is not None else stratified_public_count(n)
         ev = _check_size("split.eval_size", eval_size, 1, n - pub - 1,
                          f"{n} records, {pub} public, >= 1 private")
         ev = ev if ev is not None else max(1, min(n - pub - 1, int(round(n * STRATIFIED_FRACTIONS[2]))))
@@ -151,7 +161,7 @@ def make_splits(dataset: Dataset, rule: str = "paper", seed: int = 0,
             raise ConfigError("dataset", f"{dataset.name} test set has {n_te} records; "
                               "the paper split needs >= 2", "use the full test files")
         pub = _check_size("split.public_size", public_size, 1, n_te - 1, f"{n_te} test records")
-        pub = pub if pub is not None else n_te // 2
+        pub = pub if pub is not None else paper_mnist_public_count(n_te)
         ev = _check_size("split.eval_size", eval_size, 1, n_te - pub, f"{n_te - pub} test records left")
         perm = n_tr + rng.permutation(n_te)
         pub_i, eval_i = np.sort(perm[:pub]), np.sort(perm[pub:pub + ev] if ev else perm[pub:])

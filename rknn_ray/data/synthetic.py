@@ -28,6 +28,13 @@ def class_means(num_classes: int, dim: int, separation: float, seed: int) -> np.
     return directions * (separation / np.sqrt(2.0))
 
 
+def footprint_bytes(num_samples: int, num_classes: int, dim: int) -> int:
+    """Bytes a job holds for a mixture at its peak: the float32 features about three times
+    (the pool, then its private / public / evaluation parts and their embeddings), int64
+    labels, and the float64 means with their QR (four ``dim x num_classes`` matrices)."""
+    return 3 * num_samples * (4 * dim + 8) + 4 * 8 * dim * num_classes
+
+
 def gaussian_mixture(num_samples: int = 10_000, num_classes: int = 10, dim: int = 32,
                      seed: int = 0, separation: float = 4.0) -> Dataset:
     """A balanced mixture as one pool (``test_x`` empty; split with rule 'stratified').

@@ -13,9 +13,18 @@ environment always win; nothing here applies to a cluster joined through RAY_ADD
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+
+from rknn_ray.errors import ConfigError, first_line
+
+#: how long the check of a RAY_ADDRESS waits for its GCS to answer (Ray itself retries for
+#: minutes, and then exits from inside ray.init)
+RAY_ADDRESS_WAIT_S = 5.0
+_ADDRESS_FIX = ("set RAY_ADDRESS to the cluster's GCS address <head ip>:6379 (what `ray start "
+                "--head` printed), or unset it to start a local instance")
 
 # Ray waits a hard-coded 30 s for a new local raylet to register; on a machine whose
 # cores are busy with other work that is not always enough, and a second try usually is.
@@ -79,6 +88,73 @@ def other_ray_on_this_machine() -> bool:
         return True
 
 
+@contextlib.contextmanager
+def ray_processes_in_their_own_session():
+    """Start the processes of a local instance (GCS, raylet, their helpers) each in its own
+    session, so that a signal to the job's process group (``timeout``, Slurm's scancel,
+    systemd, ``kill -- -PGID``) reaches the driver only: it then still has its Ray to shut
+    down and writes its record (with Ray's processes in the group, the GCS died with the
+    driver's signal, and the driver hung 60 s waiting for it and wrote nothing).
+
+    Ray already does this on Windows; on Linux it only blocks SIGINT in them. They still
+    die with the driver: Ray starts them with the kernel's parent-death signal, so without
+    that (no ``prctl``) they stay in the group, where Ray's reaper can find them."""
+    from ray._private import services, utils
+    base = services.ConsolePopen
+    if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support():
+        yield
+        return
+
+    class OwnSessionPopen(base):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSessionPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = base
+
+
+def check_ray_address(address: str, wait_s: float = RAY_ADDRESS_WAIT_S) -> str:
+    """The GCS address Ray will join for ``address`` (RAY_ADDRESS), once something answers
+    there within ``wait_s``; else a ConfigError in one line. A URL (the dashboard's, which
+    ``ray job submit`` takes), text that is not host:port, 'auto' with no cluster on this
+    machine and a port nobody listens on are said at once instead of Ray's tracebacks or
+    its minutes of retries. ``local`` (start one) and ``ray://`` (Ray Client) pass as given."""
+    import socket
+    text = str(address).strip()
+    if text == "local":
+        return text
+    scheme = text.split("://", 1)[0] if "://" in text else None
+    if scheme is not None and scheme != "ray":
+        raise ConfigError("RAY_ADDRESS", f"{address!r} is a {scheme}:// URL (a dashboard "
+                          "address, which `ray job submit --address` takes); a job joins the "
+                          "cluster's GCS at host:port", _ADDRESS_FIX)
+    target = text[len("ray://"):] if scheme == "ray" else text
+    host, _, port = target.rpartition(":")
+    if text != "auto" and (not host or not port.isdigit() or not 0 < int(port) < 65536):
+        raise ConfigError("RAY_ADDRESS", f"{address!r} is not host:port", _ADDRESS_FIX)
+    if scheme is None:
+        from ray._private.services import canonicalize_bootstrap_address
+        try:                # what Ray joins: 'auto' found on this machine, localhost rewritten
+            target = canonicalize_bootstrap_address(text)
+        except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError / ValueError
+            what = ("found no running Ray instance on this machine" if text == "auto"
+                    else f"cannot be used ({first_line(exc)})")
+            raise ConfigError("RAY_ADDRESS", f"{address!r} {what}", _ADDRESS_FIX) from None
+        host, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s).close()
+    except OSError as exc:
+        via = "" if target == text else f" (Ray joins it as {target})"
+        why = "no answer" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+        raise ConfigError("RAY_ADDRESS", f"nothing answers at {address!r}{via} ({why}; waited "
+                          f"at most {wait_s:g} s): no Ray cluster runs there", _ADDRESS_FIX) from None
+    return target
+
+
 def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
                object_store_mb: int | None = None, log_to_driver: bool = True) -> bool:
     """Init Ray if needed; returns True when this call started a local instance.
@@ -93,7 +169,12 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=log_to_driver)
+        check_ray_address(address)      # one line now, not Ray's traceback or minutes of retries
+        try:
+            ray.init(address=address, log_to_driver=log_to_driver)
+        except ConnectionError as exc:  # something answered there, but not a GCS we may join
+            raise ConfigError("RAY_ADDRESS", f"Ray could not join {address!r} ({first_line(exc)})",
+                              _ADDRESS_FIX) from None
         quiet_ray_logs()        # again: init adds the handler that prints forwarded worker lines
         return False
     local_ray_env()
@@ -103,10 +184,11 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
         try:
             # address="local": always our own instance, never a cluster that a `ray start`
             # (jobs.local_cluster, another user) left running on this machine
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                     log_to_driver=log_to_driver, **env,
-                     configure_logging=True, logging_level=logging.WARNING,
-                     **({"object_store_memory": store} if store else {}))
+            with ray_processes_in_their_own_session():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
+                         include_dashboard=False, log_to_driver=log_to_driver, **env,
+                         configure_logging=True, logging_level=logging.WARNING,
+                         **({"object_store_memory": store} if store else {}))
             quiet_ray_logs()    # again: init adds the handler that prints forwarded worker lines
             return True
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this

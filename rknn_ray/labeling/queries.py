@@ -56,9 +56,9 @@ def select_queries(public_emb: np.ndarray, s: int, restarts: int = 3, niter: int
         raise ValueError(f"s = {s} queries need 1 <= s <= {x.shape[0]} public samples")
     rng = np.random.default_rng(seed)
     best = None
-    for r in range(max(1, restarts)):
+    for r in range(max(1, restarts)):       # faiss's seed is a C int: later rounds' seed + t wrap
         init = kmeans_pp_init(x, s, rng)
-        km = faiss.Kmeans(x.shape[1], s, niter=niter, seed=seed + r, verbose=False,
+        km = faiss.Kmeans(x.shape[1], s, niter=niter, seed=(seed + r) % 2 ** 31, verbose=False,
                           min_points_per_centroid=1, max_points_per_centroid=1 << 30)
         km.train(x, init_centroids=init)
         obj = float(km.obj[-1]) if len(km.obj) else float("inf")
