@@ -179,6 +179,8 @@ def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
     again, and none holds another shard's records (rknn_ray.data.sources).
     """
     from rknn_ray.data.sources import PreparedShardSource
+    if data.shard_sources is not None:      # the kind deals its own (each shard reads its part)
+        return data.shard_sources(cfg, int(shards or cfg.cluster.shards))
     n = data.num_clients
     count = max(1, min(int(shards or cfg.cluster.shards), n))
     cuts = np.linspace(0, n, count + 1).astype(np.int64)

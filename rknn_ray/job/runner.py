@@ -56,19 +56,20 @@ class RunResult:
 
 def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
         ledger_path: str | None = None, resume: bool = False, parties: Parties | None = None,
-        start_ray: Callable[[], bool] = ensure_ray) -> RunResult:
+        start_ray: Callable[[], bool] = ensure_ray, inputs: dict | None = None) -> RunResult:
     """Run the job for a validated ``cfg`` into the prepared ``out_dir``.
 
     ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
     for the whole job); each round spends its share of ``privacy.eps``, is one ledger
     entry, and is saved to ``release.npz`` the moment it is released. ``parties``: the
     code each party's actor runs (tests inject faulty ones). ``start_ray`` starts or joins
-    Ray and says whether it started it (then the job shuts it down).
+    Ray and says whether it started it (then the job shuts it down). ``inputs``: data
+    given in memory for data.dataset=table (rknn_ray.job.api).
     """
     import ray
 
     progress = progress or Progress(cfg.run.progress)
-    ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties)
+    ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs)
     ray_up = _RayStart(start_ray)
     try:
         if resume:
@@ -118,9 +119,10 @@ class _RayStart:
             self.up = True
 
 
-def _context(cfg, out_dir, progress, ledger_path, key_file, parties) -> JobContext:
+def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None) -> JobContext:
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
-        data = pipeline.prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
+        # fails fast on missing files / bad data, writes nothing
+        data = pipeline.prepare_data(cfg, inputs) if inputs else pipeline.prepare_data(cfg)
     cfg, auto_choice = pipeline.resolve_auto(cfg, data)     # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "
