@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from rknn_ray.data.tables import (Columns, Part, bucket_of, feature_matrix, label_indices,
-                                  missing, open_dataset, raw_numbers)
+                                  missing, open_dataset, raw_numbers, read)
 from rknn_ray.errors import DataError, RknnError
 
 
@@ -36,7 +36,7 @@ def scan(spec: dict, table=None) -> dict:
     schema = table.schema if table is not None else open_dataset(part.path).schema
     missing(part, schema, needed_columns(part, cols))
     t = table.select(needed_columns(part, cols)) if table is not None else \
-        open_dataset(part.path).to_table(columns=needed_columns(part, cols))
+        read(part.path, needed_columns(part, cols), part.key)
     m = t.num_rows
     if m == 0:
         raise DataError(f"{part.key}: {part.path or 'the private data'} holds no rows. Fix: point "
@@ -47,7 +47,8 @@ def scan(spec: dict, table=None) -> dict:
         raise DataError(f"{part.key}: records with NaN or infinite features (first at row {bad}). "
                         "Fix: drop or impute them")
     y = label_indices(t, part.label, classes, part)
-    h = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode())
+    named = {**spec, "part": {k: v for k, v in spec["part"].items() if k != "path"}}
+    h = hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode())   # not the path
     h.update(np.ascontiguousarray(raw, "<f8").tobytes())
     h.update(np.ascontiguousarray(y, "<i8").tobytes())
     if part.client:

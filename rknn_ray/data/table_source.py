@@ -23,7 +23,7 @@ from rknn_ray.data.partition import held_within_bound
 from rknn_ray.data.sources import ShardRecords
 from rknn_ray.data.table_scan import needed_columns
 from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_matrix,
-                                  label_indices, open_dataset)
+                                  label_indices, open_dataset, read)
 from rknn_ray.errors import DataError
 
 
@@ -59,7 +59,7 @@ class TableShardSource:
                 at += batch.num_rows
             return pa.Table.from_batches(pieces, schema=dataset.schema.select(need) if pieces
                                          else None) if pieces else dataset.schema.select(need).empty_table(), [p.path]
-        holders = dataset.to_table(columns=[p.client]).column(p.client)
+        holders = read(p.path, [p.client], p.key).column(p.client)
         _, ids, id_bucket = bucket_of(holders, self.shards)
         mine = pa.array([ids[i] for i in np.flatnonzero(id_bucket == self.shard)], pa.string())
         expr = pads.field(p.client).isin(mine.cast(holders.type))

@@ -96,6 +96,15 @@ def open_dataset(path: str) -> pads.Dataset:
                         "Fix: check the file is a valid, complete file of that format") from None
 
 
+def read(path: str, columns=None, what: str = "") -> pa.Table:
+    """The rows of ``path`` (only ``columns``), a file that cannot be parsed a DataError."""
+    try:
+        return open_dataset(path).to_table(columns=columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise DataError(f"{what or path}: cannot read {path!r}: {str(exc).splitlines()[0][:160]}. "
+                        "Fix: check every file of the part has the same columns and types") from None
+
+
 def as_table(data) -> pa.Table:
     """An Arrow table from data given in memory: an Arrow table, a pandas DataFrame, or a
     dict of column -> numpy array (2-D arrays become one fixed-size list column)."""

@@ -20,8 +20,7 @@ import pyarrow.compute as pc
 
 from rknn_ray.data.registry import register_dataset
 from rknn_ray.data.tables import (Columns, Featurizer, Part, as_table, bucket_of,
-                                  feature_matrix, label_indices, missing, open_dataset,
-                                  raw_numbers)
+                                  feature_matrix, label_indices, missing, raw_numbers, read)
 from rknn_ray.errors import ConfigError, DataError
 
 
@@ -31,7 +30,7 @@ def _read(part: Part, memory) -> pa.Table:
     if part.path is None:
         raise ConfigError(f"{part.key}.path", "is not set", f"set {part.key}.path to a parquet, "
                           "CSV or Arrow file, a folder of them or a glob")
-    return open_dataset(part.path).to_table()
+    return read(part.path, what=part.key)
 
 
 def class_list(cfg, public: pa.Table) -> tuple:
