@@ -174,3 +174,64 @@ def test_bad_input_fails_in_the_checks_not_in_a_shard(tmp_path):
         _prepare(tmp_path, private={"label": "nope"})
     with pytest.raises(ConfigError, match="data.classes"):
         _prepare(tmp_path, classes=None)
+
+
+def _list_parts(lengths):
+    """A private part with one list column ``pixels`` of the given lengths, a public part."""
+    rng = np.random.default_rng(0)
+    rows = [rng.random(n).tolist() for n in lengths]
+    private = pa.table({"pixels": rows, "label": [i % 3 for i in range(len(rows))],
+                        "holder": [f"h{i % 5}" for i in range(len(rows))]})
+    public = pa.table({"pixels": [rng.random(4).tolist() for _ in range(30)],
+                       "row_id": [f"r{i}" for i in range(30)]})
+    return private, public
+
+
+def _bad(case, tmp):
+    """(config overrides, files written) of one bad input."""
+    priv, pub, _ = digits_parts(n_private=200, n_public=100)
+    over = {}
+    if case == "missing column":
+        over = {"private": {"features": ["p0", "p1", "nope"]}, "public": {"features": ["p0", "p1", "p2"]}}
+    elif case == "label outside classes":
+        over = {"classes": [0, 1, 2, 3, 4, 5, 6, 7, 8]}
+    elif case == "public label without id":
+        pub = pub.drop(["row_id"]).append_column("label", pa.array(np.zeros(100, np.int64)))
+        over = {"public": {"id": None}}
+    elif case == "empty private file":
+        priv = priv.slice(0, 0)
+    elif case == "client column with nulls":
+        holder = priv.column("holder").to_pylist()
+        holder[7] = None
+        priv = priv.set_column(priv.column_names.index("holder"), "holder", pa.array(holder))
+    elif case == "mixed feature lengths":
+        priv, pub = _list_parts([4] * 20 + [5] + [4] * 9)
+        over = {"classes": [0, 1, 2]}
+    write(priv, str(tmp / "private.parquet"))
+    write(pub, str(tmp / "public.parquet"))
+    cfg = table_config(str(tmp), **over)
+    cfg["data"].pop("evaluation")
+    cfg["data"]["public"] = {k: v for k, v in cfg["data"]["public"].items() if v is not None}
+    return cfg
+
+
+@pytest.mark.parametrize("case", ["missing column", "label outside classes",
+                                  "public label without id", "empty private file",
+                                  "client column with nulls", "mixed feature lengths"])
+def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
+    import yaml
+
+    from jobs.distill import main
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(_bad(case, tmp_path)))
+    ledger = tmp_path / "ledger.sqlite"
+    rc = main(["--config", str(path), "--out", str(tmp_path / "run"), "--ledger", str(ledger)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert "Fix:" in err or "fix" in err.lower(), err
+    words = {"missing column": "'nope' not found", "label outside classes": "not in data.classes",
+             "public label without id": "data.public.id", "empty private file": "no rows",
+             "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths"}
+    assert words[case] in err, err
+    assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
+    assert not (tmp_path / "run").exists()           # no run folder left behind

@@ -246,10 +246,16 @@ class Featurizer:
     std: np.ndarray | None = None
     categories: dict = field(default_factory=dict)
 
+    def _numeric(self, raw: np.ndarray) -> list:
+        """The raw matrix's numeric columns (every value of a list column)."""
+        if self.columns.list_column:
+            return list(range(raw.shape[1]))
+        return [j for j, n in enumerate(self.columns.names) if n not in self.columns.categorical]
+
     def fit(self, raw: np.ndarray) -> "Featurizer":
         if self.shape is not None:
             return self
-        num = [j for j, n in enumerate(self.columns.names) if n not in self.columns.categorical]
+        num = self._numeric(raw)
         values = raw[:, num].astype(np.float64) if num else np.zeros((len(raw), 0))
         self.mean = values.mean(axis=0) if len(values) else np.zeros(len(num))
         std = values.std(axis=0) if len(values) else np.ones(len(num))
@@ -268,7 +274,7 @@ class Featurizer:
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         if self.shape is not None:
             return np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)
-        num = [j for j, n in enumerate(self.columns.names) if n not in self.columns.categorical]
+        num = self._numeric(raw)
         parts = [((raw[:, num].astype(np.float64) - self.mean) / self.std).astype(np.float32)]
         for j, n in enumerate(self.columns.names):
             if n in self.categories:
@@ -295,8 +301,11 @@ def label_indices(table: pa.Table, column: str, classes: tuple, part: Part) -> n
     lookup = np.array([names.get(v, -1) for v in enc.dictionary.to_pylist()], dtype=np.int64)
     y = lookup[enc.indices.to_numpy(zero_copy_only=False)]
     if (y < 0).any():
+        # a private label's value is private: only the public parts' are named
         bad = enc.dictionary.to_pylist()[int(np.flatnonzero(lookup < 0)[0])]
-        raise DataError(f"{part.key}: label {bad!r} is not in data.classes "
+        what = f"label {bad!r} is" if part.name != "private" else \
+            f"{int((y < 0).sum())} rows have a label that is"
+        raise DataError(f"{part.key}: {what} not in data.classes "
                         f"({', '.join(map(str, classes))}). Fix: add it to data.classes or drop "
                         "those rows")
     return y
