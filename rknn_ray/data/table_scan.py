@@ -34,6 +34,9 @@ def scan(spec: dict, table=None) -> dict:
     part, cols = Part(**spec["part"]), Columns(**spec["columns"])
     classes, shards = tuple(spec["classes"]), int(spec["shards"])
     schema = table.schema if table is not None else open_dataset(part.path).schema
+    missing(part, schema, [part.label, part.client])
+    if part.features:                  # the part's own names for the public features
+        cols = Columns.resolve(part, schema, ())
     missing(part, schema, needed_columns(part, cols))
     t = table.select(needed_columns(part, cols)) if table is not None else \
         read(part.path, needed_columns(part, cols), part.key)
@@ -47,6 +50,9 @@ def scan(spec: dict, table=None) -> dict:
         raise DataError(f"{part.key}: records with NaN or infinite features (first at row {bad}). "
                         "Fix: drop or impute them")
     y = label_indices(t, part.label, classes, part)
+    if raw.shape[1] != spec.get("width", raw.shape[1]):
+        raise DataError(f"{part.key}: a record has {raw.shape[1]} feature values, a public one "
+                        f"{spec['width']}. Fix: give every part the same features")
     named = {**spec, "part": {k: v for k, v in spec["part"].items() if k != "path"}}
     h = hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode())   # not the path
     h.update(np.ascontiguousarray(raw, "<f8").tobytes())
@@ -65,6 +71,8 @@ def scan(spec: dict, table=None) -> dict:
         cuts = np.linspace(0, m, min(shards, m) + 1).astype(np.int64)
         clients = np.diff(cuts)
     return {"rows": int(m), "clients": [int(c) for c in clients], "digest": h.hexdigest()[:32],
+            "columns": {"names": list(cols.names), "list_column": cols.list_column,
+                        "categorical": list(cols.categorical)},
             "fingerprints": record_fingerprints(raw)}
 
 

@@ -159,6 +159,7 @@ class Columns:
 
     @classmethod
     def resolve(cls, part: Part, schema: pa.Schema, exclude) -> "Columns":
+        """``part.features`` (or every column but ``exclude``), typed by ``schema``."""
         if isinstance(part.features, str):
             names = (part.features,)
         elif part.features:

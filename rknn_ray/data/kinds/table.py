@@ -45,16 +45,10 @@ def class_list(cfg, public: pa.Table) -> tuple:
                       "class name, in label order); it is never taken from the private labels")
 
 
-def _columns_for(part: Part, public: Columns) -> Columns:
-    """The public feature columns under ``part``'s own names (``features``), by position."""
-    if not part.features:
-        return public
-    names = (part.features,) if isinstance(part.features, str) else tuple(part.features)
-    if len(names) != len(public.names):
-        raise DataError(f"{part.key}.features names {len(names)} columns, the public part "
-                        f"{len(public.names)}. Fix: name the same features in every part")
-    cat = tuple(n for n, pn in zip(names, public.names) if pn in public.categorical)
-    return Columns(names, public.list_column, cat)
+def _columns_for(part: Part, schema, public: Columns) -> Columns:
+    """The part's feature columns: its own ``features`` (as its schema types them; the same
+    number of values as a public record, checked when read), else the public part's."""
+    return Columns.resolve(part, schema, ()) if part.features else public
 
 
 def prepare_table(cfg, inputs: dict):
@@ -108,9 +102,13 @@ def prepare_table(cfg, inputs: dict):
     pools = [record_fingerprints(raw_numbers(raw_pub))]
     if ev.path is not None or inputs.get("evaluation") is not None:
         evaluation = _read(ev, inputs.get("evaluation"))
-        ev_cols = _columns_for(ev, cols)
-        missing(ev, evaluation.schema, [*ev_cols.names, ev.label or priv.label])
+        missing(ev, evaluation.schema, [ev.label or priv.label])
+        ev_cols = _columns_for(ev, evaluation.schema, cols)
+        missing(ev, evaluation.schema, ev_cols.names)
         raw_ev = feature_matrix(evaluation, ev_cols, ev, width)
+        if raw_ev.shape[1] != width:
+            raise DataError(f"data.evaluation: a record has {raw_ev.shape[1]} feature values, a "
+                            f"public one {width}. Fix: give every part the same features")
         eval_x = featurizer(raw_ev)
         eval_y = label_indices(evaluation, ev.label or priv.label, classes, ev)
         if len(raw_ev):
@@ -118,7 +116,7 @@ def prepare_table(cfg, inputs: dict):
     else:                      # no labelled evaluation set: an evaluation split of 0 rows
         eval_x = np.zeros((0, *featurizer.output_shape), np.float32)
         eval_y = np.zeros(0, np.int64)
-    priv_cols = _columns_for(priv, cols)
+    priv_cols = cols        # the scan resolves the private part's own ``features`` itself
     shards = int(cfg.cluster.shards)
     spec = {"part": priv.__dict__, "columns": priv_cols.__dict__, "classes": [str(c) for c in classes],
             "shards": shards, "width": width}
@@ -129,6 +127,7 @@ def prepare_table(cfg, inputs: dict):
     else:
         found = run_scan(spec)         # a process of its own: only counts and fingerprints return
     m = found["rows"]
+    priv_cols = Columns(**found["columns"])
     bound = int(d.max_records_per_client) if priv.client else 1
     image_shape = featurizer.output_shape
     validate_with_data(cfg, len(public_x), m, len(classes), partitioned=False)
