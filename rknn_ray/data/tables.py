@@ -31,6 +31,14 @@ FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ip
 PART_KEYS = {"private": ("path", "label", "client", "features"),
              "public": ("path", "id", "features"),
              "evaluation": ("path", "label", "features")}
+PART_KEY_DOCS = {
+    "path": "a parquet / CSV / Arrow file, a folder of them (hive sub-folders become columns) "
+            "or a glob; the private path is read by the shards where they run",
+    "label": "the label column (strings or integers, matched to data.classes by text)",
+    "client": "the holder id column: each distinct id is one client (unset: one record per client)",
+    "id": "the public row id column (labels are keyed by it; unset: row numbers)",
+    "features": "a list of columns, or one list-typed column (unset: every column that is not "
+                "the label, client or id)"}
 CLASSES_METADATA = b"classes"       # public file schema metadata: a JSON list of class names
 
 
