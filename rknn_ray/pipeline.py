@@ -87,6 +87,7 @@ def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = Fal
 
 def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) -> RecordAnswers:
     """All held records' answers in one place: only for the non-private reference."""
+    data.require_private_rows("the non-private reference (exact counts)")
     rows = data.held_rows()
     rows = rows[np.argsort(data.client_ids[rows], kind="stable")]
     emb = encoder.transform(data.splits.private_x[rows])

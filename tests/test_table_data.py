@@ -82,6 +82,8 @@ def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
     raw = pub.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy()
     std = np.where(raw.std(0) > 0, raw.std(0), 1)
     assert np.allclose(sp.public_x, (raw - raw.mean(0)) / std, atol=1e-5)
+    with pytest.raises(ConfigError, match="never loads them"):     # the non-private reference
+        data.require_private_rows("the non-private reference")
 
 
 def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):

@@ -50,6 +50,15 @@ class PreparedData:
             return int(self.record_bound)
         return int(np.bincount(self.client_ids).max(initial=0))   # hand-built data (tests)
 
+    def require_private_rows(self, what: str) -> None:
+        """ConfigError when the private rows are not here (a table: only the shards read them)."""
+        if self.remote_private:
+            from rknn_ray.errors import ConfigError
+            raise ConfigError("data.dataset", f"{what} needs the private rows in this process, "
+                              "and data.dataset=table never loads them here (only the client "
+                              "shards read them)", "run it on a built-in data set, or run the "
+                              "private job (python -m jobs.distill)")
+
     def held_rows(self) -> np.ndarray:
         """Indices of the private records clients hold (all but those beyond the bound)."""
         m = len(self.client_ids)
