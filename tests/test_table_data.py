@@ -116,6 +116,25 @@ def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
     assert seen == set(holders.tolist()) and lo == data.num_clients == 12
 
 
+def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ranges(tmp_path):
+    priv, pub, ev = write_parts(str(tmp_path))
+    # three files read as one glob: the row ranges cross file boundaries
+    for i, (lo, hi) in enumerate(((0, 400), (400, 700), (700, priv.num_rows))):
+        write(priv.slice(lo, hi - lo).drop(["holder"]), str(tmp_path / "split" / f"{i}.parquet"))
+    cfg = Config.from_dict({**table_config(str(tmp_path), private={
+        "path": str(tmp_path / "split" / "*.parquet"), "client": None}),
+        "cluster": {"shards": 3}})
+    cfg = cfg.with_overrides(["data.private.client=null", "data.max_records_per_client=null"])
+    data = prepare_data(cfg)
+    assert data.num_clients == priv.num_rows and data.max_records_per_client == 1
+    sources = dataset_sources(cfg, data)
+    got = [s.open() for s in sources]
+    assert [len(r.labels) for r in got] == [s.client_hi - s.client_lo for s in sources]
+    ids = np.concatenate([r.client_ids for r in got])
+    assert ids.tolist() == list(range(priv.num_rows))
+    assert np.concatenate([r.labels for r in got]).tolist() == priv.column("label").to_pylist()
+
+
 def test_the_same_table_as_parquet_or_csv_or_a_glob_draws_from_one_budget(tmp_path):
     parts = write_parts(str(tmp_path / "pq"))
     write_parts(str(tmp_path / "csv"), "csv", parts)

@@ -27,6 +27,10 @@ from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_
 from rknn_ray.errors import DataError
 
 
+def _empty(dataset, names) -> pa.Table:
+    return pa.schema([dataset.schema.field(n) for n in names]).empty_table()
+
+
 @dataclass(frozen=True, eq=False)
 class TableShardSource:
     """Clients ``[client_lo, client_hi)``: the holders hashed to ``shard`` of ``shards`` (or,
@@ -57,8 +61,7 @@ class TableShardSource:
                 if hi > lo:
                     pieces.append(batch.slice(lo, hi - lo))
                 at += batch.num_rows
-            return pa.Table.from_batches(pieces, schema=dataset.schema.select(need) if pieces
-                                         else None) if pieces else dataset.schema.select(need).empty_table(), [p.path]
+            return (pa.Table.from_batches(pieces) if pieces else _empty(dataset, need)), [p.path]
         holders = read(p.path, [p.client], p.key).column(p.client)
         _, ids, id_bucket = bucket_of(holders, self.shards)
         mine = pa.array([ids[i] for i in np.flatnonzero(id_bucket == self.shard)], pa.string())
@@ -66,7 +69,7 @@ class TableShardSource:
         fragments = list(dataset.get_fragments(filter=expr))
         tables = [pads.FileSystemDataset([f], dataset.schema, dataset.format, f.filesystem)
                   .to_table(columns=need, filter=expr) for f in fragments]
-        table = pa.concat_tables(tables) if tables else dataset.schema.select(need).empty_table()
+        table = pa.concat_tables(tables) if tables else _empty(dataset, need)
         return table, [f.path for f in fragments]
 
     def open(self) -> ShardRecords:
