@@ -646,8 +646,9 @@ def _check_table(cfg: dict) -> None:
     """data.private / public / evaluation: their keys (rknn_ray.data.tables.PART_KEYS), and
     the rules of a table job."""
     from rknn_ray.data.tables import PART_KEYS
+    from rknn_ray.data.registry import kind_of
     d = cfg["data"]
-    table = d["dataset"] == "table"
+    table = kind_of(d["dataset"]).parts          # table, image_folder
     for part, keys in PART_KEYS.items():
         for k, v in d[part].items():
             path = f"data.{part}.{k}"
@@ -662,8 +663,9 @@ def _check_table(cfg: dict) -> None:
                                   if k == "path" else "write a column name (features: a list "
                                   "of columns or one list column)")
         if d[part] and not table:
-            raise ConfigError(f"data.{part}", f"is only read for data.dataset=table, not "
-                              f"{d['dataset']!r}", f"set data.{part}=null or data.dataset=table")
+            raise ConfigError(f"data.{part}", f"is only read for data.dataset=table (or "
+                              f"image_folder), not {d['dataset']!r}",
+                              f"set data.{part}=null or data.dataset=table")
     for k in ("classes", "shape"):
         if d[k] is not None and not table:
             raise ConfigError(f"data.{k}", f"is only read for data.dataset=table, not "

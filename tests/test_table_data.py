@@ -256,3 +256,37 @@ def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tm
     assert words[case] in err, err
     assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
     assert not (tmp_path / "run").exists()           # no run folder left behind
+
+
+def _write_images(folder, x, y=None, names=None):
+    from PIL import Image
+    for i, img in enumerate(x):
+        sub = folder / str(y[i]) if y is not None else folder
+        sub.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.rint(img * 255).astype(np.uint8), mode="L").save(
+            sub / f"{names[i] if names else i}.png")
+
+
+def test_an_image_folder_is_a_second_source_kind(tmp_path):
+    d = load_dataset("digits")
+    x, y = d.train_x[:, 0], d.train_y
+    _write_images(tmp_path / "private", x[:300], y[:300])
+    _write_images(tmp_path / "public", x[300:400], names=[f"img-{i}" for i in range(100)])
+    _write_images(tmp_path / "evaluation", x[400:460], y[400:460])
+    cfg = load_config(None, ["data.dataset=image_folder", "data.classes=[0,1,2,3,4,5,6,7,8,9]",
+                             f"data.private.path={tmp_path / 'private'}",
+                             f"data.public.path={tmp_path / 'public'}",
+                             f"data.evaluation.path={tmp_path / 'evaluation'}",
+                             "queries.s=20", "cluster.shards=2"])
+    data = prepare_data(cfg)
+    sp = data.splits
+    assert data.image_shape == (1, 8, 8) and data.num_clients == 300 and data.remote_private
+    assert sorted(sp.public_ids.tolist()) == sorted(f"img-{i}.png" for i in range(100))
+    assert np.allclose(np.sort(sp.public_x.reshape(100, -1), axis=0),
+                       np.sort(np.rint(x[300:400] * 255).reshape(100, -1) / 255, axis=0), atol=1e-6)
+    assert sorted(sp.eval_y.tolist()) == sorted(y[400:460].tolist())
+    got = [s.open() for s in dataset_sources(cfg, data)]
+    assert sorted(np.concatenate([r.labels for r in got]).tolist()) == sorted(y[:300].tolist())
+    assert sum(len(r.labels) for r in got) == 300 and got[0].features.shape[1:] == (1, 8, 8)
+    with pytest.raises(ConfigError, match="one sub-folder of images per class"):
+        prepare_data(cfg.with_overrides([f"data.private.path={tmp_path / 'public'}"]))

@@ -32,6 +32,7 @@ class DatasetKind:
     paper_split: str = "stratified"          # what split.rule 'paper' means (rknn_ray.data.splits)
     from_config: Callable | None = None      # cfg.data -> the reader's options
     prepare: Callable | None = None          # (cfg, inputs) -> PreparedData: prepares itself
+    parts: bool = False                      # reads data.private / public / evaluation
     description: str = field(default="", compare=False)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -90,9 +91,63 @@ def _files(path: str) -> tuple[list[str] | str, str]:
     return target, formats.pop()
 
 
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def image_folder(path: str) -> str | None:
+    """'flat' (images in the folder: public rows, ids = file names), 'classes' (one sub-folder
+    of images per class: a labelled part, labels = sub-folder names) or None (not one)."""
+    if not os.path.isdir(path):
+        return None
+    names = os.listdir(path)
+    if any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names):
+        return "flat"
+    subs = [n for n in names if os.path.isdir(os.path.join(path, n))]
+    if subs and all(any(os.path.splitext(f)[1].lower() in IMAGE_EXTS
+                        for f in os.listdir(os.path.join(path, d))) for d in subs):
+        return "classes"
+    return None
+
+
+def read_images(path: str, layout: str) -> pa.Table:
+    """An image folder as a table: ``pixels`` (float32 in [0, 1], channels first, flattened:
+    one fixed-size list) with ``id`` (flat) or ``label`` (class sub-folders). Every image must
+    have the size and channels of the first."""
+    from PIL import Image
+    if layout == "flat":
+        files = [(f, None) for f in sorted(os.listdir(path))
+                 if os.path.splitext(f)[1].lower() in IMAGE_EXTS]
+    else:
+        files = [(os.path.join(d, f), d) for d in sorted(os.listdir(path))
+                 if os.path.isdir(os.path.join(path, d))
+                 for f in sorted(os.listdir(os.path.join(path, d)))
+                 if os.path.splitext(f)[1].lower() in IMAGE_EXTS]
+    pixels, shape = [], None
+    for name, _ in files:
+        with Image.open(os.path.join(path, name)) as im:
+            a = np.asarray(im.convert("L" if im.mode in ("L", "1", "I;16", "I") else "RGB"),
+                           dtype=np.float32) / 255.0
+        a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+        if shape is None:
+            shape = a.shape
+        elif a.shape != shape:
+            raise DataError(f"{path}: mixed feature lengths: {name} is {a.shape}, the first image "
+                            f"{shape}. Fix: give every image the same size and channels")
+        pixels.append(a.ravel())
+    flat = np.stack(pixels) if pixels else np.zeros((0, 1), np.float32)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+    other = {"id": [n for n, _ in files]} if layout == "flat" else {"label": [d for _, d in files]}
+    meta = {b"shape": json.dumps(list(shape or ())).encode()}
+    return pa.table({"pixels": column, **other}).replace_schema_metadata(meta)
+
+
 def open_dataset(path: str) -> pads.Dataset:
     """A pyarrow dataset over a file, a folder (hive-partitioned sub-folders become columns)
-    or a glob. Opening reads metadata at most, no rows."""
+    or a glob; an image folder is read whole (rknn_ray.data.tables.read_images). Opening a
+    file reads metadata at most, no rows."""
+    layout = image_folder(str(path))
+    if layout is not None:
+        return pads.dataset(read_images(str(path), layout))
     target, fmt = _files(str(path))
     try:
         if isinstance(target, str) and os.path.isdir(target):

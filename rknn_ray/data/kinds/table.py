@@ -131,7 +131,7 @@ def prepare_table(cfg, inputs: dict):
     bound = int(d.max_records_per_client) if priv.client else 1
     image_shape = featurizer.output_shape
     validate_with_data(cfg, len(public_x), m, len(classes), partitioned=False)
-    splits = Splits("table", "table", cfg.run.seed,
+    splits = Splits(d.dataset, "table", cfg.run.seed,
                     np.broadcast_to(np.zeros((), np.float32), (m, *image_shape)),
                     np.broadcast_to(np.int64(-1), (m,)), public_x, public_y, eval_x, eval_y,
                     len(classes), image_shape, public_ids=public_ids, class_names=tuple(classes))
@@ -140,7 +140,7 @@ def prepare_table(cfg, inputs: dict):
                              tuple(str(c) for c in classes), featurizer, found["clients"], bound,
                              int(cfg.run.seed), width, shards)
     return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(classes), image_shape,
-                        "table", clients=int(sum(found["clients"])), record_bound=bound,
+                        d.dataset, clients=int(sum(found["clients"])), record_bound=bound,
                         pool=pool, private_digest=found["digest"], shard_sources=make,
                         remote_private=True)
 
@@ -179,5 +179,5 @@ def _shard_sources(handover, part, cols, classes, featurizer, clients, bound, se
     return sources
 
 
-register_dataset("table", prepare=prepare_table,
+register_dataset("table", prepare=prepare_table, parts=True,
                  description="the user's own parquet / CSV / Arrow tables (docs/running.md)")
