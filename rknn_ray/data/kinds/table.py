@@ -52,6 +52,8 @@ def _columns_for(part: Part, schema, public: Columns) -> Columns:
 
 
 def prepare_table(cfg, inputs: dict):
+    """The job's data from the user's parts (module docstring): public and evaluation read
+    here, the private part only scanned (its own process) and left to the shards."""
     from rknn_ray.config import validate_with_data
     from rknn_ray.data.prepared import PreparedData
     from rknn_ray.data.splits import Splits
@@ -100,22 +102,9 @@ def prepare_table(cfg, inputs: dict):
             raise DataError(f"data.public: ids in {pub.id!r} are not unique. Fix: give every "
                             "public row its own id")
     pools = [record_fingerprints(raw_numbers(raw_pub))]
-    if ev.path is not None or inputs.get("evaluation") is not None:
-        evaluation = _read(ev, inputs.get("evaluation"))
-        missing(ev, evaluation.schema, [ev.label or priv.label])
-        ev_cols = _columns_for(ev, evaluation.schema, cols)
-        missing(ev, evaluation.schema, ev_cols.names)
-        raw_ev = feature_matrix(evaluation, ev_cols, ev, width)
-        if raw_ev.shape[1] != width:
-            raise DataError(f"data.evaluation: a record has {raw_ev.shape[1]} feature values, a "
-                            f"public one {width}. Fix: give every part the same features")
-        eval_x = featurizer(raw_ev)
-        eval_y = label_indices(evaluation, ev.label or priv.label, classes, ev)
-        if len(raw_ev):
-            pools.append(record_fingerprints(raw_numbers(raw_ev)))
-    else:                      # no labelled evaluation set: an evaluation split of 0 rows
-        eval_x = np.zeros((0, *featurizer.output_shape), np.float32)
-        eval_y = np.zeros(0, np.int64)
+    eval_x, eval_y, eval_pool = _evaluation(ev, inputs.get("evaluation"), cols, featurizer,
+                                            width, classes, priv.label)
+    pools += eval_pool
     priv_cols = cols        # the scan resolves the private part's own ``features`` itself
     shards = int(cfg.cluster.shards)
     spec = {"part": priv.__dict__, "columns": priv_cols.__dict__, "classes": [str(c) for c in classes],
@@ -143,6 +132,23 @@ def prepare_table(cfg, inputs: dict):
                         d.dataset, clients=int(sum(found["clients"])), record_bound=bound,
                         pool=pool, private_digest=found["digest"], shard_sources=make,
                         remote_private=True)
+
+
+def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
+    """(features, labels, fingerprints) of the evaluation part; without one, 0 rows."""
+    from rknn_ray.accounting.source_identity import record_fingerprints
+    if ev.path is None and memory is None:     # no labelled evaluation set
+        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), []
+    evaluation = _read(ev, memory)
+    missing(ev, evaluation.schema, [ev.label or label])
+    ev_cols = _columns_for(ev, evaluation.schema, cols)
+    missing(ev, evaluation.schema, ev_cols.names)
+    raw = feature_matrix(evaluation, ev_cols, ev, width)
+    if raw.shape[1] != width:
+        raise DataError(f"data.evaluation: a record has {raw.shape[1]} feature values, a "
+                        f"public one {width}. Fix: give every part the same features")
+    y = label_indices(evaluation, ev.label or label, classes, ev)
+    return featurizer(raw), y, [record_fingerprints(raw_numbers(raw))] if len(raw) else []
 
 
 class _Handover:
