@@ -290,3 +290,22 @@ def test_an_image_folder_is_a_second_source_kind(tmp_path):
     assert sum(len(r.labels) for r in got) == 300 and got[0].features.shape[1:] == (1, 8, 8)
     with pytest.raises(ConfigError, match="one sub-folder of images per class"):
         prepare_data(cfg.with_overrides([f"data.private.path={tmp_path / 'public'}"]))
+
+
+def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp_path):
+    priv, pub, ev = digits_parts(n_private=600, n_public=300)
+    cfg = Config.from_dict(table_config(str(tmp_path), evaluation=None))
+    cfg = cfg.with_overrides(["data.evaluation=null", "data.private.path=null",
+                              "data.public.path=null", "cluster.shards=3"])
+    data = prepare_data(cfg, {"private": priv.to_pandas(), "public": pub})
+    handover = data.shard_sources.args[0]
+    assert handover.table is not None                 # held until the hand-over
+    sources = dataset_sources(cfg, data)
+    assert handover.table is None                     # the library keeps no copy after it
+    holders = np.array(priv.column("holder").to_pylist())
+    dealt = [set(s.rows.column("holder").to_pylist()) for s in sources]
+    assert sum(len(d) for d in dealt) == len(set(holders)) and all(
+        a.isdisjoint(b) for i, a in enumerate(dealt) for b in dealt[i + 1:])
+    assert sum(s.rows.num_rows for s in sources) == priv.num_rows
+    got = [s.open() for s in sources]
+    assert sum(r.num_clients for r in got) == data.num_clients == len(set(holders))
