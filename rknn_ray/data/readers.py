@@ -1,6 +1,6 @@
-"""The built-in data sets' readers and ``load_dataset`` (any registered set, by name; the
-entries live in rknn_ray/data/kinds/builtin.py) (the ``Dataset`` they return and
-its input checks live in rknn_ray.data.dataset and are re-exported here).
+"""The built-in data sets' readers, and ``load_dataset``: any registered set by name (the
+entries are in rknn_ray/data/kinds/builtin.py; the ``Dataset`` they return and its input
+checks live in rknn_ray.data.dataset and are re-exported here).
 
 Convention: images are float32 of shape (N, C, H, W) with values in [0, 1]
 (torch layout; C = 1 for gray), labels int64 in ``[0, num_classes)``. Feature
