@@ -37,7 +37,7 @@ def test_a_table_with_holders_and_string_ids_runs_end_to_end(tmp_path, monkeypat
     assert result.report["student"]["test_accuracy"] > 0.7      # digits, eps 2, 60 queries
     # the budget is the records' source's: the ledger holds one source with this job
     (source,) = BudgetStore(str(ledger)).datasets()
-    assert source["spent_eps"] == pytest.approx(2.0) if "spent_eps" in source else True
+    assert source["spent"]["eps"] == pytest.approx(2.0) and source["reserved"] == 0
 
 
 def test_run_from_python_with_data_in_memory(tmp_path, monkeypatch):
@@ -106,3 +106,29 @@ def test_the_driver_never_holds_a_private_row(tmp_path):
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+def test_private_rows_that_change_after_the_scan_fail_in_the_shards_with_the_reservation_returned(
+        tmp_path, monkeypatch):
+    from rknn_ray import pipeline
+    from rknn_ray.errors import DataError
+    ledger = tmp_path / "ledger.sqlite"
+    monkeypatch.setenv("RKNN_RAY_LEDGER", str(ledger))
+    priv, _, _ = write_parts(str(tmp_path))
+    real = pipeline.prepare_data
+
+    def prepare_then_change(cfg, *args):
+        data = real(cfg, *args)          # scanned; now one row moves to a new holder
+        holder = priv.column("holder").to_pylist()
+        row = next(i for i, h in enumerate(holder) if holder.count(h) > 1)
+        holder[row] = "a-new-holder"
+        pq.write_table(priv.set_column(priv.column_names.index("holder"), "holder",
+                                       pa.array(holder)), str(tmp_path / "private.parquet"))
+        return data
+    monkeypatch.setattr(pipeline, "prepare_data", prepare_then_change)
+    with pytest.raises(DataError, match="changed after the job checked it"):
+        rknn_ray.run(table_config(str(tmp_path)), out_dir=str(tmp_path / "run"))
+    (source,) = BudgetStore(str(ledger)).datasets()
+    assert source["spent"]["eps"] == 0 and source["reserved"] == 0     # returned: nothing ran
+    (job,) = source["releases"]
+    assert "reservation returned" in job["note"], job
