@@ -55,7 +55,7 @@ def scan(spec: dict, table=None) -> dict:
                         f"{spec['width']}. Fix: give every part the same features")
     named = {**spec, "part": {k: v for k, v in spec["part"].items() if k != "path"}}
     h = hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode())   # not the path
-    h.update(np.ascontiguousarray(raw, "<f8").tobytes())
+    h.update(np.ascontiguousarray(raw, "<f4").tobytes())
     h.update(np.ascontiguousarray(y, "<i8").tobytes())
     if part.client:
         holders = t.column(part.client)
