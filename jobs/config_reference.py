@@ -30,7 +30,8 @@ these sections; `--set section.key=value` overrides any key. An unknown key, a k
 twice, a file that sets nothing, a value outside its range or choices, or a relation that
 cannot hold (k > s, s larger than the public set where the config or a public file fixes its
 size, a synthetic mixture larger than memory, `student.num_workers` beyond the CPUs) stops the
-job before data loads or Ray starts, with a message naming the key and the fix. Free-form sections (`privacy.options`, `data.synthetic`,
+job before data loads or Ray starts, with a message naming the key and the fix. Free-form
+sections (`privacy.options`, `data.synthetic`, `data.private` / `public` / `evaluation`,
 `cluster.placement`) merge key by key; their keys are listed at the end.
 """
 
@@ -68,6 +69,13 @@ def render() -> str:
               "| key | type |", "|---|---|"]
     for key, kind in C.synthetic_keys().items():
         lines.append(f"| `data.synthetic.{key}` | {kind.__name__} |")
+    from rknn_ray.data.tables import PART_KEY_DOCS, PART_KEYS
+    lines += ["\n`data.private`, `data.public`, `data.evaluation` (`data.dataset: table`; "
+              "[running.md](running.md#your-own-data-datadataset-table)):\n",
+              "| key | what |", "|---|---|"]
+    for part, keys in PART_KEYS.items():
+        for key in keys:
+            lines.append(f"| `data.{part}.{key}` | {_cell(PART_KEY_DOCS[key])} |")
     lines += ["\n`cluster.placement` (what a node must offer to host a party; "
               "[running.md](running.md#a-multi-node-cluster)):\n", "| key | accepts |", "|---|---|"]
     for party in C.PLACEMENT_PARTIES:

@@ -4,6 +4,9 @@ The library (this package) is pure numpy / torch / faiss; Ray appears only where
 Ray is the job (student training with Ray Train). The parties' packages sit beside it:
 ``sealing/`` (the shared report format), ``shuffler/`` (the untrusted middle) and
 ``server/`` (the key holder); ``actors/`` holds their thin Ray wrappers.
+
+``rknn_ray.run(config, private=None, public=None, evaluation=None, out_dir=None)`` runs one
+job from Python (rknn_ray/job/api.py), loaded on first use.
 """
 
 __version__ = "0.1.0"
@@ -11,3 +14,12 @@ __version__ = "0.1.0"
 from rknn_ray import moved as _moved
 
 _moved.install()        # pickles made before the stage packages still load (rknn_ray/moved.py)
+
+
+def __getattr__(name: str):
+    """``run``: the job layer's entry (rknn_ray.job.api), imported on first use so the library
+    never loads the job layer (Ray, the parties) unless a job is run from here."""
+    if name == "run":
+        import importlib
+        return importlib.import_module("rknn_ray.job.api").run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

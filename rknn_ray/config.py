@@ -88,6 +88,27 @@ def _dataset(value, path, spec):
         raise ConfigError(path, exc.problem, exc.fix) from None
 
 
+def _classes(value, path, spec):
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or len(value) < 2
+            or not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value)
+            or len(set(map(str, value))) != len(value)):
+        raise ConfigError(path, f"{value!r} is not a list of two or more distinct class names",
+                          "write data.classes: [cat, dog] or [0, 1, 2] (label order), or null")
+    return list(value)
+
+
+def _shape(value, path, spec):
+    if value is None:
+        return None
+    if (not isinstance(value, (list, tuple)) or not value
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
+        raise ConfigError(path, f"{value!r} is not a list of positive integers",
+                          "write data.shape: [1, 28, 28] (channels, height, width), or null")
+    return list(value)
+
+
 def _folder_name(value, path, spec):
     if not isinstance(value, str) or not value.strip() or os.sep in value or "/" in value:
         raise ConfigError(path, f"{value!r} is not a plain folder name",
@@ -145,7 +166,7 @@ class RunConfig:
 @dataclass(frozen=True)
 class DataConfig:
     dataset: str = key("digits", "digits is embedded; the others read data_root", str,
-                       choices=_owned("rknn_ray.data.readers", "KNOWN"), check=_dataset)
+                       choices=_owned("rknn_ray.data.registry", "known"), check=_dataset)
     data_root: str | None = key(None, "the dataset's standard files (null: default place)", str,
                                 nullable=True, accepts_text="a folder path, or null",
                                 check=_path_or_null("set data.data_root to a folder path, or "
@@ -164,6 +185,21 @@ class DataConfig:
     include_extra: bool = key(False, "SVHN: extra_32x32.mat joins the private train set", bool)
     synthetic: FrozenDict = key(None, "gaussian_mixture arguments", free_form=True,
                                 factory=FrozenDict)
+    # data.dataset: table (rknn_ray/data/kinds/table.py; docs/running.md, "Your own data")
+    classes: tuple | None = key(None, "table: the class list, in label order (strings or ints); "
+                                "null: the public file's schema metadata 'classes'",
+                                check=_classes, accepts_text="a list of 2+ distinct names, or null")
+    shape: tuple | None = key(None, "table: the features are an image of this shape, e.g. "
+                              "[1, 28, 28] (null: a table; standardize / one-hot)", check=_shape,
+                              accepts_text="a list of positive integers, or null")
+    private: FrozenDict = key(None, "table: {path, label, client, features}: the private records "
+                              "(client: the holder id column; none: one record per client)",
+                              free_form=True, factory=FrozenDict)
+    public: FrozenDict = key(None, "table: {path, id, features}: the unlabelled public rows "
+                             "(id: the row id column labels.parquet is keyed by)",
+                             free_form=True, factory=FrozenDict)
+    evaluation: FrozenDict = key(None, "table: {path, label, features}: an optional labelled "
+                                 "evaluation set", free_form=True, factory=FrozenDict)
 
 
 @dataclass(frozen=True)
@@ -560,6 +596,7 @@ def _validate(cfg: dict) -> None:
     if public is not None:
         _check_queries_fit(cfg["queries"]["s"], cfg["rounds"]["count"],
                            cfg["rounds"]["split_queries"], public)
+    _check_table(cfg)
     cfg["cluster"]["placement"] = check_placement(cfg["cluster"]["placement"])
 
 
@@ -692,6 +729,47 @@ def declared_public_size(cfg: dict) -> int | None:
     return None
 
 
+def _check_table(cfg: dict) -> None:
+    """data.private / public / evaluation: their keys (rknn_ray.data.tables.PART_KEYS), and
+    the rules of a table job."""
+    from rknn_ray.data.tables import PART_KEYS
+    from rknn_ray.data.registry import kind_of
+    d = cfg["data"]
+    table = kind_of(d["dataset"]).parts          # table, image_folder
+    for part, keys in PART_KEYS.items():
+        for k, v in d[part].items():
+            path = f"data.{part}.{k}"
+            if k not in keys:
+                raise _unknown(path, [f"data.{part}.{x}" for x in keys], f"known keys: {list(keys)}")
+            ok = (isinstance(v, str) and v.strip() if k != "features" else
+                  isinstance(v, str) or (isinstance(v, (list, tuple)) and v
+                                         and all(isinstance(c, str) for c in v)))
+            if not ok:
+                raise ConfigError(path, f"{v!r} is not a column name" if k != "path" else
+                                  f"{v!r} is not a path", "write a file / folder / glob path"
+                                  if k == "path" else "write a column name (features: a list "
+                                  "of columns or one list column)")
+        if d[part] and not table:
+            raise ConfigError(f"data.{part}", f"is only read for data.dataset=table (or "
+                              f"image_folder), not {d['dataset']!r}",
+                              f"set data.{part}=null or data.dataset=table")
+    for k in ("classes", "shape"):
+        if d[k] is not None and not table:
+            raise ConfigError(f"data.{k}", f"is only read for data.dataset=table, not "
+                              f"{d['dataset']!r}", f"set data.{k}=null or data.dataset=table")
+    if not table:
+        return
+    if d["private"].get("client") and d["max_records_per_client"] is None:
+        raise ConfigError("data.max_records_per_client", "data.private.client makes each holder "
+                          "a client, and how many records the largest holds is private; the "
+                          "bound that sets message sizes, allowances and auto s must be public",
+                          "declare it, e.g. data.max_records_per_client=40; a holder's records "
+                          "beyond it are dropped")
+    if cfg["run"]["diagnostics"]:
+        raise ConfigError("run.diagnostics", "needs the private rows in the driver, which "
+                          "data.dataset=table never loads", "set run.diagnostics=false")
+
+
 #: cluster.placement: the protocol's parties (rknn_ray/job/session.py) and what each may require of
 #: the node its actors run on: Ray custom resources (``ray start --resources``) and node labels
 #: (``ray start --labels``). A party left out runs wherever Ray puts it.
@@ -762,11 +840,13 @@ def check_public_size(cfg: Config, public_size: int) -> None:
     _check_queries_fit(cfg.queries.s, cfg.rounds.count, cfg.rounds.split_queries, public_size)
 
 
-def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int) -> None:
+def validate_with_data(cfg: Config, public_size: int, num_private: int, num_classes: int,
+                       partitioned: bool = True) -> None:
     """The checks that need the loaded data (s <= public size, clients <= records, r <= |Y|,
-    delta < 1/n in the shuffle model)."""
+    delta < 1/n in the shuffle model). ``partitioned``: data.clients deals the records (not
+    for tables, whose clients come from the data)."""
     check_public_size(cfg, public_size)
-    if cfg.data.partition != "one_per_client" and cfg.data.clients > num_private:
+    if partitioned and cfg.data.partition != "one_per_client" and cfg.data.clients > num_private:
         raise ConfigError("data.clients", f"{cfg.data.clients} clients for only {num_private} "
                           "private records",
                           f"set data.clients <= {num_private} or data.partition=one_per_client")

@@ -87,6 +87,7 @@ def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = Fal
 
 def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) -> RecordAnswers:
     """All held records' answers in one place: only for the non-private reference."""
+    data.require_private_rows("the non-private reference (exact counts)")
     rows = data.held_rows()
     rows = rows[np.argsort(data.client_ids[rows], kind="stable")]
     emb = encoder.transform(data.splits.private_x[rows])
@@ -179,6 +180,8 @@ def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
     again, and none holds another shard's records (rknn_ray.data.sources).
     """
     from rknn_ray.data.sources import PreparedShardSource
+    if data.shard_sources is not None:      # the kind deals its own (each shard reads its part)
+        return data.shard_sources(cfg, int(shards or cfg.cluster.shards))
     n = data.num_clients
     count = max(1, min(int(shards or cfg.cluster.shards), n))
     cuts = np.linspace(0, n, count + 1).astype(np.int64)

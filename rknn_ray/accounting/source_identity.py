@@ -119,13 +119,18 @@ def job_source(store, cfg, data) -> tuple[str, str, str]:
     there; a random name), and the digest of its private part under the ledger's key, which
     names its release (neither published value is a function of the records alone)."""
     sp = data.splits
-    digest, _ = private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)
-    identity, described = store.source_identity(cfg.data.dataset, pool_fingerprints(sp),
-                                                legacy=digest, near=pool_near_fingerprints(sp))
+    if getattr(data, "pool", None) is not None:     # fingerprinted where the rows were read
+        digest, pool, near = data.private_digest, data.pool, getattr(data, "near_pool", None)
+    else:
+        digest, _ = private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)
+        pool, near = pool_fingerprints(sp), pool_near_fingerprints(sp)
+    identity, described = store.source_identity(cfg.data.dataset, pool, legacy=digest, near=near)
     return identity, described, store.keyed_name(digest)
 
 
 def legacy_release_name(cfg, data) -> str:
     """The bare digest run folders saved before release names were keyed (resume accepts it)."""
     sp = data.splits
+    if getattr(data, "pool", None) is not None:
+        return data.private_digest
     return private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)[0]

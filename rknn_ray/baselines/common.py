@@ -70,6 +70,7 @@ def prepare(cfg) -> BaselineSetup:
     from rknn_ray.pipeline import prepare_stages
     t0 = time.perf_counter()
     st = prepare_stages(cfg, resolve=True)
+    st.data.require_private_rows("a baseline")
     sp = st.data.splits
     return BaselineSetup(st.cfg, st.data, st.encoder, st.public_emb, st.queries,
                          st.encoder.transform(sp.private_x), st.encoder.transform(sp.eval_x),

@@ -13,6 +13,7 @@ import numpy as np
 
 from rknn_ray.data.partition import held_within_bound, partition, public_record_bound
 from rknn_ray.data.readers import load_dataset, validate_features
+from rknn_ray.data.registry import kind_of
 from rknn_ray.data.splits import make_splits
 
 
@@ -26,6 +27,13 @@ class PreparedData:
     clients: int | None = None          # public: the configured number of clients
     record_bound: int | None = None     # public: at most this many records per client
     held: np.ndarray | None = None      # (m,) records the clients keep (within the bound)
+    # kinds whose private rows the driver never loads (rknn_ray/data/kinds/table.py): the
+    # record pool's fingerprints and the private part's digest, computed where the rows were
+    # read, and the shards' sources (each opens its own clients' rows)
+    pool: np.ndarray | None = None
+    private_digest: str | None = None
+    shard_sources: object = None        # (cfg, shards) -> [source], or None: cut from splits
+    remote_private: bool = False        # splits.private_x / private_y are placeholders
 
     @property
     def num_clients(self) -> int:
@@ -41,6 +49,15 @@ class PreparedData:
         if self.record_bound is not None:
             return int(self.record_bound)
         return int(np.bincount(self.client_ids).max(initial=0))   # hand-built data (tests)
+
+    def require_private_rows(self, what: str) -> None:
+        """ConfigError when the private rows are not here (a table: only the shards read them)."""
+        if self.remote_private:
+            from rknn_ray.errors import ConfigError
+            raise ConfigError("data.dataset", f"{what} needs the private rows in this process, "
+                              "and data.dataset=table never loads them here (only the client "
+                              "shards read them)", "run it on a built-in data set, or run the "
+                              "private job (python -m jobs.distill)")
 
     def held_rows(self) -> np.ndarray:
         """Indices of the private records clients hold (all but those beyond the bound)."""
@@ -60,20 +77,24 @@ class PreparedData:
         return 0 if self.held is None else int((~self.held).sum())
 
 
-def prepare_data(cfg) -> PreparedData:
+def prepare_data(cfg, inputs: dict | None = None) -> PreparedData:
     """Load the dataset, make the split, check it, partition private records, and keep at
-    most the public record bound per client (rknn_ray.data.partition)."""
+    most the public record bound per client (rknn_ray.data.partition). A registry entry
+    with its own ``prepare`` (the user's tables) does all of this its own way; ``inputs``:
+    data given in memory ({"private": ..., "public": ..., "evaluation": ...}) for it."""
     from rknn_ray.config import check_public_size, validate_with_data
     d = cfg.data
+    kind = kind_of(d.dataset)
+    if kind.prepare is not None:
+        return kind.prepare(cfg, inputs or {})
+    if inputs and any(v is not None for v in inputs.values()):
+        from rknn_ray.errors import ConfigError
+        raise ConfigError("data.dataset", f"{d.dataset!r} reads its own files; data given in "
+                          "memory is read only by data.dataset=table", "set data.dataset=table")
     early = public_size_before_loading(cfg)
     if early is not None:               # queries.s against the public set, before any private file
         check_public_size(cfg, early)
-    if d.dataset == "synthetic":
-        ds = load_dataset(d.dataset, d.data_root, **(d.synthetic or {}))
-    elif d.dataset == "svhn":
-        ds = load_dataset(d.dataset, d.data_root, include_extra=d.include_extra)
-    else:
-        ds = load_dataset(d.dataset, d.data_root)
+    ds = load_dataset(d.dataset, d.data_root, **(kind.from_config(d) if kind.from_config else {}))
     splits = make_splits(ds, rule=d.split, seed=cfg.run.seed)
     validate_features(splits.private_x, splits.private_y, ds.num_classes, what="private data")
     validate_features(splits.public_x, splits.public_y, ds.num_classes, what="public data")
@@ -86,9 +107,9 @@ def public_size_before_loading(cfg) -> int | None:
     MNIST-style data under the paper's rule (half the test set, counted from its labels'
     header). digits and synthetic are checked when the config is (rknn_ray.config)."""
     from rknn_ray.data.readers import idx_test_count
-    from rknn_ray.data.splits import PAPER_RULE, paper_mnist_public_count
+    from rknn_ray.data.splits import paper_mnist_public_count, paper_rule
     d = cfg.data
-    if d.split != "paper" or PAPER_RULE.get(d.dataset) != "mnist":
+    if d.split != "paper" or paper_rule(d.dataset) != "mnist":
         return None
     n_test = idx_test_count(d.dataset, d.data_root)
     return None if n_test is None or n_test < 2 else paper_mnist_public_count(n_test)

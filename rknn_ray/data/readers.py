@@ -1,5 +1,6 @@
-"""``load_dataset``: the readers of every supported data set (the ``Dataset`` they return and
-its input checks live in rknn_ray.data.dataset and are re-exported here).
+"""The built-in data sets' readers, and ``load_dataset``: any registered set by name (the
+entries are in rknn_ray/data/kinds/builtin.py; the ``Dataset`` they return and its input
+checks live in rknn_ray.data.dataset and are re-exported here).
 
 Convention: images are float32 of shape (N, C, H, W) with values in [0, 1]
 (torch layout; C = 1 for gray), labels int64 in ``[0, num_classes)``. Feature
@@ -19,18 +20,20 @@ from rknn_ray.data.dataset import Dataset, validate_features  # noqa: F401 - re-
 from rknn_ray.errors import ConfigError, DataError
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
-DEFAULT_ROOTS = {  # where a reader looks when no data_root is given
-    "fashion_mnist": FASHION_MNIST_ROOT,
-    "mnist": "/usr/share/datasets/mnist",
-    "cifar10": "/usr/share/datasets/cifar10",
-    "svhn": "/usr/share/datasets/svhn",
-}
-ALIASES = {"fmnist": "fashion_mnist", "fashion-mnist": "fashion_mnist",
-           "fashionmnist": "fashion_mnist", "cifar-10": "cifar10", "cifar": "cifar10",
-           "gaussian_mixture": "synthetic"}
-KNOWN = ("digits", "fashion_mnist", "mnist", "cifar10", "svhn", "synthetic")
 FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
                    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+
+
+def __getattr__(name: str):
+    """``KNOWN``, ``DEFAULT_ROOTS`` and ``ALIASES``, read from the registry (its entries own them)."""
+    from rknn_ray.data import registry
+    if name == "KNOWN":
+        return registry.known()
+    if name == "DEFAULT_ROOTS":
+        return {k.name: k.default_root for k in registry.kinds().values() if k.default_root}
+    if name == "ALIASES":
+        return registry.aliases()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def to_unit_float(images: np.ndarray) -> np.ndarray:
@@ -42,40 +45,31 @@ def to_unit_float(images: np.ndarray) -> np.ndarray:
 
 def canonical_name(name: str) -> str:
     """The canonical data set name, or ConfigError listing the known ones."""
-    key = str(name).strip().lower()
-    key = ALIASES.get(key, key)
-    if key not in KNOWN:
-        raise ConfigError("dataset", f"unknown data set {name!r}",
-                          f"use one of {', '.join(KNOWN)} (aliases: {', '.join(sorted(ALIASES))})")
-    return key
+    from rknn_ray.data.registry import canonical_name as canonical
+    return canonical(name)
 
 
 def load_dataset(name: str, data_root: str | None = None, **kwargs) -> Dataset:
-    """Read a data set by name.
+    """Read a registered data set by name (rknn_ray.data.registry).
 
     ``data_root`` is a folder holding the standard files (or a parent of the
-    standard sub-folder); without it each reader uses its default location
-    (:data:`DEFAULT_ROOTS`). Extra keyword arguments: ``include_extra`` for SVHN,
-    the :func:`rknn_ray.data.synthetic.gaussian_mixture` arguments for "synthetic".
+    standard sub-folder); without it each reader uses its entry's default location.
+    Extra keyword arguments: the entry's options (``include_extra`` for SVHN, the
+    :func:`rknn_ray.data.synthetic.gaussian_mixture` arguments for "synthetic").
     """
-    key = canonical_name(name)
-    allowed = {"svhn": {"include_extra"},
-               "synthetic": {"num_samples", "num_classes", "dim", "seed", "separation"}}.get(key, set())
+    from rknn_ray.data.registry import kind_of
+    kind = kind_of(name)
+    key = kind.name
+    if kind.reader is None:
+        raise ConfigError("dataset", f"{key!r} is not read as one labelled pool",
+                          f"run it as a job (data.dataset={key}); see docs/running.md")
+    allowed = set(kind.options)
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise ConfigError("dataset", f"{key!r} takes no option(s) {unknown}",
                           f"allowed options for {key!r}: {sorted(allowed) or 'none'}")
-    if key == "digits":
-        return load_digits()
-    if key == "synthetic":
-        from rknn_ray.data.synthetic import gaussian_mixture
-        return gaussian_mixture(**kwargs)
-    root = data_root if data_root is not None else DEFAULT_ROOTS[key]
-    if key in ("fashion_mnist", "mnist"):
-        return load_idx_dataset(key, root)
-    if key == "cifar10":
-        return load_cifar10(root)
-    return load_svhn(root, **kwargs)
+    root = data_root if data_root is not None else kind.default_root
+    return kind.reader(root, **kwargs)
 
 
 #: scikit-learn's digits: one fixed pool (its public part is known before it loads)
@@ -123,7 +117,8 @@ def idx_test_count(name: str, data_root: str | None = None) -> int | None:
     key = canonical_name(name)
     if key not in ("fashion_mnist", "mnist"):
         return None
-    root = data_root if data_root is not None else DEFAULT_ROOTS[key]
+    from rknn_ray.data.registry import kind_of
+    root = data_root if data_root is not None else kind_of(key).default_root
     path = find_idx_file(_idx_folders(key, root), IDX_STEMS["test"][1])
     try:
         with (gzip.open if path.endswith(".gz") else open)(path, "rb") as fh:

@@ -14,7 +14,10 @@ shard holds exactly the records it held before.
   batch by batch from (seed, client id): ten million clients without ten million
   rows in memory (the scale benchmark).
 
-Both open to :class:`ShardRecords`-like objects with ``num_clients`` and
+* :class:`rknn_ray.data.table_source.TableShardSource` - the user's own table: the shard
+  reads its own clients' rows where it runs (the driver never loads them).
+
+All open to :class:`ShardRecords`-like objects with ``num_clients`` and
 ``batches(batch_clients)``, which yields ``(features, labels, client_ids)`` holding
 whole clients, in a fixed order (a retry regenerates the same batches).
 """

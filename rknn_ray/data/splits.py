@@ -36,14 +36,13 @@ from rknn_ray.rng import seeded_generator
 
 RULES = ("paper", "stratified")
 STRATIFIED_FRACTIONS = (0.6, 0.2, 0.2)  # private, public, eval
-PAPER_RULE = {"mnist": "mnist", "fashion_mnist": "mnist", "svhn": "svhn", "cifar10": "cifar10",
-              "digits": "stratified", "synthetic": "stratified"}
 RULE_TEXT = {
     "mnist": "private = all train; public = seeded random half of test (5,000 of 10,000); eval = other half",
     "svhn": "private = train (+extra if loaded); eval = seeded 1,000 of test; public = rest of test",
     "cifar10": "public = seeded 30,000 of train; eval = seeded 1,000 of test; "
                "private = rest of train + rest of test (29,000)",
     "stratified": "pool train+test; per class 60% private / 20% public / 20% eval, seeded",
+    "table": "the user's own parts (data.private / public / evaluation), as given",
 }
 
 
@@ -68,6 +67,8 @@ class Splits:
     private_index: np.ndarray = field(repr=False, default=None)
     public_index: np.ndarray = field(repr=False, default=None)
     eval_index: np.ndarray = field(repr=False, default=None)
+    public_ids: np.ndarray | None = None     # the user's public row ids (None: row numbers)
+    class_names: tuple | None = None         # declared class names, in label-index order
 
     def describe(self) -> dict:
         """Sizes and the rule, for report.json."""
@@ -75,6 +76,13 @@ class Splits:
                 "seed": int(self.seed), "private": int(len(self.private_y)),
                 "public": int(len(self.public_y)), "eval": int(len(self.eval_y)),
                 "num_classes": int(self.num_classes), "image_shape": list(self.image_shape)}
+
+
+def paper_rule(name: str) -> str:
+    """The split 'paper' means for data set ``name`` (its registry entry's; else stratified)."""
+    from rknn_ray.data.registry import kinds
+    kind = kinds().get(name)
+    return kind.paper_split if kind is not None else "stratified"
 
 
 def _check_size(key: str, value, low: int, high: int, what: str) -> int:
@@ -140,7 +148,7 @@ def make_splits(dataset: Dataset, rule: str = "paper", seed: int = 0,
     """
     if rule not in RULES:
         raise ConfigError("split.rule", f"unknown split rule {rule!r}", f"use one of {RULES}")
-    kind = PAPER_RULE.get(dataset.name, "stratified") if rule == "paper" else "stratified"
+    kind = paper_rule(dataset.name) if rule == "paper" else "stratified"
     rng = seeded_generator(seed)
     n_tr, n_te = len(dataset.train_y), len(dataset.test_y)
 

@@ -56,7 +56,8 @@ class RunResult:
 
 def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
         ledger_path: str | None = None, resume: bool = False, parties: Parties | None = None,
-        start_ray: Callable[[], bool] = ensure_ray, replace_old_run: bool = False) -> RunResult:
+        start_ray: Callable[[], bool] = ensure_ray, replace_old_run: bool = False,
+        inputs: dict | None = None) -> RunResult:
     """Run the job for a validated ``cfg`` into the prepared ``out_dir``.
 
     ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
@@ -66,11 +67,12 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     Ray and says whether it started it (then the job shuts it down). ``replace_old_run``:
     ``out_dir`` still holds the run ``--overwrite`` replaces (``prepare_run_dir(...,
     replace_at_start=True)``); its files are deleted once this job's budget is reserved.
+    ``inputs``: data given in memory for data.dataset=table (rknn_ray.job.api).
     """
     import ray
 
     progress = progress or Progress(cfg.run.progress)
-    ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties)
+    ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs)
     ray_up = _RayStart(start_ray)
     try:
         if resume:
@@ -120,9 +122,10 @@ class _RayStart:
             self.up = True
 
 
-def _context(cfg, out_dir, progress, ledger_path, key_file, parties) -> JobContext:
+def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None) -> JobContext:
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
-        data = pipeline.prepare_data(cfg)         # fails fast on missing files / bad data, writes nothing
+        # fails fast on missing files / bad data, writes nothing
+        data = pipeline.prepare_data(cfg, inputs) if inputs else pipeline.prepare_data(cfg)
     cfg, auto_choice = pipeline.resolve_auto(cfg, data)     # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "

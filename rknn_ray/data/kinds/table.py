@@ -1,0 +1,189 @@
+"""``data.dataset: table``: the user's own private, public and evaluation tables.
+
+The driver reads the public part (and the evaluation part, when given): it fits the
+featurizer on the public rows, keeps the public ids and, when the public file has the label
+column, its labels (to measure label accuracy only). It never loads private features or
+labels: the private part is scanned in a process of its own (rknn_ray.data.table_scan) and
+read again by each client shard, its own clients only (rknn_ray.data.table_source). Clients
+are the data's holders (``data.private.client``) or one per record; the per-client record
+bound is declared; the class list is declared (``data.classes``) or in the public file's
+schema metadata (key ``classes``, a JSON list), never taken from the private labels.
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rknn_ray.data.registry import register_dataset
+from rknn_ray.data.tables import (Columns, Featurizer, Part, as_table, bucket_of,
+                                  feature_matrix, label_indices, missing, raw_numbers, read)
+from rknn_ray.errors import ConfigError, DataError
+
+
+def _read(part: Part, memory) -> pa.Table:
+    if memory is not None:
+        return as_table(memory)
+    if part.path is None:
+        raise ConfigError(f"{part.key}.path", "is not set", f"set {part.key}.path to a parquet, "
+                          "CSV or Arrow file, a folder of them or a glob")
+    return read(part.path, what=part.key)
+
+
+def class_list(cfg, public: pa.Table) -> tuple:
+    """data.classes, else the public file's schema metadata; never the private labels."""
+    if cfg.data.classes:
+        return tuple(cfg.data.classes)
+    meta = (public.schema.metadata or {}).get(b"classes")
+    if meta:
+        return tuple(json.loads(meta))
+    raise ConfigError("data.classes", "is not declared and the public data carries no class "
+                      "list (schema metadata 'classes')", "declare data.classes: [...] (every "
+                      "class name, in label order); it is never taken from the private labels")
+
+
+def _columns_for(part: Part, schema, public: Columns) -> Columns:
+    """The part's feature columns: its own ``features`` (as its schema types them; the same
+    number of values as a public record, checked when read), else the public part's."""
+    return Columns.resolve(part, schema, ()) if part.features else public
+
+
+def prepare_table(cfg, inputs: dict):
+    """The job's data from the user's parts (module docstring): public and evaluation read
+    here, the private part only scanned (its own process) and left to the shards."""
+    from rknn_ray.config import validate_with_data
+    from rknn_ray.data.prepared import PreparedData
+    from rknn_ray.data.splits import Splits
+    from rknn_ray.data.table_scan import run_scan, scan
+    from rknn_ray.accounting.source_identity import record_fingerprints
+    d = cfg.data
+    parts = {name: Part.of(name, getattr(d, name)) for name in ("private", "public", "evaluation")}
+    priv, pub, ev = parts["private"], parts["public"], parts["evaluation"]
+    if priv.label is None:
+        raise ConfigError("data.private.label", "is not set", "name the private label column, "
+                          "e.g. data.private.label=label")
+    if priv.path is None and inputs.get("private") is None:
+        raise ConfigError("data.private.path", "is not set", "set data.private.path to the "
+                          "private records' file, folder or glob")
+    public = _read(pub, inputs.get("public"))
+    labelled = priv.label in public.schema.names
+    if labelled and pub.id is None:
+        raise DataError(f"data.public: the public data has a label column {priv.label!r} but "
+                        "data.public.id is not set. Fix: set data.public.id to its row-id column "
+                        "(labels.parquet is keyed by it), or drop the label column")
+    missing(pub, public.schema, [pub.id])
+    classes = class_list(cfg, public)
+    if len(set(map(str, classes))) != len(classes) or len(classes) < 2:
+        raise ConfigError("data.classes", f"{list(classes)} is not two or more distinct classes",
+                          "list every class once")
+    cols = Columns.resolve(pub, public.schema, {pub.id, priv.label, priv.client})
+    raw_pub = feature_matrix(public, cols, pub)
+    if len(raw_pub) == 0:
+        raise DataError(f"data.public: {pub.path or 'the public data'} holds no rows. Fix: point "
+                        "data.public.path at the unlabelled public rows")
+    width = int(raw_pub.shape[1])
+    shape = tuple(d.shape) if d.shape else None
+    if shape is not None and int(np.prod(shape)) != width:
+        raise ConfigError("data.shape", f"{list(shape)} holds {int(np.prod(shape))} values, a "
+                          f"record has {width}", f"set data.shape to a shape of {width} values")
+    featurizer = Featurizer(cols, shape).fit(raw_pub)
+    public_x = featurizer(raw_pub)
+    if not np.isfinite(public_x).all():
+        raise DataError("data.public: rows with NaN or infinite features. Fix: drop or impute them")
+    public_y = label_indices(public, priv.label, classes, pub) if labelled else \
+        np.full(len(public_x), -1, np.int64)
+    public_ids = None
+    if pub.id is not None:
+        public_ids = public.column(pub.id).to_numpy(zero_copy_only=False)
+        if pc.count_distinct(public.column(pub.id)).as_py() != len(public_ids):
+            raise DataError(f"data.public: ids in {pub.id!r} are not unique. Fix: give every "
+                            "public row its own id")
+    pools = [record_fingerprints(raw_numbers(raw_pub))]
+    eval_x, eval_y, eval_pool = _evaluation(ev, inputs.get("evaluation"), cols, featurizer,
+                                            width, classes, priv.label)
+    pools += eval_pool
+    priv_cols = cols        # the scan resolves the private part's own ``features`` itself
+    shards = int(cfg.cluster.shards)
+    spec = {"part": priv.__dict__, "columns": priv_cols.__dict__, "classes": [str(c) for c in classes],
+            "shards": shards, "width": width}
+    memory = inputs.get("private")
+    if memory is not None:
+        memory = as_table(memory)
+        found = scan(spec, memory)     # the driver holds these rows already (docs/running.md)
+    else:
+        found = run_scan(spec)         # a process of its own: only counts and fingerprints return
+    m = found["rows"]
+    priv_cols = Columns(**found["columns"])
+    bound = int(d.max_records_per_client) if priv.client else 1
+    image_shape = featurizer.output_shape
+    validate_with_data(cfg, len(public_x), m, len(classes), partitioned=False)
+    splits = Splits(d.dataset, "table", cfg.run.seed,
+                    np.broadcast_to(np.zeros((), np.float32), (m, *image_shape)),
+                    np.broadcast_to(np.int64(-1), (m,)), public_x, public_y, eval_x, eval_y,
+                    len(classes), image_shape, public_ids=public_ids, class_names=tuple(classes))
+    pool = np.unique(np.concatenate([found["fingerprints"], *pools]))
+    make = functools.partial(_shard_sources, _Handover(memory), priv, priv_cols,
+                             tuple(str(c) for c in classes), featurizer, found["clients"], bound,
+                             int(cfg.run.seed), width, shards)
+    return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(classes), image_shape,
+                        d.dataset, clients=int(sum(found["clients"])), record_bound=bound,
+                        pool=pool, private_digest=found["digest"], shard_sources=make,
+                        remote_private=True)
+
+
+def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
+    """(features, labels, fingerprints) of the evaluation part; without one, 0 rows."""
+    from rknn_ray.accounting.source_identity import record_fingerprints
+    if ev.path is None and memory is None:     # no labelled evaluation set
+        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), []
+    evaluation = _read(ev, memory)
+    missing(ev, evaluation.schema, [ev.label or label])
+    ev_cols = _columns_for(ev, evaluation.schema, cols)
+    missing(ev, evaluation.schema, ev_cols.names)
+    raw = feature_matrix(evaluation, ev_cols, ev, width)
+    if raw.shape[1] != width:
+        raise DataError(f"data.evaluation: a record has {raw.shape[1]} feature values, a "
+                        f"public one {width}. Fix: give every part the same features")
+    y = label_indices(evaluation, ev.label or label, classes, ev)
+    return featurizer(raw), y, [record_fingerprints(raw_numbers(raw))] if len(raw) else []
+
+
+class _Handover:
+    """Private rows given in memory, held until they are dealt to the shards, then dropped."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def take(self):
+        table, self.table = self.table, None
+        return table
+
+
+def _shard_sources(handover, part, cols, classes, featurizer, clients, bound, seed, width,
+                   shards, cfg, _requested):
+    """One source per shard that holds a client (rknn_ray.data.table_source)."""
+    from rknn_ray.data.table_source import TableShardSource
+    table = handover.take()
+    buckets = None
+    if table is not None and part.client:
+        buckets = bucket_of(table.column(part.client), shards)[0]
+    sources, lo = [], 0
+    for shard, count in enumerate(clients):
+        if count == 0:
+            continue
+        rows = None
+        if table is not None:
+            rows = table.take(np.flatnonzero(buckets == shard)) if buckets is not None \
+                else table.slice(lo, count)
+        sources.append(TableShardSource(lo, lo + int(count), part, cols, classes, featurizer,
+                                        shard, shards, bound, seed, width, rows))
+        lo += int(count)
+    del table
+    return sources
+
+
+register_dataset("table", prepare=prepare_table, parts=True,
+                 description="the user's own parquet / CSV / Arrow tables (docs/running.md)")

@@ -1,0 +1,387 @@
+"""The user's tables: opening a part (file, folder or glob), its columns, features and labels.
+
+Shared by the three places a table is read: the driver (public and evaluation parts only),
+the private-part scan (rknn_ray.data.table_scan, a short-lived process) and each client shard
+(rknn_ray.data.table_source, its own clients' rows). One reading, so the three agree on
+what a record's features and label are.
+
+Features are every column that is not the label, client or id column (or ``features``: a
+list of columns, or one list-typed column such as a fixed-size list of pixels). Numeric
+columns are standardized and string columns one-hot encoded with statistics fitted on the
+PUBLIC rows only (:class:`Featurizer`); with ``data.shape`` the features are an image,
+reshaped and left as they are for the image encoders. Labels are mapped to the declared
+class list by their text, so the same labels read from parquet (int) and CSV (int) agree.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from rknn_ray.errors import DataError
+
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
+           ".feather": "ipc", ".ipc": "ipc"}
+PART_KEYS = {"private": ("path", "label", "client", "features"),
+             "public": ("path", "id", "features"),
+             "evaluation": ("path", "label", "features")}
+PART_KEY_DOCS = {
+    "path": "a parquet / CSV / Arrow file, a folder of them (hive sub-folders become columns) "
+            "or a glob; the private path is read by the shards where they run",
+    "label": "the label column (strings or integers, matched to data.classes by text)",
+    "client": "the holder id column: each distinct id is one client (unset: one record per client)",
+    "id": "the public row id column (labels are keyed by it; unset: row numbers)",
+    "features": "a list of columns, or one list-typed column (unset: every column that is not "
+                "the label, client or id)"}
+CLASSES_METADATA = b"classes"       # public file schema metadata: a JSON list of class names
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the user's data as ``data.<part>`` declares it."""
+    name: str
+    path: str | None = None
+    label: str | None = None
+    client: str | None = None
+    id: str | None = None
+    features: tuple | str | None = None
+
+    @classmethod
+    def of(cls, name: str, section) -> "Part":
+        values = dict(section or {})
+        feats = values.get("features")
+        if isinstance(feats, (list, tuple)):
+            feats = tuple(str(f) for f in feats)
+        return cls(name, values.get("path"), values.get("label"), values.get("client"),
+                   values.get("id"), feats)
+
+    @property
+    def key(self) -> str:
+        return f"data.{self.name}"
+
+
+def _files(path: str) -> tuple[list[str] | str, str]:
+    """(what pyarrow opens, its format) for a file, a folder (searched recursively) or a glob."""
+    if any(ch in path for ch in "*?["):
+        files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
+        target = files
+    elif os.path.isdir(path):
+        files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names
+                       if os.path.splitext(f)[1].lower() in FORMATS)
+        target = path
+    elif os.path.isfile(path):
+        files, target = [path], path
+    else:
+        files, target = [], path
+    if not files:
+        raise DataError(f"no data files at {path!r}. Fix: point the path at a parquet, CSV or "
+                        "Arrow file, a folder of them or a glob such as 'data/*.parquet'")
+    formats = {FORMATS.get(os.path.splitext(f)[1].lower()) for f in files}
+    if None in formats or len(formats) != 1:
+        raise DataError(f"{path!r} holds files of several or unknown formats "
+                        f"({sorted(str(f) for f in formats)}). Fix: one format per part, named "
+                        f"by extension ({', '.join(sorted(FORMATS))})")
+    return target, formats.pop()
+
+
+IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def image_folder(path: str) -> str | None:
+    """'flat' (images in the folder: public rows, ids = file names), 'classes' (one sub-folder
+    of images per class: a labelled part, labels = sub-folder names) or None (not one)."""
+    if not os.path.isdir(path):
+        return None
+    names = os.listdir(path)
+    if any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names):
+        return "flat"
+    subs = [n for n in names if os.path.isdir(os.path.join(path, n))]
+    if subs and all(any(os.path.splitext(f)[1].lower() in IMAGE_EXTS
+                        for f in os.listdir(os.path.join(path, d))) for d in subs):
+        return "classes"
+    return None
+
+
+def read_images(path: str, layout: str) -> pa.Table:
+    """An image folder as a table: ``pixels`` (float32 in [0, 1], channels first, flattened:
+    one fixed-size list) with ``id`` (flat) or ``label`` (class sub-folders). Every image must
+    have the size and channels of the first."""
+    from PIL import Image
+    if layout == "flat":
+        files = [(f, None) for f in sorted(os.listdir(path))
+                 if os.path.splitext(f)[1].lower() in IMAGE_EXTS]
+    else:
+        files = [(os.path.join(d, f), d) for d in sorted(os.listdir(path))
+                 if os.path.isdir(os.path.join(path, d))
+                 for f in sorted(os.listdir(os.path.join(path, d)))
+                 if os.path.splitext(f)[1].lower() in IMAGE_EXTS]
+    pixels, shape = [], None
+    for name, _ in files:
+        with Image.open(os.path.join(path, name)) as im:
+            a = np.asarray(im.convert("L" if im.mode in ("L", "1", "I;16", "I") else "RGB"),
+                           dtype=np.float32) / 255.0
+        a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+        if shape is None:
+            shape = a.shape
+        elif a.shape != shape:
+            raise DataError(f"{path}: mixed feature lengths: {name} is {a.shape}, the first image "
+                            f"{shape}. Fix: give every image the same size and channels")
+        pixels.append(a.ravel())
+    flat = np.stack(pixels) if pixels else np.zeros((0, 1), np.float32)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+    other = {"id": [n for n, _ in files]} if layout == "flat" else {"label": [d for _, d in files]}
+    meta = {b"shape": json.dumps(list(shape or ())).encode()}
+    return pa.table({"pixels": column, **other}).replace_schema_metadata(meta)
+
+
+def open_dataset(path: str) -> pads.Dataset:
+    """A pyarrow dataset over a file, a folder (hive-partitioned sub-folders become columns)
+    or a glob; an image folder is read whole (rknn_ray.data.tables.read_images). Opening a
+    file reads metadata at most, no rows."""
+    layout = image_folder(str(path))
+    if layout is not None:
+        return pads.dataset(read_images(str(path), layout))
+    target, fmt = _files(str(path))
+    try:
+        if isinstance(target, str) and os.path.isdir(target):
+            return pads.dataset(target, format=fmt, partitioning="hive",
+                                exclude_invalid_files=False)
+        return pads.dataset(target, format=fmt)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"cannot read {path!r} as {fmt}: {str(exc).splitlines()[0][:160]}. "
+                        "Fix: check the file is a valid, complete file of that format") from None
+
+
+def read(path: str, columns=None, what: str = "") -> pa.Table:
+    """The rows of ``path`` (only ``columns``), a file that cannot be parsed a DataError."""
+    try:
+        return open_dataset(path).to_table(columns=columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
+        raise DataError(f"{what or path}: cannot read {path!r}: {str(exc).splitlines()[0][:160]}. "
+                        "Fix: check every file of the part has the same columns and types") from None
+
+
+def as_table(data) -> pa.Table:
+    """An Arrow table from data given in memory: an Arrow table, a pandas DataFrame, or a
+    dict of column -> numpy array (2-D arrays become one fixed-size list column)."""
+    if isinstance(data, pa.Table):
+        return data
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):          # pandas
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, dict):
+        cols = {}
+        for name, values in data.items():
+            a = np.asarray(values)
+            if a.ndim > 1:
+                flat = a.reshape(len(a), -1)
+                cols[name] = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
+            else:
+                cols[name] = pa.array(a)
+        return pa.table(cols)
+    raise DataError(f"data of type {type(data).__name__} cannot be read as a table. Fix: pass a "
+                    "pandas DataFrame, an Arrow table or a dict of column -> numpy array")
+
+
+def schema_of(part: Part, table: pa.Table | None = None) -> pa.Schema:
+    return table.schema if table is not None else open_dataset(part.path).schema
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t)
+            or pa.types.is_boolean(t))
+
+
+def missing(part: Part, schema: pa.Schema, columns) -> None:
+    """DataError naming the first column ``part`` lacks."""
+    names = set(schema.names)
+    for col in columns:
+        if col is not None and col not in names:
+            raise DataError(f"{part.key}: column {col!r} not found in {part.path or 'the data'} "
+                            f"(columns: {', '.join(schema.names[:12])}"
+                            f"{', ...' if len(schema.names) > 12 else ''}). Fix: name an existing "
+                            f"column in {part.key}, or add it to the file")
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The feature columns every part reads: a list of scalar columns, or one list column."""
+    names: tuple
+    list_column: bool
+    categorical: tuple = ()      # the string columns among ``names`` (one-hot encoded)
+
+    @classmethod
+    def resolve(cls, part: Part, schema: pa.Schema, exclude) -> "Columns":
+        """``part.features`` (or every column but ``exclude``), typed by ``schema``."""
+        if isinstance(part.features, str):
+            names = (part.features,)
+        elif part.features:
+            names = tuple(part.features)
+        else:
+            names = tuple(n for n in schema.names if n not in set(exclude) and n is not None)
+        missing(part, schema, names)
+        if not names:
+            raise DataError(f"{part.key}: no feature columns left. Fix: list them in "
+                            f"{part.key}.features")
+        types = {n: schema.field(n).type for n in names}
+        lists = [n for n in names if _is_list(types[n])]
+        if lists and len(names) > 1:
+            raise DataError(f"{part.key}: list column {lists[0]!r} among other feature columns. "
+                            f"Fix: set {part.key}.features to the one list column, or to scalar "
+                            "columns only")
+        bad = [n for n in names if not (_is_list(types[n]) or _is_text(types[n])
+                                        or pa.types.is_integer(types[n])
+                                        or pa.types.is_floating(types[n]))]
+        if bad:
+            raise DataError(f"{part.key}: column {bad[0]!r} has type {types[bad[0]]}, not a "
+                            f"number, text or list of numbers. Fix: leave it out of {part.key}.features")
+        return cls(names, bool(lists), tuple(n for n in names if _is_text(types[n])))
+
+
+def feature_matrix(table: pa.Table, cols: Columns, part: Part, width: int | None = None) -> np.ndarray:
+    """(N, L) float64 of a list column, or the numeric columns with text columns as ``object``:
+    the raw values, before any fitted statistics. Nulls, NaN and mixed list lengths are
+    errors naming the part and the fix."""
+    n = table.num_rows
+    if cols.list_column:
+        col = table.column(cols.names[0]).combine_chunks()
+        if col.null_count:
+            raise DataError(f"{part.key}: {col.null_count} rows have no value in list column "
+                            f"{cols.names[0]!r}. Fix: drop those rows")
+        if pa.types.is_fixed_size_list(col.type):
+            lengths = np.full(n, col.type.list_size)
+        else:
+            lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        if n and (lengths.min() != lengths.max() or (width is not None and lengths[0] != width)):
+            want = width if width is not None else int(lengths[0])
+            bad = int(np.flatnonzero(lengths != want)[0])
+            raise DataError(f"{part.key}: mixed feature lengths in {cols.names[0]!r} (row {bad} "
+                            f"has {int(lengths[bad])} values, expected {want}). Fix: give every "
+                            "record the same number of features")
+        values = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float64)
+        return values.reshape(n, -1) if n else np.zeros((0, width or 0))
+    out = np.empty((n, len(cols.names)), dtype=object if cols.categorical else np.float64)
+    for j, name in enumerate(cols.names):
+        col = table.column(name)
+        if col.null_count:
+            raise DataError(f"{part.key}: column {name!r} has {col.null_count} empty values. "
+                            "Fix: drop or impute those rows")
+        if name in cols.categorical:
+            out[:, j] = np.asarray(col.cast(pa.string()).to_pylist(), dtype=object)
+        else:
+            out[:, j] = col.to_numpy().astype(np.float64)
+    return out
+
+
+def raw_numbers(matrix: np.ndarray) -> np.ndarray:
+    """Every raw feature as a number: text values as a 24-bit digest of their text. What a
+    record's fingerprint is made of (the same record read from any format gives the same)."""
+    if matrix.dtype != object:
+        return matrix
+    out = np.empty(matrix.shape, dtype=np.float64)
+    for j in range(matrix.shape[1]):
+        col = matrix[:, j]
+        if isinstance(col[0] if len(col) else 0.0, str):
+            out[:, j] = [int.from_bytes(hashlib.blake2b(v.encode(), digest_size=3).digest(),
+                                        "little") for v in col]
+        else:
+            out[:, j] = col.astype(np.float64)
+    return out
+
+
+@dataclass
+class Featurizer:
+    """Raw features -> float32 model inputs, fitted on the public rows only: numeric columns
+    standardized, text columns one-hot over the categories public rows hold (another
+    category: all zeros), an image (``shape``) reshaped and left as given."""
+    columns: Columns
+    shape: tuple | None = None
+    mean: np.ndarray | None = None
+    std: np.ndarray | None = None
+    categories: dict = field(default_factory=dict)
+
+    def _numeric(self, raw: np.ndarray) -> list:
+        """The raw matrix's numeric columns (every value of a list column)."""
+        if self.columns.list_column:
+            return list(range(raw.shape[1]))
+        return [j for j, n in enumerate(self.columns.names) if n not in self.columns.categorical]
+
+    def fit(self, raw: np.ndarray) -> "Featurizer":
+        if self.shape is not None:
+            return self
+        num = self._numeric(raw)
+        values = raw[:, num].astype(np.float64) if num else np.zeros((len(raw), 0))
+        self.mean = values.mean(axis=0) if len(values) else np.zeros(len(num))
+        std = values.std(axis=0) if len(values) else np.ones(len(num))
+        self.std = np.where(std > 0, std, 1.0)
+        self.categories = {n: tuple(sorted(set(raw[:, j]))) for j, n in enumerate(self.columns.names)
+                           if n in self.columns.categorical}
+        return self
+
+    @property
+    def output_shape(self) -> tuple:
+        if self.shape is not None:
+            return tuple(self.shape)
+        width = len(self.mean) + sum(len(c) for c in self.categories.values())
+        return (int(width),)
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        if self.shape is not None:
+            return np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)
+        num = self._numeric(raw)
+        parts = [((raw[:, num].astype(np.float64) - self.mean) / self.std).astype(np.float32)]
+        for j, n in enumerate(self.columns.names):
+            if n in self.categories:
+                index = {c: i for i, c in enumerate(self.categories[n])}
+                hot = np.zeros((len(raw), len(index)), np.float32)
+                at = np.array([index.get(v, -1) for v in raw[:, j]], dtype=np.int64)
+                rows = np.flatnonzero(at >= 0)
+                hot[rows, at[rows]] = 1.0
+                parts.append(hot)
+        return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def label_indices(table: pa.Table, column: str, classes: tuple, part: Part) -> np.ndarray:
+    """Each row's class index in ``classes`` (matched by text); a null or a label outside the
+    class list is an error naming it."""
+    col = table.column(column)
+    if col.null_count:
+        raise DataError(f"{part.key}: {col.null_count} rows have no label in {column!r}. "
+                        "Fix: drop unlabelled rows")
+    names = {str(c): i for i, c in enumerate(classes)}
+    enc = col.cast(pa.string()).combine_chunks().dictionary_encode() if table.num_rows else None
+    if enc is None:
+        return np.zeros(0, np.int64)
+    lookup = np.array([names.get(v, -1) for v in enc.dictionary.to_pylist()], dtype=np.int64)
+    y = lookup[enc.indices.to_numpy(zero_copy_only=False)]
+    if (y < 0).any():
+        # a private label's value is private: only the public parts' are named
+        bad = enc.dictionary.to_pylist()[int(np.flatnonzero(lookup < 0)[0])]
+        what = f"label {bad!r} is" if part.name != "private" else \
+            f"{int((y < 0).sum())} rows have a label that is"
+        raise DataError(f"{part.key}: {what} not in data.classes "
+                        f"({', '.join(map(str, classes))}). Fix: add it to data.classes or drop "
+                        "those rows")
+    return y
+
+
+def bucket_of(values: pa.ChunkedArray | pa.Array, shards: int) -> tuple[np.ndarray, list, np.ndarray]:
+    """(each row's shard, the distinct client ids as text, each id's shard): a client's shard
+    is a plain hash of its id's text modulo the shard count, so every reader agrees on it."""
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    enc = arr.cast(pa.string()).dictionary_encode()
+    ids = enc.dictionary.to_pylist()
+    buckets = np.array([int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8).digest(),
+                                       "little") % shards for v in ids], dtype=np.int64)
+    rows = buckets[enc.indices.to_numpy(zero_copy_only=False)] if len(ids) else np.zeros(0, np.int64)
+    return rows, ids, buckets

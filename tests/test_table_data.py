@@ -1,0 +1,311 @@
+"""Issue 35: the user's own data (data.dataset=table) and the dataset registry.
+
+Real files (parquet, CSV, hive-partitioned folders) written by the test, read by the real
+readers; the private part is scanned in a real subprocess and each shard source opens its
+own rows. The Ray runs (end to end, in memory) are in tests/test_table_jobs.py.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.source_identity import job_source
+from rknn_ray.config import Config, load_config
+from rknn_ray.data import load_dataset, registry
+from rknn_ray.data.prepared import prepare_data
+from rknn_ray.errors import ConfigError, DataError
+from rknn_ray.pipeline import dataset_sources
+from tests.table_files import digits_parts, table_config, write, write_parts
+
+BUILTINS = ("digits", "fashion_mnist", "mnist", "cifar10", "svhn", "synthetic")
+
+
+def test_the_six_built_in_sets_and_table_are_registry_entries():
+    kinds = registry.kinds()
+    assert set(BUILTINS) | {"table"} <= set(kinds)
+    assert all(kinds[name].reader is not None for name in BUILTINS)
+    assert kinds["table"].prepare is not None and kinds["table"].reader is None
+    assert registry.canonical_name("FMNIST") == "fashion_mnist"
+    assert kinds["fashion_mnist"].paper_split == "mnist" and kinds["digits"].paper_split == "stratified"
+    with pytest.raises(ConfigError, match="table"):
+        registry.canonical_name("imagenet")          # the message lists every entry
+
+
+def test_adding_a_reader_is_one_new_file(tmp_path, monkeypatch):
+    import rknn_ray.data.kinds as kinds_package
+    (tmp_path / "tiny_blobs.py").write_text(
+        "from rknn_ray.data.registry import register_dataset\n"
+        "from rknn_ray.data.synthetic import gaussian_mixture\n"
+        "register_dataset('tiny_blobs', lambda root, n=90: gaussian_mixture(num_samples=n, "
+        "num_classes=3, dim=4, seed=1), options=('n',), aliases=('blobs',))\n")
+    monkeypatch.setattr(kinds_package, "__path__", [*kinds_package.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "_KINDS", {})
+    monkeypatch.syspath_prepend(str(tmp_path.parent))
+    try:
+        cfg = load_config(None, ["data.dataset=blobs", "queries.s=5", "data.clients=10"])
+        assert cfg.data.dataset == "tiny_blobs"
+        assert load_dataset("tiny_blobs", n=60).num_records == 60
+        data = prepare_data(cfg)                      # split and partitioned like a built-in
+        assert data.num_clients == 10 and data.splits.rule == "stratified"
+    finally:
+        sys.modules.pop("rknn_ray.data.kinds.tiny_blobs", None)
+
+
+def _prepare(folder, ext="parquet", **data):
+    return prepare_data(Config.from_dict(table_config(str(folder), ext, **data)))
+
+
+def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
+    priv, pub, ev = write_parts(str(tmp_path))
+    data = _prepare(tmp_path)
+    sp = data.splits
+    # the driver holds no private row: placeholders of the right length, no memory behind them
+    assert len(sp.private_y) == priv.num_rows and not sp.private_x.base.shape
+    assert all(st == 0 for st in sp.private_x.strides) and data.remote_private
+    assert sp.public_ids.tolist() == pub.column("row_id").to_pylist()
+    assert sp.class_names == tuple(range(10)) and sp.public_y.tolist() == [-1] * pub.num_rows
+    assert sp.eval_y.tolist() == ev.column("label").to_pylist() and sp.eval_x.shape == (ev.num_rows, 64)
+    # clients are the holders; the declared bound; fingerprints of all three parts
+    assert data.num_clients == len(set(priv.column("holder").to_pylist()))
+    assert data.max_records_per_client == 10 and data.public_counts()["records"] == priv.num_rows
+    assert len(data.pool) == len(np.unique(np.concatenate(
+        [t.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy() for t in (priv, pub, ev)]),
+        axis=0))
+    # public standardization: fitted on the public rows only
+    raw = pub.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy()
+    std = np.where(raw.std(0) > 0, raw.std(0), 1)
+    assert np.allclose(sp.public_x, (raw - raw.mean(0)) / std, atol=1e-5)
+    with pytest.raises(ConfigError, match="never loads them"):     # the non-private reference
+        data.require_private_rows("the non-private reference")
+
+
+def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
+    priv, _, _ = digits_parts(holders=12)
+    # a folder partitioned by holder: one sub-folder (fragment) per holder
+    pq.write_to_dataset(priv, str(tmp_path / "private"), partition_cols=["holder"])
+    write(digits_parts()[1], str(tmp_path / "public.parquet"))
+    cfg = Config.from_dict({**table_config(str(tmp_path)), "cluster": {"shards": 3}})
+    cfg = cfg.with_overrides([f"data.private.path={tmp_path / 'private'}",
+                              "data.evaluation=null"])
+    data = prepare_data(cfg)
+    sources = dataset_sources(cfg, data)
+    holders = np.array(priv.column("holder").to_pylist())
+    labels = np.array(priv.column("label").to_pylist())
+    seen, lo = set(), 0
+    for src in sources:
+        records = src.open()
+        mine = {os.path.basename(os.path.dirname(f)).split("=")[1] for f in records.opened}
+        assert all(f.startswith(str(tmp_path / "private")) for f in records.opened)
+        assert mine.isdisjoint(seen) and len(mine) == src.client_hi - src.client_lo
+        seen |= mine
+        # exactly the rows of its holders (at most the bound each), no other row
+        rows = np.isin(holders, sorted(mine))
+        assert len(records.labels) == sum(min(10, int((holders == h).sum())) for h in mine)
+        assert np.bincount(records.labels, minlength=10).sum() <= rows.sum()
+        assert set(np.unique(records.client_ids)) == set(range(src.client_lo, src.client_hi))
+        assert src.client_lo == lo
+        lo = src.client_hi
+        assert set(records.labels.tolist()) <= set(labels[rows].tolist())
+    assert seen == set(holders.tolist()) and lo == data.num_clients == 12
+
+
+def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ranges(tmp_path):
+    priv, pub, ev = write_parts(str(tmp_path))
+    # three files read as one glob: the row ranges cross file boundaries
+    for i, (lo, hi) in enumerate(((0, 400), (400, 700), (700, priv.num_rows))):
+        write(priv.slice(lo, hi - lo).drop(["holder"]), str(tmp_path / "split" / f"{i}.parquet"))
+    cfg = Config.from_dict({**table_config(str(tmp_path), private={
+        "path": str(tmp_path / "split" / "*.parquet"), "client": None}),
+        "cluster": {"shards": 3}})
+    cfg = cfg.with_overrides(["data.private.client=null", "data.max_records_per_client=null"])
+    data = prepare_data(cfg)
+    assert data.num_clients == priv.num_rows and data.max_records_per_client == 1
+    sources = dataset_sources(cfg, data)
+    got = [s.open() for s in sources]
+    assert [len(r.labels) for r in got] == [s.client_hi - s.client_lo for s in sources]
+    ids = np.concatenate([r.client_ids for r in got])
+    assert ids.tolist() == list(range(priv.num_rows))
+    assert np.concatenate([r.labels for r in got]).tolist() == priv.column("label").to_pylist()
+
+
+def test_the_same_table_as_parquet_or_csv_or_a_glob_draws_from_one_budget(tmp_path):
+    parts = write_parts(str(tmp_path / "pq"))
+    write_parts(str(tmp_path / "csv"), "csv", parts)
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"))
+    a = _prepare(tmp_path / "pq")
+    b = _prepare(tmp_path / "csv", "csv")
+    assert np.array_equal(a.pool, b.pool) and a.private_digest == b.private_digest
+    ida = job_source(store, Config.from_dict(table_config(str(tmp_path / "pq"))), a)[0]
+    idb = job_source(store, Config.from_dict(table_config(str(tmp_path / "csv"), "csv")), b)[0]
+    assert ida == idb
+    # another path: the private rows split over two files of a folder, read by a glob
+    priv = parts[0]
+    write(priv.slice(0, 500), str(tmp_path / "glob" / "a.parquet"))
+    write(priv.slice(500), str(tmp_path / "glob" / "b.parquet"))
+    c = _prepare(tmp_path / "pq", private={"path": str(tmp_path / "glob" / "*.parquet")})
+    cfg_c = Config.from_dict(table_config(str(tmp_path / "pq"),
+                                          private={"path": str(tmp_path / "glob" / "*.parquet")}))
+    assert job_source(store, cfg_c, c)[0] == ida
+    # other records (every pixel shifted): another source
+    shifted = [pa.table({n: (pc.add(t.column(n), 7.0) if n.startswith("p") else t.column(n))
+                         for n in t.column_names}) for t in parts]
+    write_parts(str(tmp_path / "other"), parts=shifted)
+    assert job_source(store, Config.from_dict(table_config(str(tmp_path / "other"))),
+                                _prepare(tmp_path / "other"))[0] != ida
+
+
+def test_string_labels_and_categorical_columns(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 240
+    colour = rng.choice(["red", "green", "blue"], n)
+    size = rng.normal(size=n) + (colour == "red") * 3
+    label = np.where(size > 1.5, "big", "small")
+    table = pa.table({"size": size, "colour": colour, "label": label,
+                      "holder": [f"p{i % 40}" for i in range(n)]})
+    write(table.slice(0, 160), str(tmp_path / "private.parquet"))
+    write(table.slice(160).drop(["label", "holder"]).append_column(
+        "row_id", pa.array([f"id-{i}" for i in range(80)])), str(tmp_path / "public.csv"))
+    cfg = Config.from_dict(table_config(str(tmp_path), classes=["small", "big"],
+                                        public={"path": str(tmp_path / "public.csv"), "id": "row_id"},
+                                        evaluation=None))
+    cfg = cfg.with_overrides(["data.evaluation=null", "queries.s=20"])
+    data = prepare_data(cfg)
+    # size standardized, colour one-hot over the public categories
+    assert data.image_shape == (4,) and data.num_classes == 2
+    assert sorted(map(tuple, np.unique(data.splits.public_x[:, 1:], axis=0))) == \
+        [(0, 0, 1), (0, 1, 0), (1, 0, 0)]
+    assert data.splits.eval_x.shape == (0, 4)
+    records = [s.open() for s in dataset_sources(cfg, data)]
+    got = np.concatenate([r.labels for r in records])
+    assert sorted(got.tolist()) == sorted(int(v == "big") for v in label[:160])
+
+
+def test_bad_input_fails_in_the_checks_not_in_a_shard(tmp_path):
+    priv, pub, ev = write_parts(str(tmp_path))
+    with pytest.raises(DataError, match="not in data.classes"):
+        _prepare(tmp_path, classes=list(range(9)))
+    with pytest.raises(DataError, match="'nope' not found"):
+        _prepare(tmp_path, private={"label": "nope"})
+    with pytest.raises(ConfigError, match="data.classes"):
+        _prepare(tmp_path, classes=None)
+
+
+def _list_parts(lengths):
+    """A private part with one list column ``pixels`` of the given lengths, a public part."""
+    rng = np.random.default_rng(0)
+    rows = [rng.random(n).tolist() for n in lengths]
+    private = pa.table({"pixels": rows, "label": [i % 3 for i in range(len(rows))],
+                        "holder": [f"h{i % 5}" for i in range(len(rows))]})
+    public = pa.table({"pixels": [rng.random(4).tolist() for _ in range(30)],
+                       "row_id": [f"r{i}" for i in range(30)]})
+    return private, public
+
+
+def _bad(case, tmp):
+    """(config overrides, files written) of one bad input."""
+    priv, pub, _ = digits_parts(n_private=200, n_public=100)
+    over = {}
+    if case == "missing column":
+        over = {"private": {"features": ["p0", "p1", "nope"]}, "public": {"features": ["p0", "p1", "p2"]}}
+    elif case == "label outside classes":
+        over = {"classes": [0, 1, 2, 3, 4, 5, 6, 7, 8]}
+    elif case == "public label without id":
+        pub = pub.drop(["row_id"]).append_column("label", pa.array(np.zeros(100, np.int64)))
+        over = {"public": {"id": None}}
+    elif case == "empty private file":
+        priv = priv.slice(0, 0)
+    elif case == "client column with nulls":
+        holder = priv.column("holder").to_pylist()
+        holder[7] = None
+        priv = priv.set_column(priv.column_names.index("holder"), "holder", pa.array(holder))
+    elif case == "mixed feature lengths":
+        priv, pub = _list_parts([4] * 20 + [5] + [4] * 9)
+        over = {"classes": [0, 1, 2]}
+    write(priv, str(tmp / "private.parquet"))
+    write(pub, str(tmp / "public.parquet"))
+    cfg = table_config(str(tmp), **over)
+    cfg["data"].pop("evaluation")
+    cfg["data"]["public"] = {k: v for k, v in cfg["data"]["public"].items() if v is not None}
+    return cfg
+
+
+@pytest.mark.parametrize("case", ["missing column", "label outside classes",
+                                  "public label without id", "empty private file",
+                                  "client column with nulls", "mixed feature lengths"])
+def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
+    import yaml
+
+    from jobs.distill import main
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(_bad(case, tmp_path)))
+    ledger = tmp_path / "ledger.sqlite"
+    rc = main(["--config", str(path), "--out", str(tmp_path / "run"), "--ledger", str(ledger)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and "\n" not in err, err
+    assert "Fix:" in err or "fix" in err.lower(), err
+    words = {"missing column": "'nope' not found", "label outside classes": "not in data.classes",
+             "public label without id": "data.public.id", "empty private file": "no rows",
+             "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths"}
+    assert words[case] in err, err
+    assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
+    assert not (tmp_path / "run").exists()           # no run folder left behind
+
+
+def _write_images(folder, x, y=None, names=None):
+    from PIL import Image
+    for i, img in enumerate(x):
+        sub = folder / str(y[i]) if y is not None else folder
+        sub.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.rint(img * 255).astype(np.uint8), mode="L").save(
+            sub / f"{names[i] if names else i}.png")
+
+
+def test_an_image_folder_is_a_second_source_kind(tmp_path):
+    d = load_dataset("digits")
+    x, y = d.train_x[:, 0], d.train_y
+    _write_images(tmp_path / "private", x[:300], y[:300])
+    _write_images(tmp_path / "public", x[300:400], names=[f"img-{i}" for i in range(100)])
+    _write_images(tmp_path / "evaluation", x[400:460], y[400:460])
+    cfg = load_config(None, ["data.dataset=image_folder", "data.classes=[0,1,2,3,4,5,6,7,8,9]",
+                             f"data.private.path={tmp_path / 'private'}",
+                             f"data.public.path={tmp_path / 'public'}",
+                             f"data.evaluation.path={tmp_path / 'evaluation'}",
+                             "queries.s=20", "cluster.shards=2"])
+    data = prepare_data(cfg)
+    sp = data.splits
+    assert data.image_shape == (1, 8, 8) and data.num_clients == 300 and data.remote_private
+    assert sorted(sp.public_ids.tolist()) == sorted(f"img-{i}.png" for i in range(100))
+    assert np.allclose(np.sort(sp.public_x.reshape(100, -1), axis=0),
+                       np.sort(np.rint(x[300:400] * 255).reshape(100, -1) / 255, axis=0), atol=1e-6)
+    assert sorted(sp.eval_y.tolist()) == sorted(y[400:460].tolist())
+    got = [s.open() for s in dataset_sources(cfg, data)]
+    assert sorted(np.concatenate([r.labels for r in got]).tolist()) == sorted(y[:300].tolist())
+    assert sum(len(r.labels) for r in got) == 300 and got[0].features.shape[1:] == (1, 8, 8)
+    with pytest.raises(ConfigError, match="one sub-folder of images per class"):
+        prepare_data(cfg.with_overrides([f"data.private.path={tmp_path / 'public'}"]))
+
+
+def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp_path):
+    priv, pub, ev = digits_parts(n_private=600, n_public=300)
+    cfg = Config.from_dict(table_config(str(tmp_path), evaluation=None))
+    cfg = cfg.with_overrides(["data.evaluation=null", "data.private.path=null",
+                              "data.public.path=null", "cluster.shards=3"])
+    data = prepare_data(cfg, {"private": priv.to_pandas(), "public": pub})
+    handover = data.shard_sources.args[0]
+    assert handover.table is not None                 # held until the hand-over
+    sources = dataset_sources(cfg, data)
+    assert handover.table is None                     # the library keeps no copy after it
+    holders = np.array(priv.column("holder").to_pylist())
+    dealt = [set(s.rows.column("holder").to_pylist()) for s in sources]
+    assert sum(len(d) for d in dealt) == len(set(holders)) and all(
+        a.isdisjoint(b) for i, a in enumerate(dealt) for b in dealt[i + 1:])
+    assert sum(s.rows.num_rows for s in sources) == priv.num_rows
+    got = [s.open() for s in sources]
+    assert sum(r.num_clients for r in got) == data.num_clients == len(set(holders))
