@@ -68,6 +68,8 @@ class Splits:
     private_index: np.ndarray = field(repr=False, default=None)
     public_index: np.ndarray = field(repr=False, default=None)
     eval_index: np.ndarray = field(repr=False, default=None)
+    public_ids: np.ndarray | None = None     # the user's public row ids (None: row numbers)
+    class_names: tuple | None = None         # declared class names, in label-index order
 
     def describe(self) -> dict:
         """Sizes and the rule, for report.json."""
