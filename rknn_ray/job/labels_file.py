@@ -106,4 +106,5 @@ def accuracy_words(acc: dict, key: str, digits: int = 4) -> str:
     v = acc.get(key)
     if v is not None and not (isinstance(v, float) and math.isnan(v)):
         return f"{v:.{digits}f}"
-    return (acc.get("not_measured") or {}).get(key, "n/a")
+    why = (acc.get("not_measured") or {}).get(key)
+    return f"not measured ({why})" if why else "n/a"
