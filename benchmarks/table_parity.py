@@ -55,8 +55,7 @@ def table_data(folder: str, max_records: int) -> dict:
 
 def config(path: str, overrides: list[str], data: dict | None):
     from rknn_ray.config import Config, load_config
-    cfg = load_config(path, [*overrides, "run.progress=false", "privacy.budget_eps=1000",
-                             "privacy.budget_delta=0.5"])
+    cfg = load_config(path, [*overrides, "run.progress=false", "privacy.budget_eps=1000"])
     if data is None:
         return cfg
     plain = cfg.to_dict()

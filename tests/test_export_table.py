@@ -68,3 +68,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_parity_slices_idx_files_the_builtin_reader_loads(tmp_path):
+    """benchmarks.table_parity's built-in side at --limit: sliced IDX files that the built-in
+    fashion_mnist reader loads as the first N images of each split (the export's slice)."""
+    from benchmarks.table_parity import sliced_idx
+    folder = sliced_idx(str(tmp_path / "idx"), 300)
+    small, full = load_dataset("fashion_mnist", folder), load_dataset("fashion_mnist")
+    np.testing.assert_array_equal(small.train_x, full.train_x[:300])
+    np.testing.assert_array_equal(small.test_y, full.test_y[:300])
