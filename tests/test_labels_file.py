@@ -90,3 +90,35 @@ def test_label_accuracy_counts_only_labelled_public_rows(public_y):
     from rknn_ray.labeling.labels import accuracy
     got = accuracy(np.array([0, 1, 0, 2]), public_y)
     assert (got == pytest.approx(2 / 3)) if (public_y >= 0).any() else np.isnan(got)
+
+
+def test_builtin_rows_keep_row_numbers_and_a_partial_truth_is_null_where_missing():
+    """Without public_ids / class_names (the built-in sets): ids are row numbers, classes the
+    indices as text; a public row without a label (-1) has a null true_label."""
+    from rknn_ray.data.splits import Splits
+    from rknn_ray.job.labels_file import labels_table
+    from rknn_ray.labeling.queries import QuerySet
+    from rknn_ray.pipeline import derive_labels
+    counts = np.array([[9.0, 1.0, 0.0], [2.0, 3.5, 4.0]])
+    qs = QuerySet(np.zeros((2, 2), np.float32), np.array([0, 3]), np.array([0, 1, 1, 0, 1]), 0.0)
+    public_y = np.array([0, 2, -1, 0, 1])
+    lab = derive_labels(counts, qs, public_y, "soft")
+    x = np.zeros((5, 2), np.float32)
+    sp = Splits("t", "stratified", 0, x, public_y, x, public_y, x[:0], public_y[:0], 3, (2,))
+    table = labels_table(sp, 3, counts, qs, lab)
+    assert table.column("id").to_pylist() == [0, 1, 2, 3, 4]
+    assert table.column("class").to_pylist() == ["0", "2", "2", "0", "2"]
+    assert table.column("true_label").to_pylist() == [0, 2, None, 0, 1]
+    assert table.column("margin").to_pylist() == [8.0, 0.5, 0.5, 8.0, 0.5]
+    assert lab.label_accuracy == pytest.approx(3 / 4)          # the unlabelled row is not counted
+
+
+@pytest.mark.parametrize("name,kwargs", [("raw", {}), ("pca", {"dim": 6}), ("hog", {"dim": 5}),
+                                         ("hog", {})])
+def test_encoders_map_an_absent_evaluation_set_to_zero_rows(name, kwargs):
+    """student.input: features maps the evaluation images with the public encoder: with no
+    evaluation set (0 rows) that is a (0, dim) array, not a reshape error."""
+    from rknn_ray.representation.represent import make_encoder
+    x = np.random.default_rng(0).random((40, 1, 8, 8), dtype=np.float32)
+    enc = make_encoder(name, **kwargs).fit(x)
+    assert enc.transform(x[:0]).shape == (0, enc.dim) == (0, enc.transform(x[:2]).shape[1])
