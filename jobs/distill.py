@@ -142,12 +142,13 @@ def _main(args) -> int:
     print(f"run folder: {out}")
     if not p.get("private", True):
         print(f"NOT PRIVATE: {p['warning']}")
+    from rknn_ray.job.labels_file import accuracy_words
     print(f"{p['model']}/{p['mechanism']} eps={p['eps']:.4g} delta={p['delta']:.3g} "
-          f"({p['unit']}-level, {p['neighbour']}): label accuracy {acc['labels']:.4f}, "
-          f"student accuracy {acc['student']:.4f}")
+          f"({p['unit']}-level, {p['neighbour']}): label accuracy "
+          f"{accuracy_words(acc, 'labels')}, student accuracy {accuracy_words(acc, 'student')}")
     if "diagnostics" in report:
         print(f"[diagnostics, NOT private: {out}/diagnostics] non-private label accuracy "
-              f"{report['diagnostics']['nonprivate_labels']:.4f}")
+              f"{accuracy_words(report['diagnostics'], 'nonprivate_labels')}")
     return 0
 
 

@@ -134,6 +134,12 @@ def _fmt(v, digits: int = 4) -> str:
     return str(v)
 
 
+def _acc(acc: dict, key: str, digits: int = 4) -> str:
+    """An accuracy, or the report's reason it was not measured (no evaluation set given)."""
+    why = (acc.get("not_measured") or {}).get(key)
+    return why if why and acc.get(key) is None else _fmt(acc.get(key), digits)
+
+
 def _seconds(v) -> str:
     return "n/a" if v is None else f"{float(v):.1f} s"
 
@@ -162,9 +168,9 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                         f"(spent {_fmt(budget.get('spent_eps'))} after this job) on "
                         f"{_fmt(budget.get('description'))}"))
     privacy.append(("randomness", _fmt(rep.get("rng"))))
-    accuracy = [("label accuracy (public set)", _fmt(acc.get("labels"))),
-                ("student accuracy (evaluation set)", _fmt(acc.get("student"))),
-                ("query label accuracy", _fmt(acc.get("query_labels")))]
+    accuracy = [("label accuracy (public set)", _acc(acc, "labels")),
+                ("student accuracy (evaluation set)", _acc(acc, "student")),
+                ("query label accuracy", _acc(acc, "query_labels"))]
     diag = rep.get("diagnostics")
     if diag:
         accuracy.append(("non-private label accuracy [diagnostics, NOT private]",
@@ -288,8 +294,8 @@ def _table(header, rows) -> str:
 def _cards(run: dict) -> str:
     rep = run["report"] or {}
     p, acc = rep.get("privacy", {}), rep.get("accuracy", {})
-    cards = [("student accuracy", _fmt(acc.get("student"), 3)),
-             ("label accuracy", _fmt(acc.get("labels"), 3)),
+    cards = [("student accuracy", _acc(acc, "student", 3)),
+             ("label accuracy", _acc(acc, "labels", 3)),
              ("eps", _fmt(p.get("eps"))), ("delta", _fmt(p.get("delta"))),
              ("trust model", f"{_fmt(p.get('model'))}/{_fmt(p.get('mechanism'))}")]
     return '<div class="cards">' + "".join(

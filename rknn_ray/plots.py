@@ -40,6 +40,14 @@ def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarr
     ``gap_kind`` says what the gaps were computed from: 'released' (the noisy counts:
     safe to share) or 'non-private' (exact private counts: diagnostics only).
     """
+    save_png(run_summary_figure(report, history, gaps, correct, noise_bound, gap_kind), path)
+
+
+def run_summary_figure(report: dict, history: list[dict], gaps: np.ndarray,
+                       correct: np.ndarray, noise_bound: float | None,
+                       gap_kind: str = "released"):
+    """The figure :func:`run_summary_png` saves. An accuracy that was not measured is drawn
+    as the report's reason (``accuracy.not_measured``), not as a bar."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     acc = report["accuracy"]
     names, vals, colors = ["labels (private)", "student"], [acc.get("labels"), acc.get("student")], \
@@ -49,10 +57,15 @@ def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarr
         names, vals, colors = ["labels (non-private)"] + names, [nonprivate] + vals, \
             ["#999999"] + colors
     vals = [np.nan if v is None else v for v in vals]
-    bars = axes[0].bar(names, vals, color=colors)
+    bars = axes[0].bar(names, np.nan_to_num(vals), color=colors)   # a NaN bar breaks the layout
     for b, v in zip(bars, vals):
         axes[0].text(b.get_x() + b.get_width() / 2, (0 if np.isnan(v) else v) + 0.01,
                      "n/a" if np.isnan(v) else f"{v:.3f}", ha="center")
+    notes = acc.get("not_measured") or {}
+    reasons = sorted({notes[k] for k in ("labels", "student") if k in notes})
+    if reasons:
+        axes[0].text(0.5, 0.5, "\n".join(reasons), transform=axes[0].transAxes, ha="center",
+                     va="center", color="#555555", in_layout=False)
     p = report["privacy"]
     axes[0].set_ylim(0, 1.08)
     axes[0].set_title(f"{p['model']} / {p['mechanism']}: eps={p['eps']:.3g}, delta={p['delta']:.2g}")
@@ -79,5 +92,8 @@ def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarr
         axes[2].legend()
     axes[2].set_xlabel(f"{gap_kind} count gap (public true class - best other)")
     axes[2].set_title(f"per-query {gap_kind} count gap vs label correctness")
+    if not gaps.size and "labels" in notes:
+        axes[2].text(0.5, 0.5, notes["labels"], transform=axes[2].transAxes, ha="center",
+                     va="center", color="#555555", in_layout=False)
     fig.tight_layout()
-    save_png(fig, path)
+    return fig

@@ -12,6 +12,8 @@ import pyarrow as pa
 
 from rknn_ray import __version__
 from rknn_ray.job.context import JobContext
+from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_public_labels,
+                                      labels_table, measured, public_ids)
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.release_file import load_selections
 from rknn_ray.pipeline import (finish_labels, fit_student, nonprivate_labels,
@@ -40,13 +42,16 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     with progress.stage("labels", "labels from the released counts"):
         lab, label_info = finish_labels(cfg, data, counts, all_qs, ctx.public_emb, rounds,
                                         progress)
-    progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
+    labelled = has_public_labels(sp)
+    if labelled:
+        progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
     ref = exact = None
     if cfg.run.diagnostics:     # simulation only: exact private counts, never released
         exact, ref, _ = nonprivate_labels(cfg, data, ctx.encoder, query_sets, all_qs,
                                           ctx.public_emb, rounds)
-        progress.say(f"[diagnostics, NOT private] non-private label accuracy "
-                     f"{ref.label_accuracy:.4f}")
+        if labelled:
+            progress.say(f"[diagnostics, NOT private] non-private label accuracy "
+                         f"{ref.label_accuracy:.4f}")
     st = cfg.student
     inputs = student_inputs(cfg, data, ctx.encoder, lab, all_qs, ctx.public_emb, label_info,
                             out_dir)
@@ -57,10 +62,15 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         student = fit_student(cfg, data, ctx.encoder, lab, label_info, inputs, out_dir, progress,
                               on_epoch)
-    progress.say(f"student test accuracy {student.test_accuracy:.4f}")
+    accuracy = accuracy_section(sp, lab.label_accuracy, lab.query_accuracy,
+                                student.test_accuracy)
+    progress.say(f"student test accuracy {accuracy_words(accuracy, 'student')}")
     utility = utility_report(ctx, label_info, student_description(cfg, data, ctx.encoder, inputs))
 
-    truth_q = sp.public_y[all_qs.public_index]     # public labels: measurement only
+    # public labels: measurement only; the queries without one (a user's public table has
+    # none) have no count gap to plot
+    plotted = np.flatnonzero(np.asarray(sp.public_y)[all_qs.public_index] >= 0)
+    truth_q = sp.public_y[all_qs.public_index[plotted]]
     g = rounds[-1].guarantee
     eps_spent, delta_spent = ledger.spent()
     timings = dict(progress.timings)
@@ -69,8 +79,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     for t, r in enumerate(rounds):
         timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
     report = {
-        "accuracy": {"labels": lab.label_accuracy, "student": student.test_accuracy,
-                     "nonprivate_labels": None, "query_labels": lab.query_accuracy},
+        "accuracy": accuracy,
         "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,
                     "delta": delta_spent, "unit": g.unit, "neighbour": g.neighbour,
                     "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
@@ -89,12 +98,13 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                    "keys_made_ahead": [r.keys_made_ahead for r in rounds],
                    "rounds": len(rounds)},
         "split": sp.describe(),
-        "student": {"test_accuracy": student.test_accuracy, "epochs": student.epochs,
+        "student": {"test_accuracy": accuracy["student"], "epochs": student.epochs,
                     "trainer": st.trainer,
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,
-        "selection": load_selections(out_dir),      # per round: rule, pool, uncertainty
+        "selection": [{k: measured(v) if isinstance(v, float) else v for k, v in sel.items()}
+                      for sel in load_selections(out_dir)],  # per round: rule, pool, uncertainty
         "utility": utility,
         "rng": cfg.run.rng, "version": __version__, "job_id": ctx.job_id,
         "config": cfg.to_dict(),
@@ -102,21 +112,17 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     if any(r.shuffler is not None for r in rounds):
         report["shuffler"] = [r.shuffler for r in rounds]
     report["placement"] = merge_placements(r.placement for r in rounds)  # party -> its Ray nodes
-    labels_table = pa.table({
-        "public_index": np.arange(len(sp.public_y)), "query": all_qs.assignment,
-        "label": lab.public_hard, "true_label": sp.public_y, "weight": lab.public_weight,
-        "soft": pa.array(list(lab.query_soft[all_qs.assignment]), type=pa.list_(pa.float32())),
-    })
-    write_parquet(os.path.join(out_dir, "labels.parquet"), labels_table)
+    write_parquet(os.path.join(out_dir, "labels.parquet"),
+                  labels_table(sp, data.num_classes, counts, all_qs, lab))
     write_json(os.path.join(out_dir, "ledger.json"), ledger.to_dict())
     bound = release_error_bound(mechanism) if g.model == "central" else None
-    correct = lab.query_labels == truth_q
+    correct = lab.query_labels[plotted] == truth_q
     run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history,
-                    count_gaps(counts, truth_q), correct, bound, "released")
+                    count_gaps(counts[plotted], truth_q), correct, bound, "released")
     if cfg.run.diagnostics:
         report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
-                                                  student.history, ref, exact, truth_q,
-                                                  correct, bound, len(sp.public_y))
+                                                  student.history, ref, exact[plotted],
+                                                  truth_q, correct, bound, public_ids(sp))
         # PRIVATE (depends on the label-driven partition): only in the diagnostics
         report["diagnostics"]["records_dropped_by_bound"] = data.records_dropped()
     remove_train_storage(out_dir)         # Train's student-*/ copies, an interrupted attempt's too
@@ -154,16 +160,18 @@ def count_gaps(counts: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 
 def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, correct, bound,
-                      num_public: int) -> dict:
+                      ids) -> dict:
     """The non-private reference, in its own folder with a README that says so; the folder
-    is owner-only (0700), since what it holds was computed from private data without noise."""
+    is owner-only (0700), since what it holds was computed from private data without noise.
+    ``exact``: the exact counts of the plotted queries (those with a public truth)."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
     write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
     write_parquet(os.path.join(folder, "nonprivate_labels.parquet"), pa.table({
-        "public_index": np.arange(num_public), "nonprivate_label": ref.public_hard}))
+        "id": ids, "nonprivate_label": ref.public_hard}))
     diag = {"private": False, "folder": "diagnostics",
-            "nonprivate_labels": ref.label_accuracy, "nonprivate_query_labels": ref.query_accuracy}
+            "nonprivate_labels": measured(ref.label_accuracy),
+            "nonprivate_query_labels": measured(ref.query_accuracy)}
     run_summary_png(os.path.join(folder, "summary_nonprivate.png"),
                     {**report, "diagnostics": diag}, history, count_gaps(exact, truth_q),
                     correct, bound, "non-private")

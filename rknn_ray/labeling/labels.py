@@ -31,7 +31,11 @@ def propagate(per_query: np.ndarray, assignment: np.ndarray) -> np.ndarray:
 
 
 def accuracy(predicted: np.ndarray, truth: np.ndarray) -> float:
-    """Fraction of equal entries (Acc_pl when applied to propagated public labels)."""
-    if predicted.shape[0] == 0:
+    """Fraction of equal entries (Acc_pl when applied to propagated public labels) among the
+    rows with a truth: a negative truth marks an unlabelled row (a user's public table has
+    no labels), and with none labelled the accuracy is NaN (not measured), never a 0."""
+    predicted, truth = np.asarray(predicted), np.asarray(truth)
+    known = truth >= 0
+    if predicted.shape[0] == 0 or not known.any():
         return float("nan")
-    return float(np.mean(np.asarray(predicted) == np.asarray(truth)))
+    return float(np.mean(predicted[known] == truth[known]))

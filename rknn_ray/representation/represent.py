@@ -18,7 +18,8 @@ from rknn_ray.errors import ConfigError
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x.reshape(x.shape[0], -1), dtype=np.float32)
+    # an explicit width: reshape(0, -1) fails for the 0 rows of an absent evaluation set
+    return np.ascontiguousarray(x.reshape(x.shape[0], int(np.prod(x.shape[1:]))), dtype=np.float32)
 
 
 class RawEncoder(Encoder):
@@ -62,6 +63,8 @@ class PCAEncoder(Encoder):
     def transform(self, x):
         if self.matrix is None:
             raise RuntimeError("PCAEncoder.transform before fit")
+        if x.shape[0] == 0:
+            return np.zeros((0, self._dim), np.float32)
         return np.ascontiguousarray(self.matrix.apply(_flat(x)))
 
     @property
@@ -129,6 +132,8 @@ class HOGEncoder(Encoder):
         return self
 
     def transform(self, x):
+        if np.asarray(x).shape[0] == 0:
+            return np.zeros((0, self.dim), np.float32)
         feats = self._hog(x)
         return feats if self.pca is None else self.pca.transform(feats)
 
