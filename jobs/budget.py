@@ -25,8 +25,17 @@ from rknn_ray.accounting.budget_store import (ENV_PATH, BudgetStore, default_pat
 from rknn_ray.errors import RknnError
 
 
+EXAMPLES = """\
+examples:
+  rknn-ray budget                          # every dataset's budget, spent and open reservations
+  rknn-ray budget set DATASET --eps 10     # raise a budget (DATASET: an identity list prints)
+  rknn-ray budget settle JOB_ID            # close a killed job's reservation
+  python -m jobs.budget list --json        # the same command, JSON"""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", nargs="?", default="list", choices=("list", "set", "settle"))
     ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set'), job id (for 'settle')")
     ap.add_argument("--eps", type=float, help="new total eps budget (for 'set')")

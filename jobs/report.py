@@ -462,8 +462,16 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
     return text, written
 
 
+EXAMPLES = """\
+examples:
+  rknn-ray report runs/eps05               # a run: summary + runs/eps05/report.html
+  rknn-ray report runs/compare-digits      # a folder of runs: one table
+  python -m jobs.report runs/eps05 --no-html"""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rknn-ray report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rknn-ray report", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", help="a run folder, or a folder of runs (comparison, grid)")
     ap.add_argument("--out", default=None, help=f"HTML file (default PATH/{HTML_NAME})")
     ap.add_argument("--no-html", action="store_true", help="print the summary only")
