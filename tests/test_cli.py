@@ -6,11 +6,13 @@ import sys
 
 import pytest
 
-from jobs.cli import COMMANDS, main
+from jobs.cli import main
 from jobs.config_files import CONFIG_DIR, describe, packaged_configs, resolve_config
 from rknn_ray.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: what ``rknn-ray --help`` must list (issue 36)
+COMMANDS = ["run", "report", "budget", "compare", "grid", "amplification", "cluster"]
 FAST = ["student.epochs=1", "queries.restarts=1", "student.trainer=local"]
 
 
@@ -24,13 +26,11 @@ def _cli(args, cwd):
 def test_top_level_help_lists_every_command(tmp_path):
     out = _cli(["--help"], tmp_path)
     assert out.returncode == 0, out.stderr
-    for name in ("run", "report", "budget", "compare", "grid", "amplification", "cluster"):
+    for name in COMMANDS:
         assert f"\n    {name}" in out.stdout, name
-    assert set(COMMANDS) == {"run", "report", "budget", "compare", "grid", "amplification",
-                             "cluster"}
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
+@pytest.mark.parametrize("name", COMMANDS)
 def test_each_command_has_help_with_an_example(name, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([name, "--help"])
