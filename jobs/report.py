@@ -195,6 +195,9 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
               if k.startswith(("round_", "select_")) and k.count("_") == 1]
     times += [(f"  {k} (all rounds)", _seconds(timings[k])) for k in ROUND_PARTS if timings.get(k)]
     from jobs.experiments import stage_seconds
+    if "job" in timings:          # a run from before the job's wall was recorded: stages only
+        times.append(("job wall time", f"{_seconds(timings['job'])} (Ray's start and the time "
+                      "between stages included; the release's noise sampling left out)"))
     times.append(("total of the stages", _seconds(stage_seconds(timings))))
     student = rep.get("student") or {}
     if student:

@@ -41,7 +41,8 @@ def test_a_finished_run_reads_back_from_its_folder_and_logs_its_stages(
         ray_session, tmp_path, isolated_privacy_ledger, caplog):
     """A library user gets the stage lines through ``logging`` (the ``rknn_ray`` logger), and a
     notebook reads the run back from its folder: the same labels, the labels as a DataFrame,
-    the student as a torch module, every file of the folder in ``paths``."""
+    the student as a torch module, every file of the folder in ``paths``; the report gives the
+    job's wall time."""
     import logging
 
     import torch
@@ -67,6 +68,13 @@ def test_a_finished_run_reads_back_from_its_folder_and_logs_its_stages(
     assert list(frame.columns[:3]) == ["public_index", "query", "label"]
     student = back.student()
     assert isinstance(student, torch.nn.Module) and not student.training
+    # the report shows the job's wall time beside the stages' total (Ray's start-up is in it)
+    from jobs.experiments import stage_seconds
+    from jobs.report import load_run, run_sections
+    timings = result.report["timings_s"]
+    assert timings["job"] >= stage_seconds(timings) > 0
+    times = dict(dict(run_sections(load_run(out)))["Timings"])
+    assert times["job wall time"].startswith(f"{timings['job']:.1f} s")
 
 
 def test_the_job_validates_the_config_it_is_handed(tmp_path, isolated_privacy_ledger):
