@@ -129,7 +129,8 @@ def validated(cfg) -> "Config":
 def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
         ledger_path: str | None = None, resume: bool = False, parties: Parties | None = None,
         start_ray: Callable[[], bool] = ensure_ray) -> RunResult:
-    """Run the job for a validated ``cfg`` into the prepared ``out_dir``.
+    """Run the job for ``cfg`` (a :class:`~rknn_ray.config.Config`, validated again here: a
+    bad value is a ConfigError before any work) into the prepared ``out_dir``.
 
     ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
     for the whole job); each round spends its share of ``privacy.eps``, is one ledger
