@@ -439,9 +439,16 @@ def _plot_audit(result, out, plt) -> None:
 
 # ------------------------------------------------------------------ CLI
 
+EXAMPLES = """\
+examples:
+  rknn-ray amplification --n 100000 --eps0 4 --delta 1e-6 --json
+  rknn-ray amplification --n 100000 --target-eps 0.5 --delta 1e-6
+  python -m benchmarks.amplification --grid --out runs/amplification   # the same command"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.amplification", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="rknn-ray amplification", description=__doc__,
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=float, help="number of shuffled senders")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--eps0", type=float, help="local eps0 of each sender")

@@ -27,8 +27,17 @@ from rknn_ray.accounting.budget_store import (ENV_PATH, BudgetStore, default_pat
 from rknn_ray.errors import RknnError
 
 
+EXAMPLES = """\
+examples:
+  rknn-ray budget                          # every dataset's budget, spent and open reservations
+  rknn-ray budget set DATASET --eps 10     # raise a budget (DATASET: an identity list prints)
+  rknn-ray budget settle JOB_ID            # close a killed job's reservation
+  python -m jobs.budget list --json        # the same command, JSON"""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", nargs="?", default="list", choices=("list", "set", "settle"))
     ap.add_argument("dataset", nargs="?", help="dataset identity (for 'set'), job id (for 'settle')")
     ap.add_argument("--eps", type=float, help="new total eps budget (for 'set')")
@@ -110,11 +119,8 @@ def _run(args) -> int:
                   f"(n = {d['min_private']} private records, the fewest a job on it used)")
         for m in d["merged"]:
             print(f"  merged from {m['identity']}: {m['reason']}")
-        for r in d["releases"]:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["updated"]))
-            event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""
-            print(f"    {when}  job {r['job_id']}  round {r['round'] if r['round'] is not None else '-'}"
-                  f"  {r['status']:<8}  eps={r['eps']:.4g} delta={r['delta']:.3g}  {event}  {r['note'] or ''}")
+        for line in job_lines(d["releases"]):
+            print(line)
     return 0
 
 
@@ -128,6 +134,48 @@ def _finite(obj):
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
+
+def job_lines(releases: list[dict]) -> list[str]:
+    """Each job on a dataset in words: what it reserved, spent (its rounds below it), returned,
+    or still holds. A job's reservation row (no round) holds what it did not release:
+    ``unused`` was returned, ``reserved`` is held, ``released`` was counted as spent (settled)."""
+    jobs: dict[str, list[dict]] = {}
+    for r in releases:
+        jobs.setdefault(r["job_id"], []).append(r)
+    lines = []
+    for job_id, rows in jobs.items():
+        with_delta = any(r["delta"] for r in rows)
+        spent, returned, held = (_sums(rows, status) for status in ("released", "unused", "reserved"))
+        reserved = tuple(a + b + c for a, b, c in zip(spent, returned, held))
+        rounds = sorted((r for r in rows if r["round"] is not None), key=lambda r: r["round"])
+        statuses = {r["status"] for r in rows if r["round"] is None}    # the reservation's
+        words = [f"reserved {_amount(reserved, with_delta)}",
+                 f"spent {_amount(spent, with_delta)} in {len(rounds)} "
+                 f"round{'s' if len(rounds) != 1 else ''}"]
+        if "unused" in statuses:
+            words.append(f"returned {_amount(returned, with_delta)}")
+        if "reserved" in statuses:
+            words.append(f"still held {_amount(held, with_delta)} (open reservation)")
+        note = next((r["note"] for r in rows if r["round"] is None and r["note"]), "")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(max(r["updated"] for r in rows)))
+        lines.append(f"    {when}  job {job_id}: {', '.join(words)}" + (f"; {note}" if note else ""))
+        for r in rounds:
+            event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""
+            extra = "" if r["note"] in (None, "", "released") else f"  {r['note']}"
+            lines.append(f"      round {r['round'] + 1}: released "
+                         f"{_amount((r['eps'], r['delta']), with_delta)}  {event}{extra}".rstrip())
+    return lines
+
+
+def _sums(rows: list[dict], status: str) -> tuple[float, float]:
+    return (sum(r["eps"] for r in rows if r["status"] == status),
+            sum(r["delta"] for r in rows if r["status"] == status))
+
+
+def _amount(eps_delta: tuple, with_delta: bool) -> str:
+    eps, delta = eps_delta
+    return f"eps={eps:.4g}" + (f" delta={delta:.3g}" if with_delta else "")
 
 
 def _age(seconds: float) -> str:

@@ -1,14 +1,57 @@
-"""The ``rknn-ray`` console script: run the job, or manage the privacy budgets.
+"""The ``rknn-ray`` console script: one front door to every command.
 
-    rknn-ray --config FILE [--set k=v ...]      # = python -m jobs.distill
-    rknn-ray budget [list | set DATASET --eps X]  # = python -m jobs.budget
-    rknn-ray report RUN_DIR [--out FILE]          # = python -m jobs.report
-    rknn-ray compare --dataset digits --eps 0.1 1 4 --out DIR  # = python -m jobs.compare
-    rknn-ray grid --config FILE --eps 0.1 1 --s 30 60 --out DIR  # = python -m jobs.grid
+``rknn-ray COMMAND [args]`` hands ``args`` to that command's own parser (each has ``--help``
+with an example); ``rknn-ray --config FILE ...`` without a command is ``run``. Each command
+is also ``python -m <its module>`` (what ``ray job submit`` runs).
 """
 from __future__ import annotations
 
+import argparse
+import difflib
+import importlib
 import sys
+
+__all__ = ["COMMANDS", "main", "parser"]
+
+#: command -> (module whose ``main(argv)`` it runs, one line of what it does)
+COMMANDS = {
+    "run": ("jobs.distill", "the private job: labels, a student and a run folder"),
+    "report": ("jobs.report", "summary and report.html of a run, or one table of a folder of runs"),
+    "budget": ("jobs.budget", "the privacy budgets that last across jobs: list, set, settle"),
+    "compare": ("jobs.compare", "reverse k-NN against the baselines at the same eps"),
+    "grid": ("jobs.grid", "a sweep of real jobs over eps, s, k, model, encoder, seed"),
+    "amplification": ("benchmarks.amplification", "shuffle-model amplification bounds"),
+    "cluster": ("jobs.local_cluster", "a Ray cluster of several nodes on this machine"),
+}
+
+EXAMPLES = """\
+examples:
+  rknn-ray run --config digits_central --set privacy.eps=0.5 --out runs/eps05
+  rknn-ray run --list-configs
+  rknn-ray report runs/eps05
+  rknn-ray budget list
+  rknn-ray COMMAND --help
+
+Without a command, the arguments are run's: rknn-ray --config digits_central.
+Each command is also python -m MODULE (what ray job submit runs):
+  """ + ", ".join(f"{name} = {module}" for name, (module, _) in COMMANDS.items()
+                  if name in ("run", "report", "budget", "compare")) + ",\n  " + ", ".join(
+    f"{name} = {module}" for name, (module, _) in COMMANDS.items()
+    if name not in ("run", "report", "budget", "compare"))
+
+
+def parser() -> argparse.ArgumentParser:
+    """The top-level parser: its help lists the commands (each parses its own arguments)."""
+    from rknn_ray import __version__
+    ap = argparse.ArgumentParser(
+        prog="rknn-ray", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Record-level private knowledge distillation by reverse k-NN labeling on\n"
+                    "Ray, with central, local and shuffle differential privacy.")
+    ap.add_argument("--version", action="version", version=f"rknn-ray {__version__}")
+    sub = ap.add_subparsers(title="commands", metavar="COMMAND")
+    for name, (_, summary) in COMMANDS.items():
+        sub.add_parser(name, help=summary, add_help=False)
+    return ap
 
 
 def main(argv=None) -> int:
@@ -22,22 +65,24 @@ def main(argv=None) -> int:
 
 
 def _dispatch(argv: list) -> int:
-    if argv and argv[0] == "budget":
-        from jobs.budget import main as budget_main
-        return budget_main(argv[1:])
-    if argv and argv[0] == "report":
-        from jobs.report import main as report_main
-        return report_main(argv[1:])
-    if argv and argv[0] == "compare":
-        from jobs.compare import main as compare_main
-        return compare_main(argv[1:])
-    if argv and argv[0] == "grid":
-        from jobs.grid import main as grid_main
-        return grid_main(argv[1:])
-    if argv and argv[0] == "run":
-        argv = argv[1:]
-    from jobs.distill import main as distill_main
-    return distill_main(argv)
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        ap = parser()
+        if not argv:
+            ap.print_help()
+            return 0
+        ap.parse_args(argv[:1])         # prints the help or the version and exits 0
+    first = argv[0]
+    if first in COMMANDS:
+        module, rest = COMMANDS[first][0], argv[1:]
+    elif first.startswith("-"):
+        module, rest = COMMANDS["run"][0], argv   # rknn-ray --config FILE: the job, as before
+    else:
+        near = difflib.get_close_matches(first, list(COMMANDS), n=1)
+        fix = f"did you mean '{near[0]}'?" if near else f"use one of {', '.join(COMMANDS)}"
+        print(f"rknn-ray: unknown command {first!r}. Fix: {fix} (rknn-ray --help lists them)",
+              file=sys.stderr)
+        return 2
+    return importlib.import_module(module).main(rest)
 
 
 if __name__ == "__main__":

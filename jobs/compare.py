@@ -64,8 +64,16 @@ DATASET_OVERRIDES = {"digits": ("cluster.shards=1", "cluster.openers=0"), "fashi
 NFDP_SHARDS = {"digits": 1, "fashion_mnist": 2}
 
 
+EXAMPLES = """\
+examples:
+  rknn-ray compare --dataset digits --eps 0.1 1 4 --out runs/compare-digits
+  rknn-ray compare --dataset digits --eps 1 --methods rknn_central pate_gnmax --out runs/c1
+  python -m jobs.compare --dataset digits --eps 1 --out runs/c1 --json"""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="rknn-ray compare", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rknn-ray compare", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", choices=sorted(CONFIG_PREFIX), default="digits")
     ap.add_argument("--eps", type=float, nargs="+", default=[0.1, 1.0, 4.0])
     ap.add_argument("--delta", type=float, default=1e-5, help="delta where a method needs one")

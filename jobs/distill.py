@@ -1,7 +1,7 @@
 """Record-level private knowledge distillation, end to end on Ray.
 
-    python -m jobs.distill --config jobs/configs/digits_central.yaml \
-        [--set privacy.eps=0.5 ...] [--out runs/my-run] [--overwrite]
+    rknn-ray run --config digits_central [--set privacy.eps=0.5 ...] [--out runs/my-run]
+    python -m jobs.distill --config jobs/configs/digits_central.yaml ...   (the same)
 
 Works locally (starts a loopback Ray instance) and under ``ray job submit`` (joins
 the cluster through RAY_ADDRESS). Writes a run folder: config.yaml, report.json,
@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from jobs.config_files import resolve_config
 from rknn_ray.config import load_config, validate_resources
 from rknn_ray.errors import RknnError
 from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
@@ -25,10 +26,23 @@ from rknn_ray.runio import prepare_run_dir, unfinished_release
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
+EXAMPLES = """\
+examples:
+  rknn-ray run --config digits_central --set privacy.eps=0.5 --out runs/eps05
+  rknn-ray run --config my.yaml --set student.epochs=5 --quiet
+  rknn-ray run --resume runs/eps05          # finish a run whose release.npz is saved
+  rknn-ray run --list-configs
+  python -m jobs.distill --config digits_central   # the same job (ray job submit runs this)"""
+
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="rknn-ray", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (jobs/configs/*.yaml)")
+    ap = argparse.ArgumentParser(prog="rknn-ray run", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=DEFAULT_CONFIG,
+                    help="a YAML file, or a packaged config by name (digits_central; "
+                         "--list-configs lists them)")
+    ap.add_argument("--list-configs", action="store_true",
+                    help="list the packaged configs with a line on each, and exit")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set privacy.eps=0.5 (repeatable)")
     ap.add_argument("--out", default=None, help="run folder (default runs/<name>-<time>)")
@@ -87,6 +101,10 @@ def main(argv=None) -> int:
 
 def _main(args) -> int:
     from jobs import signals
+    if args.list_configs:
+        from jobs.config_files import list_configs
+        print(list_configs())
+        return 0
     out, owned = None, False            # owned: this invocation may write into ``out``
     created = False
     try:
@@ -94,7 +112,7 @@ def _main(args) -> int:
             out = os.path.abspath(args.resume)
             cfg = resume_config(out, args.overrides)
         else:
-            cfg = load_config(args.config, args.overrides)
+            cfg = load_config(resolve_config(args.config), args.overrides)
         check_consent(cfg, args.insecure_seeded)
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
             validate_resources(cfg, float(os.cpu_count() or 1))

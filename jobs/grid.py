@@ -156,6 +156,8 @@ def plan(config: str, sets=(), encoders=None, s=None, k=None, models=None, eps=N
     """The base config and every cell, each validated as a full config (a bad key or value
     fails here, before anything runs). Returns (base Config, [(Cell, Config)])."""
     from rknn_ray.config import load_config
+    from jobs.config_files import resolve_config
+    config = resolve_config(config)
     base = load_config(config, list(sets))
     axes = {
         "encoder": _axis(encoders, [base.represent.encoder], "--encoder", _encoder),
@@ -506,10 +508,19 @@ def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=N
     return result["doc"]
 
 
+EXAMPLES = """\
+examples:
+  rknn-ray grid --config digits_central --eps 0.1 1 --s 30 60 --out runs/grid-digits
+  rknn-ray grid --config digits_central --model central shuffle/collision --seeds 0 1 --out g2
+  python -m jobs.grid --config jobs/configs/digits_central.yaml --eps 1 --out g3"""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="rknn-ray grid", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rknn-ray grid", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "configs",
-                                                     "digits_central.yaml"))
+                                                     "digits_central.yaml"),
+                    help="a YAML file, or a packaged config by name (rknn-ray run --list-configs)")
     ap.add_argument("--out", required=True, help="grid folder (resumable)")
     ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value in every cell (repeatable)")

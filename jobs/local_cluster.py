@@ -143,9 +143,17 @@ def _restore(name: str, value: str | None) -> None:
         os.environ[name] = value
 
 
+EXAMPLES = """\
+examples:
+  rknn-ray cluster -- python -m jobs.distill --config digits_central
+  rknn-ray cluster --node server --node shuffler+client -- \\
+      python -m jobs.distill --config digits_shuffle
+  python -m jobs.local_cluster -- ray status     # the same command"""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m jobs.local_cluster",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rknn-ray cluster", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--node", action="append", default=[], metavar="ROLES",
                     help="one node per flag: its roles, e.g. server or server+shuffler "
                          f"(from {list(PARTIES)}); default: server, shuffler, client")

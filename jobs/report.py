@@ -203,6 +203,9 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
               if k.startswith(("round_", "select_")) and k.count("_") == 1]
     times += [(f"  {k} (all rounds)", _seconds(timings[k])) for k in ROUND_PARTS if timings.get(k)]
     from jobs.experiments import stage_seconds
+    if "job" in timings:          # a run from before the job's wall was recorded: stages only
+        times.append(("job wall time", f"{_seconds(timings['job'])} (Ray's start and the time "
+                      "between stages included; the release's noise sampling left out)"))
     times.append(("total of the stages", _seconds(stage_seconds(timings))))
     student = rep.get("student") or {}
     if student:
@@ -470,8 +473,16 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
     return text, written
 
 
+EXAMPLES = """\
+examples:
+  rknn-ray report runs/eps05               # a run: summary + runs/eps05/report.html
+  rknn-ray report runs/compare-digits      # a folder of runs: one table
+  python -m jobs.report runs/eps05 --no-html"""
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rknn-ray report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rknn-ray report", description=__doc__.split("\n\n")[0],
+                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", help="a run folder, or a folder of runs (comparison, grid)")
     ap.add_argument("--out", default=None, help=f"HTML file (default PATH/{HTML_NAME})")
     ap.add_argument("--no-html", action="store_true", help="print the summary only")

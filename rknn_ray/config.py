@@ -3,8 +3,8 @@ once, up front, so a bad value fails before data loads or Ray starts.
 
 ``load_config`` returns a frozen :class:`Config` with one frozen dataclass per
 section (``cfg.privacy.eps``, ``cfg.rounds.count``); ``cfg.to_dict()`` is the plain
-nested dict written to config.yaml and report.json, and ``cfg.with_overrides([...])``
-derives a changed, re-validated copy.
+nested dict written to config.yaml and report.json, and ``cfg.with_overrides({...})``
+derives a changed, re-validated copy. ``load_config`` takes a file's path or a dict.
 
 Each key is declared once, as a field of its section written with
 :func:`rknn_ray.keyspec.key`: default, doc, type, range or choices. The validator and the
@@ -36,6 +36,9 @@ import yaml
 from rknn_ray.errors import ConfigError
 from rknn_ray.keyspec import Spec, check_number, key, spec_of
 from rknn_ray.student.config import LABEL_TYPES, StudentSection
+
+__all__ = ["Config", "ConfigError", "DEFAULTS", "KNOWN_KEYS", "load_config", "parse_override",
+           "protocol_cpus", "specs", "validate_resources", "validate_with_data"]
 
 
 class FrozenDict(dict):
@@ -393,8 +396,14 @@ class Config:
         """The plain nested dict (lists, dicts, scalars) for config.yaml and report.json."""
         return {f.name: _section_dict(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
-    def with_overrides(self, overrides: list[str]) -> "Config":
-        """A changed copy (``["run.progress=false", ...]``), validated again."""
+    def with_overrides(self, overrides: "dict | list[str]") -> "Config":
+        """A changed copy, validated again: ``{"privacy.eps": 0.5}`` (dotted keys, Python
+        values) or ``["privacy.eps=0.5", ...]`` (``--set`` text, values read as YAML)."""
+        if isinstance(overrides, dict):
+            cfg = self.to_dict()
+            for key, value in overrides.items():
+                cfg = _merge(cfg, _nested(str(key), value))
+            return _finish(cfg, None)
         return _finish(self.to_dict(), overrides)
 
 
@@ -419,13 +428,27 @@ FREE_FORM = {(name, f.name) for name, cls in SECTIONS.items() for f in dataclass
              if spec_of(f).free_form}
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides, validated once: a frozen :class:`Config`."""
+def load_config(path: "str | os.PathLike | dict | None" = None,
+                overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file (or a nested dict of sections) <- overrides, validated once: a
+    frozen :class:`Config`."""
+    if isinstance(path, dict):
+        source = copy.deepcopy(path)          # validation normalizes in place: not the caller's
+    elif isinstance(path, (str, os.PathLike)):
+        source = None
+    elif path is None:
+        source = {}
+    else:
+        raise ConfigError("--config", f"a {type(path).__name__} is not a config",
+                          "pass a YAML file's path or a dict of sections such as "
+                          "{'privacy': {'eps': 1.0}}")
     try:
-        cfg = _merge(DEFAULTS, _read_yaml(path)) if path else _merge(DEFAULTS, {})
-        return _finish(cfg, overrides)
+        if source is None:
+            source = _read_yaml(os.fspath(path))
+        return _finish(_merge(DEFAULTS, source), overrides)
     except RecursionError:        # a mapping nested thousands deep, in the file or an override
-        raise ConfigError(path or "--set", "is nested too deeply to be a config",
+        raise ConfigError(os.fspath(path) if isinstance(path, (str, os.PathLike)) else "--set",
+                          "is nested too deeply to be a config",
                           "write sections one level deep, as in jobs/configs/*.yaml") from None
 
 
@@ -473,6 +496,15 @@ def parse_override(text: str) -> dict:
     except yaml.YAMLError as exc:
         raise ConfigError(key, f"value {raw!r} is not valid YAML ({str(exc).splitlines()[0]})",
                           "quote the value or write a list as [a, b]") from None
+    return _nested(key, value)
+
+
+def _nested(key: str, value) -> dict:
+    """'a.b.c', value -> {'a': {'b': {'c': value}}}."""
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(key, "override key is empty or has an empty part",
+                          "write a dotted key such as privacy.eps")
     out: dict = {}
     cur = out
     for p in parts[:-1]:

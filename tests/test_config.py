@@ -455,3 +455,37 @@ def test_choices_declared_beside_torch_code_match_it():
     torch); they must be the ones the encoder accepts."""
     from rknn_ray.representation.contrastive import BACKBONES
     assert specs()["represent.backbone"].allowed() == BACKBONES
+
+
+def test_load_config_takes_a_dict_of_sections():
+    """A notebook's config without a file: the same merge and validation as a YAML file."""
+    given = {"privacy": {"eps": 0.5}, "data": {"dataset": "digits"}}
+    cfg = load_config(given, ["student.epochs=3"])
+    assert (cfg.privacy.eps, cfg.student.epochs) == (0.5, 3)
+    assert cfg == load_config(None, ["privacy.eps=0.5", "data.dataset=digits", "student.epochs=3"])
+    assert given == {"privacy": {"eps": 0.5}, "data": {"dataset": "digits"}}   # not changed
+    with pytest.raises(ConfigError, match="did you mean 'privacy.eps'"):
+        load_config({"privacy": {"epss": 1.0}})
+    with pytest.raises(ConfigError, match="privacy.eps"):
+        load_config({"privacy": {"eps": -1.0}})
+
+
+def test_with_overrides_takes_dotted_keys_and_validates_again():
+    cfg = load_config("jobs/configs/digits_central.yaml")
+    changed = cfg.with_overrides({"privacy.eps": 0.5, "privacy.options.collision_l": 40})
+    assert (changed.privacy.eps, changed.privacy.options["collision_l"]) == (0.5, 40)
+    assert changed == cfg.with_overrides(["privacy.eps=0.5", "privacy.options.collision_l=40"])
+    assert cfg.privacy.eps == 1.0                                      # a copy
+    with pytest.raises(ConfigError, match="did you mean 'privacy.eps'"):
+        cfg.with_overrides({"privacy.epss": 0.5})
+    with pytest.raises(ConfigError, match="out of range"):
+        cfg.with_overrides({"privacy.eps": -1.0})
+    with pytest.raises(ConfigError, match="empty part"):
+        cfg.with_overrides({"privacy..eps": 1.0})
+
+
+def test_every_packaged_config_survives_validation_again():
+    """The job validates the Config it is handed once more: a valid one comes back equal."""
+    for path in sorted(glob.glob("jobs/configs/*.yaml")):
+        cfg = load_config(path)
+        assert Config.from_dict(cfg.to_dict()) == cfg, path

@@ -4,6 +4,7 @@ parameters in production code."""
 import dataclasses
 import inspect
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -34,6 +35,76 @@ def test_run_config_returns_a_run_result_without_the_cli(ray_session, tmp_path,
     assert result.ledger == result.report["privacy"]["ledger"]
     for name in ("config", "release", "ledger", "labels", "summary", "report"):
         assert (tmp_path / "lib" / result.paths[name].rsplit("/", 1)[1]).stat().st_size > 0
+
+
+def test_a_finished_run_reads_back_from_its_folder_and_logs_its_stages(
+        ray_session, tmp_path, isolated_privacy_ledger, caplog):
+    """A library user gets the stage lines through ``logging`` (the ``rknn_ray`` logger), and a
+    notebook reads the run back from its folder: the same labels, the labels as a DataFrame,
+    the student as a torch module, every file of the folder in ``paths``; the report gives the
+    job's wall time."""
+    import logging
+
+    import torch
+    from rknn_ray.job import RunResult, run
+    from rknn_ray.runio import prepare_run_dir
+    cfg = load_config("jobs/configs/digits_central.yaml", FAST)
+    out = prepare_run_dir(str(tmp_path / "nb"), overwrite=False)
+    with caplog.at_level(logging.INFO, logger="rknn_ray"):
+        result = run(cfg, out, ledger_path=str(isolated_privacy_ledger))
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("rknn_ray")]
+    assert any(line.startswith("loading digits and partitioning ...") for line in lines), lines
+    assert any("done in" in line for line in lines)
+    assert any(line.startswith("student test accuracy") for line in lines)
+    back = RunResult.from_path(out)
+    np.testing.assert_array_equal(back.labels, result.labels)
+    assert back.report == result.report and back.ledger == result.ledger
+    assert back.guarantee == result.guarantee
+    assert back.paths == result.paths
+    assert set(os.listdir(out)) == {os.path.basename(p) for p in result.paths.values()}
+    assert {"student", "history"} <= set(result.paths)
+    frame = back.labels_frame()
+    np.testing.assert_array_equal(frame["label"].to_numpy(), result.labels)
+    assert list(frame.columns[:3]) == ["public_index", "query", "label"]
+    student = back.student()
+    assert isinstance(student, torch.nn.Module) and not student.training
+    # the report shows the job's wall time beside the stages' total (Ray's start-up is in it)
+    from jobs.experiments import stage_seconds
+    from jobs.report import load_run, run_sections
+    timings = result.report["timings_s"]
+    assert timings["job"] >= stage_seconds(timings) > 0
+    times = dict(dict(run_sections(load_run(out)))["Timings"])
+    assert times["job wall time"].startswith(f"{timings['job']:.1f} s")
+
+
+def test_the_job_validates_the_config_it_is_handed(tmp_path, isolated_privacy_ledger):
+    """A Config changed in code (``dataclasses.replace``) is refused before any work: no
+    budget reserved, nothing written, Ray not started."""
+    import ray
+    from rknn_ray.errors import ConfigError
+    from rknn_ray.job import run
+    cfg = load_config("jobs/configs/digits_central.yaml", FAST)
+    bad = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, eps=-1.0))
+    out = tmp_path / "bad"
+    out.mkdir()
+    started = ray.is_initialized()
+    with pytest.raises(ConfigError, match="privacy.eps"):
+        run(bad, str(out), ledger_path=str(isolated_privacy_ledger))
+    bad = dataclasses.replace(cfg, privacy=dataclasses.replace(cfg.privacy, model="nonsense"))
+    with pytest.raises(ConfigError, match="privacy.model"):
+        run(bad, str(out), ledger_path=str(isolated_privacy_ledger))
+    assert not os.listdir(out) and not isolated_privacy_ledger.exists()
+    assert ray.is_initialized() == started
+    with pytest.raises(TypeError, match="load_config"):
+        run(cfg.to_dict(), str(out))
+
+
+def test_a_run_folder_without_report_json_is_named(tmp_path):
+    from rknn_ray.errors import DataError
+    from rknn_ray.job import RunResult
+    (tmp_path / "incomplete.json").write_text("{}")
+    with pytest.raises(DataError, match="did not finish"):
+        RunResult.from_path(str(tmp_path))
 
 
 def _ctx(*overrides):

@@ -24,6 +24,26 @@ def test_mode_follows_the_terminal_and_quiet():
         Progress(True, io.StringIO(), mode="fancy")
 
 
+def test_a_library_job_says_its_lines_through_logging(caplog, capsys):
+    """From Python (``run(cfg)``): stage lines and bar counts are INFO records of the
+    ``rknn_ray.job`` logger, nothing is written to stderr; ``run.progress=false``: no record."""
+    import logging
+    p = Progress.for_library(True)
+    with caplog.at_level(logging.INFO, logger="rknn_ray"):
+        with p.stage("labels", "labels from the released counts"):
+            with p.bar("reports opened", 10, "reports") as bar:
+                bar.set(10)
+        Progress.for_library(False).say("silent")
+    records = [r for r in caplog.records if r.name == "rknn_ray.job"]
+    messages = [r.getMessage() for r in records]
+    assert messages[:2] == ["labels from the released counts ...",
+                            "reports opened: 10/10 reports (100%)"]
+    assert len(messages) == 3 and messages[2].startswith("labels from the released counts done in ")
+    assert all(r.levelno == logging.INFO and "silent" not in r.getMessage() for r in records)
+    assert capsys.readouterr().err == ""
+    assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("rknn_ray").handlers)
+
+
 def test_lines_mode_prints_periodically_and_the_final_count(monkeypatch):
     out = io.StringIO()
     p = Progress(True, out, interval=3600)          # only the first update and the close print

@@ -13,6 +13,8 @@ and ``actors``. It sits above ``actors`` and below ``jobs`` (the CLIs) and ``ben
 nothing else in ``rknn_ray`` and no party package imports it (tests/test_layers.py).
 """
 
+__all__ = ["RunResult", "run"]
+
 
 def __getattr__(name: str):
     """``run`` and ``RunResult`` on first use: importing the package stays light (Ray's

@@ -78,6 +78,9 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
         timings[stage] = sum(r.timings.get(stage, 0.0) for r in rounds)
     for t, r in enumerate(rounds):
         timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
+    # the job's wall time to here (Ray's start and the time between stages included; the
+    # release's untimed noise sampling left out, as from every stage: issue 21)
+    timings["job"] = progress.elapsed()
     report = {
         "accuracy": accuracy,
         "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,

@@ -8,6 +8,10 @@ Three modes, chosen once per job (:meth:`Progress.for_console`):
 - ``lines``: ``--quiet``, or stderr is not a terminal (a log file, CI, ``ray job
   submit``). No bars: a plain line when a bar starts, then at most one every
   ``interval`` seconds, and one when it ends.
+- ``log``: a library user's job (:meth:`Progress.for_library`, what ``run(cfg)`` uses
+  unless handed a Progress): the same lines as ``lines``, as INFO records of the
+  ``rknn_ray.job`` logger (the standard :mod:`logging` module; the ``rknn_ray`` logger has
+  a NullHandler, so nothing shows until the application configures logging).
 - ``off``: ``run.progress: false``. Nothing is printed; timings are still kept.
 
 Bars are updated from driver threads that see the actors' work as it happens (the
@@ -18,6 +22,7 @@ per-epoch reports relayed by :mod:`rknn_ray.training.live`); :meth:`Bar.update` 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import sys
 import threading
@@ -26,7 +31,12 @@ from contextlib import contextmanager
 
 from rknn_ray import interrupts
 
-MODES = ("bars", "lines", "off")
+__all__ = ["LOGGER", "MODES", "Bar", "EpochBar", "NullBar", "PolledBar", "Progress", "bar_for"]
+
+MODES = ("bars", "lines", "log", "off")
+#: where a library user's job says what it does (``log`` mode)
+LOGGER = logging.getLogger("rknn_ray.job")
+logging.getLogger("rknn_ray").addHandler(logging.NullHandler())   # a library's convention
 
 
 class Progress:
@@ -60,6 +70,11 @@ class Progress:
             return cls(False, stream)
         return cls(True, stream, mode="lines" if quiet else None)
 
+    @classmethod
+    def for_library(cls, enabled: bool = True) -> "Progress":
+        """Lines as records of the ``rknn_ray.job`` logger (``run.progress: false``: none)."""
+        return cls(enabled, mode="log" if enabled else "off")
+
     def elapsed(self) -> float:
         """Seconds since the start, untimed spans left out (the console's clock stands still
         during one)."""
@@ -81,6 +96,9 @@ class Progress:
 
     def say(self, msg: str) -> None:
         if not self.enabled:
+            return
+        if self.mode == "log":
+            LOGGER.info(msg.strip(), extra={"elapsed_s": round(self.elapsed(), 1)})
             return
         line = f"[{self.elapsed():7.1f}s] {msg}"
         with self._lock:

@@ -14,6 +14,7 @@ round. The CLI (jobs/distill.py) adds argument parsing, the console and incomple
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -36,16 +37,25 @@ from rknn_ray.job.session import Parties, new_job_id
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
 from rknn_ray.runio import clear_old_run, write_text
+from rknn_ray.student.train import CHECKPOINT_FILE, HISTORY_FILE
 
-#: the run folder's files (report.json last: it marks a complete run)
+__all__ = ["RUN_FILES", "RunResult", "encoder_trains_on_ray", "run", "run_paths", "validated"]
+
+#: the run folder's files (report.json last: it marks a complete run); ``RunResult.paths``
+#: names each one the folder holds (diagnostics/ and report.html only once written)
 RUN_FILES = {"config": "config.yaml", "release": "release.npz", "ledger": "ledger.json",
-             "labels": "labels.parquet", "summary": "summary.png", "report": "report.json"}
+             "labels": "labels.parquet", "student": CHECKPOINT_FILE, "history": HISTORY_FILE,
+             "summary": "summary.png", "report": "report.json", "diagnostics": "diagnostics",
+             "report_html": "report.html"}
 
 
 @dataclass(frozen=True)
 class RunResult:
     """What one job produced: the report (report.json), the public samples' labels
-    (labels.parquet's ``label``), the last round's guarantee, the ledger, the run folder."""
+    (labels.parquet's ``label``), the last round's guarantee, the ledger, the run folder and
+    ``paths``: name -> path of each file in it (:data:`RUN_FILES`).
+
+    :meth:`from_path` reads a finished run folder back (a notebook, another process)."""
     report: dict
     labels: np.ndarray
     guarantee: Guarantee
@@ -53,12 +63,75 @@ class RunResult:
     out_dir: str
     paths: dict
 
+    @classmethod
+    def from_path(cls, run_dir: str) -> "RunResult":
+        """The result of the finished run in ``run_dir`` (its report.json, labels.parquet,
+        ledger.json), as :func:`run` returned it."""
+        import pyarrow.parquet as pq
+        report_path = os.path.join(run_dir, RUN_FILES["report"])
+        if not os.path.isfile(report_path):
+            why = ("the run did not finish (incomplete.json says why; rknn-ray run --resume "
+                   f"{run_dir} finishes a saved release)"
+                   if os.path.exists(os.path.join(run_dir, "incomplete.json"))
+                   else "it is not a run folder")
+            raise DataError(f"{run_dir} has no report.json: {why}")
+        report = _read_json(report_path)
+        labels = pq.read_table(os.path.join(run_dir, RUN_FILES["labels"]),
+                               columns=["label"]).column("label").to_numpy()
+        guarantee = Guarantee(**report["privacy"]["rounds"][-1])
+        ledger = _read_json(os.path.join(run_dir, RUN_FILES["ledger"]))
+        return cls(report, labels, guarantee, ledger, run_dir, run_paths(run_dir))
+
+    def labels_frame(self):
+        """labels.parquet as a pandas DataFrame: ``public_index``, ``query``, ``label`` (the
+        private labels), ``weight``, ``soft``; ``true_label`` is the public set's own label."""
+        return _parquet_frame(self.paths["labels"])
+
+    def student(self):
+        """The trained student (a torch module in eval mode, on the CPU) from student.pt."""
+        from rknn_ray.student import load_student
+        if "student" not in self.paths:
+            raise DataError(f"{self.out_dir} holds no {CHECKPOINT_FILE}")
+        return load_student(self.paths["student"])
+
+
+def run_paths(run_dir: str) -> dict:
+    """name -> path of each :data:`RUN_FILES` entry that ``run_dir`` holds."""
+    paths = {k: os.path.join(run_dir, v) for k, v in RUN_FILES.items()}
+    return {k: p for k, p in paths.items() if os.path.exists(p)}
+
+
+def _read_json(path: str):
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _parquet_frame(path: str):
+    import pyarrow.parquet as pq
+    try:
+        import pandas  # noqa: F401 - pyarrow's to_pandas needs it
+    except ImportError:
+        raise DataError("labels_frame() needs pandas. Fix: pip install pandas "
+                        "(or read labels.parquet with pyarrow)") from None
+    return pq.read_table(path).to_pandas()
+
+
+def validated(cfg) -> "Config":
+    """``cfg`` checked again as a whole: a Config changed in code (``dataclasses.replace``)
+    gets the validation :func:`load_config` gives a file, before any work starts."""
+    from rknn_ray.config import Config
+    if not isinstance(cfg, Config):
+        raise TypeError(f"run() takes a Config, not {type(cfg).__name__}: build one with "
+                        "rknn_ray.config.load_config(path or dict)")
+    return Config.from_dict(cfg.to_dict())
+
 
 def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
         ledger_path: str | None = None, resume: bool = False, parties: Parties | None = None,
         start_ray: Callable[[], bool] = ensure_ray, replace_old_run: bool = False,
         inputs: dict | None = None) -> RunResult:
-    """Run the job for a validated ``cfg`` into the prepared ``out_dir``.
+    """Run the job for ``cfg`` (a :class:`~rknn_ray.config.Config`, validated again here: a
+    bad value is a ConfigError before any work) into the prepared ``out_dir``.
 
     ``cfg.rounds.count`` rounds on one set of actors (shards, server key, shufflers live
     for the whole job); each round spends its share of ``privacy.eps``, is one ledger
@@ -71,7 +144,8 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     """
     import ray
 
-    progress = progress or Progress(cfg.run.progress)
+    cfg = validated(cfg)
+    progress = progress or Progress.for_library(cfg.run.progress)
     ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs)
     ray_up = _RayStart(start_ray)
     try:
@@ -100,7 +174,7 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
             if training is not None:
                 training.join_abandoned_fits()
     return RunResult(report, labels, rounds[-1].guarantee, ledger.to_dict(), out_dir,
-                     {k: os.path.join(out_dir, v) for k, v in RUN_FILES.items()})
+                     run_paths(out_dir))
 
 
 def encoder_trains_on_ray(cfg) -> bool:
