@@ -65,7 +65,7 @@ def test_a_finished_run_reads_back_from_its_folder_and_logs_its_stages(
     assert {"student", "history"} <= set(result.paths)
     frame = back.labels_frame()
     np.testing.assert_array_equal(frame["label"].to_numpy(), result.labels)
-    assert list(frame.columns[:3]) == ["public_index", "query", "label"]
+    assert list(frame.columns[:3]) == ["id", "label", "class"]
     student = back.student()
     assert isinstance(student, torch.nn.Module) and not student.training
     # the report shows the job's wall time beside the stages' total (Ray's start-up is in it)

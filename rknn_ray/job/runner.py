@@ -83,8 +83,9 @@ class RunResult:
         return cls(report, labels, guarantee, ledger, run_dir, run_paths(run_dir))
 
     def labels_frame(self):
-        """labels.parquet as a pandas DataFrame: ``public_index``, ``query``, ``label`` (the
-        private labels), ``weight``, ``soft``; ``true_label`` is the public set's own label."""
+        """labels.parquet as a pandas DataFrame: ``id`` (the public row), ``label``, ``class``,
+        ``margin``, ``query``, ``weight``, ``soft``; ``true_label`` only where public rows carry
+        labels (rknn_ray.job.labels_file)."""
         return _parquet_frame(self.paths["labels"])
 
     def student(self):
