@@ -6,6 +6,14 @@
 
 runs the command against a fresh cluster (``RAY_ADDRESS`` and a fresh auth token in its
 environment) and takes the cluster down when the command ends, fails or is interrupted.
+``--dashboard`` gives the head Ray's dashboard on 127.0.0.1 (the Jobs API ``ray job submit``
+talks to), so the cluster recipe can be tried on one machine:
+
+    python -m jobs.local_cluster --dashboard -- ray job submit --working-dir . -- \
+        python -m jobs.distill --config jobs/configs/digits_central.yaml
+
+(a command starting with ``ray job`` turns it on by itself). ``--serve`` keeps the cluster
+up, prints the environment to reach it from other terminals, and stops it on Ctrl-C.
 Every node is a real Ray node: its own raylet, object store and node id; objects between
 actors on different nodes travel through Ray's object manager (TCP on 127.0.0.1), as they
 do between machines. A node started for a role gets the custom resource ``{role: 64}``
@@ -64,8 +72,10 @@ class LocalCluster:
     """
 
     def __init__(self, roles: list[tuple[str, ...]], cpus: float = 1.0,
-                 object_store_mb: int = 150, temp_dir: str | None = None):
+                 object_store_mb: int = 150, temp_dir: str | None = None,
+                 dashboard: bool = False):
         self.roles, self.cpus, self.object_store_mb = roles, cpus, object_store_mb
+        self.dashboard, self.dashboard_port = dashboard, None
         self._own_temp = temp_dir is None
         self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rkc", dir="/tmp")   # short: socket paths
         self.cluster = None
@@ -84,18 +94,25 @@ class LocalCluster:
         os.makedirs(os.path.join(self.temp_dir, "ray"), exist_ok=True)
         from ray._common.network_utils import find_free_port
         from ray.cluster_utils import Cluster
+        self.dashboard_port = find_free_port()
         self.cluster = Cluster()
         try:
             for i, roles in enumerate(self.roles):
                 # the head's fixed default ports would clash with other Ray instances here
-                head = {"include_dashboard": False, "dashboard_port": find_free_port(),
+                head = {"include_dashboard": self.dashboard, "dashboard_host": "127.0.0.1",
+                        "dashboard_port": self.dashboard_port,
                         "dashboard_agent_listen_port": find_free_port()} if i == 0 else {}
                 self.cluster.add_node(     # the head first; the workers then start together
                     wait=i == 0, num_cpus=self.cpus,
                     object_store_memory=self.object_store_mb * 2 ** 20,
                     resources={r: ROLE_SLOTS for r in roles}, labels={ROLE_LABEL: "+".join(roles)},
-                    temp_dir=self.temp_dir, **head)
+                    temp_dir=self._node_temp_dir(i), **head)
             self.cluster.wait_for_nodes(timeout=START_TIMEOUT_S)
+            # a job submitted to the head finds "its" cluster through the record in the head's
+            # temp folder (Ray's job supervisor asks for address "auto" there); without it Ray
+            # falls back to any GCS process on the machine: another user's instance
+            from ray._private.utils import write_ray_address
+            write_ray_address(self.cluster.address, self.temp_dir)
         except BaseException:
             self.stop()
             raise
@@ -107,6 +124,22 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return self.cluster.address
+
+    def _node_temp_dir(self, index: int) -> str:
+        """The head uses the cluster's folder, each worker node a folder of its own: nodes that
+        shared one would share its runtime-env folder, and a worker node unpacking a job's
+        working_dir there deletes it under the job's driver on the head (on separate
+        machines, as in a real cluster, they never meet)."""
+        if index == 0:
+            return self.temp_dir
+        path = os.path.join(self.temp_dir, f"n{index}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The head's dashboard (Jobs API) on loopback, when started with ``dashboard=True``."""
+        return f"http://127.0.0.1:{self.dashboard_port}" if self.dashboard else None
 
     def node_roles(self) -> dict[str, list[str]]:
         """Ray node id -> the roles that node was started with (from each node's own record)."""
@@ -161,29 +194,63 @@ def main(argv=None) -> int:
     ap.add_argument("--object-store-mb", type=int, default=150, help="object store per node (MB)")
     ap.add_argument("--nodes-json", default=None,
                     help="write {node id: roles} here once the cluster is up")
+    ap.add_argument("--dashboard", action="store_true",
+                    help="start Ray's dashboard on 127.0.0.1 (the Jobs API: ray job submit); "
+                         "on by itself for --serve and for a command starting with `ray job`")
+    ap.add_argument("--serve", action="store_true",
+                    help="no command: keep the cluster up until Ctrl-C and print how to reach it")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    if command and args.serve:
+        ap.error("--serve keeps the cluster up for other terminals: give it no command")
+    if not command and not args.serve:
         ap.error("no command: write -- and the command to run on the cluster, e.g. "
-                 "-- python -m jobs.distill --config jobs/configs/digits_shuffle.yaml")
+                 "-- python -m jobs.distill --config jobs/configs/digits_shuffle.yaml "
+                 "(or --serve to keep the cluster up)")
+    dashboard = args.dashboard or args.serve or _submits_a_job(command)
     roles = [tuple(n.split("+")) for n in args.node] or [("server",), ("shuffler",), ("client",)]
     bad = sorted({r for node in roles for r in node} - set(PARTIES))
     if bad:
         ap.error(f"unknown role(s) {bad}: use {list(PARTIES)}, joined by + for a shared node")
     # SIGTERM (a test's timeout, `kill`) must take the nodes down too: make it an exception
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with LocalCluster(roles, args.cpus, args.object_store_mb) as cluster:
+    with LocalCluster(roles, args.cpus, args.object_store_mb, dashboard=dashboard) as cluster:
         if args.nodes_json:
             from rknn_ray.runio import write_json
             write_json(args.nodes_json, cluster.node_roles())
         print(f"local cluster up: {len(roles)} nodes at {cluster.address}; placement: "
               + " ".join(f"--set '{o}'" for o in placement_overrides(roles)), file=sys.stderr)
+        if cluster.dashboard_url:
+            print(f"dashboard and Jobs API: {cluster.dashboard_url}", file=sys.stderr)
+        if args.serve:
+            return _serve(cluster)
         env = {**os.environ, **cluster.env}
         env.pop("RAY_TMPDIR", None)             # the command's own Ray files go where they would
         if cluster._saved_tmp is not None:
             env["RAY_TMPDIR"] = cluster._saved_tmp
         return subprocess.run(command, env=env).returncode
+
+
+def _submits_a_job(command: list[str]) -> bool:
+    """True for ``ray job ...`` (the Jobs API needs the head's dashboard)."""
+    words = [os.path.basename(w) for w in command[:2]]
+    return words == ["ray", "job"]
+
+
+def _serve(cluster: LocalCluster) -> int:
+    """Keep the cluster up until Ctrl-C / SIGTERM; say how other terminals reach it (the
+    token is this cluster's own, made for it and gone with it)."""
+    exports = {**cluster.env, "RAY_ADDRESS": cluster.dashboard_url}
+    print("in another terminal:\n  export " + " ".join(f"{k}={v}" for k, v in exports.items())
+          + "\n  ray job submit --working-dir . -- python -m jobs.distill --config "
+          "jobs/configs/digits_central.yaml\nCtrl-C stops the cluster.", file=sys.stderr,
+          flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 if __name__ == "__main__":

@@ -140,3 +140,38 @@ def test_cluster_yaml_passes_rays_own_validation():
     setup = " ".join(config["setup_commands"])
     assert "pip install" in setup and "rknn-ray" in setup
     assert config["file_mounts"]["/home/ubuntu/rknn-ray"] == "."
+
+
+def test_ray_job_submit_to_the_one_machine_cluster_of_jobs_local_cluster(tmp_path):
+    """The README's submit recipe on one machine: jobs.local_cluster starts real nodes with a
+    loopback dashboard (the Jobs API) and runs `ray job submit` against them; the job's
+    parties land on the nodes its placement names."""
+    out = tmp_path / "local-cluster-run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    cmd = [sys.executable, "-m", "jobs.local_cluster", "--node", "server+shuffler",
+           "--node", "client", "--cpus", "2", "--",
+           _ray_cli(), "job", "submit", "--working-dir", str(ROOT), "--",
+           "python", "-m", "jobs.distill", "--config", "jobs/configs/digits_central.yaml",
+           "--out", str(out), "--quiet", "--set", "student.epochs=1",
+           "--set", "student.num_workers=1", "--set", "queries.restarts=1",
+           "--set", "cluster.placement.client={resources: {client: 1}}",
+           "--set", "cluster.placement.server={resources: {server: 1}}"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-4000:]
+    assert "dashboard and Jobs API: http://127.0.0.1:" in said
+    assert "succeeded" in said.lower()
+    report = json.loads((out / "report.json").read_text())
+    assert report["privacy"]["model"] == "central" and 0 <= report["accuracy"]["student"] <= 1
+
+
+def test_local_cluster_refuses_a_missing_command_and_a_command_with_serve(capsys):
+    from jobs.local_cluster import _submits_a_job, main
+    for argv in ([], ["--serve", "--", "true"]):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+    said = capsys.readouterr().err
+    assert "or --serve" in said and "give it no command" in said
+    assert _submits_a_job(["/usr/bin/ray", "job", "submit"]) and not _submits_a_job(["ray", "up"])
