@@ -21,16 +21,9 @@ import pytest
 
 from jobs.distill import main
 from rknn_ray.accounting.budget_store import BudgetStore
+from tests.job_args import FAST, distill_args as _args
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["student.epochs=1", "queries.restarts=1"]
-
-
-def _args(config: str, out, *overrides, extra=()):
-    args = ["--config", f"jobs/configs/{config}", "--out", str(out), "--quiet", *extra]
-    for o in [*FAST, *overrides]:
-        args += ["--set", o]
-    return args
 
 
 class Job:

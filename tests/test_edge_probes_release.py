@@ -15,15 +15,8 @@ import pytest
 
 from jobs.distill import main
 from rknn_ray.accounting.budget_store import BudgetStore
+from tests.job_args import distill_args as _args
 
-FAST = ["student.epochs=1", "queries.restarts=1"]
-
-
-def _args(config: str, out, *overrides, extra=()):
-    args = ["--config", f"jobs/configs/{config}", "--out", str(out), "--quiet", *extra]
-    for o in [*FAST, *overrides]:
-        args += ["--set", o]
-    return args
 
 
 def _error_lines(text: str) -> list[str]:
