@@ -321,6 +321,7 @@ HELP = {
                                                              "noise-free counts: a simulation "
                                                              "figure, not private",
     "labels (private)": "bar: label accuracy on the public set, from the released noisy counts",
+    "student": "bar: the student's accuracy on the evaluation set",
     "query label correct / wrong": "per query, the released count gap of its true class over "
                                    "the best other class, split by whether its label came out right",
     "2 x error bound (Remark 1)": "central runs: twice the mechanism's noise bound eta (every "
@@ -328,7 +329,9 @@ HELP = {
                                   "gap exceeds it keeps its true label (paper 000, Remark 1)",
     "resumed": "the run was finished with --resume from the release an earlier, interrupted "
                "attempt saved: no new private round, no budget spent",
-    # comparison columns (folder and compare pages)
+}
+#: the columns of a comparison table (folder and compare pages), explained the same way
+COLUMN_HELP = {
     "eps": "the privacy loss the run's accountant reports, all rounds composed",
     "delta": "the guarantee's delta (0: pure eps-DP)",
     "target_eps": "the eps the comparison asked for",
@@ -348,22 +351,23 @@ HELP = {
 
 def _term(text: str) -> str:
     """A term with its explanation on hover (HELP), else just the escaped text."""
-    why = HELP.get(text)
+    why = HELP.get(text) if text not in COLUMN_HELP else None
     return (f'<span title="{html.escape(why)}">{html.escape(text)}</span>' if why
             else html.escape(text))
 
 
-def _legend(terms) -> str:
-    """The visible explanations of the HELP terms among ``terms`` (none: nothing)."""
-    items = [t for t in dict.fromkeys(terms) if t in HELP]
-    return ('<dl class="legend">' + "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(HELP[t])}"
+def _legend(terms, help_=None) -> str:
+    """The visible explanations of the terms among ``terms`` that ``help_`` (HELP) explains."""
+    help_ = HELP if help_ is None else help_
+    items = [t for t in dict.fromkeys(map(str, terms)) if t in help_]
+    return ('<dl class="legend">' + "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(help_[t])}"
                                             "</dd>" for t in items) + "</dl>") if items else ""
 
 
 def _kv_table(rows) -> str:
     body = "".join(f"<tr><td>{_term(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f'<table class="kv">{body}</table>' + _legend(k for k, _ in rows if k in HELP and
-                                                          k not in ("student", "labels"))
+    return f'<table class="kv">{body}</table>' + _legend(k for k, _ in rows
+                                                          if k not in COLUMN_HELP)
 
 
 def _numeric(v: str) -> bool:
@@ -391,9 +395,9 @@ def _breakable(text) -> str:
 
 def _table(header, rows, wide: bool = False) -> str:
     """A table whose numbers are short and whose column names may break at an underscore,
-    so it fits the page; a header in HELP explains itself on hover."""
+    so it fits the page; a header in COLUMN_HELP explains itself on hover."""
     def th(h):
-        why = HELP.get(str(h))
+        why = COLUMN_HELP.get(str(h))
         return f'<th title="{html.escape(why)}">{_breakable(h)}</th>' if why \
             else f"<th>{_breakable(h)}</th>"
     head = "".join(th(h) for h in header)
@@ -527,7 +531,7 @@ def _folder_artifacts(folder: str) -> tuple[str, str]:
                     shown = rows[1:MAX_CSV_ROWS + 1]
                     more = len(rows) - 1 - len(shown)
                     blocks.append(f"<h2>{html.escape(name)}</h2>" + _table(rows[0], shown, True)
-                                  + _legend(rows[0])
+                                  + _legend(rows[0], COLUMN_HELP)
                                   + (f"<p>{more} more rows in the file</p>" if more > 0 else ""))
                     texts.append(f"{name}: {len(rows) - 1} rows x {len(rows[0])} columns")
             elif name.endswith(".txt") or name.endswith(".md"):
@@ -625,7 +629,7 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
             body.append("<h2>Runs</h2>" + _table(
                 ROW_COLUMNS, [[_fmt(r.get(c)) if c != "stage_s" or r.get(c) is None
                                else f"{r[c]:.1f}" for c in ROW_COLUMNS] for r in rows], True)
-                + _legend(ROW_COLUMNS))
+                + _legend(ROW_COLUMNS, COLUMN_HELP))
             png = comparison_plot(rows)
             if png:
                 body.append("<h2>Comparison</h2>" + _png_tag(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import matplotlib
+import matplotlib.ticker  # noqa: F401  (the comparison plot's eps ticks)
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -51,6 +52,9 @@ def runs_vs_eps_png(points) -> bytes:
     eps = [p[1] for p in points]
     if min(eps) > 0 and max(eps) / min(eps) >= 4:
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(sorted(set(eps)))
     ax.set_xlabel("eps (spent, as the run's accountant reports)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)
