@@ -20,7 +20,7 @@ def test_compare_writes_table_files_and_ledger(tmp_path, capsys, ray_session):
     assert printed == rows and len(rows) == 6
     for r in rows:
         # the one row schema, less its NOT PRIVATE fields (only with --diagnostics, elsewhere)
-        assert set(compare.COLUMNS) <= set(r) and set(ROW_FIELDS) - {"nonprivate_label_accuracy"} <= set(r)
+        assert set(compare.COLUMNS) <= set(r) and set(ROW_FIELDS) - set(compare.NOT_PRIVATE_FIELDS) <= set(r)
         assert "nonprivate_label_accuracy" not in r
         assert not r["error"], r["error"]
         assert r["unit"] == ("label" if r["method"] == "dpdfd_selective_rr" else "record")
@@ -45,7 +45,8 @@ def test_compare_failed_cell_is_a_row_not_a_crash(tmp_path, ray_session):
     rows = compare.compare("digits", [1e-4], ["fedmd_nfdp"], str(tmp_path / "c"),
                            student_epochs=1, log=lambda s: None)
     assert len(rows) == 1 and "k=1" in rows[0]["error"]
-    assert set(ROW_FIELDS) <= set(rows[0]) and rows[0]["target_eps"] == 1e-4
+    assert set(ROW_FIELDS) - set(compare.NOT_PRIVATE_FIELDS) <= set(rows[0])
+    assert rows[0]["target_eps"] == 1e-4 and "nonprivate_label_accuracy" not in rows[0]
 
 
 def test_cli_dispatches_compare(monkeypatch):
