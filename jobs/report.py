@@ -284,7 +284,7 @@ table.wide{font-size:.82em} table.wide td,table.wide th{padding:.25em .4em} td.n
 [title]{text-decoration:underline dotted #999;cursor:help} td[title],th[title]{text-decoration:none}
 .legend{color:#555;font-size:.85em;margin:.2em 0 1em} .legend dt{font-weight:600;display:inline}
 .legend dd{display:inline;margin:0 0 0 .3em} .legend dd:after{content:"";display:block}
-details{margin:.5em 0} summary{cursor:pointer;color:#345}
+details{margin:.5em 0} summary{cursor:pointer;color:#345} .fit{max-width:100%;overflow-x:auto}
 th{background:#f3f5f8} .kv td:first-child{color:#555;white-space:nowrap}
 .cards{display:flex;gap:1em;flex-wrap:wrap;margin:1em 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em;background:#f9fafb}
@@ -346,6 +346,9 @@ COLUMN_HELP = {
     "messages": "reports the server accepted",
     "stage_s": "seconds: the sum of the run's stage timings",
     "wall_s": "seconds of wall time for the row",
+    "reference_accuracy": "NOT PRIVATE: the student of the same pipeline on exact counts (grid)",
+    "reference_label_accuracy": "NOT PRIVATE: the labels of the same pipeline on exact counts "
+                                "(grid)",
 }
 
 
@@ -507,6 +510,26 @@ def _notes(markdown: str) -> str:
     return "".join(f'<p class="legend">{html.escape(p)}</p>' for p in keep)
 
 
+def _squeeze(header, rows) -> tuple[list, list, str]:
+    """A CSV table made narrow enough to read: columns empty in every row left out, columns
+    with one value in every row said once above it; returns (header, rows, that line)."""
+    if len(rows) < 2:
+        return list(header), rows, ""
+    cols = list(range(len(header)))
+    values = {i: {r[i] if i < len(r) else "" for r in rows} for i in cols}
+    empty = [i for i in cols if values[i] <= {""}]
+    same = [i for i in cols if i not in empty and len(values[i]) == 1]
+    keep = [i for i in cols if i not in empty and i not in same]
+    line = ""
+    if same or empty:
+        parts = [f"{header[i]} = {_cell(next(iter(values[i])))}" for i in same]
+        if empty:
+            parts.append("empty: " + ", ".join(header[i] for i in empty))
+        line = f'<p class="legend">In every row: {html.escape("; ".join(parts))}</p>'
+    return [header[i] for i in keep], [[r[i] if i < len(r) else "" for i in keep]
+                                       for r in rows], line
+
+
 def _folder_artifacts(folder: str) -> tuple[str, str]:
     """(text, html) of what a collection folder itself holds: CSV tables (numbers to 4
     significant digits), PNG plots, the notes of a markdown table beside its CSV, short
@@ -530,8 +553,10 @@ def _folder_artifacts(folder: str) -> tuple[str, str]:
                 if rows:
                     shown = rows[1:MAX_CSV_ROWS + 1]
                     more = len(rows) - 1 - len(shown)
-                    blocks.append(f"<h2>{html.escape(name)}</h2>" + _table(rows[0], shown, True)
-                                  + _legend(rows[0], COLUMN_HELP)
+                    header, shown, same = _squeeze(rows[0], shown)
+                    blocks.append(f"<h2>{html.escape(name)}</h2>" + same
+                                  + '<div class="fit">' + _table(header, shown, True) + "</div>"
+                                  + _legend(header, COLUMN_HELP)
                                   + (f"<p>{more} more rows in the file</p>" if more > 0 else ""))
                     texts.append(f"{name}: {len(rows) - 1} rows x {len(rows[0])} columns")
             elif name.endswith(".txt") or name.endswith(".md"):

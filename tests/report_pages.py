@@ -13,12 +13,17 @@ from tests.run_folders import write_run
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEASURED = os.path.join(ROOT, "benchmarks", "results")
 
-#: written into a copy of the page after load: how wide the document is, and how many
+#: written into a copy of the page after load: how wide the document is, which boxes the
+#: reader sees scroll sideways inside (a table or text behind a scrollbar), and how many
 #: lines each <pre> the reader sees (not one folded in a closed <details>) spans
 MEASURE_JS = """<script>window.addEventListener('load', function () {
   var pres = Array.prototype.filter.call(document.querySelectorAll('pre'),
     function (p) { return !p.closest('details:not([open])') && p.getClientRects().length > 0; });
+  var boxes = Array.prototype.filter.call(document.querySelectorAll('.fit, pre'),
+    function (b) { return !b.closest('details:not([open])') && b.getClientRects().length > 0
+                          && b.scrollWidth > b.clientWidth + 1; });
   var out = {scrollWidth: document.documentElement.scrollWidth, innerWidth: innerWidth,
+    scrolled_boxes: boxes.map(function (b) { return (b.textContent || '').slice(0, 60); }),
     pre_lines: pres.map(function (p) { return p.textContent.split('\\n').length; }),
     wide: Array.prototype.filter.call(document.querySelectorAll('body *'), function (e) {
       return e.getBoundingClientRect().right > innerWidth + 1; }).slice(0, 5).map(

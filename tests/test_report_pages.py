@@ -31,6 +31,7 @@ def pages(tmp_path_factory):
 def test_page_fits_1280_px_and_shows_no_raw_wall(pages, kind):
     seen = report_pages.measure(pages[kind], width=1280)
     assert seen["scrollWidth"] <= seen["innerWidth"] == 1280, (kind, seen)
+    assert not seen["scrolled_boxes"], (kind, seen)          # nothing behind an inner scrollbar
     assert all(n <= MAX_PRE_LINES for n in seen["pre_lines"]), (kind, seen["pre_lines"])
     shot = report_pages.screenshot(pages[kind], pages[kind][:-5] + ".png")
     assert os.path.getsize(shot) > 10_000
