@@ -55,9 +55,9 @@ COLUMNS = ("method", "dataset", "eps", "delta", "unit", "accuracy", "label_accur
 #: row fields computed from the exact private counts: NOT PRIVATE, only in diagnostics/
 NOT_PRIVATE_FIELDS = ("nonprivate_label_accuracy",)
 DIAGNOSTICS_COLUMNS = ("method", "target_eps", "label_accuracy", "nonprivate_label_accuracy")
-DIAGNOSTICS_README = """NOT PRIVATE. `rknn-ray compare --diagnostics` wrote this folder: for every rknn row,
-the labels the same queries and label pipeline give from the EXACT, noise-free private counts
-(nonprivate_label_accuracy; label_accuracy minus it is what the noise costs). No privacy
+DIAGNOSTICS_README = """NOT PRIVATE. `rknn-ray compare --diagnostics` wrote this folder: for every
+rknn row, the labels the same queries and label pipeline give from the EXACT, noise-free private
+counts (nonprivate_label_accuracy; label_accuracy minus it is what the noise costs). No privacy
 guarantee covers these numbers. Do not share this folder with anyone who may not see the
 private data; compare.json, compare.csv and compare.md beside it hold private results only.
 """
@@ -321,7 +321,8 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
             "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
             "wall_s": 0.0, "cpus": os.cpu_count(), "ledger": None, "complete": False,
-            "diagnostics": bool(diagnostics), "load_average_1min": []}        # sampled after every row: how shared the machine was
+            "diagnostics": bool(diagnostics),
+            "load_average_1min": []}        # sampled after every row: how shared the machine was
 
     def baseline(method, eps):
         def call() -> dict:

@@ -280,7 +280,8 @@ body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;m
 h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
 .sub{color:#666;margin-top:0} table{border-collapse:collapse;margin:.5em 0;font-size:.92em;max-width:100%}
 td,th{border:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}
-table.wide{font-size:.82em} table.wide td,table.wide th{padding:.25em .4em} td.num{text-align:right;white-space:nowrap}
+table.wide{font-size:.82em} table.wide td,table.wide th{padding:.25em .4em}
+td.num{text-align:right;white-space:nowrap}
 [title]{text-decoration:underline dotted #999;cursor:help} td[title],th[title]{text-decoration:none}
 .legend{color:#555;font-size:.85em;margin:.2em 0 1em} .legend dt{font-weight:600;display:inline}
 .legend dd{display:inline;margin:0 0 0 .3em} .legend dd:after{content:"";display:block}

@@ -74,4 +74,5 @@ def test_a_resumed_run_says_so(tmp_path):
     text, _ = build_report(str(folder / "b"))
     assert not any(line.strip().startswith("resumed") for line in text.splitlines())
     text, _ = build_report(str(folder))
-    assert "complete (resumed)" in text.splitlines()[3] and "complete (resumed)" not in text.splitlines()[4]
+    lines = text.splitlines()
+    assert "complete (resumed)" in lines[3] and "complete (resumed)" not in lines[4]
