@@ -2,6 +2,7 @@
 
     python -m jobs.compare --dataset digits --eps 0.1 1 4 --out runs/compare-digits [--json]
         [--methods rknn_central pate_gnmax ...] [--delta 1e-5] [--student-epochs N]
+        [--diagnostics]
 
 Runs reverse k-NN (jobs.distill with jobs/configs/<dataset>_{central,local,shuffle}.yaml)
 and the baselines of rknn_ray.baselines at each eps, on the dataset's split,
@@ -16,8 +17,11 @@ user's budgets.
 
 Every rknn row is a full jobs.distill run (actors, sealed reports, ledger events) with
 ``RKNN_OVERRIDES``: its student is trained in the driver by the same loop the baselines'
-students use (``student.trainer=local``; no Ray Train start-up per row), and its diagnostics
-give ``nonprivate_label_accuracy``, the same labels from exact counts. The rows run through
+students use (``student.trainer=local``; no Ray Train start-up per row). Only with
+``--diagnostics`` do the rknn runs also label from exact counts (``run.diagnostics``): that
+NOT PRIVATE figure (``nonprivate_label_accuracy``, the same labels without the noise) goes to
+``--out``/diagnostics/ (a README there says NOT PRIVATE), never into compare.json/csv/md,
+which hold private results only. The rows run through
 jobs.experiments.Runner: Ray started once for all rows, a failed row kept with its error,
 an rknn row finished before with the same spec read back; every row holds the
 jobs.experiments.ReportRow fields; meta.json samples the load average after every row.
@@ -47,15 +51,22 @@ METHODS = RKNN_METHODS + BASELINE_METHODS
 CONFIG_PREFIX = {"digits": "digits", "fashion_mnist": "fmnist"}
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 COLUMNS = ("method", "dataset", "eps", "delta", "unit", "accuracy", "label_accuracy", "rounds",
-           "bytes_per_client", "wall_s", "target_eps", "neighbour", "model", "error",
-           "nonprivate_label_accuracy")
+           "bytes_per_client", "wall_s", "target_eps", "neighbour", "model", "error")
+#: row fields computed from the exact private counts: NOT PRIVATE, only in diagnostics/
+NOT_PRIVATE_FIELDS = ("nonprivate_label_accuracy",)
+DIAGNOSTICS_COLUMNS = ("method", "target_eps", "label_accuracy", "nonprivate_label_accuracy")
+DIAGNOSTICS_README = """NOT PRIVATE. `rknn-ray compare --diagnostics` wrote this folder: for every
+rknn row, the labels the same queries and label pipeline give from the EXACT, noise-free private
+counts (nonprivate_label_accuracy; label_accuracy minus it is what the noise costs). No privacy
+guarantee covers these numbers. Do not share this folder with anyone who may not see the
+private data; compare.json, compare.csv and compare.md beside it hold private results only.
+"""
 # Every rknn row runs jobs.distill with these on top of its config: the student is trained by
 # the same loop in the driver process that every baseline's student uses (student.trainer=local:
-# no Ray Train start-up per row), and the run's diagnostics give the labels the same queries get
-# from EXACT counts (nonprivate_label_accuracy: that row's labels without the noise, so the gap
-# to label_accuracy is what the noise costs; a simulation figure, not private, kept in
-# runs/*/diagnostics).
-RKNN_OVERRIDES = ("student.trainer=local", "run.diagnostics=true")
+# no Ray Train start-up per row). --diagnostics adds DIAGNOSTICS_OVERRIDES: the run's
+# diagnostics give the labels the same queries get from EXACT counts (NOT private).
+RKNN_OVERRIDES = ("student.trainer=local",)
+DIAGNOSTICS_OVERRIDES = ("run.diagnostics=true",)
 # per dataset: digits' ~1,000 clients fit one client shard, and their reports are opened by the
 # Server itself (no opener processes to spawn per row); Fashion-MNIST's 60,000 keep the configs'
 # 2 shards and the default opener pool
@@ -68,7 +79,8 @@ EXAMPLES = """\
 examples:
   rknn-ray compare --dataset digits --eps 0.1 1 4 --out runs/compare-digits
   rknn-ray compare --dataset digits --eps 1 --methods rknn_central pate_gnmax --out runs/c1
-  python -m jobs.compare --dataset digits --eps 1 --out runs/c1 --json"""
+  python -m jobs.compare --dataset digits --eps 1 --out runs/c1 --json
+  rknn-ray compare --dataset digits --eps 1 --diagnostics --out runs/c1   # + NOT PRIVATE diagnostics/"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -83,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--student-epochs", type=int, default=None,
                     help="override every student's epochs (default: the dataset config's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--diagnostics", action="store_true",
+                    help="NOT PRIVATE: also label every rknn row from the exact counts, into "
+                         "OUT/diagnostics/ (never into compare.json/csv/md)")
     ap.add_argument("--baseline-s", type=int, default=None,
                     help="queries the labeling baselines label (default: the central config's s, "
                          "resolved as jobs.distill resolves it; Fashion-MNIST's auto s at eps 1 "
@@ -104,13 +119,15 @@ def _overrides(seed: int, student_epochs: int | None) -> list[str]:
 # ----------------------------------------------------------------------------- reverse k-NN
 
 def rknn_config(dataset: str, model: str, eps: float, delta: float, seed: int = 0,
-                student_epochs: int | None = None):
+                student_epochs: int | None = None, diagnostics: bool = False):
     """The validated config of one rknn row: the dataset's config with the comparison's
-    overrides (isolated budget, driver-trained student, diagnostics)."""
+    overrides (isolated budget, driver-trained student; the NOT PRIVATE diagnostics only
+    when asked)."""
     from jobs.cells import ISOLATED_BUDGET
     from rknn_ray.config import load_config
     over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", *ISOLATED_BUDGET,
                                                 "student.num_workers=1", *RKNN_OVERRIDES,
+                                                *(DIAGNOSTICS_OVERRIDES if diagnostics else ()),
                                                 *DATASET_OVERRIDES[dataset]]
     if model == "shuffle":
         over += [f"privacy.delta={delta}"]
@@ -118,18 +135,19 @@ def rknn_config(dataset: str, model: str, eps: float, delta: float, seed: int = 
 
 
 def rknn_job(dataset: str, model: str, eps: float, delta: float, seed: int = 0,
-             student_epochs: int | None = None) -> Job:
+             student_epochs: int | None = None, diagnostics: bool = False) -> Job:
     """One rknn row as a runner cell (a full jobs.distill run in runs/<method>-eps<eps>)."""
     method = f"rknn_{model}"
     return Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset, "target_eps": eps},
-               cfg=rknn_config(dataset, model, eps, delta, seed, student_epochs))
+               cfg=rknn_config(dataset, model, eps, delta, seed, student_epochs, diagnostics))
 
 
 def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, ledger_path: str,
-             seed: int = 0, student_epochs: int | None = None) -> dict:
-    """One jobs.distill run outside a runner; returns its comparison row."""
+             seed: int = 0, student_epochs: int | None = None, diagnostics: bool = False) -> dict:
+    """One jobs.distill run outside a runner; returns its comparison row (with the NOT
+    PRIVATE ``nonprivate_label_accuracy`` set only when ``diagnostics``)."""
     from jobs.cells import run_distill
-    job = rknn_job(dataset, model, eps, delta, seed, student_epochs)
+    job = rknn_job(dataset, model, eps, delta, seed, student_epochs, diagnostics)
     report, wall = run_distill(job.cfg, out_dir, ledger_path)
     return cell_row(job, report, wall, out_dir)
 
@@ -190,19 +208,41 @@ def _load_note(loads) -> str:
             f"{sorted(loads)[len(loads) // 2]:.1f}, sampled after each row")
 
 
+def private_rows(rows: list[dict]) -> list[dict]:
+    """The rows without their NOT PRIVATE fields: what compare.json/csv/md hold."""
+    return [{k: v for k, v in r.items() if k not in NOT_PRIVATE_FIELDS} for r in rows]
+
+
+def footnotes(rows: list[dict], meta: dict) -> list[str]:
+    """The table's footnotes, each only when a row it speaks of is in the table."""
+    methods = {r["method"] for r in rows}
+    notes = []
+    if any(r.get("unit") == "label" for r in rows):
+        notes.append("unit `label` (DP-DFD) protects one query's label, not a record: not "
+                     "comparable with the record-level rows.")
+    if methods & {"fedmd_nfdp", "fedmd_nfdp_wor"}:
+        notes.append("FedMD-NFDP's delta is ~k/n, far above 1/n.")
+    if any(r.get("error") for r in rows):
+        notes.append("A row with an error did not run to the end: its numbers are n/a.")
+    if meta.get("diagnostics"):
+        notes.append("diagnostics/ beside this table holds NOT PRIVATE figures (labels from exact "
+                     "counts); do not share it.")
+    return notes
+
+
 def to_markdown(rows: list[dict], meta: dict) -> str:
+    rows = private_rows(rows)
     cols = ("method", "target_eps", "eps", "delta", "unit", "accuracy", "label_accuracy",
-            "nonprivate_label_accuracy", "rounds", "bytes_per_client", "wall_s")
+            "rounds", "bytes_per_client", "wall_s")
     lines = [f"# Comparison on {meta['dataset']} (delta = {meta['delta']:g} where needed)", "",
              f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared"
              + _load_note(meta.get("load_average_1min")) + ").", "",
              *markdown_table(cols, [[_fmt(r.get(c)) for c in cols] for r in rows],
                              [f" error: {r['error']}" if r.get("error") else "" for r in rows])]
-    lines += ["", "unit `label` (DP-DFD) protects one query's label, not a record: not comparable "
-              "with the record-level rows. FedMD-NFDP's delta is ~k/n, far above 1/n. "
-              "nonprivate_label_accuracy (rknn rows): the labels the same queries and label "
-              "pipeline give from exact, noise-free counts (a simulation diagnostic, not private); "
-              "label_accuracy minus it is what the noise costs.", ""]
+    notes = footnotes(rows, meta)
+    if notes:
+        lines += ["", " ".join(notes)]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -229,8 +269,28 @@ def plot(rows: list[dict], path: str, dataset: str) -> None:
     save_accuracy_vs_eps(fig, ax, path, f"{dataset}: accuracy vs eps")
 
 
-def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None:
+def write_diagnostics(out: str, rows: list[dict]) -> None:
+    """``out``/diagnostics/ (owner-only, a README that says NOT PRIVATE): each rknn row's
+    label accuracy beside the same labels from exact counts."""
+    from jobs.experiments import rows_to_csv
     from rknn_ray.runio import write_json, write_text
+    folder = os.path.join(out, "diagnostics")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    diag = [{c: r.get(c) for c in DIAGNOSTICS_COLUMNS} for r in rows
+            if r.get("nonprivate_label_accuracy") is not None]
+    write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
+    write_json(os.path.join(folder, "nonprivate_labels.json"), {"private": False, "rows": diag})
+    write_text(os.path.join(folder, "nonprivate_labels.csv"), rows_to_csv(diag, DIAGNOSTICS_COLUMNS))
+
+
+def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None:
+    """compare.json/csv/md/png and meta.json, ledgers.json (private results only); with
+    ``meta["diagnostics"]`` also the NOT PRIVATE diagnostics/ folder."""
+    from rknn_ray.runio import write_json, write_text
+    if meta.get("diagnostics"):
+        write_diagnostics(out, rows)
+    rows = private_rows(rows)
     write_json(os.path.join(out, "compare.json"), rows)
     write_text(os.path.join(out, "compare.csv"), to_csv(rows))
     write_text(os.path.join(out, "compare.md"), to_markdown(rows, meta))
@@ -243,10 +303,11 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None
 
 def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
             student_epochs: int | None = None, log=None,
-            baseline_s: int | None = None) -> list[dict]:
+            baseline_s: int | None = None, diagnostics: bool = False) -> list[dict]:
     """Run everything (one experiment runner: Ray once, an isolated ledger in ``out``, a
     failed row kept with its error, an rknn row finished before read back); returns the
-    rows (also written to ``out`` after every row)."""
+    rows (also written to ``out`` after every row), without their NOT PRIVATE fields
+    (``diagnostics``: those go to ``out``/diagnostics/ only)."""
     import uuid
 
     import torch
@@ -260,6 +321,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
             "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
             "wall_s": 0.0, "cpus": os.cpu_count(), "ledger": None, "complete": False,
+            "diagnostics": bool(diagnostics),
             "load_average_1min": []}        # sampled after every row: how shared the machine was
 
     def baseline(method, eps):
@@ -298,7 +360,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
         for method in methods:
             try:
                 jobs.append(rknn_job(dataset, method.split("_", 1)[1], eps, delta, seed,
-                                     student_epochs) if method in RKNN_METHODS
+                                     student_epochs, diagnostics) if method in RKNN_METHODS
                             else baseline(method, eps))
             except Exception as exc:        # a config that does not load: its row says why
                 jobs.append(Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
@@ -307,7 +369,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     runner = Runner(out, write=lambda rows, m: write_outputs(out, rows, m, ledgers),
                     log=progress, meta=meta, sample_load=True)
     meta["ledger"] = os.path.join(runner.out, "ledger.sqlite")
-    return runner.run(jobs)
+    return private_rows(runner.run(jobs))
 
 
 def _raise(exc: BaseException):
@@ -319,7 +381,7 @@ def _raise(exc: BaseException):
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
-                   args.student_epochs, baseline_s=args.baseline_s)
+                   args.student_epochs, baseline_s=args.baseline_s, diagnostics=args.diagnostics)
     from jobs.experiments import print_result
     print_result(rows, args.json, os.path.join(args.out, "compare.md"))
     return 0

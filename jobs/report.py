@@ -214,11 +214,24 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                       f"{_fmt(student.get('train_samples'))} samples"))
     about = [("folder", run["path"]), ("job id", _fmt(rep.get("job_id"))),
              ("version", _fmt(rep.get("version")))]
+    if rep.get("resumed"):
+        about.append(("resumed", resumed_words(rep["resumed"])))
     if run.get("diagnostics"):
         about.append(("diagnostics/", "present: NOT private, do not share (not embedded here)"
                       if not run.get("include_diagnostics") else "embedded below: NOT private"))
     return [("Privacy", privacy), ("Accuracy", accuracy), ("Counts", counts),
             ("Timings", times), ("Run", about)]
+
+
+def resumed_words(resumed) -> str:
+    """report.json's ``resumed`` in words: when it was finished, from which release, after what."""
+    if not isinstance(resumed, dict):
+        return "yes"
+    words = f"finished at {_fmt(resumed.get('at'))} from the release saved at " \
+            f"{_fmt(resumed.get('release_saved_at'))}"
+    if resumed.get("after"):
+        words += f", after: {resumed['after']}"
+    return words + " (no new private round, no budget spent)"
 
 
 def run_row(run: dict) -> dict:
@@ -228,7 +241,8 @@ def run_row(run: dict) -> dict:
     rep = run["report"]
     if rep is None:
         return {"run": run["name"], "status": "incomplete", **empty_row()}
-    return {"run": run["name"], "status": "complete", **report_row(rep).to_dict()}
+    return {"run": run["name"], "status": "complete (resumed)" if rep.get("resumed") else "complete",
+            **report_row(rep).to_dict()}
 
 
 #: the table's columns (schema names: accuracy is the student's, stage_s the stage total)
@@ -264,34 +278,137 @@ CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2em auto;max-width:1100px;
      color:#222;padding:0 1em;background:#fff}
 h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-.sub{color:#666;margin-top:0} table{border-collapse:collapse;margin:.5em 0;font-size:.92em}
+.sub{color:#666;margin-top:0} table{border-collapse:collapse;margin:.5em 0;font-size:.92em;max-width:100%}
 td,th{border:1px solid #ddd;padding:.3em .7em;text-align:left;vertical-align:top}
+table.wide{font-size:.82em} table.wide td,table.wide th{padding:.25em .4em}
+td.num{text-align:right;white-space:nowrap}
+[title]{text-decoration:underline dotted #999;cursor:help} td[title],th[title]{text-decoration:none}
+.legend{color:#555;font-size:.85em;margin:.2em 0 1em} .legend dt{font-weight:600;display:inline}
+.legend dd{display:inline;margin:0 0 0 .3em} .legend dd:after{content:"";display:block}
+details{margin:.5em 0} summary{cursor:pointer;color:#345} .fit{max-width:100%;overflow-x:auto}
 th{background:#f3f5f8} .kv td:first-child{color:#555;white-space:nowrap}
 .cards{display:flex;gap:1em;flex-wrap:wrap;margin:1em 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:9em;background:#f9fafb}
 .card .v{font-size:1.5em;font-weight:600} .card .k{color:#666;font-size:.85em}
 .warn{background:#fff3cd;border:1px solid #e0c36a;padding:.6em 1em;border-radius:6px}
-img{max-width:100%;border:1px solid #eee;margin:.5em 0} pre{background:#f6f8fa;padding:.8em;overflow:auto}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0} figure{margin:0}
+pre{background:#f6f8fa;padding:.8em;overflow:auto;max-height:40em}
+.note{background:#e8f1fb;border:1px solid #9bbde0;padding:.6em 1em;border-radius:6px}
 """
 
 
-def _png_tag(path: str, alt: str) -> str:
-    with open(path, "rb") as f:
-        data = base64.b64encode(f.read()).decode("ascii")
+def _png_tag(path, alt: str) -> str:
+    """A PNG file (or its bytes) embedded in the page."""
+    if isinstance(path, bytes):
+        raw = path
+    else:
+        with open(path, "rb") as f:
+            raw = f.read()
+    data = base64.b64encode(raw).decode("ascii")
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">' \
            f"<figcaption>{html.escape(alt)}</figcaption></figure>"
 
 
+#: one line for each term a page shows that a reader may not know: a title (hover) on the
+#: term, and a visible legend under the table or plot that shows it
+HELP = {
+    "label accuracy (public set)": "the released (private) labels, propagated to every public "
+                                   "sample, against the public set's true labels (Acc_pl)",
+    "student accuracy (evaluation set)": "the student trained on those labels, on the held-out "
+                                         "evaluation set (Acc_pc)",
+    "query label accuracy": "the labels of the queries themselves (the public samples whose "
+                            "counts the private round released), before they are propagated",
+    "non-private label accuracy [diagnostics, NOT private]": "the same labels from the exact, "
+                                                             "noise-free counts: a simulation "
+                                                             "figure, not private",
+    "labels (private)": "bar: label accuracy on the public set, from the released noisy counts",
+    "student": "bar: the student's accuracy on the evaluation set",
+    "query label correct / wrong": "per query, the released count gap of its true class over "
+                                   "the best other class, split by whether its label came out right",
+    "2 x error bound (Remark 1)": "central runs: twice the mechanism's noise bound eta (every "
+                                  "count within eta with probability 0.95); a query whose exact "
+                                  "gap exceeds it keeps its true label (paper 000, Remark 1)",
+    "resumed": "the run was finished with --resume from the release an earlier, interrupted "
+               "attempt saved: no new private round, no budget spent",
+}
+#: the columns of a comparison table (folder and compare pages), explained the same way
+COLUMN_HELP = {
+    "eps": "the privacy loss the run's accountant reports, all rounds composed",
+    "delta": "the guarantee's delta (0: pure eps-DP)",
+    "target_eps": "the eps the comparison asked for",
+    "unit": "what the guarantee protects: record (one private record) or label (one query's label)",
+    "neighbour": "the neighbour relation of the guarantee (replace-one or add/remove-one)",
+    "label_accuracy": "released labels on the public set (Acc_pl)",
+    "accuracy": "the student on the evaluation set (Acc_pc)",
+    "labels": "released labels on the public set (Acc_pl)",
+    "student": "the student on the evaluation set (Acc_pc)",
+    "rounds": "private interactions (rounds, stages or SGD steps)",
+    "bytes_per_client": "what one data holder uploads",
+    "messages": "reports the server accepted",
+    "stage_s": "seconds: the sum of the run's stage timings",
+    "wall_s": "seconds of wall time for the row",
+    "reference_accuracy": "NOT PRIVATE: the student of the same pipeline on exact counts (grid)",
+    "reference_label_accuracy": "NOT PRIVATE: the labels of the same pipeline on exact counts "
+                                "(grid)",
+}
+
+
+def _term(text: str) -> str:
+    """A term with its explanation on hover (HELP), else just the escaped text."""
+    why = HELP.get(text) if text not in COLUMN_HELP else None
+    return (f'<span title="{html.escape(why)}">{html.escape(text)}</span>' if why
+            else html.escape(text))
+
+
+def _legend(terms, help_=None) -> str:
+    """The visible explanations of the terms among ``terms`` that ``help_`` (HELP) explains."""
+    help_ = HELP if help_ is None else help_
+    items = [t for t in dict.fromkeys(map(str, terms)) if t in help_]
+    return ('<dl class="legend">' + "".join(f"<dt>{html.escape(t)}</dt><dd>{html.escape(help_[t])}"
+                                            "</dd>" for t in items) + "</dl>") if items else ""
+
+
 def _kv_table(rows) -> str:
-    body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f'<table class="kv">{body}</table>'
+    body = "".join(f"<tr><td>{_term(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="kv">{body}</table>' + _legend(k for k, _ in rows
+                                                          if k not in COLUMN_HELP)
 
 
-def _table(header, rows) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r) + "</tr>"
-                   for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+def _numeric(v: str) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _cell(v) -> str:
+    """A table cell: a float (as text from a CSV too) to 4 significant digits."""
+    if isinstance(v, str) and _numeric(v) and any(c in v for c in ".eE") and v.strip():
+        return _fmt(float(v))
+    return str(v)
+
+
+def _breakable(text) -> str:
+    """Escaped text that may wrap after ``_``, ``-`` and ``/`` (method and run names)."""
+    out = html.escape(str(text))
+    for ch in "_-/":
+        out = out.replace(ch, ch + "<wbr>")
+    return out
+
+
+def _table(header, rows, wide: bool = False) -> str:
+    """A table whose numbers are short and whose column names may break at an underscore,
+    so it fits the page; a header in COLUMN_HELP explains itself on hover."""
+    def th(h):
+        why = COLUMN_HELP.get(str(h))
+        return f'<th title="{html.escape(why)}">{_breakable(h)}</th>' if why \
+            else f"<th>{_breakable(h)}</th>"
+    head = "".join(th(h) for h in header)
+    body = "".join("<tr>" + "".join(
+        f'<td class="num">{html.escape(c)}</td>' if _numeric(c) else f"<td>{_breakable(c)}</td>"
+        for c in map(_cell, r)) + "</tr>" for r in rows)
+    return ('<table class="wide">' if wide else "<table>") + f"<tr>{head}</tr>{body}</table>"
 
 
 def _cards(run: dict) -> str:
@@ -344,11 +461,18 @@ def run_html_body(run: dict, heading: str = "h2") -> str:
         parts.append('<p class="warn">This run did not finish.</p>')
     else:
         parts.append(_cards(run))
+        if run["report"].get("resumed"):
+            parts.append(f'<p class="note" title="{html.escape(HELP["resumed"])}">Resumed run: '
+                         f'{html.escape(resumed_words(run["report"]["resumed"]))}.</p>')
     for section, rows in run_sections(run):
         parts.append(f"<{heading}>{html.escape(section)}</{heading}>{_kv_table(rows)}")
     if run["plots"] or run["history"]:
         parts.append(f"<{heading}>Plots</{heading}>")
         parts += [_png_tag(p, os.path.basename(p)) for p in run["plots"]]
+        if any(os.path.basename(p) == "summary.png" for p in run["plots"]):
+            central = ((run["report"] or {}).get("privacy") or {}).get("model") == "central"
+            parts.append(_legend(["labels (private)", "student", "query label correct / wrong"]
+                                 + (["2 x error bound (Remark 1)"] if central else [])))
         if run["history"] and not run["plots"]:      # summary.png already has the curve
             parts.append(_history_svg(run["history"]))
     if run.get("include_diagnostics") and run.get("diagnostics"):
@@ -368,17 +492,61 @@ def page(title: str, subtitle: str, body: str) -> str:
             f"report made {html.escape(stamp)} by rknn-ray report</p>{body}</body></html>")
 
 
+MAX_PRE_LINES = 40
+
+
+def _text_block(name: str, body: str, folded: bool) -> str:
+    """A file's text: as it is when short, folded into a <details> when long or raw."""
+    pre = f"<pre>{html.escape(body)}</pre>"
+    if not folded:
+        return f"<h2>{html.escape(name)}</h2>{pre}"
+    return (f"<details><summary>{html.escape(name)} ({body.count(chr(10)) + 1} lines; "
+            f"click to show)</summary>{pre}</details>")
+
+
+def _notes(markdown: str) -> str:
+    """The prose of a markdown file (its notes and footnotes), its tables left out."""
+    paras = [p.strip() for p in markdown.split("\n\n")]
+    keep = [p for p in paras if p and not p.startswith(("|", "#"))]
+    return "".join(f'<p class="legend">{html.escape(p)}</p>' for p in keep)
+
+
+def _squeeze(header, rows) -> tuple[list, list, str]:
+    """A CSV table made narrow enough to read: columns empty in every row left out, columns
+    with one value in every row said once above it; returns (header, rows, that line)."""
+    if len(rows) < 2:
+        return list(header), rows, ""
+    cols = list(range(len(header)))
+    values = {i: {r[i] if i < len(r) else "" for r in rows} for i in cols}
+    empty = [i for i in cols if values[i] <= {""}]
+    same = [i for i in cols if i not in empty and len(values[i]) == 1]
+    keep = [i for i in cols if i not in empty and i not in same]
+    line = ""
+    if same or empty:
+        parts = [f"{header[i]} = {_cell(next(iter(values[i])))}" for i in same]
+        if empty:
+            parts.append("empty: " + ", ".join(header[i] for i in empty))
+        line = f'<p class="legend">In every row: {html.escape("; ".join(parts))}</p>'
+    return [header[i] for i in keep], [[r[i] if i < len(r) else "" for i in keep]
+                                       for r in rows], line
+
+
 def _folder_artifacts(folder: str) -> tuple[str, str]:
-    """(text, html) of what a collection folder itself holds: JSON, CSV, TXT, PNG."""
-    texts, blocks = [], []
-    for name in sorted(os.listdir(folder)):
+    """(text, html) of what a collection folder itself holds: CSV tables (numbers to 4
+    significant digits), PNG plots, the notes of a markdown table beside its CSV, short
+    text files; JSON (raw data) and long text folded into a <details>."""
+    texts, blocks, raw = [], [], []
+    names = sorted(os.listdir(folder))
+    stems = {n[:-4] for n in names if n.endswith(".csv")}
+    for name in names:
         path = os.path.join(folder, name)
         if not os.path.isfile(path) or name == HTML_NAME:
             continue
         try:
             if name.endswith(".json"):
                 body = json.dumps(_read_json(path), indent=2)[:MAX_TEXT_CHARS]
-                blocks.append(f"<h2>{html.escape(name)}</h2><pre>{html.escape(body)}</pre>")
+                raw.append(_text_block(f"{name} (raw JSON, {os.path.getsize(path):,} bytes)",
+                                       body, True))
                 texts.append(f"{name}: JSON ({os.path.getsize(path):,} bytes)")
             elif name.endswith(".csv"):
                 with open(path, newline="") as f:
@@ -386,13 +554,21 @@ def _folder_artifacts(folder: str) -> tuple[str, str]:
                 if rows:
                     shown = rows[1:MAX_CSV_ROWS + 1]
                     more = len(rows) - 1 - len(shown)
-                    blocks.append(f"<h2>{html.escape(name)}</h2>" + _table(rows[0], shown)
+                    header, shown, same = _squeeze(rows[0], shown)
+                    blocks.append(f"<h2>{html.escape(name)}</h2>" + same
+                                  + '<div class="fit">' + _table(header, shown, True) + "</div>"
+                                  + _legend(header, COLUMN_HELP)
                                   + (f"<p>{more} more rows in the file</p>" if more > 0 else ""))
                     texts.append(f"{name}: {len(rows) - 1} rows x {len(rows[0])} columns")
             elif name.endswith(".txt") or name.endswith(".md"):
                 with open(path, errors="replace") as f:
                     body = f.read(MAX_TEXT_CHARS)
-                blocks.append(f"<h2>{html.escape(name)}</h2><pre>{html.escape(body)}</pre>")
+                if name.endswith(".md") and name[:-3] in stems:    # the CSV shows its table
+                    blocks.append(f"<h2>Notes ({html.escape(name)})</h2>" + _notes(body))
+                    raw.append(_text_block(name, body, True))
+                else:
+                    lines = body.splitlines()
+                    blocks.append(_text_block(name, body, len(lines) > MAX_PRE_LINES))
                 texts.append(f"{name}:\n{body.rstrip()}")
             elif name.endswith(".png"):
                 blocks.append(_png_tag(path, name))
@@ -400,7 +576,26 @@ def _folder_artifacts(folder: str) -> tuple[str, str]:
         except (OSError, ValueError, ReportError) as exc:   # show what is broken, keep going
             blocks.append(f'<p class="warn">{html.escape(name)}: could not read ({html.escape(str(exc))})</p>')
             texts.append(f"{name}: could not read ({exc})")
+    if os.path.isdir(os.path.join(folder, "diagnostics")):
+        blocks.append('<p class="warn">diagnostics/ is present: NOT private values (exact, '
+                      "noise-free counts); not embedded here, do not share that folder.</p>")
+        texts.append("diagnostics/: present, NOT private (not shown)")
+    if raw:
+        blocks.append("<h2>Raw files</h2>" + "\n".join(raw))
     return "\n".join(texts), "\n".join(blocks)
+
+
+def comparison_plot(rows: list[dict]) -> bytes | None:
+    """The folder's runs side by side: student and label accuracy against eps, one line per
+    trust model / mechanism (PNG bytes; None when fewer than two runs have both)."""
+    from jobs.experiments import NAN
+    pts = [r for r in rows if r.get("status", "").startswith("complete")
+           and isinstance(r.get("eps"), (int, float)) and r["eps"] == r["eps"]]
+    if len(pts) < 2:
+        return None
+    from rknn_ray.plots import runs_vs_eps_png
+    return runs_vs_eps_png([(f"{r.get('model')}/{r.get('mechanism')}", r["eps"],
+                             r.get("accuracy", NAN), r.get("label_accuracy", NAN)) for r in pts])
 
 
 # ------------------------------------------------------------------ the command
@@ -459,7 +654,13 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
         if rows:
             body.append("<h2>Runs</h2>" + _table(
                 ROW_COLUMNS, [[_fmt(r.get(c)) if c != "stage_s" or r.get(c) is None
-                               else f"{r[c]:.1f}" for c in ROW_COLUMNS] for r in rows]))
+                               else f"{r[c]:.1f}" for c in ROW_COLUMNS] for r in rows], True)
+                + _legend(ROW_COLUMNS, COLUMN_HELP))
+            png = comparison_plot(rows)
+            if png:
+                body.append("<h2>Comparison</h2>" + _png_tag(
+                    png, "student accuracy (solid) and label accuracy (dashed) of every "
+                    "finished run against its eps"))
         body.append(art_html)
         for r in runs:
             body.append(f"<h2>Run {html.escape(r['name'])}</h2>" + run_html_body(r, "h3"))

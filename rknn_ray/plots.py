@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import matplotlib
+import matplotlib.ticker  # noqa: F401  (the comparison plot's eps ticks)
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -30,6 +31,41 @@ def save_accuracy_vs_eps(fig, ax, path: str, title: str, xlabel: str = "target e
         ax.legend(fontsize=7, **({"loc": legend_loc} if legend_loc else {}))
     fig.tight_layout()
     save_png(fig, path)
+
+
+def runs_vs_eps_png(points) -> bytes:
+    """A folder of runs side by side (``rknn-ray report FOLDER``): per ``(group, eps,
+    student accuracy, label accuracy)`` point, student accuracy solid and label accuracy
+    dashed against eps, one colour per group (trust model / mechanism); PNG bytes."""
+    import io
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    groups = list(dict.fromkeys(g for g, *_ in points))
+    for i, g in enumerate(groups):
+        mine = sorted((e, s, lab) for gg, e, s, lab in points if gg == g)
+        colour = f"C{i % 10}"
+        for col, style, marker, what in ((1, "-", "o", "student"), (2, "--", "s", "labels")):
+            xy = [(p[0], p[col]) for p in mine if p[col] is not None and p[col] == p[col]]
+            if xy:
+                ax.plot([x for x, _ in xy], [y for _, y in xy], ls=style, marker=marker,
+                        color=colour, mfc=colour if what == "student" else "white",
+                        label=f"{g}: {what}")
+    eps = [p[1] for p in points]
+    if min(eps) > 0 and max(eps) / min(eps) >= 4:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xticks(sorted(set(eps)))
+    ax.set_xlabel("eps (spent, as the run's accountant reports)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("runs in this folder: student (solid) and labels (dashed) vs eps")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
 
 
 def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarray,

@@ -16,8 +16,10 @@ def write_png(path, color="#4477aa"):
     plt.close(fig)
 
 
-def write_run(folder, model, mechanism, eps=1.0, delta=0.0, shuffler=False, diagnostics=False):
-    """A run folder as jobs.distill leaves it (report.json, summary.png, history.json)."""
+def write_run(folder, model, mechanism, eps=1.0, delta=0.0, shuffler=False, diagnostics=False,
+              resumed=False):
+    """A run folder as jobs.distill leaves it (report.json, summary.png, history.json);
+    ``resumed``: finished with --resume after an interrupt."""
     os.makedirs(folder, exist_ok=True)
     rejected = {"malformed": 0, "wrong_job": 0, "wrong_round": 0, "tampered": 2, "replayed": 0}
     report = {
@@ -37,6 +39,8 @@ def write_run(folder, model, mechanism, eps=1.0, delta=0.0, shuffler=False, diag
         "timings_s": {"data": 0.1, "queries": 1.5, "actors": 4.2, "round_0": 2.3, "clients": 1.9,
                       "server_open": 0.8, "server_finalize": 0.01, "labels": 0.0, "student": 31.0},
         "rng": "secure", "version": "0.1.0", "job_id": "0123456789abcdef",
+        "resumed": {"at": "2026-11-27T10:02:00Z", "release_saved_at": "2026-11-27T09:58:00Z",
+                    "after": "interrupted by SIGINT during student"} if resumed else None,
         "config": {"run": {"name": f"{model}-{mechanism}"}, "data": {"dataset": "digits"}},
     }
     if shuffler:

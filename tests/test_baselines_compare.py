@@ -19,7 +19,10 @@ def test_compare_writes_table_files_and_ledger(tmp_path, capsys, ray_session):
     rows = json.loads((out / "compare.json").read_text())
     assert printed == rows and len(rows) == 6
     for r in rows:
-        assert set(compare.COLUMNS) <= set(r) and set(ROW_FIELDS) <= set(r)   # the one row schema
+        # the one row schema, less its NOT PRIVATE fields (only with --diagnostics, elsewhere)
+        assert set(compare.COLUMNS) <= set(r)
+        assert set(ROW_FIELDS) - set(compare.NOT_PRIVATE_FIELDS) <= set(r)
+        assert "nonprivate_label_accuracy" not in r
         assert not r["error"], r["error"]
         assert r["unit"] == ("label" if r["method"] == "dpdfd_selective_rr" else "record")
         assert r["eps"] <= r["target_eps"] * (1 + 1e-9)
@@ -43,7 +46,8 @@ def test_compare_failed_cell_is_a_row_not_a_crash(tmp_path, ray_session):
     rows = compare.compare("digits", [1e-4], ["fedmd_nfdp"], str(tmp_path / "c"),
                            student_epochs=1, log=lambda s: None)
     assert len(rows) == 1 and "k=1" in rows[0]["error"]
-    assert set(ROW_FIELDS) <= set(rows[0]) and rows[0]["target_eps"] == 1e-4
+    assert set(ROW_FIELDS) - set(compare.NOT_PRIVATE_FIELDS) <= set(rows[0])
+    assert rows[0]["target_eps"] == 1e-4 and "nonprivate_label_accuracy" not in rows[0]
 
 
 def test_cli_dispatches_compare(monkeypatch):
@@ -61,11 +65,11 @@ def test_rknn_configs_exist(ds, model):
 
 def test_rknn_row_is_a_full_distill_run_with_its_ledger_event(tmp_path, ray_session):
     """An rknn cell: a real jobs.distill run (actors, sealed reports) whose student is trained
-    in the driver (student.trainer=local), with the noise-free reference labels beside it and
-    its release recorded as an event in the compare's ledger."""
+    in the driver (student.trainer=local), with (--diagnostics) the noise-free reference labels
+    beside it and its release recorded as an event in the compare's ledger."""
     ledger = tmp_path / "ledger.sqlite"
     row = compare.run_rknn("digits", "local", 4.0, 1e-5, str(tmp_path / "run"), str(ledger),
-                           student_epochs=1)
+                           student_epochs=1, diagnostics=True)
     assert set(compare.COLUMNS) <= set(row) and row["method"] == "rknn_local"
     assert set(ROW_FIELDS) <= set(row) and row["mechanism"] and row["ledger_events"] == 1
     assert row["eps"] == 4.0 and row["unit"] == "record" and row["model"] == "local"
@@ -80,3 +84,39 @@ def test_rknn_row_is_a_full_distill_run_with_its_ledger_event(tmp_path, ray_sess
         events = [json.loads(e) for (e,) in con.execute(
             "SELECT event FROM releases WHERE status = 'released'")]
     assert [e["type"] for e in events] == ["LocalRandomizerDpEvent"]
+
+
+def test_nonprivate_values_only_under_diagnostics_and_named_not_private(tmp_path):
+    """compare.json/csv/md never carry the labels from exact counts; --diagnostics runs the
+    rknn rows with run.diagnostics and writes them to an owner-only diagnostics/ whose README
+    says NOT PRIVATE."""
+    assert "run.diagnostics=true" not in compare.RKNN_OVERRIDES
+    assert compare.rknn_config("digits", "central", 1.0, 1e-5).run.diagnostics is False
+    assert compare.rknn_config("digits", "central", 1.0, 1e-5, diagnostics=True).run.diagnostics
+    assert compare.parse_args(["--out", "x", "--diagnostics"]).diagnostics
+    assert not compare.parse_args(["--out", "x"]).diagnostics
+    rows = [{**dict.fromkeys(compare.COLUMNS, ""), "method": "rknn_central", "target_eps": 1.0,
+             "eps": 1.0, "delta": 0.0, "accuracy": 0.9, "label_accuracy": 0.88, "unit": "record",
+             "wall_s": 3.0, "nonprivate_label_accuracy": 0.95}]
+    meta = {"dataset": "digits", "delta": 1e-5, "wall_s": 3.0, "cpus": 2}
+    for diagnostics in (False, True):
+        out = tmp_path / f"d{diagnostics}"
+        compare.write_outputs(str(out), rows, {**meta, "diagnostics": diagnostics}, {})
+        for name in ("compare.json", "compare.csv", "compare.md"):
+            text = (out / name).read_text()
+            assert "nonprivate" not in text and "0.95" not in text, name
+        assert (out / "diagnostics").is_dir() == diagnostics
+    diag = tmp_path / "dTrue" / "diagnostics"
+    assert (diag / "README.txt").read_text().startswith("NOT PRIVATE")
+    assert oct(diag.stat().st_mode & 0o777) == "0o700"
+    assert "rknn_central,1.0,0.88,0.95" in (diag / "nonprivate_labels.csv").read_text()
+    assert "NOT PRIVATE" in (tmp_path / "dTrue" / "compare.md").read_text()
+
+
+def test_footnotes_only_for_rows_in_the_table():
+    row = {"method": "rknn_central", "unit": "record", "error": ""}
+    assert compare.footnotes([row], {}) == []
+    notes = compare.footnotes([row, {"method": "dpdfd_selective_rr", "unit": "label", "error": ""},
+                               {"method": "fedmd_nfdp", "unit": "record", "error": "boom"}], {})
+    assert any("DP-DFD" in n for n in notes) and any("FedMD-NFDP" in n for n in notes)
+    assert any("error" in n for n in notes)

@@ -38,6 +38,7 @@ def test_digits_central_run_folder(digits_runs, tmp_path):
     assert counts["clients"] == 100 and counts["records"] == 1079 and counts["messages"] == 100
     assert sum(counts["rejected"].values()) == 0
     assert report["rng"] == "secure" and report["version"]
+    assert report["resumed"] is None                     # finished in one go
     assert priv["budget"]["eps"] == 1.5 and priv["budget"]["spent_eps"] == pytest.approx(1.0)
     for stage in ("data", "queries", "clients", "server_open", "student"):
         assert report["timings_s"][stage] >= 0
@@ -195,6 +196,12 @@ def test_failure_after_the_release_is_recorded_and_resume_finishes_without_a_new
     report = json.loads((out / "report.json").read_text())
     assert report["privacy"]["eps"] == pytest.approx(1.0) and len(report["privacy"]["rounds"]) == 1
     assert not (out / "incomplete.json").exists()
+    # report.json says it was resumed, after what, and its page shows it
+    resumed = report["resumed"]
+    assert resumed["after"] == marker["reason"] and resumed["release_saved_at"] <= resumed["at"]
+    from jobs.report import build_report
+    _, page = build_report(str(out))
+    assert "Resumed run: finished at" in open(page).read()
     (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
     assert dataset["spent"]["eps"] == pytest.approx(1.0) and dataset["released"] == 1
     assert main(["--resume", str(out), "--quiet", "--insecure-seeded"]) == 2   # complete: nothing to do

@@ -98,8 +98,10 @@ def test_folder_of_runs_compares_them_and_shows_the_folder_results(tmp_path, cap
     assert len(rows) == 3 and "collision" in rows[2] and "0.9331" in rows[0]
     page = (grid / "report.html").read_text()
     _self_contained(page)
-    assert len(_embedded_pngs(page)) == 4          # the folder's plot and one per run
-    assert "&quot;metric&quot;: &quot;student&quot;" in page and "<td>0.91</td>" in page
+    assert len(_embedded_pngs(page)) == 5          # the folder's plot, the comparison, one per run
+    assert "<h2>Comparison</h2>" in page
+    assert "&quot;metric&quot;: &quot;student&quot;" in page and '<td class="num">0.91</td>' in page
+    assert "<details><summary>compare.json (raw JSON" in page       # raw data folded away
 
 
 def test_run_folder_under_a_run_is_not_a_run(tmp_path):

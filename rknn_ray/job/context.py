@@ -7,6 +7,7 @@ which are fitted after the budget is reserved.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,9 @@ class JobContext:
     encoder: object = None
     public_emb: np.ndarray | None = None
     first_queries: object = None     # round 1's QuerySet
+    #: when this job began (wall clock): a release saved before it was an earlier attempt's
+    #: (``--resume``), which report.json's ``resumed`` records
+    started_at: float = field(default_factory=time.time)
 
     def round_budgets(self) -> list[tuple[float, float]]:
         """(eps_t, delta_t) for each round: its share of privacy.eps and privacy.delta."""

@@ -5,7 +5,9 @@ NOT-private diagnostics folder), then report.json last: it marks a complete run.
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +23,8 @@ from rknn_ray.pipeline import (finish_labels, fit_student, nonprivate_labels,
 from rknn_ray.plots import run_summary_png
 from rknn_ray.labeling.queries import union_of_rounds
 from rknn_ray.rng import NOT_PRIVATE
-from rknn_ray.runio import remove_train_storage, write_json, write_parquet, write_text
+from rknn_ray.runio import (INCOMPLETE_MARKER, RELEASE_FILE, remove_train_storage, write_json,
+                            write_parquet, write_text)
 
 DIAGNOSTICS_README = """NOT PRIVATE. Everything in this folder was computed from the private data WITHOUT
 noise (run.diagnostics: true, a simulation setting): the labels the same pipeline gives
@@ -110,6 +113,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                       for sel in load_selections(out_dir)],  # per round: rule, pool, uncertainty
         "utility": utility,
         "rng": cfg.run.rng, "version": __version__, "job_id": ctx.job_id,
+        "resumed": resumed_from(out_dir, ctx.started_at),
         "config": cfg.to_dict(),
     }
     if any(r.shuffler is not None for r in rounds):
@@ -130,9 +134,32 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
         report["diagnostics"]["records_dropped_by_bound"] = data.records_dropped()
     remove_train_storage(out_dir)         # Train's student-*/ copies, an interrupted attempt's too
     write_json(os.path.join(out_dir, "report.json"), report)   # last: marks a complete run
-    if os.path.exists(os.path.join(out_dir, "incomplete.json")):   # a resumed run is complete now
-        os.unlink(os.path.join(out_dir, "incomplete.json"))
+    if os.path.exists(os.path.join(out_dir, INCOMPLETE_MARKER)):   # a resumed run is complete now
+        os.unlink(os.path.join(out_dir, INCOMPLETE_MARKER))
     return report, lab.public_hard
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def resumed_from(out_dir: str, started_at: float) -> dict | None:
+    """report.json's ``resumed``: None for a run finished in one go; for one that finishes a
+    release an earlier attempt saved (``--resume``: release.npz is older than this job), when
+    it finished, when that release was saved, and why the attempt stopped (incomplete.json's
+    reason, when it left one: a killed process leaves none)."""
+    release = os.path.join(out_dir, RELEASE_FILE)
+    saved = os.path.getmtime(release) if os.path.isfile(release) else started_at
+    if saved >= started_at:
+        return None
+    after = None
+    try:
+        with open(os.path.join(out_dir, INCOMPLETE_MARKER)) as fh:
+            marker = json.load(fh)
+        after = marker.get("reason") if isinstance(marker, dict) else None
+    except (OSError, ValueError):
+        pass
+    return {"at": _utc(time.time()), "release_saved_at": _utc(saved), "after": after}
 
 
 def utility_report(ctx: JobContext, label_info: dict, student: dict | None) -> dict:

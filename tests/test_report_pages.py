@@ -1,0 +1,78 @@
+"""Every kind of report page (a run, a folder of runs, a comparison) in headless Chromium at
+1280 px: nothing wider than the window, no raw block longer than a screen, and the terms a
+reader may not know explained. Pages from tests/report_pages.py (run folders as jobs.distill
+writes them; a comparison written by jobs.compare's writer from measured rows)."""
+import html
+import os
+import re
+
+import pytest
+
+from jobs.report import HELP, build_report
+from tests import report_pages
+from tests.run_folders import write_run
+
+MAX_PRE_LINES = 40
+needs_chromium = pytest.mark.skipif(report_pages.chromium() is None,
+                                    reason="no headless Chromium here (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """{kind: report.html} for the three kinds of page."""
+    base = str(tmp_path_factory.mktemp("pages"))
+    folders = {"run": report_pages.run_page(base), "folder": report_pages.folder_of_runs(base),
+               "compare": report_pages.compare_folder(base)}
+    return {kind: build_report(folder)[1] for kind, folder in folders.items()}
+
+
+@needs_chromium
+@pytest.mark.parametrize("kind", ["run", "folder", "compare"])
+def test_page_fits_1280_px_and_shows_no_raw_wall(pages, kind):
+    seen = report_pages.measure(pages[kind], width=1280)
+    assert seen["scrollWidth"] <= seen["innerWidth"] == 1280, (kind, seen)
+    assert not seen["scrolled_boxes"], (kind, seen)          # nothing behind an inner scrollbar
+    assert all(n <= MAX_PRE_LINES for n in seen["pre_lines"]), (kind, seen["pre_lines"])
+    shot = report_pages.screenshot(pages[kind], pages[kind][:-5] + ".png")
+    assert os.path.getsize(shot) > 10_000
+
+
+def test_compare_page_numbers_are_short_and_raw_json_is_folded(pages):
+    page = open(pages["compare"]).read()
+    cells = re.findall(r'<td class="num">([^<]*)</td>', page)
+    assert cells and max(len(c) for c in cells) <= 8, max(cells, key=len)
+    assert "0.9999999999999" not in page.split("<h2>Raw files</h2>")[0]
+    assert re.search(r"<details><summary>compare\.json \(raw JSON", page)
+    assert re.search(r"<details><summary>ledgers\.json \(raw JSON", page)
+    assert "<h2>Comparison</h2>" in page                  # the runs' accuracy vs eps
+
+
+def test_footnotes_only_for_methods_that_ran(tmp_path):
+    folder = report_pages.compare_folder(str(tmp_path), methods=("rknn_central", "pate_gnmax"))
+    notes = open(os.path.join(folder, "compare.md")).read()
+    assert "DP-DFD" not in notes and "FedMD-NFDP" not in notes
+    full = open(build_report(report_pages.compare_folder(str(tmp_path / "all")))[1]).read()
+    assert "DP-DFD" in full and "FedMD-NFDP" in full
+
+
+def test_terms_are_explained_on_hover_and_in_a_legend(pages):
+    page = open(pages["run"]).read()
+    for term in ("query label accuracy", "labels (private)", "2 x error bound (Remark 1)"):
+        why = html.escape(HELP[term])
+        assert f'title="{why}"' in page or term in ("labels (private)",
+                                                    "2 x error bound (Remark 1)"), term
+        assert f"<dt>{term}</dt><dd>{why}</dd>" in page, term     # visible, not only on hover
+
+
+def test_a_resumed_run_says_so(tmp_path):
+    folder = tmp_path / "sweep"
+    write_run(str(folder / "a"), "central", "laplace", resumed=True)
+    write_run(str(folder / "b"), "central", "laplace", eps=2.0)
+    run_page = open(build_report(str(folder / "a"))[1]).read()
+    assert "Resumed run: finished at 2026-11-27T10:02:00Z from the release saved at " \
+           "2026-11-27T09:58:00Z, after: interrupted by SIGINT during student" in run_page
+    text, _ = build_report(str(folder / "b"))
+    assert not any(line.strip().startswith("resumed") for line in text.splitlines())
+    text, _ = build_report(str(folder))
+    lines = text.splitlines()
+    assert "complete (resumed)" in lines[3] and "complete (resumed)" not in lines[4]
