@@ -72,8 +72,9 @@ def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
     assert sp.public_ids.tolist() == pub.column("row_id").to_pylist()
     assert sp.class_names == tuple(range(10)) and sp.public_y.tolist() == [-1] * pub.num_rows
     assert sp.eval_y.tolist() == ev.column("label").to_pylist() and sp.eval_x.shape == (ev.num_rows, 64)
-    # clients are the holders; the declared bound; fingerprints of all three parts
-    assert data.num_clients == len(set(priv.column("holder").to_pylist()))
+    # clients are the holders, as many as declared; the declared bound; fingerprints of all
+    # three parts
+    assert data.num_clients == 300 and data.holders_declared
     assert data.max_records_per_client == 10 and data.public_counts()["records"] == priv.num_rows
     assert len(data.pool) == len(np.unique(np.concatenate(
         [t.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy() for t in (priv, pub, ev)]),
@@ -113,7 +114,7 @@ def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
         assert src.client_lo == lo
         lo = src.client_hi
         assert set(records.labels.tolist()) <= set(labels[rows].tolist())
-    assert seen == set(holders.tolist()) and lo == data.num_clients == 12
+    assert seen == set(holders.tolist()) and lo == 12      # the shards' own count
 
 
 def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ranges(tmp_path):
@@ -122,9 +123,10 @@ def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ran
     for i, (lo, hi) in enumerate(((0, 400), (400, 700), (700, priv.num_rows))):
         write(priv.slice(lo, hi - lo).drop(["holder"]), str(tmp_path / "split" / f"{i}.parquet"))
     cfg = Config.from_dict({**table_config(str(tmp_path), private={
-        "path": str(tmp_path / "split" / "*.parquet"), "client": None}),
+        "path": str(tmp_path / "split" / "*.parquet"), "client": None, "holders": None}),
         "cluster": {"shards": 3}})
-    cfg = cfg.with_overrides(["data.private.client=null", "data.max_records_per_client=null"])
+    cfg = cfg.with_overrides(["data.private.client=null", "data.private.holders=null",
+                              "data.max_records_per_client=null"])
     data = prepare_data(cfg)
     assert data.num_clients == priv.num_rows and data.max_records_per_client == 1
     sources = dataset_sources(cfg, data)
@@ -225,6 +227,8 @@ def _bad(case, tmp):
         holder = priv.column("holder").to_pylist()
         holder[7] = None
         priv = priv.set_column(priv.column_names.index("holder"), "holder", pa.array(holder))
+    elif case == "holders not declared":
+        over = {"private": {"holders": None}}
     elif case == "mixed feature lengths":
         priv, pub = _list_parts([4] * 20 + [5] + [4] * 9)
         over = {"classes": [0, 1, 2]}
@@ -238,7 +242,8 @@ def _bad(case, tmp):
 
 @pytest.mark.parametrize("case", ["missing column", "label outside classes",
                                   "public label without id", "empty private file",
-                                  "client column with nulls", "mixed feature lengths"])
+                                  "client column with nulls", "mixed feature lengths",
+                                  "holders not declared"])
 def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
     import yaml
 
@@ -252,7 +257,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tm
     assert "Fix:" in err or "fix" in err.lower(), err
     words = {"missing column": "'nope' not found", "label outside classes": "not in data.classes",
              "public label without id": "data.public.id", "empty private file": "no rows",
-             "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths"}
+             "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths",
+             "holders not declared": "data.private.holders"}
     assert words[case] in err, err
     assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
     assert not (tmp_path / "run").exists()           # no run folder left behind
@@ -308,4 +314,5 @@ def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp
         a.isdisjoint(b) for i, a in enumerate(dealt) for b in dealt[i + 1:])
     assert sum(s.rows.num_rows for s in sources) == priv.num_rows
     got = [s.open() for s in sources]
-    assert sum(r.num_clients for r in got) == data.num_clients == len(set(holders))
+    assert sum(r.num_clients for r in got) == len(set(holders))     # the shards' own count
+    assert data.num_clients == 300                                   # the declared one

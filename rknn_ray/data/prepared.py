@@ -34,10 +34,14 @@ class PreparedData:
     private_digest: str | None = None
     shard_sources: object = None        # (cfg, shards) -> [source], or None: cut from splits
     remote_private: bool = False        # splits.private_x / private_y are placeholders
+    # clients is a declared number (a table's data.private.holders), not the count in the
+    # data: the protocol withholds what would publish the actual count (rknn_ray/job/session.py)
+    holders_declared: bool = False
 
     @property
     def num_clients(self) -> int:
-        """Public: the configured n (the partition gives every client a record)."""
+        """Public: the configured n (the partition gives every client a record), or the
+        declared number of holders (a table with a client column)."""
         if self.clients is not None:
             return int(self.clients)
         return int(np.unique(self.client_ids).size)     # hand-built data (tests)

@@ -29,7 +29,7 @@ from rknn_ray.errors import DataError
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
            ".feather": "ipc", ".ipc": "ipc"}
-PART_KEYS = {"private": ("path", "label", "client", "features"),
+PART_KEYS = {"private": ("path", "label", "client", "holders", "features"),
              "public": ("path", "id", "features"),
              "evaluation": ("path", "label", "features")}
 PART_KEY_DOCS = {
@@ -37,6 +37,8 @@ PART_KEY_DOCS = {
             "or a glob; the private path is read by the shards where they run",
     "label": "the label column (strings or integers, matched to data.classes by text)",
     "client": "the holder id column: each distinct id is one client (unset: one record per client)",
+    "holders": "with client: the number of holders you declare (a public number: calibration "
+               "and reports use it, never the count found in the file)",
     "id": "the public row id column (labels are keyed by it; unset: row numbers)",
     "features": "a list of columns, or one list-typed column (unset: every column that is not "
                 "the label, client or id)"}
@@ -52,6 +54,7 @@ class Part:
     client: str | None = None
     id: str | None = None
     features: tuple | str | None = None
+    holders: int | None = None          # declared: the public number of holders (clients)
 
     @classmethod
     def of(cls, name: str, section) -> "Part":
@@ -60,7 +63,7 @@ class Part:
         if isinstance(feats, (list, tuple)):
             feats = tuple(str(f) for f in feats)
         return cls(name, values.get("path"), values.get("label"), values.get("client"),
-                   values.get("id"), feats)
+                   values.get("id"), feats, values.get("holders"))
 
     @property
     def key(self) -> str:

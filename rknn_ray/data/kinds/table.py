@@ -5,8 +5,10 @@ featurizer on the public rows, keeps the public ids and, when the public file ha
 column, its labels (to measure label accuracy only). It never loads private features or
 labels: the private part is scanned in a process of its own (rknn_ray.data.table_scan) and
 read again by each client shard, its own clients only (rknn_ray.data.table_source). Clients
-are the data's holders (``data.private.client``) or one per record; the per-client record
-bound is declared; the class list is declared (``data.classes``) or in the public file's
+are the data's holders (``data.private.client``) or one per record. With holders, their
+number is declared (``data.private.holders``): calibration and every published count use
+it, and the count found in the file only splits the work between the shards (each learns
+its own clients where it runs). The per-client record bound is declared; the class list is declared (``data.classes``) or in the public file's
 schema metadata (key ``classes``, a JSON list), never taken from the private labels.
 """
 from __future__ import annotations
@@ -129,7 +131,8 @@ def prepare_table(cfg, inputs: dict):
                              tuple(str(c) for c in classes), featurizer, found["clients"], bound,
                              int(cfg.run.seed), width, shards)
     return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(classes), image_shape,
-                        d.dataset, clients=int(sum(found["clients"])), record_bound=bound,
+                        d.dataset, clients=int(priv.holders) if priv.client else m,
+                        holders_declared=bool(priv.client), record_bound=bound,
                         pool=pool, private_digest=found["digest"], shard_sources=make,
                         remote_private=True)
 
