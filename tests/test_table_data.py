@@ -163,6 +163,21 @@ def test_the_same_table_as_parquet_or_csv_or_a_glob_draws_from_one_budget(tmp_pa
                                 _prepare(tmp_path / "other"))[0] != ida
 
 
+def test_the_same_table_rescaled_by_255_256_draws_from_the_same_budget(tmp_path):
+    """Near fingerprints (the scan's for the private rows, the driver's for public and
+    evaluation rows): a copy with every feature value times 255/256 is the same source."""
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"))
+    parts = write_parts(str(tmp_path / "a"))
+    scaled = [pa.table({n: (pc.multiply(t.column(n), 255 / 256) if n.startswith("p")
+                            else t.column(n)) for n in t.column_names}) for t in parts]
+    write_parts(str(tmp_path / "b"), parts=scaled)
+    a, b = _prepare(tmp_path / "a"), _prepare(tmp_path / "b")
+    assert len(np.intersect1d(a.pool, b.pool)) == 0          # no exact fingerprint is shared
+    assert len(a.near_pool) and np.array_equal(a.near_pool, b.near_pool)
+    ida = job_source(store, Config.from_dict(table_config(str(tmp_path / "a"))), a)[0]
+    assert job_source(store, Config.from_dict(table_config(str(tmp_path / "b"))), b)[0] == ida
+
+
 def test_string_labels_and_categorical_columns(tmp_path):
     rng = np.random.default_rng(3)
     n = 240

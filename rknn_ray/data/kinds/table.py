@@ -60,7 +60,7 @@ def prepare_table(cfg, inputs: dict):
     from rknn_ray.data.prepared import PreparedData
     from rknn_ray.data.splits import Splits
     from rknn_ray.data.table_scan import run_scan, scan
-    from rknn_ray.accounting.source_identity import record_fingerprints
+    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     d = cfg.data
     parts = {name: Part.of(name, getattr(d, name)) for name in ("private", "public", "evaluation")}
     priv, pub, ev = parts["private"], parts["public"], parts["evaluation"]
@@ -104,9 +104,11 @@ def prepare_table(cfg, inputs: dict):
             raise DataError(f"data.public: ids in {pub.id!r} are not unique. Fix: give every "
                             "public row its own id")
     pools = [record_fingerprints(raw_numbers(raw_pub))]
-    eval_x, eval_y, eval_pool = _evaluation(ev, inputs.get("evaluation"), cols, featurizer,
-                                            width, classes, priv.label)
+    nears = [near_fingerprints(raw_numbers(raw_pub))]
+    eval_x, eval_y, eval_pool, eval_near = _evaluation(ev, inputs.get("evaluation"), cols,
+                                                       featurizer, width, classes, priv.label)
     pools += eval_pool
+    nears += eval_near
     priv_cols = cols        # the scan resolves the private part's own ``features`` itself
     shards = int(cfg.cluster.shards)
     spec = {"part": priv.__dict__, "columns": priv_cols.__dict__, "classes": [str(c) for c in classes],
@@ -127,21 +129,23 @@ def prepare_table(cfg, inputs: dict):
                     np.broadcast_to(np.int64(-1), (m,)), public_x, public_y, eval_x, eval_y,
                     len(classes), image_shape, public_ids=public_ids, class_names=tuple(classes))
     pool = np.unique(np.concatenate([found["fingerprints"], *pools]))
+    near_pool = np.unique(np.concatenate([found["near"], *nears]))
     make = functools.partial(_shard_sources, _Handover(memory), priv, priv_cols,
                              tuple(str(c) for c in classes), featurizer, found["clients"], bound,
                              int(cfg.run.seed), width, shards)
     return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(classes), image_shape,
                         d.dataset, clients=int(priv.holders) if priv.client else m,
                         holders_declared=bool(priv.client), record_bound=bound,
-                        pool=pool, private_digest=found["digest"], shard_sources=make,
+                        pool=pool, near_pool=near_pool, private_digest=found["digest"], shard_sources=make,
                         remote_private=True)
 
 
 def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
-    """(features, labels, fingerprints) of the evaluation part; without one, 0 rows."""
-    from rknn_ray.accounting.source_identity import record_fingerprints
+    """(features, labels, [fingerprints], [near fingerprints]) of the evaluation part;
+    without one, 0 rows."""
+    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     if ev.path is None and memory is None:     # no labelled evaluation set
-        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), []
+        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), [], []
     evaluation = _read(ev, memory)
     missing(ev, evaluation.schema, [ev.label or label])
     ev_cols = _columns_for(ev, evaluation.schema, cols)
@@ -151,7 +155,10 @@ def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes
         raise DataError(f"data.evaluation: a record has {raw.shape[1]} feature values, a "
                         f"public one {width}. Fix: give every part the same features")
     y = label_indices(evaluation, ev.label or label, classes, ev)
-    return featurizer(raw), y, [record_fingerprints(raw_numbers(raw))] if len(raw) else []
+    if not len(raw):
+        return featurizer(raw), y, [], []
+    numbers = raw_numbers(raw)
+    return featurizer(raw), y, [record_fingerprints(numbers)], [near_fingerprints(numbers)]
 
 
 class _Handover:
