@@ -178,6 +178,30 @@ def test_the_same_table_rescaled_by_255_256_draws_from_the_same_budget(tmp_path)
     assert job_source(store, Config.from_dict(table_config(str(tmp_path / "b"))), b)[0] == ida
 
 
+def test_parts_given_as_file_uris_are_read_through_pyarrow_file_systems(tmp_path):
+    """file:// (as s3://, gs://, hdfs:// would be): the scan, the driver's public and
+    evaluation reads and each shard open the URI through pyarrow.fs; a folder is listed
+    recursively; a glob in a URI is refused (globs are for local paths only)."""
+    parts = write_parts(str(tmp_path / "local"))
+    pq.write_to_dataset(parts[0], str(tmp_path / "held"), partition_cols=["holder"])
+    uris = {"private": {"path": (tmp_path / "held").as_uri()},
+            "public": {"path": (tmp_path / "local" / "public.parquet").as_uri()},
+            "evaluation": {"path": (tmp_path / "local" / "evaluation.parquet").as_uri()}}
+    cfg = Config.from_dict(table_config(str(tmp_path / "local"), **uris))
+    data, local = prepare_data(cfg), _prepare(tmp_path / "local")
+    assert np.array_equal(data.pool, local.pool) and len(data.splits.eval_y) == parts[2].num_rows
+    got = [src.open() for src in dataset_sources(cfg, data)]
+    assert sum(len(r.labels) for r in got) == sum(
+        min(10, c) for c in np.unique(parts[0].column("holder").to_numpy(zero_copy_only=False),
+                                      return_counts=True)[1])
+    for r in got:       # each shard opened its own holders' sub-folders only
+        assert r.opened and all("holder=" in f for f in r.opened)
+    assert sum(len(r.opened) for r in got) == len(set(parts[0].column("holder").to_pylist()))
+    with pytest.raises(DataError, match="globs work on local paths only"):
+        prepare_data(Config.from_dict(table_config(str(tmp_path / "local"), private={
+            "path": (tmp_path / "local").as_uri() + "/*.parquet"})))
+
+
 def test_string_labels_and_categorical_columns(tmp_path):
     rng = np.random.default_rng(3)
     n = 240

@@ -70,9 +70,44 @@ class Part:
         return f"data.{self.name}"
 
 
-def _files(path: str) -> tuple[list[str] | str, str]:
-    """(what pyarrow opens, its format) for a file, a folder (searched recursively) or a glob."""
-    if any(ch in path for ch in "*?["):
+def is_uri(path: str) -> bool:
+    """A path pyarrow opens through one of its file systems (``s3://``, ``gs://``,
+    ``hdfs://``, ``file://``), not the local file system's own calls."""
+    return "://" in str(path)
+
+
+def _remote_files(path: str):
+    """(what pyarrow opens, its format, its file system) for a URI: one file or a folder,
+    listed recursively (``pyarrow.fs.FileSelector``); globs are for local paths only."""
+    import pyarrow.fs as pafs
+    if any(ch in path.split("://", 1)[1] for ch in "*?["):
+        raise DataError(f"{path!r}: a glob in a URI. Fix: globs work on local paths only; "
+                        "give the URI of one file or of a folder of them")
+    try:
+        fs, root = pafs.FileSystem.from_uri(path)
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.Directory:      # opened as a folder (hive sub-folders)
+            target = root
+            files = sorted(f.path for f in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+                           if f.type == pafs.FileType.File
+                           and os.path.splitext(f.path)[1].lower() in FORMATS)
+        else:
+            files = [root] if info.type == pafs.FileType.File else []
+            target = files
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        raise DataError(f"cannot open {path!r}: {str(exc).splitlines()[0][:160]}. Fix: check "
+                        "the URI (s3://, gs://, hdfs:// or file://) and that this machine can "
+                        "reach it") from None
+    return target, files, fs
+
+
+def _files(path: str):
+    """(what pyarrow opens, its format, its file system: None for local paths) for a file, a
+    folder (searched recursively), a glob (local paths only) or a URI (:func:`is_uri`)."""
+    fs = None
+    if is_uri(path):
+        target, files, fs = _remote_files(path)
+    elif any(ch in path for ch in "*?["):
         files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
         target = files
     elif os.path.isdir(path):
@@ -91,7 +126,7 @@ def _files(path: str) -> tuple[list[str] | str, str]:
         raise DataError(f"{path!r} holds files of several or unknown formats "
                         f"({sorted(str(f) for f in formats)}). Fix: one format per part, named "
                         f"by extension ({', '.join(sorted(FORMATS))})")
-    return target, formats.pop()
+    return target, formats.pop(), fs
 
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -100,7 +135,7 @@ IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 def image_folder(path: str) -> str | None:
     """'flat' (images in the folder: public rows, ids = file names), 'classes' (one sub-folder
     of images per class: a labelled part, labels = sub-folder names) or None (not one)."""
-    if not os.path.isdir(path):
+    if is_uri(path) or not os.path.isdir(path):       # image folders: local paths only
         return None
     names = os.listdir(path)
     if any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names):
@@ -145,18 +180,18 @@ def read_images(path: str, layout: str) -> pa.Table:
 
 
 def open_dataset(path: str) -> pads.Dataset:
-    """A pyarrow dataset over a file, a folder (hive-partitioned sub-folders become columns)
-    or a glob; an image folder is read whole (rknn_ray.data.tables.read_images). Opening a
+    """A pyarrow dataset over a file, a folder (hive-partitioned sub-folders become columns),
+    a glob or a URI (:func:`is_uri`: a file or a folder); an image folder is read whole (rknn_ray.data.tables.read_images). Opening a
     file reads metadata at most, no rows."""
     layout = image_folder(str(path))
     if layout is not None:
         return pads.dataset(read_images(str(path), layout))
-    target, fmt = _files(str(path))
+    target, fmt, fs = _files(str(path))
     try:
-        if isinstance(target, str) and os.path.isdir(target):
-            return pads.dataset(target, format=fmt, partitioning="hive",
+        if isinstance(target, str) and (fs is not None or os.path.isdir(target)):   # a folder
+            return pads.dataset(target, format=fmt, partitioning="hive", filesystem=fs,
                                 exclude_invalid_files=False)
-        return pads.dataset(target, format=fmt)
+        return pads.dataset(target, format=fmt, filesystem=fs)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read {path!r} as {fmt}: {str(exc).splitlines()[0][:160]}. "
                         "Fix: check the file is a valid, complete file of that format") from None
