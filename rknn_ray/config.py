@@ -193,10 +193,11 @@ class DataConfig:
                                 "null: the public file's schema metadata 'classes'",
                                 check=_classes, accepts_text="a list of 2+ distinct names, or null")
     shape: tuple | None = key(None, "table: the features are an image of this shape, e.g. "
-                              "[1, 28, 28] (null: a table; standardize / one-hot)", check=_shape,
+                              "[1, 28, 28]; uint8 pixels are scaled to [0, 1] (null: a table; standardize / one-hot)", check=_shape,
                               accepts_text="a list of positive integers, or null")
-    private: FrozenDict = key(None, "table: {path, label, client, features}: the private records "
-                              "(client: the holder id column; none: one record per client)",
+    private: FrozenDict = key(None, "table: {path, label, client, holders, features}: the private "
+                              "records (client: the holder id column, with holders: the declared "
+                              "number of holders; none: one record per client)",
                               free_form=True, factory=FrozenDict)
     public: FrozenDict = key(None, "table: {path, id, features}: the unlabelled public rows "
                              "(id: the row id column labels.parquet is keyed by)",

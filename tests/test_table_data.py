@@ -202,6 +202,30 @@ def test_parts_given_as_file_uris_are_read_through_pyarrow_file_systems(tmp_path
             "path": (tmp_path / "local").as_uri() + "/*.parquet"})))
 
 
+def test_uint8_image_pixels_are_scaled_to_unit_range_from_the_schema(tmp_path):
+    """data.shape with uint8 pixels (a list column typed uint8): every part is read in
+    [0, 1], as the built-in readers give images; float pixels stay as given."""
+    def as_pixels(t, dtype):
+        x = np.rint(t.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy() * 255)
+        flat = pa.array(x.astype(dtype).ravel())
+        rest = [n for n in t.column_names if not n.startswith("p")]
+        return pa.table({"pixels": pa.FixedSizeListArray.from_arrays(flat, 64),
+                         **{n: t.column(n) for n in rest}})
+    priv, pub, ev = digits_parts()
+    got = {}
+    for dtype in (np.uint8, np.float32):
+        folder = tmp_path / np.dtype(dtype).name
+        write_parts(str(folder), parts=[as_pixels(t, dtype) for t in (priv, pub, ev)])
+        cfg = Config.from_dict(table_config(str(folder), shape=[1, 8, 8]))
+        data = prepare_data(cfg)
+        records = [src.open() for src in dataset_sources(cfg, data)]
+        got[dtype] = (data.splits.public_x, data.splits.eval_x,
+                      np.concatenate([r.features for r in records]))
+    for scaled, given in zip(got[np.uint8], got[np.float32]):
+        assert 0 <= scaled.min() and scaled.max() <= 1 and given.max() > 200
+        np.testing.assert_allclose(scaled, given / 255, rtol=1e-6)
+
+
 def test_string_labels_and_categorical_columns(tmp_path):
     rng = np.random.default_rng(3)
     n = 240

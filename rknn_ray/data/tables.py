@@ -341,12 +341,14 @@ def raw_numbers(matrix: np.ndarray) -> np.ndarray:
 class Featurizer:
     """Raw features -> float32 model inputs, fitted on the public rows only: numeric columns
     standardized, text columns one-hot over the categories public rows hold (another
-    category: all zeros), an image (``shape``) reshaped and left as given."""
+    category: all zeros), an image (``shape``) reshaped and multiplied by ``scale``
+    (:func:`pixel_scale`: 1/255 for uint8 pixels, else 1)."""
     columns: Columns
     shape: tuple | None = None
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
     categories: dict = field(default_factory=dict)
+    scale: float = 1.0
 
     def _numeric(self, raw: np.ndarray) -> list:
         """The raw matrix's numeric columns (every value of a list column)."""
@@ -375,7 +377,8 @@ class Featurizer:
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         if self.shape is not None:
-            return np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)
+            x = np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)
+            return x * np.float32(self.scale) if self.scale != 1.0 else x
         num = self._numeric(raw)
         parts = [((raw[:, num].astype(np.float64) - self.mean) / self.std).astype(np.float32)]
         for j, n in enumerate(self.columns.names):
@@ -387,6 +390,15 @@ class Featurizer:
                 hot[rows, at[rows]] = 1.0
                 parts.append(hot)
         return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def pixel_scale(schema: pa.Schema, cols: Columns) -> float:
+    """1/255 when every feature value is typed uint8 in ``schema`` (0-255 pixels: scaled to
+    [0, 1] as the built-in readers give images), else 1 (values left as given). Decided from
+    the public part's schema alone (public information), never from the values."""
+    types = [schema.field(n).type for n in cols.names]
+    types = [t.value_type if _is_list(t) else t for t in types]
+    return 1.0 / 255.0 if types and all(pa.types.is_uint8(t) for t in types) else 1.0
 
 
 def label_indices(table: pa.Table, column: str, classes: tuple, part: Part) -> np.ndarray:

@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from rknn_ray.data.registry import register_dataset
 from rknn_ray.data.tables import (Columns, Featurizer, Part, as_table, bucket_of,
-                                  feature_matrix, label_indices, missing, raw_numbers, read)
+                                  feature_matrix, label_indices, missing, pixel_scale, raw_numbers,
+                                  read)
 from rknn_ray.errors import ConfigError, DataError
 
 
@@ -91,7 +92,8 @@ def prepare_table(cfg, inputs: dict):
     if shape is not None and int(np.prod(shape)) != width:
         raise ConfigError("data.shape", f"{list(shape)} holds {int(np.prod(shape))} values, a "
                           f"record has {width}", f"set data.shape to a shape of {width} values")
-    featurizer = Featurizer(cols, shape).fit(raw_pub)
+    featurizer = Featurizer(cols, shape, scale=pixel_scale(public.schema, cols) if shape
+                            else 1.0).fit(raw_pub)
     public_x = featurizer(raw_pub)
     if not np.isfinite(public_x).all():
         raise DataError("data.public: rows with NaN or infinite features. Fix: drop or impute them")
