@@ -200,6 +200,10 @@ def test_parts_given_as_file_uris_are_read_through_pyarrow_file_systems(tmp_path
     with pytest.raises(DataError, match="globs work on local paths only"):
         prepare_data(Config.from_dict(table_config(str(tmp_path / "local"), private={
             "path": (tmp_path / "local").as_uri() + "/*.parquet"})))
+    with pytest.raises(ConfigError, match="image folders are read from local paths only"):
+        prepare_data(Config.from_dict({"data": {
+            "dataset": "image_folder", "classes": [0, 1], "private": {"path": uris["private"]["path"]},
+            "public": {"path": uris["public"]["path"]}}}))
 
 
 def test_uint8_image_pixels_are_scaled_to_unit_range_from_the_schema(tmp_path):
