@@ -296,6 +296,8 @@ def _bad(case, tmp):
         priv = priv.set_column(priv.column_names.index("holder"), "holder", pa.array(holder))
     elif case == "holders not declared":
         over = {"private": {"holders": None}}
+    elif case == "more holders than records":
+        over = {"private": {"holders": 201}}
     elif case == "mixed feature lengths":
         priv, pub = _list_parts([4] * 20 + [5] + [4] * 9)
         over = {"classes": [0, 1, 2]}
@@ -310,7 +312,7 @@ def _bad(case, tmp):
 @pytest.mark.parametrize("case", ["missing column", "label outside classes",
                                   "public label without id", "empty private file",
                                   "client column with nulls", "mixed feature lengths",
-                                  "holders not declared"])
+                                  "holders not declared", "more holders than records"])
 def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
     import yaml
 
@@ -325,7 +327,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tm
     words = {"missing column": "'nope' not found", "label outside classes": "not in data.classes",
              "public label without id": "data.public.id", "empty private file": "no rows",
              "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths",
-             "holders not declared": "data.private.holders"}
+             "holders not declared": "data.private.holders",
+             "more holders than records": "201 holders for 200 private records"}
     assert words[case] in err, err
     assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
     assert not (tmp_path / "run").exists()           # no run folder left behind

@@ -123,6 +123,9 @@ def prepare_table(cfg, inputs: dict):
         found = run_scan(spec)         # a process of its own: only counts and fingerprints return
     m = found["rows"]
     priv_cols = Columns(**found["columns"])
+    if priv.client and int(priv.holders) > m:     # m is public (replace-one keeps it)
+        raise ConfigError("data.private.holders", f"declares {priv.holders} holders for {m} "
+                          "private records", f"declare at most {m} (each holder holds a record)")
     bound = int(d.max_records_per_client) if priv.client else 1
     image_shape = featurizer.output_shape
     validate_with_data(cfg, len(public_x), m, len(classes), partitioned=False)
