@@ -42,13 +42,13 @@ def sliced_idx(folder: str, limit: int, data_root: str | None = None) -> str:
     return folder
 
 
-def table_data(folder: str, max_records: int) -> dict:
-    """The ``data`` section that reads the export in ``folder``."""
+def table_data(folder: str, max_records: int, holders: int) -> dict:
+    """The ``data`` section that reads the export in ``folder`` (``holders``: declared)."""
     from rknn_ray.data.readers import FASHION_CLASSES
     return {"dataset": "table", "classes": list(FASHION_CLASSES), "shape": [1, 28, 28],
             "max_records_per_client": max_records,
             "private": {"path": os.path.join(folder, "private.parquet"), "label": "label",
-                        "client": "holder"},
+                        "client": "holder", "holders": int(holders)},
             "public": {"path": os.path.join(folder, "public.parquet"), "id": "row_id"},
             "evaluation": {"path": os.path.join(folder, "evaluation.parquet"), "label": "label"}}
 
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
                     CONFIGS["central"], [*args.overrides, *builtin], None), out, ledger))
             for model in sorted(args.models):
                 cfg = config(CONFIGS[model], args.overrides,
-                             table_data(data_dir, args.max_records))
+                             table_data(data_dir, args.max_records, holders))
                 row = one_run(f"table_{model}", cfg, out, ledger)
                 rows.append({**row, **check_labels(row["dir"], data_dir)})
         finally:

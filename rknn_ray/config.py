@@ -193,10 +193,11 @@ class DataConfig:
                                 "null: the public file's schema metadata 'classes'",
                                 check=_classes, accepts_text="a list of 2+ distinct names, or null")
     shape: tuple | None = key(None, "table: the features are an image of this shape, e.g. "
-                              "[1, 28, 28] (null: a table; standardize / one-hot)", check=_shape,
+                              "[1, 28, 28]; uint8 pixels are scaled to [0, 1] (null: a table; standardize / one-hot)", check=_shape,
                               accepts_text="a list of positive integers, or null")
-    private: FrozenDict = key(None, "table: {path, label, client, features}: the private records "
-                              "(client: the holder id column; none: one record per client)",
+    private: FrozenDict = key(None, "table: {path, label, client, holders, features}: the private "
+                              "records (client: the holder id column, with holders: the declared "
+                              "number of holders; none: one record per client)",
                               free_form=True, factory=FrozenDict)
     public: FrozenDict = key(None, "table: {path, id, features}: the unlabelled public rows "
                              "(id: the row id column labels.parquet is keyed by)",
@@ -773,6 +774,13 @@ def _check_table(cfg: dict) -> None:
             path = f"data.{part}.{k}"
             if k not in keys:
                 raise _unknown(path, [f"data.{part}.{x}" for x in keys], f"known keys: {list(keys)}")
+            if k == "holders":
+                if v is None:                   # unset
+                    continue
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ConfigError(path, f"{v!r} is not a number of holders", "declare the "
+                                      "number of holders as a positive integer")
+                continue
             ok = (isinstance(v, str) and v.strip() if k != "features" else
                   isinstance(v, str) or (isinstance(v, (list, tuple)) and v
                                          and all(isinstance(c, str) for c in v)))
@@ -791,6 +799,17 @@ def _check_table(cfg: dict) -> None:
                               f"{d['dataset']!r}", f"set data.{k}=null or data.dataset=table")
     if not table:
         return
+    if d["private"].get("client") and d["private"].get("holders") is None:
+        raise ConfigError("data.private.holders", "is not declared: with data.private.client "
+                          "each holder is a client, and how many holders the file holds is "
+                          "private (a record's holder id is part of the record)",
+                          "declare the number of holders, e.g. data.private.holders=3000; "
+                          "calibration and reports use it, never the count in the file")
+    if d["private"].get("holders") is not None and not d["private"].get("client"):
+        raise ConfigError("data.private.holders", "is read only with data.private.client "
+                          "(without it each record is a client and n is the record count)",
+                          "set data.private.client to the holder id column, or unset "
+                          "data.private.holders")
     if d["private"].get("client") and d["max_records_per_client"] is None:
         raise ConfigError("data.max_records_per_client", "data.private.client makes each holder "
                           "a client, and how many records the largest holds is private; the "

@@ -20,18 +20,18 @@ def main(folder: str) -> None:
     import rknn_ray
     cfg = {"data": {"dataset": "table", "classes": [0, 1, 2], "max_records_per_client": 4,
                     "private": {"path": f"{folder}/private.parquet", "label": "label",
-                                "client": "holder"},
+                                "client": "holder", "holders": 91},
                     "public": {"path": f"{folder}/public.parquet", "id": "row_id"}},
            "privacy": {"model": "central", "mechanism": "laplace", "eps": 2.0},
            "queries": {"s": 20}, "represent": {"dim": 4},
            "student": {"trainer": "local", "epochs": 1}, "cluster": {"shards": 2},
            "run": {"progress": False}}
     result = rknn_ray.run(cfg, out_dir=f"{folder}/run")
-    counts = result.report["counts"]
+    counts, result_labels = result.report["counts"], result.labels
     del result
     gc.collect()
     print(json.dumps({"records": counts["records"], "clients": counts["clients"],
-                      "messages": counts["messages"]}), flush=True)
+                      "labelled": len(result_labels)}), flush=True)
     sys.stdin.readline()
 
 

@@ -41,7 +41,8 @@ def table_config(folder: str, ext: str = "parquet", **data) -> dict:
     """A config dict for the parts written by :func:`write_parts` (small, quick, central);
     ``data``: keys of the data section to change."""
     base = {"dataset": "table", "classes": list(range(10)), "max_records_per_client": 10,
-            "private": {"path": f"{folder}/private.{ext}", "label": "label", "client": "holder"},
+            "private": {"path": f"{folder}/private.{ext}", "label": "label", "client": "holder",
+                        "holders": 300},
             "public": {"path": f"{folder}/public.{ext}", "id": "row_id"},
             "evaluation": {"path": f"{folder}/evaluation.{ext}", "label": "label"}}
     for k, v in data.items():        # a part's keys change that part's keys only

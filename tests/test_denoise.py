@@ -56,6 +56,25 @@ def test_finish_labels_reads_released_counts_and_public_data_only():
     np.testing.assert_array_equal(lab.public_hard, lab2.public_hard)
 
 
+def test_finish_labels_prints_a_label_accuracy_only_for_labelled_public_rows():
+    """Unlabelled public rows (a user's table: every label -1) measure nothing: no "nan"."""
+    rng = np.random.default_rng(3)
+    emb, y = _clusters(rng, n=200)
+    qs = select_queries(emb, 20, restarts=1)
+    cfg = load_config(None, ["labels.smooth=auto", "queries.s=20", "privacy.eps=0.5"])
+    counts = rng.normal(20, 5, (20, 4))
+    said = {}
+    for name, public_y in (("labelled", y), ("unlabelled", np.full_like(y, -1))):
+        splits = types.SimpleNamespace(public_y=public_y, public_x=emb,
+                                       private_y=np.zeros(2000, np.int64))
+        lines = []
+        finish_labels(cfg, PreparedData(splits, np.arange(2000) % 100, 4, (5,), "synthetic"),
+                      counts, qs, emb, rounds=[], progress=types.SimpleNamespace(say=lines.append))
+        (said[name],) = [line for line in lines if line.startswith("denoising")]
+    assert "label accuracy 0." in said["labelled"] or "label accuracy 1." in said["labelled"]
+    assert "accuracy" not in said["unlabelled"] and "nan" not in said["unlabelled"]
+
+
 def test_neighbours_grow_with_noise_and_are_one_without():
     kw = dict(num_records=60000, k=1, r=1, s=1000, num_public=5000, num_classes=10)
     ms = [choose_neighbours(noise_std=sd, **kw).neighbours for sd in (0.0, 3.0, 30.0, 300.0)]

@@ -43,6 +43,8 @@ def test_table_configs_validate_on_the_shipped_files(path):
     for part in ("private", "public", "evaluation"):       # relative to the repository root
         assert os.path.isfile(os.path.join(ROOT, getattr(d, part)["path"]))
     assert d.private["client"] == "holder" and d.public["id"] == "row_id"
+    # the declared number of holders is the shipped table's (made by the generator, public)
+    assert d.private["holders"] == len({r["holder"] for r in _rows("private.csv")})
 
 
 def test_make_example_table_writes_the_shipped_files(tmp_path):
@@ -72,7 +74,7 @@ def test_table_central_runs_end_to_end(ray_session, tmp_path, monkeypatch):
     public = _rows("public.csv")
     assert report["counts"]["public"] == len(public)
     assert report["counts"]["evaluation"] == len(_rows("evaluation.csv"))
-    assert report["counts"]["clients"] == len({r["holder"] for r in _rows("private.csv")})
+    assert report["counts"]["clients"] == 74            # declared: data.private.holders
     assert report["accuracy"]["student"] > 0.6          # two classes: better than a coin
     assert report["accuracy"]["labels"] is None         # the public rows carry no labels
     labels = pq.read_table(out / "labels.parquet")

@@ -72,8 +72,9 @@ def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
     assert sp.public_ids.tolist() == pub.column("row_id").to_pylist()
     assert sp.class_names == tuple(range(10)) and sp.public_y.tolist() == [-1] * pub.num_rows
     assert sp.eval_y.tolist() == ev.column("label").to_pylist() and sp.eval_x.shape == (ev.num_rows, 64)
-    # clients are the holders; the declared bound; fingerprints of all three parts
-    assert data.num_clients == len(set(priv.column("holder").to_pylist()))
+    # clients are the holders, as many as declared; the declared bound; fingerprints of all
+    # three parts
+    assert data.num_clients == 300 and data.holders_declared
     assert data.max_records_per_client == 10 and data.public_counts()["records"] == priv.num_rows
     assert len(data.pool) == len(np.unique(np.concatenate(
         [t.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy() for t in (priv, pub, ev)]),
@@ -113,7 +114,7 @@ def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
         assert src.client_lo == lo
         lo = src.client_hi
         assert set(records.labels.tolist()) <= set(labels[rows].tolist())
-    assert seen == set(holders.tolist()) and lo == data.num_clients == 12
+    assert seen == set(holders.tolist()) and lo == 12      # the shards' own count
 
 
 def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ranges(tmp_path):
@@ -122,9 +123,10 @@ def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ran
     for i, (lo, hi) in enumerate(((0, 400), (400, 700), (700, priv.num_rows))):
         write(priv.slice(lo, hi - lo).drop(["holder"]), str(tmp_path / "split" / f"{i}.parquet"))
     cfg = Config.from_dict({**table_config(str(tmp_path), private={
-        "path": str(tmp_path / "split" / "*.parquet"), "client": None}),
+        "path": str(tmp_path / "split" / "*.parquet"), "client": None, "holders": None}),
         "cluster": {"shards": 3}})
-    cfg = cfg.with_overrides(["data.private.client=null", "data.max_records_per_client=null"])
+    cfg = cfg.with_overrides(["data.private.client=null", "data.private.holders=null",
+                              "data.max_records_per_client=null"])
     data = prepare_data(cfg)
     assert data.num_clients == priv.num_rows and data.max_records_per_client == 1
     sources = dataset_sources(cfg, data)
@@ -159,6 +161,73 @@ def test_the_same_table_as_parquet_or_csv_or_a_glob_draws_from_one_budget(tmp_pa
     write_parts(str(tmp_path / "other"), parts=shifted)
     assert job_source(store, Config.from_dict(table_config(str(tmp_path / "other"))),
                                 _prepare(tmp_path / "other"))[0] != ida
+
+
+def test_the_same_table_rescaled_by_255_256_draws_from_the_same_budget(tmp_path):
+    """Near fingerprints (the scan's for the private rows, the driver's for public and
+    evaluation rows): a copy with every feature value times 255/256 is the same source."""
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"))
+    parts = write_parts(str(tmp_path / "a"))
+    scaled = [pa.table({n: (pc.multiply(t.column(n), 255 / 256) if n.startswith("p")
+                            else t.column(n)) for n in t.column_names}) for t in parts]
+    write_parts(str(tmp_path / "b"), parts=scaled)
+    a, b = _prepare(tmp_path / "a"), _prepare(tmp_path / "b")
+    assert len(np.intersect1d(a.pool, b.pool)) == 0          # no exact fingerprint is shared
+    assert len(a.near_pool) and np.array_equal(a.near_pool, b.near_pool)
+    ida = job_source(store, Config.from_dict(table_config(str(tmp_path / "a"))), a)[0]
+    assert job_source(store, Config.from_dict(table_config(str(tmp_path / "b"))), b)[0] == ida
+
+
+def test_parts_given_as_file_uris_are_read_through_pyarrow_file_systems(tmp_path):
+    """file:// (as s3://, gs://, hdfs:// would be): the scan, the driver's public and
+    evaluation reads and each shard open the URI through pyarrow.fs; a folder is listed
+    recursively; a glob in a URI is refused (globs are for local paths only)."""
+    parts = write_parts(str(tmp_path / "local"))
+    pq.write_to_dataset(parts[0], str(tmp_path / "held"), partition_cols=["holder"])
+    uris = {"private": {"path": (tmp_path / "held").as_uri()},
+            "public": {"path": (tmp_path / "local" / "public.parquet").as_uri()},
+            "evaluation": {"path": (tmp_path / "local" / "evaluation.parquet").as_uri()}}
+    cfg = Config.from_dict(table_config(str(tmp_path / "local"), **uris))
+    data, local = prepare_data(cfg), _prepare(tmp_path / "local")
+    assert np.array_equal(data.pool, local.pool) and len(data.splits.eval_y) == parts[2].num_rows
+    got = [src.open() for src in dataset_sources(cfg, data)]
+    assert sum(len(r.labels) for r in got) == sum(
+        min(10, c) for c in np.unique(parts[0].column("holder").to_numpy(zero_copy_only=False),
+                                      return_counts=True)[1])
+    for r in got:       # each shard opened its own holders' sub-folders only
+        assert r.opened and all("holder=" in f for f in r.opened)
+    assert sum(len(r.opened) for r in got) == len(set(parts[0].column("holder").to_pylist()))
+    with pytest.raises(DataError, match="globs work on local paths only"):
+        prepare_data(Config.from_dict(table_config(str(tmp_path / "local"), private={
+            "path": (tmp_path / "local").as_uri() + "/*.parquet"})))
+    with pytest.raises(ConfigError, match="image folders are read from local paths only"):
+        prepare_data(Config.from_dict({"data": {
+            "dataset": "image_folder", "classes": [0, 1], "private": {"path": uris["private"]["path"]},
+            "public": {"path": uris["public"]["path"]}}}))
+
+
+def test_uint8_image_pixels_are_scaled_to_unit_range_from_the_schema(tmp_path):
+    """data.shape with uint8 pixels (a list column typed uint8): every part is read in
+    [0, 1], as the built-in readers give images; float pixels stay as given."""
+    def as_pixels(t, dtype):
+        x = np.rint(t.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy() * 255)
+        flat = pa.array(x.astype(dtype).ravel())
+        rest = [n for n in t.column_names if not n.startswith("p")]
+        return pa.table({"pixels": pa.FixedSizeListArray.from_arrays(flat, 64),
+                         **{n: t.column(n) for n in rest}})
+    priv, pub, ev = digits_parts()
+    got = {}
+    for dtype in (np.uint8, np.float32):
+        folder = tmp_path / np.dtype(dtype).name
+        write_parts(str(folder), parts=[as_pixels(t, dtype) for t in (priv, pub, ev)])
+        cfg = Config.from_dict(table_config(str(folder), shape=[1, 8, 8]))
+        data = prepare_data(cfg)
+        records = [src.open() for src in dataset_sources(cfg, data)]
+        got[dtype] = (data.splits.public_x, data.splits.eval_x,
+                      np.concatenate([r.features for r in records]))
+    for scaled, given in zip(got[np.uint8], got[np.float32]):
+        assert 0 <= scaled.min() and scaled.max() <= 1 and given.max() > 200
+        np.testing.assert_allclose(scaled, given / 255, rtol=1e-6)
 
 
 def test_string_labels_and_categorical_columns(tmp_path):
@@ -225,6 +294,10 @@ def _bad(case, tmp):
         holder = priv.column("holder").to_pylist()
         holder[7] = None
         priv = priv.set_column(priv.column_names.index("holder"), "holder", pa.array(holder))
+    elif case == "holders not declared":
+        over = {"private": {"holders": None}}
+    elif case == "more holders than records":
+        over = {"private": {"holders": 201}}
     elif case == "mixed feature lengths":
         priv, pub = _list_parts([4] * 20 + [5] + [4] * 9)
         over = {"classes": [0, 1, 2]}
@@ -238,7 +311,8 @@ def _bad(case, tmp):
 
 @pytest.mark.parametrize("case", ["missing column", "label outside classes",
                                   "public label without id", "empty private file",
-                                  "client column with nulls", "mixed feature lengths"])
+                                  "client column with nulls", "mixed feature lengths",
+                                  "holders not declared", "more holders than records"])
 def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
     import yaml
 
@@ -252,7 +326,9 @@ def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tm
     assert "Fix:" in err or "fix" in err.lower(), err
     words = {"missing column": "'nope' not found", "label outside classes": "not in data.classes",
              "public label without id": "data.public.id", "empty private file": "no rows",
-             "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths"}
+             "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths",
+             "holders not declared": "data.private.holders",
+             "more holders than records": "201 holders for 200 private records"}
     assert words[case] in err, err
     assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
     assert not (tmp_path / "run").exists()           # no run folder left behind
@@ -308,4 +384,5 @@ def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp
         a.isdisjoint(b) for i, a in enumerate(dealt) for b in dealt[i + 1:])
     assert sum(s.rows.num_rows for s in sources) == priv.num_rows
     got = [s.open() for s in sources]
-    assert sum(r.num_clients for r in got) == data.num_clients == len(set(holders))
+    assert sum(r.num_clients for r in got) == len(set(holders))     # the shards' own count
+    assert data.num_clients == 300                                   # the declared one

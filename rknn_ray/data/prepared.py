@@ -28,16 +28,21 @@ class PreparedData:
     record_bound: int | None = None     # public: at most this many records per client
     held: np.ndarray | None = None      # (m,) records the clients keep (within the bound)
     # kinds whose private rows the driver never loads (rknn_ray/data/kinds/table.py): the
-    # record pool's fingerprints and the private part's digest, computed where the rows were
+    # record pool's fingerprints (exact and near) and the private part's digest, computed where the rows were
     # read, and the shards' sources (each opens its own clients' rows)
     pool: np.ndarray | None = None
+    near_pool: np.ndarray | None = None  # the pool's near fingerprints (source_identity)
     private_digest: str | None = None
     shard_sources: object = None        # (cfg, shards) -> [source], or None: cut from splits
     remote_private: bool = False        # splits.private_x / private_y are placeholders
+    # clients is a declared number (a table's data.private.holders), not the count in the
+    # data: the protocol withholds what would publish the actual count (rknn_ray/job/session.py)
+    holders_declared: bool = False
 
     @property
     def num_clients(self) -> int:
-        """Public: the configured n (the partition gives every client a record)."""
+        """Public: the configured n (the partition gives every client a record), or the
+        declared number of holders (a table with a client column)."""
         if self.clients is not None:
             return int(self.clients)
         return int(np.unique(self.client_ids).size)     # hand-built data (tests)

@@ -3,8 +3,8 @@
 The driver never loads private features or labels (issue 35). What it needs from them it
 gets from this scan, which runs in a short-lived process of its own (``python -m
 rknn_ray.data.table_scan``, the spec on stdin, one JSON line on stdout) and returns only:
-the record count, how many clients each shard will hold, the records' fingerprints (the
-budget's source, rknn_ray.accounting.source_identity) and a digest naming the private part
+the record count, how many clients each shard will hold, the records' exact and near
+fingerprints (the budget's source, rknn_ray.accounting.source_identity) and a digest naming the private part
 (resume). Every check that needs the rows (empty part, a label outside data.classes, a
 client id missing, mixed feature lengths, empty values) fails here, so a bad file costs no
 budget. Data given in memory is scanned in the driver itself, which holds it already.
@@ -24,13 +24,17 @@ from rknn_ray.data.tables import (Columns, Part, bucket_of, feature_matrix, labe
 from rknn_ray.errors import DataError, RknnError
 
 
+#: the answer's fingerprint arrays: exact and near (rknn_ray.accounting.source_identity)
+FINGERPRINTS = ("fingerprints", "near")
+
+
 def needed_columns(part: Part, cols: Columns) -> list:
     return list(dict.fromkeys([*cols.names, part.label] + ([part.client] if part.client else [])))
 
 
 def scan(spec: dict, table=None) -> dict:
     """The scan itself: ``spec`` as :func:`run_scan` sends it; ``table``: rows in memory."""
-    from rknn_ray.accounting.source_identity import record_fingerprints
+    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     part, cols = Part(**spec["part"]), Columns(**spec["columns"])
     classes, shards = tuple(spec["classes"]), int(spec["shards"])
     schema = table.schema if table is not None else open_dataset(part.path).schema
@@ -73,7 +77,7 @@ def scan(spec: dict, table=None) -> dict:
     return {"rows": int(m), "clients": [int(c) for c in clients], "digest": h.hexdigest()[:32],
             "columns": {"names": list(cols.names), "list_column": cols.list_column,
                         "categorical": list(cols.categorical)},
-            "fingerprints": record_fingerprints(raw)}
+            "fingerprints": record_fingerprints(raw), "near": near_fingerprints(raw)}
 
 
 def run_scan(spec: dict) -> dict:
@@ -91,7 +95,8 @@ def run_scan(spec: dict) -> dict:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise DataError(f"the scan of the private data failed ({tail}). Fix: check "
                         "data.private.path can be read from this machine")
-    answer["fingerprints"] = np.frombuffer(base64.b64decode(answer["fingerprints"]), "<u8").copy()
+    for key in FINGERPRINTS:
+        answer[key] = np.frombuffer(base64.b64decode(answer[key]), "<u8").copy()
     return answer
 
 
@@ -102,8 +107,8 @@ def main() -> int:
     except RknnError as exc:
         print(json.dumps({"error": str(exc).splitlines()[0]}), flush=True)
         return 2
-    out["fingerprints"] = base64.b64encode(np.ascontiguousarray(out["fingerprints"], "<u8")
-                                           .tobytes()).decode()
+    for key in FINGERPRINTS:
+        out[key] = base64.b64encode(np.ascontiguousarray(out[key], "<u8").tobytes()).decode()
     print(json.dumps(out), flush=True)
     return 0
 

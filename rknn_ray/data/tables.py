@@ -29,7 +29,7 @@ from rknn_ray.errors import DataError
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
            ".feather": "ipc", ".ipc": "ipc"}
-PART_KEYS = {"private": ("path", "label", "client", "features"),
+PART_KEYS = {"private": ("path", "label", "client", "holders", "features"),
              "public": ("path", "id", "features"),
              "evaluation": ("path", "label", "features")}
 PART_KEY_DOCS = {
@@ -37,6 +37,8 @@ PART_KEY_DOCS = {
             "or a glob; the private path is read by the shards where they run",
     "label": "the label column (strings or integers, matched to data.classes by text)",
     "client": "the holder id column: each distinct id is one client (unset: one record per client)",
+    "holders": "with client: the number of holders you declare (a public number: calibration "
+               "and reports use it, never the count found in the file)",
     "id": "the public row id column (labels are keyed by it; unset: row numbers)",
     "features": "a list of columns, or one list-typed column (unset: every column that is not "
                 "the label, client or id)"}
@@ -52,6 +54,7 @@ class Part:
     client: str | None = None
     id: str | None = None
     features: tuple | str | None = None
+    holders: int | None = None          # declared: the public number of holders (clients)
 
     @classmethod
     def of(cls, name: str, section) -> "Part":
@@ -60,16 +63,51 @@ class Part:
         if isinstance(feats, (list, tuple)):
             feats = tuple(str(f) for f in feats)
         return cls(name, values.get("path"), values.get("label"), values.get("client"),
-                   values.get("id"), feats)
+                   values.get("id"), feats, values.get("holders"))
 
     @property
     def key(self) -> str:
         return f"data.{self.name}"
 
 
-def _files(path: str) -> tuple[list[str] | str, str]:
-    """(what pyarrow opens, its format) for a file, a folder (searched recursively) or a glob."""
-    if any(ch in path for ch in "*?["):
+def is_uri(path: str) -> bool:
+    """A path pyarrow opens through one of its file systems (``s3://``, ``gs://``,
+    ``hdfs://``, ``file://``), not the local file system's own calls."""
+    return "://" in str(path)
+
+
+def _remote_files(path: str):
+    """(what pyarrow opens, its format, its file system) for a URI: one file or a folder,
+    listed recursively (``pyarrow.fs.FileSelector``); globs are for local paths only."""
+    import pyarrow.fs as pafs
+    if any(ch in path.split("://", 1)[1] for ch in "*?["):
+        raise DataError(f"{path!r}: a glob in a URI. Fix: globs work on local paths only; "
+                        "give the URI of one file or of a folder of them")
+    try:
+        fs, root = pafs.FileSystem.from_uri(path)
+        info = fs.get_file_info(root)
+        if info.type == pafs.FileType.Directory:      # opened as a folder (hive sub-folders)
+            target = root
+            files = sorted(f.path for f in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+                           if f.type == pafs.FileType.File
+                           and os.path.splitext(f.path)[1].lower() in FORMATS)
+        else:
+            files = [root] if info.type == pafs.FileType.File else []
+            target = files
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        raise DataError(f"cannot open {path!r}: {str(exc).splitlines()[0][:160]}. Fix: check "
+                        "the URI (s3://, gs://, hdfs:// or file://) and that this machine can "
+                        "reach it") from None
+    return target, files, fs
+
+
+def _files(path: str):
+    """(what pyarrow opens, its format, its file system: None for local paths) for a file, a
+    folder (searched recursively), a glob (local paths only) or a URI (:func:`is_uri`)."""
+    fs = None
+    if is_uri(path):
+        target, files, fs = _remote_files(path)
+    elif any(ch in path for ch in "*?["):
         files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
         target = files
     elif os.path.isdir(path):
@@ -88,7 +126,7 @@ def _files(path: str) -> tuple[list[str] | str, str]:
         raise DataError(f"{path!r} holds files of several or unknown formats "
                         f"({sorted(str(f) for f in formats)}). Fix: one format per part, named "
                         f"by extension ({', '.join(sorted(FORMATS))})")
-    return target, formats.pop()
+    return target, formats.pop(), fs
 
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -97,7 +135,7 @@ IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 def image_folder(path: str) -> str | None:
     """'flat' (images in the folder: public rows, ids = file names), 'classes' (one sub-folder
     of images per class: a labelled part, labels = sub-folder names) or None (not one)."""
-    if not os.path.isdir(path):
+    if is_uri(path) or not os.path.isdir(path):       # image folders: local paths only
         return None
     names = os.listdir(path)
     if any(os.path.splitext(n)[1].lower() in IMAGE_EXTS for n in names):
@@ -142,18 +180,18 @@ def read_images(path: str, layout: str) -> pa.Table:
 
 
 def open_dataset(path: str) -> pads.Dataset:
-    """A pyarrow dataset over a file, a folder (hive-partitioned sub-folders become columns)
-    or a glob; an image folder is read whole (rknn_ray.data.tables.read_images). Opening a
+    """A pyarrow dataset over a file, a folder (hive-partitioned sub-folders become columns),
+    a glob or a URI (:func:`is_uri`: a file or a folder); an image folder is read whole (rknn_ray.data.tables.read_images). Opening a
     file reads metadata at most, no rows."""
     layout = image_folder(str(path))
     if layout is not None:
         return pads.dataset(read_images(str(path), layout))
-    target, fmt = _files(str(path))
+    target, fmt, fs = _files(str(path))
     try:
-        if isinstance(target, str) and os.path.isdir(target):
-            return pads.dataset(target, format=fmt, partitioning="hive",
+        if isinstance(target, str) and (fs is not None or os.path.isdir(target)):   # a folder
+            return pads.dataset(target, format=fmt, partitioning="hive", filesystem=fs,
                                 exclude_invalid_files=False)
-        return pads.dataset(target, format=fmt)
+        return pads.dataset(target, format=fmt, filesystem=fs)
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read {path!r} as {fmt}: {str(exc).splitlines()[0][:160]}. "
                         "Fix: check the file is a valid, complete file of that format") from None
@@ -303,12 +341,14 @@ def raw_numbers(matrix: np.ndarray) -> np.ndarray:
 class Featurizer:
     """Raw features -> float32 model inputs, fitted on the public rows only: numeric columns
     standardized, text columns one-hot over the categories public rows hold (another
-    category: all zeros), an image (``shape``) reshaped and left as given."""
+    category: all zeros), an image (``shape``) reshaped and multiplied by ``scale``
+    (:func:`pixel_scale`: 1/255 for uint8 pixels, else 1)."""
     columns: Columns
     shape: tuple | None = None
     mean: np.ndarray | None = None
     std: np.ndarray | None = None
     categories: dict = field(default_factory=dict)
+    scale: float = 1.0
 
     def _numeric(self, raw: np.ndarray) -> list:
         """The raw matrix's numeric columns (every value of a list column)."""
@@ -337,7 +377,8 @@ class Featurizer:
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         if self.shape is not None:
-            return np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)
+            x = np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)
+            return x * np.float32(self.scale) if self.scale != 1.0 else x
         num = self._numeric(raw)
         parts = [((raw[:, num].astype(np.float64) - self.mean) / self.std).astype(np.float32)]
         for j, n in enumerate(self.columns.names):
@@ -349,6 +390,15 @@ class Featurizer:
                 hot[rows, at[rows]] = 1.0
                 parts.append(hot)
         return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def pixel_scale(schema: pa.Schema, cols: Columns) -> float:
+    """1/255 when every feature value is typed uint8 in ``schema`` (0-255 pixels: scaled to
+    [0, 1] as the built-in readers give images), else 1 (values left as given). Decided from
+    the public part's schema alone (public information), never from the values."""
+    types = [schema.field(n).type for n in cols.names]
+    types = [t.value_type if _is_list(t) else t for t in types]
+    return 1.0 / 255.0 if types and all(pa.types.is_uint8(t) for t in types) else 1.0
 
 
 def label_indices(table: pa.Table, column: str, classes: tuple, part: Part) -> np.ndarray:

@@ -96,13 +96,15 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                                "ledger": ctx.store.path},
                     "release_file": "release.npz", **rng_marks(cfg)},
         "counts": {**data.public_counts(), "queries": all_qs.size,
-                   "messages": int(sum(r.messages for r in rounds)),
-                   "received": int(sum(r.received for r in rounds)),
-                   "rejected": sum_dicts(r.rejected for r in rounds),
+                   "messages": _total(r.messages for r in rounds),
+                   "received": _total(r.received for r in rounds),
+                   "rejected": (None if any(r.rejected is None for r in rounds)
+                                else sum_dicts(r.rejected for r in rounds)),
                    "authenticated_senders": [r.authenticated_senders for r in rounds],
                    "missing": [r.missing for r in rounds],
                    "keys_made_ahead": [r.keys_made_ahead for r in rounds],
-                   "rounds": len(rounds)},
+                   "rounds": len(rounds),
+                   **({"withheld": WITHHELD} if getattr(data, "holders_declared", False) else {})},
         "split": sp.describe(),
         "student": {"test_accuracy": accuracy["student"], "epochs": student.epochs,
                     "trainer": st.trainer,
@@ -212,6 +214,18 @@ def rng_marks(cfg) -> dict:
     """report.json's privacy section: ``private`` is False (with why) for a seeded simulation."""
     return {"private": True} if cfg.run.rng == "secure" else {"private": False,
                                                               "warning": NOT_PRIVATE}
+
+
+#: report.json counts.withheld where the number of clients is declared (data.private.holders)
+WITHHELD = ("clients is the declared number of holders (data.private.holders); the counts of "
+            "reports, senders and missing reports are left out: they would show the number of "
+            "holders in the private data")
+
+
+def _total(values):
+    """The sum of per-round counts, or None when a round's count is withheld."""
+    values = list(values)
+    return None if any(v is None for v in values) else int(sum(values))
 
 
 def sum_dicts(dicts) -> dict:

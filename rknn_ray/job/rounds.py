@@ -109,7 +109,9 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
             session = ProtocolSession(cfg, dataset_sources(cfg, ctx.data), ctx.job_id,
-                                      ctx.key_file, progress, ctx.parties)
+                                      ctx.key_file, progress, ctx.parties,
+                                      declared_clients=(ctx.data.num_clients if getattr(
+                                          ctx.data, "holders_declared", False) else None))
         with session:
             for t, (eps_t, _delta_t) in enumerate(budgets):
                 qs, selection = select_round_queries(cfg, ctx.data, t, ctx.public_emb, rounds,

@@ -29,10 +29,15 @@ def _first_shape(folder: str) -> list:
 
 def prepare_image_folder(cfg, inputs: dict):
     from rknn_ray.data.kinds.table import prepare_table
-    from rknn_ray.data.tables import image_folder
+    from rknn_ray.data.tables import image_folder, is_uri
     d = cfg.data
     for part, want in (("private", "classes"), ("public", "flat"), ("evaluation", "classes")):
         path = (getattr(d, part) or {}).get("path")
+        if path and is_uri(path):
+            raise ConfigError(f"data.{part}.path", f"{path!r} is a URI; image folders are read "
+                              "from local paths only", "copy the images to a local folder (or "
+                              "a mounted share), or export them to a parquet table with a "
+                              "list column and use data.dataset=table")
         if (path is None and part != "evaluation") or (path and image_folder(path) != want):
             layout = "one sub-folder of images per class" if want == "classes" else \
                 "a flat folder of images"

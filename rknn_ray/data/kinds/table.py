@@ -5,8 +5,10 @@ featurizer on the public rows, keeps the public ids and, when the public file ha
 column, its labels (to measure label accuracy only). It never loads private features or
 labels: the private part is scanned in a process of its own (rknn_ray.data.table_scan) and
 read again by each client shard, its own clients only (rknn_ray.data.table_source). Clients
-are the data's holders (``data.private.client``) or one per record; the per-client record
-bound is declared; the class list is declared (``data.classes``) or in the public file's
+are the data's holders (``data.private.client``) or one per record. With holders, their
+number is declared (``data.private.holders``): calibration and every published count use
+it, and the count found in the file only splits the work between the shards (each learns
+its own clients where it runs). The per-client record bound is declared; the class list is declared (``data.classes``) or in the public file's
 schema metadata (key ``classes``, a JSON list), never taken from the private labels.
 """
 from __future__ import annotations
@@ -20,7 +22,8 @@ import pyarrow.compute as pc
 
 from rknn_ray.data.registry import register_dataset
 from rknn_ray.data.tables import (Columns, Featurizer, Part, as_table, bucket_of,
-                                  feature_matrix, label_indices, missing, raw_numbers, read)
+                                  feature_matrix, label_indices, missing, pixel_scale, raw_numbers,
+                                  read)
 from rknn_ray.errors import ConfigError, DataError
 
 
@@ -58,7 +61,7 @@ def prepare_table(cfg, inputs: dict):
     from rknn_ray.data.prepared import PreparedData
     from rknn_ray.data.splits import Splits
     from rknn_ray.data.table_scan import run_scan, scan
-    from rknn_ray.accounting.source_identity import record_fingerprints
+    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     d = cfg.data
     parts = {name: Part.of(name, getattr(d, name)) for name in ("private", "public", "evaluation")}
     priv, pub, ev = parts["private"], parts["public"], parts["evaluation"]
@@ -89,7 +92,8 @@ def prepare_table(cfg, inputs: dict):
     if shape is not None and int(np.prod(shape)) != width:
         raise ConfigError("data.shape", f"{list(shape)} holds {int(np.prod(shape))} values, a "
                           f"record has {width}", f"set data.shape to a shape of {width} values")
-    featurizer = Featurizer(cols, shape).fit(raw_pub)
+    featurizer = Featurizer(cols, shape, scale=pixel_scale(public.schema, cols) if shape
+                            else 1.0).fit(raw_pub)
     public_x = featurizer(raw_pub)
     if not np.isfinite(public_x).all():
         raise DataError("data.public: rows with NaN or infinite features. Fix: drop or impute them")
@@ -102,9 +106,11 @@ def prepare_table(cfg, inputs: dict):
             raise DataError(f"data.public: ids in {pub.id!r} are not unique. Fix: give every "
                             "public row its own id")
     pools = [record_fingerprints(raw_numbers(raw_pub))]
-    eval_x, eval_y, eval_pool = _evaluation(ev, inputs.get("evaluation"), cols, featurizer,
-                                            width, classes, priv.label)
+    nears = [near_fingerprints(raw_numbers(raw_pub))]
+    eval_x, eval_y, eval_pool, eval_near = _evaluation(ev, inputs.get("evaluation"), cols,
+                                                       featurizer, width, classes, priv.label)
     pools += eval_pool
+    nears += eval_near
     priv_cols = cols        # the scan resolves the private part's own ``features`` itself
     shards = int(cfg.cluster.shards)
     spec = {"part": priv.__dict__, "columns": priv_cols.__dict__, "classes": [str(c) for c in classes],
@@ -117,6 +123,9 @@ def prepare_table(cfg, inputs: dict):
         found = run_scan(spec)         # a process of its own: only counts and fingerprints return
     m = found["rows"]
     priv_cols = Columns(**found["columns"])
+    if priv.client and int(priv.holders) > m:     # m is public (replace-one keeps it)
+        raise ConfigError("data.private.holders", f"declares {priv.holders} holders for {m} "
+                          "private records", f"declare at most {m} (each holder holds a record)")
     bound = int(d.max_records_per_client) if priv.client else 1
     image_shape = featurizer.output_shape
     validate_with_data(cfg, len(public_x), m, len(classes), partitioned=False)
@@ -125,20 +134,23 @@ def prepare_table(cfg, inputs: dict):
                     np.broadcast_to(np.int64(-1), (m,)), public_x, public_y, eval_x, eval_y,
                     len(classes), image_shape, public_ids=public_ids, class_names=tuple(classes))
     pool = np.unique(np.concatenate([found["fingerprints"], *pools]))
+    near_pool = np.unique(np.concatenate([found["near"], *nears]))
     make = functools.partial(_shard_sources, _Handover(memory), priv, priv_cols,
                              tuple(str(c) for c in classes), featurizer, found["clients"], bound,
                              int(cfg.run.seed), width, shards)
     return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(classes), image_shape,
-                        d.dataset, clients=int(sum(found["clients"])), record_bound=bound,
-                        pool=pool, private_digest=found["digest"], shard_sources=make,
+                        d.dataset, clients=int(priv.holders) if priv.client else m,
+                        holders_declared=bool(priv.client), record_bound=bound,
+                        pool=pool, near_pool=near_pool, private_digest=found["digest"], shard_sources=make,
                         remote_private=True)
 
 
 def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
-    """(features, labels, fingerprints) of the evaluation part; without one, 0 rows."""
-    from rknn_ray.accounting.source_identity import record_fingerprints
+    """(features, labels, [fingerprints], [near fingerprints]) of the evaluation part;
+    without one, 0 rows."""
+    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     if ev.path is None and memory is None:     # no labelled evaluation set
-        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), []
+        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), [], []
     evaluation = _read(ev, memory)
     missing(ev, evaluation.schema, [ev.label or label])
     ev_cols = _columns_for(ev, evaluation.schema, cols)
@@ -148,7 +160,10 @@ def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes
         raise DataError(f"data.evaluation: a record has {raw.shape[1]} feature values, a "
                         f"public one {width}. Fix: give every part the same features")
     y = label_indices(evaluation, ev.label or label, classes, ev)
-    return featurizer(raw), y, [record_fingerprints(raw_numbers(raw))] if len(raw) else []
+    if not len(raw):
+        return featurizer(raw), y, [], []
+    numbers = raw_numbers(raw)
+    return featurizer(raw), y, [record_fingerprints(numbers)], [near_fingerprints(numbers)]
 
 
 class _Handover:
