@@ -367,7 +367,7 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
     q_eff = max(1.0, m * qs.size / n_pub)
     conf = label_confidence(sm, noise_std / np.sqrt(q_eff))
     if progress is not None:     # an accuracy only where public rows carry labels to measure
-        from rknn_ray.job.labels_file import has_public_labels
+        from rknn_ray.data.splits import has_public_labels
         measured = (f"; label accuracy {lab.label_accuracy:.4f}"
                     if has_public_labels(data.splits) else "")
         progress.say(f"denoising: {m} public neighbours ({why}){measured}")

@@ -242,6 +242,7 @@ def test_string_labels_and_categorical_columns(tmp_path):
     write(table.slice(160).drop(["label", "holder"]).append_column(
         "row_id", pa.array([f"id-{i}" for i in range(80)])), str(tmp_path / "public.csv"))
     cfg = Config.from_dict(table_config(str(tmp_path), classes=["small", "big"],
+                                        private={"holders": 40},
                                         public={"path": str(tmp_path / "public.csv"), "id": "row_id"},
                                         evaluation=None))
     cfg = cfg.with_overrides(["data.evaluation=null", "queries.s=20"])

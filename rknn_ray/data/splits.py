@@ -213,3 +213,14 @@ def make_splits(dataset: Dataset, rule: str = "paper", seed: int = 0,
     (px, py), (ux, uy), (ex, ey) = take(priv_i), take(pub_i), take(eval_i)
     return Splits(dataset.name, kind, seed, px, py, ux, uy, ex, ey, dataset.num_classes,
                   tuple(dataset.image_shape), priv_i, pub_i, eval_i)
+
+
+def has_public_labels(splits) -> bool:
+    """Whether any public row carries a (measurement-only) label."""
+    y = np.asarray(splits.public_y)
+    return bool(y.size) and bool((y >= 0).any())
+
+
+def has_evaluation(splits) -> bool:
+    """Whether a labelled evaluation set was given (0 rows: none)."""
+    return int(np.asarray(splits.eval_x).shape[0]) > 0

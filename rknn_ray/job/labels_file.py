@@ -15,6 +15,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from rknn_ray.data.splits import has_evaluation, has_public_labels
+
 NO_EVALUATION = "no labelled evaluation set was given"
 NO_PUBLIC_LABELS = "the public rows carry no labels"
 
@@ -27,17 +29,6 @@ def vote_margins(counts: np.ndarray) -> np.ndarray:
         return c[:, 0].copy()
     top2 = np.sort(c, axis=1)[:, -2:]
     return top2[:, 1] - top2[:, 0]
-
-
-def has_public_labels(splits) -> bool:
-    """Whether any public row carries a (measurement-only) label."""
-    y = np.asarray(splits.public_y)
-    return bool(y.size) and bool((y >= 0).any())
-
-
-def has_evaluation(splits) -> bool:
-    """Whether a labelled evaluation set was given (0 rows: none)."""
-    return int(np.asarray(splits.eval_x).shape[0]) > 0
 
 
 def class_name_list(splits, num_classes: int) -> list[str]:
