@@ -214,6 +214,35 @@ def test_forwarded_cleaner_traceback_of_a_shared_host_is_dropped_other_lines_kep
     assert [d["actor_name"] for d in got] == ["RayTrainWorker", "PlacementGroupCleaner"]
 
 
+def test_controllers_resource_request_timeout_traceback_is_dropped_other_errors_kept():
+    """Under load Train's controller logged 'Failed to send resource request' with a whole
+    GetTimeoutError traceback in the middle of the student bar (the job succeeded): dropped,
+    also split over batches; the same warning with another exception still shows."""
+    from rknn_ray.training.logs import _without_noise
+    got = []
+    emit = _without_noise(got.append)
+    warning = ("2026-11-27 09:00:00,000\tWARNING autoscaling_coordinator_client.py:77 -- Failed "
+               "to send resource request for train-abc. If this only happens transiently during "
+               "network partition or CPU being overloaded, it's safe to ignore this error.")
+    tb = [warning, "Traceback (most recent call last):",
+          '  File "/ray/train/v2/_internal/execution/scaling_policy/x.py", line 60, in send',
+          "    ray.get(", "    ^^^^^^^^",
+          "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready."]
+    emit({"actor_name": "TrainController", "pid": 9, "is_err": True, "lines": tb})
+    for part in (tb[:1], tb[1:4], tb[4:]):
+        emit({"actor_name": "TrainController", "pid": 9, "is_err": True, "lines": part})
+    assert got == []
+    emit({"actor_name": "TrainController", "pid": 9, "is_err": True,
+          "lines": ["an ordinary controller line"]})
+    other = tb[:-1] + ["ray.exceptions.RayActorError: The actor died unexpectedly"]
+    for part in (other[:2], other[2:]):
+        emit({"actor_name": "TrainController", "pid": 9, "is_err": True, "lines": part})
+    assert [line for d in got for line in d["lines"]] == ["an ordinary controller line"] + other
+    got.clear()
+    emit({"actor_name": "RayTrainWorker", "pid": 2, "is_err": True, "lines": tb})   # not Train's controller
+    assert [d["lines"] for d in got] == [tb]
+
+
 def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, capsys):
     """Ray's fixed 30 s raylet wait can expire on a busy machine; ensure_ray tries again
     (after shutting the half-started instance down) and re-raises any other error."""
