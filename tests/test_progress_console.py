@@ -75,6 +75,30 @@ def test_bars_mode_draws_tqdm_bars_and_keeps_lines_above_them():
     assert "a line while a bar is open" in text
 
 
+def test_bar_redraws_clear_their_line_and_worker_lines_go_above_the_bars():
+    """Every redraw clears the rest of its line (a closed bar kept the tail of a longer line
+    drawn there: ``reports/s]gs/s]``), and a line Ray forwards while a bar is open is written
+    on a line of its own, the bar drawn again below it (not appended to the bar's line)."""
+    from rknn_ray.job.progress import CLEAR_LINE, console_write
+    out = FakeTTY()
+    p = Progress(True, out)
+    bar = p.bar("clients sealed", 4, "clients")
+    bar.update(2)
+    assert out.getvalue().count("\r") == out.getvalue().count("\r" + CLEAR_LINE) > 0
+    before = len(out.getvalue())
+    with console_write():
+        out.write("(Shard pid=7) a worker's line\n")
+    written = out.getvalue()[before:]
+    ahead, _, after = written.partition("(Shard pid=7)")
+    assert ahead.endswith("\r" + CLEAR_LINE) and "clients sealed" not in ahead   # cleared first
+    assert "clients sealed" in after                                              # drawn again
+    bar.close()
+    closed = out.getvalue()
+    with console_write():                  # no bar open: nothing added around the line
+        out.write("x\n")
+    assert out.getvalue() == closed + "x\n"
+
+
 def test_off_mode_prints_nothing_but_keeps_timings():
     out = io.StringIO()
     p = Progress(False, out)

@@ -81,7 +81,9 @@ def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
             if not lines:
                 return
             data = {**data, "lines": lines}
-        handler(data)
+        from rknn_ray.job.progress import console_write
+        with console_write():           # above the job's bars, not inside one's line
+            handler(data)
     emit._rknn_quiet = True  # type: ignore[attr-defined]
     return emit
 
