@@ -296,6 +296,36 @@ def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, 
         ray_env.ensure_ray(num_cpus=1)
 
 
+def test_the_jobs_ray_start_is_a_stage_that_says_starting_or_joining(monkeypatch):
+    """20-28 s passed without a line while Ray started: the start is a stage of its own
+    ("starting Ray ...", or "joining Ray at ADDRESS ..." with RAY_ADDRESS), timed as
+    ray_start; a Ray the caller started already is used without a line."""
+    import ray
+
+    from rknn_ray.job.runner import _RayStart
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    for address, said in ((None, "starting Ray"), ("10.0.0.5:6379", "joining Ray at 10.0.0.5:6379")):
+        if address:
+            monkeypatch.setenv("RAY_ADDRESS", address)
+        else:
+            monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        out = io.StringIO()
+        p = Progress(True, out, interval=0.0)
+        calls = []
+        start = _RayStart(lambda: calls.append(1) or address is None, p)
+        start()
+        start()                                    # once per job
+        lines = [ln.split("] ", 1)[1] for ln in out.getvalue().splitlines()]
+        assert lines[0] == f"{said} ..." and lines[1].startswith(f"{said} done in ")
+        assert len(lines) == 2 and calls == [1] and start.started is (address is None)
+        assert "ray_start" in p.timings
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    out = io.StringIO()
+    start = _RayStart(lambda: False, Progress(True, out))
+    start()
+    assert out.getvalue() == "" and start.up and not start.started
+
+
 def test_workers_are_pinned_to_their_ray_only_when_another_ray_runs_here(monkeypatch):
     """The setup hook (a job runtime env) costs every worker ~0.7 CPU s and the prestarted
     workers: a lone local instance starts without it, one beside another instance with it
