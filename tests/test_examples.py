@@ -19,7 +19,7 @@ def test_every_trust_model_compare_budget_and_own_data_have_a_notebook():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs(name, monkeypatch):
+def test_notebook_runs(name, monkeypatch, tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
@@ -29,6 +29,8 @@ def test_notebook_runs(name, monkeypatch):
         [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     for key in ("RAY_ADDRESS", "RKNN_RAY_LEDGER"):     # a local Ray; the notebook's own ledger
         monkeypatch.delenv(key, raising=False)
+    data_home = tmp_path / "data-home"                  # where the default ledger would go
+    monkeypatch.setenv("XDG_DATA_HOME", str(data_home))
     nb = nbformat.read(EXAMPLES / name, as_version=4)
     assert not any(cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), \
         f"{name} is stored with outputs: clear them before committing"
@@ -40,3 +42,4 @@ def test_notebook_runs(name, monkeypatch):
     assert not errors
     shown = [out for cell in nb.cells[-2:] if cell.cell_type == "code" for out in cell.outputs]
     assert shown, f"{name}'s last cells showed nothing"
+    assert not (data_home / "rknn-ray").exists(), f"{name} used the default ledger"
