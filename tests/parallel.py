@@ -27,9 +27,11 @@ LONGEST_FIRST = [
     "digits_runs",
     "clean_shuffle_round",
     "test_edge_probes.py",
+    "test_examples.py",                 # five notebooks, a kernel and a local Ray each
     "test_cluster_submit.py",
     "test_multinode.py",
     "test_progress_demo_console.py",
+    "test_console_tmux.py",
     "test_student_ray.py",
     "test_cover.py",
     "test_shard_secrets.py",

@@ -140,6 +140,19 @@ def test_cluster_yaml_passes_rays_own_validation():
     setup = " ".join(config["setup_commands"])
     assert "pip install" in setup and "rknn-ray" in setup
     assert config["file_mounts"]["/home/ubuntu/rknn-ray"] == "."
+    # what each node type runs, resolved as Ray's autoscaler does (a type's own
+    # worker_setup_commands replace the merged global ones): only GPU types get [gpu]
+    prepared = prepare_config(config)
+    for name, node_type in prepared["available_node_types"].items():
+        if name == prepared["head_node_type"]:
+            commands = prepared["head_setup_commands"]
+        else:
+            commands = node_type.get("worker_setup_commands", prepared["worker_setup_commands"])
+        installs = [c for c in commands if "pip install -e" in c]
+        gpu_node = node_type["node_config"]["InstanceType"].startswith(("g", "p"))
+        assert len(installs) == 1 and ("[gpu]" in installs[0]) == gpu_node, (name, commands)
+    assert any(t["node_config"]["InstanceType"].startswith("g")
+               for t in config["available_node_types"].values())
 
 
 def test_ray_job_submit_to_the_one_machine_cluster_of_jobs_local_cluster(tmp_path):

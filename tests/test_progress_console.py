@@ -75,6 +75,30 @@ def test_bars_mode_draws_tqdm_bars_and_keeps_lines_above_them():
     assert "a line while a bar is open" in text
 
 
+def test_bar_redraws_clear_their_line_and_worker_lines_go_above_the_bars():
+    """Every redraw clears the rest of its line (a closed bar kept the tail of a longer line
+    drawn there: ``reports/s]gs/s]``), and a line Ray forwards while a bar is open is written
+    on a line of its own, the bar drawn again below it (not appended to the bar's line)."""
+    from rknn_ray.job.progress import CLEAR_LINE, console_write
+    out = FakeTTY()
+    p = Progress(True, out)
+    bar = p.bar("clients sealed", 4, "clients")
+    bar.update(2)
+    assert out.getvalue().count("\r") == out.getvalue().count("\r" + CLEAR_LINE) > 0
+    before = len(out.getvalue())
+    with console_write():
+        out.write("(Shard pid=7) a worker's line\n")
+    written = out.getvalue()[before:]
+    ahead, _, after = written.partition("(Shard pid=7)")
+    assert ahead.endswith("\r" + CLEAR_LINE) and "clients sealed" not in ahead   # cleared first
+    assert "clients sealed" in after                                              # drawn again
+    bar.close()
+    closed = out.getvalue()
+    with console_write():                  # no bar open: nothing added around the line
+        out.write("x\n")
+    assert out.getvalue() == closed + "x\n"
+
+
 def test_off_mode_prints_nothing_but_keeps_timings():
     out = io.StringIO()
     p = Progress(False, out)
@@ -214,6 +238,35 @@ def test_forwarded_cleaner_traceback_of_a_shared_host_is_dropped_other_lines_kep
     assert [d["actor_name"] for d in got] == ["RayTrainWorker", "PlacementGroupCleaner"]
 
 
+def test_controllers_resource_request_timeout_traceback_is_dropped_other_errors_kept():
+    """Under load Train's controller logged 'Failed to send resource request' with a whole
+    GetTimeoutError traceback in the middle of the student bar (the job succeeded): dropped,
+    also split over batches; the same warning with another exception still shows."""
+    from rknn_ray.training.logs import _without_noise
+    got = []
+    emit = _without_noise(got.append)
+    warning = ("2026-11-27 09:00:00,000\tWARNING autoscaling_coordinator_client.py:77 -- Failed "
+               "to send resource request for train-abc. If this only happens transiently during "
+               "network partition or CPU being overloaded, it's safe to ignore this error.")
+    tb = [warning, "Traceback (most recent call last):",
+          '  File "/ray/train/v2/_internal/execution/scaling_policy/x.py", line 60, in send',
+          "    ray.get(", "    ^^^^^^^^",
+          "ray.exceptions.GetTimeoutError: Get timed out: some object(s) not ready."]
+    emit({"actor_name": "TrainController", "pid": 9, "is_err": True, "lines": tb})
+    for part in (tb[:1], tb[1:4], tb[4:]):
+        emit({"actor_name": "TrainController", "pid": 9, "is_err": True, "lines": part})
+    assert got == []
+    emit({"actor_name": "TrainController", "pid": 9, "is_err": True,
+          "lines": ["an ordinary controller line"]})
+    other = tb[:-1] + ["ray.exceptions.RayActorError: The actor died unexpectedly"]
+    for part in (other[:2], other[2:]):
+        emit({"actor_name": "TrainController", "pid": 9, "is_err": True, "lines": part})
+    assert [line for d in got for line in d["lines"]] == ["an ordinary controller line"] + other
+    got.clear()
+    emit({"actor_name": "RayTrainWorker", "pid": 2, "is_err": True, "lines": tb})   # not Train's controller
+    assert [d["lines"] for d in got] == [tb]
+
+
 def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, capsys):
     """Ray's fixed 30 s raylet wait can expire on a busy machine; ensure_ray tries again
     (after shutting the half-started instance down) and re-raises any other error."""
@@ -241,6 +294,36 @@ def test_local_ray_start_is_retried_only_after_the_startup_timeout(monkeypatch, 
     import pytest
     with pytest.raises(ValueError, match="bad address"):
         ray_env.ensure_ray(num_cpus=1)
+
+
+def test_the_jobs_ray_start_is_a_stage_that_says_starting_or_joining(monkeypatch):
+    """20-28 s passed without a line while Ray started: the start is a stage of its own
+    ("starting Ray ...", or "joining Ray at ADDRESS ..." with RAY_ADDRESS), timed as
+    ray_start; a Ray the caller started already is used without a line."""
+    import ray
+
+    from rknn_ray.job.runner import _RayStart
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    for address, said in ((None, "starting Ray"), ("10.0.0.5:6379", "joining Ray at 10.0.0.5:6379")):
+        if address:
+            monkeypatch.setenv("RAY_ADDRESS", address)
+        else:
+            monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        out = io.StringIO()
+        p = Progress(True, out, interval=0.0)
+        calls = []
+        start = _RayStart(lambda: calls.append(1) or address is None, p)
+        start()
+        start()                                    # once per job
+        lines = [ln.split("] ", 1)[1] for ln in out.getvalue().splitlines()]
+        assert lines[0] == f"{said} ..." and lines[1].startswith(f"{said} done in ")
+        assert len(lines) == 2 and calls == [1] and start.started is (address is None)
+        assert "ray_start" in p.timings
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    out = io.StringIO()
+    start = _RayStart(lambda: False, Progress(True, out))
+    start()
+    assert out.getvalue() == "" and start.up and not start.started
 
 
 def test_workers_are_pinned_to_their_ray_only_when_another_ray_runs_here(monkeypatch):

@@ -41,6 +41,8 @@ def stage_words(progress) -> str | None:
     stage = progress and (progress.failed_in or progress.current)
     if stage and stage.startswith("round_"):
         return f"private round {int(stage.split('_')[1]) + 1}"
+    if stage == "ray_start":
+        return "Ray's start"
     return stage or None
 
 

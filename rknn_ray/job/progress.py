@@ -3,8 +3,11 @@
 Three modes, chosen once per job (:meth:`Progress.for_console`):
 
 - ``bars``: a terminal. Each long stage gets a ``tqdm`` bar (clients sealed, messages
-  shuffled, reports opened, student epochs with the latest loss and accuracy);
-  ordinary lines are written above the bars.
+  shuffled, reports opened, student epochs with the latest loss and accuracy) sized to
+  the terminal's width; ordinary lines are written above the bars, wrapped to that width.
+  Every redraw clears the rest of its line, so a bar that closes or moves leaves no
+  fragment of a longer line drawn there before, and Ray's forwarded worker lines are
+  printed above the bars too (:func:`console_write`).
 - ``lines``: ``--quiet``, or stderr is not a terminal (a log file, CI, ``ray job
   submit``). No bars: a plain line when a bar starts, then at most one every
   ``interval`` seconds, and one when it ends.
@@ -25,18 +28,25 @@ import io
 import logging
 import os
 import sys
+import textwrap
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 
 from rknn_ray import interrupts
 
-__all__ = ["LOGGER", "MODES", "Bar", "EpochBar", "NullBar", "PolledBar", "Progress", "bar_for"]
+__all__ = ["LOGGER", "MODES", "Bar", "EpochBar", "NullBar", "PolledBar", "Progress", "bar_for",
+           "console_write"]
 
 MODES = ("bars", "lines", "log", "off")
 #: where a library user's job says what it does (``log`` mode)
 LOGGER = logging.getLogger("rknn_ray.job")
 logging.getLogger("rknn_ray").addHandler(logging.NullHandler())   # a library's convention
+#: erase from the cursor to the end of the line (ANSI; every terminal tqdm draws on has it)
+CLEAR_LINE = "\x1b[K"
+#: the Progress objects that draw bars now (console_write hides their bars for other output)
+_DRAWING: "weakref.WeakSet[Progress]" = weakref.WeakSet()
 
 
 class Progress:
@@ -62,6 +72,8 @@ class Progress:
         self.failed_in: str | None = None   # the stage a failure left (an interrupt names it)
         self._bars: list[Bar] = []
         self._lock = threading.RLock()
+        #: what tqdm draws on (bars mode): the stream, each redraw clearing its whole line
+        self.bar_stream = _ClearingStream(self.stream) if mode == "bars" else self.stream
 
     @classmethod
     def for_console(cls, enabled: bool = True, quiet: bool = False, stream=None) -> "Progress":
@@ -101,10 +113,12 @@ class Progress:
             LOGGER.info(msg.strip(), extra={"elapsed_s": round(self.elapsed(), 1)})
             return
         line = f"[{self.elapsed():7.1f}s] {msg}"
+        if self.mode == "bars":
+            line = _fit(line, _term_width(self.stream))
         with self._lock:
             if any(b._tqdm is not None for b in self._bars):
                 from tqdm import tqdm
-                tqdm.write(line, file=self.stream)
+                tqdm.write(line, file=self.bar_stream)
             else:
                 print(line, file=self.stream, flush=True)
 
@@ -130,27 +144,79 @@ class Progress:
         self.timings[name] = self.timings.get(name, 0.0) + took
         self.say(f"{what or name} done in {took:.1f}s")
 
-    def bar(self, desc: str, total: int | None = None, unit: str = "it") -> "Bar":
+    def bar(self, desc: str, total: int | None = None, unit: str = "it",
+            bar_format: str | None = None) -> "Bar":
         """A live bar (or periodic lines); close it, or use it as a context manager."""
-        bar = Bar(self, desc, total, unit)
+        bar = Bar(self, desc, total, unit, bar_format)
         with self._lock:
             self._bars.append(bar)
+            if bar._tqdm is not None:
+                _DRAWING.add(self)
         return bar
 
     def epochs(self, total: int) -> "EpochBar":
         """A bar over the student's epochs; ``__call__(row)`` takes one epoch's metrics."""
-        return EpochBar(self.bar("student epochs", total, "epoch"))
+        return EpochBar(self.bar("student epochs", total, "epoch", bar_format=EPOCH_BAR))
 
     def _closed(self, bar: "Bar") -> None:
         with self._lock:
             if bar in self._bars:
                 self._bars.remove(bar)
+            if not any(b._tqdm is not None for b in self._bars):
+                _DRAWING.discard(self)
+
+
+@contextmanager
+def console_write():
+    """Around output that another party writes to the console (Ray's forwarded worker
+    lines, rknn_ray.training.logs): open bars are cleared first and drawn again below it,
+    so the output neither lands in a bar's line nor leaves a bar's fragment."""
+    drawing = [p for p in list(_DRAWING) if p._bars]
+    if not drawing:
+        yield
+        return
+    from tqdm import tqdm
+    with drawing[0]._lock, tqdm.external_write_mode(file=drawing[0].bar_stream):
+        yield
+
+
+class _ClearingStream:
+    """The stream tqdm draws on, each carriage return followed by clear-to-end-of-line:
+    tqdm pads a redraw only to its own bar's last width, so a bar drawn (or moved) onto a
+    line that held a longer one kept that line's tail (``reports/s]gs/s]``)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str):
+        return self._stream.write(text.replace("\r", "\r" + CLEAR_LINE))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _fit(line: str, width: int) -> str:
+    """A console line wrapped at words to the terminal's ``width`` (0: unknown, as is), its
+    continuation lines indented under the text after the timestamp."""
+    if width <= 0 or len(line) < width:
+        return line
+    indent = " " * (line.index("] ") + 2 if line.startswith("[") and "] " in line else 0)
+    return textwrap.fill(line, width=max(width - 1, len(indent) + 20), subsequent_indent=indent,
+                         break_on_hyphens=False)
+
+
+#: the student's bar: no rate (seconds per epoch says nothing the elapsed time does not) and
+#: the latest metrics after the times, so an 80-column terminal still shows the bar
+EPOCH_BAR = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+#: the bar's short names for the epoch rows' metrics (lines mode keeps the full names)
+SHORT_METRICS = {"train_loss": "loss", "train_accuracy": "acc"}
 
 
 class Bar:
     """One stage's counter: a tqdm bar in ``bars`` mode, periodic lines in ``lines`` mode."""
 
-    def __init__(self, progress: Progress, desc: str, total: int | None, unit: str):
+    def __init__(self, progress: Progress, desc: str, total: int | None, unit: str,
+                 bar_format: str | None = None):
         self.progress, self.desc, self.total, self.unit = progress, desc, total, unit
         self.n = 0
         self.postfix = ""
@@ -162,9 +228,10 @@ class Bar:
         if progress.mode == "bars":
             from tqdm import tqdm
             width = _term_width(progress.stream)      # 0: a terminal that reports no size
-            self._tqdm = tqdm(total=total, desc=f"  {desc}", unit=f" {unit}", file=progress.stream,
-                              leave=True, dynamic_ncols=width > 0, ncols=None if width > 0 else 100,
-                              mininterval=0.2,
+            self._tqdm = tqdm(total=total, desc=f"  {desc}", unit=f" {unit}",
+                              file=progress.bar_stream, leave=True, dynamic_ncols=width > 0,
+                              ncols=None if width > 0 else 100, mininterval=0.2,
+                              bar_format=bar_format,
                               unit_scale=total is not None and total >= 10_000)
 
     def __enter__(self) -> "Bar":
@@ -231,8 +298,9 @@ class EpochBar:
     def __call__(self, row: dict) -> None:
         self.rows.append(dict(row))
         self.times.append(self.bar.progress.elapsed())
-        extra = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                          for k, v in row.items() if k != "epoch")
+        names = SHORT_METRICS if getattr(self.bar, "_tqdm", None) is not None else {}
+        extra = ", ".join(f"{names.get(k, k)} {v:.4g}" if isinstance(v, float)
+                          else f"{names.get(k, k)} {v}" for k, v in row.items() if k != "epoch")
         self.bar.set(int(row.get("epoch", len(self.rows))), postfix=extra)
 
     def __enter__(self) -> "EpochBar":

@@ -148,7 +148,7 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     cfg = validated(cfg)
     progress = progress or Progress.for_library(cfg.run.progress)
     ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs)
-    ray_up = _RayStart(start_ray)
+    ray_up = _RayStart(start_ray, progress)
     try:
         if resume:
             if encoder_trains_on_ray(cfg):
@@ -186,15 +186,25 @@ def encoder_trains_on_ray(cfg) -> bool:
 
 class _RayStart:
     """Starts (or joins) Ray once, when the job first needs it; ``started``: this job started
-    it (then the job shuts it down)."""
+    it (then the job shuts it down). A start is a stage of its own (``ray_start``): a local
+    Ray takes 10-30 s, which the console otherwise spent without a line."""
 
-    def __init__(self, start_ray: Callable[[], bool]):
-        self.start_ray, self.up, self.started = start_ray, False, False
+    def __init__(self, start_ray: Callable[[], bool], progress: Progress | None = None):
+        self.start_ray, self.progress = start_ray, progress
+        self.up = self.started = False
 
     def __call__(self) -> None:
-        if not self.up:
+        if self.up:
+            return
+        import ray
+        if self.progress is None or ray.is_initialized():      # a Ray of the caller's: no wait
             self.started = bool(self.start_ray())
-            self.up = True
+        else:
+            address = os.environ.get("RAY_ADDRESS")
+            with self.progress.stage("ray_start", f"joining Ray at {address}" if address
+                                     else "starting Ray"):
+                self.started = bool(self.start_ray())
+        self.up = True
 
 
 def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None) -> JobContext:

@@ -1,7 +1,8 @@
 """Ray Train's console noise, kept off the driver's and the workers' consoles.
 
-Cosmetic only: each filter targets one known-harmless message (Ray 2.60's Train V2, and an
-abseil mutex trace a worker may print) and, if a future Ray moves what it hooks, does nothing
+Cosmetic only: each filter targets one known-harmless message (Ray 2.60's Train V2: its
+State API warnings and two tracebacks, see :class:`KnownTracebackFilter`; and an abseil
+mutex trace a worker may print) and, if a future Ray moves what it hooks, does nothing
 (the message simply shows again).
 """
 from __future__ import annotations
@@ -65,12 +66,13 @@ def _filter_forwarded_worker_logs() -> None:
 
 
 def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
-    cleaner = CleanerTracebackFilter()      # the same cleaner's known traceback (see there)
+    known = {f.actor: f for f in (cleaner_traceback_filter(), controller_timeout_filter())}
 
     def emit(data: dict) -> None:
         lines = data.get("lines")
-        if lines and data.get("actor_name") == "PlacementGroupCleaner":
-            lines = cleaner(data)
+        known_traceback = known.get(data.get("actor_name"))
+        if lines and known_traceback is not None:
+            lines = known_traceback(data)
             if not lines:
                 return
             data = {**data, "lines": lines}
@@ -79,7 +81,9 @@ def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
             if not lines:
                 return
             data = {**data, "lines": lines}
-        handler(data)
+        from rknn_ray.job.progress import console_write
+        with console_write():           # above the job's bars, not inside one's line
+            handler(data)
     emit._rknn_quiet = True  # type: ignore[attr-defined]
     return emit
 
@@ -135,33 +139,37 @@ def quiet_worker_console() -> None:
 
 CLEANER = "PlacementGroupCleaner"
 CLEANER_NO_ADDRESS = "Found multiple active Ray instances"
+CONTROLLER = "TrainController"
+# Train's controller asks Ray's autoscaling coordinator for its workers' resources with a
+# 5 s ray.get timeout, logs a warning with the whole traceback when that expires (an
+# overloaded CPU: seen during the shuffle job on a shared 2-core machine), and carries on;
+# Ray's own message says it is safe to ignore when transient
+RESOURCE_REQUEST = ("Failed to send resource request", "Failed to cancel resource request")
+GET_TIMEOUT = "GetTimeoutError"
 
 
-class CleanerTracebackFilter:
-    """Forwarded-log filter (driver side) for one known-harmless traceback of Train V2.
+class KnownTracebackFilter:
+    """Forwarded-log filter (driver side) for one actor's known-harmless tracebacks.
 
-    With several local Ray instances on one host, Train's ``PlacementGroupCleaner`` actor
-    cannot pick the State API address and its monitor thread dies with a traceback ending
-    in ``ConnectionError: Found multiple active Ray instances``. With the dashboard off it
-    cannot reach the State API either way (the same reason its 'State API may be
-    temporarily unavailable' warnings are dropped), so locally nothing is lost. The
-    traceback arrives split over several batches: lines from ``Exception in thread`` up
-    to the exception line are held back, dropped if that line is the known one, and
-    passed on otherwise. Every other line passes at once.
+    A traceback arrives split over several batches: from a line that ``starts`` it, lines
+    are held back up to the exception line, then dropped if that line is ``harmless``,
+    passed on whole otherwise (a real error stays visible). Every other line of the actor,
+    and every line of other actors, passes at once.
     """
 
-    def __init__(self):
+    def __init__(self, actor: str, starts: Callable[[str], bool], harmless: Callable[[str], bool]):
+        self.actor, self.starts, self.harmless = actor, starts, harmless
         self.held: dict = {}          # pid -> lines held back
 
     def __call__(self, data: dict) -> list[str]:
         lines = list(data.get("lines") or [])
-        if data.get("actor_name") != CLEANER:
+        if data.get("actor_name") != self.actor:
             return lines
         pid, out = data.get("pid"), []
         for line in lines:
             held = self.held.get(pid)
             if held is None:
-                if line.startswith("Exception in thread"):
+                if self.starts(line):
                     self.held[pid] = [line]
                 else:
                     out.append(line)
@@ -171,6 +179,24 @@ class CleanerTracebackFilter:
             if line[:1].isspace() or body.startswith(("Traceback", "File ")) or not body:
                 continue
             del self.held[pid]                    # the exception line: decide
-            if CLEANER_NO_ADDRESS not in line:
+            if not self.harmless(line):
                 out.extend(held)
         return out
+
+
+def cleaner_traceback_filter() -> KnownTracebackFilter:
+    """Train V2's ``PlacementGroupCleaner`` with several local Ray instances on one host: it
+    cannot pick the State API address and its monitor thread dies with a traceback ending in
+    ``ConnectionError: Found multiple active Ray instances``. With the dashboard off it cannot
+    reach the State API either way (the same reason its 'State API may be temporarily
+    unavailable' warnings are dropped), so locally nothing is lost."""
+    return KnownTracebackFilter(CLEANER, lambda line: line.startswith("Exception in thread"),
+                                lambda line: CLEANER_NO_ADDRESS in line)
+
+
+def controller_timeout_filter() -> KnownTracebackFilter:
+    """Train's ``TrainController`` warning that its resource request to Ray's autoscaling
+    coordinator timed out (``GetTimeoutError`` under CPU load), with its traceback: the
+    controller carries on and the job is unaffected. Another exception there still shows."""
+    return KnownTracebackFilter(CONTROLLER, lambda line: any(m in line for m in RESOURCE_REQUEST),
+                                lambda line: GET_TIMEOUT in line)
