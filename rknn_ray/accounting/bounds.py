@@ -50,6 +50,7 @@ import numpy as np
 # mechanisms that refer to this module and never calls them (an eager import cost each
 # such process ~1 CPU s before its first report)
 
+from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT_SLACK_PER_TERM,
                                         TAIL_MASS, _window, eps_for_delta)
 from rknn_ray.accounting.calibration import monotone_edge
@@ -280,23 +281,37 @@ class _RRCountDelta:
     Bern(1/(p+1)); an optimal attacker thresholds it (likelihood ratio monotone).
     """
 
-    def __init__(self, p: float, n: int, tail: float = TAIL_MASS):
-        from scipy import stats
+    def __init__(self, p: float, n: int, tail: float = TAIL_MASS, method: str = "fast"):
         q = 1.0 / (p + 1.0)
         self.pi0, self.pi1 = p / (p + 1.0), 1.0 / (p + 1.0)
-        lo, hi, _ = _window(n - 1, q, tail)
+        lo, hi, _ = _window(n - 1, q, tail, exact_out=False)
         k = np.arange(lo, hi + 2, dtype=np.int64)
-        self.b_prev = np.exp(stats.binom.logpmf(k - 1, n - 1, q)) if n > 1 else (k == 1).astype(float)
-        self.b_same = np.exp(stats.binom.logpmf(k, n - 1, q)) if n > 1 else (k == 0).astype(float)
+        if n > 1:
+            if method == "scipy":
+                from scipy import stats
+                lp_prev, lp_same = stats.binom.logpmf(k - 1, n - 1, q), stats.binom.logpmf(k, n - 1, q)
+            else:
+                lp_prev, lp_same = binom_logpmf(k - 1, n - 1, q), binom_logpmf(k, n - 1, q)
+            self.b_prev, self.b_same = np.exp(lp_prev), np.exp(lp_same)
+        else:
+            self.b_prev, self.b_same = (k == 1).astype(float), (k == 0).astype(float)
         self.slack = FLOAT_SLACK_PER_TERM * (4 * k.size + 16)
+        # relative error of the fast weights: moves each positive term by <= rel (P0 + e^eps P1)
+        self.rel = 0.0 if method == "scipy" else pmf_rtol(max(abs(lo - (n - 1) * q), hi + 1 - (n - 1) * q))
 
     def delta(self, eps):
         ee = math.exp(eps)
         P0 = self.pi0 * self.b_prev + (1 - self.pi0) * self.b_same
         P1 = self.pi1 * self.b_prev + (1 - self.pi1) * self.b_same
-        d = max(float(np.sum(np.maximum(P0 - ee * P1, 0.0))),
-                float(np.sum(np.maximum(P1 - ee * P0, 0.0))))
-        return d, self.slack, self.slack
+        best, err = 0.0, 0.0
+        for X, Y in ((P0, P1), (P1, P0)):
+            diff = X - ee * Y
+            pos = diff > 0
+            d = float(np.sum(diff[pos]))
+            if d >= best:
+                best = d
+                err = self.rel * float(np.sum(X[pos]) + ee * np.sum(Y[pos]))
+        return best, self.slack + err, self.slack + err
 
 
 class RRLowerBound(AmplificationBound):
