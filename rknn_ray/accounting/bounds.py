@@ -260,16 +260,30 @@ class VariationRatioBound(AmplificationBound):
         return min(generic, specific)
 
     def lower(self, eps0: float, n: int, delta: float) -> float | None:
-        """A certified lower bound for this mechanism (None where none is implemented)."""
+        """A certified lower bound for this mechanism (None where none is implemented).
+
+        k-RR: the larger of two explicit pairs, user 1 holding 0 vs 1 and the others
+        (a) all holding 1: exact divergence of the shuffled histogram
+        (:mod:`rknn_ray.accounting.shuffled_rr`); (b) all holding a third value (k >= 3):
+        the divergence of the counts of 0 and 1 (the "merged" pair, a post-processing).
+        Collision with c = 1: pair (a) on the hashed cells. Generic: binary RR.
+        """
+        from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
         _check(eps0, n, delta)
-        if self.mechanism == "generic" or (self.mechanism == "krr" and self.params["k"] == 2):
+        if self.mechanism == "generic":
             return RRLowerBound().central_eps(eps0, n, delta)
-        if self.mechanism == "krr" and n >= 2:
+        if self.mechanism == "collision":
+            if self.params["c"] != 1:
+                return None
+            return eps_for_delta(collision_pair(eps0, n, self.params["l"]), delta, eps0, upper=False)
+        k = self.params["k"]
+        best = eps_for_delta(krr_pair(eps0, n, k), delta, eps0, upper=False)
+        if k >= 3 and n >= 2:
             p = math.exp(eps0)
-            a = 1.0 / (p + self.params["k"] - 1.0)
+            a = 1.0 / (p + k - 1.0)
             pd = _pair_delta(p, a, 1.0 - (p + 1.0) * a, a, n)
-            return eps_for_delta(pd, delta, eps0, upper=False)
-        return None
+            best = max(best, eps_for_delta(pd, delta, eps0, upper=False))
+        return best
 
 
 # ---------------------------------------------------------------------- lower bound
@@ -324,6 +338,30 @@ class RRLowerBound(AmplificationBound):
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
         _check(eps0, n, delta)
         return eps_for_delta(_RRCountDelta(math.exp(eps0), n), delta, eps0, upper=False)
+
+
+class MechanismLowerBound(AmplificationBound):
+    """The lower bound of one randomizer (:meth:`VariationRatioBound.lower`) as a bound object."""
+    name = "lower_bound"
+    kind = "lower"
+
+    def __init__(self, vr: VariationRatioBound):
+        self.vr = vr
+        if vr.mechanism == "krr":
+            k = vr.params["k"]
+            self.citation = (f"exact divergence of shuffled {k}-RR: user 1 holds 0 vs 1, the others "
+                             "all hold 1" + (" (or all hold 2: counts of 0 and 1), the larger"
+                                             if k >= 3 else ""))
+        elif vr.mechanism == "collision" and vr.params["c"] == 1:
+            self.citation = ("exact divergence of shuffled Collision (c=1): user 1 holds cell v vs "
+                             "v', the others all hold v'")
+        else:
+            self.citation = ("binary randomized response (a generic eps0-LDP randomizer), not "
+                             f"{vr.mechanism}-specific: no {vr.mechanism} pair is implemented")
+
+    def central_eps(self, eps0: float, n: int, delta: float) -> float:
+        v = self.vr.lower(eps0, n, delta)
+        return RRLowerBound().central_eps(eps0, n, delta) if v is None else v
 
 
 BOUNDS: dict[str, AmplificationBound] = {
