@@ -35,9 +35,14 @@ guaranteed (the final version corrected it upward), so the test checks numerical
 Mechanism-specific (``variation_ratio_bound``): see :class:`VariationRatioBound`.
 
 Numerical tolerance: every numerical eps is rounded to the safe side -- an upper
-bound is the smallest eps whose delta(eps) *plus* the skipped tail mass (<= 1e-18)
-and float slack is <= delta, to relative precision 1e-6 of eps; a lower bound uses
-delta(eps) minus the float slack.  delta must be >= 1e-13.
+bound is the smallest eps whose delta(eps) *plus* the skipped tail mass (<= 1e-18),
+float slack and the binomials' error bounds (:mod:`rknn_ray.accounting.binom_fast`)
+is <= delta, to relative precision 1e-6 of eps; a lower bound uses delta(eps) minus
+the float slack and error bounds.  delta must be >= 1e-13.
+
+Mechanism lower bounds (``MechanismLowerBound``, ``VariationRatioBound.lower``): exact
+divergences of shuffled k-RR / Collision (c = 1) for named neighbouring pairs
+(:mod:`rknn_ray.accounting.shuffled_rr`); the generic one is ``lower_bound``.
 """
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ ratio is increasing in a), so
            + (1 - e^eps) g W0 B_m(a0).
 
 Work is bounded: m runs over a window of Bin(n-1, 2r) holding all but ``tail``
-of its mass (about 2 * 9 sigma wide), so n = 1e8 costs ~1e5 vectorised terms.
+of its mass (about 2 * 9 sigma wide), so n = 1e8 costs ~1e5 vectorised terms; the
+binomials along it come from :mod:`rknn_ray.accounting.binom_fast` (a threshold path
+walked by exact recurrences), with their error bounds added on the safe side.
 """
 from __future__ import annotations
 
@@ -45,8 +47,10 @@ from rknn_ray.accounting.binom_fast import binom_logpmf, half_pmf_path, half_sf_
 # Mass of Bin(n-1, 2r) left outside the summation window. The skipped terms are
 # bounded by this mass and added to every *upper* bound (safe side).
 TAIL_MASS = 1e-18
-# Absolute float slack per evaluated term (double rounding, scipy's ~1e-15 relative
-# accuracy of binomial tails on values <= 1), added on the safe side as well.
+# Absolute float slack per evaluated term (double rounding on values <= 1), added on the
+# safe side as well; the fast path adds its own pmf / tail error bounds on top
+# (binom_fast), the scipy reference path only this (scipy's binomial loses ~2e-15 m
+# relative, so that path is exact to 1e-9 only for n up to ~3e4).
 FLOAT_SLACK_PER_TERM = 1e-16
 # Smallest delta the numerical bounds accept: below it the slack above dominates.
 MIN_DELTA = 1e-13
