@@ -509,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
         n = int(args.n)
         if n != args.n:
             ap.error("--n must be an integer")
+        need = {"krr": ("k", "--k (the number of options), e.g. --k 10"),
+                "collision": ("l", "--l (the Bloom filter length), e.g. --l 10")}.get(args.mechanism)
+        if need and getattr(args, need[0]) is None:
+            print(f"error: --mechanism {args.mechanism} needs {need[1]}", file=sys.stderr)
+            return 2
         params = ({"k": args.k} if args.mechanism == "krr" else
                   {"c": args.c, "l": args.l} if args.mechanism == "collision" else {})
         rows = point(n, args.delta, eps0=args.eps0, target_eps=args.target_eps,
