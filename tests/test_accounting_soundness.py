@@ -120,3 +120,16 @@ def test_bounds_monotone_in_n_and_eps0(mech, params):
         assert all(x >= y - 1e-12 for x, y in zip(by_n, by_n[1:])), (b.name, by_n)
         by_e0 = [b.central_eps(e0, 10**4, 1e-6) for e0 in (0.25, 0.5, 1, 2, 4, 6)]
         assert all(x <= y + 1e-12 for x, y in zip(by_e0, by_e0[1:])), (b.name, by_e0)
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_shuffled_krr_pair_delta_is_exact(k):
+    """The sufficient-statistic sum equals enumeration of the whole shuffled histogram."""
+    from rknn_ray.accounting.shuffled_rr import krr_pair
+    for n, eps0 in ((1, 1.0), (2, 0.5), (7, 2.0), (12, 1.0)):
+        p = math.exp(eps0)
+        P0 = _histograms([0] + [1] * (n - 1), k, p)
+        P1 = _histograms([1] * n, k, p)
+        pd = krr_pair(eps0, n, k)
+        for eps in (0.0, 0.2, 0.7, 1.5):
+            assert pd.delta(eps)[0] == pytest.approx(_divergence(P0, P1, eps), abs=1e-13)

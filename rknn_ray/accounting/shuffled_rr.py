@@ -20,7 +20,7 @@ sufficient statistic, and under P1 (h0, h1) is multinomial(n; pi0, pi1):
 delta(eps) = E_P1[(LR - e^eps)+] (and the reverse direction E_P1[(1 - e^eps LR)+]) is a
 one-dimensional sum over h0: for fixed h0 the positive part is a tail in h1, whose
 partial first moment is N rho P[Bin(N-1, rho) <= u-1]. The h0 window drops terms
-(nonnegative), which only lowers the value: sound for a lower bound.
+(nonnegative, mass <= 1e-15), which only lowers the value: sound for a lower bound.
 """
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ import math
 import numpy as np
 
 from rknn_ray.accounting.binom_fast import EXACT_RTOL_PER_M, binom_logpmf, pmf_rtol
-from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, TAIL_MASS, _window
+from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window
 
 
 class ShuffledRRPairDelta:
     """delta(eps) of the pair above, with (estimate, err_up, err_down) like PairDelta."""
 
-    def __init__(self, p: float, n: int, pi0: float, pi1: float, tail: float = TAIL_MASS):
+    def __init__(self, p: float, n: int, pi0: float, pi1: float, tail: float = 1e-15):
         if not (p > 1.0 and 0 < pi0 and 0 < pi1 and pi0 + pi1 <= 1.0 + 1e-12):
             raise ValueError("need p > 1 and category probabilities pi0, pi1 > 0 summing to <= 1")
         self.p, self.n = p, int(n)
@@ -59,6 +59,21 @@ class ShuffledRRPairDelta:
             out[inside] = bdtr(u[inside], N[inside], self.rho)
         return out
 
+    def _sf(self, v, N):
+        """P[Bin(N, rho) >= v] elementwise (1 for v <= 0, 0 for v > N)."""
+        from scipy.special import bdtrc
+        out = np.where(v <= 0, 1.0, 0.0)
+        inside = (v >= 1) & (v <= N)
+        if np.any(inside):
+            out[inside] = bdtrc(v[inside] - 1, N[inside], self.rho)
+        return out
+
+    def _pmf(self, j, N):
+        """P[Bin(N, rho) = j] elementwise (0 off the support)."""
+        if self.rho >= 1.0:
+            return (j == N).astype(float)
+        return np.exp(binom_logpmf(j, N, self.rho))
+
     def delta(self, eps: float) -> tuple[float, float, float]:
         p, n, h0, N, rho = self.p, self.n, self.h0, self.N, self.rho
         ee = math.exp(eps)
@@ -68,13 +83,18 @@ class ShuffledRRPairDelta:
         Nm1 = np.maximum(N - 1, 0)
         # P0 vs P1: LR - ee > 0  <=>  h1 < (b0 - ee) / c1: h1 <= u
         u = np.ceil((b0 - ee) / c1).astype(np.int64) - 1
-        F, F1 = self._cdf(u, N), self._cdf(u - 1, Nm1)
+        # one CDF per h0; the other by P[Bin(N) <= u] = P[Bin(N-1) <= u-1] + (1-rho) pmf_(N-1)(u)
+        # (a sum of nonnegative terms: no cancellation)
+        F1 = self._cdf(u - 1, Nm1)
+        F = np.where(u >= N, 1.0, F1 + (1.0 - rho) * self._pmf(u, Nm1))
         m1 = N * rho * F1                              # E[h1 1{h1 <= u}]
         t01 = (b0 - ee) * F - c1 * m1
         mag01 = np.abs(b0 - ee) * F + c1 * m1
         # P1 vs P0: 1 - ee LR > 0  <=>  h1 > (b0 - 1/ee) / c1: h1 >= v
         v = np.floor((b0 - 1.0 / ee) / c1).astype(np.int64) + 1
-        S, S1 = 1.0 - self._cdf(v - 1, N), 1.0 - self._cdf(v - 2, Nm1)
+        # P[Bin(N-1) >= v-1] = P[Bin(N) >= v] + (1-rho) pmf_(N-1)(v-1), again a sum
+        S = self._sf(v, N)
+        S1 = np.where(v <= 1, 1.0, S + (1.0 - rho) * self._pmf(v - 1, Nm1))
         m2 = N * rho * S1                              # E[h1 1{h1 >= v}]
         t10 = (1.0 - ee * b0) * S + ee * c1 * m2
         mag10 = np.abs(1.0 - ee * b0) * S + ee * c1 * m2
