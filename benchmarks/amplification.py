@@ -4,8 +4,12 @@
 Single point:
     python -m benchmarks.amplification --n 100000 --eps0 4 --delta 1e-6 --json
     python -m benchmarks.amplification --n 100000 --target-eps 0.5 --delta 1e-6 --json
+    python -m benchmarks.amplification --mechanism krr --k 10 --n 1000000 --eps0 2 --delta 1e-8 --json
 prints a JSON list, one entry per bound: {"bound", "eps" (or "eps0"), "seconds"}
 (plus "error" where a bound does not apply, e.g. the closed form out of its range).
+--mechanism krr|collision lists the bounds for that randomizer: its own lower bound
+("bound": "lower_bound", with a "note" naming the neighbouring pair), its
+variation-ratio bound and the generic ones; without it (generic) the output is unchanged.
 
 Grid (table, plots, audit):
     python -m benchmarks.amplification --grid --out runs/amplification
@@ -32,6 +36,7 @@ import time
 import numpy as np
 
 from rknn_ray.accounting import BOUNDS, variation_ratio_bound
+from rknn_ray.accounting.bounds import MechanismLowerBound
 from rknn_ray.accounting.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
                                        shuffled_pair_statistics, simulate_labeling_error)
 from rknn_ray.errors import ConfigError
@@ -66,12 +71,26 @@ def _one(fn, *args) -> tuple[float | None, float, str | None]:
         return None, time.perf_counter() - t, str(exc)
 
 
+def mechanism_bounds(mechanism: str = "generic", **params) -> list:
+    """The bounds that apply to one randomizer, its own lower bound first.
+
+    Every generic bound applies to k-RR and Collision (both are eps0-LDP); the
+    mechanism adds its variation-ratio bound and its own lower bound (an explicit
+    neighbouring pair, see MechanismLowerBound's citation, printed as "note").
+    """
+    if mechanism == "generic":
+        return [BOUNDS[name] for name in ORDER]
+    vr = variation_ratio_bound(mechanism, **params)
+    return [MechanismLowerBound(vr), vr] + [BOUNDS[name] for name in ORDER if name != "lower_bound"]
+
+
 def point(n: int, delta: float, eps0: float | None = None,
-          target_eps: float | None = None, rtol: float = 1e-6) -> list[dict]:
+          target_eps: float | None = None, rtol: float = 1e-6,
+          mechanism: str = "generic", **params) -> list[dict]:
     """One row per bound: central eps for eps0, or local eps0 for target_eps."""
     out = []
-    for name in ORDER:
-        b = BOUNDS[name]
+    for b in mechanism_bounds(mechanism, **params):
+        name = b.name
         if eps0 is not None:
             v, s, err = _one(b.central_eps, eps0, n, delta)
             row = {"bound": name, "eps": v, "seconds": s}
@@ -80,6 +99,8 @@ def point(n: int, delta: float, eps0: float | None = None,
             row = {"bound": name, "eps0": v, "seconds": s}
         if err:
             row["error"] = err
+        if mechanism != "generic" and isinstance(b, MechanismLowerBound):
+            row["note"] = b.citation
         out.append(row)
     return out
 
@@ -454,6 +475,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--eps0", type=float, help="local eps0 of each sender")
     g.add_argument("--target-eps", type=float, help="central eps target: print granted eps0")
     ap.add_argument("--delta", type=float, default=1e-6)
+    ap.add_argument("--mechanism", choices=("generic", "krr", "collision"), default="generic",
+                    help="randomizer: generic eps0-LDP (default), k-RR (--k) or Collision (--l, --c); "
+                         "prints every bound that applies to it and its own lower bound")
+    ap.add_argument("--k", type=int, help="k-RR: number of options")
+    ap.add_argument("--l", type=int, help="Collision: Bloom filter length l")
+    ap.add_argument("--c", type=int, default=1, help="Collision: cells per report c (default 1)")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--grid", action="store_true", help="run the evaluation grid")
     ap.add_argument("--out", default="runs/amplification", help="grid output folder")
@@ -482,7 +509,15 @@ def main(argv: list[str] | None = None) -> int:
         n = int(args.n)
         if n != args.n:
             ap.error("--n must be an integer")
-        rows = point(n, args.delta, eps0=args.eps0, target_eps=args.target_eps)
+        need = {"krr": ("k", "--k (the number of options), e.g. --k 10"),
+                "collision": ("l", "--l (the Bloom filter length), e.g. --l 10")}.get(args.mechanism)
+        if need and getattr(args, need[0]) is None:
+            print(f"error: --mechanism {args.mechanism} needs {need[1]}", file=sys.stderr)
+            return 2
+        params = ({"k": args.k} if args.mechanism == "krr" else
+                  {"c": args.c, "l": args.l} if args.mechanism == "collision" else {})
+        rows = point(n, args.delta, eps0=args.eps0, target_eps=args.target_eps,
+                     mechanism=args.mechanism, **params)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

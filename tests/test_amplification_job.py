@@ -40,6 +40,46 @@ def test_cli_closed_form_out_of_range_is_reported_not_crashing(capsys):
     assert by["fmt_closed_form"]["eps"] is None and "Fix" in by["fmt_closed_form"]["error"]
 
 
+def test_cli_mechanism_lists_its_bounds_and_its_own_lower_bound():
+    """--mechanism krr / collision: the randomizer's own lower bound (named pair) and its
+    variation-ratio bound beside the generic ones, every upper bound above the lower one;
+    without --mechanism the output is the generic list, unchanged."""
+    def run(*extra):
+        out = subprocess.run([sys.executable, "-m", "benchmarks.amplification", "--n", "1000000",
+                              "--eps0", "2", "--delta", "1e-8", "--json", *extra], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        return {r["bound"]: r for r in json.loads(out)}
+    generic, explicit = run(), run("--mechanism", "generic")
+    assert list(generic) == list(explicit) == ["lower_bound", "variation_ratio", "clones_numerical",
+                                               "fmt_closed_form", "fmt_closed_form_final"]
+    assert "note" not in generic["lower_bound"]
+    for extra, own in ((("--mechanism", "krr", "--k", "10"), "variation_ratio_krr"),
+                       (("--mechanism", "collision", "--l", "10"), "variation_ratio_collision")):
+        by = run(*extra)
+        assert {own, "lower_bound", "variation_ratio", "clones_numerical"} <= set(by)
+        assert all(set(r) >= {"bound", "eps", "seconds"} for r in by.values())
+        low = by["lower_bound"]
+        assert "exact divergence" in low["note"] and "hold" in low["note"]
+        assert 0 < low["eps"] <= min(r["eps"] for b, r in by.items() if b != "lower_bound")
+    krr = run("--mechanism", "krr", "--k", "10")
+    assert krr["lower_bound"]["eps"] == pytest.approx(0.009162, rel=1e-3)
+
+
+def test_cli_mechanism_without_its_parameter_is_one_line_exit_2(capsys):
+    assert main(["--mechanism", "krr", "--n", "1000", "--eps0", "2", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --mechanism krr needs --k (the number of options), e.g. --k 10"]
+    assert main(["--mechanism", "collision", "--l", "3", "--c", "5", "--n", "1000", "--eps0", "2"]) == 2
+    assert "Collision needs integers 1 <= c < l" in capsys.readouterr().err
+
+
+def test_cli_mechanism_target_eps(capsys):
+    assert main(["--mechanism", "krr", "--k", "10", "--n", "10000", "--target-eps", "1",
+                 "--delta", "1e-6", "--json"]) == 0
+    by = {r["bound"]: r["eps0"] for r in json.loads(capsys.readouterr().out)}
+    assert by["clones_numerical"] < by["variation_ratio_krr"] < by["lower_bound"]
+
+
 def test_small_grid_writes_results_and_plots(tmp_path):
     res = run_grid(str(tmp_path), ns=(1000, 10000), eps0s=(1.0, 4.0), deltas=(1e-6,),
                    targets=(1.0,), audit_trials=20_000, real_audit_scale=0.05,

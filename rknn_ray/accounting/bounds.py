@@ -35,9 +35,14 @@ guaranteed (the final version corrected it upward), so the test checks numerical
 Mechanism-specific (``variation_ratio_bound``): see :class:`VariationRatioBound`.
 
 Numerical tolerance: every numerical eps is rounded to the safe side -- an upper
-bound is the smallest eps whose delta(eps) *plus* the skipped tail mass (<= 1e-18)
-and float slack is <= delta, to relative precision 1e-6 of eps; a lower bound uses
-delta(eps) minus the float slack.  delta must be >= 1e-13.
+bound is the smallest eps whose delta(eps) *plus* the skipped tail mass (<= 1e-18),
+float slack and the binomials' error bounds (:mod:`rknn_ray.accounting.binom_fast`)
+is <= delta, to relative precision 1e-6 of eps; a lower bound uses delta(eps) minus
+the float slack and error bounds.  delta must be >= 1e-13.
+
+Mechanism lower bounds (``MechanismLowerBound``, ``VariationRatioBound.lower``): exact
+divergences of shuffled k-RR / Collision (c = 1) for named neighbouring pairs
+(:mod:`rknn_ray.accounting.shuffled_rr`); the generic one is ``lower_bound``.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ import numpy as np
 # mechanisms that refer to this module and never calls them (an eager import cost each
 # such process ~1 CPU s before its first report)
 
+from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT_SLACK_PER_TERM,
                                         TAIL_MASS, _window, eps_for_delta)
 from rknn_ray.accounting.calibration import monotone_edge
@@ -259,16 +265,30 @@ class VariationRatioBound(AmplificationBound):
         return min(generic, specific)
 
     def lower(self, eps0: float, n: int, delta: float) -> float | None:
-        """A certified lower bound for this mechanism (None where none is implemented)."""
+        """A certified lower bound for this mechanism (None where none is implemented).
+
+        k-RR: the larger of two explicit pairs, user 1 holding 0 vs 1 and the others
+        (a) all holding 1: exact divergence of the shuffled histogram
+        (:mod:`rknn_ray.accounting.shuffled_rr`); (b) all holding a third value (k >= 3):
+        the divergence of the counts of 0 and 1 (the "merged" pair, a post-processing).
+        Collision with c = 1: pair (a) on the hashed cells. Generic: binary RR.
+        """
+        from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
         _check(eps0, n, delta)
-        if self.mechanism == "generic" or (self.mechanism == "krr" and self.params["k"] == 2):
+        if self.mechanism == "generic":
             return RRLowerBound().central_eps(eps0, n, delta)
-        if self.mechanism == "krr" and n >= 2:
+        if self.mechanism == "collision":
+            if self.params["c"] != 1:
+                return None
+            return eps_for_delta(collision_pair(eps0, n, self.params["l"]), delta, eps0, upper=False)
+        k = self.params["k"]
+        best = eps_for_delta(krr_pair(eps0, n, k), delta, eps0, upper=False)
+        if k >= 3 and n >= 2:
             p = math.exp(eps0)
-            a = 1.0 / (p + self.params["k"] - 1.0)
+            a = 1.0 / (p + k - 1.0)
             pd = _pair_delta(p, a, 1.0 - (p + 1.0) * a, a, n)
-            return eps_for_delta(pd, delta, eps0, upper=False)
-        return None
+            best = max(best, eps_for_delta(pd, delta, eps0, upper=False))
+        return best
 
 
 # ---------------------------------------------------------------------- lower bound
@@ -280,23 +300,37 @@ class _RRCountDelta:
     Bern(1/(p+1)); an optimal attacker thresholds it (likelihood ratio monotone).
     """
 
-    def __init__(self, p: float, n: int, tail: float = TAIL_MASS):
-        from scipy import stats
+    def __init__(self, p: float, n: int, tail: float = TAIL_MASS, method: str = "fast"):
         q = 1.0 / (p + 1.0)
         self.pi0, self.pi1 = p / (p + 1.0), 1.0 / (p + 1.0)
-        lo, hi, _ = _window(n - 1, q, tail)
+        lo, hi, _ = _window(n - 1, q, tail, exact_out=False)
         k = np.arange(lo, hi + 2, dtype=np.int64)
-        self.b_prev = np.exp(stats.binom.logpmf(k - 1, n - 1, q)) if n > 1 else (k == 1).astype(float)
-        self.b_same = np.exp(stats.binom.logpmf(k, n - 1, q)) if n > 1 else (k == 0).astype(float)
+        if n > 1:
+            if method == "scipy":
+                from scipy import stats
+                lp_prev, lp_same = stats.binom.logpmf(k - 1, n - 1, q), stats.binom.logpmf(k, n - 1, q)
+            else:
+                lp_prev, lp_same = binom_logpmf(k - 1, n - 1, q), binom_logpmf(k, n - 1, q)
+            self.b_prev, self.b_same = np.exp(lp_prev), np.exp(lp_same)
+        else:
+            self.b_prev, self.b_same = (k == 1).astype(float), (k == 0).astype(float)
         self.slack = FLOAT_SLACK_PER_TERM * (4 * k.size + 16)
+        # relative error of the fast weights: moves each positive term by <= rel (P0 + e^eps P1)
+        self.rel = 0.0 if method == "scipy" else pmf_rtol(max(abs(lo - (n - 1) * q), hi + 1 - (n - 1) * q))
 
     def delta(self, eps):
         ee = math.exp(eps)
         P0 = self.pi0 * self.b_prev + (1 - self.pi0) * self.b_same
         P1 = self.pi1 * self.b_prev + (1 - self.pi1) * self.b_same
-        d = max(float(np.sum(np.maximum(P0 - ee * P1, 0.0))),
-                float(np.sum(np.maximum(P1 - ee * P0, 0.0))))
-        return d, self.slack, self.slack
+        best, err = 0.0, 0.0
+        for X, Y in ((P0, P1), (P1, P0)):
+            diff = X - ee * Y
+            pos = diff > 0
+            d = float(np.sum(diff[pos]))
+            if d >= best:
+                best = d
+                err = self.rel * float(np.sum(X[pos]) + ee * np.sum(Y[pos]))
+        return best, self.slack + err, self.slack + err
 
 
 class RRLowerBound(AmplificationBound):
@@ -309,6 +343,30 @@ class RRLowerBound(AmplificationBound):
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
         _check(eps0, n, delta)
         return eps_for_delta(_RRCountDelta(math.exp(eps0), n), delta, eps0, upper=False)
+
+
+class MechanismLowerBound(AmplificationBound):
+    """The lower bound of one randomizer (:meth:`VariationRatioBound.lower`) as a bound object."""
+    name = "lower_bound"
+    kind = "lower"
+
+    def __init__(self, vr: VariationRatioBound):
+        self.vr = vr
+        if vr.mechanism == "krr":
+            k = vr.params["k"]
+            self.citation = (f"exact divergence of shuffled {k}-RR: user 1 holds 0 vs 1, the others "
+                             "all hold 1" + (" (or all hold 2: counts of 0 and 1), the larger"
+                                             if k >= 3 else ""))
+        elif vr.mechanism == "collision" and vr.params["c"] == 1:
+            self.citation = ("exact divergence of shuffled Collision (c=1): user 1 holds cell v vs "
+                             "v', the others all hold v'")
+        else:
+            self.citation = ("binary randomized response (a generic eps0-LDP randomizer), not "
+                             f"{vr.mechanism}-specific: no {vr.mechanism} pair is implemented")
+
+    def central_eps(self, eps0: float, n: int, delta: float) -> float:
+        v = self.vr.lower(eps0, n, delta)
+        return RRLowerBound().central_eps(eps0, n, delta) if v is None else v
 
 
 BOUNDS: dict[str, AmplificationBound] = {

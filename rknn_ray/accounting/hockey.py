@@ -27,7 +27,9 @@ ratio is increasing in a), so
            + (1 - e^eps) g W0 B_m(a0).
 
 Work is bounded: m runs over a window of Bin(n-1, 2r) holding all but ``tail``
-of its mass (about 2 * 9 sigma wide), so n = 1e8 costs ~1e5 vectorised terms.
+of its mass (about 2 * 9 sigma wide), so n = 1e8 costs ~1e5 vectorised terms; the
+binomials along it come from :mod:`rknn_ray.accounting.binom_fast` (a threshold path
+walked by exact recurrences), with their error bounds added on the safe side.
 """
 from __future__ import annotations
 
@@ -40,11 +42,15 @@ import numpy as np
 # mechanisms that refer to this module and never calls them (an eager import cost each
 # such process ~1 CPU s before its first report)
 
+from rknn_ray.accounting.binom_fast import binom_logpmf, half_pmf_path, half_sf_path, pmf_rtol
+
 # Mass of Bin(n-1, 2r) left outside the summation window. The skipped terms are
 # bounded by this mass and added to every *upper* bound (safe side).
 TAIL_MASS = 1e-18
-# Absolute float slack per evaluated term (double rounding, scipy's ~1e-15 relative
-# accuracy of binomial tails on values <= 1), added on the safe side as well.
+# Absolute float slack per evaluated term (double rounding on values <= 1), added on the
+# safe side as well; the fast path adds its own pmf / tail error bounds on top
+# (binom_fast), the scipy reference path only this (scipy's binomial loses ~2e-15 m
+# relative, so that path is exact to 1e-9 only for n up to ~3e4).
 FLOAT_SLACK_PER_TERM = 1e-16
 # Smallest delta the numerical bounds accept: below it the slack above dominates.
 MIN_DELTA = 1e-13
@@ -71,14 +77,15 @@ class BlanketPair:
             raise ValueError("n must be >= 1")
 
 
-def _window(n_others: int, q: float, tail: float) -> tuple[int, int, float]:
+def _window(n_others: int, q: float, tail: float, exact_out: bool = True) -> tuple[int, int, float]:
     """[lo, hi] holding all but ``tail`` mass of Bin(n_others, q); returns the mass left out.
 
-    Bernstein's inequality P[|X - mu| >= t] <= exp(-t^2 / (2 (var + t/3))) sizes the
-    window (scipy's isf is unreliable this deep in the tail); the mass actually left
-    out is then computed exactly from the binomial CDF.
+    Bernstein's inequality P[|X - mu| >= t] <= 2 exp(-t^2 / (2 (var + t/3))) sizes the
+    window: t solves 2 exp(.) = tail, so each side outside [mu - t, mu + t] (a superset
+    of what [lo, hi] leaves out) holds <= tail / 2; that bound, for the sides actually
+    cut, is the returned mass unless
+    ``exact_out`` asks scipy's binomial CDF for the exact value (the reference path).
     """
-    from scipy import stats
     if n_others == 0:
         return 0, 0, 0.0
     mu, var = n_others * q, n_others * q * (1.0 - q)
@@ -86,6 +93,10 @@ def _window(n_others: int, q: float, tail: float) -> tuple[int, int, float]:
     t = L / 3.0 + math.sqrt((L / 3.0) ** 2 + 2.0 * var * L)
     lo = int(max(0, math.floor(mu - t) - 1))
     hi = int(min(n_others, math.ceil(mu + t) + 1))
+    if not exact_out:
+        # one-sided Bernstein: each side left out holds <= tail / 2
+        return lo, hi, 0.5 * tail * ((lo > 0) + (hi < n_others))
+    from scipy import stats
     out = float(stats.binom.cdf(lo - 1, n_others, q) + stats.binom.sf(hi, n_others, q))
     return lo, hi, out
 
@@ -96,27 +107,42 @@ class PairDelta:
     ``delta(eps)`` returns (estimate, err_up, err_down): the true value lies in
     [estimate - err_down, estimate + err_up]. Dropped window terms are nonnegative,
     so only the float slack counts downwards; the skipped mass counts upwards.
+
+    ``method="fast"`` (default): Loader pmfs and recurrence tails
+    (:mod:`rknn_ray.accounting.binom_fast`) with their error bounds added to both
+    errors. ``method="scipy"``: scipy.stats' binomial per call, the reference path
+    the fast one is tested against.
     """
 
-    def __init__(self, pair: BlanketPair, tail: float = TAIL_MASS):
-        from scipy import stats
-        self.pair = pair
+    def __init__(self, pair: BlanketPair, tail: float = TAIL_MASS, method: str = "fast"):
+        if method not in ("fast", "scipy"):
+            raise ValueError(f"method must be 'fast' or 'scipy', got {method!r}")
+        self.pair, self.method = pair, method
         n1 = pair.n - 1
         q = min(1.0, 2.0 * pair.r)
-        lo, hi, out = _window(n1, q, tail)
+        lo, hi, out = _window(n1, q, tail, exact_out=method == "scipy")
         # m = total in {0,1} including user 1: W1 needs m-1 in [lo, hi], W0 needs m.
         m = np.arange(max(lo, 1), hi + 2, dtype=np.int64)
         self.m = m
-        self.w1 = np.exp(stats.binom.logpmf(m - 1, n1, q)) if n1 > 0 else (m == 1).astype(float)
-        self.w0 = np.exp(stats.binom.logpmf(m, n1, q)) if n1 > 0 else (m == 0).astype(float)
+        if n1 > 0 and q < 1.0:
+            if method == "scipy":
+                from scipy import stats
+                lp1, lp0 = stats.binom.logpmf(m - 1, n1, q), stats.binom.logpmf(m, n1, q)
+            else:
+                lp1, lp0 = binom_logpmf(m - 1, n1, q), binom_logpmf(m, n1, q)
+            self.w1, self.w0 = np.exp(lp1), np.exp(lp0)
+        else:
+            self.w1 = (m - 1 == min(n1, n1 * q)).astype(float)
+            self.w0 = (m == min(n1, n1 * q)).astype(float)
         # W0/W1 in closed form (stable where both underflow): (n-m)/m * q/(1-q)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.w0_over_w1 = np.where(q < 1.0, (pair.n - m) / m * q / max(1e-300, 1 - q), 0.0)
         self.skipped = out
         self.slack = FLOAT_SLACK_PER_TERM * (4 * m.size + 16)
+        # relative error of the fast weights (Loader pmf, |m - mean| <= window)
+        self.w_rtol = 0.0 if method == "scipy" else pmf_rtol(max(abs(m[0] - n1 * q), abs(m[-1] - n1 * q)) + 1)
 
-    def delta(self, eps: float) -> tuple[float, float]:
-        from scipy import stats
+    def delta(self, eps: float) -> tuple[float, float, float]:
         P, m = self.pair, self.m
         ee = math.exp(eps)
         a, p, g = P.a, P.p, P.g
@@ -125,14 +151,33 @@ class PairDelta:
         a_star = c1 / (a * (p - 1.0) * (1.0 + ee))
         a0 = np.floor(a_star).astype(np.int64) + 1
         a0 = np.clip(a0, 0, m + 1)
-        pmf = stats.binom.pmf(a0 - 1, m - 1, 0.5)
-        sf_m1 = stats.binom.sf(a0 - 1, m - 1, 0.5)       # P[Bin(m-1) >= a0]
-        term = self.w1 * ((p - ee) * a * pmf + a * (p + 1.0) * (1.0 - ee) * sf_m1)
+        if self.method == "scipy":
+            from scipy import stats
+            pmf = stats.binom.pmf(a0 - 1, m - 1, 0.5)
+            sf_m1 = stats.binom.sf(a0 - 1, m - 1, 0.5)       # P[Bin(m-1) >= a0]
+            sf_m = stats.binom.sf(a0 - 1, m, 0.5) if g > 0 else None
+            err1 = err0 = pmf_rel = 0.0
+        else:
+            pmf, pmf_rel = half_pmf_path(m - 1, a0 - 1)
+            sf_m1, err1 = half_sf_path(m - 1, a0, pmf_below=pmf, pmf_rel=pmf_rel)
+            sf_m, err0 = half_sf_path(m, a0) if g > 0 else (None, 0.0)
+        A = (p - ee) * a * self.w1 * pmf
+        B = a * (p + 1.0) * (1.0 - ee) * self.w1 * sf_m1
+        term = A + B
         if g > 0:
-            sf_m = stats.binom.sf(a0 - 1, m, 0.5)
-            term = term + (1.0 - ee) * g * self.w0 * sf_m
+            C = (1.0 - ee) * g * self.w0 * sf_m
+            term = term + C
         est = float(np.sum(np.maximum(term, 0.0)))
-        return est, self.skipped + self.slack, self.slack
+        slack = self.slack
+        if self.method == "fast":
+            # every term moves by at most: relative pmf/weight errors on |A|, |B|, |C|,
+            # plus the tails' absolute errors times their coefficients (max(0, .) is
+            # 1-Lipschitz, the weights sum to <= 1)
+            rel = self.w_rtol + pmf_rel
+            mag = np.abs(A) + np.abs(B) + (np.abs(C) if g > 0 else 0.0)
+            slack += (2.0 * rel * float(np.sum(mag))
+                      + a * (p + 1.0) * abs(1.0 - ee) * err1 + abs(1.0 - ee) * g * err0)
+        return est, self.skipped + slack, slack
 
 
 def eps_for_delta(pd: PairDelta, delta: float, eps_hi: float, upper: bool,

@@ -1,0 +1,122 @@
+"""Exact divergence of shuffled k-RR (and Collision with c = 1) for one neighbouring pair.
+
+The pair: user 1 holds x vs x', the other n-1 users all hold x'. Under the second
+dataset all n reports are i.i.d.; the first replaces one of them, so for the shuffled
+multiset h
+
+    P0(h) / P1(h) = (1/n) sum_i L(y_i),  L(y) = P[y | x] / P[y | x'],
+
+and L is p = e^eps0 on "y says x", 1/p on "y says x'", 1 elsewhere. Hence
+LR = 1 + ((p-1) h0 - (1-1/p) h1) / n with h0, h1 the counts of the two kinds, a
+sufficient statistic, and under P1 (h0, h1) is multinomial(n; pi0, pi1):
+
+* k-RR (a = 1/(p+k-1)): pi0 = a, pi1 = p a; for k = 2 this is the binary-RR pair
+  of :class:`rknn_ray.accounting.bounds.RRLowerBound`.
+* Collision with c = 1 (Omega = p + l - 1, a = 1/Omega): given a client's hash H the
+  report is l-RR on H(x); the adversary sees H, and a report counts towards h0 / h1
+  only if H(x) != H(x') (probability 1 - 1/l under a pairwise-independent hash), so
+  pi0 = a (1 - 1/l), pi1 = p a (1 - 1/l).
+
+delta(eps) = E_P1[(LR - e^eps)+] (and the reverse direction E_P1[(1 - e^eps LR)+]) is a
+one-dimensional sum over h0: for fixed h0 the positive part is a tail in h1, whose
+partial first moment is N rho P[Bin(N-1, rho) <= u-1]. The h0 window drops terms
+(nonnegative, mass <= 1e-15), which only lowers the value: sound for a lower bound.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rknn_ray.accounting.binom_fast import EXACT_RTOL_PER_M, binom_logpmf, pmf_rtol
+from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window
+
+
+class ShuffledRRPairDelta:
+    """delta(eps) of the pair above, with (estimate, err_up, err_down) like PairDelta."""
+
+    def __init__(self, p: float, n: int, pi0: float, pi1: float, tail: float = 1e-15):
+        if not (p > 1.0 and 0 < pi0 and 0 < pi1 and pi0 + pi1 <= 1.0 + 1e-12):
+            raise ValueError("need p > 1 and category probabilities pi0, pi1 > 0 summing to <= 1")
+        self.p, self.n = p, int(n)
+        lo, hi, _ = _window(self.n, pi0, tail, exact_out=False)
+        h0 = np.arange(lo, hi + 1, dtype=np.int64)
+        self.h0 = h0
+        self.w = np.exp(binom_logpmf(h0, self.n, pi0)) if self.n > 0 else np.ones(1)
+        self.N = self.n - h0                           # reports left for h1
+        self.rho = min(1.0, pi1 / (1.0 - pi0))
+        # relative error of the weights and of cephes' binomial CDFs (~2e-15 N)
+        self.rel = pmf_rtol(max(abs(lo - self.n * pi0), abs(hi - self.n * pi0)) + 1) \
+            + EXACT_RTOL_PER_M * max(1, self.n)
+        self.slack = FLOAT_SLACK_PER_TERM * (8 * h0.size + 16)
+
+    def _cdf(self, u, N):
+        """P[Bin(N, rho) <= u] elementwise (0 for u < 0, 1 for u >= N)."""
+        from scipy.special import bdtr
+        out = np.where(u >= N, 1.0, 0.0)
+        inside = (u >= 0) & (u < N)
+        if np.any(inside):
+            out[inside] = bdtr(u[inside], N[inside], self.rho)
+        return out
+
+    def _sf(self, v, N):
+        """P[Bin(N, rho) >= v] elementwise (1 for v <= 0, 0 for v > N)."""
+        from scipy.special import bdtrc
+        out = np.where(v <= 0, 1.0, 0.0)
+        inside = (v >= 1) & (v <= N)
+        if np.any(inside):
+            out[inside] = bdtrc(v[inside] - 1, N[inside], self.rho)
+        return out
+
+    def _pmf(self, j, N):
+        """P[Bin(N, rho) = j] elementwise (0 off the support)."""
+        if self.rho >= 1.0:
+            return (j == N).astype(float)
+        return np.exp(binom_logpmf(j, N, self.rho))
+
+    def delta(self, eps: float) -> tuple[float, float, float]:
+        p, n, h0, N, rho = self.p, self.n, self.h0, self.N, self.rho
+        ee = math.exp(eps)
+        h0f = h0.astype(float)
+        c1 = (1.0 - 1.0 / p) / n                       # LR = b0(h0) - c1 h1
+        b0 = 1.0 + (p - 1.0) * h0f / n
+        Nm1 = np.maximum(N - 1, 0)
+        # P0 vs P1: LR - ee > 0  <=>  h1 < (b0 - ee) / c1: h1 <= u
+        u = np.ceil((b0 - ee) / c1).astype(np.int64) - 1
+        # one CDF per h0; the other by P[Bin(N) <= u] = P[Bin(N-1) <= u-1] + (1-rho) pmf_(N-1)(u)
+        # (a sum of nonnegative terms: no cancellation)
+        F1 = self._cdf(u - 1, Nm1)
+        F = np.where(u >= N, 1.0, F1 + (1.0 - rho) * self._pmf(u, Nm1))
+        m1 = N * rho * F1                              # E[h1 1{h1 <= u}]
+        t01 = (b0 - ee) * F - c1 * m1
+        mag01 = np.abs(b0 - ee) * F + c1 * m1
+        # P1 vs P0: 1 - ee LR > 0  <=>  h1 > (b0 - 1/ee) / c1: h1 >= v
+        v = np.floor((b0 - 1.0 / ee) / c1).astype(np.int64) + 1
+        # P[Bin(N-1) >= v-1] = P[Bin(N) >= v] + (1-rho) pmf_(N-1)(v-1), again a sum
+        S = self._sf(v, N)
+        S1 = np.where(v <= 1, 1.0, S + (1.0 - rho) * self._pmf(v - 1, Nm1))
+        m2 = N * rho * S1                              # E[h1 1{h1 >= v}]
+        t10 = (1.0 - ee * b0) * S + ee * c1 * m2
+        mag10 = np.abs(1.0 - ee * b0) * S + ee * c1 * m2
+        best, err = 0.0, 0.0
+        for t, mag in ((t01, mag01), (t10, mag10)):
+            d = float(np.sum(self.w * np.maximum(t, 0.0)))
+            if d >= best:
+                best = d
+                err = 2.0 * self.rel * float(np.sum(self.w * mag))
+        return best, self.slack + err, self.slack + err
+
+
+def krr_pair(eps0: float, n: int, k: int) -> ShuffledRRPairDelta:
+    """k-RR, user 1 holds value 0 vs 1, the other n-1 users hold 1."""
+    p = math.exp(eps0)
+    a = 1.0 / (p + k - 1.0)
+    return ShuffledRRPairDelta(p, n, a, p * a)
+
+
+def collision_pair(eps0: float, n: int, l: int) -> ShuffledRRPairDelta:
+    """Collision with c = 1 and Bloom length l, user 1 holds cell v vs v', the others v'."""
+    p = math.exp(eps0)
+    a = 1.0 / (p + l - 1.0)
+    keep = 1.0 - 1.0 / l
+    return ShuffledRRPairDelta(p, n, a * keep, p * a * keep)
