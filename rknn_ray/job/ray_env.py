@@ -35,7 +35,9 @@ START_ATTEMPTS = 3
 def quiet_ray_logs() -> None:
     """Hide Train's repeated 'State API' warning (logged and forwarded from another
     process; rknn_ray.training.logs.quiet_train_logs knows where)."""
-    from rknn_ray.training.logs import quiet_train_logs
+    from rknn_ray.job.progress import console_write
+    from rknn_ray.training.logs import quiet_train_logs, set_console_guard
+    set_console_guard(console_write)    # forwarded worker lines go above the job's bars
     quiet_train_logs()
 
 

@@ -7,6 +7,8 @@ mutex trace a worker may print) and, if a future Ray moves what it hooks, does n
 """
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import re
 from typing import Callable
@@ -17,6 +19,18 @@ _STATE_API_NOISE = "State API may be temporarily unavailable"
 # Printed by abseil inside a third-party library (reported for other torch programs too),
 # not by this job, and harmless
 _ABSEIL_MUTEX_TRACE = re.compile(r"\[mutex\.cc : \d+\] RAW: (Lock blocking|Lock returning|Unlock) 0x")
+
+
+
+#: wraps every forwarded worker line the console prints; the job layer, which owns the bars,
+#: installs its own (rknn_ray.job.progress.console_write) through :func:`set_console_guard`
+_console_guard = contextlib.nullcontext
+
+
+def set_console_guard(guard) -> None:
+    """``guard()``: a context manager around each forwarded line (clears and redraws bars)."""
+    global _console_guard
+    _console_guard = guard
 
 
 def _noise(line: str) -> bool:
@@ -81,8 +95,7 @@ def _without_noise(handler: Callable[[dict], None]) -> Callable[[dict], None]:
             if not lines:
                 return
             data = {**data, "lines": lines}
-        from rknn_ray.job.progress import console_write
-        with console_write():           # above the job's bars, not inside one's line
+        with _console_guard():          # above the job's bars, not inside one's line
             handler(data)
     emit._rknn_quiet = True  # type: ignore[attr-defined]
     return emit
