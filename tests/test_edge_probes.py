@@ -714,9 +714,9 @@ def test_budget_into_a_closed_pipe_exits_quietly(tmp_path):
     store = BudgetStore(str(ledger))
     for i in range(400):                  # more than a pipe buffer of listing
         store.set_budget(f"dataset-{i:04d}", 4.0, 0.0, description="a dataset " + "x" * 100)
-    for i in range(300):                  # and a folder report longer than a pipe buffer
-        (tmp_path / "runs" / f"r{i:03d}").mkdir(parents=True)
-        (tmp_path / "runs" / f"r{i:03d}" / "incomplete.json").write_text(
+    for i in range(1200):                 # and a folder report longer than a pipe buffer
+        (tmp_path / "runs" / f"r{i:04d}").mkdir(parents=True)   # (~117 bytes a run: 140 KB)
+        (tmp_path / "runs" / f"r{i:04d}" / "incomplete.json").write_text(
             '{"status": "incomplete", "reason": "' + "why " * 60 + '"}')
     for cmd in (["jobs.cli", "budget", "--ledger", str(ledger)], ["jobs.budget", "--ledger", str(ledger)],
                 ["jobs.report", str(tmp_path / "runs"), "--no-html"]):
