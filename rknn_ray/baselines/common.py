@@ -1,5 +1,5 @@
 """What every baseline shares: the data, the public queries, small batched models,
-RDP conversion and noise calibration, the student, and the result row.
+RDP conversion and noise calibration, the student, and the row (the report-row schema).
 
 All baselines run on exactly the data reverse k-NN runs on: ``prepare`` calls
 ``rknn_ray.pipeline.prepare_stages`` (same dataset, split, partition into clients,
@@ -23,6 +23,7 @@ import torch
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.report_row import NAN, ReportRow
 
 # RDP/PLD conversion is the accountant's (re-exported: the baselines' tests use these names)
 from rknn_ray.accounting.accountants import (DEFAULT_COSTING, RDP_ORDERS, Costing,  # noqa: F401
@@ -45,6 +46,10 @@ class BaselineSetup:
     private_emb: np.ndarray      # (m, D) private records, embedded with the public encoder
     eval_emb: np.ndarray         # (N_eval, D)
     seconds: float = 0.0
+    # where FedMD-NFDP's parties run: a host class (rknn_ray.baselines.nfdp.InProcessParties
+    # when None) over ``party_shards`` groups; the job injects Ray actors, the library has none
+    party_hosts: object = None
+    party_shards: int = 2
 
     @property
     def num_classes(self) -> int:
@@ -197,30 +202,36 @@ def fit_classifiers(xs, ys, num_classes: int, hidden: int = 0, steps: int = 200,
 
 # ----------------------------------------------------------------------------- result
 
-@dataclass
-class BaselineResult:
-    """One row of the comparison table, plus the ledger and details behind it."""
-    method: str
-    dataset: str
-    eps: float                   # the composed eps the ledger reports
-    delta: float
-    unit: str                    # record | client | label
-    neighbour: str
-    accuracy: float              # student (or released model) accuracy on the evaluation split
-    label_accuracy: float        # released labels vs public truth (propagated to the public set)
-    rounds: int
-    bytes_per_client: float
-    wall_s: float
+@dataclass(frozen=True)
+class BaselineRow(ReportRow):
+    """A baseline's row: the report-row schema every experiment's rows hold (``model`` and
+    ``mechanism`` of its release, the ledger's eps and delta, unit, neighbour, accuracies,
+    rounds, ``bytes_per_client``), the comparison's own keys (``method``, ``target_eps``,
+    ``wall_s``), and ``details``: the release's parameters and reference figures, which go
+    beside the table (ledgers.json), never into it."""
+    method: str = ""
     target_eps: float | None = None
-    ledger: dict = field(default_factory=dict)
-    details: dict = field(default_factory=dict)
+    wall_s: float = NAN
+    details: dict = field(default_factory=dict, compare=False)
 
-    def row(self) -> dict:
-        return {"method": self.method, "dataset": self.dataset, "eps": self.eps,
-                "delta": self.delta, "unit": self.unit, "accuracy": self.accuracy,
-                "label_accuracy": self.label_accuracy, "rounds": self.rounds,
-                "bytes_per_client": self.bytes_per_client, "wall_s": self.wall_s,
-                "target_eps": self.target_eps, "neighbour": self.neighbour}
+    def table_fields(self) -> dict:
+        """The row as a table holds it: everything but ``details``."""
+        d = self.to_dict()
+        d.pop("details")
+        return d
+
+
+def baseline_row(setup: BaselineSetup, ledger: PrivacyLedger, method: str, target_eps: float,
+                 t0: float, **fields) -> BaselineRow:
+    """The row of a baseline run that started at ``t0`` (perf_counter): eps and delta are what
+    ``ledger`` reports for everything the run released, ``model`` and ``mechanism`` those of
+    its release; ``fields`` are the rest (accuracy, unit, rounds, details, ...)."""
+    entries = ledger.to_dict()["entries"]
+    eps, delta = ledger.spent()
+    return BaselineRow(method=method, dataset=setup.data.dataset, target_eps=target_eps,
+                       eps=eps, delta=delta, model=entries[0]["model"],
+                       mechanism=entries[0]["mechanism"], ledger_events=len(entries),
+                       wall_s=time.perf_counter() - t0, **fields)
 
 
 def record(ledger: PrivacyLedger, event, costing: Costing, model: str, mechanism: str, unit: str,
