@@ -69,7 +69,7 @@ def test_every_producer_yields_the_schema_with_the_same_values(tmp_path):
     from jobs.report import load_run, run_row
     folder, report = _report(tmp_path)
     expected = report_row(report).to_dict()
-    _, planned, _ = grid.plan(CONFIG, FAST, k=[3], eps=[1.0])
+    _, planned, _ = grid.plan(grid.GridSpec(CONFIG, tuple(FAST), k=[3], eps=[1.0]))
     (cell, cfg), = planned
     args = argparse.Namespace(config=CONFIG, overrides=FAST)
     rows = {
