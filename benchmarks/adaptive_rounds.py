@@ -161,7 +161,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 
 def to_markdown(table: list[dict]) -> str:
-    from jobs.experiments import markdown_table
+    from jobs.writers import markdown_table
     lines = markdown_table(
         ("eps (total)", "T", "rounds t>=1 select", "queries", "eps spent",
          "label acc (mean ± sd)", "student acc (mean ± sd)", "seeds"),
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from jobs.experiments import Job, Runner
-    from rknn_ray.runio import write_json, write_text
+    from jobs.writers import write_tables
     todo = cells(args)
     jobs = [Job(cell_name(c), dict(c), call=(lambda c=c: label_only_cell(c, args)))
             for c in todo] if args.labels_only else \
@@ -209,12 +209,12 @@ def main(argv=None) -> int:
 
     def write(rows: list, m: dict) -> None:
         table = aggregate(rows)
-        write_json(os.path.join(args.out, "results.json"),
-                   {"meta": {**m, "complete": len(rows) == len(todo)}, "table": table,
-                    "runs": rows})
-        if m.get("complete"):
-            write_text(os.path.join(args.out, "adaptive_rounds.md"), to_markdown(table))
-            plot(table, os.path.join(args.out, "adaptive_rounds.png"))
+        done = m.get("complete")             # the table and figure once every cell is in
+        write_tables(args.out, "adaptive_rounds",
+                     {"meta": {**m, "complete": len(rows) == len(todo)}, "table": table,
+                      "runs": rows}, json_name="results.json",
+                     markdown=to_markdown(table) if done else None,
+                     plot=(lambda path: plot(table, path)) if done else None)
 
     def progress(i, n, job, row, skipped):
         print(f"eps={row['target_eps']:g} T={row['T']} {row['selection']:9s} "
