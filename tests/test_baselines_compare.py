@@ -27,9 +27,17 @@ def test_compare_writes_table_files_and_ledger(tmp_path, capsys, ray_session):
         assert r["unit"] == ("label" if r["method"] == "dpdfd_selective_rr" else "record")
         assert r["eps"] <= r["target_eps"] * (1 + 1e-9)
         assert r["delta"] == (0.0 if r["method"] == "dpdfd_selective_rr" else 1e-5)
+        # a baseline's row fills the schema from its release, as an rknn row does from its run
+        assert r["model"] == "central" and r["mechanism"] and r["ledger_events"] == 1
+        assert "details" not in r
     for name in ("compare.csv", "compare.md", "compare.png", "meta.json", "ledgers.json"):
         assert (out / name).stat().st_size > 0
     assert json.loads((out / "meta.json").read_text())["complete"] is True
+    ledgers = json.loads((out / "ledgers.json").read_text())
+    assert sorted(ledgers) == sorted(f"{m}@{e}" for m in ("pate_gnmax", "dpdfd_selective_rr",
+                                                          "private_knn") for e in (1, 4))
+    assert ledgers["pate_gnmax@1"]["details"]["noise"] > 0
+    assert len(ledgers["private_knn@4"]["ledger"]["entries"]) == 1
     assert "| label |" in (out / "compare.md").read_text()
     assert (out / "compare.csv").read_text().splitlines()[0].startswith("method,dataset,eps")
     # every release of every method is an event in the compare's own ledger
