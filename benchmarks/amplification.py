@@ -53,7 +53,7 @@ MECHS = ("rr", "collision")
 # Real-randomizer audits: (model, n, eps) -- shuffle: eps is the central target the
 # mechanism calibrates eps0 for (per delta); local: eps is eps0 itself.
 REAL_AUDITS = (("shuffle", 200, 1.0), ("local", 1000, 4.0))
-# Client reports randomized per real audit point (Collision costs ~4x RR per report).
+# Client reports randomized per real audit point (Collision costs more than RR per report).
 REAL_AUDIT_REPORTS = {"rr": 20_000_000, "collision": 10_000_000}
 # Labeling simulation: s queries, one-record clients, reports per (row, bound, mech).
 SIM_QUERIES = 2

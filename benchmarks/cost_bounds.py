@@ -1,9 +1,9 @@
-"""Speed bounds that used to be asserted in the unit suite, measured and checked here.
+"""Speed bounds the unit suite does not assert, measured and checked here.
 
     python -m benchmarks.cost_bounds [--quick] [--json OUT]
 
-A unit test must not fail because a shared machine was busy (issue 19: timing assertions
-belong in benchmarks), yet these bounds still say something: sealing costs little beyond
+A unit test must not fail because a shared machine was busy (timing assertions belong in
+benchmarks), yet these bounds still say something: sealing costs little beyond
 the cryptographic primitives it must run, and partitioning a million records is quick.
 Rows: sealing CPU time / crypto floor (600 and 100,000 messages, this thread's CPU time,
 best of three; bound 1.3) and partitioning 1e6 records per scheme (wall; bound 10 s).

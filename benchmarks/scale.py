@@ -18,8 +18,7 @@ exchange, HKDF, ChaCha20-Poly1305 seal, credential key and HMAC tag; the shuffle
 credential key and tag check; the server's exchange, HKDF and open -- measured during the
 round: each part's median over samples taken every ``--floor-period`` s, since this
 machine's speed drifts; ``floor_spread_s`` is the range one sample implied and
-``floor_after_round_s`` one floor taken after the round, the way it was measured before
-2026-11-25), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
+``floor_after_round_s`` one floor taken after the round, for comparison), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
 ``ratio_to_floor`` = wall / floor_wall (the wall includes the actors' start-up and
 shutdown), ``round_wall_s`` and ``round_ratio_to_floor`` (actors: the round alone, from its
 start to the release), ``round_cpu_s`` (actors: CPU of every process of
@@ -92,8 +91,9 @@ class Sampler(ABC):
 
 class MemorySampler(Sampler):
     """Peak of the summed PSS of this process tree. One sample reads every process's
-    smaps_rollup, a page-table walk the kernel charges to this process (~60-100 ms for a
-    round's ~20 processes here): every 2 s it costs ~4% of one core instead of ~8%."""
+    smaps_rollup, a page-table walk the kernel charges to this process, so the period
+    trades the peak's resolution against the sampler's own CPU (docs/results.md, "Costs
+    behind design choices")."""
 
     def __init__(self, period: float = 2.0):
         import psutil
@@ -116,11 +116,10 @@ class MemorySampler(Sampler):
 
 class FloorSampler(Sampler):
     """The floor measured while the round runs: every ``period`` s, ``probe`` messages' worth
-    of each primitive (benchmarks/crypto_floor.py, this thread's CPU clock). This machine's
-    speed drifts by up to ~1.5x over minutes (five 2,000-message floors within a minute
-    here: 175-230 CPU s per 1e6 messages; one taken after a 1e6 round: 152), so one floor
-    taken after the round made ``ratio_to_floor`` swing 1.25 -> 1.96 between two runs of the
-    same code. The floor used is each part's median per-message cost over the round."""
+    of each primitive (benchmarks/crypto_floor.py, this thread's CPU clock). A shared
+    machine's speed drifts over minutes, so one floor taken after the round makes
+    ``ratio_to_floor`` swing between two runs of the same code (docs/results.md, "Costs
+    behind design choices"). The floor used is each part's median per-message cost over the round."""
 
     def __init__(self, payload_len: int, period: float = 5.0, probe: int = 200):
         super().__init__(period)
@@ -325,7 +324,7 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
             "round_cpu_by_process_s": by_process}
 
 
-WARM_QUERIES = 100                         # x 10 classes: the 1000-cell vote of issue 20
+WARM_QUERIES = 100                         # x 10 classes: a 1000-cell vote
 WARM_MODELS = {"central": "laplace", "shuffle": "collision"}
 WARM_FLOOR_PROBE = 1000                    # messages of every primitive after each warm round
 
@@ -411,7 +410,7 @@ def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bo
     prep_walls, prep_cpus, prep_stats = [], [], []
     ledger = PrivacyLedger()
     # the floor between the warm rounds, out of their timed windows (this machine's
-    # speed drifts; one floor taken after the rounds moved fixed_s by ~0.3 s at 1e4)
+    # speed drifts, so a floor taken only after the rounds would skew fixed_s)
     probe = FloorSampler(mech.message_size, period=0.0, probe=WARM_FLOOR_PROBE)
     with ProtocolSession(cfg, sources, f"warm-{model}", progress=Progress(False)) as session:
         idle_rate = None
@@ -531,8 +530,8 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
             "round_cpu_by_process_s": res.get("round_cpu_by_process_s"),
             "cpu_ratio_to_floor": (res["round_cpu_s"] / floor if res.get("round_cpu_s")
                                    else None),
-            # the samplers' CPU is the benchmark's, charged to the driver (smaps walks: ~6 s
-            # of a 1e6 round at 2 s); the round's own CPU leaves it out
+            # the samplers' CPU is the benchmark's, charged to the driver (the smaps walks);
+            # the round's own CPU leaves it out
             "benchmark_own_cpu_s": mem.cpu_s + probe.cpu_s,
             "cpu_ratio_to_floor_without_samplers": (
                 (res["round_cpu_s"] - mem.cpu_s - probe.cpu_s) / floor

@@ -20,7 +20,7 @@ import importlib
 
 # name -> submodule, loaded on first use: a process that only unpickles a mechanism (an
 # opener, a client shard) imports rknn_ray.accounting.bounds, and with eager imports here
-# it paid for dp_accounting and scipy (~1 CPU s) before its first report
+# it would pay for dp_accounting and scipy before its first report
 _LAZY = {"BOUNDS": "bounds", "AmplificationBound": "bounds", "VariationRatioBound": "bounds",
          "amplified_local_eps": "bounds", "get_bound": "bounds",
          "variation_ratio_bound": "bounds", "PrivacyLedger": "ledger",

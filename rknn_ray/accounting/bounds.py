@@ -52,8 +52,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 # scipy is imported in the functions that use it: an opener or a client shard unpickles
-# mechanisms that refer to this module and never calls them (an eager import cost each
-# such process ~1 CPU s before its first report)
+# mechanisms that refer to this module and never calls them (an eager import would cost
+# each such process seconds of CPU before its first report)
 
 from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT_SLACK_PER_TERM,

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 # scipy is imported in the functions that use it: an opener or a client shard unpickles
-# mechanisms that refer to this module and never calls them (an eager import cost each
-# such process ~1 CPU s before its first report)
+# mechanisms that refer to this module and never calls them (an eager import would cost
+# each such process seconds of CPU before its first report)
 
 from rknn_ray.accounting.binom_fast import binom_logpmf, half_pmf_path, half_sf_path, pmf_rtol
 

@@ -36,7 +36,7 @@ ceil(L1/2) copies of (P, Q) and as many of (Q, P).  ``dp_accounting`` composes t
 honest clients' noise is counted; it needs all ``n`` shares, so calibrate with the
 minimum number of clients that will send (extra senders only add noise).
 
-Why negative-binomial flooding (issue 20 item 5). The flooding pays for the lower edge
+Why negative-binomial flooding. The flooding pays for the lower edge
 of G+ + F: on the half of the outcomes where the DLap difference sits below x, the view
 also shifts W = Geometric(p^2) + F by one, so W must itself be shift-private with the
 eps left over from the DLap. A Poisson's log-pmf slope changes by ~1/sqrt(mu) per
@@ -56,7 +56,7 @@ import numpy as np
 
 # scipy and dp_accounting are imported in the functions that use them: an opener or a
 # client shard unpickles mechanisms that refer to this module and never calls them
-# (eager imports cost each such process ~1-1.5 CPU s before its first report)
+# (eager imports would cost each such process seconds of CPU before its first report)
 
 from rknn_ray.accounting.calibration import monotone_edge
 from rknn_ray.errors import ConfigError

@@ -1,4 +1,4 @@
-"""Baselines run on the project's data, queries, students and ledger (issue 12).
+"""Baselines run on the project's data, queries, students and ledger.
 
 One module per system; each states its guarantee, unit and neighbour relation:
 

@@ -91,8 +91,8 @@ def calibrate_decreasing(eps_of, target: float, lo: float = 1e-3, hi: float = 1e
 
     Bisection in log space; the returned ``x`` always satisfies the target (it is the
     upper end of the final bracket), so a calibrated mechanism never overspends. It stops
-    once the bracket is ``rel_tol`` wide: an RDP evaluation costs ~0.3 s here, and the
-    45 halvings Private-kNN used to ask for pinned sigma to 5e-13, 24 of them to 1e-6.
+    once the bracket is ``rel_tol`` wide: every halving is a full RDP evaluation, and
+    halvings past that width buy nothing a release could notice.
     """
     if eps_of(hi) > target:
         raise ValueError(f"even noise {hi:g} gives eps {eps_of(hi):.4g} > target {target:g}")

@@ -50,7 +50,7 @@ class PreparedData:
     @property
     def max_records_per_client(self) -> int:
         """Public: the declared / public bound (data.max_records_per_client), never the
-        partition's actual largest client, which depends on private labels (issue 21)."""
+        partition's actual largest client, which depends on private labels."""
         if self.record_bound is not None:
             return int(self.record_bound)
         return int(np.bincount(self.client_ids).max(initial=0))   # hand-built data (tests)

@@ -81,7 +81,7 @@ def load_digits() -> Dataset:
     table = None
     spec = importlib.util.find_spec("sklearn")
     if spec is not None and spec.submodule_search_locations:
-        # sklearn's own CSV (64 pixels + target per row): skips the ~2-4 s sklearn import
+        # sklearn's own CSV (64 pixels + target per row): skips the slow sklearn import
         path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
         if os.path.isfile(path):
             table = np.loadtxt(path, delimiter=",")

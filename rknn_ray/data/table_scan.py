@@ -1,6 +1,6 @@
 """The private part's scan, where the private rows are read, before the job reserves budget.
 
-The driver never loads private features or labels (issue 35). What it needs from them it
+The driver never loads private features or labels. What it needs from them it
 gets from this scan, which runs in a short-lived process of its own (``python -m
 rknn_ray.data.table_scan``, the spec on stdin, one JSON line on stdout) and returns only:
 the record count, how many clients each shard will hold, the records' exact and near

@@ -82,7 +82,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     for t, r in enumerate(rounds):
         timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
     # the job's wall time to here (Ray's start and the time between stages included; the
-    # release's untimed noise sampling left out, as from every stage: issue 21)
+    # release's untimed noise sampling left out, as from every stage)
     timings["job"] = progress.elapsed()
     report = {
         "accuracy": accuracy,

@@ -96,7 +96,7 @@ class Progress:
     @contextmanager
     def untimed(self, name: str):
         """A span that no stage timing and no console timestamp includes: the release,
-        whose exact noise sampler runs longer the larger the noise it draws (issue 21)."""
+        whose exact noise sampler runs longer the larger the noise it draws."""
         start = self._span_start = self._clock()
         try:
             yield

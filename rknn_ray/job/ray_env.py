@@ -78,9 +78,9 @@ WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "rknn_ray.job.ray_env.pin_ray
 
 def other_ray_on_this_machine() -> bool:
     """Whether another Ray instance (a GCS process) already runs here: only then do our
-    workers need :func:`pin_ray_address`. A job runtime env costs every worker ~0.7 CPU s
-    and keeps the workers Ray prestarts from being used (4 actors ready in 3.9 s instead of
-    1.7 s here), so a lone instance goes without. (One started beside ours later can still
+    workers need :func:`pin_ray_address`. A job runtime env costs every worker CPU at start
+    and keeps the workers Ray prestarts from being used (actors are ready later; figures in
+    docs/results.md, "Costs behind design choices"), so a lone instance goes without. (One started beside ours later can still
     confuse Train's cleaner; its traceback is dropped from the console by
     :mod:`rknn_ray.training.logs`.) True when Ray's process scan itself fails."""
     try:

@@ -154,8 +154,8 @@ def new_job_id() -> str:
 
 
 #: expected messages in a round below which the Server opens them itself (``cluster.openers:
-#: null``). An opener process costs ~1 CPU s to start and warm; a digits job (~1,000 reports,
-#: ~70 ms of opening) spent 4-6 CPU s and 2-3 s of wall more with its two than without.
+#: null``): starting and warming an opener process costs more than opening a small round's
+#: reports in the Server (docs/results.md, "Costs behind design choices").
 OPEN_IN_SERVER_BELOW = 20_000
 
 

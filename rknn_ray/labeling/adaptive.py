@@ -11,8 +11,8 @@ specifies the rule (every experiment there uses T = 1). Ours, for round t >= 1
    the rounds' queries, smoothed over the public k-NN graph).
 2. Fit an *interim student* on those labels: the MLP of ``rknn_ray.student`` trained
    in this process (``train_student_local``) on the public encoder's embeddings. Not
-   Ray Train: a Train start-up costs ~25 s here per fit, more than the whole fit of a
-   small MLP on a few thousand public embeddings; the final student is still trained
+   Ray Train: a Train start-up per fit costs more than the whole fit of a small MLP on a
+   few thousand public embeddings; the final student is still trained
    by Ray Train.
 3. Score every public sample that is not yet a query by the interim student's
    uncertainty: ``margin`` (1 - (p1 - p2), the gap between its two most probable

@@ -88,7 +88,7 @@ class CentralLaplace(Mechanism):
     @property
     def scale(self) -> Fraction:
         """Noise scale >= 2kr / eps, exactly: 1 / (eps/(2kr) rounded down to a float).
-        A float 2kr/eps may round down and imply an eps above the target (issue 21)."""
+        A float 2kr/eps may round down and imply an eps above the target."""
         return noisier_scale(self.params.sensitivity_l1, self.params.eps)
 
     @property

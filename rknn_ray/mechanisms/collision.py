@@ -11,7 +11,7 @@ probability is e^eps/Omega and the smallest is >= 1/Omega (because h <= c), so t
 likelihood ratio is <= e^eps, with equality when H(V) has no collision. The report
 carries the 64-bit seed of its hash, which reveals H but nothing about V.
 
-Exact parameters (issue 21): the sampler does not use the float e^eps / Omega. Each
+Exact parameters: the sampler does not use the float e^eps / Omega. Each
 hashed value gets pi = e^eps/Omega rounded *down* to a multiple of 2^-53 from an exact
 lower bound w of e^eps (so pi (l - c) / (1 - c pi) <= w <= e^eps in exact arithmetic),
 the rest share 1 - h pi uniformly, and every draw is an integer one (a uniform integer
@@ -70,7 +70,7 @@ def collision_omega(eps: float, l: int, c: int) -> float:
 def collision_member_threshold(eps: float, l: int, c: int) -> int:
     """t with pi = t / 2^53 the probability of each hashed input value: the largest such
     pi <= w / (c w + l - c) for an exact lower bound w of e^eps. Then the likelihood ratio
-    pi / ((1 - c pi) / (l - c)) <= w <= e^eps in exact arithmetic (issue 21)."""
+    pi / ((1 - c pi) / (l - c)) <= w <= e^eps in exact arithmetic."""
     w = exp_lower(Fraction(eps))
     return int(grid_down(w / (c * w + l - c)) * (1 << COIN_BITS))
 

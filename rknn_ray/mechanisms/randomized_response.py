@@ -7,7 +7,7 @@ in at most 2kr bits, so the likelihood ratio is at most e^{2kr * eps/(2kr)} = e^
 reached for two records whose cells are disjoint. q is rounded *up* to a multiple of
 2^-53 from an exact lower bound of e^{eps/(2kr)} and each flip is a uniform integer compared
 with an integer (:func:`rknn_ray.mechanisms.exact.coin`), so the ratio holds in exact
-arithmetic, not only in float64 (issue 21). The report is the flipped bit
+arithmetic, not only in float64. The report is the flipped bit
 vector packed with ``np.packbits`` (ceil(d/8) bytes). The unbiased estimate of a
 cell is (bit - q) / (1 - 2q) per report, with variance e'/(e'-1)^2, e' = e^{eps/(2kr)},
 whatever the true bit is.
@@ -241,7 +241,7 @@ class LocalMechanism(Mechanism):
 def rr_flip_threshold(eps: float, k: int, r: int) -> int:
     """t with q = t / 2^53 the flip probability: the smallest such q >= 1/(e^{eps/(2kr)} + 1),
     from an exact lower bound w of e^{eps/(2kr)}, so (1-q)/q <= w: every bit is at most
-    eps/(2kr)-LDP in exact arithmetic (a float q may round the other way, issue 21)."""
+    eps/(2kr)-LDP in exact arithmetic (a float q may round the other way)."""
     w = exp_lower(Fraction(eps) / (2 * k * r))
     t = int(grid_up(1 / (1 + w)) * (1 << COIN_BITS))
     if 2 * t >= 1 << COIN_BITS:

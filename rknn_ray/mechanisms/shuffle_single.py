@@ -74,7 +74,7 @@ class ShuffleSingleMixin:
         """Central eps the bound gives for this eps0 and n shuffled senders.
 
         Memoized per n: eps0, delta and the bound are fixed at calibration, and every round
-        asks again (floor, describe, guarantee, cost: ~50 ms of numerics each, issue 20).
+        asks again (floor, describe, guarantee, cost: each a numerical bound evaluation).
         """
         if n < 2:
             return math.inf

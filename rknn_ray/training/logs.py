@@ -15,7 +15,7 @@ from typing import Callable
 
 _STATE_API_NOISE = "State API may be temporarily unavailable"
 # abseil's mutex event trace ("[mutex.cc : 452] RAW: Lock blocking 0x...   @ 0x..."): three
-# lines a Ray worker printed once in this project's CI runs (the README demo, 2026-11-26).
+# lines a Ray worker has printed in this project's CI runs (the README demo).
 # Printed by abseil inside a third-party library (reported for other torch programs too),
 # not by this job, and harmless
 _ABSEIL_MUTEX_TRACE = re.compile(r"\[mutex\.cc : \d+\] RAW: (Lock blocking|Lock returning|Unlock) 0x")

@@ -210,8 +210,8 @@ def _stop_fit(thread, done, wait: float | None = None) -> bool:
     actor, found in that thread's frames, is killed: the blocked get raises, the thread ends
     while Ray is up, and the controller's training workers die with their owner. A run
     interrupted while ``fit()`` still sets up is watched until its controller exists (on a
-    busy machine that can take seconds: the probe once waited out its 15 s here, then
-    crashed in shutdown), and killed then. Only a run still going after ``wait`` is left to
+    busy machine that can take seconds, and shutting Ray down before it does can crash),
+    and killed then. Only a run still going after ``wait`` is left to
     :func:`join_abandoned_fits`."""
     import ray
     end = time.monotonic() + (FIT_STOP_WAIT if wait is None else wait)
