@@ -259,9 +259,10 @@ def plot(rows: list[dict], path: str, dataset: str) -> None:
     accuracy_vs_eps_png(path, lines, f"{dataset}: accuracy vs eps")
 
 
-def write_diagnostics(out: str, rows: list[dict]) -> None:
+def write_diagnostics(out: str, rows: list[dict], baselines: dict | None = None) -> None:
     """``out``/diagnostics/ (owner-only, a README that says NOT PRIVATE): each rknn row's
-    label accuracy beside the same labels from exact counts."""
+    label accuracy beside the same labels from exact counts, and the baselines' figures read
+    from their exact private votes (``baselines``: method@eps -> BaselineRow.diagnostics)."""
     folder = os.path.join(out, "diagnostics")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
@@ -270,13 +271,16 @@ def write_diagnostics(out: str, rows: list[dict]) -> None:
     write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
     write_json(os.path.join(folder, "nonprivate_labels.json"), {"private": False, "rows": diag})
     write_text(os.path.join(folder, "nonprivate_labels.csv"), rows_to_csv(diag, DIAGNOSTICS_COLUMNS))
+    if baselines:
+        write_json(os.path.join(folder, "baselines.json"), {"private": False, "runs": baselines})
 
 
-def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None:
+def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict,
+                  baseline_diagnostics: dict | None = None) -> None:
     """compare.json/csv/md/png and meta.json, ledgers.json (private results only); with
     ``meta["diagnostics"]`` also the NOT PRIVATE diagnostics/ folder."""
     if meta.get("diagnostics"):
-        write_diagnostics(out, rows)
+        write_diagnostics(out, rows, baseline_diagnostics)
     rows = private_rows(rows)
     write_tables(out, "compare", rows, table=rows, columns=COLUMNS,
                  markdown=to_markdown(rows, meta), meta=meta, extra={"ledgers.json": ledgers},
@@ -295,6 +299,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
     torch.set_num_threads(1)
     ledgers: dict = {}
+    not_private: dict = {}              # baselines' NOT PRIVATE figures, kept for --diagnostics
     setup = []                          # the baselines' shared data, prepared on first use
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
             "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
@@ -313,6 +318,8 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                 row = run_baseline(method, setup[0], eps, delta, ledger)
                 ledgers[f"{method}@{eps:g}"] = {"ledger": ledger.to_dict(),
                                                 "details": row.details}
+                if diagnostics and row.diagnostics:
+                    not_private[f"{method}@{eps:g}"] = row.diagnostics
             except BaseException:
                 # a release may have happened before the failure: the reservation stays counted
                 store.mark_failed(ledger.identity, job_id, f"compare: {method} failed")
@@ -340,7 +347,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                 jobs.append(Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
                                                          "target_eps": eps},
                                 call=_raise(exc)))
-    runner = Runner(out, write=lambda rows, m: write_outputs(out, rows, m, ledgers),
+    runner = Runner(out, write=lambda rows, m: write_outputs(out, rows, m, ledgers, not_private),
                     log=progress, meta=meta, sample_load=True)
     meta["ledger"] = os.path.join(runner.out, "ledger.sqlite")
     return private_rows(runner.run(jobs))

@@ -207,17 +207,21 @@ class BaselineRow(ReportRow):
     """A baseline's row: the report-row schema every experiment's rows hold (``model`` and
     ``mechanism`` of its release, the ledger's eps and delta, unit, neighbour, accuracies,
     rounds, ``bytes_per_client``), the comparison's own keys (``method``, ``target_eps``,
-    ``wall_s``), and ``details``: the release's parameters and reference figures, which go
-    beside the table (ledgers.json), never into it."""
+    ``wall_s``), ``details``: the release's parameters, which go beside the table
+    (ledgers.json), never into it, and ``diagnostics``: NOT PRIVATE figures computed from the
+    exact private votes (e.g. the noiseless plurality's accuracy), which only a run that asked
+    for simulation diagnostics writes, into its diagnostics/ folder."""
     method: str = ""
     target_eps: float | None = None
     wall_s: float = NAN
     details: dict = field(default_factory=dict, compare=False)
+    diagnostics: dict = field(default_factory=dict, compare=False)
 
     def table_fields(self) -> dict:
-        """The row as a table holds it: everything but ``details``."""
+        """The row as a table holds it: everything but ``details`` and ``diagnostics``."""
         d = self.to_dict()
         d.pop("details")
+        d.pop("diagnostics")
         return d
 
 

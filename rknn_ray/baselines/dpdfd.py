@@ -108,6 +108,6 @@ def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 2, seed: in
         setup, ledger, "dpdfd_selective_rr", target_eps, t0, unit="label",
         neighbour=NEIGHBOUR_LABEL, accuracy=acc, label_accuracy=lab_acc, rounds=len(chunks),
         bytes_per_client=raw_upload_bytes(setup),
-        details={"stages": len(chunks), "teacher_query_accuracy":
-                 float(np.mean(teacher_labels == setup.query_truth)),
-                 "mean_candidates": float(sizes.mean())})
+        details={"stages": len(chunks), "mean_candidates": float(sizes.mean())},
+        diagnostics={"teacher_query_accuracy":      # NOT PRIVATE: the teachers' exact labels
+                     float(np.mean(teacher_labels == setup.query_truth))})

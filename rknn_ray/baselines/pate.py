@@ -157,12 +157,14 @@ def run_pate(setup: BaselineSetup, target_eps: float, delta: float = 1e-5,
            aggregator=aggregator, noise=noise, num_queries=Q, num_teachers=num_teachers)
     labels = noisy_argmax(hist, aggregator, noise, privacy_generator(setup, 17, seed))
     acc, lab_acc, _ = student_from_query_counts(setup, one_hot(labels, setup.num_classes))
-    details = {"noise": noise, "num_teachers": num_teachers, "queries": Q,
-               "plurality_accuracy": float(np.mean(hist.argmax(1) == setup.query_truth))}
+    details = {"noise": noise, "num_teachers": num_teachers, "queries": Q}
+    # NOT PRIVATE: both read the exact vote histogram
+    diagnostics = {"plurality_accuracy": float(np.mean(hist.argmax(1) == setup.query_truth))}
     if data_dependent and aggregator == "gnmax":
-        details["data_dependent_eps_reference_only"] = gnmax_data_dependent_epsilon(hist, noise,
-                                                                                    delta)
+        diagnostics["data_dependent_eps_reference_only"] = gnmax_data_dependent_epsilon(
+            hist, noise, delta)
     return baseline_row(
         setup, ledger, f"pate_{aggregator}", target_eps, t0, unit="record",
         neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc, label_accuracy=lab_acc, rounds=1,
-        bytes_per_client=4.0 * Q, details=details)
+        bytes_per_client=4.0 * Q, details=details,
+        diagnostics=diagnostics)
