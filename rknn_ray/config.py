@@ -35,6 +35,7 @@ import yaml
 
 from rknn_ray.errors import ConfigError
 from rknn_ray.keyspec import Spec, check_number, key, spec_of
+from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 from rknn_ray.student.config import LABEL_TYPES, StudentSection
 
 __all__ = ["Config", "ConfigError", "DEFAULTS", "KNOWN_KEYS", "load_config", "parse_override",
@@ -589,25 +590,6 @@ def _finish(cfg: dict, overrides: list[str] | None) -> Config:
 
 
 # ---------------------------------------------------------------------- validation
-
-#: privacy.options keys the mechanisms read, and what each accepts.
-PRIVACY_OPTIONS = {
-    "collision_l": Spec("Collision / separation: the output domain l, above k*r (unset: the "
-                        "variance-optimal l)", int, low=2),
-    "separation_split": Spec("separation: share f of eps for the query part (0.5, the paper's)",
-                             float, low=0, high=1, low_open=True, high_open=True),
-    "expected_dropout": Spec("shuffle multi: share of clients that may not send; the noise is "
-                             "split over the rest", float, low=0, high=1, high_open=True),
-    "dlap_share": Spec("shuffle multi: the DLap noise's share of the per-cell eps; the rest "
-                       "pays for flooding: lower sends fewer messages, with more noise. Unset: "
-                       "with queries.s auto under shuffle.max_messages_per_client, the one of "
-                       "0.85, 0.7, 0.55 that allows the most queries; else 0.85",
-                       float, low=0, high=1, low_open=True, high_open=True)}
-#: Options the pipeline fills from a dedicated key (an options entry would override it).
-SHADOWED_OPTIONS = {"noise": "privacy.noise", "multi_record": "privacy.multi_record",
-                    "bound": "privacy.amplification_bound",
-                    "honest_fraction": "privacy.honest_fraction"}
-
 
 def synthetic_keys() -> dict[str, type]:
     """data.synthetic keys: gaussian_mixture's parameters, typed by their defaults."""

@@ -265,7 +265,8 @@ def test_privacy_options_are_the_keys_the_mechanisms_read():
     read = set()
     for path in glob.glob(os.path.join(ROOT, "rknn_ray", "mechanisms", "*.py")):
         text = open(path, encoding="utf-8").read()
-        read |= set(re.findall(r"options(?:\.get\(|\[)\s*[\"'](\w+)[\"']", text))
+        read |= set(re.findall(r"(?:options(?:\.get\(|\[)|option\([\w.]+,)\s*[\"'](\w+)[\"']",
+                               text))
     assert read == set(PRIVACY_OPTIONS) | set(SHADOWED_OPTIONS)
 
 
