@@ -448,7 +448,7 @@ def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=N
                                student_epochs)
     check_consent(base, insecure_seeded)       # run.rng=seeded: only when asked, marked
     if not os.environ.get("RAY_ADDRESS"):
-        from rknn_ray.config import validate_resources
+        from rknn_ray.job.resources import validate_resources
         for _, cfg in planned:
             validate_resources(cfg, float(os.cpu_count() or 1))
     os.makedirs(out, exist_ok=True)

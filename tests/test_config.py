@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from rknn_ray.config import (DEFAULTS, PRIVACY_OPTIONS, SECTIONS, SHADOWED_OPTIONS, Config,
-                             load_config, parse_override, protocol_cpus, specs, validate_resources,
+                             load_config, parse_override, specs,
                              validate_with_data)
 from rknn_ray.errors import ConfigError
+from rknn_ray.job.resources import protocol_cpus, validate_resources
 from rknn_ray.runio import prepare_run_dir, write_json
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
