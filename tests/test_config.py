@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from rknn_ray.config import (DEFAULTS, PRIVACY_OPTIONS, SECTIONS, SHADOWED_OPTIONS, Config,
-                             load_config, parse_override, specs,
-                             validate_with_data)
+                             load_config, parse_override, specs)
+from rknn_ray.data.checks import validate_with_data
 from rknn_ray.errors import ConfigError
 from rknn_ray.job.resources import protocol_cpus, validate_resources
 from rknn_ray.runio import prepare_run_dir, write_json
