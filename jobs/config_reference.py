@@ -4,7 +4,9 @@
     python -m jobs.config_reference --check    # exit 1 if the file is out of date (CI runs this)
 
 Every key, its default, what it accepts and its doc come from the key's one declaration,
-its field in ``rknn_ray/config.py`` (``rknn_ray/student/config.py`` for ``student.*``), read
+its field in its section (``rknn_ray/<stage>/config.py``; ``run`` and ``cluster`` in
+``rknn_ray/config.py``, which composes the sections; ``privacy.options`` in
+``rknn_ray/mechanisms/options.py``), read
 through ``rknn_ray.keyspec``; the validator reads the same, so the reference cannot drift from
 what the job accepts: ``tests/test_docs.py`` fails when someone changes a key and not this file.
 """
@@ -16,7 +18,9 @@ import os
 import sys
 
 from rknn_ray import config as C
+from rknn_ray.data.config import synthetic_keys
 from rknn_ray.keyspec import spec_of
+from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 
 DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "docs", "configuration.md")
@@ -60,14 +64,14 @@ def render() -> str:
                          f"{spec.accepts()} | {_cell(spec.doc)} |")
     lines += ["\n## Free-form sections\n", "`privacy.options` (mechanism tuning):\n",
               "| key | accepts | what |", "|---|---|---|"]
-    for key, spec in C.PRIVACY_OPTIONS.items():
+    for key, spec in PRIVACY_OPTIONS.items():
         lines.append(f"| `privacy.options.{key}` | {spec.accepts()} | {_cell(spec.doc)} |")
-    for key, target in C.SHADOWED_OPTIONS.items():
+    for key, target in SHADOWED_OPTIONS.items():
         lines.append(f"| `privacy.options.{key}` | filled from `{target}` (an entry here "
                      "overrides it) | |")
     lines += ["\n`data.synthetic` (arguments of `rknn_ray.data.synthetic.gaussian_mixture`):\n",
               "| key | type |", "|---|---|"]
-    for key, kind in C.synthetic_keys().items():
+    for key, kind in synthetic_keys().items():
         lines.append(f"| `data.synthetic.{key}` | {kind.__name__} |")
     from rknn_ray.data.tables import PART_KEY_DOCS, PART_KEYS
     lines += ["\n`data.private`, `data.public`, `data.evaluation` (`data.dataset: table`; "

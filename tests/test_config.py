@@ -11,11 +11,12 @@ import sys
 import pytest
 import yaml
 
-from rknn_ray.config import (DEFAULTS, PRIVACY_OPTIONS, SECTIONS, SHADOWED_OPTIONS, Config,
+from rknn_ray.config import (DEFAULTS, SECTIONS, Config,
                              load_config, parse_override, specs)
 from rknn_ray.data.checks import validate_with_data
 from rknn_ray.errors import ConfigError
 from rknn_ray.job.resources import protocol_cpus, validate_resources
+from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 from rknn_ray.runio import prepare_run_dir, write_json
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
