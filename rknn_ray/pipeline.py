@@ -22,22 +22,9 @@ from rknn_ray.data.prepared import PreparedData, partitioned, prepare_data  # no
 from rknn_ray.labeling.labels import accuracy, hard_labels, propagate, soft_labels
 from rknn_ray.mechanisms.base import Mechanism, MechanismParams
 from rknn_ray.labeling.queries import QuerySet, select_queries
-from rknn_ray.representation.represent import Encoder, make_encoder
+from rknn_ray.representation.represent import Encoder
+from rknn_ray.representation.stage import encoder_from_config, encoder_info
 from rknn_ray.labeling.rknn import build_answers
-
-
-def encoder_from_config(cfg, progress=None) -> Encoder:
-    """An unfitted encoder as ``cfg.represent`` describes it."""
-    r = cfg.represent
-    if r.encoder == "pca":
-        return make_encoder("pca", dim=r.dim, whiten=r.whiten)
-    if r.encoder == "hog":
-        return make_encoder("hog", dim=r.dim)
-    if r.encoder == "simclr":
-        return make_encoder("simclr", dim=r.dim, epochs=r.epochs, batch_size=r.batch_size,
-                            flip=r.flip, backbone=r.backbone, seed=cfg.run.seed, trainer=r.trainer,
-                            cache_dir=r.cache_dir, use_gpu=cfg.student.use_gpu, progress=progress)
-    return make_encoder(r.encoder)
 
 
 def fit_queries(cfg, data: PreparedData, progress=None,
@@ -375,10 +362,6 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
                                                 "post_processing": True},
             "encoder": encoder_info(cfg), "confidence": conf}
     return lab, info
-
-
-def encoder_info(cfg) -> dict:
-    return {"encoder": cfg.represent.encoder, "dim": cfg.represent.dim}
 
 
 def _semi_init(cfg, encoder):
