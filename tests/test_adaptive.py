@@ -103,7 +103,8 @@ def test_next_round_never_reads_private_records_or_public_labels():
 
     from rknn_ray.job.session import RoundResult
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import exact_answers, fit_queries, mechanism_for, prepare_data
+    from rknn_ray.pipeline import exact_answers, fit_queries, prepare_data
+    from rknn_ray.mechanisms.stage import mechanism_for
 
     cfg = load_config("jobs/configs/digits_central.yaml",
                       ["rounds.count=2", "rounds.query_selection=uncertain", "queries.restarts=1"])

@@ -122,7 +122,7 @@ def test_auto_s_caps_multi_message_traffic_per_client():
     import dataclasses
 
     from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import mechanism_params, multi_message_s_cap
+    from rknn_ray.mechanisms.stage import mechanism_params, multi_message_s_cap
     base = ["privacy.model=shuffle", "privacy.mechanism=multi", "privacy.delta=1e-6",
             "queries.s=auto", "rknn.k=auto", "data.partition=one_per_client"]
     cfg = load_config("jobs/configs/digits_central.yaml", base + ["privacy.eps=4",

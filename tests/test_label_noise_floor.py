@@ -15,8 +15,8 @@ import pytest
 
 from rknn_ray.config import load_config
 from rknn_ray.mechanisms import build
-from rknn_ray.pipeline import (derive_labels, exact_answers, fit_queries, mechanism_params,
-                               prepare_data)
+from rknn_ray.pipeline import derive_labels, exact_answers, fit_queries, prepare_data
+from rknn_ray.mechanisms.stage import mechanism_params
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ it grows about as eps^-0.85 with NB (eps^-1.7 with Poisson) and as (ln 1/delta)^
 both (docs/results.md, "Multi-message noise messages per cell"). These numbers are at the
 DLap's default share 0.85 of the per-cell eps (``privacy.options.dlap_share``); with
 ``queries.s: auto`` under a message cap the job picks the share that allows the most queries
-(rknn_ray.pipeline.free_dlap_shares): 0.55 on Fashion-MNIST at eps = 1, mu = 67 (NB r = 32),
-at 2.4x the DLap's variance. Calibration, the (eps, delta) statement and its
+(rknn_ray.mechanisms.stage.free_dlap_shares): 0.55 on Fashion-MNIST at eps = 1, mu = 67
+(NB r = 32), at 2.4x the DLap's variance. Calibration, the (eps, delta) statement and its
 derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
