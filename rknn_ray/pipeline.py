@@ -128,22 +128,6 @@ def derive_labels(counts: np.ndarray, qs: QuerySet, public_truth: np.ndarray,
                     accuracy(hard, public_truth[qs.public_index]))
 
 
-def dataset_sources(cfg, data: PreparedData, shards: int | None = None) -> list:
-    """One source per client shard: contiguous client-id ranges of the run's partition.
-
-    Each source holds only its shard's records, cut from ``data`` (the partition this
-    job prepared once), so no shard loads, splits and partitions the whole dataset
-    again, and none holds another shard's records (rknn_ray.data.sources).
-    """
-    from rknn_ray.data.sources import PreparedShardSource
-    if data.shard_sources is not None:      # the kind deals its own (each shard reads its part)
-        return data.shard_sources(cfg, int(shards or cfg.cluster.shards))
-    n = data.num_clients
-    count = max(1, min(int(shards or cfg.cluster.shards), n))
-    cuts = np.linspace(0, n, count + 1).astype(np.int64)
-    return [PreparedShardSource.of(data, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
-
-
 def round_query_counts(cfg) -> list[int]:
     """New queries per round: ``queries.s`` every round, or with ``rounds.split_queries`` the
     s queries divided over the rounds (s // T each, the remainder to the first rounds), so

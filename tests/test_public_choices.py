@@ -95,7 +95,7 @@ def test_records_beyond_the_bound_are_dropped_blindly():
     assert len(held) == int(np.minimum(sizes, 5).sum())       # only the excess goes
     assert data.records_dropped() == len(data.client_ids) - len(held)
     # the shards hold exactly the kept records: their sources see the same rows
-    from rknn_ray.pipeline import dataset_sources
+    from rknn_ray.data.sources import dataset_sources
     recs = [src.open() for src in dataset_sources(cfg, data, shards=2)]
     assert sum(len(r.labels) for r in recs) == len(held)
     assert max(r.max_records_per_client for r in recs) <= 5

@@ -9,7 +9,8 @@ import pytest
 import rknn_ray.data.prepared as prepared
 from actors.client_shard import ClientShardImpl
 from rknn_ray.config import load_config
-from rknn_ray.pipeline import dataset_sources, prepare_data
+from rknn_ray.pipeline import prepare_data
+from rknn_ray.data.sources import dataset_sources
 
 
 def _cfg(*overrides):
