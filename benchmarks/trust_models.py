@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.errors import RknnError
-    from rknn_ray.pipeline import derive_labels, exact_answers, prepare_stages
+    from rknn_ray.pipeline import prepare_stages
+    from rknn_ray.labeling.stage import derive_labels, exact_answers
     from rknn_ray.data.sources import dataset_sources
     from rknn_ray.mechanisms.stage import mechanism_for
     from rknn_ray.plots import plt, save_png

@@ -98,7 +98,7 @@ def test_builtin_rows_keep_row_numbers_and_a_partial_truth_is_null_where_missing
     from rknn_ray.data.splits import Splits
     from rknn_ray.job.labels_file import labels_table
     from rknn_ray.labeling.queries import QuerySet
-    from rknn_ray.pipeline import derive_labels
+    from rknn_ray.labeling.stage import derive_labels
     counts = np.array([[9.0, 1.0, 0.0], [2.0, 3.5, 4.0]])
     qs = QuerySet(np.zeros((2, 2), np.float32), np.array([0, 3]), np.array([0, 1, 1, 0, 1]), 0.0)
     public_y = np.array([0, 2, -1, 0, 1])

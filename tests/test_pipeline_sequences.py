@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from rknn_ray.config import load_config
-from rknn_ray.pipeline import (derive_labels, exact_answers, finish_labels, fit_queries,
-                               fit_student, prepare_data, resolve_auto, student_inputs)
+from rknn_ray.pipeline import (finish_labels, fit_queries, fit_student, prepare_data,
+                               resolve_auto, student_inputs)
+from rknn_ray.labeling.stage import derive_labels, exact_answers
 
 TINY = ["run.progress=false", "student.epochs=1", "student.augment=none",
         "student.trainer=local", "queries.s=30", "rknn.k=2", "run.seed=3",

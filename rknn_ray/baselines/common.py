@@ -241,7 +241,8 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
     """
     import dataclasses
 
-    from rknn_ray.pipeline import derive_labels, train_on_labels
+    from rknn_ray.pipeline import train_on_labels
+    from rknn_ray.labeling.stage import derive_labels
     from rknn_ray.student import StudentConfig
     cfg = setup.cfg
     lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries,

@@ -14,7 +14,7 @@ import numpy as np
 
 from rknn_ray.job.session import Parties
 from rknn_ray.mechanisms.base import Mechanism
-from rknn_ray.pipeline import round_budgets, round_query_counts
+from rknn_ray.labeling.stage import round_budgets, round_query_counts
 from rknn_ray.mechanisms.stage import mechanism_for
 
 

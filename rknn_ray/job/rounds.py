@@ -22,7 +22,8 @@ from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
-from rknn_ray.pipeline import next_round_uncertain, round_budgets, round_query_counts
+from rknn_ray.pipeline import next_round_uncertain
+from rknn_ray.labeling.stage import round_budgets, round_query_counts
 from rknn_ray.data.sources import dataset_sources
 from rknn_ray.mechanisms.stage import mechanism_for
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
