@@ -37,7 +37,8 @@ def measure(config: str, fractions: list[float], seeds: int,
             overrides: tuple = ()) -> list[dict]:
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms.exact import negative_binomial
-    from rknn_ray.pipeline import finish_labels, prepare_stages, train_on_labels
+    from rknn_ray.pipeline import finish_labels, prepare_stages
+    from rknn_ray.student.stage import train_on_labels
     from rknn_ray.labeling.stage import exact_counts
     from rknn_ray.mechanisms.stage import mechanism_for
     from rknn_ray.rng import seeded_generator

@@ -119,7 +119,7 @@ def test_hog_encoder_public_fit_and_pca_reduction():
 def test_feature_student_inputs_and_every_public_sample_a_query(digits_data, tmp_path):
     import pickle
 
-    from rknn_ray.pipeline import feature_inputs
+    from rknn_ray.student.stage import feature_inputs
     cfg, data = digits_data
     n = len(data.splits.public_x)
     encoder, emb, qs = fit_queries(cfg.with_overrides([f"queries.s={n}"]), data)

@@ -193,7 +193,8 @@ def test_ensure_ray_is_the_one_start_up_for_a_local_instance_or_a_cluster(monkey
 def test_the_student_stages_leave_the_label_info_alone(tmp_path):
     """No dict is written and popped across modules: the label info is read only, the
     student's inputs describe themselves, and the report's utility is composed once."""
-    from rknn_ray.pipeline import finish_labels, fit_queries, student_description, student_inputs
+    from rknn_ray.pipeline import finish_labels, fit_queries
+    from rknn_ray.student.stage import student_description, student_inputs
     from rknn_ray.labeling.stage import exact_answers
     ctx = _ctx("queries.s=10", "student.input=features")
     enc, emb, qs = fit_queries(ctx.cfg, ctx.data)

@@ -5,7 +5,7 @@ All baselines run on exactly the data reverse k-NN runs on: ``prepare`` calls
 ``rknn_ray.pipeline.prepare_stages`` (same dataset, split, partition into clients,
 same public encoder and the same ``s`` k-means queries). A labeling baseline labels
 those ``s`` queries privately; the labels propagate to the public set along the
-query clusters and ``rknn_ray.pipeline.train_on_labels`` trains the project's student
+query clusters and ``rknn_ray.student.stage.train_on_labels`` trains the project's student
 (the config's student section, in this process) on them and scores it on the
 evaluation split -- the same path reverse k-NN takes. Teachers and local models
 are small: multinomial logistic regressions (optionally one hidden layer) on the
@@ -241,7 +241,7 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
     """
     import dataclasses
 
-    from rknn_ray.pipeline import train_on_labels
+    from rknn_ray.student.stage import train_on_labels
     from rknn_ray.labeling.stage import derive_labels
     from rknn_ray.student import StudentConfig
     cfg = setup.cfg
