@@ -187,32 +187,3 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
                                                 "post_processing": True},
             "encoder": encoder_info(cfg), "confidence": conf}
     return lab, info
-
-
-def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_emb: np.ndarray,
-                         seed: int, s: int | None = None) -> tuple[QuerySet, dict]:
-    """Round t >= 1's queries for the driver: labels from the counts released so far
-    (``finish_labels``, as the job's final labels), the interim student, then
-    :func:`rknn_ray.labeling.adaptive.select_uncertain` (the stage; this is its orchestration). ``data`` is read for public quantities only (public
-    labels to *measure* the interim student; n, clients and |Y| as the final labels use
-    them); the selection itself sees only public embeddings and released-derived labels.
-    ``s``: how many new queries (default queries.s; the driver passes this round's share)."""
-    from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
-    from rknn_ray.labeling.queries import union_of_rounds
-    all_qs = union_of_rounds(public_emb, query_sets)
-    counts = np.concatenate([r.counts for r in rounds])
-    lab, _ = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, None)
-    probs = interim_student_probs(public_emb, lab.public_targets, lab.public_weight,
-                                  data.num_classes, cfg.labels.type, seed)
-    taken = np.concatenate([q.public_index for q in query_sets])
-    qs, info = select_uncertain(public_emb, probs, taken, cfg.queries.s if s is None else s, seed,
-                                cfg.rounds.uncertainty, cfg.rounds.pool_factor)
-    predicted = probs.argmax(axis=1)
-    info.update({
-        "interim_student": "mlp, in-process, on public embeddings and released-derived labels",
-        "interim_agreement_released": accuracy(predicted, lab.public_hard),
-        # measurement only (like every accuracy figure): public labels never reach select_uncertain
-        "interim_accuracy_public_labels": accuracy(predicted, data.splits.public_y),
-        "labels_accuracy_before": lab.label_accuracy,
-        "post_processing": True})
-    return qs, info

@@ -7,7 +7,7 @@ import pytest
 
 from rknn_ray.labeling.adaptive import (UNCERTAINTY_RULES, interim_student_probs, select_uncertain,
                                uncertainty)
-from rknn_ray.pipeline import next_round_uncertain
+from rknn_ray.job.rounds import next_round_uncertain
 
 
 def _blobs(seed=0, per=60, centres=((0, 0), (10, 0), (0, 10), (10, 10))):
