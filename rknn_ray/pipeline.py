@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_ray.data.prepared import PreparedData, partitioned, prepare_data  # noqa: F401 - the stages' entry
+from rknn_ray.data.prepared import PreparedData, prepare_data
 from rknn_ray.labeling.labels import accuracy
 from rknn_ray.labeling.queries import QuerySet, select_queries
 from rknn_ray.labeling.stage import (Labeling, exact_counts, round_budgets, round_query_counts,

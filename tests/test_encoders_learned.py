@@ -7,7 +7,8 @@ from rknn_ray.representation import contrastive
 from rknn_ray.representation.augment import random_erase, strong_view, weak_view
 from rknn_ray.config import load_config
 from rknn_ray.representation.contrastive import ContrastiveEncoder, encoder_digest, nt_xent
-from rknn_ray.pipeline import fit_queries, prepare_data
+from rknn_ray.pipeline import fit_queries
+from rknn_ray.data.prepared import prepare_data
 from rknn_ray.representation.represent import HOGEncoder, make_encoder
 
 

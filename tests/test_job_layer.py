@@ -109,7 +109,7 @@ def test_a_run_folder_without_report_json_is_named(tmp_path):
 
 def _ctx(*overrides):
     from rknn_ray.job.context import JobContext
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     cfg = load_config("jobs/configs/digits_central.yaml", ["run.rng=seeded", *overrides])
     return JobContext(cfg, prepare_data(cfg), "", None, None, "", "", "")
 

@@ -11,7 +11,6 @@ import pytest
 
 from jobs.distill import main
 from jobs.report import build_report
-from rknn_ray import pipeline
 from rknn_ray.data import prepared
 from rknn_ray.job.labels_file import NO_EVALUATION, NO_PUBLIC_LABELS, vote_margins
 from rknn_ray.plots import run_summary_figure
@@ -39,7 +38,7 @@ def _user_rows(monkeypatch, ids):
             public_ids=np.array(ids, dtype=object), class_names=NAMES)
         return dataclasses.replace(data, splits=user)
 
-    monkeypatch.setattr(pipeline, "prepare_data", prepare)
+    monkeypatch.setattr(prepared, "prepare_data", prepare)
 
 
 def test_user_rows_get_ids_classes_margins_and_no_made_up_accuracy(ray_session, tmp_path,

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from rknn_ray.config import load_config
-from rknn_ray.pipeline import finish_labels, fit_queries, prepare_data, resolve_auto
+from rknn_ray.pipeline import finish_labels, fit_queries, resolve_auto
+from rknn_ray.data.prepared import prepare_data
 from rknn_ray.student.stage import fit_student, student_inputs
 from rknn_ray.labeling.stage import derive_labels, exact_answers
 

@@ -38,7 +38,7 @@ NEIGHBOUR_LABEL = "change-one-query-label"
 class BaselineSetup:
     """The run's data in the representation space (everything public-fitted)."""
     cfg: object
-    data: object                 # rknn_ray.pipeline.PreparedData
+    data: object                 # rknn_ray.data.prepared.PreparedData
     encoder: object
     public_emb: np.ndarray       # (N_pub, D)
     queries: object              # rknn_ray.labeling.queries.QuerySet: the s points every method labels
