@@ -13,6 +13,8 @@ one between rounds, or before the first, returns what no round has used.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from rknn_ray.job.session import CoverShortfall, ProtocolSession
 from rknn_ray.labeling.labels import accuracy
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS, QuerySet, union_of_rounds
 from rknn_ray.labeling.stage import round_budgets, round_query_counts
+from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.mechanisms.stage import mechanism_for
 from rknn_ray.pipeline import finish_labels
 from rknn_ray.rng import NOT_PRIVATE
@@ -113,6 +116,40 @@ def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_e
     return qs, info
 
 
+
+@dataclass
+class RoundPlan:
+    """One round as the loop plans it: its share of the budget, its new queries and how
+    they were chosen (report.json's record), and its mechanism, calibrated for both."""
+    t: int
+    eps: float
+    delta: float
+    queries: QuerySet
+    selection: dict
+    mechanism: Mechanism
+
+
+def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query_sets: list,
+                   progress=None) -> Iterator[RoundPlan]:
+    """The rounds loop, written once (the job's :func:`private_rounds` and
+    benchmarks/adaptive_rounds.py run it): for each of ``rounds.count`` rounds, its
+    (eps, delta) share, its queries (:func:`select_round_queries`; ``first`` for round 0)
+    and its mechanism. ``rounds`` and ``query_sets`` are the caller's lists: it releases
+    each plan and appends the released round and the plan's queries before asking for the
+    next, whose selection reads them."""
+    p = cfg.privacy
+    budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
+    sizes = round_query_counts(cfg)
+    for t, (eps_t, delta_t) in enumerate(budgets):
+        if len(rounds) != t or len(query_sets) != t:
+            raise RuntimeError(f"round {t + 1} planned with {len(rounds)} released rounds and "
+                               f"{len(query_sets)} query sets: append each released round and "
+                               "its queries before the next plan")
+        qs, selection = select_round_queries(cfg, data, t, public_emb, rounds, query_sets,
+                                             sizes[t], first, progress)
+        yield RoundPlan(t, eps_t, delta_t, qs, selection,
+                        mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size))
+
 def job_ledger(ctx: JobContext) -> PrivacyLedger:
     """The job's ledger: a view over its rows of the persistent store (each release is
     committed into its reservation), bounded by privacy.budget_* when set (else the job's
@@ -131,8 +168,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     cfg, store, progress = ctx.cfg, ctx.store, ctx.progress
     p = cfg.privacy
     ledger = job_ledger(ctx)
-    budgets = ctx.round_budgets()
-    sizes = ctx.round_sizes()                  # new queries per round
+    count = cfg.rounds.count
     rounds, query_sets, selections, mechanisms = [], [], [], []
     in_round = None       # the round whose clients may have randomized, until it is committed
     tag_key = release_tag_key(store)           # release.npz is tagged under the ledger's key
@@ -144,14 +180,12 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                                       declared_clients=(ctx.data.num_clients if getattr(
                                           ctx.data, "holders_declared", False) else None))
         with session:
-            for t, (eps_t, _delta_t) in enumerate(budgets):
-                qs, selection = select_round_queries(cfg, ctx.data, t, ctx.public_emb, rounds,
-                                                     query_sets, sizes[t], ctx.first_queries,
-                                                     progress)
-                selections.append(selection)
-                mechanism = ctx.round_mechanism(t, qs.size)
-                with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
-                                    f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
+            for plan in planned_rounds(cfg, ctx.data, ctx.public_emb, ctx.first_queries, rounds,
+                                       query_sets, progress):
+                t, qs, mechanism = plan.t, plan.queries, plan.mechanism
+                selections.append(plan.selection)
+                with progress.stage(f"round_{t}", f"round {t + 1}/{count}: "
+                                    f"{p.model}/{p.mechanism} at eps={plan.eps:.4g}"):
                     ledger.check(mechanism.guarantee(), mechanism.event())  # refused: none worked
                     in_round = t    # from here every failure keeps the round counted: a report
                     try:            # the server opened, or may open, is a release to it
@@ -175,7 +209,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 ledger.record_spent(done.guarantee, round_id=t, event=done.event, note=note,
                                     messages=done.messages, clients=done.clients)
                 in_round = None
-                if lost is None and t + 1 < len(budgets):
+                if lost is None and t + 1 < count:
                     session.prepare_next_round()    # the shards' keys, while queries are picked
                 if lost is not None:
                     raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "
