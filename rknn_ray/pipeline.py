@@ -1,15 +1,16 @@
-"""The pure stages of one distillation round, wired from a validated config.
+"""The sequences of stages, each written once, that run across several stage packages.
 
-No Ray here: ``jobs/distill.py`` runs these stages around the actors
-(ClientShard, Shuffler, Server) and Ray Train. Each stage is a plain function so
-tests and notebooks can run the method without a cluster.
-
-The sequences of stages are assembled here once: :func:`prepare_stages` (prepare ->
-auto s, k -> encoder and queries), :func:`nonprivate_labels` (the one non-private
-reference: exact counts -> labels) and :func:`train_on_labels` (student inputs ->
-student). The non-private reference, a run's diagnostics, the baselines and the
-benchmarks call them instead of re-listing the steps (the job's runner and finish keep
-their own order, with budget checks and progress stages between the same stages).
+Each stage reads its own config in its own package (``rknn_ray/<package>/stage.py``: the
+encoder, the mechanism, the labels, the student; ``rknn_ray.data.sources`` the shards'
+sources); the job's rounds loop is ``rknn_ray.job.rounds.planned_rounds``. What is left here
+chains stages of several packages: :func:`fit_queries` (encoder -> queries),
+:func:`prepare_stages` (prepare -> auto s, k -> encoder and queries), :func:`resolve_auto`
+(s and k from the mechanism's noise), :func:`finish_labels` (released counts -> labels and
+their confidence) and :func:`nonprivate_labels` (the one non-private reference: exact
+counts -> labels). The non-private reference, a run's diagnostics, the baselines and the
+benchmarks call them instead of re-listing the steps; they are library code (not
+``rknn_ray.job``) because the reference and the baselines, which the library may not build
+on the job layer, call them too. No Ray here.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_ray.data.prepared import PreparedData, prepare_data
-from rknn_ray.labeling.labels import accuracy
 from rknn_ray.labeling.queries import QuerySet, select_queries
 from rknn_ray.labeling.stage import (Labeling, exact_counts, round_budgets, round_query_counts,
                                      smoothed_labels)
