@@ -2,13 +2,16 @@
 field as ``field(metadata={"spec": Spec(...)})``, written with :func:`key`.
 
 Everything that needs to know what a key accepts reads it from there: the run config's
-validator (rknn_ray/config.py), the student's own configs (rknn_ray/student/config.py) and the
-generated reference (jobs/config_reference.py -> docs/configuration.md). Rules that tie several
-keys together (k <= s, dirichlet needs a record bound, ...) are not a key's; they stay explicit
-checks in rknn_ray/config.py.
+validator (rknn_ray/config.py, composing the sections of rknn_ray/<package>/config.py), the
+student's own configs (rknn_ray/student/config.py) and the generated reference
+(jobs/config_reference.py -> docs/configuration.md). Rules that tie several keys together
+(k <= s, dirichlet needs a record bound, ...) are not a key's; they stay explicit checks
+beside the sections they tie.
 
 A leaf module (errors only): any section may use it, and checking a value imports nothing
-heavy. Choices a module owns are given as a function returning them, called when checked.
+heavy. Choices a module owns are given as a function returning them, called when checked
+(:func:`owned`). The helpers every section shares (:class:`FrozenDict`, :func:`owned`,
+:func:`path_or_null`, :func:`unknown_key`) live here too.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The pipeline's sequences are assembled once (rknn_ray.pipeline: prepare_stages,
-nonprivate_labels, train_on_labels) and give the numbers the hand-listed steps they
+nonprivate_labels; rknn_ray.student.stage: train_on_labels) and give the numbers the hand-listed steps they
 replaced gave: the non-private reference and a baseline's student, with a fixed seed."""
 import numpy as np
 import pytest

@@ -94,7 +94,8 @@ def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_e
     (``finish_labels``, as the job's final labels), the interim student, then
     :func:`rknn_ray.labeling.adaptive.select_uncertain` (the stage; this is its
     orchestration). ``data`` is read for public quantities only (public labels to *measure*
-    the interim student; n, clients and |Y| as the final labels use them); the selection itself sees only public embeddings and released-derived labels.
+    the interim student; n, clients and |Y| as the final labels use them); the selection
+    itself sees only public embeddings and released-derived labels.
     ``s``: how many new queries (default queries.s; the driver passes this round's share)."""
     from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
     all_qs = union_of_rounds(public_emb, query_sets)

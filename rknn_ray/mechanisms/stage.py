@@ -70,8 +70,9 @@ def multi_message_s_cap(cfg, data: "PreparedData", k: int = 1) -> tuple[int, str
 
 
 def free_dlap_shares(cfg) -> tuple[float, ...]:
-    """The DLap shares :func:`rknn_ray.pipeline.resolve_auto` chooses from, or () where the share is not free:
-    another mechanism, s fixed, no message cap, or ``privacy.options.dlap_share`` set.
+    """The DLap shares :func:`rknn_ray.pipeline.resolve_auto` chooses from, or () where the
+    share is not free: another mechanism, s fixed, no message cap, or
+    ``privacy.options.dlap_share`` set.
 
     Under the cap a smaller share means fewer flooding messages per cell, so more queries
     for the same messages per client; query count is what bounds the labels there (on
