@@ -391,7 +391,7 @@ def check_placement(placement) -> dict:
         path = f"cluster.placement.{party}"
         if party not in PLACEMENT_PARTIES:
             raise unknown_key(path, [f"cluster.placement.{p}" for p in PLACEMENT_PARTIES],
-                           f"the parties are {list(PLACEMENT_PARTIES)}")
+                              f"the parties are {list(PLACEMENT_PARTIES)}")
         if not isinstance(need, dict) or not need or set(need) - set(PLACEMENT_KEYS):
             raise ConfigError(path, f"{need!r} is not a mapping of {list(PLACEMENT_KEYS)}",
                               f"write {example}, or labels: {{rknn-party: {party}}}")

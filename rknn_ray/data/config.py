@@ -9,12 +9,15 @@ import os
 from dataclasses import dataclass
 
 from rknn_ray.data.checks import check_queries_fit
+from rknn_ray.data.readers import DIGITS_RECORDS, canonical_name
+from rknn_ray.data.registry import kind_of
+from rknn_ray.data.splits import stratified_public_count
+from rknn_ray.data.synthetic import footprint_bytes, gaussian_mixture
 from rknn_ray.errors import ConfigError
 from rknn_ray.keyspec import FrozenDict, check_number, key, owned, path_or_null, unknown_key
 
 
 def _dataset(value, path, spec):
-    from rknn_ray.data import canonical_name
     try:
         return canonical_name(value)
     except ConfigError as exc:
@@ -117,7 +120,6 @@ def check_synthetic(cfg: dict) -> None:
 
 
 def _synthetic_defaults() -> dict:
-    from rknn_ray.data.synthetic import gaussian_mixture
     return {name: p.default for name, p in inspect.signature(gaussian_mixture).parameters.items()}
 
 
@@ -132,7 +134,6 @@ def physical_memory() -> int | None:
 def _check_synthetic_memory(args: dict) -> None:
     """A mixture the driver cannot hold is refused here, not by a MemoryError (or minutes of
     QR on a 1e8-dimensional basis) once the job runs."""
-    from rknn_ray.data.synthetic import footprint_bytes
     n, c, d = (int(args[k]) for k in ("num_samples", "num_classes", "dim"))
     need, have = footprint_bytes(n, c, d), physical_memory()
     if have and need > have:
@@ -147,8 +148,6 @@ def declared_public_size(cfg: dict) -> int | None:
     num_samples; both split 'stratified' by either rule), so queries.s is checked before any
     data loads. A dataset read from files learns it when loaded
     (:func:`rknn_ray.data.checks.validate_with_data`)."""
-    from rknn_ray.data.readers import DIGITS_RECORDS
-    from rknn_ray.data.splits import stratified_public_count
     d = cfg["data"]
     if d["dataset"] == "digits":
         return stratified_public_count(DIGITS_RECORDS)
@@ -160,8 +159,7 @@ def declared_public_size(cfg: dict) -> int | None:
 def check_table(cfg: dict) -> None:
     """data.private / public / evaluation: their keys (rknn_ray.data.tables.PART_KEYS), and
     the rules of a table job."""
-    from rknn_ray.data.tables import PART_KEYS
-    from rknn_ray.data.registry import kind_of
+    from rknn_ray.data.tables import PART_KEYS      # pyarrow: only when checked
     d = cfg["data"]
     table = kind_of(d["dataset"]).parts          # table, image_folder
     for part, keys in PART_KEYS.items():

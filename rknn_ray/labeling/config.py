@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from rknn_ray.errors import ConfigError
 from rknn_ray.keyspec import check_number, key, owned
+from rknn_ray.labeling.queries import ADAPTIVE_SELECTORS, NEXT_ROUND_SELECTORS
 from rknn_ray.student.config import LABEL_TYPES
 
 
 def _query_selections() -> tuple:
-    from rknn_ray.labeling.queries import ADAPTIVE_SELECTORS, NEXT_ROUND_SELECTORS
     return (*NEXT_ROUND_SELECTORS, *ADAPTIVE_SELECTORS)
 
 

@@ -10,16 +10,16 @@ from dataclasses import dataclass
 
 from rknn_ray.errors import ConfigError
 from rknn_ray.keyspec import FrozenDict, key, owned, unknown_key
+from rknn_ray.mechanisms import available
 from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 
 
 def _upper_bounds() -> tuple:
-    from rknn_ray.accounting import BOUNDS
+    from rknn_ray.accounting import BOUNDS      # scipy, dp_accounting: only when checked
     return tuple(sorted(b for b in BOUNDS if BOUNDS[b].kind == "upper"))
 
 
 def _mechanisms_per_model() -> str:
-    from rknn_ray.mechanisms import available
     return "per `privacy.model`: " + "; ".join(
         f"{model}: " + " \\| ".join(f"`{m}`" for m in names) for model, names in available().items())
 
@@ -93,7 +93,6 @@ def check_privacy_relations(cfg: dict) -> None:
                           "mechanism is pure eps-DP: the delta would be reserved from the "
                           "dataset's budget and never used", "set privacy.delta=0 (the "
                           "dataset's delta budget across jobs is privacy.budget_delta)")
-    from rknn_ray.mechanisms import available
     names = available().get(p["model"], [])
     if p["mechanism"] not in names:
         raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
@@ -101,6 +100,8 @@ def check_privacy_relations(cfg: dict) -> None:
 
 
 def check_options(cfg: dict) -> None:
+    """privacy.options' keys and values as rknn_ray/mechanisms/options.py declares them, and
+    Collision's domain above k*r."""
     options = cfg["privacy"]["options"]
     for opt in options:
         path = f"privacy.options.{opt}"
@@ -109,7 +110,7 @@ def check_options(cfg: dict) -> None:
                               f"write {SHADOWED_OPTIONS[opt]}=<value> instead")
         if opt not in PRIVACY_OPTIONS:
             raise unknown_key(path, [f"privacy.options.{o}" for o in PRIVACY_OPTIONS],
-                           f"known keys: {list(PRIVACY_OPTIONS)}")
+                              f"known keys: {list(PRIVACY_OPTIONS)}")
         options[opt] = PRIVACY_OPTIONS[opt].standard(options[opt], path)
     c = (1 if cfg["rknn"]["k"] == "auto" else cfg["rknn"]["k"]) * cfg["rknn"]["r"]
     if options.get("collision_l", c + 1) <= c:
