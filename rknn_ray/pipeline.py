@@ -19,6 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_ray.data.prepared import PreparedData, prepare_data
+from rknn_ray.data.splits import has_public_labels
+from rknn_ray.labeling.autotune import choose_s_k
+from rknn_ray.labeling.denoise import choose_neighbours
 from rknn_ray.labeling.queries import QuerySet, select_queries
 from rknn_ray.labeling.stage import (Labeling, exact_counts, round_budgets, round_query_counts,
                                      smoothed_labels)
@@ -97,7 +100,6 @@ def resolve_auto(cfg, data: PreparedData):
     messages a client may send in a round (multi_message_s_cap)."""
     if cfg.queries.s != "auto" and cfg.rknn.k != "auto":
         return cfg, None
-    from rknn_ray.labeling.autotune import choose_s_k
     # T > 1 rounds: each round releases with its own share of the budget; choose for the
     # noisiest (smallest) share, which is what that round's counts will carry
     p, count = cfg.privacy, int(cfg.rounds.count)
@@ -162,8 +164,7 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
     ``labels.smooth`` != 1 (post-processing; rknn_ray.labeling.denoise). Returns (Labeling, info)
     where info records the noise std, the number of neighbours and why, and per-sample
     confidences (``info["confidence"]``, dropped from the report)."""
-    from rknn_ray.labeling.denoise import choose_neighbours
-    from rknn_ray.student.semi import label_confidence
+    from rknn_ray.student.semi import label_confidence       # torch
     if noise_std is None:        # the noisiest round's per-count std (its share of eps)
         eps = min(float(r.guarantee.eps) for r in rounds) if rounds else cfg.privacy.eps
         noise_std = noise_std_per_count(cfg, data, k=cfg.rknn.k, s=qs.size, eps=eps)
@@ -179,7 +180,6 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
     q_eff = max(1.0, m * qs.size / n_pub)
     conf = label_confidence(sm, noise_std / np.sqrt(q_eff))
     if progress is not None:     # an accuracy only where public rows carry labels to measure
-        from rknn_ray.data.splits import has_public_labels
         measured = (f"; label accuracy {lab.label_accuracy:.4f}"
                     if has_public_labels(data.splits) else "")
         progress.say(f"denoising: {m} public neighbours ({why}){measured}")
