@@ -99,10 +99,10 @@ def label_only_cell(cell: dict, args) -> dict:
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
     from rknn_ray.config import load_config
-    from rknn_ray.job.rounds import select_round_queries
+    from rknn_ray.job.rounds import planned_rounds
     from rknn_ray.job.session import RoundResult
-    from rknn_ray.pipeline import (exact_counts, finish_labels, mechanism_for, prepare_stages,
-                                   round_budgets, round_query_counts)
+    from rknn_ray.pipeline import finish_labels, prepare_stages
+    from rknn_ray.labeling.stage import exact_counts, round_query_counts
     from rknn_ray.labeling.queries import union_of_rounds
     from rknn_ray.rng import seeded_generator
     over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
@@ -118,17 +118,14 @@ def label_only_cell(cell: dict, args) -> dict:
     data, encoder, public_emb, first = _PREPARED[key]
     p = cfg.privacy
     rounds, query_sets, uncertain = [], [], []
-    for t, (eps_t, delta_t) in enumerate(round_budgets(p.eps, p.delta, cfg.rounds.count,
-                                                       cfg.rounds.budget_split)):
-        qs, selection = select_round_queries(cfg, data, t, public_emb, rounds, query_sets,
-                                             sizes[t], first)      # the job's own selection
-        if "uncertainty_chosen" in selection:
-            uncertain.append(selection)
-        mech = mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size)
-        exact = exact_counts(encoder, data, [qs], cfg.rknn.k)
-        noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + t)).astype(float)
+    for plan in planned_rounds(cfg, data, public_emb, first, rounds, query_sets):  # the job's loop
+        if "uncertainty_chosen" in plan.selection:
+            uncertain.append(plan.selection)
+        mech = plan.mechanism
+        exact = exact_counts(encoder, data, [plan.queries], cfg.rknn.k)
+        noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + plan.t)).astype(float)
         rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))
-        query_sets.append(qs)
+        query_sets.append(plan.queries)
     all_qs = union_of_rounds(public_emb, query_sets)
     lab, _ = finish_labels(cfg, data, np.concatenate([r.counts for r in rounds]), all_qs,
                            public_emb, rounds, None)

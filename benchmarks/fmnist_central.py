@@ -35,7 +35,9 @@ def main(argv=None) -> int:
 
     from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import derive_labels, exact_counts, mechanism_for, prepare_stages
+    from rknn_ray.pipeline import prepare_stages
+    from rknn_ray.labeling.stage import derive_labels, exact_counts
+    from rknn_ray.mechanisms.stage import mechanism_for
     from rknn_ray.plots import plt, save_png
     from rknn_ray.rng import secure_generator
     from rknn_ray.runio import write_json

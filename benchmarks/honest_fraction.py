@@ -6,7 +6,7 @@ in process.
         [--set KEY=VALUE ...] [--json]
 
 For each ``privacy.honest_fraction`` and ``privacy.options.dlap_share`` (``auto``: left to
-the job's choice, rknn_ray.pipeline.free_dlap_shares) it resolves ``queries.s: auto`` as
+the job's choice, rknn_ray.mechanisms.stage.free_dlap_shares) it resolves ``queries.s: auto`` as
 the job does (the per-client message cap binds harder when every client sends m = ceil(gamma
 n) clients' shares, and less when a smaller DLap share needs fewer flooding messages), fits
 the public encoder and queries, computes the exact counts, and adds the noise the release
@@ -37,8 +37,10 @@ def measure(config: str, fractions: list[float], seeds: int,
             overrides: tuple = ()) -> list[dict]:
     from rknn_ray.config import load_config
     from rknn_ray.mechanisms.exact import negative_binomial
-    from rknn_ray.pipeline import (exact_counts, finish_labels, mechanism_for, prepare_stages,
-                                   train_on_labels)
+    from rknn_ray.pipeline import finish_labels, prepare_stages
+    from rknn_ray.student.stage import train_on_labels
+    from rknn_ray.labeling.stage import exact_counts
+    from rknn_ray.mechanisms.stage import mechanism_for
     from rknn_ray.rng import seeded_generator
     rows = []
     data = None

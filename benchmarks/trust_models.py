@@ -37,7 +37,7 @@ DEFAULT_MODELS = ["central:laplace", "local:rr", "local:collision", "shuffle:rr"
 
 def library_round(cfg, data, ans, rng_seed):
     """One round without actors: randomize + estimate in-process (same mechanism code)."""
-    from rknn_ray.pipeline import mechanism_for
+    from rknn_ray.mechanisms.stage import mechanism_for
     from rknn_ray.rng import seeded_generator
     mech = mechanism_for(cfg, data)
     batch = mech.randomize(ans, seeded_generator(rng_seed))
@@ -71,8 +71,10 @@ def main(argv=None) -> int:
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.errors import RknnError
-    from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers,
-                                   mechanism_for, prepare_stages)
+    from rknn_ray.pipeline import prepare_stages
+    from rknn_ray.labeling.stage import derive_labels, exact_answers
+    from rknn_ray.data.sources import dataset_sources
+    from rknn_ray.mechanisms.stage import mechanism_for
     from rknn_ray.plots import plt, save_png
     from rknn_ray.runio import write_json
     from rknn_ray.student import StudentConfig, train_student, train_student_local

@@ -17,9 +17,10 @@ import sys
 import time
 
 from jobs.config_files import resolve_config
-from rknn_ray.config import load_config, validate_resources
+from rknn_ray.config import load_config
 from rknn_ray.errors import RknnError
 from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
+from rknn_ray.job.resources import validate_resources
 from rknn_ray.job.resume import resume_config
 from rknn_ray.rng import check_consent
 from rknn_ray.runio import prepare_run_dir, unfinished_release

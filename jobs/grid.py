@@ -49,8 +49,9 @@ from jobs.cells import ISOLATED_BUDGET, error_text
 from jobs.config_files import resolve_config
 from jobs.experiments import Job, Runner, spec_digest
 from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
-from rknn_ray.config import load_config, validate_resources
+from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
+from rknn_ray.job.resources import validate_resources
 from rknn_ray.paper_numbers import matching, paper_rows
 from rknn_ray.reference import NOT_PRIVATE, nonprivate_reference
 from rknn_ray.rng import NOT_PRIVATE as SEEDED_NOT_PRIVATE

@@ -6,8 +6,8 @@ counts. It is what the privacy costs are measured against (the "Non-priv Acc." c
 of paper 000, Table 1). No privacy guarantee covers anything computed here: the
 results are marked ``"private": false`` and the folder gets a README saying so.
 Nothing is released and no ledger is touched (no mechanism runs). The stages are
-rknn_ray.pipeline's sequences (prepare_stages, nonprivate_labels, train_on_labels), the
-same ones a private run and its diagnostics call.
+rknn_ray.pipeline's sequences (prepare_stages, nonprivate_labels) and the student stage's
+train_on_labels, the same ones a private run and its diagnostics call.
 """
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def nonprivate_reference(cfg, out_dir: str | None = None, progress=None) -> dict
     checkpoint and a README land there. Needs Ray for the student (Ray Train).
     """
     from rknn_ray.errors import ConfigError
-    from rknn_ray.pipeline import nonprivate_labels, prepare_stages, train_on_labels
+    from rknn_ray.pipeline import nonprivate_labels, prepare_stages
+    from rknn_ray.student.stage import train_on_labels
     if "auto" in (cfg.queries.s, cfg.rknn.k):
         raise ConfigError("queries.s", "the non-private reference needs fixed s and k, got "
                           f"s = {cfg.queries.s}, k = {cfg.rknn.k}",

@@ -5,7 +5,7 @@ All baselines run on exactly the data reverse k-NN runs on: ``prepare`` calls
 ``rknn_ray.pipeline.prepare_stages`` (same dataset, split, partition into clients,
 same public encoder and the same ``s`` k-means queries). A labeling baseline labels
 those ``s`` queries privately; the labels propagate to the public set along the
-query clusters and ``rknn_ray.pipeline.train_on_labels`` trains the project's student
+query clusters and ``rknn_ray.student.stage.train_on_labels`` trains the project's student
 (the config's student section, in this process) on them and scores it on the
 evaluation split -- the same path reverse k-NN takes. Teachers and local models
 are small: multinomial logistic regressions (optionally one hidden layer) on the
@@ -39,7 +39,7 @@ NEIGHBOUR_LABEL = "change-one-query-label"
 class BaselineSetup:
     """The run's data in the representation space (everything public-fitted)."""
     cfg: object
-    data: object                 # rknn_ray.pipeline.PreparedData
+    data: object                 # rknn_ray.data.prepared.PreparedData
     encoder: object
     public_emb: np.ndarray       # (N_pub, D)
     queries: object              # rknn_ray.labeling.queries.QuerySet: the s points every method labels
@@ -256,7 +256,8 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
     """
     import dataclasses
 
-    from rknn_ray.pipeline import derive_labels, train_on_labels
+    from rknn_ray.student.stage import train_on_labels
+    from rknn_ray.labeling.stage import derive_labels
     from rknn_ray.student import StudentConfig
     cfg = setup.cfg
     lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries,

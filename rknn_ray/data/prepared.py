@@ -87,7 +87,7 @@ def prepare_data(cfg, inputs: dict | None = None) -> PreparedData:
     most the public record bound per client (rknn_ray.data.partition). A registry entry
     with its own ``prepare`` (the user's tables) does all of this its own way; ``inputs``:
     data given in memory ({"private": ..., "public": ..., "evaluation": ...}) for it."""
-    from rknn_ray.config import check_public_size, validate_with_data
+    from rknn_ray.data.checks import check_public_size, validate_with_data
     d = cfg.data
     kind = kind_of(d.dataset)
     if kind.prepare is not None:
@@ -110,7 +110,7 @@ def prepare_data(cfg, inputs: dict | None = None) -> PreparedData:
 def public_size_before_loading(cfg) -> int | None:
     """The public set's size where a public file says it before any private record is read:
     MNIST-style data under the paper's rule (half the test set, counted from its labels'
-    header). digits and synthetic are checked when the config is (rknn_ray.config)."""
+    header). digits and synthetic are checked when the config is (rknn_ray.data.config)."""
     from rknn_ray.data.readers import idx_test_count
     from rknn_ray.data.splits import paper_mnist_public_count, paper_rule
     d = cfg.data

@@ -18,8 +18,8 @@ from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_publ
                                       labels_table, measured, public_ids)
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.release_file import load_selections
-from rknn_ray.pipeline import (finish_labels, fit_student, nonprivate_labels,
-                               student_description, student_inputs)
+from rknn_ray.pipeline import finish_labels, nonprivate_labels
+from rknn_ray.student.stage import fit_student, student_description, student_inputs
 from rknn_ray.plots import run_summary_png
 from rknn_ray.labeling.queries import union_of_rounds
 from rknn_ray.rng import NOT_PRIVATE

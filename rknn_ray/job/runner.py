@@ -36,6 +36,7 @@ from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
 from rknn_ray.mechanisms.base import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
+from rknn_ray.data import prepared      # the same: prepared.prepare_data
 from rknn_ray.runio import clear_old_run, write_text
 from rknn_ray.student.train import CHECKPOINT_FILE, HISTORY_FILE
 
@@ -210,7 +211,7 @@ class _RayStart:
 def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None) -> JobContext:
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         # fails fast on missing files / bad data, writes nothing
-        data = pipeline.prepare_data(cfg, inputs) if inputs else pipeline.prepare_data(cfg)
+        data = prepared.prepare_data(cfg, inputs) if inputs else prepared.prepare_data(cfg)
     cfg, auto_choice = pipeline.resolve_auto(cfg, data)     # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "

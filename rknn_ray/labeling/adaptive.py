@@ -4,7 +4,7 @@ current student is least certain.
 Paper 000 describes T > 1 rounds whose queries adapt to the student but never
 specifies the rule (every experiment there uses T = 1). Ours, for round t >= 1
 (``rounds.query_selection: uncertain``; the driver's step is
-``rknn_ray.pipeline.next_round_uncertain``):
+``rknn_ray.job.rounds.next_round_uncertain``):
 
 1. Label the public set from every count released so far, exactly as the job's final
    labels are made (``pipeline.finish_labels``: cluster propagation over the union of

@@ -51,6 +51,7 @@ from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_down
+from rknn_ray.mechanisms.options import option
 from rknn_ray.mechanisms.randomized_response import DECODE_CHUNK_ELEMENTS, FlatLocalMechanism
 
 PRIME = (1 << 31) - 1          # Mersenne prime 2^31 - 1: the hash field
@@ -338,7 +339,7 @@ class CollisionMechanism(FlatLocalMechanism):
     def __init__(self, params: MechanismParams):
         super().__init__(params)
         c = params.k * params.r
-        l = int(params.options.get("collision_l") or collision_l(self.local_eps, c))
+        l = int(option(params.options, "collision_l") or collision_l(self.local_eps, c))
         self.oracle = CollisionOracle(params.num_cells, c, self.local_eps, l, tag=0)
 
     @property

@@ -19,8 +19,8 @@ it grows about as eps^-0.85 with NB (eps^-1.7 with Poisson) and as (ln 1/delta)^
 both (docs/results.md, "Multi-message noise messages per cell"). These numbers are at the
 DLap's default share 0.85 of the per-cell eps (``privacy.options.dlap_share``); with
 ``queries.s: auto`` under a message cap the job picks the share that allows the most queries
-(rknn_ray.pipeline.free_dlap_shares): 0.55 on Fashion-MNIST at eps = 1, mu = 67 (NB r = 32),
-at 2.4x the DLap's variance. Calibration, the (eps, delta) statement and its
+(rknn_ray.mechanisms.stage.free_dlap_shares): 0.55 on Fashion-MNIST at eps = 1, mu = 67
+(NB r = 32), at 2.4x the DLap's variance. Calibration, the (eps, delta) statement and its
 derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
@@ -69,8 +69,8 @@ from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams, Mes
                                      honest_count, honest_fraction_of)
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
+from rknn_ray.mechanisms.options import DEFAULT_DLAP_SHARE, option
 
-DEFAULT_DLAP_SHARE = 0.85   # the DLap's share of the per-cell eps (rest pays the flooding)
 #: Shares ``queries.s: auto`` tries under a message cap (rknn_ray.pipeline.resolve_auto):
 #: a smaller one buys fewer flooding messages per cell, hence more queries, with more noise.
 AUTO_DLAP_SHARES = (DEFAULT_DLAP_SHARE, 0.7, 0.55)
@@ -159,10 +159,7 @@ class MultiMessageShuffle(Mechanism):
         if not 0 < params.delta < 1:
             raise ConfigError("privacy.delta", f"the shuffle model needs 0 < delta < 1, got "
                               f"{params.delta}", "set privacy.delta, e.g. 1e-6")
-        self.expected_dropout = float(params.options.get("expected_dropout", 0.0))
-        if not 0 <= self.expected_dropout < 1:
-            raise ConfigError("privacy.options.expected_dropout", "must be in [0, 1)",
-                              "set it to the fraction of clients that may not send, e.g. 0.05")
+        self.expected_dropout = float(option(params.options, "expected_dropout"))
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
         self.honest_fraction = honest_fraction_of(params, self.name)
         # each client sends the noise share of one of m honest clients (module docstring)
@@ -172,11 +169,7 @@ class MultiMessageShuffle(Mechanism):
         # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
         # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
         from rknn_ray.accounting.multi_message import calibrate_multi_message
-        share = float(params.options.get("dlap_share", DEFAULT_DLAP_SHARE))
-        if not 0 < share < 1:
-            raise ConfigError("privacy.options.dlap_share", f"must be in (0, 1), got {share}",
-                              f"leave it out (default {DEFAULT_DLAP_SHARE}) or set e.g. 0.7: "
-                              "less fixes more DLap noise, fewer flooding messages")
+        share = float(option(params.options, "dlap_share"))
         self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure,
                                            self.n_honest, params.sensitivity_l1, params.num_cells,
                                            dlap_share=share)

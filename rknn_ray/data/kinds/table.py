@@ -57,7 +57,7 @@ def _columns_for(part: Part, schema, public: Columns) -> Columns:
 def prepare_table(cfg, inputs: dict):
     """The job's data from the user's parts (module docstring): public and evaluation read
     here, the private part only scanned (its own process) and left to the shards."""
-    from rknn_ray.config import validate_with_data
+    from rknn_ray.data.checks import validate_with_data
     from rknn_ray.data.prepared import PreparedData
     from rknn_ray.data.splits import Splits
     from rknn_ray.data.table_scan import run_scan, scan
