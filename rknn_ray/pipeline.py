@@ -130,13 +130,31 @@ def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: lis
 # ------------------------------------------------------------ the connection rule (issue 37)
 
 def connection_plan(cfg, public_emb: np.ndarray, query_features: np.ndarray,
-                    rule: str | None = None):
+                    rule: str | None = None, sample_weight: np.ndarray | None = None):
     """The round's :class:`~rknn_ray.labeling.connection.Connection` for ``rule`` (default
-    ``rknn.connection``; ``auto`` must be resolved first), from public data only: the server
-    ships it with the queries to every client, in every trust model."""
+    ``rknn.connection``; ``auto`` must be resolved first), from public data only (and, with
+    ``sample_weight``, released counts: :func:`released_weights`): the server ships it with
+    the queries to every client, in every trust model."""
     from rknn_ray.labeling.connection import plan_connection
     rule = cfg.rknn.connection if rule is None else rule
-    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k))
+    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k),
+                           sample_weight=sample_weight)
+
+
+def released_weights(cfg, data: PreparedData, public_emb: np.ndarray, rounds, query_sets,
+                     plans) -> np.ndarray:
+    """``rknn.reweight: released``: one weight per public sample, the mean over the rounds
+    released so far of :func:`rknn_ray.labeling.connection.release_weights` (each from that
+    round's released counts, its queries and the plan its clients used, and the noise std
+    of one count at its eps). Post-processing of released counts: no privacy cost."""
+    from rknn_ray.labeling.connection import release_weights
+    out = np.zeros(len(public_emb))
+    for r, qs, plan in zip(rounds, query_sets, plans):
+        sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size,
+                                    eps=float(r.guarantee.eps))
+        out += release_weights(public_emb, qs.features, r.counts, int(cfg.rknn.k),
+                               int(cfg.rknn.r), len(data.splits.private_y), sigma, plan)
+    return out / max(1, len(rounds))
 
 
 #: auto: a query is at risk when its expected count is below AT_RISK_Z noise std; a balanced

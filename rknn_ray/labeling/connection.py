@@ -27,6 +27,13 @@ x), so the count matrix moves by at most 2kr in L1 -- the unit every mechanism i
 calibrated for (central noise of scale 2kr/eps; the local and shuffle randomizers take any
 kr-hot answer as input, so their per-report guarantee does not depend on how the k queries
 were chosen). tests/test_connection.py checks it by brute force for every rule.
+
+Public prices cannot see a shift between the private and the public data. With
+``rknn.reweight: released`` a later round's plan weights each public sample by how many more
+private records than public samples its queries drew in the rounds released before
+(:func:`release_weights`): a function of released counts only, chosen before the round's
+clients answer, like the next round's queries, so the round is still a 2kr-sensitive release
+for a fixed plan and the rounds compose in the ledger as adaptive rounds do.
 """
 from __future__ import annotations
 
@@ -101,9 +108,11 @@ def degree_profile(neighbors: np.ndarray, num_queries: int) -> dict:
             "median": float(np.median(deg)), "max": int(deg.max())}
 
 
-def _scores(x: np.ndarray, q: np.ndarray, nbr: np.ndarray, tau: float) -> np.ndarray:
+def _scores(x: np.ndarray, q: np.ndarray, nbr: np.ndarray, tau: float,
+            weight: np.ndarray | None = None) -> np.ndarray:
     d2 = ((x[:, None, :] - q[nbr]) ** 2).sum(axis=-1)
-    return np.bincount(nbr.ravel(), weights=np.exp(-d2 / tau).ravel(), minlength=q.shape[0])
+    sim = np.exp(-d2 / tau) * (1.0 if weight is None else weight[:, None])
+    return np.bincount(nbr.ravel(), weights=sim.ravel(), minlength=q.shape[0])
 
 
 def _objective(rule: str, score: np.ndarray) -> tuple:
@@ -114,10 +123,13 @@ def _objective(rule: str, score: np.ndarray) -> tuple:
 
 def plan_connection(rule: str, public_emb: np.ndarray, query_features: np.ndarray, k: int, *,
                     iterations: int = 100, step: float | None = None, tau_scale: float = 1.0,
-                    alpha: float | None = None,
-                    max_log_weight: float = MAX_LOG_WEIGHT) -> Connection:
+                    alpha: float | None = None, max_log_weight: float = MAX_LOG_WEIGHT,
+                    sample_weight: np.ndarray | None = None) -> Connection:
     """The connection for ``rule`` from PUBLIC information only: the public embeddings, the
-    queries and k (see the module docstring). Deterministic: the same inputs, the same plan."""
+    queries and k (see the module docstring). Deterministic: the same inputs, the same plan.
+    ``sample_weight``: one weight per public sample, so that the public samples stand for the
+    private distribution (:func:`release_weights`: from released counts, post-processing);
+    None: every public sample counts once."""
     from rknn_ray.labeling.rknn import reverse_knn
     if rule not in RULES:
         raise ValueError(f"connection rule {rule!r} is not one of {', '.join(RULES)}")
@@ -131,6 +143,9 @@ def plan_connection(rule: str, public_emb: np.ndarray, query_features: np.ndarra
     tau = float(np.median(d2k)) * tau_scale
     if not tau > 0:
         tau = float(np.mean(d2k)) * tau_scale or 1.0
+    w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+    if w is not None and (w.shape != (x.shape[0],) or not np.isfinite(w).all() or (w < 0).any()):
+        raise ValueError("sample_weight must be one finite, nonnegative weight per public sample")
     a = ALPHA[rule] if alpha is None else float(alpha)
     step = STEP[rule] if step is None else float(step)
     logw = np.zeros(s)
@@ -138,7 +153,7 @@ def plan_connection(rule: str, public_emb: np.ndarray, query_features: np.ndarra
     for it in range(iterations + 1):
         prices = -tau * logw
         nbr = base if it == 0 else Connection(rule, prices).neighbors(x, q, k)
-        score = _scores(x, q, nbr, tau)
+        score = _scores(x, q, nbr, tau, w)
         obj = _objective(rule, score)
         if best is None or obj > best[0]:
             best = (obj, prices, it, nbr)
@@ -148,7 +163,35 @@ def plan_connection(rule: str, public_emb: np.ndarray, query_features: np.ndarra
     obj, prices, it, nbr = best
     info = {"tau": tau, "alpha": a, "step": step, "iterations": iterations, "best_iteration": it,
             "public_objective": obj[-1] if rule == "balanced_harmonic" else obj[0],
-            "public_objective_reverse_knn": _objective(rule, _scores(x, q, base, tau))[0],
+            "public_objective_reverse_knn": _objective(rule, _scores(x, q, base, tau, w))[0],
             "public_degree": degree_profile(nbr, s),
             "public_degree_reverse_knn": degree_profile(base, s)}
+    if w is not None:
+        info["weighted"] = {"min": float(w.min()), "median": float(np.median(w)),
+                            "max": float(w.max())}
     return Connection(rule, np.asarray(prices, dtype=np.float64) - float(np.mean(prices)), info)
+
+
+def release_weights(public_emb: np.ndarray, query_features: np.ndarray, released: np.ndarray,
+                    k: int, r: int, num_private: int, noise_std: float,
+                    connection: Connection | None = None) -> np.ndarray:
+    """One weight per public sample from a round's RELEASED counts (post-processing of a DP
+    release, no further privacy cost): how many more (or fewer) private records than public
+    samples its query drew, per public sample, so a later round's plan balances the private
+    degrees the release showed instead of the public ones (domain shift).
+
+    ``released``: (s, |Y|) noisy counts of ``query_features`` under ``connection`` (the plan
+    that round's clients used; None: reverse k-NN). A query's ratio is (released degree + c) /
+    (expected degree + c), c = 2 noise std of the degree: queries whose release is mostly noise
+    keep a weight near 1. Each public sample gets the mean ratio of the queries it connects to."""
+    from rknn_ray.labeling.rknn import reverse_knn
+    conn = connection or Connection()
+    nbr = (reverse_knn(public_emb, query_features, k) if conn.prices is None
+           else conn.neighbors(public_emb, query_features, k))
+    s = np.asarray(query_features).shape[0]
+    public_deg = np.bincount(nbr.ravel(), minlength=s).astype(np.float64)
+    expected = public_deg * num_private / max(1, len(public_emb))
+    degree = np.asarray(released, dtype=np.float64).sum(axis=1) / r
+    c = 2.0 * noise_std * np.sqrt(np.asarray(released).shape[1]) / r
+    ratio = (np.maximum(degree, 0.0) + c) / (expected + c)
+    return ratio[nbr].mean(axis=1)
