@@ -48,6 +48,10 @@ def test_balanced_harmonic_digits_job_in_each_trust_model(ray_session, tmp_path,
     assert plan["public_objective"] >= plan["public_objective_reverse_knn"]
     assert report["privacy"]["model"] == config.split("_")[1]
     assert 0 <= report["accuracy"]["labels"] <= 1
+    from jobs.report import run_sections            # rknn-ray report names the rule
+    counts = dict(dict(run_sections({"report": report, "path": str(out),
+                                     "incomplete": None}))["Counts"])
+    assert counts["connection"] == "balanced_harmonic"
     if config == "digits_central":     # noise of scale 2kr/1000 rounds to 0: counts are exact
         exact, released, planned = _exact_counts(out, "balanced_harmonic")
         assert planned.digest() == plan["prices_digest"]      # the plan is public and repeatable
