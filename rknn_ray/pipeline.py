@@ -157,51 +157,21 @@ def released_weights(cfg, data: PreparedData, public_emb: np.ndarray, rounds, qu
     return out / max(1, len(rounds))
 
 
-#: auto: a query is at risk when its expected count is below AT_RISK_Z noise std; a balanced
-#: rule is chosen when it takes at least AUTO_MARGIN of the public samples (whose labels come
-#: from those queries) out of that risk
-AT_RISK_Z, AUTO_MARGIN = 2.0, 0.05
-
-
 def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
                        qs: QuerySet) -> tuple[str, dict | None]:
-    """``rknn.connection`` as a rule, and for ``auto`` why (public information only: each
-    rule's public degrees scaled to the number of private records, the noise std of one count
-    from public parameters, and how many public samples take their label from each query).
-    Returns (rule, choice dict or None).
-
-    Risk is counted in public samples, not queries: a query's label is propagated to its
-    cluster, and balancing feeds the small clusters' queries with records taken from the
-    large ones'; it pays only when fewer public samples end up under the noise."""
+    """``rknn.connection`` as a rule, and for ``auto`` what it chose and why
+    (:func:`rknn_ray.labeling.connection.choose_rule`: public embeddings and queries, the
+    number of private records, and the noise std of one count from public parameters at the
+    smallest round's eps). Returns (rule, choice dict or None)."""
     rule = cfg.rknn.connection
     if rule != "auto":
         return rule, None
-    from rknn_ray.labeling.connection import RULES
+    from rknn_ray.labeling.connection import choose_rule
     p = cfg.privacy
     eps = min(round_budgets(p.eps, p.delta, int(cfg.rounds.count), cfg.rounds.budget_split))[0]
     sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size, eps=eps)
-    scale = len(data.splits.private_y) / max(1, len(public_emb))
-    k = int(cfg.rknn.k)
-    cluster = np.bincount(np.asarray(qs.assignment), minlength=qs.size) / max(1, len(public_emb))
-    risk, profiles = {}, {}
-    for name in RULES:
-        plan = connection_plan(cfg, public_emb, qs.features, name)
-        deg = np.bincount(plan.neighbors(public_emb, qs.features, k).ravel(),
-                          minlength=qs.size) * scale
-        risk[name] = float(cluster[deg < AT_RISK_Z * sigma].sum())
-        profiles[name] = {"min": float(deg.min()), "p10": float(np.percentile(deg, 10)),
-                          "median": float(np.median(deg))}
-    best = min(RULES[1:], key=lambda r: (risk[r], RULES.index(r)))
-    chosen = best if risk["reverse_knn"] - risk[best] >= AUTO_MARGIN else "reverse_knn"
-    reason = (f"public samples labelled by queries whose expected count (public degree x "
-              f"{scale:.3g} private records per public sample) is below {AT_RISK_Z:g} noise "
-              f"std ({AT_RISK_Z * sigma:.3g}): "
-              + ", ".join(f"{r} {risk[r]:.0%}" for r in RULES)
-              + (f"; {chosen} lifts at least {AUTO_MARGIN:.0%} of them out of the noise"
-                 if chosen != "reverse_knn" else
-                 f"; no balanced rule lifts {AUTO_MARGIN:.0%} of them: reverse_knn"))
-    return chosen, {"rule": chosen, "reason": reason, "noise_std": sigma, "at_risk": risk,
-                    "expected_degree": profiles}
+    return choose_rule(public_emb, qs.features, qs.assignment, int(cfg.rknn.k),
+                       len(data.splits.private_y), sigma)
 
 
 def mechanism_params(cfg, data: PreparedData, eps: float | None = None,

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from rknn_ray.labeling.answers import RecordAnswers
-from rknn_ray.labeling.connection import (RULES, Connection, degree_profile,
-                                          plan_connection, release_weights)
+from rknn_ray.labeling.connection import (AT_RISK_FLOOR, RULES, Connection, choose_rule,
+                                          degree_profile, plan_connection, release_weights)
 from rknn_ray.labeling.rknn import build_answers, reverse_knn
 
 BALANCED = [r for r in RULES if r != "reverse_knn"]
@@ -166,3 +166,20 @@ def test_release_weights_follow_the_released_degrees_and_steer_the_plan():
         plain.prices[heavy] - np.median(plain.prices)
     with pytest.raises(ValueError, match="sample_weight"):
         plan_connection("balanced_harmonic", public, queries, k, sample_weight=-w)
+
+
+def test_auto_balances_only_where_reverse_knn_leaves_many_labels_under_the_noise():
+    """choose_rule (rknn.connection: auto) reads public data and public parameters only; here
+    3 private records per public sample, k = 3 on the skewed queries."""
+    public, queries, _ = skewed_data()
+    assign = reverse_knn(public, queries, 1)[:, 0]
+    quiet, _ = choose_rule(public, queries, assign, 3, 600, noise_std=1.0)
+    assert quiet == "reverse_knn"                        # nothing under the noise: no change
+    rule, info = choose_rule(public, queries, assign, 3, 600, noise_std=20.0)
+    risk = info["at_risk"]          # balancing halves the share under the noise, but it is small
+    assert risk["balanced_harmonic"] <= risk["reverse_knn"] / 2 < AT_RISK_FLOOR / 2
+    assert rule == "reverse_knn" and "needs reverse_knn at >= 25%" in info["reason"]
+    rule, info = choose_rule(public, queries, assign, 3, 600, noise_std=20.0, floor=0.1)
+    assert rule == "balanced_harmonic" and "halves it" in info["reason"]   # ties: harmonic
+    drowned, info = choose_rule(public, queries, assign, 3, 600, noise_std=1e4, floor=0.1)
+    assert drowned == "reverse_knn" and info["at_risk"]["reverse_knn"] == 1.0
