@@ -6,8 +6,9 @@ sources); the job's rounds loop is ``rknn_ray.job.rounds.planned_rounds``. What 
 chains stages of several packages: :func:`fit_queries` (encoder -> queries),
 :func:`prepare_stages` (prepare -> auto s, k -> encoder and queries), :func:`resolve_auto`
 (s and k from the mechanism's noise), :func:`finish_labels` (released counts -> labels and
-their confidence) and :func:`nonprivate_labels` (the one non-private reference: exact
-counts -> labels). The non-private reference, a run's diagnostics, the baselines and the
+their confidence), :func:`nonprivate_labels` (the one non-private reference: exact
+counts -> labels) and the connection rule's plan (:func:`connection_plan`,
+:func:`resolve_connection`, :func:`released_weights`: public data and the mechanism's noise). The non-private reference, a run's diagnostics, the baselines and the
 benchmarks call them instead of re-listing the steps; they are library code (not
 ``rknn_ray.job``) because the reference and the baselines, which the library may not build
 on the job layer, call them too. No Ray here.
@@ -78,15 +79,67 @@ def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = Fal
 
 def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: list[QuerySet],
                       all_qs: QuerySet, public_emb: np.ndarray, rounds=(),
-                      progress=None) -> tuple[np.ndarray, "Labeling", dict]:
+                      progress=None, connection=None) -> tuple[np.ndarray, "Labeling", dict]:
     """The non-private reference's labels, the one place they are made (rknn_ray.reference
     and a run's diagnostics): exact counts of ``query_sets``, labelled as a private run's
     released counts are (:func:`finish_labels`, ``all_qs`` their union) with no noise.
+    ``connection``: as :func:`exact_counts` takes it; None: planned per query set as
+    ``rknn.connection`` says (:func:`connection_plan`, public data only).
     NOT private: returns (exact counts, Labeling, label info)."""
-    exact = exact_counts(encoder, data, query_sets, cfg.rknn.k)
+    if connection is None:
+        rule = resolve_connection(cfg, data, public_emb, query_sets[0])[0]
+        connection = [connection_plan(cfg, public_emb, q.features, rule) for q in query_sets]
+    exact = exact_counts(encoder, data, query_sets, cfg.rknn.k, connection)
     lab, info = finish_labels(cfg, data, exact.astype(float), all_qs, public_emb, list(rounds),
                               progress, noise_std=0.0)
     return exact, lab, info
+
+
+# ------------------------------------------------------------ the connection rule
+
+def connection_plan(cfg, public_emb: np.ndarray, query_features: np.ndarray,
+                    rule: str | None = None, sample_weight: np.ndarray | None = None):
+    """The round's :class:`~rknn_ray.labeling.connection.Connection` for ``rule`` (default
+    ``rknn.connection``; ``auto`` must be resolved first), from public data only (and, with
+    ``sample_weight``, released counts: :func:`released_weights`): the server ships it with
+    the queries to every client, in every trust model."""
+    from rknn_ray.labeling.connection import plan_connection
+    rule = cfg.rknn.connection if rule is None else rule
+    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k),
+                           sample_weight=sample_weight)
+
+
+def released_weights(cfg, data: PreparedData, public_emb: np.ndarray, rounds, query_sets,
+                     plans) -> np.ndarray:
+    """``rknn.reweight: released``: one weight per public sample, the mean over the rounds
+    released so far of :func:`rknn_ray.labeling.connection.release_weights` (each from that
+    round's released counts, its queries and the plan its clients used, and the noise std
+    of one count at its eps). Post-processing of released counts: no privacy cost."""
+    from rknn_ray.labeling.connection import release_weights
+    out = np.zeros(len(public_emb))
+    for r, qs, plan in zip(rounds, query_sets, plans):
+        sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size,
+                                    eps=float(r.guarantee.eps))
+        out += release_weights(public_emb, qs.features, r.counts, int(cfg.rknn.k),
+                               int(cfg.rknn.r), len(data.splits.private_y), sigma, plan)
+    return out / max(1, len(rounds))
+
+
+def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
+                       qs: QuerySet) -> tuple[str, dict | None]:
+    """``rknn.connection`` as a rule, and for ``auto`` what it chose and why
+    (:func:`rknn_ray.labeling.connection.choose_rule`: public embeddings and queries, the
+    number of private records, and the noise std of one count from public parameters at the
+    smallest round's eps). Returns (rule, choice dict or None)."""
+    rule = cfg.rknn.connection
+    if rule != "auto":
+        return rule, None
+    from rknn_ray.labeling.connection import choose_rule
+    p = cfg.privacy
+    eps = min(round_budgets(p.eps, p.delta, int(cfg.rounds.count), cfg.rounds.budget_split))[0]
+    sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size, eps=eps)
+    return choose_rule(public_emb, qs.features, qs.assignment, int(cfg.rknn.k),
+                       len(data.splits.private_y), sigma)
 
 
 # ---------------------------------------------------------------------- utility (issue 11)

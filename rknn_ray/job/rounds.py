@@ -25,12 +25,14 @@ from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
+from rknn_ray.labeling.connection import Connection
 from rknn_ray.labeling.labels import accuracy
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS, QuerySet, union_of_rounds
 from rknn_ray.labeling.stage import round_budgets, round_query_counts
 from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.mechanisms.stage import mechanism_for
-from rknn_ray.pipeline import finish_labels
+from rknn_ray.pipeline import (connection_plan, finish_labels, released_weights,
+                               resolve_connection)
 from rknn_ray.rng import NOT_PRIVATE
 
 
@@ -128,6 +130,7 @@ class RoundPlan:
     queries: QuerySet
     selection: dict
     mechanism: Mechanism
+    connection: Connection          # which k queries each record votes for (public data only)
 
 
 def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query_sets: list,
@@ -135,12 +138,15 @@ def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query
     """The rounds loop, written once (the job's :func:`private_rounds` and
     benchmarks/adaptive_rounds.py run it): for each of ``rounds.count`` rounds, its
     (eps, delta) share, its queries (:func:`select_round_queries`; ``first`` for round 0)
-    and its mechanism. ``rounds`` and ``query_sets`` are the caller's lists: it releases
-    each plan and appends the released round and the plan's queries before asking for the
-    next, whose selection reads them."""
+    its mechanism and its connection plan (``rknn.connection``, resolved once from round 0's
+    queries; with ``rknn.reweight: released`` priced from the rounds released so far).
+    ``rounds`` and ``query_sets`` are the caller's lists: it releases each plan and appends
+    the released round and the plan's queries before asking for the next, whose selection
+    reads them."""
     p = cfg.privacy
     budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
     sizes = round_query_counts(cfg)
+    rule, auto, plans = None, None, []
     for t, (eps_t, delta_t) in enumerate(budgets):
         if len(rounds) != t or len(query_sets) != t:
             raise RuntimeError(f"round {t + 1} planned with {len(rounds)} released rounds and "
@@ -148,8 +154,24 @@ def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query
                                "its queries before the next plan")
         qs, selection = select_round_queries(cfg, data, t, public_emb, rounds, query_sets,
                                              sizes[t], first, progress)
+        if t == 0:      # rknn.connection (auto: public information only), once
+            rule, auto = resolve_connection(cfg, data, public_emb, qs)
+            if auto is not None and progress is not None:
+                progress.say(f"auto connection: {rule} ({auto['reason']})")
+        weights = (released_weights(cfg, data, public_emb, rounds, query_sets, plans)
+                   if t and rule != "reverse_knn" and cfg.rknn.reweight == "released"
+                   else None)       # post-processing of the rounds released so far
+        connection = connection_plan(cfg, public_emb, qs.features, rule, weights)
+        plans.append(connection)
+        selection["connection"] = {**connection.describe(), "configured": cfg.rknn.connection,
+                                   "reweight": "released" if weights is not None else "public",
+                                   **({"auto": auto} if auto is not None else {}),
+                                   **({"prices": connection.prices.tolist()}
+                                      if connection.prices is not None else {})}
         yield RoundPlan(t, eps_t, delta_t, qs, selection,
-                        mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size))
+                        mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size),
+                        connection)
+
 
 def job_ledger(ctx: JobContext) -> PrivacyLedger:
     """The job's ledger: a view over its rows of the persistent store (each release is
@@ -191,7 +213,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     in_round = t    # from here every failure keeps the round counted: a report
                     try:            # the server opened, or may open, is a release to it
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
-                                                        ledger, record_release=False))
+                                                        ledger, record_release=False,
+                                                        connection=plan.connection))
                     except CoverShortfall:          # recorded at its true cost, not labelled
                         in_round = None
                         raise

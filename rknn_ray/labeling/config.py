@@ -30,6 +30,14 @@ class RknnConfig:
     k: int | str = key(1, "queries each record connects to; auto: with queries.s: auto", int,
                        low=1, auto=True)
     r: int = key(1, "label bits a record votes (r-hot); sensitivity is 2kr", int, low=1)
+    connection: str = key("reverse_knn", "which k queries a record votes for: reverse_knn, or a "
+                          "balanced rule priced on public data (still 2kr); auto: from public "
+                          "degrees and the noise (docs/running.md)", str,
+                          choices=owned("rknn_ray.labeling.connection", "CHOICES"))
+    reweight: str = key("public", "what a balanced rule's prices balance: public (the public "
+                        "samples) or released (from round 2 on, the public samples reweighted "
+                        "by the counts released so far: post-processing, rounds.count >= 2)",
+                        str, choices=("public", "released"))
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,16 @@ class RoundsConfig:
 
 
 def check_query_relations(cfg: dict) -> None:
-    """k <= s, and split queries leave at least k per round (a merged, checked config dict)."""
+    """k <= s, split queries leave at least k per round, and released reweighting has a
+    balanced rule and an earlier round (a merged, checked config dict)."""
+    rk = cfg["rknn"]
+    if rk["reweight"] == "released" and (rk["connection"] == "reverse_knn"
+                                         or cfg["rounds"]["count"] < 2):
+        raise ConfigError("rknn.reweight", "released reweights a balanced rule's prices by the "
+                          "counts of earlier rounds: it needs rknn.connection balanced_min, "
+                          "balanced_harmonic or auto and rounds.count >= 2",
+                          "set rknn.reweight=public, or a balanced rknn.connection and "
+                          "rounds.count=2")
     s, k = cfg["queries"]["s"], cfg["rknn"]["k"]
     if "auto" in (s, k):
         return

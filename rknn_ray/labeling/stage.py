@@ -14,20 +14,28 @@ from rknn_ray.labeling.queries import QuerySet
 from rknn_ray.labeling.rknn import build_answers
 
 
-def exact_answers(encoder: "Encoder", data: "PreparedData", qs: QuerySet, k: int) -> RecordAnswers:
-    """All held records' answers in one place: only for the non-private reference."""
+def exact_answers(encoder: "Encoder", data: "PreparedData", qs: QuerySet, k: int,
+                  connection=None) -> RecordAnswers:
+    """All held records' answers in one place: only for the non-private reference.
+    ``connection``: the round's plan (:mod:`rknn_ray.labeling.connection`), None: reverse k-NN."""
     data.require_private_rows("the non-private reference (exact counts)")
     rows = data.held_rows()
     rows = rows[np.argsort(data.client_ids[rows], kind="stable")]
     emb = encoder.transform(data.splits.private_x[rows])
     return build_answers(emb, data.splits.private_y[rows], data.client_ids[rows],
-                         qs.features, k, data.num_classes)
+                         qs.features, k, data.num_classes, connection)
 
 
 def exact_counts(encoder: "Encoder", data: "PreparedData", query_sets: list[QuerySet],
-                 k: int) -> np.ndarray:
-    """NOT private: the exact (s, |Y|) counts of every round's queries, stacked in round order."""
-    return np.concatenate([exact_answers(encoder, data, q, k).counts() for q in query_sets])
+                 k: int, connection=None) -> np.ndarray:
+    """NOT private: the exact (s, |Y|) counts of every round's queries, stacked in round order.
+    ``connection``: None (reverse k-NN), one Connection (one query set), or one per set."""
+    plans = (connection if isinstance(connection, (list, tuple))
+             else [connection] * len(query_sets))
+    if len(plans) != len(query_sets):
+        raise ValueError(f"{len(plans)} connection plans for {len(query_sets)} query sets")
+    return np.concatenate([exact_answers(encoder, data, q, k, c).counts()
+                           for q, c in zip(query_sets, plans)])
 
 
 @dataclass
