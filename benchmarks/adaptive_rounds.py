@@ -30,6 +30,9 @@ import sys
 
 import numpy as np
 
+from rknn_ray.accounting.guarantee import guarantee_of
+from rknn_ray.accounting.ledger import PrivacyLedger
+
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs",
                               "digits_central.yaml")
 
@@ -118,6 +121,7 @@ def label_only_cell(cell: dict, args) -> dict:
     data, encoder, public_emb, first = _PREPARED[key]
     p = cfg.privacy
     rounds, query_sets, uncertain = [], [], []
+    ledger = PrivacyLedger()        # the job's default (basic) accountant composes the rounds
     for t, (eps_t, delta_t) in enumerate(round_budgets(p.eps, p.delta, cfg.rounds.count,
                                                        cfg.rounds.budget_split)):
         qs, selection = select_round_queries(cfg, data, t, public_emb, rounds, query_sets,
@@ -127,17 +131,20 @@ def label_only_cell(cell: dict, args) -> dict:
         mech = mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size)
         exact = exact_counts(encoder, data, [qs], cfg.rknn.k)
         noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + t)).astype(float)
-        rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))
+        g = guarantee_of(mech, data.num_clients)
+        ledger.record(g, round_id=t)
+        rounds.append(RoundResult(noisy, g, g.event, {}, 0, 0, 0, {}))
         query_sets.append(qs)
     all_qs = union_of_rounds(public_emb, query_sets)
     lab, _ = finish_labels(cfg, data, np.concatenate([r.counts for r in rounds]), all_qs,
                            public_emb, rounds, None)
-    eps = [r.guarantee.eps for r in rounds]
+    eps, delta = ledger.spent()
     return {**cell, "model": p.model, "mechanism": p.mechanism, "dataset": cfg.data.dataset,
             "label_accuracy": lab.label_accuracy, "accuracy": float("nan"),
-            "query_label_accuracy": lab.query_accuracy, "eps": float(sum(eps)),
-            "delta": float(sum(r.guarantee.delta for r in rounds)), "rounds": len(rounds),
-            "round_eps": eps, "ledger_events": len(rounds), "queries": all_qs.size,
+            "query_label_accuracy": lab.query_accuracy, "eps": float(eps),
+            "delta": float(delta), "rounds": len(rounds),
+            "round_eps": [e.guarantee.eps for e in ledger.entries],
+            "ledger_events": len(ledger.entries), "queries": all_qs.size,
             "k_used": cfg.rknn.k, "private": False,       # a seeded simulation
             "uncertainty_chosen": [u["uncertainty_chosen"] for u in uncertain],
             "uncertainty_all": [u["uncertainty_all"] for u in uncertain],

@@ -21,7 +21,7 @@ writes results.json, table.txt and PNGs, each atomically:
   timing.png               seconds per bound
   audit.png                empirical lower bounds vs claimed upper bounds
 Audits: binary RR (fast reference, binomial simulation) and the project's real
-shuffle / local RR and Collision randomizers (rknn_ray.accounting.audit). Exit
+shuffle / local RR and Collision randomizers (benchmarks/audit.py). Exit
 status 1 if any audit raises a red flag (a claimed upper bound below a certified
 lower bound).
 """
@@ -37,7 +37,7 @@ import numpy as np
 
 from rknn_ray.accounting import BOUNDS, variation_ratio_bound
 from rknn_ray.accounting.bounds import MechanismLowerBound
-from rknn_ray.accounting.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
+from benchmarks.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
                                        shuffled_pair_statistics, simulate_labeling_error)
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build

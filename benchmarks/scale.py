@@ -56,6 +56,9 @@ import time
 
 import numpy as np
 
+from rknn_ray.accounting.guarantee import guarantee_of
+from rknn_ray.accounting.ledger import PrivacyLedger
+
 SEED = 0
 NUM_CLASSES, DIM, S = 10, 32, 10
 
@@ -211,9 +214,11 @@ def run_inprocess(clients: int, batch: int) -> dict:
     t = time.perf_counter()
     release = acc.finalize()
     stages["finalize"] = time.perf_counter() - t
+    ledger = PrivacyLedger()                    # the round's cost, as a job's ledger states it
+    ledger.record(guarantee_of(mech, senders), round_id=0)
     return {"wall_s": time.perf_counter() - t_all, "stages_s": stages, "senders": int(senders),
             "messages": release.accepted, "rejected": release.rejected, "counts": release.counts,
-            "eps0": mech.local_eps, "eps": mech.guarantee(senders).eps, "qs": qs,
+            "eps0": mech.local_eps, "eps": ledger.spent()[0], "qs": qs,
             "message_size": mech.message_size, "cores": 1, "spilled_mb": 0.0}
 
 
@@ -289,7 +294,6 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
     """The round itself, on the Ray this process is connected to."""
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
-    from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.data.sources import SyntheticClientsSource
 
@@ -309,7 +313,8 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
             start = time.perf_counter() - t0
             cpu0 = _cpu_by_process()
             t_round = time.perf_counter()
-            res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+            ledger = PrivacyLedger()
+            res = session.run_round(0, mech, encoder, qs.features, ledger)
             round_wall = time.perf_counter() - t_round
             by_process = _cpu_delta(cpu0, _cpu_by_process())
             round_cpu = sum(by_process.values())
@@ -319,7 +324,7 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
     return {"wall_s": wall, "stages_s": stages, "senders": res.shuffler["senders"],
             "shuffle_mode": res.shuffler["hops"][0].get("mode", "in-process"),
             "messages": res.messages, "rejected": res.rejected, "counts": res.counts,
-            "eps0": mech.local_eps, "eps": res.guarantee.eps, "qs": qs,
+            "eps0": mech.local_eps, "eps": ledger.spent()[0], "qs": qs,
             "message_size": mech.message_size, "spilled_mb": spilled,
             "placement": res.placement, "round_cpu_s": round_cpu, "round_wall_s": round_wall,
             "round_cpu_by_process_s": by_process}
@@ -383,7 +388,6 @@ def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bo
                 cores: int, batch: int | None = None) -> dict:
     """One model's session of :func:`run_warm`."""
     from benchmarks.crypto_floor import AHEAD_PARTS as ahead_parts, KEPT_PARTS as kept_parts
-    from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
     from rknn_ray.data.sources import SyntheticClientsSource
     from rknn_ray.job.progress import Progress

@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from rknn_ray.accounting.guarantee import guarantee_of
+
 DEFAULT_MODELS = ["central:laplace", "local:rr", "local:collision", "shuffle:rr",
                   "shuffle:collision", "shuffle:multi"]
 
@@ -42,7 +44,7 @@ def library_round(cfg, data, ans, rng_seed):
     mech = mechanism_for(cfg, data)
     batch = mech.randomize(ans, seeded_generator(rng_seed))
     counts = mech.estimate(batch.payloads, data.num_clients, seeded_generator(rng_seed + 1))
-    return counts, mech.guarantee(data.num_clients), len(batch), mech.describe()
+    return counts, guarantee_of(mech, data.num_clients), len(batch), mech.describe()
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,7 @@ from rknn_ray.accounting.events import (ShuffledLocalDpEvent, UnrebuildableEvent
 from rknn_ray.baselines.events import (dpsgd_event, gnmax_event, lnmax_event, nfdp_event,
                                        private_knn_event, selective_rr_event)
 from rknn_ray.errors import LedgerError
+from rknn_ray.accounting.guarantee import guarantee_of
 
 LEGACY_SHUFFLE = {"type": "ShuffledLocalDpEvent", "local_mechanism": "collision", "eps0": 3.0,
                   "num_senders": 50000, "delta": 1e-6, "bound": "fmt_closed_form",
@@ -136,15 +137,18 @@ def test_the_runs_ledger_is_a_view_over_one_store():
                                                          num_clients=20000))
     ledger = PrivacyLedger(budget_eps=3.0, budget_delta=1e-5, accountant="pld")
     assert ledger.store.path == ":memory:"
-    ledger.record(mech.guarantee(), 0, event=mech.event(), messages=20000)
+    ledger.record(guarantee_of(mech), 0, messages=20000)
     (row,) = ledger.store.release_rows("run", "run")
     assert row["event"] == event_to_dict(mech.event())
     assert row["accounting"] == {"bound": "clones_numerical", "delta": 0.0, "method": "rdp"}
     (entry,) = ledger.entries
-    assert entry.guarantee == mech.guarantee() and entry.extra == {"messages": 20000}
+    assert entry.guarantee == guarantee_of(mech) and entry.extra == {"messages": 20000}
     assert ledger.spent() == ledger.store.composed("run", "pld", target_delta=1e-5)
-    with pytest.raises(LedgerError, match="costs eps="):
-        ledger.record(replace(mech.guarantee(), eps=0.01), 1, event=mech.event())
+    with pytest.raises(TypeError, match="eps"):      # a guarantee has no eps of its own
+        replace(guarantee_of(mech), eps=0.01)
+    with pytest.raises(LedgerError, match="costs eps="):     # nor does the store take one
+        ledger.store.append_release("run", "run", 1, 0.01, 1e-6, event_to_dict(mech.event()),
+                                    accounting=mech.costing())
     assert len(ledger.entries) == 1
 
 
@@ -170,5 +174,5 @@ def test_a_release_saved_with_its_bound_inside_resumes_at_the_same_cost(tmp_path
     (r,) = rounds
     assert r.guarantee.accounting == Costing(bound="fmt_closed_form")
     ledger = PrivacyLedger()
-    ledger.record(r.guarantee, 0, event=r.event)
+    ledger.record(r.guarantee, 0)
     assert ledger.spent() == pytest.approx(cost, rel=1e-12)

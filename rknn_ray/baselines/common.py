@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.guarantee import Guarantee
 
 # RDP/PLD conversion is the accountant's (re-exported: the baselines' tests use these names)
 from rknn_ray.accounting.accountants import (DEFAULT_COSTING, RDP_ORDERS, Costing,  # noqa: F401
@@ -227,10 +227,9 @@ def record(ledger: PrivacyLedger, event, costing: Costing, model: str, mechanism
            neighbour: str, note: str, n: int | None = None, round_id: int = 0, **extra):
     """Record one release: its guarantee is the accountant's cost of ``event`` under
     ``costing`` (recorded with it), never a number computed beside it. Returns the entry."""
-    eps, delta = event_cost(event, costing)
-    guarantee = Guarantee(eps, delta, model, mechanism, unit=unit, neighbour=neighbour, n=n,
+    guarantee = Guarantee(event, model, mechanism, unit=unit, neighbour=neighbour, n=n,
                           note=note, accounting=costing)
-    return ledger.record(guarantee, round_id=round_id, event=event, **extra)
+    return ledger.record(guarantee, round_id=round_id, **extra)
 
 
 def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: int | None = None,

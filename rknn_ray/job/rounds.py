@@ -18,6 +18,7 @@ import numpy as np
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import mark_started
+from rknn_ray.accounting.guarantee import guarantee_of
 from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
@@ -121,7 +122,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 mechanism = ctx.round_mechanism(t, qs.size)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
                                     f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
-                    ledger.check(mechanism.guarantee(), mechanism.event())  # refused: none worked
+                    ledger.check(guarantee_of(mechanism))  # refused: none worked
                     in_round = t    # from here every failure keeps the round counted: a report
                     try:            # the server opened, or may open, is a release to it
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
@@ -141,7 +142,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     note = (f"released, but release.npz could not be saved ({first_line(exc)}): "
                             "the counts are lost; their eps stays counted")
                 done = rounds[-1]       # the round's one ledger write, into the reservation
-                ledger.record_spent(done.guarantee, round_id=t, event=done.event, note=note,
+                ledger.record_spent(done.guarantee, round_id=t, note=note,
                                     messages=done.messages, clients=done.clients)
                 in_round = None
                 if lost is None and t + 1 < len(budgets):

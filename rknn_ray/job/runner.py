@@ -34,7 +34,7 @@ from rknn_ray.job.ray_env import ensure_ray
 from rknn_ray.job.release_file import check_release, load_release, release_tag_key
 from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.guarantee import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
 from rknn_ray.runio import clear_old_run, write_text
 from rknn_ray.student.train import CHECKPOINT_FILE, HISTORY_FILE
@@ -78,8 +78,13 @@ class RunResult:
         report = _read_json(report_path)
         labels = pq.read_table(os.path.join(run_dir, RUN_FILES["labels"]),
                                columns=["label"]).column("label").to_numpy()
-        guarantee = Guarantee(**report["privacy"]["rounds"][-1])
         ledger = _read_json(os.path.join(run_dir, RUN_FILES["ledger"]))
+        last = report["privacy"]["rounds"][-1]
+        # a report written before its rounds carried their event: the ledger's last release
+        # is that round (rounds are recorded in order); its eps is recomputed from the event
+        source = last if "event" in last else ledger["entries"][-1]
+        guarantee = Guarantee.from_dict({**last, "event": source["event"]},
+                                        accounting=source.get("accounting"))
         return cls(report, labels, guarantee, ledger, run_dir, run_paths(run_dir))
 
     def labels_frame(self):
@@ -238,8 +243,7 @@ def _saved_rounds(ctx: JobContext) -> tuple:
     ctx.job_id = job_id
     ledger = PrivacyLedger(accountant=cfg.privacy.accountant)
     for t, r in enumerate(rounds):
-        ledger.record(r.guarantee, round_id=t, event=r.event, messages=r.messages,
-                      clients=r.clients)
+        ledger.record(r.guarantee, round_id=t, messages=r.messages, clients=r.clients)
     ctx.budget = ctx.store.budget(ctx.identity) or (float("nan"), float("nan"))
     ctx.say(f"resuming from release.npz: {len(rounds)} round(s) already released; "
             "no new private round, no budget spent")

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams,
-                                      MessageBatch, MODELS)
+from rknn_ray.mechanisms.base import MODELS, Mechanism, MechanismParams, MessageBatch
 
 # (model, name) -> factory(params) -> Mechanism. Modules register themselves below.
 _REGISTRY: dict[tuple[str, str], Callable[[MechanismParams], Mechanism]] = {}
@@ -55,5 +54,5 @@ def _load_builtin() -> None:
 
 _load_builtin()
 
-__all__ = ["Guarantee", "Mechanism", "MechanismParams", "MessageBatch", "build",
+__all__ = ["Mechanism", "MechanismParams", "MessageBatch", "build",
            "register", "available"]

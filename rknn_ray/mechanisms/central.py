@@ -30,7 +30,7 @@ import numpy as np
 
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.base import Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import discrete_laplace, noisier_scale
 from rknn_ray.mechanisms.noise import continuous_laplace
 
@@ -142,13 +142,13 @@ class CentralLaplace(Mechanism):
         return dp_event.LaplaceDpEvent(
             noise_multiplier=float(self.scale / self.params.sensitivity_l1))
 
-    def guarantee(self, n: int | None = None) -> Guarantee:
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
         how = ("exact discrete" if self.noise == "discrete" else
                "approximate, float sampling: the eps of ideal real-valued Laplace, not of "
                "float64 arithmetic (Mironov 2012);")
-        return self.guarantee_of(self.event(n),
-                                 note=f"{how} Laplace noise of scale 2kr/eps = "
-                                      f"{float(self.scale):.4g} on every cell; trusted server")
+        return {**super().guarantee_facts(event, n),
+                "note": f"{how} Laplace noise of scale 2kr/eps = {float(self.scale):.4g} on "
+                        "every cell; trusted server"}
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:
         """eta with P[max_c |noise_c| >= eta] <= beta within one bucket of |Y| cells.

@@ -137,14 +137,13 @@ class LocalLaplace(FlatLocalMechanism):
         return bounds.laplace_sum_bound(num_clients, self.params.num_classes, beta,
                                         self.scale, discrete=self.discrete)
 
-    def guarantee(self, n: int | None = None):
-        g = super().guarantee(n)
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        facts = super().guarantee_facts(event, n)
         if self.discrete:
-            return g
-        from dataclasses import replace
-        return replace(g, note="approximate, float sampling: the eps of ideal real-valued "
-                               "Laplace, not of float64/float32 arithmetic (Mironov 2012); "
-                               + g.note)
+            return facts
+        return {**facts, "note": "approximate, float sampling: the eps of ideal real-valued "
+                                 "Laplace, not of float64/float32 arithmetic (Mironov 2012); "
+                                 + facts["note"]}
 
     def _facts(self) -> dict:
         return {"scale": self.scale,

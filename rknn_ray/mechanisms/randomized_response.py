@@ -45,7 +45,7 @@ import numpy as np
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, DataError, ReportError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.base import Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_up
 
 MULTI_RECORD = ("sample", "normalize")
@@ -218,10 +218,10 @@ class LocalMechanism(Mechanism):
         from rknn_ray.accounting.events import LocalRandomizerDpEvent
         return LocalRandomizerDpEvent(self.name, float(self.local_eps))
 
-    def guarantee(self, n: int | None = None) -> Guarantee:
-        return self.guarantee_of(self.event(n),
-                                 note=f"eps-LDP per report ({self.name}, replace-one record); "
-                                      + self._multi_record_note())
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        return {**super().guarantee_facts(event, n),
+                "note": f"eps-LDP per report ({self.name}, replace-one record); "
+                        + self._multi_record_note()}
 
     def _facts(self) -> dict:
         return {}

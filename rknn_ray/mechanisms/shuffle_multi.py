@@ -65,7 +65,7 @@ import numpy as np
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams, MessageBatch,
+from rknn_ray.mechanisms.base import (Mechanism, MechanismParams, MessageBatch,
                                      honest_count, honest_fraction_of)
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
@@ -249,27 +249,28 @@ class MultiMessageShuffle(Mechanism):
         p = self.params
         return int(p.k * p.r * p.max_records_per_client) + self.noise_cap
 
-    def guarantee_for(self, n: int) -> Guarantee:
+    def _check_senders(self, n: int) -> None:
         if n < self.n_cal:
             raise PrivacyBudgetError(
                 f"only {n} distinct senders were shuffled but the noise was split over "
                 f"{self.n_cal}; round refused, nothing released. Set "
                 "privacy.options.expected_dropout to the dropout you expect")
-        return self.guarantee_of(self._event(), n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
-                                        f"over {self.n_honest} clients + {self._flood_law()} flooding "
-                                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
-                                        f"{self.messages_per_sender()} messages per sender "
-                                        f"(noise cap {self.noise_cap}, failure probability "
-                                        f"{self.cap_failure:.2g} included in delta); holds "
-                                        f"if at least {self.n_honest} senders follow the "
-                                        f"protocol (honest fraction {self.honest_fraction:g} "
-                                        f"of {self.n_cal})")
 
-    def guarantee(self, n: int | None = None) -> Guarantee:
-        return self.guarantee_for(self.n_cal if n is None else int(n))
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        return {**super().guarantee_facts(event, n, opened),
+                "n": int(self.n_cal if n is None else n),
+                "note": f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
+                        f"over {self.n_honest} clients + {self._flood_law()} flooding "
+                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
+                        f"{self.messages_per_sender()} messages per sender "
+                        f"(noise cap {self.noise_cap}, failure probability "
+                        f"{self.cap_failure:.2g} included in delta); holds "
+                        f"if at least {self.n_honest} senders follow the "
+                        f"protocol (honest fraction {self.honest_fraction:g} "
+                        f"of {self.n_cal})"}
 
     def event(self, n: int | None = None):
-        self.guarantee_for(self.n_cal if n is None else int(n))     # refuses below n_cal
+        self._check_senders(self.n_cal if n is None else int(n))     # refuses below n_cal
         return self._event()
 
     def _event(self):
