@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from rknn_ray.data.dataset import Dataset, validate_features  # noqa: F401 - re-exported
+from rknn_ray.data.registry import aliases, kinds, known
 from rknn_ray.errors import ConfigError, DataError
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -26,13 +27,12 @@ FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
 
 def __getattr__(name: str):
     """``KNOWN``, ``DEFAULT_ROOTS`` and ``ALIASES``, read from the registry (its entries own them)."""
-    from rknn_ray.data import registry
     if name == "KNOWN":
-        return registry.known()
+        return known()
     if name == "DEFAULT_ROOTS":
-        return {k.name: k.default_root for k in registry.kinds().values() if k.default_root}
+        return {k.name: k.default_root for k in kinds().values() if k.default_root}
     if name == "ALIASES":
-        return registry.aliases()
+        return aliases()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

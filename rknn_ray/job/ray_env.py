@@ -64,21 +64,15 @@ def local_ray_env() -> None:
             os.environ.pop("RAY_AUTH_MODE", None)
 
 
-def pin_ray_address() -> None:
-    """Worker setup hook: name this cluster in the worker's RAY_ADDRESS. Ray Train's
-    PlacementGroupCleaner looks its controller up through the State API without an address;
-    with a second Ray instance on the machine (a test session, another user's job) that
-    lookup finds two and its monitor thread dies printing a traceback on our console."""
-    import ray
-    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-
-
-WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "rknn_ray.job.ray_env.pin_ray_address"}
+#: the hook (actors.worker_hook.pin_ray_address) lives outside this package: a worker that
+#: imports it does not load the job layer
+WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "actors.worker_hook.pin_ray_address"}
 
 
 def other_ray_on_this_machine() -> bool:
     """Whether another Ray instance (a GCS process) already runs here: only then do our
-    workers need :func:`pin_ray_address`. A job runtime env costs every worker ~0.7 CPU s
+    workers need :func:`actors.worker_hook.pin_ray_address`. A job runtime env costs every
+    worker ~0.7 CPU s
     and keeps the workers Ray prestarts from being used (4 actors ready in 3.9 s instead of
     1.7 s here), so a lone instance goes without. (One started beside ours later can still
     confuse Train's cleaner; its traceback is dropped from the console by

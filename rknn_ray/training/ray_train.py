@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from rknn_ray.errors import NO_SPACE, ConfigError, OutOfSpaceError, RknnError
-from rknn_ray.training import LoopRun, resolve_loop
+from rknn_ray.training.loop import LoopRun, resolve_loop
 
 PAYLOAD_FILE = "payload.pt"
 
