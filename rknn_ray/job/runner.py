@@ -37,7 +37,7 @@ from rknn_ray.job.session import Parties, new_job_id
 from rknn_ray.accounting.guarantee import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
 from rknn_ray.runio import clear_old_run, write_text
-from rknn_ray.student.train import CHECKPOINT_FILE, HISTORY_FILE
+from rknn_ray.student.config import CHECKPOINT_FILE, HISTORY_FILE
 
 __all__ = ["RUN_FILES", "RunResult", "encoder_trains_on_ray", "run", "run_paths", "validated"]
 
