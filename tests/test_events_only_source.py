@@ -176,3 +176,51 @@ def test_a_release_saved_with_its_bound_inside_resumes_at_the_same_cost(tmp_path
     ledger = PrivacyLedger()
     ledger.record(r.guarantee, 0)
     assert ledger.spent() == pytest.approx(cost, rel=1e-12)
+
+
+# ---------------------------------------------------------------- issue 38 item 1
+
+def test_a_stored_eps_is_a_cache_recomputed_from_the_event(tmp_path):
+    """report.json, release.npz and ledger rows keep (eps, delta) for their readers; a
+    guarantee read back is the cost of its event again, whatever number was stored."""
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.accounting.guarantee import Guarantee
+    from rknn_ray.mechanisms import MechanismParams, build
+    mech = build("shuffle", "collision", MechanismParams(10, 4, 1, 1.0, delta=1e-6,
+                                                         num_clients=20000))
+    g = guarantee_of(mech)
+    saved = json.loads(json.dumps(g.to_dict()))
+    assert (saved["eps"], saved["delta"]) == (g.eps, g.delta)
+    assert saved["event"] == event_to_dict(mech.event())
+    back = Guarantee.from_dict({**saved, "eps": 99.0, "delta": 0.5})
+    assert back == g and (back.eps, back.delta) == event_cost(mech.event(), mech.costing())
+    # a ledger row whose shown eps was changed reads back at its event's cost
+    store = _store(tmp_path)
+    PrivacyLedger(store=store, identity="ds", job_id="job").record(g, 0)
+    with sqlite3.connect(store.path) as con:
+        (meta,) = con.execute("SELECT meta FROM releases WHERE status = 'released'").fetchone()
+        meta = json.loads(meta)
+        meta["guarantee"]["eps"] = 99.0
+        con.execute("UPDATE releases SET meta = ? WHERE status = 'released'", (json.dumps(meta),))
+    (entry,) = PrivacyLedger(store=store, identity="ds", job_id="job").entries
+    assert entry.guarantee == g and entry.guarantee.eps == g.eps
+
+
+def test_a_run_folder_written_before_rounds_carried_their_event_still_loads(tmp_path):
+    """report.json's rounds once held (eps, delta) and no event: RunResult.from_path takes
+    the event from the ledger's release of that round and costs it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rknn_ray.job.runner import RUN_FILES, RunResult
+    from rknn_ray.mechanisms import MechanismParams, build
+    mech = build("central", "laplace", MechanismParams(10, 4, 1, 0.5))
+    g = guarantee_of(mech)
+    old_round = {k: v for k, v in g.to_dict().items() if k != "event"}
+    old_round["eps"] = 7.0                          # whatever it says, the event decides
+    entry = {"round": 0, "event": event_to_dict(g.event), "accounting": g.accounting.to_dict()}
+    (tmp_path / RUN_FILES["report"]).write_text(json.dumps({"privacy": {"rounds": [old_round]}}))
+    (tmp_path / RUN_FILES["ledger"]).write_text(json.dumps({"entries": [entry]}))
+    pq.write_table(pa.table({"label": [0, 1, 2]}), tmp_path / RUN_FILES["labels"])
+    res = RunResult.from_path(str(tmp_path))
+    assert res.guarantee == g and res.guarantee.eps == pytest.approx(0.5)
