@@ -16,7 +16,7 @@ import importlib
 
 import pytest
 
-from benchmarks.import_graph import cycles, floors, folder, graph, modules
+from benchmarks.import_graph import ROOT, cycles, floors, folder, graph, modules
 from benchmarks.import_graph import scan as scan_tree
 
 
@@ -104,6 +104,13 @@ ALLOWED = {
 }
 #: folder cycles known and owned elsewhere: config.py <-> data (i-stage removes)
 KNOWN_FOLDER_CYCLES = [["rknn_ray.config", "rknn_ray.data"]]
+#: library files whose imports inside functions are being rewritten elsewhere (i-stage:
+#: pipeline.py, config.py and the data-dependent validation in data/; i-conn: labeling/ and
+#: the client step; i-tight, i-pld: the accountants, bounds and events)
+REWRITTEN_ELSEWHERE = ("rknn_ray.pipeline", "rknn_ray.config", "rknn_ray.data.prepared",
+                       "rknn_ray.data.kinds.table", "rknn_ray.labeling", "rknn_ray.client_step",
+                       "rknn_ray.accounting.accountants", "rknn_ray.accounting.bounds",
+                       "rknn_ray.accounting.events")
 
 
 def test_no_import_cycles():
@@ -128,6 +135,33 @@ def test_every_library_folder_imports_only_what_it_is_allowed():
                       if folder(i.importer) in ALLOWED and folder(i.target) != folder(i.importer)
                       and folder(i.target) not in ALLOWED[folder(i.importer)]})
     assert outside == []
+
+
+def test_imports_inside_library_functions_say_what_they_defer():
+    """An import inside a function is there to defer a heavy package (torch, ray, scipy,
+    faiss, ...) and says so in a comment on its line or the line above (a run of imports
+    under one reason: on the first); any other import stands at the top of its module."""
+    bare = []
+    for name, path in modules().items():
+        if not name.startswith("rknn_ray") or name.startswith(REWRITTEN_ELSEWHERE):
+            continue
+        lines = path.read_text().splitlines()
+
+        def visit(node, in_function):
+            said = False        # a run of imports shares the reason its first one gives
+            for child in ast.iter_child_nodes(node):
+                if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                    here, above = lines[child.lineno - 1], lines[child.lineno - 2].strip()
+                    said = said or "#" in here or above.startswith("#")
+                    if not said:
+                        bare.append(f"{path.relative_to(ROOT)}:{child.lineno}: "
+                                    f"{ast.unparse(child)}")
+                    continue
+                said = False
+                visit(child, in_function or isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+        visit(ast.parse("\n".join(lines)), False)
+    assert bare == []
 
 
 def test_layer_scan_sees_imports_inside_functions_and_folder_cycles(tmp_path):

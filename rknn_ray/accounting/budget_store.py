@@ -429,7 +429,8 @@ class BudgetStore:
         """Every counted row as (event, the accountant's choices): a release's own event, a
         reservation's stated cost. A release whose event this version cannot rebuild is an
         error (LedgerError naming the type and the fix), never costed as a generic event."""
-        from rknn_ray.accounting.accountants import Costing
+        from rknn_ray.accounting.accountants import Costing  # defers dp_accounting
+        # defers dp_accounting
         from rknn_ray.accounting.events import ApproxDpEvent, UnrebuildableEventError, costed_from_dict
         events = []
         for rid, status, eps, delta, event, accounting in con.execute(
@@ -456,7 +457,7 @@ class BudgetStore:
         Against a pure budget (delta 0) every accountant composes by the sum: exact for pure
         events, and a PLD answers only at a positive delta (it would report 1e-12 > 0 and
         refuse every job). Events with delta > 0 then show delta > 0: refused by name."""
-        from rknn_ray.accounting.accountants import get_accountant
+        from rknn_ray.accounting.accountants import get_accountant  # defers dp_accounting
 
         def q(c):
             events = self._events(c, identity) + list(extra or [])
@@ -485,7 +486,7 @@ class BudgetStore:
         (PrivacyBudgetError or ConfigError, nothing written) when spent + reserved + this
         job would exceed the budget or that cap.
         """
-        from rknn_ray.accounting.events import ApproxDpEvent
+        from rknn_ray.accounting.events import ApproxDpEvent  # defers dp_accounting
         with self._transaction() as con:
             experiment = self.purpose == "experiment"
             if records:
@@ -557,7 +558,8 @@ class BudgetStore:
     def _checked(self, what: str, eps: float, delta: float, event: dict | None, accounting):
         """The accountant's choices for a release about to be written, after checking that
         its event rebuilds and costs exactly (eps, delta) under them (else LedgerError)."""
-        from rknn_ray.accounting.accountants import Costing, event_cost
+        from rknn_ray.accounting.accountants import Costing, event_cost  # defers dp_accounting
+        # defers dp_accounting
         from rknn_ray.accounting.events import UnrebuildableEventError, costed_from_dict
         costing = accounting if isinstance(accounting, Costing) else Costing.from_dict(accounting)
         if event is None:

@@ -25,8 +25,9 @@ import numpy as np
 from rknn_ray.accounting.events import event_to_dict
 from rknn_ray.errors import DataError, first_line
 from rknn_ray.accounting.guarantee import Guarantee
-from rknn_ray.labeling.queries import QuerySet
+from rknn_ray.labeling.queries import QuerySet, nearest
 from rknn_ray.runio import RELEASE_FILE, atomic_path
+from rknn_ray.job.session import RoundResult
 
 
 #: the array that holds the file's tag; the purpose its key is derived for
@@ -100,8 +101,6 @@ def check_release(run_dir: str, key: bytes) -> None:
 
 def load_release(run_dir: str, public_emb: np.ndarray):
     """(job_id, dataset identity, rounds as RoundResult, their QuerySets) from a run folder."""
-    from rknn_ray.job.session import RoundResult
-    from rknn_ray.labeling.queries import nearest
     path = os.path.join(run_dir, RELEASE_FILE)
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))

@@ -22,6 +22,8 @@ from typing import Callable
 
 import numpy as np
 import yaml
+import pyarrow.parquet as pq
+import ray
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget, mark_driver
@@ -38,6 +40,7 @@ from rknn_ray.accounting.guarantee import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
 from rknn_ray.runio import clear_old_run, write_text
 from rknn_ray.student.config import CHECKPOINT_FILE, HISTORY_FILE
+from rknn_ray.config import Config
 
 __all__ = ["RUN_FILES", "RunResult", "encoder_trains_on_ray", "run", "run_paths", "validated"]
 
@@ -67,7 +70,6 @@ class RunResult:
     def from_path(cls, run_dir: str) -> "RunResult":
         """The result of the finished run in ``run_dir`` (its report.json, labels.parquet,
         ledger.json), as :func:`run` returned it."""
-        import pyarrow.parquet as pq
         report_path = os.path.join(run_dir, RUN_FILES["report"])
         if not os.path.isfile(report_path):
             why = ("the run did not finish (incomplete.json says why; rknn-ray run --resume "
@@ -95,7 +97,7 @@ class RunResult:
 
     def student(self):
         """The trained student (a torch module in eval mode, on the CPU) from student.pt."""
-        from rknn_ray.student import load_student
+        from rknn_ray.student import load_student  # defers torch
         if "student" not in self.paths:
             raise DataError(f"{self.out_dir} holds no {CHECKPOINT_FILE}")
         return load_student(self.paths["student"])
@@ -113,7 +115,6 @@ def _read_json(path: str):
 
 
 def _parquet_frame(path: str):
-    import pyarrow.parquet as pq
     try:
         import pandas  # noqa: F401 - pyarrow's to_pandas needs it
     except ImportError:
@@ -125,7 +126,6 @@ def _parquet_frame(path: str):
 def validated(cfg) -> "Config":
     """``cfg`` checked again as a whole: a Config changed in code (``dataclasses.replace``)
     gets the validation :func:`load_config` gives a file, before any work starts."""
-    from rknn_ray.config import Config
     if not isinstance(cfg, Config):
         raise TypeError(f"run() takes a Config, not {type(cfg).__name__}: build one with "
                         "rknn_ray.config.load_config(path or dict)")
@@ -148,7 +148,6 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     replace_at_start=True)``); its files are deleted once this job's budget is reserved.
     ``inputs``: data given in memory for data.dataset=table (rknn_ray.job.api).
     """
-    import ray
 
     cfg = validated(cfg)
     progress = progress or Progress.for_library(cfg.run.progress)
@@ -201,7 +200,6 @@ class _RayStart:
     def __call__(self) -> None:
         if self.up:
             return
-        import ray
         if self.progress is None or ray.is_initialized():      # a Ray of the caller's: no wait
             self.started = bool(self.start_ray())
         else:

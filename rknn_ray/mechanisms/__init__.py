@@ -6,6 +6,7 @@ the registry below is the single list of what exists.
 from __future__ import annotations
 
 from typing import Callable
+import importlib
 
 from rknn_ray.mechanisms.base import MODELS, Mechanism, MechanismParams, MessageBatch
 
@@ -42,7 +43,6 @@ def build(model: str, name: str, params: MechanismParams) -> Mechanism:
 
 def _load_builtin() -> None:
     """Import the mechanism modules so they register (kept tolerant of order)."""
-    import importlib
     for mod in ("central", "randomized_response", "collision", "separation",
                 "local_laplace", "shuffle_single", "shuffle_multi"):
         try:

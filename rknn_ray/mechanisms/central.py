@@ -33,6 +33,7 @@ from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import discrete_laplace, noisier_scale
 from rknn_ray.mechanisms.noise import continuous_laplace
+from rknn_ray.rng import secure_generator
 
 NOISE_KINDS = ("discrete", "continuous")
 
@@ -120,7 +121,6 @@ class CentralLaplace(Mechanism):
     def add_noise(self, counts: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
         """Counts plus noise of scale 2kr/eps (rng None: ChaCha20 keyed by the OS CSPRNG)."""
         if rng is None:
-            from rknn_ray.rng import secure_generator
             rng = secure_generator()
         if self.noise == "discrete":
             return counts + discrete_laplace(rng, self.scale, counts.shape)
@@ -135,7 +135,7 @@ class CentralLaplace(Mechanism):
         return self.add_noise(counts, rng).astype(np.float64)
 
     def event(self, n: int | None = None):
-        from dp_accounting import dp_event
+        from dp_accounting import dp_event  # defers dp_accounting
         if self.noise == "discrete":      # P[x] ~ exp(-a|x|), a = 1/scale; L1 sensitivity 2kr
             return dp_event.DiscreteLaplaceDpEvent(noise_parameter=float(1 / self.scale),
                                                   sensitivity=int(self.params.sensitivity_l1))

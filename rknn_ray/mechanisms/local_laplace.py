@@ -131,7 +131,7 @@ class LocalLaplace(FlatLocalMechanism):
 
     def error_bound(self, beta: float, num_clients: int, method: str = "chernoff") -> float:
         """Chernoff bound for the sum of n Laplace noises, union over |Y| cells."""
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         if method != "chernoff":
             raise ValueError(f"local Laplace has one error bound, 'chernoff'; got {method!r}")
         return bounds.laplace_sum_bound(num_clients, self.params.num_classes, beta,

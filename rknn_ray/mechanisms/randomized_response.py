@@ -193,7 +193,7 @@ class LocalMechanism(Mechanism):
                          "apply; use this mechanism's own error_bound method")
 
     def _bernstein(self, beta: float, num_clients: int, method: str) -> float:
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         if method != "bernstein":
             raise ValueError(f"unknown error-bound method {method!r} for {self.name}; "
                              "use 'bernstein' (or 'theorem' where the paper has one)")
@@ -215,7 +215,7 @@ class LocalMechanism(Mechanism):
                 "sum_i A^i/m_i")
 
     def event(self, n: int | None = None):
-        from rknn_ray.accounting.events import LocalRandomizerDpEvent
+        from rknn_ray.accounting.events import LocalRandomizerDpEvent  # defers dp_accounting
         return LocalRandomizerDpEvent(self.name, float(self.local_eps))
 
     def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
@@ -349,7 +349,7 @@ class RandomizedResponse(FlatLocalMechanism):
 
     def error_bound(self, beta: float, num_clients: int, method: str = "theorem") -> float:
         """Theorem 1 (square root as in its proof and in paper 002), or 'bernstein'."""
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         if method == "theorem":
             p = self.params
             return bounds.theorem1_bound(self.local_eps, p.k, p.r, p.num_classes,

@@ -69,6 +69,7 @@ from rknn_ray.mechanisms.base import (Mechanism, MechanismParams, MessageBatch,
                                      honest_count, honest_fraction_of)
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
+from rknn_ray.accounting.multi_message import calibrate_multi_message
 
 DEFAULT_DLAP_SHARE = 0.85   # the DLap's share of the per-cell eps (rest pays the flooding)
 #: Shares ``queries.s: auto`` tries under a message cap (rknn_ray.pipeline.resolve_auto):
@@ -97,7 +98,7 @@ def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells:
     (The simulation shortcut attributes a batch's noise to uniform clients of the batch: a
     thinning of NB(B/n), lighter-tailed than the protocol's per-client NB(1/n).)
     """
-    from scipy import optimize
+    from scipy import optimize  # defers scipy
     d, log_beta = float(num_cells), math.log(beta)
     t_max = -math.log(dlap_p)
     if flood_shape > 0:
@@ -126,7 +127,7 @@ def nb_difference_quantile(shape: float, p: float, beta: float) -> int:
     (P[X = k] prop. p^k C(k + shape - 1, k); the pmfs are summed on a grid that holds
     all but 1e-15 of each, and that lost mass is added to the tail.)
     """
-    from scipy import stats
+    from scipy import stats  # defers scipy
     hi = int(stats.nbinom.isf(1e-15, shape, 1 - p)) + 1
     pmf = stats.nbinom.pmf(np.arange(hi + 1), shape, 1 - p)
     diff = np.convolve(pmf, pmf[::-1])              # P[X - Y = j - hi], j = 0 .. 2 hi
@@ -171,7 +172,6 @@ class MultiMessageShuffle(Mechanism):
         self.cap_failure = CAP_DELTA_SHARE * params.delta
         # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
         # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
-        from rknn_ray.accounting.multi_message import calibrate_multi_message
         share = float(params.options.get("dlap_share", DEFAULT_DLAP_SHARE))
         if not 0 < share < 1:
             raise ConfigError("privacy.options.dlap_share", f"must be in (0, 1), got {share}",
@@ -275,7 +275,7 @@ class MultiMessageShuffle(Mechanism):
 
     def _event(self):
         """The release: the noise of the n_cal calibrated senders (whoever else sends)."""
-        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent
+        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent  # defers dp_accounting
         c = self.cal
         return MultiMessageShuffleDpEvent(c.dlap_p, c.flood_mean_total, self.n_cal,
                                           int(self.params.sensitivity_l1),

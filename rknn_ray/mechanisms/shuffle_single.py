@@ -38,6 +38,8 @@ from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, honest_count, honest_fraction_of
 from rknn_ray.mechanisms.collision import CollisionMechanism
 from rknn_ray.mechanisms.randomized_response import RandomizedResponse
+from rknn_ray.accounting import BOUNDS, amplified_local_eps
+from rknn_ray.accounting.calibration import monotone_edge
 
 
 class ShuffleSingleMixin:
@@ -46,7 +48,6 @@ class ShuffleSingleMixin:
     model = "shuffle"
 
     def _init_shuffle(self, params: MechanismParams) -> None:
-        from rknn_ray.accounting import BOUNDS, amplified_local_eps
         if not 0 < params.delta < 1:
             raise ConfigError("privacy.delta", f"the shuffle model needs 0 < delta < 1, got "
                               f"{params.delta}", "set privacy.delta, e.g. 1e-6")
@@ -93,7 +94,6 @@ class ShuffleSingleMixin:
         target, hi = self.params.eps, honest_count(self.honest_fraction, self.params.num_clients)
         if self.central_eps(hi) > target * (1 + 1e-9):
             raise PrivacyBudgetError(f"eps0={self._eps0:.4g} misses the target at n={hi}")
-        from rknn_ray.accounting.calibration import monotone_edge
         self._min_cover_memo = int(monotone_edge(
             lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi, want="smallest",
             integer=True))
@@ -116,7 +116,7 @@ class ShuffleSingleMixin:
 
     def costing(self):
         """The accountant's choice of amplification bound: the one eps0 was calibrated with."""
-        from rknn_ray.accounting.accountants import Costing
+        from rknn_ray.accounting.accountants import Costing  # defers dp_accounting
         return Costing(bound=self.bound_name)
 
     def _cost(self, event) -> tuple[float, float]:
@@ -137,7 +137,7 @@ class ShuffleSingleMixin:
                            "; too few for amplification: the local eps0 alone")}
 
     def _event(self, senders: int, opened: int | None):
-        from rknn_ray.accounting.events import ShuffledLocalDpEvent
+        from rknn_ray.accounting.events import ShuffledLocalDpEvent  # defers dp_accounting
         # local_mechanism: the randomizer's registry name, as in LocalRandomizerDpEvent;
         # num_senders: the reports the amplification counts (assumed honest, opened); the
         # bound is the accountant's choice (costing()), not part of what happened

@@ -18,10 +18,12 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from rknn_ray.errors import ConfigError
 from rknn_ray.training.local import fit_local
 from rknn_ray.training.loop import LoopRun, resolve_loop
+from rknn_ray.training.ray_train import fit_on_ray
 
 TRAINERS = ("ray", "local")
 __all__ = ["TRAINERS", "LoopRun", "resolve_loop", "rank_and_world", "one_cycle", "distribute",
@@ -58,7 +60,6 @@ def distribute(model: torch.nn.Module, device) -> torch.nn.Module:
         torch.cuda.set_device(device)       # (in-process "cuda" is the current device already)
     model = model.to(device)
     if rank_and_world()[1] > 1:
-        from torch.nn.parallel import DistributedDataParallel   # only with several workers
         kw = {"device_ids": [device], "output_device": device} if device.type == "cuda" else {}
         model = DistributedDataParallel(model, **kw)
     return model
@@ -76,7 +77,6 @@ def run_loop(loop: str | Callable, data, cfg: dict, *, trainer: str = "local", n
     """
     if trainer == "ray":
         # defers ray (Ray Train): a local run never imports it
-        from rknn_ray.training.ray_train import fit_on_ray
         return fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers, use_gpu=use_gpu,
                           on_epoch=on_epoch, storage_path=storage_path, trainer_key=trainer_key)
     if trainer != "local":
