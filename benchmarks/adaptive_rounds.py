@@ -30,9 +30,6 @@ import sys
 
 import numpy as np
 
-from rknn_ray.accounting.guarantee import guarantee_of
-from rknn_ray.accounting.ledger import PrivacyLedger
-
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs",
                               "digits_central.yaml")
 
@@ -101,6 +98,7 @@ def label_only_cell(cell: dict, args) -> dict:
     from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
+    from rknn_ray.accounting import PrivacyLedger, guarantee_of
     from rknn_ray.config import load_config
     from rknn_ray.job.rounds import select_round_queries
     from rknn_ray.job.session import RoundResult

@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()          # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:       # `rknn-ray budget | head`: the reader had what it wanted
-        from jobs.signals import reader_gone
+        from jobs.signals import reader_gone  # optional: tried where it is used
         return reader_gone()
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)

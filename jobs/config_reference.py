@@ -17,6 +17,7 @@ import sys
 
 from rknn_ray import config as C
 from rknn_ray.keyspec import spec_of
+from rknn_ray.runio import write_text
 
 DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "docs", "configuration.md")
@@ -69,7 +70,7 @@ def render() -> str:
               "| key | type |", "|---|---|"]
     for key, kind in C.synthetic_keys().items():
         lines.append(f"| `data.synthetic.{key}` | {kind.__name__} |")
-    from rknn_ray.data.tables import PART_KEY_DOCS, PART_KEYS
+    from rknn_ray.data.tables import PART_KEY_DOCS, PART_KEYS  # defers pandas, pyarrow
     lines += ["\n`data.private`, `data.public`, `data.evaluation` (`data.dataset: table`; "
               "[running.md](running.md#your-own-data-datadataset-table)):\n",
               "| key | what |", "|---|---|"]
@@ -98,7 +99,6 @@ def main(argv=None) -> int:
             return 1
         print(f"{DOC_PATH} is current")
         return 0
-    from rknn_ray.runio import write_text
     write_text(DOC_PATH, text)
     print(f"wrote {DOC_PATH}")
     return 0

@@ -17,14 +17,19 @@ The shared table writers are here too: :func:`fmt` (a cell's text), :func:`rows_
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+from jobs.cells import error_text, isolated_ledger, run_distill
+from rknn_ray.runio import write_json
 
 NAN = float("nan")
 #: bump when ReportRow's fields change: a saved row of another version is not "done"
@@ -217,8 +222,6 @@ class Runner:
     # -- one cell
     def run_one(self, job: Job) -> tuple[dict, bool]:
         """(row, was_skipped); a failure is a row with ``error`` set, never an exception."""
-        from jobs.cells import error_text, run_distill
-        from rknn_ray.runio import write_json
         done = self.load_done(job)
         if done is not None:
             return done, True
@@ -249,7 +252,6 @@ class Runner:
     def run(self, jobs: list[Job], then: Callable[[list], None] | None = None) -> list[dict]:
         """Every cell in order; returns the rows (one per job, in order). ``then(rows)`` runs
         after the cells, in the same Ray session and ledger (the grid's reference runs)."""
-        from jobs.cells import isolated_ledger
         os.makedirs(self.out, exist_ok=True)
         self.meta.setdefault("wall_s", 0.0)
         self.meta["complete"] = False
@@ -273,7 +275,7 @@ class Runner:
                     then(rows)
             finally:
                 if self._ray_started:
-                    import ray
+                    import ray  # defers ray, tqdm
                     ray.shutdown()
         self.meta["complete"] = True
         self.meta["wall_s"] = time.perf_counter() - t_all
@@ -284,6 +286,7 @@ class Runner:
         """Start Ray (once per run, only if this runner uses it and a cell must run): a
         re-run whose cells are all done starts nothing."""
         if self.ray and self._ray_started is None:
+            # defers cryptography, dp_accounting, faiss, ray, tqdm
             from rknn_ray.job.ray_env import ensure_ray
             self._ray_started = ensure_ray()
 
@@ -305,8 +308,6 @@ def fmt(v, nd: int = 4) -> str:
 
 def rows_to_csv(rows: list[dict], columns) -> str:
     """CSV text of ``rows`` with exactly ``columns`` (other keys are left out)."""
-    import csv
-    import io
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
     w.writeheader()
