@@ -36,7 +36,7 @@ class Import:
     target: str
     line: int
     in_function: bool
-    comment: str            # the comment on the import's line or the line above it ("" if none)
+    comment: str            # on its line, the line above, or its run's first import; or ""
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -78,16 +78,19 @@ def scan(root: Path = ROOT) -> list[Import]:
         is_pkg = path.name == "__init__.py"
 
         def visit(node: ast.AST, in_function: bool) -> None:
+            said = ""           # a run of imports shares the reason its first one gives
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, (ast.Import, ast.ImportFrom)):
                     found = {resolve(t) for t in _targets(child, name, is_pkg)} - {None}
                     here = lines[child.lineno - 1]
                     above = lines[child.lineno - 2].strip() if child.lineno > 1 else ""
-                    comment = here.split("#", 1)[1].strip() if "#" in here else \
-                        above[1:].strip() if above.startswith("#") else ""
+                    said = here.split("#", 1)[1].strip() if "#" in here else \
+                        above[1:].strip() if above.startswith("#") else said
                     for t in sorted(found):
                         if t != name and not t.startswith(name + "."):
-                            out.append(Import(name, t, child.lineno, in_function, comment))
+                            out.append(Import(name, t, child.lineno, in_function, said))
+                    continue
+                said = ""
                 visit(child, in_function or isinstance(
                     child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 

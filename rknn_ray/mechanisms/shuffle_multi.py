@@ -170,8 +170,6 @@ class MultiMessageShuffle(Mechanism):
         self.n_honest = max(1, honest_count(self.honest_fraction, self.n_cal))
         # delta = delta_core (the protocol's accounting) + the cap's failure probability
         self.cap_failure = CAP_DELTA_SHARE * params.delta
-        # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
-        # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
         share = float(params.options.get("dlap_share", DEFAULT_DLAP_SHARE))
         if not 0 < share < 1:
             raise ConfigError("privacy.options.dlap_share", f"must be in (0, 1), got {share}",
