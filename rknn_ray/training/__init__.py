@@ -76,7 +76,6 @@ def run_loop(loop: str | Callable, data, cfg: dict, *, trainer: str = "local", n
     overrides). ``trainer_key`` names the config key in the errors.
     """
     if trainer == "ray":
-        # defers ray (Ray Train): a local run never imports it
         return fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers, use_gpu=use_gpu,
                           on_epoch=on_epoch, storage_path=storage_path, trainer_key=trainer_key)
     if trainer != "local":
