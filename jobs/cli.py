@@ -11,6 +11,7 @@ import difflib
 import importlib
 import sys
 
+from jobs.signals import reader_gone
 from rknn_ray import __version__
 
 __all__ = ["COMMANDS", "main", "parser"]
@@ -61,7 +62,6 @@ def main(argv=None) -> int:
         sys.stdout.flush()          # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:         # `rknn-ray report DIR | head`: the reader had enough
-        from jobs.signals import reader_gone  # optional: tried where it is used
         return reader_gone()
 
 

@@ -16,17 +16,20 @@ import os
 import sys
 import time
 
+from jobs import signals
 from jobs.config_files import list_configs, resolve_config
 from rknn_ray.config import load_config, validate_resources
 from rknn_ray.errors import RknnError
+from rknn_ray.job import run as run_job
 from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
+from rknn_ray.job.labels_file import accuracy_words
+from rknn_ray.job.progress import Progress
+from rknn_ray.job.ray_env import check_ray_address, ensure_ray
 from rknn_ray.job.resume import resume_config
 from rknn_ray.rng import check_consent
 from rknn_ray.runio import prepare_run_dir, unfinished_release
-from rknn_ray.job import run as run_job
-from jobs import signals
-from rknn_ray.job.ray_env import ensure_ray
-from rknn_ray.job.labels_file import accuracy_words
+from rknn_ray.shard_secrets import check_key_store
+from server.keys import check_key_file
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -115,14 +118,10 @@ def _main(args) -> int:
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
             validate_resources(cfg, float(os.cpu_count() or 1))
             if not args.resume and cfg.run.rng != "seeded":   # the shards' node is this one
-                # optional: tried where it is used
-                from rknn_ray.shard_secrets import check_key_store
                 check_key_store(cfg.cluster.key_store)
         else:                                       # a cluster to join: there, before any budget
-            from rknn_ray.job.ray_env import check_ray_address  # optional: tried where it is used
             check_ray_address(os.environ["RAY_ADDRESS"])
         if args.key_file:
-            from server.keys import check_key_file  # optional: tried where it is used
             check_key_file(args.key_file, load=True)
         if not args.resume:
             out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -131,7 +130,6 @@ def _main(args) -> int:
             out = prepare_run_dir(out, overwrite=args.overwrite,
                                   discard_release=args.discard_release, replace_at_start=True)
         owned = True
-        from rknn_ray.job.progress import Progress  # optional: tried where it is used
         progress = Progress.for_console(cfg.run.progress, quiet=args.quiet)
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
                      resume=bool(args.resume), progress=progress,

@@ -34,7 +34,8 @@ import sys
 import time
 
 from jobs.experiments import STAGES   # the job's own stages, in order
-from jobs.experiments import empty_row, NAN, report_row, stage_seconds
+from jobs.experiments import NAN, empty_row, report_row, stage_seconds
+from jobs.signals import reader_gone
 from rknn_ray.runio import write_text
 
 REPORT = "report.json"
@@ -699,7 +700,6 @@ def main(argv=None) -> int:
             print(f"report: {written}")
         sys.stdout.flush()          # a closed pipe shows here, not at exit
     except BrokenPipeError:         # `rknn-ray report DIR | head`: the reader had enough
-        from jobs.signals import reader_gone  # optional: tried where it is used
         return reader_gone()
     return 0
 
