@@ -182,7 +182,8 @@ def test_a_release_saved_with_its_bound_inside_resumes_at_the_same_cost(tmp_path
 
 def test_a_stored_eps_is_a_cache_recomputed_from_the_event(tmp_path):
     """report.json, release.npz and ledger rows keep (eps, delta) for their readers; a
-    guarantee read back is the cost of its event again, whatever number was stored."""
+    guarantee (and the store's spend) read back is the cost of its event again, whatever
+    number was stored."""
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.accounting.guarantee import Guarantee
     from rknn_ray.mechanisms import MechanismParams, build
@@ -201,9 +202,13 @@ def test_a_stored_eps_is_a_cache_recomputed_from_the_event(tmp_path):
         (meta,) = con.execute("SELECT meta FROM releases WHERE status = 'released'").fetchone()
         meta = json.loads(meta)
         meta["guarantee"]["eps"] = 99.0
-        con.execute("UPDATE releases SET meta = ? WHERE status = 'released'", (json.dumps(meta),))
+        con.execute("UPDATE releases SET meta = ?, eps = 99.0 WHERE status = 'released'",
+                    (json.dumps(meta),))
     (entry,) = PrivacyLedger(store=store, identity="ds", job_id="job").entries
     assert entry.guarantee == g and entry.guarantee.eps == g.eps
+    assert store.spent("ds").eps == pytest.approx(5.0)      # the reservation's rest + the release
+    (shown,) = [r for r in store.datasets()[0]["releases"] if r["status"] == "released"]
+    assert (shown["eps"], shown["delta"]) == (g.eps, g.delta)
 
 
 def test_a_run_folder_written_before_rounds_carried_their_event_still_loads(tmp_path):
