@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rknn_ray.errors import ConfigError
 from rknn_ray.training.local import fit_local
 from rknn_ray.training.loop import LoopRun, resolve_loop
-from rknn_ray.training.ray_train import fit_on_ray
+from rknn_ray.training import ray_train   # its fit_on_ray looked up when called
 
 TRAINERS = ("ray", "local")
 __all__ = ["TRAINERS", "LoopRun", "resolve_loop", "rank_and_world", "one_cycle", "distribute",
@@ -76,7 +76,7 @@ def run_loop(loop: str | Callable, data, cfg: dict, *, trainer: str = "local", n
     overrides). ``trainer_key`` names the config key in the errors.
     """
     if trainer == "ray":
-        return fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers, use_gpu=use_gpu,
+        return ray_train.fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers, use_gpu=use_gpu,
                           on_epoch=on_epoch, storage_path=storage_path, trainer_key=trainer_key)
     if trainer != "local":
         raise ConfigError(trainer_key, f"unknown trainer {trainer!r}", f"use one of {TRAINERS}")
