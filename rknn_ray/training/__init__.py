@@ -76,8 +76,9 @@ def run_loop(loop: str | Callable, data, cfg: dict, *, trainer: str = "local", n
     overrides). ``trainer_key`` names the config key in the errors.
     """
     if trainer == "ray":
-        return ray_train.fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers, use_gpu=use_gpu,
-                          on_epoch=on_epoch, storage_path=storage_path, trainer_key=trainer_key)
+        return ray_train.fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers,
+                                    use_gpu=use_gpu, on_epoch=on_epoch, storage_path=storage_path,
+                                    trainer_key=trainer_key)
     if trainer != "local":
         raise ConfigError(trainer_key, f"unknown trainer {trainer!r}", f"use one of {TRAINERS}")
     return fit_local(loop, data, cfg, use_gpu=use_gpu, on_epoch=on_epoch, threads=threads)
