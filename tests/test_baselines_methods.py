@@ -6,8 +6,8 @@ import pytest
 from dp_accounting import dp_event
 
 from rknn_ray.accounting.accountants import Costing, event_cost
-from rknn_ray.accounting.events import (ApproxDpEvent, SelectiveRRDpEvent, SubsampleDpEvent, event_from_dict,
-                                        event_to_dict)
+from rknn_ray.accounting.events import (ApproxDpEvent, SelectiveRRDpEvent, SubsampleDpEvent,
+                                        event_from_dict, event_to_dict)
 from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
 from rknn_ray.baselines.common import fit_classifiers, prepare
 from rknn_ray.baselines.events import dpsgd_event, gnmax_event
