@@ -98,6 +98,7 @@ def label_only_cell(cell: dict, args) -> dict:
     from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
+    from rknn_ray.accounting import PrivacyLedger, guarantee_of
     from rknn_ray.config import load_config
     from rknn_ray.job.rounds import planned_rounds
     from rknn_ray.job.session import RoundResult
@@ -118,23 +119,27 @@ def label_only_cell(cell: dict, args) -> dict:
     data, encoder, public_emb, first = _PREPARED[key]
     p = cfg.privacy
     rounds, query_sets, uncertain = [], [], []
+    ledger = PrivacyLedger()        # the job's default (basic) accountant composes the rounds
     for plan in planned_rounds(cfg, data, public_emb, first, rounds, query_sets):  # the job's loop
         if "uncertainty_chosen" in plan.selection:
             uncertain.append(plan.selection)
         mech = plan.mechanism
-        exact = exact_counts(encoder, data, [plan.queries], cfg.rknn.k)
+        exact = exact_counts(encoder, data, [plan.queries], cfg.rknn.k, plan.connection)
         noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + plan.t)).astype(float)
-        rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))
+        g = guarantee_of(mech, data.num_clients)
+        ledger.record(g, round_id=plan.t)
+        rounds.append(RoundResult(noisy, g, g.event, {}, 0, 0, 0, {}))
         query_sets.append(plan.queries)
     all_qs = union_of_rounds(public_emb, query_sets)
     lab, _ = finish_labels(cfg, data, np.concatenate([r.counts for r in rounds]), all_qs,
                            public_emb, rounds, None)
-    eps = [r.guarantee.eps for r in rounds]
+    eps, delta = ledger.spent()
     return {**cell, "model": p.model, "mechanism": p.mechanism, "dataset": cfg.data.dataset,
             "label_accuracy": lab.label_accuracy, "accuracy": float("nan"),
-            "query_label_accuracy": lab.query_accuracy, "eps": float(sum(eps)),
-            "delta": float(sum(r.guarantee.delta for r in rounds)), "rounds": len(rounds),
-            "round_eps": eps, "ledger_events": len(rounds), "queries": all_qs.size,
+            "query_label_accuracy": lab.query_accuracy, "eps": float(eps),
+            "delta": float(delta), "rounds": len(rounds),
+            "round_eps": [e.guarantee.eps for e in ledger.entries],
+            "ledger_events": len(ledger.entries), "queries": all_qs.size,
             "k_used": cfg.rknn.k, "private": False,       # a seeded simulation
             "uncertainty_chosen": [u["uncertainty_chosen"] for u in uncertain],
             "uncertainty_all": [u["uncertainty_all"] for u in uncertain],

@@ -21,7 +21,7 @@ writes results.json, table.txt and PNGs, each atomically:
   timing.png               seconds per bound
   audit.png                empirical lower bounds vs claimed upper bounds
 Audits: binary RR (fast reference, binomial simulation) and the project's real
-shuffle / local RR and Collision randomizers (rknn_ray.accounting.audit). Exit
+shuffle / local RR and Collision randomizers (benchmarks/audit.py). Exit
 status 1 if any audit raises a red flag (a claimed upper bound below a certified
 lower bound).
 """
@@ -37,8 +37,8 @@ import numpy as np
 
 from rknn_ray.accounting import BOUNDS, variation_ratio_bound
 from rknn_ray.accounting.bounds import MechanismLowerBound
-from rknn_ray.accounting.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
-                                       shuffled_pair_statistics, simulate_labeling_error)
+from benchmarks.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
+                              shuffled_pair_statistics, simulate_labeling_error)
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.runio import write_json, write_text
@@ -300,7 +300,7 @@ def format_table(rows, inverse, audits) -> str:
 
 def _save(fig, path: str) -> None:
     """The project's atomic PNG writer (matplotlib is imported only when plotting)."""
-    from rknn_ray.plots import save_png
+    from rknn_ray.plots import save_png  # defers matplotlib
     save_png(fig, path, dpi=110)
 
 
@@ -309,7 +309,7 @@ COLORS = {"lower_bound": "black", "variation_ratio": "tab:blue", "clones_numeric
 
 
 def make_plots(result: dict, out: str) -> None:
-    from rknn_ray.plots import plt
+    from rknn_ray.plots import plt  # defers matplotlib
     rows = result["central"]
     bounds = ("lower_bound", "variation_ratio", "clones_numerical", "fmt_closed_form")
     ns = result["grid"]["n"]

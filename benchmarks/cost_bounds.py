@@ -18,12 +18,16 @@ import time
 
 import numpy as np
 
+from rknn_ray.data import order_by_client, partition
+from rknn_ray.runio import write_json
+
 SEAL_BOUND = 1.3          # CPU(seal_batch) / CPU(bare X25519 + HKDF + ChaCha20-Poly1305)
 PARTITION_BOUND_S = 10.0  # wall seconds for partition + order_by_client of 1e6 records
 
 
 def sealing_rows(sizes: tuple[int, ...], repeats: int = 3) -> list[dict]:
     """seal_batch's CPU time against crypto_floor_seconds measured in the same thread."""
+    # defers cryptography, pyarrow
     from sealing.envelope import RoundContext, crypto_floor_seconds, seal_batch
     from server.keys import ServerKeyPair
 
@@ -46,7 +50,6 @@ def sealing_rows(sizes: tuple[int, ...], repeats: int = 3) -> list[dict]:
 
 def partition_rows(n: int) -> list[dict]:
     """Partition + client order of ``n`` records for each scheme (wall seconds)."""
-    from rknn_ray.data import order_by_client, partition
 
     y = np.random.default_rng(9).integers(0, 10, n)
     rows = []
@@ -78,7 +81,6 @@ def main(argv=None) -> int:
         print(f"{r['name']:<52} {r['value']:>8.3f} {r['bound']:>7.2f}  "
               f"{'yes' if r['ok'] else 'NO (over its bound)'}")
     if args.json:
-        from rknn_ray.runio import write_json
         write_json(args.json, res)
     return 0 if res["ok"] else 1
 

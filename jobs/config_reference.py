@@ -21,6 +21,7 @@ from rknn_ray import config as C
 from rknn_ray.data.config import synthetic_keys
 from rknn_ray.keyspec import spec_of
 from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
+from rknn_ray.runio import write_text
 
 DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                         "docs", "configuration.md")
@@ -73,7 +74,7 @@ def render() -> str:
               "| key | type |", "|---|---|"]
     for key, kind in synthetic_keys().items():
         lines.append(f"| `data.synthetic.{key}` | {kind.__name__} |")
-    from rknn_ray.data.tables import PART_KEY_DOCS, PART_KEYS
+    from rknn_ray.data.tables import PART_KEY_DOCS, PART_KEYS  # defers pandas, pyarrow
     lines += ["\n`data.private`, `data.public`, `data.evaluation` (`data.dataset: table`; "
               "[running.md](running.md#your-own-data-datadataset-table)):\n",
               "| key | what |", "|---|---|"]
@@ -102,7 +103,6 @@ def main(argv=None) -> int:
             return 1
         print(f"{DOC_PATH} is current")
         return 0
-    from rknn_ray.runio import write_text
     write_text(DOC_PATH, text)
     print(f"wrote {DOC_PATH}")
     return 0

@@ -13,6 +13,7 @@ here: :class:`ReportRow`, :func:`report_row`); the files are written by jobs.wri
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -20,9 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from jobs.cells import error_text, isolated_ledger, run_distill
 from jobs.writers import fmt, markdown_table, print_result, rows_to_csv  # noqa: F401 (shared names)
 from rknn_ray.report_row import (NAN, ROW_FIELDS, ROW_SCHEMA, STAGES, ReportRow,  # noqa: F401
                                  empty_row, report_row, stage_seconds)
+from rknn_ray.runio import write_json
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -109,8 +112,6 @@ class Runner:
     # -- one cell
     def run_one(self, job: Job) -> tuple[dict, bool]:
         """(row, was_skipped); a failure is a row with ``error`` set, never an exception."""
-        from jobs.cells import error_text, run_distill
-        from rknn_ray.runio import write_json
         done = self.load_done(job)
         if done is not None:
             return done, True
@@ -141,7 +142,6 @@ class Runner:
     def run(self, jobs: list[Job], then: Callable[[list], None] | None = None) -> list[dict]:
         """Every cell in order; returns the rows (one per job, in order). ``then(rows)`` runs
         after the cells, in the same Ray session and ledger (the grid's reference runs)."""
-        from jobs.cells import isolated_ledger
         os.makedirs(self.out, exist_ok=True)
         self.meta.setdefault("wall_s", 0.0)
         self.meta["complete"] = False
@@ -165,7 +165,7 @@ class Runner:
                     then(rows)
             finally:
                 if self._ray_started:
-                    import ray
+                    import ray  # defers ray, tqdm
                     ray.shutdown()
         self.meta["complete"] = True
         self.meta["wall_s"] = time.perf_counter() - t_all
@@ -176,6 +176,7 @@ class Runner:
         """Start Ray (once per run, only if this runner uses it and a cell must run): a
         re-run whose cells are all done starts nothing."""
         if self.ray and self._ray_started is None:
+            # defers cryptography, dp_accounting, faiss, ray, tqdm
             from rknn_ray.job.ray_env import ensure_ray
             self._ray_started = ensure_ray()
 

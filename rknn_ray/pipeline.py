@@ -22,6 +22,7 @@ import numpy as np
 from rknn_ray.data.prepared import PreparedData, prepare_data
 from rknn_ray.data.splits import has_public_labels
 from rknn_ray.labeling.autotune import choose_s_k
+from rknn_ray.labeling.connection import choose_rule, plan_connection, release_weights
 from rknn_ray.labeling.denoise import choose_neighbours
 from rknn_ray.labeling.queries import QuerySet, select_queries
 from rknn_ray.labeling.stage import (Labeling, exact_counts, round_budgets, round_query_counts,
@@ -103,7 +104,6 @@ def connection_plan(cfg, public_emb: np.ndarray, query_features: np.ndarray,
     ``rknn.connection``; ``auto`` must be resolved first), from public data only (and, with
     ``sample_weight``, released counts: :func:`released_weights`): the server ships it with
     the queries to every client, in every trust model."""
-    from rknn_ray.labeling.connection import plan_connection
     rule = cfg.rknn.connection if rule is None else rule
     return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k),
                            sample_weight=sample_weight)
@@ -115,7 +115,6 @@ def released_weights(cfg, data: PreparedData, public_emb: np.ndarray, rounds, qu
     released so far of :func:`rknn_ray.labeling.connection.release_weights` (each from that
     round's released counts, its queries and the plan its clients used, and the noise std
     of one count at its eps). Post-processing of released counts: no privacy cost."""
-    from rknn_ray.labeling.connection import release_weights
     out = np.zeros(len(public_emb))
     for r, qs, plan in zip(rounds, query_sets, plans):
         sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size,
@@ -134,7 +133,6 @@ def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
     rule = cfg.rknn.connection
     if rule != "auto":
         return rule, None
-    from rknn_ray.labeling.connection import choose_rule
     p = cfg.privacy
     eps = min(round_budgets(p.eps, p.delta, int(cfg.rounds.count), cfg.rounds.budget_split))[0]
     sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size, eps=eps)

@@ -7,6 +7,7 @@ import pytest
 
 from rknn_ray.labeling.adaptive import (UNCERTAINTY_RULES, interim_student_probs, select_uncertain,
                                uncertainty)
+from rknn_ray.accounting.guarantee import guarantee_of
 from rknn_ray.job.rounds import next_round_uncertain
 
 
@@ -115,7 +116,7 @@ def test_next_round_never_reads_private_records_or_public_labels():
     exact = exact_answers(encoder, data, qs0, cfg.rknn.k).counts()
     mech = mechanism_for(cfg, data, eps=0.5, model="central", name="laplace")
     noisy = exact + np.random.default_rng(0).laplace(0, 2 / 0.5, exact.shape)   # a release
-    g = mech.guarantee(data.num_clients)
+    g = guarantee_of(mech, data.num_clients)
     rnd = RoundResult(noisy, g, None, {}, 0, 0, 0, {})
     picked, info = next_round_uncertain(cfg, data, [rnd], [qs0], public_emb, seed=1)
     assert picked.size == cfg.queries.s and not set(picked.public_index) & set(qs0.public_index)

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.amplification import main, run_grid
 from rknn_ray.accounting import BOUNDS
-from rknn_ray.accounting.audit import audit_binary_rr, clopper_pearson
+from benchmarks.audit import audit_binary_rr, clopper_pearson
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

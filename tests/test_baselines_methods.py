@@ -6,16 +6,16 @@ import pytest
 from dp_accounting import dp_event
 
 from rknn_ray.accounting.accountants import Costing, event_cost
-from rknn_ray.accounting.events import (SelectiveRRDpEvent, SubsampleDpEvent, event_from_dict,
-                                        event_to_dict)
 from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.events import (ApproxDpEvent, SelectiveRRDpEvent, SubsampleDpEvent,
+                                        event_from_dict, event_to_dict)
 from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
 from rknn_ray.baselines.common import BaselineRow, fit_classifiers, prepare
 from rknn_ray.baselines.registry import BASELINES, run_baseline
 from rknn_ray.baselines.events import dpsgd_event, gnmax_event
 from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.guarantee import Guarantee
 from rknn_ray.report_row import ROW_FIELDS, ReportRow
 
 ROW_KEYS = {"method", "dataset", "eps", "delta", "unit", "accuracy", "label_accuracy", "rounds",
@@ -122,9 +122,10 @@ def test_dpdfd_is_label_level(setup):
     assert led.to_dict()["entries"][0]["neighbour"] == "change-one-query-label"
     # a label-level guarantee cannot be composed with record-level ones in one ledger
     led = PrivacyLedger()
-    led.record(Guarantee(1.0, 0.0, "central", "x"), 0)
+    led.record(Guarantee(ApproxDpEvent(1.0, 0.0), "central", "x"), 0)
     with pytest.raises(PrivacyBudgetError):
-        led.record(Guarantee(1.0, 0.0, "central", "selective_rr", unit="label"), 1)
+        led.record(Guarantee(SelectiveRRDpEvent(1.0, 10), "central", "selective_rr",
+                             unit="label"), 1)
 
 
 def test_registry_runs_every_baseline_with_one_signature(setup):

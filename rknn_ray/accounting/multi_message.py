@@ -98,7 +98,7 @@ def flood_nb_q(mu: float, shape: float) -> float:
 
 def flood_log_pmf(f: np.ndarray, mu: float, shape: float) -> np.ndarray:
     """log P[F = f] of one cell's total flooding: Poisson(mu) (shape 0) or NB mean mu."""
-    from scipy import stats
+    from scipy import stats  # defers scipy
     if shape == POISSON:
         return stats.poisson.logpmf(f, mu)
     return stats.nbinom.logpmf(f, shape, 1.0 - flood_nb_q(mu, shape))
@@ -106,7 +106,7 @@ def flood_log_pmf(f: np.ndarray, mu: float, shape: float) -> np.ndarray:
 
 def _flood_upper(mu: float, shape: float) -> float:
     """A u with P[F > u] <= _TAIL (scipy's isf, or a Chernoff-safe fallback where it fails)."""
-    from scipy import stats
+    from scipy import stats  # defers scipy
     if shape == POISSON:
         u = stats.poisson.isf(_TAIL, mu)
         fallback = mu + 12 * math.sqrt(mu) + 60
@@ -147,7 +147,7 @@ def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float,
                  flood_shape: float = POISSON) -> float:
     """Central eps at ``delta`` of the protocol with DLap parameter p and flood mean mu
     (flooding NB with shape ``flood_shape``, or Poisson for 0)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # defers dp_accounting
     P, Q = _pmfs(p, mu, float(flood_shape))
     half = int(math.ceil(sensitivity_l1 / 2))
     # dp_accounting's truncation bounds take a logsumexp whose maximum can be infinite:
@@ -164,7 +164,7 @@ def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float,
 
 def dlap_limit_eps(p: float, sensitivity_l1: int, delta: float) -> float:
     """eps of the central DLap alone (the mu -> infinity limit of the protocol)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # defers dp_accounting
     half = int(math.ceil(sensitivity_l1 / 2))
     one = pld_lib.from_discrete_laplace_mechanism(-math.log(p), sensitivity=1,
                                                   value_discretization_interval=PLD_DISCRETIZATION)
@@ -202,7 +202,7 @@ def calibrate_multi_message(eps: float, delta: float, n: int, sensitivity_l1: in
     positive and negative noise messages and NB(flood_shape/n, q) (or
     Poisson(flood_mean_per_client)) flooding pairs.
     """
-    from scipy import optimize
+    from scipy import optimize  # defers scipy
     for key, ok in (("eps", 0 < eps < 50), ("delta", 0 < delta < 1), ("n", n >= 1),
                     ("sensitivity_l1", sensitivity_l1 >= 1), ("num_cells", num_cells >= 1),
                     ("dlap_share", 0 < dlap_share < 1),

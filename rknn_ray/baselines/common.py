@@ -17,17 +17,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+import dataclasses
 
 import numpy as np
 import torch
 
 from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.guarantee import Guarantee
 from rknn_ray.report_row import NAN, ReportRow
 
 # RDP/PLD conversion is the accountant's (re-exported: the baselines' tests use these names)
 from rknn_ray.accounting.accountants import (DEFAULT_COSTING, RDP_ORDERS, Costing,  # noqa: F401
                                              event_cost, pld_epsilon, rdp_epsilon)
+from rknn_ray.student import StudentConfig
+from rknn_ray.rng import make_generator
 
 NEIGHBOUR_ADD_REMOVE = "add-remove-one"
 NEIGHBOUR_LABEL = "change-one-query-label"
@@ -72,7 +75,7 @@ class BaselineSetup:
 def prepare(cfg) -> BaselineSetup:
     """Data, split, partition, encoder and queries exactly as ``jobs.distill`` makes them
     (``rknn_ray.pipeline.prepare_stages``, ``auto`` s and k resolved at cfg's eps)."""
-    from rknn_ray.pipeline import prepare_stages
+    from rknn_ray.pipeline import prepare_stages  # defers faiss
     t0 = time.perf_counter()
     st = prepare_stages(cfg, resolve=True)
     st.data.require_private_rows("a baseline")
@@ -242,10 +245,9 @@ def record(ledger: PrivacyLedger, event, costing: Costing, model: str, mechanism
            neighbour: str, note: str, n: int | None = None, round_id: int = 0, **extra):
     """Record one release: its guarantee is the accountant's cost of ``event`` under
     ``costing`` (recorded with it), never a number computed beside it. Returns the entry."""
-    eps, delta = event_cost(event, costing)
-    guarantee = Guarantee(eps, delta, model, mechanism, unit=unit, neighbour=neighbour, n=n,
+    guarantee = Guarantee(event, model, mechanism, unit=unit, neighbour=neighbour, n=n,
                           note=note, accounting=costing)
-    return ledger.record(guarantee, round_id=round_id, event=event, **extra)
+    return ledger.record(guarantee, round_id=round_id, **extra)
 
 
 def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: int | None = None,
@@ -254,11 +256,10 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
 
     Returns (student test accuracy, label accuracy on the public set, Labeling).
     """
-    import dataclasses
 
-    from rknn_ray.student.stage import train_on_labels
-    from rknn_ray.labeling.stage import derive_labels
-    from rknn_ray.student import StudentConfig
+    from rknn_ray.labeling.stage import derive_labels  # defers faiss
+    from rknn_ray.student import StudentConfig  # defers torch
+    from rknn_ray.student.stage import train_on_labels  # defers torch
     cfg = setup.cfg
     lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries,
                         setup.splits.public_y, cfg.labels.type)
@@ -298,6 +299,5 @@ def privacy_generator(setup: "BaselineSetup", stream: int, seed: int | None = No
     asked for a seeded simulation (``run.rng: seeded``, NOT PRIVATE). Model initialization
     and the order of training batches stay seeded: no guarantee rests on them (DP-SGD's
     Poisson subsampling does, and draws from this generator)."""
-    from rknn_ray.rng import make_generator
     base = setup.cfg.run.seed if seed is None else seed
     return make_generator(setup.cfg.run.rng, int(base) + int(stream))

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import torch
+from torch.func import functional_call, grad, vmap
 
 from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineRow, BaselineSetup,
                                        Costing, baseline_row, calibrate_decreasing, event_cost,
@@ -54,7 +55,6 @@ def make_head(dim: int, num_classes: int, hidden: int = 0) -> torch.nn.Module:
 
 def clipped_grad_sum(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float):
     """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip``."""
-    from torch.func import functional_call, grad, vmap
     params = {k: v.detach() for k, v in model.named_parameters()}
 
     def loss(p, xi, yi):

@@ -34,6 +34,7 @@ from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineRow, Baseli
                                        student_from_query_counts)
 from rknn_ray.accounting.accountants import DEFAULT_COSTING, subsample_epsilon_delta
 from rknn_ray.baselines.events import nfdp_event
+from rknn_ray.rng import make_generator
 
 MODES = ("softmax", "logits", "argmax")
 
@@ -73,7 +74,6 @@ class NfdpParties:
     def __init__(self, xs: list, ys: list, k: int, replacement: bool, num_classes: int,
                  seed: int, hidden: int = 0, lr: float = 0.05, weight_decay: float = 1e-3,
                  rng_kind: str = "secure"):
-        from rknn_ray.rng import make_generator
         rng = make_generator(rng_kind, seed)     # the subsample is NFDP's privacy randomness
         picks = [subsample(len(y), k, replacement, rng) for y in ys]
         self.sub_x = [np.asarray(x)[p] for x, p in zip(xs, picks)]

@@ -20,11 +20,13 @@ import numpy as np
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import mark_started
+from rknn_ray.accounting.guarantee import guarantee_of
 from rknn_ray.data.sources import dataset_sources
 from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
+from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
 from rknn_ray.labeling.connection import Connection
 from rknn_ray.labeling.labels import accuracy
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS, QuerySet, union_of_rounds
@@ -99,7 +101,6 @@ def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_e
     the interim student; n, clients and |Y| as the final labels use them); the selection
     itself sees only public embeddings and released-derived labels.
     ``s``: how many new queries (default queries.s; the driver passes this round's share)."""
-    from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
     all_qs = union_of_rounds(public_emb, query_sets)
     counts = np.concatenate([r.counts for r in rounds])
     lab, _ = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, None)
@@ -209,7 +210,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 selections.append(plan.selection)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{count}: "
                                     f"{p.model}/{p.mechanism} at eps={plan.eps:.4g}"):
-                    ledger.check(mechanism.guarantee(), mechanism.event())  # refused: none worked
+                    ledger.check(guarantee_of(mechanism))  # refused: none worked
                     in_round = t    # from here every failure keeps the round counted: a report
                     try:            # the server opened, or may open, is a release to it
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
@@ -230,7 +231,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     note = (f"released, but release.npz could not be saved ({first_line(exc)}): "
                             "the counts are lost; their eps stays counted")
                 done = rounds[-1]       # the round's one ledger write, into the reservation
-                ledger.record_spent(done.guarantee, round_id=t, event=done.event, note=note,
+                ledger.record_spent(done.guarantee, round_id=t, note=note,
                                     messages=done.messages, clients=done.clients)
                 in_round = None
                 if lost is None and t + 1 < count:

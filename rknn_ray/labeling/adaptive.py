@@ -64,7 +64,7 @@ def interim_student_probs(public_emb: np.ndarray, targets: np.ndarray, weight: n
     (``Labeling.public_targets`` / ``public_weight``); the inputs are the public
     embeddings. Same training loop as the final student, one worker, no Ray.
     """
-    import torch
+    import torch  # defers torch: only adaptive rounds train an interim student
 
     from rknn_ray.student.train import StudentConfig, load_student, train_student_local
     x = np.ascontiguousarray(public_emb, dtype=np.float32)

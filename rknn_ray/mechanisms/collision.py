@@ -386,7 +386,7 @@ class CollisionMechanism(FlatLocalMechanism):
     def error_bound(self, beta: float, num_clients: int, method: str = "theorem") -> float:
         """Theorem 2 ('theorem', l in the numerator as its tail bound solves to;
         'printed' for the paper's final line) or a Bernstein bound ('bernstein')."""
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         p = self.params
         if method in ("theorem", "printed"):
             return bounds.theorem2_bound(self.local_eps, p.k, p.r, p.num_classes, num_clients,

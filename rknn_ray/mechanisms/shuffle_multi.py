@@ -65,10 +65,11 @@ import numpy as np
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams, MessageBatch,
+from rknn_ray.mechanisms.base import (Mechanism, MechanismParams, MessageBatch,
                                      honest_count, honest_fraction_of)
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
+from rknn_ray.accounting.multi_message import calibrate_multi_message
 from rknn_ray.mechanisms.options import DEFAULT_DLAP_SHARE, option
 
 #: Shares ``queries.s: auto`` tries under a message cap (rknn_ray.pipeline.resolve_auto):
@@ -97,7 +98,7 @@ def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells:
     (The simulation shortcut attributes a batch's noise to uniform clients of the batch: a
     thinning of NB(B/n), lighter-tailed than the protocol's per-client NB(1/n).)
     """
-    from scipy import optimize
+    from scipy import optimize  # defers scipy
     d, log_beta = float(num_cells), math.log(beta)
     t_max = -math.log(dlap_p)
     if flood_shape > 0:
@@ -126,7 +127,7 @@ def nb_difference_quantile(shape: float, p: float, beta: float) -> int:
     (P[X = k] prop. p^k C(k + shape - 1, k); the pmfs are summed on a grid that holds
     all but 1e-15 of each, and that lost mass is added to the tail.)
     """
-    from scipy import stats
+    from scipy import stats  # defers scipy
     hi = int(stats.nbinom.isf(1e-15, shape, 1 - p)) + 1
     pmf = stats.nbinom.pmf(np.arange(hi + 1), shape, 1 - p)
     diff = np.convolve(pmf, pmf[::-1])              # P[X - Y = j - hi], j = 0 .. 2 hi
@@ -166,9 +167,6 @@ class MultiMessageShuffle(Mechanism):
         self.n_honest = max(1, honest_count(self.honest_fraction, self.n_cal))
         # delta = delta_core (the protocol's accounting) + the cap's failure probability
         self.cap_failure = CAP_DELTA_SHARE * params.delta
-        # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
-        # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
-        from rknn_ray.accounting.multi_message import calibrate_multi_message
         share = float(option(params.options, "dlap_share"))
         self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure,
                                            self.n_honest, params.sensitivity_l1, params.num_cells,
@@ -242,32 +240,33 @@ class MultiMessageShuffle(Mechanism):
         p = self.params
         return int(p.k * p.r * p.max_records_per_client) + self.noise_cap
 
-    def guarantee_for(self, n: int) -> Guarantee:
+    def _check_senders(self, n: int) -> None:
         if n < self.n_cal:
             raise PrivacyBudgetError(
                 f"only {n} distinct senders were shuffled but the noise was split over "
                 f"{self.n_cal}; round refused, nothing released. Set "
                 "privacy.options.expected_dropout to the dropout you expect")
-        return self.guarantee_of(self._event(), n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
-                                        f"over {self.n_honest} clients + {self._flood_law()} flooding "
-                                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
-                                        f"{self.messages_per_sender()} messages per sender "
-                                        f"(noise cap {self.noise_cap}, failure probability "
-                                        f"{self.cap_failure:.2g} included in delta); holds "
-                                        f"if at least {self.n_honest} senders follow the "
-                                        f"protocol (honest fraction {self.honest_fraction:g} "
-                                        f"of {self.n_cal})")
 
-    def guarantee(self, n: int | None = None) -> Guarantee:
-        return self.guarantee_for(self.n_cal if n is None else int(n))
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        return {**super().guarantee_facts(event, n, opened),
+                "n": int(self.n_cal if n is None else n),
+                "note": f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
+                        f"over {self.n_honest} clients + {self._flood_law()} flooding "
+                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
+                        f"{self.messages_per_sender()} messages per sender "
+                        f"(noise cap {self.noise_cap}, failure probability "
+                        f"{self.cap_failure:.2g} included in delta); holds "
+                        f"if at least {self.n_honest} senders follow the "
+                        f"protocol (honest fraction {self.honest_fraction:g} "
+                        f"of {self.n_cal})"}
 
     def event(self, n: int | None = None):
-        self.guarantee_for(self.n_cal if n is None else int(n))     # refuses below n_cal
+        self._check_senders(self.n_cal if n is None else int(n))     # refuses below n_cal
         return self._event()
 
     def _event(self):
         """The release: the noise of the n_cal calibrated senders (whoever else sends)."""
-        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent
+        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent  # defers dp_accounting
         c = self.cal
         return MultiMessageShuffleDpEvent(c.dlap_p, c.flood_mean_total, self.n_cal,
                                           int(self.params.sensitivity_l1),
