@@ -9,9 +9,11 @@ it. A ledger item is an event or an (event, Costing) pair.
 * ``basic``: each event's own (eps, delta) (:func:`event_cost`), summed. Exact for
   pure DP, valid for any events.
 * ``pld``: privacy-loss-distribution composition with ``dp_accounting``: exact PLDs
-  for (discrete) Laplace events, the generic (eps, delta) PLD of an event's own cost
-  otherwise (the worst mechanism with that guarantee); pessimistic discretisation,
-  so the result is an upper bound. Never reported above ``basic``.
+  for (discrete) Laplace events, the PLD of the amplification bound's dominating pair
+  for a single-message shuffle round (rknn_ray.accounting.shuffle_pld: T rounds cost
+  the composed pair, not T times a round's eps), the generic (eps, delta) PLD of an
+  event's own cost otherwise (the worst mechanism with that guarantee); pessimistic
+  discretisation, so the result is an upper bound. Never reported above ``basic``.
 
 :func:`event_cost` is where the shuffle amplification bounds and the multi-message
 accounting interpret their events. Every accountant passes the conformance suite in
@@ -214,9 +216,31 @@ class BasicAccountant(Accountant):
         return Composition("basic").extend(events).result(target_delta)
 
 
+def shuffled_round_pld(event: ShuffledLocalDpEvent, costing: Costing = DEFAULT_COSTING):
+    """The PLD of a single-message shuffle round under ``costing.bound``'s dominating pair
+    (rknn_ray.accounting.shuffle_pld), or None where there is none to use: the bound names
+    no pair, too few senders, or a pair too large to build in seconds (then the round is
+    composed by its (eps, delta) cost, which is sound too)."""
+    from rknn_ray.accounting.bounds import BOUNDS
+    from rknn_ray.accounting.shuffle_pld import PairTooLarge, round_pld
+    bound = BOUNDS.get(costing.bound)
+    if bound is None or not getattr(bound, "has_pair", False) or int(event.num_senders) < 2:
+        return None
+    try:
+        return round_pld(bound, float(event.eps0), int(event.num_senders), PLD_DISCRETIZATION)
+    except PairTooLarge:
+        return None
+
+
 def event_pld(item):
-    """The PLD of one event: exact for (discrete) Laplace, generic from its cost otherwise."""
+    """The PLD of one event: exact for (discrete) Laplace, the amplification bound's
+    dominating pair for a single-message shuffle round (when it names one), generic from
+    its cost otherwise."""
     event, costing = as_costed(item)
+    if isinstance(event, ShuffledLocalDpEvent):
+        pld = shuffled_round_pld(event, costing)
+        if pld is not None:
+            return pld
     if isinstance(event, dp_event.LaplaceDpEvent):
         return pld_lib.from_laplace_mechanism(event.noise_multiplier, sensitivity=1,
                                               value_discretization_interval=PLD_DISCRETIZATION)

@@ -129,6 +129,18 @@ class AmplificationBound(ABC):
     def describe(self) -> dict:
         return {"bound": self.name, "kind": self.kind, "citation": self.citation}
 
+    def dominating_pair(self, eps0: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(log_p, log_q) over a common finite support: a pair of which the shuffled
+        output on any neighbouring datasets is a post-processing, so composable over
+        rounds as a PLD (:mod:`rknn_ray.accounting.shuffle_pld`); mass left out of the
+        support is charged at the infinite loss there. Not every bound has one."""
+        raise NotImplementedError(f"the {self.name} bound names no dominating pair")
+
+    @property
+    def has_pair(self) -> bool:
+        """Whether :meth:`dominating_pair` is implemented (a round composes as its PLD)."""
+        return type(self).dominating_pair is not AmplificationBound.dominating_pair
+
 
 # --------------------------------------------------------------------- closed forms
 
@@ -185,10 +197,33 @@ class _Scaled:
         return self.scale * est, self.scale * up, self.scale * down
 
 
-class ClonesNumerical(AmplificationBound):
+class _BlanketPairBound(AmplificationBound):
+    """A bound that is the divergence of one g = 0 blanket pair, blanket r(eps0): its pair
+    dominates a round (the shuffled output is a post-processing of it), so rounds compose
+    as its PLD."""
+
+    def blanket(self, eps0: float) -> float:
+        raise NotImplementedError
+
+    def dominating_pair_chunks(self, eps0: float, n: int):
+        """The pair in chunks of (log_p, log_q, loss, relative error) (shuffle_pld)."""
+        from rknn_ray.accounting.shuffle_pld import blanket_pair_chunks
+        _check(eps0, n, 0.5)
+        p = math.exp(eps0)
+        return blanket_pair_chunks(p, 1.0 / (p + 1.0), self.blanket(eps0), int(n))
+
+    def dominating_pair(self, eps0: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+        parts = list(self.dominating_pair_chunks(eps0, n))
+        return np.concatenate([c[0] for c in parts]), np.concatenate([c[1] for c in parts])
+
+
+class ClonesNumerical(_BlanketPairBound):
     """FMT numerical bound: exact divergence of the clone pair (clone prob e^-eps0)."""
     name = "clones_numerical"
     citation = "Feldman, McMillan, Talwar, Hiding Among the Clones, FOCS 2021, Thm 3.2 / Sec. 5"
+
+    def blanket(self, eps0: float) -> float:
+        return math.exp(-eps0) / 2.0
 
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
         _check(eps0, n, delta)
@@ -197,7 +232,7 @@ class ClonesNumerical(AmplificationBound):
         return eps_for_delta(pd, delta, eps0, upper=True)
 
 
-class VariationRatioBound(AmplificationBound):
+class VariationRatioBound(_BlanketPairBound):
     """Variation-ratio bound (Wang et al., VLDB 2024) for a named randomizer.
 
     Parameters (p, beta, q): p = e^eps0 bounds P0/P1, beta = TV(P0, P1), q = e^eps0
@@ -240,6 +275,20 @@ class VariationRatioBound(AmplificationBound):
                                   "pass c=k*r and l=<Bloom filter length>")
         if mechanism != "generic":
             self.name = f"variation_ratio_{mechanism}"
+
+    def blanket(self, eps0: float) -> float:
+        return 1.0 / (math.exp(eps0) + 1.0)
+
+    def dominating_pair_chunks(self, eps0: float, n: int):
+        """The generic pair (r = 1/(p+1)); a mechanism-specific bound names none (its
+        value is the smaller of two pairs' divergences, not one pair's)."""
+        if self.mechanism != "generic":
+            raise NotImplementedError(f"the {self.name} bound names no dominating pair")
+        return super().dominating_pair_chunks(eps0, n)
+
+    @property
+    def has_pair(self) -> bool:
+        return self.mechanism == "generic"
 
     def informative_mass(self, eps0: float) -> float:
         """a = beta / (p - 1) for this mechanism."""

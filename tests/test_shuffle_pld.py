@@ -1,0 +1,95 @@
+"""A shuffled round as a privacy loss distribution (rknn_ray.accounting.shuffle_pld): the
+bound's dominating pair is the bound (its hockey-stick at the bound's eps is the delta), its
+pessimistic PLD matches the bound at one round, and T rounds compose below T times a round's
+eps and above the T-fold composition of an explicit lower-bound pair (shuffled binary RR)."""
+import math
+
+import numpy as np
+import pytest
+
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.accountants import Costing, PLDAccountant
+from rknn_ray.accounting.bounds import BOUNDS, RRLowerBound, get_bound
+from rknn_ray.accounting.events import ShuffledLocalDpEvent
+from rknn_ray.accounting.shuffle_pld import (PairTooLarge, blanket_pair_chunks, composed_eps,
+                                             pld_from_pair, round_pld, rr_lower_pair)
+from rknn_ray.mechanisms import MechanismParams, build
+
+SETTINGS = [(3.0, 50_000, 1e-6), (2.0, 10_000, 1e-6), (4.0, 1_797, 1e-5)]
+
+
+def _hockey(log_p, log_q, eps):
+    return float(np.sum(np.maximum(np.exp(log_p) - math.exp(eps) * np.exp(log_q), 0.0)))
+
+
+@pytest.mark.parametrize("name", ["clones_numerical", "variation_ratio"])
+def test_the_dominating_pair_is_the_pair_its_bound_measures(name):
+    bound = BOUNDS[name]
+    eps0, n, delta = 2.0, 2_000, 1e-6
+    log_p, log_q = bound.dominating_pair(eps0, n)
+    assert abs(np.exp(log_p).sum() - 1) < 1e-12 and abs(np.exp(log_q).sum() - 1) < 1e-12
+    eps = bound.central_eps(eps0, n, delta)
+    # the bound is the pair's divergence (to its rounding on the safe side), in both directions
+    for a, b in ((log_p, log_q), (log_q, log_p)):
+        assert _hockey(a, b, eps) <= delta * (1 + 1e-9)
+        assert _hockey(a, b, eps * (1 - 1e-3)) > delta
+    # a bound that names no pair says so
+    assert not BOUNDS["fmt_closed_form"].has_pair
+    with pytest.raises(NotImplementedError, match="no dominating pair"):
+        BOUNDS["fmt_closed_form"].dominating_pair(eps0, n)
+    assert not get_bound("variation_ratio", "krr", k=4).has_pair
+
+
+@pytest.mark.parametrize("eps0,n,delta", SETTINGS)
+def test_one_round_as_a_pld_is_its_bound_on_the_safe_side(eps0, n, delta):
+    bound = BOUNDS["clones_numerical"]
+    direct = bound.central_eps(eps0, n, delta)
+    eps = composed_eps(round_pld(bound, eps0, n), 1, delta)
+    assert direct * (1 - 1e-6) <= eps <= direct + 2e-4       # pessimistic grid of 1e-4
+
+
+@pytest.mark.parametrize("eps0,n,delta", SETTINGS)
+def test_rounds_compose_below_their_sum_and_above_the_exact_lower_composition(eps0, n, delta):
+    bound = BOUNDS["clones_numerical"]
+    upper = round_pld(bound, eps0, n)
+    lower = pld_from_pair(*rr_lower_pair(eps0, n), pessimistic=False)
+    # the optimistic lower pair at one round is the exact lower bound, on its safe side
+    assert composed_eps(lower, 1, delta) <= RRLowerBound().central_eps(eps0, n, delta) * (1 + 1e-6)
+    per_round = bound.central_eps(eps0, n, delta)
+    for T in range(2, 6):
+        composed = composed_eps(upper, T, T * delta)
+        assert composed_eps(lower, T, T * delta) < composed < T * per_round
+    assert composed_eps(upper, 5, 5 * delta) < 0.6 * 5 * per_round
+
+
+def test_the_pld_accountant_charges_shuffled_rounds_their_composed_pair():
+    event = ShuffledLocalDpEvent("rr", 3.0, 50_000, 1e-6)
+    per_round = BOUNDS["clones_numerical"].central_eps(3.0, 50_000, 1e-6)
+    eps, delta = PLDAccountant().compose([(event, Costing(bound="clones_numerical"))] * 5, 5e-6)
+    lower = composed_eps(pld_from_pair(*rr_lower_pair(3.0, 50_000), pessimistic=False), 5, 5e-6)
+    assert delta == 5e-6 and lower < eps < 0.6 * 5 * per_round
+    # a bound without a pair composes the rounds by their (eps, delta): sound, looser
+    generic = PLDAccountant().compose([(event, Costing(bound="fmt_closed_form_final"))] * 5, 5e-6)
+    assert generic[0] > eps
+
+
+def test_a_job_ledger_records_shuffle_rounds_at_their_composed_cost():
+    params = MechanismParams(10, 4, 1, 0.5, delta=1e-6, num_clients=20_000)
+    mech = build("shuffle", "rr", params)
+    ledger = PrivacyLedger(accountant="pld")
+    for t in range(4):
+        g, event = mech.round_cost(20_000, 20_000)
+        ledger.record_spent(g, t, event)
+    out = ledger.to_dict()
+    assert out["total_basic"]["eps"] == pytest.approx(4 * g.eps)
+    assert out["total"]["eps"] < 0.75 * out["total_basic"]["eps"]
+    assert [e["event"]["type"] for e in out["entries"]] == ["ShuffledLocalDpEvent"] * 4
+
+
+def test_a_pair_too_large_to_build_in_seconds_is_refused_not_slow():
+    with pytest.raises(PairTooLarge, match="support points"):
+        next(blanket_pair_chunks(math.e ** 2, 1 / (math.e ** 2 + 1), math.exp(-2) / 2, 10 ** 8))
+    # the accountant then composes the round by its (eps, delta) cost
+    event = ShuffledLocalDpEvent("rr", 2.0, 10 ** 8, 1e-8)
+    eps, _ = PLDAccountant().compose([event] * 2, 2e-8)
+    assert 0 < eps <= 2 * BOUNDS["clones_numerical"].central_eps(2.0, 10 ** 8, 1e-8) * (1 + 1e-9)
