@@ -68,8 +68,8 @@ def _owned(module: str, name: str):
 
 
 def _upper_bounds() -> tuple:
-    from rknn_ray.accounting import BOUNDS
-    return tuple(sorted(b for b in BOUNDS if BOUNDS[b].kind == "upper"))
+    from rknn_ray.accounting.bounds import upper_bound_names
+    return upper_bound_names()
 
 
 def _query_selections() -> tuple:

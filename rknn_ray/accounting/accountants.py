@@ -164,12 +164,7 @@ def event_cost(event, costing: Costing = DEFAULT_COSTING) -> tuple[float, float]
     if isinstance(event, ApproxDpEvent):
         return float(event.eps), float(event.delta)
     if isinstance(event, ShuffledLocalDpEvent):
-        from rknn_ray.accounting.bounds import BOUNDS
-        if costing.bound not in BOUNDS or costing.bound == "lower_bound":
-            raise UnknownEventError(f"amplification bound {costing.bound!r} is not an upper bound; "
-                                    f"cost shuffle events with one of "
-                                    f"{sorted(b for b in BOUNDS if b != 'lower_bound')}")
-        eps = _amplified(BOUNDS[costing.bound], float(event.eps0), int(event.num_senders),
+        eps = _amplified(_round_bound(event, costing), float(event.eps0), int(event.num_senders),
                          float(event.delta)) if int(event.num_senders) >= 2 else math.inf
         if not eps < event.eps0:         # each record's own report is eps0-LDP regardless
             return float(event.eps0), 0.0
@@ -216,15 +211,24 @@ class BasicAccountant(Accountant):
         return Composition("basic").extend(events).result(target_delta)
 
 
+def _round_bound(event: ShuffledLocalDpEvent, costing: Costing):
+    """The upper bound ``costing.bound`` as it applies to the event's randomizer."""
+    from rknn_ray.accounting.bounds import round_bound, upper_bound_names
+    if costing.bound not in upper_bound_names():
+        raise UnknownEventError(f"amplification bound {costing.bound!r} is not an upper bound; "
+                                f"cost shuffle events with one of {list(upper_bound_names())}")
+    return round_bound(costing.bound, event.local_mechanism, int(event.collision_c),
+                       int(event.collision_l))
+
+
 def shuffled_round_pld(event: ShuffledLocalDpEvent, costing: Costing = DEFAULT_COSTING):
     """The PLD of a single-message shuffle round under ``costing.bound``'s dominating pair
     (rknn_ray.accounting.shuffle_pld), or None where there is none to use: the bound names
     no pair, too few senders, or a pair too large to build in seconds (then the round is
     composed by its (eps, delta) cost, which is sound too)."""
-    from rknn_ray.accounting.bounds import BOUNDS
     from rknn_ray.accounting.shuffle_pld import PairTooLarge, round_pld
-    bound = BOUNDS.get(costing.bound)
-    if bound is None or not getattr(bound, "has_pair", False) or int(event.num_senders) < 2:
+    bound = _round_bound(event, costing)
+    if not getattr(bound, "has_pair", False) or int(event.num_senders) < 2:
         return None
     try:
         return round_pld(bound, float(event.eps0), int(event.num_senders), PLD_DISCRETIZATION)

@@ -46,6 +46,7 @@ divergences of shuffled k-RR / Collision (c = 1) for named neighbouring pairs
 """
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 
@@ -440,6 +441,45 @@ def get_bound(name: str, mechanism: str = "generic", **mech_params) -> Amplifica
         raise ConfigError("bound", f"unknown amplification bound {name!r}",
                           f"use one of {sorted(BOUNDS)}")
     return BOUNDS[name]
+
+
+#: bounds a job applies to its randomizer in their mechanism-specific form where one exists
+#: (the others are generic eps0-LDP bounds whatever the randomizer)
+MECHANISM_SPECIFIC = ("tight",)
+
+
+def upper_bound_names() -> tuple:
+    """Names of the upper bounds a release may be costed with (``get_bound`` resolves them)."""
+    names = {b for b in BOUNDS if BOUNDS[b].kind == "upper"}
+    for name in MECHANISM_SPECIFIC:
+        try:
+            if get_bound(name).kind == "upper":
+                names.add(name)
+        except ConfigError:
+            pass                                  # not in this version
+    return tuple(sorted(names))
+
+
+@functools.lru_cache(maxsize=64)
+def round_bound(name: str, local_mechanism: str = "", collision_c: int = 0,
+                collision_l: int = 0) -> AmplificationBound:
+    """The bound ``name`` as it applies to one shuffled randomizer (one object per argument
+    set: accountants cache by it). A bound in :data:`MECHANISM_SPECIFIC` takes its Collision
+    form for a Collision randomizer whose (c, l) is known, else (and where that form does not
+    cover the randomizer) its generic eps0-LDP form; every other bound is generic."""
+    if name in MECHANISM_SPECIFIC and local_mechanism == "collision" and collision_c > 0 \
+            and collision_l > collision_c:
+        try:
+            return get_bound(name, "collision", c=int(collision_c), l=int(collision_l))
+        except ConfigError:
+            pass
+    if local_mechanism or collision_c or collision_l:
+        return round_bound(name)                  # the one generic object
+    bound = get_bound(name)
+    if bound.kind != "upper":
+        raise ConfigError("bound", f"{name!r} is a lower bound and grants no budget",
+                          f"use one of {list(upper_bound_names())}")
+    return bound
 
 
 def amplified_local_eps(target_eps: float, delta: float, n: int,
