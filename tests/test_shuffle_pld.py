@@ -93,3 +93,24 @@ def test_a_pair_too_large_to_build_in_seconds_is_refused_not_slow():
     event = ShuffledLocalDpEvent("rr", 2.0, 10 ** 8, 1e-8)
     eps, _ = PLDAccountant().compose([event] * 2, 2e-8)
     assert 0 < eps <= 2 * BOUNDS["clones_numerical"].central_eps(2.0, 10 ** 8, 1e-8) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("kind", ["krr", "collision"])
+def test_the_explicit_lower_pairs_are_shuffled_rrs_exact_divergence(kind):
+    from rknn_ray.accounting.hockey import eps_for_delta
+    from rknn_ray.accounting.shuffle_pld import histogram_lower_pair
+    from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
+    eps0, n, size, delta = 2.5, 1_500, 10, 1e-6
+    p = math.exp(eps0)
+    a = 1 / (p + size - 1)
+    keep = 1 - 1 / size if kind == "collision" else 1.0
+    exact = eps_for_delta((collision_pair if kind == "collision" else krr_pair)(eps0, n, size),
+                          delta, eps0, upper=False)
+    log_p, log_q = histogram_lower_pair(p, n, a * keep, p * a * keep)
+    assert abs(np.exp(log_p).sum() - 1) < 1e-12
+    for T in (1, 3):
+        optimistic = composed_eps(pld_from_pair(log_p, log_q, pessimistic=False), T, T * delta)
+        if T == 1:
+            assert exact * (1 - 1e-3) - 2e-4 <= optimistic <= exact * (1 + 1e-6)
+        else:
+            assert optimistic < T * exact

@@ -116,6 +116,28 @@ def rr_lower_pair(eps0: float, n: int, tail: float = 1e-15) -> tuple[np.ndarray,
         return np.log(p0), np.log(p1)
 
 
+def histogram_lower_pair(p: float, n: int, pi0: float, pi1: float,
+                         tail: float = 1e-15) -> tuple[np.ndarray, np.ndarray]:
+    """(log P0, log P1) over the counts (h0, h1) of :mod:`rknn_ray.accounting.shuffled_rr`'s
+    pair (user 1 holds x vs x', the others x'): P1 multinomial(n; pi0, pi1), P0 = LR P1
+    with LR = 1 + ((p-1) h0 - (1-1/p) h1) / n. ``krr_pair`` / ``collision_pair`` name
+    (p, pi0, pi1) for k-RR and Collision (c = 1); an explicit mechanism, so its composition
+    is a lower bound for any upper bound on that randomizer's. Windows drop <= 2 ``tail``."""
+    lo, hi, _ = _window(int(n), pi0, tail, exact_out=False)
+    h0 = np.arange(lo, hi + 1, dtype=np.int64)[:, None]
+    rho = min(1.0, pi1 / (1.0 - pi0))
+    N = int(n) - h0
+    c_lo, c_hi, _ = _window(int(N.max()), rho, tail, exact_out=False)
+    half = math.ceil(max(N.max() * rho - c_lo, c_hi - N.max() * rho)) + 1
+    h1 = np.rint(N * rho).astype(np.int64) + np.arange(-half, half + 1, dtype=np.int64)[None, :]
+    ok = (h1 >= 0) & (h1 <= N)
+    h0b, Nb, h1b = np.broadcast_to(h0, h1.shape)[ok], np.broadcast_to(N, h1.shape)[ok], h1[ok]
+    log_p1 = binom_logpmf(h0b, int(n), pi0) + (binom_logpmf(h1b, Nb, rho) if rho < 1.0
+                                               else np.where(h1b == Nb, 0.0, -np.inf))
+    lr = 1.0 + ((p - 1.0) * h0b - (1.0 - 1.0 / p) * h1b) / n
+    return log_p1 + np.log(lr), log_p1
+
+
 def _direction(chunks, d: float, pessimistic: bool):
     """One direction's PLDPmf from (mass, loss, rel) chunks (mass: probabilities under the
     first distribution; loss: log of its ratio to the second, +inf where that is 0)."""
