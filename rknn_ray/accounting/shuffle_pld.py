@@ -138,27 +138,31 @@ def histogram_lower_pair(p: float, n: int, pi0: float, pi1: float,
     return log_p1 + np.log(lr), log_p1
 
 
-def _direction(chunks, d: float, pessimistic: bool):
-    """One direction's PLDPmf from (mass, loss, rel) chunks (mass: probabilities under the
+class _Direction:
+    """One direction's loss histogram, filled chunk by chunk (mass: probabilities under the
     first distribution; loss: log of its ratio to the second, +inf where that is 0)."""
-    from dp_accounting.pld import pld_pmf
-    lo, hist, kept, inf_mass, rel = None, np.zeros(0), 0.0, 0.0, 0.0
-    for mass, loss, r in chunks:
-        rel = max(rel, r)
+
+    def __init__(self, d: float, pessimistic: bool):
+        self.d, self.pessimistic = d, pessimistic
+        self.lo, self.hist, self.kept, self.inf_mass, self.rel = None, np.zeros(0), 0.0, 0.0, 0.0
+
+    def add(self, mass: np.ndarray, loss: np.ndarray, rel: float) -> None:
+        self.rel = max(self.rel, rel)
         keep = mass > 0
         mass, loss = mass[keep], loss[keep]
         infinite = ~np.isfinite(loss)
-        inf_mass += float(np.sum(mass[infinite & (loss > 0)]))
-        kept += float(np.sum(mass[infinite & (loss > 0)]))
-        finite = ~infinite
-        mass, loss = mass[finite], loss[finite]
+        if np.any(infinite):
+            at_inf = float(np.sum(mass[infinite & (loss > 0)]))
+            self.inf_mass, self.kept = self.inf_mass + at_inf, self.kept + at_inf
+            mass, loss = mass[~infinite], loss[~infinite]
         if not mass.size:
-            continue
-        kept += float(np.sum(mass))
-        scaled = loss / d
-        idx = (np.ceil(scaled + _GRID_MARGIN) if pessimistic
+            return
+        self.kept += float(np.sum(mass))
+        scaled = loss / self.d
+        idx = (np.ceil(scaled + _GRID_MARGIN) if self.pessimistic
                else np.floor(scaled - _GRID_MARGIN)).astype(np.int64)
         c_lo, c_hi = int(idx.min()), int(idx.max())
+        lo, hist = self.lo, self.hist
         if lo is None:
             lo, hist = c_lo, np.zeros(c_hi - c_lo + 1)
         elif c_lo < lo or c_hi >= lo + hist.size:
@@ -167,33 +171,32 @@ def _direction(chunks, d: float, pessimistic: bool):
             grown[lo - new_lo:lo - new_lo + hist.size] = hist
             lo, hist = new_lo, grown
         hist += np.bincount(idx - lo, weights=mass, minlength=hist.size)[:hist.size]
-    if lo is None:
-        lo, hist = 0, np.zeros(1)
-    # each probability is at least (1 - rel) of its computed value: keep that much; the
-    # rest of the mass (what the pair left out, what its probabilities may lack, the sums'
-    # float error) goes to the infinite loss when pessimistic, is dropped when optimistic
-    hist = hist * (1.0 - rel)
-    if pessimistic:
-        inf_mass += max(0.0, 1.0 - kept * (1.0 - rel)) + 1e-14
-        if inf_mass >= 1.0:
-            raise ValueError("the pair's masses do not form a distribution")
-    return pld_pmf.DensePLDPmf(d, lo, hist, min(1.0, inf_mass), pessimistic)
+        self.lo, self.hist = lo, hist
+
+    def pmf(self):
+        from dp_accounting.pld import pld_pmf
+        lo, hist = (0, np.zeros(1)) if self.lo is None else (self.lo, self.hist)
+        # each probability is at least (1 - rel) of its computed value: keep that much; the
+        # rest of the mass (what the pair left out, what its probabilities may lack, the
+        # sums' float error) goes to the infinite loss when pessimistic, is dropped otherwise
+        hist = hist * (1.0 - self.rel)
+        inf_mass = self.inf_mass
+        if self.pessimistic:
+            inf_mass += max(0.0, 1.0 - self.kept * (1.0 - self.rel)) + 1e-14
+            if inf_mass >= 1.0:
+                raise ValueError("the pair's masses do not form a distribution")
+        return pld_pmf.DensePLDPmf(self.d, lo, hist, min(1.0, inf_mass), self.pessimistic)
 
 
-def pld_from_chunks(make_chunks, d: float = PLD_DISCRETIZATION, pessimistic: bool = True):
-    """The PLD of a pair given as ``make_chunks()`` -> iterable of (log_p, log_q, loss, rel)."""
+def pld_from_chunks(chunks, d: float = PLD_DISCRETIZATION, pessimistic: bool = True):
+    """The PLD of a pair given as an iterable of (log_p, log_q, loss, rel) chunks, both
+    directions in one pass (remove: loss of P over Q under P; add: of Q over P under Q)."""
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-
-    def remove():
-        for log_p, _, loss, rel in make_chunks():
-            yield np.exp(log_p), loss, rel
-
-    def add():
-        for _, log_q, loss, rel in make_chunks():
-            yield np.exp(log_q), -loss, rel
-
-    return PrivacyLossDistribution(_direction(remove(), d, pessimistic),
-                                   _direction(add(), d, pessimistic))
+    remove, add = _Direction(d, pessimistic), _Direction(d, pessimistic)
+    for log_p, log_q, loss, rel in chunks:
+        remove.add(np.exp(log_p), loss, rel)
+        add.add(np.exp(log_q), -loss, rel)
+    return PrivacyLossDistribution(remove.pmf(), add.pmf())
 
 
 def pld_from_pair(log_p, log_q, d: float = PLD_DISCRETIZATION, pessimistic: bool = True,
@@ -207,7 +210,7 @@ def pld_from_pair(log_p, log_q, d: float = PLD_DISCRETIZATION, pessimistic: bool
     with np.errstate(invalid="ignore"):
         loss = np.where(np.isneginf(log_q), np.inf,
                         np.where(np.isneginf(log_p), -np.inf, log_p - log_q))
-    return pld_from_chunks(lambda: [(log_p, log_q, loss, rel)], d, pessimistic)
+    return pld_from_chunks([(log_p, log_q, loss, rel)], d, pessimistic)
 
 
 @functools.lru_cache(maxsize=256)
@@ -217,7 +220,7 @@ def round_pld(bound, eps0: float, n: int, d: float = PLD_DISCRETIZATION):
     Raises PairTooLarge where the pair is too big to build in seconds."""
     chunks = getattr(bound, "dominating_pair_chunks", None)
     if chunks is not None:
-        return pld_from_chunks(lambda: chunks(eps0, n), d)
+        return pld_from_chunks(chunks(eps0, n), d)
     log_p, log_q = bound.dominating_pair(eps0, n)
     return pld_from_pair(log_p, log_q, d, rel=float(getattr(bound, "pair_rtol", 0.0)))
 
