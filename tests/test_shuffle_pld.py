@@ -114,3 +114,19 @@ def test_the_explicit_lower_pairs_are_shuffled_rrs_exact_divergence(kind):
             assert exact * (1 - 1e-3) - 2e-4 <= optimistic <= exact * (1 + 1e-6)
         else:
             assert optimistic < T * exact
+
+
+def test_the_composed_rounds_benchmark_prints_each_T_between_its_bounds(capsys):
+    import json
+
+    from benchmarks.composed_rounds import main
+    assert main(["--eps0", "2", "--n", "2000", "--delta", "1e-6", "--rounds", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["rounds"] for r in out["rows"]] == [1, 2, 3]
+    for r in out["rows"][1:]:
+        assert r["lower_composed"] < r["composed_pld"] < r["sum_of_rounds"]
+    assert main(["--bound", "fmt_closed_form", "--n", "2000"]) == 2
+    assert "names no dominating pair" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--mechanism", "krr"])
+    assert exc.value.code == 2 and "--size" in capsys.readouterr().err
