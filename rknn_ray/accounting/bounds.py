@@ -434,12 +434,16 @@ def variation_ratio_bound(mechanism: str = "generic", **params) -> VariationRati
 
 
 def get_bound(name: str, mechanism: str = "generic", **mech_params) -> AmplificationBound:
-    """Bound by name; 'variation_ratio' with a mechanism gives the mechanism-specific one."""
+    """Bound by name; 'variation_ratio' or 'tight' with a mechanism gives the
+    mechanism-specific one ('tight': :mod:`rknn_ray.accounting.tight`)."""
+    if name == "tight":
+        from rknn_ray.accounting.tight import tight_bound
+        return tight_bound(mechanism, **mech_params)
     if name == "variation_ratio" and mechanism != "generic":
         return variation_ratio_bound(mechanism, **mech_params)
     if name not in BOUNDS:
         raise ConfigError("bound", f"unknown amplification bound {name!r}",
-                          f"use one of {sorted(BOUNDS)}")
+                          f"use one of {sorted(BOUNDS) + ['tight']}")
     return BOUNDS[name]
 
 
