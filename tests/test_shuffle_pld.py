@@ -130,3 +130,59 @@ def test_the_composed_rounds_benchmark_prints_each_T_between_its_bounds(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--mechanism", "krr"])
     assert exc.value.code == 2 and "--size" in capsys.readouterr().err
+
+
+def test_the_tight_bound_is_the_default_and_the_job_uses_the_larger_eps0_it_certifies():
+    from rknn_ray.accounting.accountants import event_cost
+    from rknn_ray.config import PrivacyConfig
+    assert PrivacyConfig().amplification_bound == "tight"
+    base = dict(num_queries=10, num_classes=4, k=1, eps=1.0, delta=1e-6, num_clients=20_000)
+    old = build("shuffle", "rr", MechanismParams(**base, options={"bound": "clones_numerical"}))
+    new = build("shuffle", "rr", MechanismParams(**base, options={"bound": "tight"}))
+    assert new.local_eps > old.local_eps * 1.05            # per-bit RR: tight's generic form
+    assert new.bound.name == "tight"                        # the generic form
+    event = new.event()
+    assert (event.collision_c, event.collision_l) == (0, 0)
+    g = new.guarantee()
+    assert event_cost(event, new.costing()) == pytest.approx((g.eps, g.delta), rel=1e-12)
+    assert g.eps <= 1.0 * (1 + 1e-9) and "tight bound" in g.note
+    # its rounds compose as tight's dominating pair under the pld accountant
+    ledger = PrivacyLedger(accountant="pld")
+    for t in range(3):
+        g, event = new.round_cost(20_000, 20_000)
+        ledger.record_spent(g, t, event)
+    total = ledger.to_dict()
+    lower = composed_eps(pld_from_pair(*rr_lower_pair(new.local_eps, 20_000), pessimistic=False),
+                         3, total["total"]["delta"])
+    assert lower < total["total"]["eps"] < 0.8 * total["total_basic"]["eps"]
+
+
+def test_an_unknown_or_lower_bound_is_refused_with_the_choices():
+    params = MechanismParams(10, 4, 1, 1.0, delta=1e-6, num_clients=2_000,
+                             options={"bound": "lower_bound"})
+    with pytest.raises(Exception, match="not an upper bound.*tight"):
+        build("shuffle", "rr", params)
+    with pytest.raises(Exception, match="not an upper bound"):
+        PLDAccountant().compose([(ShuffledLocalDpEvent("rr", 2.0, 2_000, 1e-6),
+                                  Costing(bound="tightest"))], 1e-6)
+
+
+def test_collision_is_calibrated_and_costed_with_the_collision_form_of_its_own_l():
+    from rknn_ray.accounting.accountants import event_cost
+    from rknn_ray.accounting.bounds import round_bound
+    base = dict(num_queries=10, num_classes=4, k=1, eps=1.0, delta=1e-4, num_clients=300)
+    old = build("shuffle", "collision", MechanismParams(**base, options={"bound": "clones_numerical"}))
+    new = build("shuffle", "collision", MechanismParams(**base, options={"bound": "tight"}))
+    assert new.bound.name == "tight_collision" and new.local_eps > old.local_eps
+    # the l it runs is the l its bound was calibrated for, and the event records it
+    assert new.randomizer_params == {"collision_c": 1, "collision_l": new.l}
+    event = new.event()
+    assert (event.collision_c, event.collision_l) == (1, new.l)
+    assert round_bound("tight", "collision", 1, new.l) is new.bound
+    g = new.guarantee()
+    assert event_cost(event, new.costing()) == pytest.approx((g.eps, g.delta), rel=1e-12)
+    assert g.eps <= 1.0 * (1 + 1e-9)
+    # the same event without its (c, l) (a ledger written before they were recorded) is
+    # costed by tight's generic form: sound, and above the Collision form's cost
+    bare = ShuffledLocalDpEvent(event.local_mechanism, event.eps0, event.num_senders, event.delta)
+    assert event_cost(bare, new.costing())[0] > g.eps

@@ -44,6 +44,9 @@ PLD_DISCRETIZATION = 1e-4
 MAX_SUPPORT = 20_000_000
 #: support points per chunk (bounds the memory of one step)
 CHUNK = 1 << 20
+#: relative error assumed of a pair's probabilities when its bound states none (``pair_rtol``):
+#: the fast binomials' (binom_fast.pmf_rtol) at offsets of ~1e3, with margin
+_PAIR_RTOL = 1e-12
 #: float margin on a loss, in grid units, before rounding (losses are accurate to ~1e-13)
 _GRID_MARGIN = 1e-6
 
@@ -222,7 +225,7 @@ def round_pld(bound, eps0: float, n: int, d: float = PLD_DISCRETIZATION):
     if chunks is not None:
         return pld_from_chunks(chunks(eps0, n), d)
     log_p, log_q = bound.dominating_pair(eps0, n)
-    return pld_from_pair(log_p, log_q, d, rel=float(getattr(bound, "pair_rtol", 0.0)))
+    return pld_from_pair(log_p, log_q, d, rel=float(getattr(bound, "pair_rtol", _PAIR_RTOL)))
 
 
 def composed_eps(pld, rounds: int, delta: float) -> float:

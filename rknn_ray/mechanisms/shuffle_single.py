@@ -31,6 +31,7 @@ that cost and refused for labelling (rknn_ray.job.session).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -39,6 +40,14 @@ from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Guarantee, MechanismParams, honest_count, honest_fraction_of
 from rknn_ray.mechanisms.collision import CollisionMechanism
 from rknn_ray.mechanisms.randomized_response import RandomizedResponse
+
+
+@functools.lru_cache(maxsize=128)
+def _calibrated_eps0(bound, eps: float, n: int, delta: float) -> float:
+    """The bound's largest eps0 for (eps, delta) at n, once per process: a job builds the
+    same round's mechanism several times (auto s, the dropout check, the round itself), and
+    a calibration is tens of evaluations of the bound."""
+    return float(bound.local_eps0(eps, n, delta))
 
 
 class ShuffleSingleMixin:
@@ -63,7 +72,7 @@ class ShuffleSingleMixin:
             # at the last eps0 until it stays put, then keep that form (and its l)
             self.randomizer_params = {}
             self.bound = round_bound(self.bound_name)
-            self._eps0 = float(self.bound.local_eps0(params.eps, n, params.delta))
+            self._eps0 = _calibrated_eps0(self.bound, params.eps, n, params.delta)
             generic = self.bound
             for _ in range(4):
                 rp = self._randomizer_params(params, self._eps0)
@@ -71,7 +80,7 @@ class ShuffleSingleMixin:
                 if bound is generic or rp == self.randomizer_params:
                     break                     # no specific form, or eps0 is calibrated with it
                 self.randomizer_params, self.bound = rp, bound
-                self._eps0 = float(bound.local_eps0(params.eps, n, params.delta))
+                self._eps0 = _calibrated_eps0(bound, params.eps, n, params.delta)
         except (ValueError, ConfigError) as exc:
             raise ConfigError("privacy.eps", f"no local eps0 reaches the central target "
                               f"eps={params.eps}, delta={params.delta} with n={n} senders "
