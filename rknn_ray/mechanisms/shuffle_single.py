@@ -74,7 +74,7 @@ class ShuffleSingleMixin:
             self.bound = round_bound(self.bound_name)
             self._eps0 = _calibrated_eps0(self.bound, params.eps, n, params.delta)
             generic = self.bound
-            for _ in range(4):
+            for _ in range(2):                # at most two calibrations with the specific form
                 rp = self._randomizer_params(params, self._eps0)
                 bound = round_bound(self.bound_name, self.name, **rp)
                 if bound is generic or rp == self.randomizer_params:
