@@ -120,9 +120,16 @@ class ShuffleSingleMixin:
         if self.central_eps(hi) > target * (1 + 1e-9):
             raise PrivacyBudgetError(f"eps0={self._eps0:.4g} misses the target at n={hi}")
         from rknn_ray.accounting.calibration import monotone_edge
-        self._min_cover_memo = int(monotone_edge(
-            lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi, want="smallest",
-            integer=True))
+        ok = lambda n: self.central_eps(n) <= target * (1 + 1e-9)  # noqa: E731
+        # eps0 is calibrated to meet the target at hi, so the edge is a few senders below
+        # it: gallop down to bracket it (a few evaluations of the bound), then bisect
+        top, step, lo = hi, 1, 1
+        while top - step > 1:
+            if not ok(top - step):
+                lo = top - step
+                break
+            top, step = top - step, 2 * step
+        self._min_cover_memo = int(monotone_edge(ok, lo, top, want="smallest", integer=True))
         return self._min_cover_memo
 
     def min_senders(self) -> int:
