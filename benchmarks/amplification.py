@@ -37,6 +37,8 @@ import numpy as np
 
 from rknn_ray.accounting import BOUNDS, variation_ratio_bound
 from rknn_ray.accounting.bounds import MechanismLowerBound
+from rknn_ray.accounting.tight import tight_bound
+from rknn_ray.mechanisms.collision import collision_l
 from rknn_ray.accounting.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
                                        shuffled_pair_statistics, simulate_labeling_error)
 from rknn_ray.errors import ConfigError
@@ -79,9 +81,16 @@ def mechanism_bounds(mechanism: str = "generic", **params) -> list:
     neighbouring pair, see MechanismLowerBound's citation, printed as "note").
     """
     if mechanism == "generic":
-        return [BOUNDS[name] for name in ORDER]
+        return [BOUNDS[name] for name in ORDER] + [tight_bound("generic")]
     vr = variation_ratio_bound(mechanism, **params)
-    return [MechanismLowerBound(vr), vr] + [BOUNDS[name] for name in ORDER if name != "lower_bound"]
+    tight_params = {"k": params["k"]} if mechanism == "krr" else {"l": params["l"], "c": params.get("c", 1)}
+    if mechanism == "collision" and params.get("c", 1) != 1:
+        tight = []                                   # the tight bound covers c = 1 only
+        low = MechanismLowerBound(vr)
+    else:
+        tight = [tight_bound(mechanism, **tight_params)]
+        low = tight[0].lower_bound()
+    return [low] + tight + [vr] + [BOUNDS[name] for name in ORDER if name != "lower_bound"]
 
 
 def point(n: int, delta: float, eps0: float | None = None,
@@ -99,7 +108,7 @@ def point(n: int, delta: float, eps0: float | None = None,
             row = {"bound": name, "eps0": v, "seconds": s}
         if err:
             row["error"] = err
-        if mechanism != "generic" and isinstance(b, MechanismLowerBound):
+        if mechanism != "generic" and b.kind == "lower":
             row["note"] = b.citation
         out.append(row)
     return out
@@ -219,22 +228,97 @@ def run_grid(out: str, ns=GRID_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, targets=GR
                 audits.append(a.to_dict())
         tick("audit_binary_rr", t)
     t = time.perf_counter()
+    gap = gap_study(deltas=deltas)
+    tick("tight_gap", t)
+    t = time.perf_counter()
     audits += real_audits(deltas, rng, scale=real_audit_scale)
     tick("audit_real", t)
     result = {"grid": {"n": list(ns), "eps0": list(eps0s), "delta": list(deltas),
                        "targets": list(targets), "k": 1, "r": 1, "num_classes": num_classes,
                        "sim_queries": SIM_QUERIES, "sim_beta": SIM_BETA, "sim_max_n": sim_max_n},
-              "central": rows, "inverse": inverse, "audit": audits,
+              "central": rows, "inverse": inverse, "audit": audits, "tight_gap": gap,
               "order_violations": violations,
               "red_flags": [a for a in audits if a["red_flags"]],
               "seconds_by_part": times,
               "total_seconds": time.perf_counter() - t_start}
     write_json(os.path.join(out, "results.json"), result)
-    write_text(os.path.join(out, "table.txt"), format_table(rows, inverse, audits))
+    write_text(os.path.join(out, "table.txt"),
+               format_table(rows, inverse, audits) + "\n\n" + format_gap_table(gap) + "\n")
     if plots:
         make_plots(result, out)
+        plot_gap(gap, out)
     result["total_seconds"] = time.perf_counter() - t_start
     return result
+
+
+# ------------------------------------------------------------------ tight-bound gap study
+
+GAP_N = (10**3, 10**4, 10**5, 10**6, 10**8)
+GAP_K = 10
+
+
+def gap_study(ns=GAP_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, k: int = GAP_K) -> list[dict]:
+    """Per randomizer (k-RR, Collision with the l the project picks for eps0, generic):
+    the tight bound, its own lower bound, their ratio, the older bounds, seconds each."""
+    rows = []
+    for mech in ("krr", "collision", "generic"):
+        for delta in deltas:
+            for n in ns:
+                for e0 in eps0s:
+                    params = ({"k": k} if mech == "krr" else
+                              {"l": collision_l(e0, 1), "c": 1} if mech == "collision" else {})
+                    row = {"mechanism": mech, **params, "n": n, "eps0": e0, "delta": delta}
+                    for b in mechanism_bounds(mech, **params):
+                        if b.name.startswith("fmt_closed"):
+                            continue
+                        v, secs, err = _one(b.central_eps, e0, n, delta)
+                        key = "tight" if b.name.startswith("tight") else (
+                            "variation_ratio" if b.name.startswith("variation_ratio") and
+                            mech != "generic" and b.name != "variation_ratio" else b.name)
+                        if key == "variation_ratio" and "variation_ratio" in row:
+                            continue                  # generic bound already listed
+                        row[key], row[f"{key}_seconds"] = v, secs
+                    lo, up = row.get("lower_bound"), row.get("tight")
+                    row["ratio"] = (up / lo) if lo and up else None
+                    rows.append(row)
+    return rows
+
+
+def format_gap_table(rows) -> str:
+    lines = ["tight bound vs its own lower bound (ratio = tight / lower); seconds of the tight bound",
+             f"{'mech':>9} {'param':>5} {'delta':>7} {'n':>9} {'eps0':>4} {'lower':>10} {'tight':>10} "
+             f"{'ratio':>7} {'var_ratio':>10} {'clones':>10} {'t_sec':>6}"]
+    for r in rows:
+        param = r.get("k", r.get("l", "-"))
+        lines.append(f"{r['mechanism']:>9} {param:>5} {r['delta']:>7.0e} {r['n']:>9.0e} {r['eps0']:>4g} "
+                     f"{_f(r.get('lower_bound'), '.6f'):>10} {_f(r.get('tight'), '.6f'):>10} "
+                     f"{_f(r.get('ratio'), '.4f'):>7} {_f(r.get('variation_ratio'), '.6f'):>10} "
+                     f"{_f(r.get('clones_numerical'), '.6f'):>10} {_f(r.get('tight_seconds'), '.2f'):>6}")
+    return "\n".join(lines)
+
+
+def plot_gap(rows, out: str) -> None:
+    """gap.png: tight / lower per n, one panel per randomizer, a line per eps0 (delta[0])."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    mechs = sorted({r["mechanism"] for r in rows}, key=("krr", "collision", "generic").index)
+    d0 = rows[0]["delta"]
+    fig, axes = plt.subplots(1, len(mechs), figsize=(4.2 * len(mechs), 3.6), sharey=True)
+    for ax, mech in zip(np.atleast_1d(axes), mechs):
+        for e0 in sorted({r["eps0"] for r in rows}):
+            pts = [(r["n"], r["ratio"]) for r in rows if r["mechanism"] == mech
+                   and r["eps0"] == e0 and r["delta"] == d0 and r["ratio"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"eps0={e0:g}")
+        ax.axhline(1.05, color="gray", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(f"{mech}: tight / lower (delta={d0:.0e})")
+        ax.set_xlabel("n")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("upper / lower (eps)")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    _save(fig, os.path.join(out, "gap.png"))
 
 
 # ------------------------------------------------------------------ table
@@ -483,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--c", type=int, default=1, help="Collision: cells per report c (default 1)")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--grid", action="store_true", help="run the evaluation grid")
+    ap.add_argument("--gap", action="store_true",
+                    help="only the tight-bound gap study (tight / lower per randomizer, n, eps0, "
+                         "delta): table.txt, gap.json and gap.png in --out")
     ap.add_argument("--out", default="runs/amplification", help="grid output folder")
     ap.add_argument("--audit-trials", type=int, default=1_000_000,
                     help="trials of the binary-RR reference audit")
@@ -495,6 +582,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     try:
+        if args.gap:
+            gap = gap_study()
+            os.makedirs(args.out, exist_ok=True)
+            write_json(os.path.join(args.out, "gap.json"), gap)
+            table = format_gap_table(gap)
+            write_text(os.path.join(args.out, "table.txt"), table + "\n")
+            if not args.no_plots:
+                plot_gap(gap, args.out)
+            print(table)
+            return 0
         if args.grid:
             res = run_grid(args.out, audit_trials=args.audit_trials,
                            real_audit_scale=args.real_audit_scale, sim_max_n=args.sim_max_n,

@@ -64,8 +64,11 @@ from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
 # bucket width: one bucket may shift X by at most this fraction of X's sd
-BUCKET_SHIFT = 2e-3
-MAX_BUCKETS = 64      # per dimension
+BUCKET_SHIFT = 1e-2
+MAX_BUCKETS = 256     # per dimension, within 3 sigma of the mean
+STOP = 1e-5          # stop summing buckets once the rest is bounded by this share
+VECTOR_MAX = 400_000  # c buckets x s window evaluated at once (exact tails)
+SKIP = 1e-30         # per-s Hoeffding bound below which a term is bounded, not summed
 
 
 class BlanketDelta:
@@ -95,6 +98,13 @@ class BlanketDelta:
 
     def _buckets(self, n: int, q: float, width: int):
         """(lowest count per bucket, bucket prob. upper bound, left-out mass below)."""
+        key = (n, q, int(width))
+        cache = self.__dict__.setdefault("_bucket_cache", {})
+        if key not in cache:
+            cache[key] = self._buckets_uncached(n, q, width)
+        return cache[key]
+
+    def _buckets_uncached(self, n: int, q: float, width: int):
         if q <= 0.0 or n == 0:
             return np.zeros(1, dtype=np.int64), np.ones(1), 0.0
         lo, hi, _ = _window(n, q, self.tail, exact_out=False)
@@ -102,9 +112,10 @@ class BlanketDelta:
         m = np.arange(lo, hi + 1, dtype=np.int64)
         w = self._pmf(m, n, q)
         rel = 0.0 if self.method == "exact" else pmf_rtol(max(abs(lo - n * q), abs(hi - n * q)) + 1)
-        width = int(min(max(1, width), m.size))
-        starts = np.arange(0, m.size, width)
-        probs = np.add.reduceat(w, starts) * (1.0 + rel) + FLOAT_SLACK_PER_TERM * width
+        sig = math.sqrt(n * q * (1.0 - q))
+        starts = (np.arange(m.size) if self.method == "exact" else
+                  _bucket_starts(m.size, n * q - lo, sig, max(int(width), int(12.0 * sig / MAX_BUCKETS))))
+        probs = np.add.reduceat(w, starts) * (1.0 + rel) + FLOAT_SLACK_PER_TERM * m.size
         probs[-1] += 0.5 * self.tail if hi < n else 0.0     # the last bucket runs to n
         return m[starts], probs, below
 
@@ -117,23 +128,76 @@ class BlanketDelta:
         m2 = sum(v * v * q for v, q in vals)
         return math.sqrt(max(n * (m2 - m1 * m1), 1e-300))
 
-    def _inner(self, mr: int, mc: int, ee: float):
-        """(E[(X/gamma)_+ | m_r, m_c], its absolute error, its magnitude)."""
+    def _s_window(self, n2: int):
+        """(s, Bin(n2, q) pmf over s's window, q, left-out mass): x/x' reports among n2."""
+        cache = self.__dict__.setdefault("_s_cache", {})
+        if n2 not in cache:
+            rest = 1.0 - self.pi_r - self.pi_c
+            q = min(1.0, 2.0 * self.pi_x / rest) if rest > 0 else 1.0
+            lo, hi, _ = _window(n2, q, self.tail, exact_out=False) if q < 1.0 else (n2, n2, 0.0)
+            out = 0.5 * self.tail * ((lo > 0) + (hi < n2)) if q < 1.0 else 0.0
+            s = np.arange(max(lo, 1), hi + 1, dtype=np.int64)
+            w = self._pmf(s, n2, q) if q < 1.0 else np.ones(s.size)
+            w_rel = 0.0 if (self.method == "exact" or q >= 1.0) else \
+                pmf_rtol(max(abs(lo - n2 * q), abs(hi - n2 * q)) + 1)
+            if len(cache) > 4096:
+                cache.clear()
+            cache[n2] = (s, w, w_rel, out)
+        return cache[n2]
+
+    def _inner_many(self, n2: int, Cs: np.ndarray, ee: float):
+        """:meth:`_inner` for many fixed parts at once (short s windows: exact tails)."""
         p = self.p
-        n2 = self.n - mr - mc
-        rest = 1.0 - self.pi_r - self.pi_c
-        q = min(1.0, 2.0 * self.pi_x / rest) if rest > 0 else 1.0
-        C = (1.0 - ee) * mr + p * (1.0 - ee) * mc
+        cxp, D = 1.0 - ee * p, (p - 1.0) * (1.0 + ee)
+        s, w, w_rel, out = self._s_window(n2)
+        sf_ = s.astype(float)[None, :]
+        Cp = Cs[:, None] + cxp * sf_
+        h0 = np.clip(np.floor(-Cp / D).astype(np.int64) + 1, 0, s[None, :] + 1)
+        z = np.maximum(h0 - sf_ / 2.0, 0.0)
+        bound = D * sf_ * np.exp(-2.0 * z * z / sf_)
+        live = bound > SKIP
+        skipped = np.sum(np.where(live, 0.0, bound), axis=1)
+        m = np.broadcast_to(s[None, :] - 1, Cp.shape)[live]
+        t = (h0 - 1)[live]
+        sf = np.zeros(Cp.shape)
+        pmf = np.zeros(Cp.shape)
+        sf[live] = half_sf_exact(m, t)
+        if m.size:
+            pmf[live] = np.exp(binom_logpmf(t, m, 0.5))
+        pmf_rel = pmf_rtol(float(np.abs(t - m / 2.0).max(initial=0.0)) + 1)
+        sf_rel = EXACT_RTOL_PER_M * float(max(1, s.max()))
+        A = (Cp + D * sf_ / 2.0) * sf
+        B = -(Cp / 2.0) * pmf
+        est = np.sum(w * np.maximum(A + B, 0.0), axis=1)
+        mag = np.sum(w * (np.abs(A) + np.abs(B)), axis=1)
+        err = (2.0 * (w_rel + pmf_rel) * mag + sf_rel * np.sum(w * np.abs(A), axis=1)
+               + p * n2 * out + skipped + FLOAT_SLACK_PER_TERM * (8 * s.size + 16) * np.maximum(1.0, mag))
+        return est, err, mag
+
+    def _inner(self, n2: int, C: float, ee: float):
+        """(E[(X/gamma)_+ | counts], its absolute error, its magnitude): n2 reports left
+        for the x / x' kinds, C the fixed part (the "r" and "c" reports' values)."""
+        p = self.p
         if n2 <= 0:
             return max(C, 0.0), 0.0, abs(C)
         cxp, D = 1.0 - ee * p, (p - 1.0) * (1.0 + ee)
-        lo, hi, _ = _window(n2, q, self.tail, exact_out=False) if q < 1.0 else (n2, n2, 0.0)
-        out = 0.5 * self.tail * ((lo > 0) + (hi < n2)) if q < 1.0 else 0.0
-        s = np.arange(max(lo, 1), hi + 1, dtype=np.int64)
-        w = self._pmf(s, n2, q) if q < 1.0 else np.ones(1)
+        s, w, w_rel, out = self._s_window(n2)
         sf_ = s.astype(float)
         Cp = C + cxp * sf_
         h0 = np.clip(np.floor(-Cp / D).astype(np.int64) + 1, 0, s + 1)
+        skipped = 0.0
+        if self.method == "fast":
+            # Hoeffding: E[(Cp + D h)_+] <= D s P[h >= h0] <= D s exp(-2 (h0 - s/2)^2 / s);
+            # s where that is <= SKIP are bounded, not summed (the live ones are an
+            # interval: h0 - s/2 grows linearly in s); their bounds go to the error
+            z = np.maximum(h0 - sf_ / 2.0, 0.0)
+            bound = D * sf_ * np.exp(-2.0 * z * z / sf_)
+            live = np.nonzero(bound > SKIP)[0]
+            if live.size == 0:
+                return 0.0, float(np.sum(bound)) + p * n2 * out, 0.0
+            i0, i1 = int(live[0]), int(live[-1]) + 1
+            skipped = float(np.sum(bound[:i0]) + np.sum(bound[i1:]))
+            s, sf_, Cp, h0, w = s[i0:i1], sf_[i0:i1], Cp[i0:i1], h0[i0:i1], w[i0:i1]
         # E[(Cp + D h)_+], h ~ Bin(s, 1/2), h >= h0:
         #   (Cp + D s/2) P[Bin(s-1) >= h0-1] - (Cp/2) P[Bin(s-1) = h0-1]
         m, t = s - 1, h0 - 1
@@ -152,40 +216,62 @@ class BlanketDelta:
         val = np.maximum(A + B, 0.0)
         est = float(np.sum(w * val))
         mag = float(np.sum(w * (np.abs(A) + np.abs(B))))
-        w_rel = 0.0 if (self.method == "exact" or q >= 1.0) else \
-            pmf_rtol(max(abs(lo - n2 * q), abs(hi - n2 * q)) + 1)
         sf_abs = np.broadcast_to(np.asarray(sf_abs, dtype=float), s.shape)
         err = (2.0 * (w_rel + pmf_rel) * mag
                + float(np.sum(w * np.abs(Cp + D * sf_ / 2.0) * sf_abs))
-               + p * n2 * out + FLOAT_SLACK_PER_TERM * (8 * s.size + 16) * max(1.0, mag))
+               + p * n2 * out + skipped + FLOAT_SLACK_PER_TERM * (8 * s.size + 16) * max(1.0, mag))
         return est, err, mag
 
     # ---------------------------------------------------------------- delta
     def delta(self, eps: float) -> tuple[float, float, float]:
+        """Sum over buckets of T = m_r + m_c (and of m_c given T) at their lowest counts.
+
+        E[X_+ | T, m_c] is non-increasing in T (an "r" report for one of another kind)
+        and in m_c (a "c" report for an "r" one: a smaller value); m_c | T ~ Bin(T, .)
+        grows stochastically with T, so a T bucket may use its lowest T throughout.
+        Both orders let the sum stop once the rest is bounded by the current term.
+        """
         p, n = self.p, self.n
         ee = math.exp(eps)
         if self.method == "exact":
-            wr = wc = 1
+            wT = wc = 1
         else:
+            # one bucket shifts X by <= BUCKET_SHIFT of its sd, and by <= 5% of an x step
+            # times sqrt(E #x) (where x reports are few, X is far from Gaussian)
             sd = self._sd(ee)
-            wr = max(1, int(min(BUCKET_SHIFT * sd / max(ee - 1.0, 1e-300), 1e15)))
-            wc = max(1, int(min(BUCKET_SHIFT * sd / max(p * (ee - 1.0), 1e-300), 1e15)))
+            scale = min(BUCKET_SHIFT * sd,
+                        0.05 * max(p - ee, 0.0) * math.sqrt(max(1.0, n * self.pi_x)))
+            wT = _pow2(scale / max(ee - 1.0, 1e-300))
+            wc = _pow2(scale / max((p - 1.0) * (ee - 1.0), 1e-300))
+        pneg = self.pi_r + self.pi_c
+        tc = self.pi_c / pneg if pneg > 0 else 0.0
         total, err, mag = 0.0, 0.0, 0.0
-        pc = self.pi_c
-        cs, cp, cbelow = self._buckets(n, pc, wc if self.method == "exact" else
-                                       max(wc, -(-self._span(n, pc) // MAX_BUCKETS)))
-        for mc, Pc in zip(cs.tolist(), cp.tolist()):
-            qr = self.pi_r / (1.0 - pc) if pc < 1 else 0.0
-            n1 = n - mc
-            rs, rp, rbelow = self._buckets(n1, qr, wr if self.method == "exact" else
-                                           max(wr, -(-self._span(n1, qr) // MAX_BUCKETS)))
-            for mr, Pr in zip(rs.tolist(), rp.tolist()):
-                e, er, mg = self._inner(mr, mc, ee)
-                total += Pc * Pr * e
-                err += Pc * Pr * er
-                mag += Pc * Pr * mg
-            err += Pc * rbelow * p * n
-        err += cbelow * p * n
+        Ts, Tp, Tbelow = self._buckets(n, pneg, wT)
+        Tp_rest = np.cumsum(Tp[::-1])[::-1]
+        err += Tbelow * p * n
+        for i, (T, PT) in enumerate(zip(Ts.tolist(), Tp.tolist())):
+            cs, cp, cbelow = self._buckets(T, tc, wc)
+            cp_rest = np.cumsum(cp[::-1])[::-1]
+            g_est, g_err, g_mag = 0.0, cbelow * p * n, 0.0
+            if self.method == "fast" and cs.size > 1 and n - T > 0 and \
+                    self._s_window(n - T)[0].size * cs.size <= VECTOR_MAX:
+                e, er, mg = self._inner_many(n - T, (1.0 - ee) * (T + (p - 1.0) * cs), ee)
+                g_est, g_err, g_mag = float(cp @ e), g_err + float(cp @ er), float(cp @ mg)
+                cs = cs[:0]
+            for j, (mc, Pc) in enumerate(zip(cs.tolist(), cp.tolist())):
+                e, er, mg = self._inner(n - T, (1.0 - ee) * (T + (p - 1.0) * mc), ee)
+                if self.method == "fast" and j and (e + er) * cp_rest[j] <= STOP * (g_est + g_err):
+                    g_err += float(cp_rest[j]) * (e + er)
+                    break
+                g_est += Pc * e
+                g_err += Pc * er
+                g_mag += Pc * mg
+            if self.method == "fast" and i and (g_est + g_err) * Tp_rest[i] <= STOP * (total + err):
+                err += float(Tp_rest[i]) * (g_est + g_err)
+                break
+            total += PT * g_est
+            err += PT * g_err
+            mag += PT * g_mag
         est = total / n
         up = err / n + FLOAT_SLACK_PER_TERM * 16
         return est, up, up
@@ -197,6 +283,26 @@ class BlanketDelta:
         return hi - lo + 1
 
 
+def _bucket_starts(size: int, center: float, sigma: float, width: int) -> np.ndarray:
+    """Bucket start indices over a window of ``size`` counts: ``width`` apart up to 3
+    sigma above the mean (index ``center``), doubling beyond (little mass there, and a
+    bucket's value is that of its lowest count, which is larger further down only)."""
+    width = int(min(max(1, width), size))
+    c_hi = int(min(size, max(1, math.ceil(center + 3.0 * sigma) + 1)))
+    starts = list(range(0, c_hi, width))
+    pos, step = starts[-1] + width, width
+    while pos < size:
+        starts.append(pos)
+        step *= 2
+        pos += step
+    return np.array(starts, dtype=np.int64)
+
+
+def _pow2(x: float) -> int:
+    """The largest power of two <= x (>= 1, capped): bucket widths repeat across eps."""
+    return 1 << int(max(0.0, min(math.log2(max(x, 1.0)), 50.0)))
+
+
 def _norm_buckets(bd: BlanketDelta, n: int, q: float, width: int):
     """[(lowest count, prob.)] summing to 1: (None, mass) holds what lies below the
     window (and pmf rounding), the last bucket runs to n."""
@@ -206,14 +312,67 @@ def _norm_buckets(bd: BlanketDelta, n: int, q: float, width: int):
     m = np.arange(lo, hi + 1, dtype=np.int64)
     w = np.exp(binom_logpmf(m, n, q))
     rel = pmf_rtol(max(abs(lo - n * q), abs(hi - n * q)) + 1)
-    width = int(min(max(1, width), m.size))
-    starts = np.arange(0, m.size, width)
+    sig = math.sqrt(n * q * (1.0 - q))
+    starts = _bucket_starts(m.size, n * q - lo, sig, int(width))
     probs = np.add.reduceat(w, starts) * (1.0 + rel)
     below = 0.5 * bd.tail if lo > 0 else 0.0
     out = [(None, below)] if below > 0 else []
     out += [(int(a), float(b)) for a, b in zip(m[starts][:-1], probs[:-1])]
     out.append((int(m[starts][-1]), max(0.0, 1.0 - below - float(np.sum(probs[:-1])))))
     return out
+
+
+def solve_upper(pd, delta: float, eps_hi: float, guess: float, rtol: float = 1e-6) -> float:
+    """Smallest eps (to rtol, rounded up) with est + err <= delta: a certified upper bound.
+
+    delta(eps) falls roughly exponentially, so the root is bracketed by doubling /
+    halving from ``guess`` and found by Brent's method on log(delta) (a few
+    evaluations, none at the flat, expensive large-eps end); the answer is re-checked.
+    """
+    from scipy import optimize
+
+    def g(e: float) -> float:
+        est, up, _ = pd.delta(e)
+        return math.log(max(est + up, 1e-300)) - math.log(delta)
+
+    memo = {}
+    g_raw = g
+
+    def g(e: float) -> float:            # noqa: F811 -- memoised; delta(eps0) = 0 exactly
+        if e >= eps_hi:                    # (the shuffled eps0-LDP output is eps0-DP)
+            return -math.inf
+        if e not in memo:
+            memo[e] = g_raw(e)
+        return memo[e]
+
+    e = min(max(guess, 1e-12), eps_hi * 0.999)
+    ge = g(e)
+    if ge > 0:
+        lo = e
+        hi = min(eps_hi, 2 * e)
+        while g(hi) > 0:
+            lo, hi = hi, min(eps_hi, 2 * hi)
+        if hi >= eps_hi:
+            g_hi = lambda x: -1e300 if x >= eps_hi else g(x)  # noqa: E731
+            root = optimize.brentq(lambda x: max(g_hi(x), -700.0), lo, hi, xtol=1e-14,
+                                   rtol=rtol * 1e-2)
+            e = min(eps_hi, root * (1 + rtol))
+            while g(e) > 0 and e < eps_hi:
+                e = min(eps_hi, e * (1 + 4 * rtol))
+            return e
+    else:
+        hi, lo = e, e / 2
+        while g(lo) <= 0:
+            if lo < 1e-12:
+                return lo
+            hi, lo = lo, lo / 2
+    root = optimize.brentq(g, lo, hi, xtol=1e-14, rtol=rtol * 1e-2)
+    step = max(1e-13, rtol * root)
+    e = min(eps_hi, root + step)
+    while g(e) > 0 and e < eps_hi:
+        step *= 4
+        e = min(eps_hi, root + step)
+    return e
 
 
 # ---------------------------------------------------------------- mechanisms
@@ -263,7 +422,9 @@ class TightBound(AmplificationBound):
 
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
         _check(eps0, n, delta)
-        return eps_for_delta(self.pair_delta(eps0, n), delta, eps0, upper=True)
+        p = math.exp(eps0)
+        guess = min(eps0, 2.0 * (p - 1.0) / math.sqrt(p + 1.0) * math.sqrt(math.log(1.0 / delta) / n))
+        return solve_upper(self.pair_delta(eps0, n), delta, eps0, guess)
 
     def lower(self, eps0: float, n: int, delta: float) -> float:
         """A certified lower bound for the same randomizer (see the module doc)."""
@@ -306,8 +467,9 @@ class TightBound(AmplificationBound):
         bd = BlanketDelta(p, n, px, pr, pc, tail=tail)
         ee = math.exp(max(eps_ref, 1e-9))
         sd = bd._sd(ee)
-        wr = max(1, int(min(BUCKET_SHIFT * sd / (ee - 1.0), 1e15)))
-        wc = max(1, int(min(BUCKET_SHIFT * sd / (p * (ee - 1.0)), 1e15)))
+        scale = min(BUCKET_SHIFT * sd, 0.05 * max(p - ee, 0.0))
+        wr = _pow2(scale / (ee - 1.0))
+        wc = _pow2(scale / (p * (ee - 1.0)))
         lp, lq = [], []
         mass_p = mass_q = 0.0
         total = 0.0            # T: the bucketed pair's full mass
