@@ -464,13 +464,18 @@ def upper_bound_names() -> tuple:
     return tuple(sorted(names))
 
 
-@functools.lru_cache(maxsize=64)
 def round_bound(name: str, local_mechanism: str = "", collision_c: int = 0,
                 collision_l: int = 0) -> AmplificationBound:
     """The bound ``name`` as it applies to one shuffled randomizer (one object per argument
     set: accountants cache by it). A bound in :data:`MECHANISM_SPECIFIC` takes its Collision
     form for a Collision randomizer whose (c, l) is known, else (and where that form does not
     cover the randomizer) its generic eps0-LDP form; every other bound is generic."""
+    return _round_bound(str(name), str(local_mechanism), int(collision_c), int(collision_l))
+
+
+@functools.lru_cache(maxsize=64)
+def _round_bound(name: str, local_mechanism: str, collision_c: int,
+                 collision_l: int) -> AmplificationBound:
     if name in MECHANISM_SPECIFIC and local_mechanism == "collision" and collision_c > 0 \
             and collision_l > collision_c:
         try:
@@ -478,7 +483,7 @@ def round_bound(name: str, local_mechanism: str = "", collision_c: int = 0,
         except ConfigError:
             pass
     if local_mechanism or collision_c or collision_l:
-        return round_bound(name)                  # the one generic object
+        return _round_bound(name, "", 0, 0)       # the one generic object
     bound = get_bound(name)
     if bound.kind != "upper":
         raise ConfigError("bound", f"{name!r} is a lower bound and grants no budget",
