@@ -186,3 +186,20 @@ def test_collision_is_calibrated_and_costed_with_the_collision_form_of_its_own_l
     # costed by tight's generic form: sound, and above the Collision form's cost
     bare = ShuffledLocalDpEvent(event.local_mechanism, event.eps0, event.num_senders, event.delta)
     assert event_cost(bare, new.costing())[0] > g.eps
+
+
+def test_tight_collision_rounds_compose_between_the_collision_pair_and_their_sum():
+    from rknn_ray.accounting.shuffle_pld import histogram_lower_pair
+    eps0, n, l, delta = 3.0, 400, 10, 1e-4
+    bound = get_bound("tight", "collision", l=l, c=1)
+    assert bound.has_pair
+    per_round = bound.central_eps(eps0, n, delta)
+    upper = round_pld(bound, eps0, n)
+    # one round: the bound itself, plus the pair's coarser bucketing and the grid
+    assert per_round * (1 - 1e-6) <= composed_eps(upper, 1, delta) <= 1.15 * per_round
+    p = math.exp(eps0)
+    a, keep = 1 / (p + l - 1), 1 - 1 / l
+    lower = pld_from_pair(*histogram_lower_pair(p, n, a * keep, p * a * keep), pessimistic=False)
+    for T in (2, 3):
+        assert composed_eps(lower, T, T * delta) < composed_eps(upper, T, T * delta) \
+            < 0.8 * T * per_round
