@@ -452,6 +452,7 @@ def get_bound(name: str, mechanism: str = "generic", **mech_params) -> Amplifica
 MECHANISM_SPECIFIC = ("tight",)
 
 
+@functools.lru_cache(maxsize=1)
 def upper_bound_names() -> tuple:
     """Names of the upper bounds a release may be costed with (``get_bound`` resolves them)."""
     names = {b for b in BOUNDS if BOUNDS[b].kind == "upper"}
