@@ -101,6 +101,19 @@ class AccountantConformance:
         assert eps <= rdp_epsilon(event, 1e-5) * (1 + 1e-9) and delta <= 1e-5 * (1 + 1e-9)
 
 
+    def test_shuffled_rounds_cost_at_most_their_sum_and_at_least_the_exact_lower_composition(self):
+        from rknn_ray.accounting.bounds import BOUNDS
+        from rknn_ray.accounting.shuffle_pld import composed_eps, pld_from_pair, rr_lower_pair
+        eps0, n, delta, T = 3.0, 50000, 1e-6, 4
+        event = ShuffledLocalDpEvent("rr", eps0, n, delta)
+        eps, spent_delta = self.accountant.compose([(event, Costing("clones_numerical"))] * T,
+                                                   T * delta)
+        per_round = BOUNDS["clones_numerical"].central_eps(eps0, n, delta)
+        lower = composed_eps(pld_from_pair(*rr_lower_pair(eps0, n), pessimistic=False), T,
+                             T * delta)
+        assert lower < eps <= T * per_round * (1 + 1e-9) and spent_delta <= T * delta * (1 + 1e-9)
+
+
 class TestBasicAccountant(AccountantConformance):
     accountant = BasicAccountant()
 
@@ -116,6 +129,11 @@ class TestPLDAccountant(AccountantConformance):
         events = [dp_event.LaplaceDpEvent(noise_multiplier=10.0)] * 200
         eps, delta = self.accountant.compose(events, 1e-6)
         assert delta == 1e-6 and eps < 0.8 * BasicAccountant().compose(events)[0]
+
+    def test_pld_charges_shuffled_rounds_their_composed_dominating_pair(self):
+        event = (ShuffledLocalDpEvent("rr", 3.0, 50000, 1e-6), Costing("clones_numerical"))
+        eps, _ = self.accountant.compose([event] * 4, 4e-6)
+        assert eps < 0.6 * BasicAccountant().compose([event] * 4)[0]
 
 
 def test_the_ledger_keeps_events_and_totals_them_with_its_accountant():

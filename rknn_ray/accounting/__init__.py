@@ -26,7 +26,7 @@ import importlib
 # opener, a client shard) imports rknn_ray.accounting.bounds, and with eager imports here
 # it would pay for dp_accounting and scipy before its first report
 _LAZY = {"BOUNDS": "bounds", "AmplificationBound": "bounds", "VariationRatioBound": "bounds",
-         "amplified_local_eps": "bounds", "get_bound": "bounds",
+         "amplified_local_eps": "bound_choice", "get_bound": "bound_choice",
          "variation_ratio_bound": "bounds", "PrivacyLedger": "ledger",
          "Guarantee": "guarantee", "guarantee_of": "guarantee",
          "atomic_write_json": "ledger", "MultiMessageCalibration": "multi_message",

@@ -9,9 +9,11 @@ it. A ledger item is an event or an (event, Costing) pair.
 * ``basic``: each event's own (eps, delta) (:func:`event_cost`), summed. Exact for
   pure DP, valid for any events.
 * ``pld``: privacy-loss-distribution composition with ``dp_accounting``: exact PLDs
-  for (discrete) Laplace events, the generic (eps, delta) PLD of an event's own cost
-  otherwise (the worst mechanism with that guarantee); pessimistic discretisation,
-  so the result is an upper bound. Never reported above ``basic``.
+  for (discrete) Laplace events, the PLD of the amplification bound's dominating pair
+  for a single-message shuffle round (rknn_ray.accounting.shuffle_pld: T rounds cost
+  the composed pair, not T times a round's eps), the generic (eps, delta) PLD of an
+  event's own cost otherwise (the worst mechanism with that guarantee); pessimistic
+  discretisation, so the result is an upper bound. Never reported above ``basic``.
 
 :func:`event_cost` is where the shuffle amplification bounds and the multi-message
 accounting interpret their events. Every accountant passes the conformance suite in
@@ -28,8 +30,11 @@ from dp_accounting import dp_event
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+from rknn_ray.accounting.bound_choice import round_bound, upper_bound_names
 from rknn_ray.accounting.events import (ApproxDpEvent, LocalRandomizerDpEvent, MultiMessageShuffleDpEvent,
                                         SelectiveRRDpEvent, ShuffledLocalDpEvent, SubsampleDpEvent)
+from rknn_ray.accounting.multi_message import protocol_eps
+from rknn_ray.accounting.shuffle_pld import PairTooLarge, round_pld
 
 PLD_DISCRETIZATION = 1e-4
 DEFAULT_BOUND = "clones_numerical"
@@ -77,9 +82,9 @@ DEFAULT_COSTING = Costing()
 
 def rdp_epsilon(event, delta: float, orders=RDP_ORDERS) -> float:
     """eps at ``delta`` of a dp_accounting event under add/remove-one (RdpAccountant)."""
-    import logging
+    import logging  # only to quiet absl's warning below
 
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp  # defers the RDP accountant
     # orders whose series does not converge are skipped by dp_accounting (a logged warning)
     logging.getLogger("absl").setLevel(logging.ERROR)
     acc = rdp.RdpAccountant(list(orders))
@@ -89,7 +94,7 @@ def rdp_epsilon(event, delta: float, orders=RDP_ORDERS) -> float:
 
 def pld_epsilon(event, delta: float) -> float:
     """eps at ``delta`` of a dp_accounting event (PLD accountant, add/remove-one)."""
-    from dp_accounting.pld import pld_privacy_accountant as pld
+    from dp_accounting.pld import pld_privacy_accountant as pld  # defers the PLD accountant
     acc = pld.PLDAccountant(value_discretization_interval=1e-3)
     acc.compose(event)
     return float(acc.get_epsilon(delta))
@@ -162,18 +167,12 @@ def event_cost(event, costing: Costing = DEFAULT_COSTING) -> tuple[float, float]
     if isinstance(event, ApproxDpEvent):
         return float(event.eps), float(event.delta)
     if isinstance(event, ShuffledLocalDpEvent):
-        from rknn_ray.accounting.bounds import BOUNDS
-        if costing.bound not in BOUNDS or costing.bound == "lower_bound":
-            raise UnknownEventError(f"amplification bound {costing.bound!r} is not an upper bound; "
-                                    f"cost shuffle events with one of "
-                                    f"{sorted(b for b in BOUNDS if b != 'lower_bound')}")
-        eps = _amplified(BOUNDS[costing.bound], float(event.eps0), int(event.num_senders),
+        eps = _amplified(_round_bound(event, costing), float(event.eps0), int(event.num_senders),
                          float(event.delta)) if int(event.num_senders) >= 2 else math.inf
         if not eps < event.eps0:         # each record's own report is eps0-LDP regardless
             return float(event.eps0), 0.0
         return float(eps), float(event.delta)
     if isinstance(event, MultiMessageShuffleDpEvent):
-        from rknn_ray.accounting.multi_message import protocol_eps
         return float(protocol_eps(event.dlap_p, event.flood_mean_total, event.sensitivity_l1,
                                   event.delta, event.flood_shape)), \
             float(event.delta + event.cap_failure)
@@ -214,9 +213,38 @@ class BasicAccountant(Accountant):
         return Composition("basic").extend(events).result(target_delta)
 
 
+def _round_bound(event: ShuffledLocalDpEvent, costing: Costing):
+    """The upper bound ``costing.bound`` as it applies to the event's randomizer."""
+    if costing.bound not in upper_bound_names():
+        raise UnknownEventError(f"amplification bound {costing.bound!r} is not an upper bound; "
+                                f"cost shuffle events with one of {list(upper_bound_names())}")
+    return round_bound(costing.bound, event.local_mechanism, int(event.collision_c),
+                       int(event.collision_l))
+
+
+def shuffled_round_pld(event: ShuffledLocalDpEvent, costing: Costing = DEFAULT_COSTING):
+    """The PLD of a single-message shuffle round under ``costing.bound``'s dominating pair
+    (rknn_ray.accounting.shuffle_pld), or None where there is none to use: the bound names
+    no pair, too few senders, or a pair too large to build in seconds (then the round is
+    composed by its (eps, delta) cost, which is sound too)."""
+    bound = _round_bound(event, costing)
+    if not getattr(bound, "has_pair", False) or int(event.num_senders) < 2:
+        return None
+    try:
+        return round_pld(bound, float(event.eps0), int(event.num_senders), PLD_DISCRETIZATION)
+    except PairTooLarge:
+        return None
+
+
 def event_pld(item):
-    """The PLD of one event: exact for (discrete) Laplace, generic from its cost otherwise."""
+    """The PLD of one event: exact for (discrete) Laplace, the amplification bound's
+    dominating pair for a single-message shuffle round (when it names one), generic from
+    its cost otherwise."""
     event, costing = as_costed(item)
+    if isinstance(event, ShuffledLocalDpEvent):
+        pld = shuffled_round_pld(event, costing)
+        if pld is not None:
+            return pld
     if isinstance(event, dp_event.LaplaceDpEvent):
         return pld_lib.from_laplace_mechanism(event.noise_multiplier, sensitivity=1,
                                               value_discretization_interval=PLD_DISCRETIZATION)

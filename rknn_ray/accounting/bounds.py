@@ -59,6 +59,7 @@ from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT_SLACK_PER_TERM,
                                         TAIL_MASS, _window, eps_for_delta)
 from rknn_ray.accounting.calibration import monotone_edge
+from rknn_ray.accounting.shuffle_pld import blanket_pair_chunks
 from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
 from rknn_ray.errors import ConfigError
 
@@ -130,6 +131,18 @@ class AmplificationBound(ABC):
     def describe(self) -> dict:
         return {"bound": self.name, "kind": self.kind, "citation": self.citation}
 
+    def dominating_pair(self, eps0: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(log_p, log_q) over a common finite support: a pair of which the shuffled
+        output on any neighbouring datasets is a post-processing, so composable over
+        rounds as a PLD (:mod:`rknn_ray.accounting.shuffle_pld`); mass left out of the
+        support is charged at the infinite loss there. Not every bound has one."""
+        raise NotImplementedError(f"the {self.name} bound names no dominating pair")
+
+    @property
+    def has_pair(self) -> bool:
+        """Whether :meth:`dominating_pair` is implemented (a round composes as its PLD)."""
+        return type(self).dominating_pair is not AmplificationBound.dominating_pair
+
 
 # --------------------------------------------------------------------- closed forms
 
@@ -186,10 +199,32 @@ class _Scaled:
         return self.scale * est, self.scale * up, self.scale * down
 
 
-class ClonesNumerical(AmplificationBound):
+class _BlanketPairBound(AmplificationBound):
+    """A bound that is the divergence of one g = 0 blanket pair, blanket r(eps0): its pair
+    dominates a round (the shuffled output is a post-processing of it), so rounds compose
+    as its PLD."""
+
+    def blanket(self, eps0: float) -> float:
+        raise NotImplementedError
+
+    def dominating_pair_chunks(self, eps0: float, n: int):
+        """The pair in chunks of (log_p, log_q, loss, relative error) (shuffle_pld)."""
+        _check(eps0, n, 0.5)
+        p = math.exp(eps0)
+        return blanket_pair_chunks(p, 1.0 / (p + 1.0), self.blanket(eps0), int(n))
+
+    def dominating_pair(self, eps0: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+        parts = list(self.dominating_pair_chunks(eps0, n))
+        return np.concatenate([c[0] for c in parts]), np.concatenate([c[1] for c in parts])
+
+
+class ClonesNumerical(_BlanketPairBound):
     """FMT numerical bound: exact divergence of the clone pair (clone prob e^-eps0)."""
     name = "clones_numerical"
     citation = "Feldman, McMillan, Talwar, Hiding Among the Clones, FOCS 2021, Thm 3.2 / Sec. 5"
+
+    def blanket(self, eps0: float) -> float:
+        return math.exp(-eps0) / 2.0
 
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
         _check(eps0, n, delta)
@@ -198,7 +233,7 @@ class ClonesNumerical(AmplificationBound):
         return eps_for_delta(pd, delta, eps0, upper=True)
 
 
-class VariationRatioBound(AmplificationBound):
+class VariationRatioBound(_BlanketPairBound):
     """Variation-ratio bound (Wang et al., VLDB 2024) for a named randomizer.
 
     Parameters (p, beta, q): p = e^eps0 bounds P0/P1, beta = TV(P0, P1), q = e^eps0
@@ -241,6 +276,20 @@ class VariationRatioBound(AmplificationBound):
                                   "pass c=k*r and l=<Bloom filter length>")
         if mechanism != "generic":
             self.name = f"variation_ratio_{mechanism}"
+
+    def blanket(self, eps0: float) -> float:
+        return 1.0 / (math.exp(eps0) + 1.0)
+
+    def dominating_pair_chunks(self, eps0: float, n: int):
+        """The generic pair (r = 1/(p+1)); a mechanism-specific bound names none (its
+        value is the smaller of two pairs' divergences, not one pair's)."""
+        if self.mechanism != "generic":
+            raise NotImplementedError(f"the {self.name} bound names no dominating pair")
+        return super().dominating_pair_chunks(eps0, n)
+
+    @property
+    def has_pair(self) -> bool:
+        return self.mechanism == "generic"
 
     def informative_mass(self, eps0: float) -> float:
         """a = beta / (p - 1) for this mechanism."""
@@ -381,32 +430,3 @@ BOUNDS: dict[str, AmplificationBound] = {
 def variation_ratio_bound(mechanism: str = "generic", **params) -> VariationRatioBound:
     """The variation-ratio bound for ``mechanism``: 'generic', 'krr' (k=), 'collision' (c=, l=)."""
     return VariationRatioBound(mechanism, **params)
-
-
-def get_bound(name: str, mechanism: str = "generic", **mech_params) -> AmplificationBound:
-    """Bound by name; 'variation_ratio' or 'tight' with a mechanism gives the
-    mechanism-specific one ('tight': :mod:`rknn_ray.accounting.tight`)."""
-    if name == "tight":
-        from rknn_ray.accounting.tight import tight_bound
-        return tight_bound(mechanism, **mech_params)
-    if name == "variation_ratio" and mechanism != "generic":
-        return variation_ratio_bound(mechanism, **mech_params)
-    if name not in BOUNDS:
-        raise ConfigError("bound", f"unknown amplification bound {name!r}",
-                          f"use one of {sorted(BOUNDS) + ['tight']}")
-    return BOUNDS[name]
-
-
-def amplified_local_eps(target_eps: float, delta: float, n: int,
-                        bound: str = "clones_numerical", mechanism: str = "generic",
-                        **mech_params) -> float:
-    """The local eps0 a single-message shuffle client may use for a central (eps, delta).
-
-    ``n`` must be the number of distinct senders actually shuffled (after dropouts).
-    Never below ``target_eps`` for the numerical upper bounds (shuffling never hurts).
-    """
-    b = get_bound(bound, mechanism, **mech_params)
-    if b.kind != "upper":
-        raise ConfigError("bound", f"{bound!r} is a lower bound and grants no budget",
-                          "use 'clones_numerical' or 'variation_ratio'")
-    return b.local_eps0(target_eps, n, delta)

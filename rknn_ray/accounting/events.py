@@ -38,6 +38,9 @@ class ShuffledLocalDpEvent(dp_event.DpEvent):
     the reports the amplification counts: those assumed honest
     (``honest_fraction``) among the senders, at most those the server opened
     (``reports_opened``; 0 in events written before it was recorded).
+    ``collision_c``, ``collision_l``: a Collision randomizer's ones per report and output
+    domain, for the bounds specific to it (``bound_choice.round_bound``; 0: not recorded, the
+    report is costed as a generic eps0-LDP one).
     """
     local_mechanism: str
     eps0: float
@@ -45,6 +48,8 @@ class ShuffledLocalDpEvent(dp_event.DpEvent):
     delta: float
     honest_fraction: float = 1.0
     reports_opened: int = 0
+    collision_c: int = 0
+    collision_l: int = 0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

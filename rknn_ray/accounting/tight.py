@@ -60,6 +60,7 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
+from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -92,7 +93,7 @@ class BlanketDelta:
     # ---------------------------------------------------------------- pieces
     def _pmf(self, k, n, q):
         if self.method == "exact":
-            from scipy import stats
+            from scipy import stats  # defers scipy: the slow exactness path only
             return stats.binom.pmf(k, n, q)
         return np.exp(binom_logpmf(k, n, q))
 
@@ -202,7 +203,7 @@ class BlanketDelta:
         #   (Cp + D s/2) P[Bin(s-1) >= h0-1] - (Cp/2) P[Bin(s-1) = h0-1]
         m, t = s - 1, h0 - 1
         if self.method == "exact":
-            from scipy import stats
+            from scipy import stats  # defers scipy: the slow exactness path only
             sf = half_sf_exact(m, t)
             pmf = stats.binom.pmf(t, m, 0.5)
             sf_err, pmf_rel = EXACT_RTOL_PER_M * float(max(1, m.max())), 0.0
@@ -329,7 +330,7 @@ def solve_upper(pd, delta: float, eps_hi: float, guess: float, rtol: float = 1e-
     halving from ``guess`` and found by Brent's method on log(delta) (a few
     evaluations, none at the flat, expensive large-eps end); the answer is re-checked.
     """
-    from scipy import optimize
+    from scipy import optimize  # defers scipy: the root search only
 
     def g(e: float) -> float:
         est, up, _ = pd.delta(e)
@@ -428,7 +429,6 @@ class TightBound(AmplificationBound):
 
     def lower(self, eps0: float, n: int, delta: float) -> float:
         """A certified lower bound for the same randomizer (see the module doc)."""
-        from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
         _check(eps0, n, delta)
         if self.mechanism == "collision":
             return eps_for_delta(collision_pair(eps0, n, self.l), delta, eps0, upper=False)

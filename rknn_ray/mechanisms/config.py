@@ -15,8 +15,8 @@ from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 
 
 def _upper_bounds() -> tuple:
-    from rknn_ray.accounting import BOUNDS      # scipy, dp_accounting: only when checked
-    return tuple(sorted(b for b in BOUNDS if BOUNDS[b].kind == "upper"))
+    from rknn_ray.accounting.bound_choice import upper_bound_names  # scipy: only when checked
+    return upper_bound_names()
 
 
 def _mechanisms_per_model() -> str:
@@ -59,8 +59,10 @@ class PrivacyConfig:
                                      high_open=True, nullable=True)
     accountant: str = key("basic", "composition: basic (sums) or pld", str,
                           choices=owned("rknn_ray.accounting.ledger", "ACCOUNTANTS"))
-    amplification_bound: str = key("clones_numerical", "shuffle, single message: the "
-                                   "amplification bound", str, choices=_upper_bounds)
+    amplification_bound: str = key("tight", "shuffle, single message: the amplification "
+                                   "bound (tight: its Collision form for Collision with c = 1, "
+                                   "its generic eps0-LDP form otherwise)", str,
+                                   choices=_upper_bounds)
     honest_fraction: float | None = key(None, "shuffle: share of senders assumed to follow the "
                                         "protocol (null: 0.5 for multi, 1.0 single message; "
                                         "docs/threat-model.md)", float, low=0, high=1,

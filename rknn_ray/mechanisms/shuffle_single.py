@@ -31,15 +31,25 @@ that cost and refused for labelling (rknn_ray.job.session).
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import replace
 
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, honest_count, honest_fraction_of
-from rknn_ray.mechanisms.collision import CollisionMechanism
+from rknn_ray.mechanisms.collision import CollisionMechanism, collision_l
 from rknn_ray.mechanisms.randomized_response import RandomizedResponse
-from rknn_ray.accounting import BOUNDS, amplified_local_eps
+from rknn_ray.accounting.bound_choice import round_bound, upper_bound_names
 from rknn_ray.accounting.calibration import monotone_edge
+
+
+@functools.lru_cache(maxsize=128)
+def _calibrated_eps0(bound, eps: float, n: int, delta: float) -> float:
+    """The bound's largest eps0 for (eps, delta) at n, once per process: a job builds the
+    same round's mechanism several times (auto s, the dropout check, the round itself), and
+    a calibration is tens of evaluations of the bound."""
+    return float(bound.local_eps0(eps, n, delta))
 
 
 class ShuffleSingleMixin:
@@ -52,20 +62,36 @@ class ShuffleSingleMixin:
             raise ConfigError("privacy.delta", f"the shuffle model needs 0 < delta < 1, got "
                               f"{params.delta}", "set privacy.delta, e.g. 1e-6")
         self.bound_name = params.options.get("bound", "clones_numerical")
-        if self.bound_name not in BOUNDS or self.bound_name == "lower_bound":
+        if self.bound_name not in upper_bound_names():
             raise ConfigError("privacy.amplification_bound", f"{self.bound_name!r} is not an "
-                              "upper bound", f"use one of {sorted(b for b in BOUNDS if b != 'lower_bound')}")
-        self.bound = BOUNDS[self.bound_name]
+                              "upper bound", f"use one of {list(upper_bound_names())}")
         self.honest_fraction = honest_fraction_of(params, self.name)
         n = honest_count(self.honest_fraction, params.num_clients)     # the cover it plans for
         try:
-            self._eps0 = float(amplified_local_eps(params.eps, params.delta, n,
-                                                   bound=self.bound_name))
+            # the generic form first; a randomizer-specific form of the bound (bounds.
+            # round_bound) may depend on eps0 (Collision's l): recalibrate with the form
+            # at the last eps0 until it stays put, then keep that form (and its l)
+            self.randomizer_params = {}
+            self.bound = round_bound(self.bound_name)
+            self._eps0 = _calibrated_eps0(self.bound, params.eps, n, params.delta)
+            generic = self.bound
+            for _ in range(2):                # at most two calibrations with the specific form
+                rp = self._randomizer_params(params, self._eps0)
+                bound = round_bound(self.bound_name, self.name, **rp)
+                if bound is generic or rp == self.randomizer_params:
+                    break                     # no specific form, or eps0 is calibrated with it
+                self.randomizer_params, self.bound = rp, bound
+                self._eps0 = _calibrated_eps0(bound, params.eps, n, params.delta)
         except (ValueError, ConfigError) as exc:
             raise ConfigError("privacy.eps", f"no local eps0 reaches the central target "
                               f"eps={params.eps}, delta={params.delta} with n={n} senders "
                               f"assumed honest ({exc})", "raise privacy.eps, privacy.delta or "
                               "privacy.honest_fraction, or use more clients") from exc
+
+    def _randomizer_params(self, params: MechanismParams, eps0: float) -> dict:
+        """What a randomizer-specific bound needs of this randomizer at ``eps0`` (the event's
+        ``collision_c`` / ``collision_l``); none for a generic eps0-LDP report."""
+        return {}
 
     @property
     def local_eps(self) -> float:
@@ -94,9 +120,16 @@ class ShuffleSingleMixin:
         target, hi = self.params.eps, honest_count(self.honest_fraction, self.params.num_clients)
         if self.central_eps(hi) > target * (1 + 1e-9):
             raise PrivacyBudgetError(f"eps0={self._eps0:.4g} misses the target at n={hi}")
-        self._min_cover_memo = int(monotone_edge(
-            lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi, want="smallest",
-            integer=True))
+        ok = lambda n: self.central_eps(n) <= target * (1 + 1e-9)  # noqa: E731
+        # eps0 is calibrated to meet the target at hi, so the edge is a few senders below
+        # it: gallop down to bracket it (a few evaluations of the bound), then bisect
+        top, step, lo = hi, 1, 1
+        while top - step > 1:
+            if not ok(top - step):
+                lo = top - step
+                break
+            top, step = top - step, 2 * step
+        self._min_cover_memo = int(monotone_edge(ok, lo, top, want="smallest", integer=True))
         return self._min_cover_memo
 
     def min_senders(self) -> int:
@@ -143,7 +176,12 @@ class ShuffleSingleMixin:
         # bound is the accountant's choice (costing()), not part of what happened
         return ShuffledLocalDpEvent(self.name, float(self._eps0), self.cover(senders, opened),
                                     float(self.params.delta), float(self.honest_fraction),
-                                    int(senders if opened is None else opened))
+                                    int(senders if opened is None else opened),
+                                    **self._event_params())
+
+    def _event_params(self) -> dict:
+        """The randomizer's public parameters a randomizer-specific bound costs it by."""
+        return {}
 
     def event(self, n: int | None = None):
         """The release for ``n`` authenticated senders (refused below the target)."""
@@ -180,7 +218,19 @@ class ShuffleCollision(ShuffleSingleMixin, CollisionMechanism):
 
     def __init__(self, params: MechanismParams):
         self._init_shuffle(params)
+        l = self.randomizer_params.get("collision_l")
+        if l is not None and not params.options.get("collision_l"):
+            # the l the bound was calibrated for (the variance-optimal l at an earlier eps0)
+            params = replace(params, options={**params.options, "collision_l": int(l)})
         CollisionMechanism.__init__(self, params)
+
+    def _randomizer_params(self, params: MechanismParams, eps0: float) -> dict:
+        c = params.k * params.r
+        return {"collision_c": int(c),
+                "collision_l": int(params.options.get("collision_l") or collision_l(eps0, c))}
+
+    def _event_params(self) -> dict:
+        return {"collision_c": int(self.oracle.c), "collision_l": int(self.l)}
 
 
 register("shuffle", "rr")(ShuffleRR)

@@ -1,0 +1,111 @@
+"""T shuffled rounds composed as privacy loss distributions vs T times a round's eps.
+
+    python -m benchmarks.composed_rounds --eps0 3 --n 50000 --delta 1e-6 --rounds 5 [--json]
+        [--bound clones_numerical] [--mechanism generic|krr|collision --size K_OR_L]
+
+For T = 1..rounds: the bound's eps for one round at ``delta`` (its hockey-stick), T times it
+(basic composition, at T delta), the pld accountant's composition of T rounds (the PLD of the
+bound's dominating pair, rknn_ray.accounting.shuffle_pld, at T delta), and a lower bound on
+any valid composition: the T-fold composition (optimistic PLD) of an explicit pair of the
+same randomizer (shuffled binary RR for generic bounds, shuffled_rr.py's k-RR / Collision
+pair for a mechanism-specific one). Each with its seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from rknn_ray.errors import ConfigError
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--eps0", type=float, default=3.0)
+    ap.add_argument("--n", type=int, default=50_000)
+    ap.add_argument("--delta", type=float, default=1e-6)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--bound", default="clones_numerical")
+    ap.add_argument("--mechanism", default="generic", choices=("generic", "krr", "collision"))
+    ap.add_argument("--size", type=int, default=None,
+                    help="k of k-RR or l of Collision (c = 1) for --mechanism krr / collision")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.n < 2 or not 0 < args.delta < 1 or not args.eps0 > 0:
+        ap.error("need --rounds >= 1, --n >= 2, 0 < --delta < 1 and --eps0 > 0")
+    if args.mechanism != "generic" and (args.size is None or args.size < 2):
+        ap.error(f"--mechanism {args.mechanism} needs --size >= 2 (k of k-RR, l of Collision)")
+    return args
+
+
+def lower_pair(mechanism: str, eps0: float, n: int, size: int | None):
+    """The explicit pair whose composition bounds every valid composition from below."""
+    from rknn_ray.accounting.shuffle_pld import histogram_lower_pair, rr_lower_pair
+    if mechanism == "generic":
+        return rr_lower_pair(eps0, n), "shuffled binary RR, the others holding user 1's alternative"
+    p = math.exp(eps0)
+    a = 1.0 / (p + size - 1.0)
+    keep = 1.0 - 1.0 / size if mechanism == "collision" else 1.0
+    return (histogram_lower_pair(p, n, a * keep, p * a * keep),
+            f"shuffled {mechanism} ({'l' if mechanism == 'collision' else 'k'}={size}), the "
+            "others holding user 1's alternative")
+
+
+def measure(args) -> dict:
+    from rknn_ray.accounting.bound_choice import get_bound
+    from rknn_ray.accounting.shuffle_pld import composed_eps, pld_from_pair, round_pld
+    params = {} if args.mechanism == "generic" else (
+        {"k": args.size} if args.mechanism == "krr" else {"l": args.size, "c": 1})
+    bound = get_bound(args.bound, args.mechanism, **params) if args.mechanism != "generic" \
+        else get_bound(args.bound)
+    if not getattr(bound, "has_pair", False):
+        raise ConfigError("bound", f"{args.bound!r} ({args.mechanism}) names no dominating pair",
+                          "use clones_numerical, variation_ratio or tight")
+    t = time.perf_counter()
+    per_round = bound.central_eps(args.eps0, args.n, args.delta)
+    t_bound = time.perf_counter() - t
+    t = time.perf_counter()
+    upper = round_pld(bound, args.eps0, args.n)
+    t_pld = time.perf_counter() - t
+    (log_p, log_q), pair_note = lower_pair(args.mechanism, args.eps0, args.n, args.size)
+    lower = pld_from_pair(log_p, log_q, pessimistic=False)
+    rows = []
+    for T in range(1, args.rounds + 1):
+        t = time.perf_counter()
+        composed = composed_eps(upper, T, T * args.delta)
+        seconds = time.perf_counter() - t
+        rows.append({"rounds": T, "delta": T * args.delta, "sum_of_rounds": T * per_round,
+                     "composed_pld": composed, "lower_composed": composed_eps(lower, T, T * args.delta),
+                     "ratio_to_sum": composed / (T * per_round), "seconds_compose": seconds})
+    return {"bound": args.bound, "mechanism": args.mechanism, "size": args.size,
+            "eps0": args.eps0, "n": args.n, "delta_per_round": args.delta,
+            "eps_per_round": per_round, "seconds_bound": t_bound, "seconds_round_pld": t_pld,
+            "lower_pair": pair_note, "rows": rows}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        out = measure(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{out['bound']} ({out['mechanism']}), eps0={out['eps0']:g}, n={out['n']}, "
+          f"delta={out['delta_per_round']:g} per round: eps {out['eps_per_round']:.5f} per round; "
+          f"round PLD built in {out['seconds_round_pld']:.2f} s")
+    print("| T | delta | T x eps | composed PLD | lower (composed pair) | composed / sum | s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in out["rows"]:
+        print(f"| {r['rounds']} | {r['delta']:.0e} | {r['sum_of_rounds']:.5f} | "
+              f"{r['composed_pld']:.5f} | {r['lower_composed']:.5f} | {r['ratio_to_sum']:.3f} | "
+              f"{r['seconds_compose']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
