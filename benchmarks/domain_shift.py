@@ -27,8 +27,9 @@ discrete-Laplace mechanism; shuffle model: jobs/configs/fmnist_shuffle.yaml's si
 mechanism (one record per client), randomized and estimated in this process through the
 same mechanism calls the ClientShard and Server actors make (benchmarks.trust_models
 ``library_round``). Labels as a job makes them (finish_labels: soft, smoothed over the public
-graph); the student is the configured one (features -> MLP, Ray Train). Label accuracy is
-averaged over ``--repeats`` noise draws, the student trains on the first.
+graph); the student is the configured one (features -> MLP) trained with Ray Train, or with
+``--trainer local`` the same loop in this process (no Train start-up per student). Label
+accuracy is averaged over ``--repeats`` noise draws, the student trains on the first.
 
 The degree profile (min, 10th percentile, median of the private records connected to each
 query) is a SIMULATION DIAGNOSTIC read from the exact (private) counts; no run releases it.
@@ -187,6 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contrast", type=float, default=0.5, help="covariate shift: contrast factor")
     ap.add_argument("--noise", type=float, default=0.1, help="covariate shift: pixel noise std")
     ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--trainer", choices=["ray", "local"], default="ray",
+                    help="student.trainer: Ray Train, or the same loop in this process")
     ap.add_argument("--repeats", type=int, default=5, help="noise draws for label accuracy")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-student", action="store_true", help="labels only (fast)")
@@ -216,10 +219,11 @@ def main(argv=None) -> int:
     from rknn_ray.runio import write_json
 
     os.makedirs(args.out, exist_ok=True)
-    if not args.no_student:
+    if not args.no_student and args.trainer == "ray":
         from rknn_ray.job.ray_env import ensure_ray
         ensure_ray()
-    common = [f"run.seed={args.seed}", f"student.epochs={args.epochs}", "run.progress=false"]
+    common = [f"run.seed={args.seed}", f"student.epochs={args.epochs}", "run.progress=false",
+              f"student.trainer={args.trainer}"]
 
     def config(name: str, eps: float):
         return load_config(os.path.join(CONFIG_DIR, name), common + [f"privacy.eps={eps}"])
