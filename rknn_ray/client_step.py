@@ -3,7 +3,8 @@
     batch = client_step(spec, secret, batch_index, features, labels, client_ids)
 
 For one batch of virtual clients: embed the records with the public encoder,
-connect each to its k nearest queries (faiss), randomize each client's answer with
+connect each to its k nearest queries (faiss; or the k the round's public connection plan
+picks, ``RoundSpec.connection``), randomize each client's answer with
 the round's mechanism (vectorized over the batch), seal every message for the server
 (and wrap once per shuffler hop in onion mode) and return one Arrow batch with a
 ``sender`` and a ``report`` column. ClientShard actors, the in-process benchmark and
@@ -52,6 +53,9 @@ class RoundSpec:
     # more rounds of this job follow: keep what they reuse (a shard its records' embeddings,
     # every party its clients' credential keys); a one-round job keeps nothing
     more_rounds: bool = False
+    # which k queries a record votes for: a rknn_ray.labeling.connection.Connection planned
+    # by the server from public data only (a price per query), None for reverse k-NN
+    connection: object = None
 
 
 def batch_key(secret: bytes, ctx: RoundContext, batch_index: int, purpose: str) -> bytes:
@@ -144,7 +148,8 @@ def client_messages(spec: RoundSpec, secret: bytes, batch_index: int, features: 
     t = time.thread_time()        # CPU of this thread: other load does not inflate it
     emb = spec.encoder.transform(features) if embedding is None else embedding
     t0 = time.thread_time()
-    answers = build_answers(emb, labels, client_ids, spec.query_features, spec.k, spec.num_classes)
+    answers = build_answers(emb, labels, client_ids, spec.query_features, spec.k, spec.num_classes,
+                            spec.connection)
     t1 = time.thread_time()
     ctx = spec.ctx
     rng = derived_generator(secret, spec.randomness_label or ctx.job_id, ctx.round_id,

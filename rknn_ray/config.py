@@ -240,6 +240,10 @@ class RknnConfig:
     k: int | str = key(1, "queries each record connects to; auto: with queries.s: auto", int,
                        low=1, auto=True)
     r: int = key(1, "label bits a record votes (r-hot); sensitivity is 2kr", int, low=1)
+    connection: str = key("reverse_knn", "which k queries a record votes for: reverse_knn, or a "
+                          "balanced rule priced on public data (still 2kr); auto: from public "
+                          "degrees and the noise (docs/running.md)", str,
+                          choices=_owned("rknn_ray.labeling.connection", "CHOICES"))
 
 
 @dataclass(frozen=True)

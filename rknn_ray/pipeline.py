@@ -85,33 +85,97 @@ def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = Fal
     return Stages(cfg, data, encoder, public_emb, qs, choice)
 
 
-def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int) -> RecordAnswers:
-    """All held records' answers in one place: only for the non-private reference."""
+def exact_answers(encoder: Encoder, data: PreparedData, qs: QuerySet, k: int,
+                  connection=None) -> RecordAnswers:
+    """All held records' answers in one place: only for the non-private reference.
+    ``connection``: the round's plan (:mod:`rknn_ray.labeling.connection`), None: reverse k-NN."""
     data.require_private_rows("the non-private reference (exact counts)")
     rows = data.held_rows()
     rows = rows[np.argsort(data.client_ids[rows], kind="stable")]
     emb = encoder.transform(data.splits.private_x[rows])
     return build_answers(emb, data.splits.private_y[rows], data.client_ids[rows],
-                         qs.features, k, data.num_classes)
+                         qs.features, k, data.num_classes, connection)
 
 
 def exact_counts(encoder: Encoder, data: PreparedData, query_sets: list[QuerySet],
-                 k: int) -> np.ndarray:
-    """NOT private: the exact (s, |Y|) counts of every round's queries, stacked in round order."""
-    return np.concatenate([exact_answers(encoder, data, q, k).counts() for q in query_sets])
+                 k: int, connection=None) -> np.ndarray:
+    """NOT private: the exact (s, |Y|) counts of every round's queries, stacked in round order.
+    ``connection``: None (reverse k-NN), one Connection (one query set), or one per set."""
+    plans = (connection if isinstance(connection, (list, tuple))
+             else [connection] * len(query_sets))
+    if len(plans) != len(query_sets):
+        raise ValueError(f"{len(plans)} connection plans for {len(query_sets)} query sets")
+    return np.concatenate([exact_answers(encoder, data, q, k, c).counts()
+                           for q, c in zip(query_sets, plans)])
 
 
 def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: list[QuerySet],
                       all_qs: QuerySet, public_emb: np.ndarray, rounds=(),
-                      progress=None) -> tuple[np.ndarray, "Labeling", dict]:
+                      progress=None, connection=None) -> tuple[np.ndarray, "Labeling", dict]:
     """The non-private reference's labels, the one place they are made (rknn_ray.reference
     and a run's diagnostics): exact counts of ``query_sets``, labelled as a private run's
     released counts are (:func:`finish_labels`, ``all_qs`` their union) with no noise.
+    ``connection``: as :func:`exact_counts` takes it; None: planned per query set as
+    ``rknn.connection`` says (:func:`connection_plan`, public data only).
     NOT private: returns (exact counts, Labeling, label info)."""
-    exact = exact_counts(encoder, data, query_sets, cfg.rknn.k)
+    if connection is None:
+        rule = resolve_connection(cfg, data, public_emb, query_sets[0])[0]
+        connection = [connection_plan(cfg, public_emb, q.features, rule) for q in query_sets]
+    exact = exact_counts(encoder, data, query_sets, cfg.rknn.k, connection)
     lab, info = finish_labels(cfg, data, exact.astype(float), all_qs, public_emb, list(rounds),
                               progress, noise_std=0.0)
     return exact, lab, info
+
+
+# ------------------------------------------------------------ the connection rule (issue 37)
+
+def connection_plan(cfg, public_emb: np.ndarray, query_features: np.ndarray,
+                    rule: str | None = None):
+    """The round's :class:`~rknn_ray.labeling.connection.Connection` for ``rule`` (default
+    ``rknn.connection``; ``auto`` must be resolved first), from public data only: the server
+    ships it with the queries to every client, in every trust model."""
+    from rknn_ray.labeling.connection import plan_connection
+    rule = cfg.rknn.connection if rule is None else rule
+    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k))
+
+
+#: auto: a query is at risk when its expected count is below AT_RISK_Z noise std; a balanced
+#: rule is chosen when it takes at least AUTO_MARGIN of the queries out of that risk
+AT_RISK_Z, AUTO_MARGIN = 2.0, 0.05
+
+
+def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
+                       qs: QuerySet) -> tuple[str, dict | None]:
+    """``rknn.connection`` as a rule, and for ``auto`` why (public information only: the public
+    degree profile of each rule scaled to the number of private records, and the noise std of
+    one count from public parameters). Returns (rule, choice dict or None)."""
+    rule = cfg.rknn.connection
+    if rule != "auto":
+        return rule, None
+    from rknn_ray.labeling.connection import RULES
+    p = cfg.privacy
+    eps = min(round_budgets(p.eps, p.delta, int(cfg.rounds.count), cfg.rounds.budget_split))[0]
+    sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size, eps=eps)
+    scale = len(data.splits.private_y) / max(1, len(public_emb))
+    k = int(cfg.rknn.k)
+    risk, profiles = {}, {}
+    for name in RULES:
+        plan = connection_plan(cfg, public_emb, qs.features, name)
+        deg = np.bincount(plan.neighbors(public_emb, qs.features, k).ravel(),
+                          minlength=qs.size) * scale
+        risk[name] = float(np.mean(deg < AT_RISK_Z * sigma))
+        profiles[name] = {"min": float(deg.min()), "p10": float(np.percentile(deg, 10)),
+                          "median": float(np.median(deg))}
+    best = min(RULES[1:], key=lambda r: (risk[r], RULES.index(r)))
+    chosen = best if risk["reverse_knn"] - risk[best] >= AUTO_MARGIN else "reverse_knn"
+    reason = (f"expected counts (public degrees x {scale:.3g} private records per public sample) "
+              f"below {AT_RISK_Z:g} noise std ({AT_RISK_Z * sigma:.3g}): "
+              + ", ".join(f"{r} {risk[r]:.0%} of queries" for r in RULES)
+              + (f"; {chosen} lifts at least {AUTO_MARGIN:.0%} of the queries out of the noise"
+                 if chosen != "reverse_knn" else
+                 f"; no balanced rule lifts {AUTO_MARGIN:.0%} of the queries: reverse_knn"))
+    return chosen, {"rule": chosen, "reason": reason, "noise_std": sigma, "at_risk": risk,
+                    "expected_degree": profiles}
 
 
 def mechanism_params(cfg, data: PreparedData, eps: float | None = None,

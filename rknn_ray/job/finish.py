@@ -18,7 +18,7 @@ from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_publ
                                       labels_table, measured, public_ids)
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.release_file import load_selections
-from rknn_ray.pipeline import (finish_labels, fit_student, nonprivate_labels,
+from rknn_ray.pipeline import (connection_plan, finish_labels, fit_student, nonprivate_labels,
                                student_description, student_inputs)
 from rknn_ray.plots import run_summary_png
 from rknn_ray.labeling.queries import union_of_rounds
@@ -49,9 +49,12 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     if labelled:
         progress.say(f"label accuracy {lab.label_accuracy:.4f} (public labels vs released)")
     ref = exact = None
+    connection = connection_report(cfg, load_selections(out_dir), len(query_sets))
     if cfg.run.diagnostics:     # simulation only: exact private counts, never released
+        plans = [connection_plan(cfg, ctx.public_emb, q.features, rule)   # public, deterministic
+                 for q, rule in zip(query_sets, connection["rules"])]
         exact, ref, _ = nonprivate_labels(cfg, data, ctx.encoder, query_sets, all_qs,
-                                          ctx.public_emb, rounds)
+                                          ctx.public_emb, rounds, connection=plans)
         if labelled:
             progress.say(f"[diagnostics, NOT private] non-private label accuracy "
                          f"{ref.label_accuracy:.4f}")
@@ -114,6 +117,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
         "selection": [{k: measured(v) if isinstance(v, float) else v for k, v in sel.items()}
                       for sel in load_selections(out_dir)],  # per round: rule, pool, uncertainty
         "utility": utility,
+        "connection": connection,
         "rng": cfg.run.rng, "version": __version__, "job_id": ctx.job_id,
         "resumed": resumed_from(out_dir, ctx.started_at),
         "config": cfg.to_dict(),
@@ -162,6 +166,19 @@ def resumed_from(out_dir: str, started_at: float) -> dict | None:
     except (OSError, ValueError):
         pass
     return {"at": _utc(time.time()), "release_saved_at": _utc(saved), "after": after}
+
+
+def connection_report(cfg, selections: list, count: int) -> dict:
+    """report.json's ``connection``: the rule configured, the rule each round's clients used
+    and its prices' digest (rknn_ray.labeling.connection; public), and what auto chose and why.
+    A round saved without one (an older release) used reverse k-NN."""
+    old = {"rule": "reverse_knn", "prices_digest": "reverse_knn"}
+    used = [sel.get("connection") or old for sel in selections][:count]
+    used += [old] * (count - len(used))
+    auto = next((c["auto"] for c in used if "auto" in c), None)
+    return {"configured": cfg.rknn.connection, "rules": [c["rule"] for c in used],
+            "prices_digest": [c["prices_digest"] for c in used],
+            **({"auto": auto} if auto is not None else {})}
 
 
 def utility_report(ctx: JobContext, label_info: dict, student: dict | None) -> dict:

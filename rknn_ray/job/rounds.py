@@ -22,8 +22,9 @@ from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
-from rknn_ray.pipeline import (dataset_sources, mechanism_for, next_round_uncertain,
-                               round_budgets, round_query_counts)
+from rknn_ray.pipeline import (connection_plan, dataset_sources, mechanism_for,
+                               next_round_uncertain, resolve_connection, round_budgets,
+                               round_query_counts)
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
 from rknn_ray.rng import NOT_PRIVATE
 
@@ -117,6 +118,13 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 qs, selection = select_round_queries(cfg, ctx.data, t, ctx.public_emb, rounds,
                                                      query_sets, sizes[t], ctx.first_queries,
                                                      progress)
+                if t == 0:      # rknn.connection (auto: public information only), once
+                    rule, auto = resolve_connection(cfg, ctx.data, ctx.public_emb, qs)
+                    if auto is not None:
+                        progress.say(f"auto connection: {rule} ({auto['reason']})")
+                plan = connection_plan(cfg, ctx.public_emb, qs.features, rule)
+                selection["connection"] = {**plan.describe(), "configured": cfg.rknn.connection,
+                                           **({"auto": auto} if auto is not None else {})}
                 selections.append(selection)
                 mechanism = ctx.round_mechanism(t, qs.size)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
@@ -125,7 +133,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     in_round = t    # from here every failure keeps the round counted: a report
                     try:            # the server opened, or may open, is a release to it
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
-                                                        ledger, record_release=False))
+                                                        ledger, record_release=False,
+                                                        connection=plan))
                     except CoverShortfall:          # recorded at its true cost, not labelled
                         in_round = None
                         raise

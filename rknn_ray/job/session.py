@@ -318,8 +318,12 @@ class ProtocolSession:
 
     # ------------------------------------------------------------------ one round
     def run_round(self, round_id: int, mechanism: Mechanism, encoder, query_features: np.ndarray,
-                  ledger, record_release: bool = True) -> RoundResult:
+                  ledger, record_release: bool = True, connection=None) -> RoundResult:
         """Run one private labeling round end to end and record it in ``ledger``.
+
+        ``connection``: the round's public connection plan
+        (:class:`rknn_ray.labeling.connection.Connection`), shipped to every shard with the
+        queries in every trust model; None: reverse k-NN.
 
         ``record_release=False``: the caller records the released round (a job does, once
         release.npz is on disk); the ledger still checks it before the release, and a
@@ -350,7 +354,7 @@ class ProtocolSession:
                          float(cfg.shuffle.dropout) if model == "shuffle" else 0.0,
                          randomness_label=(f"seeded:{int(cfg.run.seed)}"
                                            if cfg.run.rng == "seeded" else None),
-                         more_rounds=int(cfg.rounds.count) > 1)
+                         more_rounds=int(cfg.rounds.count) > 1, connection=connection)
         # the party that sees senders admits them (credentials, allowance, the round's one
         # report length): the first shuffler, else the server
         admission = (self.verifier, ctx, mechanism.messages_per_sender(), sealed_width(spec),

@@ -1,5 +1,7 @@
 """Reverse k-NN: connect every private record to its k nearest queries (faiss).
 
+(Or to the k queries a public connection plan picks: :mod:`.connection`.)
+
 Exact L2 search (IndexFlatL2) in batches so memory stays bounded for millions of
 records. The result, with the records' labels and owners, is a RecordAnswers.
 """
@@ -29,8 +31,11 @@ def reverse_knn(record_emb: np.ndarray, query_features: np.ndarray, k: int,
 
 
 def build_answers(record_emb: np.ndarray, labels: np.ndarray, client_ids: np.ndarray,
-                  query_features: np.ndarray, k: int, num_classes: int) -> RecordAnswers:
-    """RecordAnswers for records grouped by client (``client_ids`` sorted)."""
+                  query_features: np.ndarray, k: int, num_classes: int,
+                  connection=None) -> RecordAnswers:
+    """RecordAnswers for records grouped by client (``client_ids`` sorted). ``connection``:
+    which k queries each record votes for (:class:`rknn_ray.labeling.connection.Connection`,
+    planned from public data), None for reverse k-NN."""
     labels = np.asarray(labels, dtype=np.int64)
     if labels.ndim == 1:
         labels = labels[:, None]
@@ -44,6 +49,7 @@ def build_answers(record_emb: np.ndarray, labels: np.ndarray, client_ids: np.nda
         raise DataError(f"{rows.size} records have NaN or infinite embeddings (first at row "
                         f"{rows[0]}): faiss would connect them to arbitrary queries. Fix: drop or "
                         "impute those records before embedding")
-    neighbors = reverse_knn(record_emb, query_features, k)
+    neighbors = (reverse_knn(record_emb, query_features, k) if connection is None
+                 else connection.neighbors(record_emb, query_features, k))
     return RecordAnswers(neighbors, labels, np.asarray(client_ids, dtype=np.int64),
                          int(query_features.shape[0]), int(num_classes))

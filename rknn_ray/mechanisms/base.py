@@ -114,7 +114,9 @@ class MechanismParams:
 
     @property
     def sensitivity_l1(self) -> int:
-        """Replace-one L1 sensitivity of the BSVS sum: one record adds k*r ones."""
+        """Replace-one L1 sensitivity of the BSVS sum: one record adds k*r ones. It holds for
+        every ``rknn.connection`` rule: each picks a record's k queries from that record and
+        public data only (rknn_ray.labeling.connection), so no other record's ones move."""
         return 2 * self.k * self.r
 
 

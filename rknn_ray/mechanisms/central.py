@@ -2,7 +2,9 @@
 
 Guarantee: (eps, 0)-DP at the *record* level under replace-one neighbours. One
 record adds one to ``k * r`` cells; replacing it changes the BSVS sum by at most
-``2kr`` in L1, so noise of scale ``2kr / eps`` on every cell suffices. The scale is an
+``2kr`` in L1 (under any ``rknn.connection`` rule: a record's k queries depend on it and public
+data only, :mod:`rknn_ray.labeling.connection`), so noise of scale ``2kr / eps`` on every cell
+suffices. The scale is an
 exact rational rounded up (:func:`rknn_ray.mechanisms.exact.noisier_scale`), never the
 float 2kr/eps, which rounds down for about half of all (eps, k) and would imply an eps
 above the target by ~1e-16.

@@ -3,7 +3,8 @@
 The paper's comparison point, dominated by randomized response. Sensitivity:
 the L1 distance between two valid inputs is <= 2kr (a kr-hot record, or under
 ``multi_record=normalize`` two normalized answers A^i/m_i, each of L1 norm kr and
-nonnegative), so noise of scale 2kr/eps per cell is eps-LDP.
+nonnegative), so noise of scale 2kr/eps per cell is eps-LDP, whichever ``rknn.connection``
+rule chose the k queries (every rule gives a kr-hot record).
 
 * ``multi_record=sample`` (default): the input is a 0/1 record vector; the noise is
   discrete Laplace, P[x] ~ exp(-|x| eps/(2kr)), drawn *exactly* from integer

@@ -2,7 +2,8 @@
 
 Randomized response (paper 000, "Local Private Mechanisms"; Theorem 1) flips each
 of the d = s*|Y| bits of a record's flattened answer independently with
-probability q = 1 / (e^{eps/(2kr)} + 1). Two valid inputs (kr ones each) differ
+probability q = 1 / (e^{eps/(2kr)} + 1). Two valid inputs (kr ones each, whichever
+``rknn.connection`` rule chose the k queries: :mod:`rknn_ray.labeling.connection`) differ
 in at most 2kr bits, so the likelihood ratio is at most e^{2kr * eps/(2kr)} = e^eps,
 reached for two records whose cells are disjoint. q is rounded *up* to a multiple of
 2^-53 from an exact lower bound of e^{eps/(2kr)} and each flip is a uniform integer compared

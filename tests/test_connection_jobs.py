@@ -1,0 +1,77 @@
+"""rknn.connection=balanced_harmonic end to end: a digits job in each trust model (issue 37).
+
+The server plans the connection from public data and ships it with the queries to the client
+shards, so the released counts are the plan's counts: checked exactly in the central model at
+an eps so large that the discrete Laplace noise is zero, against reverse k-NN's.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from jobs.distill import main
+from tests.job_args import distill_args
+
+FAST = ["student.trainer=local", "rknn.connection=balanced_harmonic"]
+
+
+def _exact_counts(out, rule):
+    """The exact counts of the run's round-0 queries under ``rule`` (recomputed: public
+    encoder and queries from the run's config and release.npz)."""
+    from rknn_ray.config import load_config
+    from rknn_ray.labeling.rknn import build_answers
+    from rknn_ray.pipeline import connection_plan, encoder_from_config, prepare_data
+    cfg = load_config(str(out / "config.yaml"))
+    data = prepare_data(cfg)
+    encoder = encoder_from_config(cfg).fit(data.splits.public_x)
+    release = np.load(out / "release.npz")
+    queries = release["query_features_0"]
+    plan = connection_plan(cfg, encoder.transform(data.splits.public_x), queries, rule)
+    rows = data.held_rows()
+    rows = rows[np.argsort(data.client_ids[rows], kind="stable")]
+    answers = build_answers(encoder.transform(data.splits.private_x[rows]),
+                            data.splits.private_y[rows], data.client_ids[rows], queries,
+                            cfg.rknn.k, data.num_classes, plan)
+    return answers.counts(), release["counts_0"], plan
+
+
+@pytest.mark.parametrize("config", ["digits_central", "digits_local", "digits_shuffle"])
+def test_balanced_harmonic_digits_job_in_each_trust_model(ray_session, tmp_path, config):
+    out = tmp_path / config
+    extra = ["privacy.eps=1000", "privacy.budget_eps=1000"] if config == "digits_central" else []
+    assert main(distill_args(f"{config}.yaml", out, *FAST, *extra)) == 0
+    report = json.loads((out / "report.json").read_text())
+    conn = report["connection"]
+    assert conn["configured"] == "balanced_harmonic" and conn["rules"] == ["balanced_harmonic"]
+    plan = report["selection"][0]["connection"]
+    assert plan["prices_digest"] == conn["prices_digest"][0] != "reverse_knn"
+    assert plan["public_objective"] >= plan["public_objective_reverse_knn"]
+    assert report["privacy"]["model"] == config.split("_")[1]
+    assert 0 <= report["accuracy"]["labels"] <= 1
+    if config == "digits_central":     # noise of scale 2kr/1000 rounds to 0: counts are exact
+        exact, released, planned = _exact_counts(out, "balanced_harmonic")
+        assert planned.digest() == plan["prices_digest"]      # the plan is public and repeatable
+        assert np.array_equal(released, exact)
+        reverse, _, _ = _exact_counts(out, "reverse_knn")
+        assert not np.array_equal(released, reverse)          # the clients used the plan
+
+
+def test_auto_connection_records_its_choice(ray_session, tmp_path):
+    out = tmp_path / "auto"
+    assert main(distill_args("digits_central.yaml", out, "student.trainer=local",
+                             "rknn.connection=auto")) == 0
+    conn = json.loads((out / "report.json").read_text())["connection"]
+    auto = conn["auto"]
+    assert conn["configured"] == "auto" and conn["rules"] == [auto["rule"]]
+    assert auto["rule"] in ("reverse_knn", "balanced_min", "balanced_harmonic")
+    assert "noise std" in auto["reason"] and set(auto["at_risk"]) == {
+        "reverse_knn", "balanced_min", "balanced_harmonic"}
+
+
+def test_a_bad_connection_exits_2_with_one_line(tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert main(distill_args("digits_central.yaml", out, "rknn.connection=balanced")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "rknn.connection" in err
+    assert all(r in err for r in ("reverse_knn", "balanced_min", "balanced_harmonic", "auto"))
+    assert not out.exists()
