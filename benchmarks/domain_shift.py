@@ -111,11 +111,12 @@ def shifted(data, shift: str, args):
 
 
 def degree_profile(exact: np.ndarray) -> dict:
-    """Min, 10th percentile and median of the records connected to each query (r = 1: a
-    query's exact count total). SIMULATION DIAGNOSTIC: read from private data."""
+    """Min, 10th percentile, median and max of the records connected to each query (r = 1:
+    a query's exact count total). SIMULATION DIAGNOSTIC: read from private data."""
     deg = np.asarray(exact).sum(axis=1)
     return {"min": int(deg.min()), "p10": float(np.percentile(deg, 10)),
-            "median": float(np.median(deg)), "simulation_diagnostic_private": True}
+            "median": float(np.median(deg)), "max": int(deg.max()),
+            "simulation_diagnostic_private": True}
 
 
 class CachedEncoder:
@@ -149,25 +150,25 @@ def queries_at(cfg, public_emb: np.ndarray, s: int):
                           use_nearest_public=q.use_nearest_public)
 
 
-def connection_api():
-    """(plan_connection, rules) from rknn_ray.labeling.connection, or (None, ("reverse_knn",))
-    where the library has only reverse k-NN."""
-    try:
-        from rknn_ray.labeling.connection import RULES, plan_connection
-    except ImportError:
-        return None, ("reverse_knn",)
-    return plan_connection, tuple(RULES)
-
-
-def rule_counts(encoder, data, qs, k: int, rule: str, public_emb, plan) -> tuple[np.ndarray, object]:
-    """Exact (s, |Y|) counts (NOT private) and the RecordAnswers under one connection rule."""
+def rule_counts(encoder, data, qs, k: int, rule: str, public_emb):
+    """Exact (s, |Y|) counts (NOT private), the RecordAnswers and the plan's public facts
+    under one connection rule (planned from public data only)."""
+    from rknn_ray.labeling.connection import plan_connection
     from rknn_ray.pipeline import exact_answers
-    if plan is None:
-        ans = exact_answers(encoder, data, qs, k)
-    else:
-        conn = plan(rule, public_emb, qs.features, k)
-        ans = exact_answers(encoder, data, qs, k, connection=conn)
-    return ans.counts(), ans
+    conn = plan_connection(rule, public_emb, qs.features, k)
+    ans = exact_answers(encoder, data, qs, k, connection=conn)
+    return ans.counts(), ans, conn.describe()
+
+
+def gap_profile(exact: np.ndarray, noise_std: float) -> dict:
+    """How many queries the noise can flip: the exact top-1 minus top-2 count per query
+    against the per-count noise std. SIMULATION DIAGNOSTIC: read from private data."""
+    top = np.sort(np.asarray(exact, dtype=float), axis=1)
+    gap = top[:, -1] - top[:, -2]
+    return {"gap_p10": float(np.percentile(gap, 10)), "gap_median": float(np.median(gap)),
+            "share_gap_below_noise_std": float(np.mean(gap < noise_std)),
+            "share_empty": float(np.mean(top.sum(axis=1) == 0)),
+            "simulation_diagnostic_private": True}
 
 
 def labels_for(cfg, data, counts, qs, public_emb, eps: float | None, k: int):
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("--eps", type=float, nargs="+", default=[0.1, 1.0], help="central model")
     ap.add_argument("--shuffle-eps", type=float, nargs="*", default=[1.0],
                     help="shuffle model, single message (none: skip)")
-    ap.add_argument("--rules", nargs="+", default=None, help="default: every rule the library has")
+    ap.add_argument("--rules", nargs="+", default=None, help="default: every connection rule")
     ap.add_argument("--alpha", type=float, default=0.3, help="label shift: Dirichlet concentration")
     ap.add_argument("--contrast", type=float, default=0.5, help="covariate shift: contrast factor")
     ap.add_argument("--noise", type=float, default=0.1, help="covariate shift: pixel noise std")
@@ -197,12 +198,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_out/domain_shift")
     args = ap.parse_args(argv)
 
-    plan, have = connection_api()
-    rules = list(args.rules or have)
-    missing = [r for r in rules if r not in have]
+    from rknn_ray.labeling.connection import RULES
+    rules = list(args.rules or RULES)
+    missing = [r for r in rules if r not in RULES]
     if missing:
-        print(f"error: --rules {' '.join(missing)}: this library has {', '.join(have)}; "
-              "pick from those", file=sys.stderr)
+        print(f"error: --rules {' '.join(missing)}: the connection rules are "
+              f"{', '.join(RULES)}; pick from those", file=sys.stderr)
         return 2
     if min(args.eps + args.shuffle_eps, default=1.0) <= 0 or args.repeats < 1 or args.epochs < 1:
         print("error: eps must be > 0 and --repeats, --epochs >= 1; pass positive values",
@@ -260,7 +261,8 @@ def main(argv=None) -> int:
             qs = queries_at(cfg, public_emb, s)
             for rule in rules:
                 t1 = time.perf_counter()
-                exact, answers = rule_counts(encoder, run_data, qs, k, rule, public_emb, plan)
+                exact, answers, plan_info = rule_counts(encoder, run_data, qs, k, rule,
+                                                        public_emb)
                 ref, _ = labels_for(cfg, run_data, exact, qs, public_emb, None, k)
                 mech = mechanism_for(cfg, run_data, eps=eps, model=model, name=mech_name)
                 accs, first = [], None
@@ -287,6 +289,11 @@ def main(argv=None) -> int:
                        "repeats": len(accs), "acc_labels_nonprivate": ref.label_accuracy,
                        "acc_query": lab.query_accuracy, "acc_student": acc_student,
                        "degree": degree_profile(exact),
+                       "gaps": gap_profile(exact, linfo["noise_std"]),
+                       "acc_query_nonprivate": ref.query_accuracy,
+                       "plan": {key: v for key, v in plan_info.items()
+                                if key in ("tau", "best_iteration", "public_degree",
+                                           "public_objective", "public_objective_reverse_knn")},
                        "mean_abs_count_error": float(np.abs(counts - exact).mean()),
                        "noise_std_per_count": linfo["noise_std"],
                        "smooth_neighbours": linfo["denoise"]["neighbours"],

@@ -55,6 +55,6 @@ def test_covariate_shift_range_contrast_and_seed():
 def test_degree_profile_reads_query_totals():
     exact = np.array([[3, 1], [0, 0], [10, 0], [2, 2], [5, 5]])
     d = degree_profile(exact)
-    assert (d["min"], d["median"]) == (0, 4.0)
+    assert (d["min"], d["median"], d["max"]) == (0, 4.0, 10)
     assert d["p10"] == pytest.approx(np.percentile([4, 0, 10, 4, 10], 10))
     assert d["simulation_diagnostic_private"] is True
