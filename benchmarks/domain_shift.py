@@ -150,14 +150,27 @@ def queries_at(cfg, public_emb: np.ndarray, s: int):
                           use_nearest_public=q.use_nearest_public)
 
 
-def rule_counts(encoder, data, qs, k: int, rule: str, public_emb):
-    """Exact (s, |Y|) counts (NOT private), the RecordAnswers and the plan's public facts
-    under one connection rule (planned from public data only)."""
+def rule_counts(encoder, data, qs, k: int, rule: str, price_emb):
+    """Exact (s, |Y|) counts (NOT private), the RecordAnswers and the plan's facts under one
+    connection rule, planned on ``price_emb`` (the public embeddings, as a run does)."""
     from rknn_ray.labeling.connection import plan_connection
     from rknn_ray.pipeline import exact_answers
-    conn = plan_connection(rule, public_emb, qs.features, k)
+    conn = plan_connection(rule, price_emb, qs.features, k)
     ans = exact_answers(encoder, data, qs, k, connection=conn)
     return ans.counts(), ans, conn.describe()
+
+
+def private_sample(encoder, data, args, size: int = 5000) -> np.ndarray:
+    """Embeddings of a seeded sample of the PRIVATE records: prices from the public set plus
+    them show what a balanced rule could do if the public set also held data like the private
+    records (the public samples keep every query's score > 0: the harmonic objective is 0
+    while any query has none). A simulation diagnostic only; no private method may plan on
+    private records."""
+    from rknn_ray.rng import seeded_generator
+    x = data.splits.private_x
+    idx = np.sort(seeded_generator(args.seed + 17).choice(len(x), min(size, len(x)),
+                                                          replace=False))
+    return encoder.transform(x[idx])
 
 
 def gap_profile(exact: np.ndarray, noise_std: float) -> dict:
@@ -185,6 +198,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shuffle-eps", type=float, nargs="*", default=[1.0],
                     help="shuffle model, single message (none: skip)")
     ap.add_argument("--rules", nargs="+", default=None, help="default: every connection rule")
+    ap.add_argument("--oracle-eps", type=float, nargs="*", default=[0.1],
+                    help="central eps at which the balanced rules are also priced on the public "
+                         "set plus a sample of the PRIVATE records (a diagnostic, not a "
+                         "private method; labels only)")
     ap.add_argument("--alpha", type=float, default=0.3, help="label shift: Dirichlet concentration")
     ap.add_argument("--contrast", type=float, default=0.5, help="covariate shift: contrast factor")
     ap.add_argument("--noise", type=float, default=0.1, help="covariate shift: pixel noise std")
@@ -259,10 +276,14 @@ def main(argv=None) -> int:
             cfg, choice = resolve_auto(cfg, run_data)
             s, k = int(cfg.queries.s), int(cfg.rknn.k)
             qs = queries_at(cfg, public_emb, s)
-            for rule in rules:
+            variants = [(rule, "public") for rule in rules]
+            if model == "central" and eps in args.oracle_eps:
+                variants += [(rule, "private") for rule in rules if rule != "reverse_knn"]
+            for rule, priced_on in variants:
                 t1 = time.perf_counter()
-                exact, answers, plan_info = rule_counts(encoder, run_data, qs, k, rule,
-                                                        public_emb)
+                price_emb = public_emb if priced_on == "public" else np.concatenate(
+                    [public_emb, private_sample(encoder, run_data, args)])
+                exact, answers, plan_info = rule_counts(encoder, run_data, qs, k, rule, price_emb)
                 ref, _ = labels_for(cfg, run_data, exact, qs, public_emb, None, k)
                 mech = mechanism_for(cfg, run_data, eps=eps, model=model, name=mech_name)
                 accs, first = [], None
@@ -278,12 +299,12 @@ def main(argv=None) -> int:
                     accs.append(lab.label_accuracy)
                     first = first or (lab, linfo, counts)
                 lab, linfo, counts = first
-                tag = f"{shift}-{model}-eps{eps:g}-{rule}"
-                acc_student, student_s = student(cfg, run_data, encoder, lab, linfo, qs,
-                                                 public_emb, tag)
+                tag = f"{shift}-{model}-eps{eps:g}-{rule}-{priced_on}"
+                acc_student, student_s = (None, None) if priced_on != "public" else student(
+                    cfg, run_data, encoder, lab, linfo, qs, public_emb, tag)
                 row = {"shift": shift, "model": model,
                        "mechanism": mech_name or cfg.privacy.mechanism,
-                       "eps": eps, "rule": rule, "s": s, "k": k,
+                       "eps": eps, "rule": rule, "priced_on": priced_on, "s": s, "k": k,
                        "public": int(len(data.splits.public_y)),
                        "acc_labels": float(np.mean(accs)), "acc_labels_sd": float(np.std(accs)),
                        "repeats": len(accs), "acc_labels_nonprivate": ref.label_accuracy,
@@ -302,7 +323,7 @@ def main(argv=None) -> int:
                        "student_s": student_s}
                 rows.append(row)
                 d = row["degree"]
-                print(f"{shift:9s} {model:7s} eps={eps:<4g} {rule:17s} s={s:<5d} "
+                print(f"{shift:9s} {model:7s} eps={eps:<4g} {rule:17s} {priced_on:7s} s={s:<5d} "
                       f"Acc_pl={row['acc_labels']:.4f}+-{row['acc_labels_sd']:.4f} "
                       f"(np {ref.label_accuracy:.4f}) Acc_pc="
                       f"{'-' if acc_student is None else format(acc_student, '.4f')} "
@@ -310,7 +331,9 @@ def main(argv=None) -> int:
                       f"({row['labels_s']:.0f}s + {student_s or 0:.0f}s)",
                       file=sys.stderr, flush=True)
 
-    table = [[r["shift"], r["model"], f"{r['eps']:g}", r["rule"], r["s"],
+    table = [[r["shift"], r["model"], f"{r['eps']:g}",
+              r["rule"] + ("" if r["priced_on"] == "public" else " (priced on public + private sample)"),
+              r["s"],
               f"{r['acc_labels']:.4f} +- {r['acc_labels_sd']:.4f}",
               "-" if r["acc_student"] is None else f"{r['acc_student']:.4f}",
               f"{r['degree']['min']} / {r['degree']['p10']:.0f} / {r['degree']['median']:.0f}"]
@@ -336,8 +359,8 @@ def plot(rows, rules, args, plt, save_png) -> None:
     key = "acc_labels" if args.no_student else "acc_student"
     for ax, (model, eps) in zip(axes[0], panels):
         for j, rule in enumerate(rules):
-            sel = {r["shift"]: r[key] for r in rows
-                   if r["model"] == model and r["eps"] == eps and r["rule"] == rule}
+            sel = {r["shift"]: r[key] for r in rows if r["model"] == model and r["eps"] == eps
+                   and r["rule"] == rule and r["priced_on"] == "public"}
             xs = np.arange(len(args.shifts)) + (j - (len(rules) - 1) / 2) * 0.8 / len(rules)
             ax.bar(xs, [sel.get(sh, np.nan) or np.nan for sh in args.shifts],
                    width=0.8 / len(rules), label=rule)
