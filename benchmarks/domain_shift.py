@@ -227,7 +227,6 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
 
-    from jobs.experiments import markdown_table
     from rknn_ray.config import load_config
     from rknn_ray.data.prepared import partitioned
     from rknn_ray.pipeline import (encoder_from_config, mechanism_for, prepare_data,
@@ -331,15 +330,7 @@ def main(argv=None) -> int:
                       f"({row['labels_s']:.0f}s + {student_s or 0:.0f}s)",
                       file=sys.stderr, flush=True)
 
-    table = [[r["shift"], r["model"], f"{r['eps']:g}",
-              r["rule"] + ("" if r["priced_on"] == "public" else " (priced on public + private sample)"),
-              r["s"],
-              f"{r['acc_labels']:.4f} +- {r['acc_labels_sd']:.4f}",
-              "-" if r["acc_student"] is None else f"{r['acc_student']:.4f}",
-              f"{r['degree']['min']} / {r['degree']['p10']:.0f} / {r['degree']['median']:.0f}"]
-             for r in rows]
-    print("\n".join(markdown_table(("shift", "model", "eps", "rule", "s", "label acc",
-                                    "student acc", "degree min / p10 / median"), table)))
+    print("\n".join(table_lines(rows)))
     doc = {"args": vars(args), "settings": settings, "rows": rows,
            "degree_note": "simulation diagnostic computed from the private records' exact "
                           "counts; never released by a run",
@@ -349,6 +340,22 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(doc, default=float))
     return 0
+
+
+def table_lines(rows) -> list[str]:
+    """The markdown table of docs/results.md from result rows (results.json's ``rows``)."""
+    from jobs.experiments import markdown_table
+    table = [[r["shift"], r["model"], f"{r['eps']:g}",
+              r["rule"] + ("" if r.get("priced_on", "public") == "public"
+                           else " (priced on public + private sample)"),
+              r["s"], f"{r['acc_labels']:.4f} +- {r['acc_labels_sd']:.4f}",
+              "-" if r["acc_student"] is None else f"{r['acc_student']:.4f}",
+              f"{r['degree']['min']} / {r['degree']['p10']:.0f} / {r['degree']['median']:.0f}"
+              f" / {r['degree']['max']}",
+              f"{r['gaps']['share_gap_below_noise_std']:.0%}"]
+             for r in rows]
+    return markdown_table(("shift", "model", "eps", "rule", "s", "label acc", "student acc",
+                           "degree min / p10 / median / max", "gap < noise std"), table)
 
 
 def plot(rows, rules, args, plt, save_png) -> None:
