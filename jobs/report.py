@@ -197,6 +197,10 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         elif sel.get("round", 0) > 0:
             counts.append((f"round {sel['round'] + 1} queries",
                            f"{_fmt(sel.get('rule'))}: {_fmt(sel.get('queries'))}"))
+    conn = rep.get("connection") or {}
+    if conn.get("configured", "reverse_knn") != "reverse_knn":    # rknn.connection (issue 37)
+        chose = (f" (auto: {conn['auto']['reason']})" if conn.get("auto") else "")
+        counts.append(("connection", ", ".join(conn.get("rules") or []) + chose))
     timings = rep.get("timings_s") or {}
     times = [(k, _seconds(timings[k])) for k in STAGES if k in timings]
     times += [(k, _seconds(v)) for k, v in sorted(timings.items())

@@ -244,6 +244,10 @@ class RknnConfig:
                           "balanced rule priced on public data (still 2kr); auto: from public "
                           "degrees and the noise (docs/running.md)", str,
                           choices=_owned("rknn_ray.labeling.connection", "CHOICES"))
+    reweight: str = key("public", "what a balanced rule's prices balance: public (the public "
+                        "samples) or released (from round 2 on, the public samples reweighted "
+                        "by the counts released so far: post-processing, rounds.count >= 2)",
+                        str, choices=("public", "released"))
 
 
 @dataclass(frozen=True)
@@ -663,6 +667,14 @@ def _check_relations(cfg: dict) -> None:
     if p["mechanism"] not in names:
         raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
                           "mechanism", f"use one of {sorted(names)}")
+    rk = cfg["rknn"]
+    if rk["reweight"] == "released" and (rk["connection"] == "reverse_knn"
+                                         or cfg["rounds"]["count"] < 2):
+        raise ConfigError("rknn.reweight", "released reweights a balanced rule's prices by the "
+                          "counts of earlier rounds: it needs rknn.connection balanced_min, "
+                          "balanced_harmonic or auto and rounds.count >= 2",
+                          "set rknn.reweight=public, or a balanced rknn.connection and "
+                          "rounds.count=2")
     s, k = cfg["queries"]["s"], cfg["rknn"]["k"]
     if "auto" in (s, k):
         return

@@ -130,52 +130,48 @@ def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: lis
 # ------------------------------------------------------------ the connection rule (issue 37)
 
 def connection_plan(cfg, public_emb: np.ndarray, query_features: np.ndarray,
-                    rule: str | None = None):
+                    rule: str | None = None, sample_weight: np.ndarray | None = None):
     """The round's :class:`~rknn_ray.labeling.connection.Connection` for ``rule`` (default
-    ``rknn.connection``; ``auto`` must be resolved first), from public data only: the server
-    ships it with the queries to every client, in every trust model."""
+    ``rknn.connection``; ``auto`` must be resolved first), from public data only (and, with
+    ``sample_weight``, released counts: :func:`released_weights`): the server ships it with
+    the queries to every client, in every trust model."""
     from rknn_ray.labeling.connection import plan_connection
     rule = cfg.rknn.connection if rule is None else rule
-    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k))
+    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k),
+                           sample_weight=sample_weight)
 
 
-#: auto: a query is at risk when its expected count is below AT_RISK_Z noise std; a balanced
-#: rule is chosen when it takes at least AUTO_MARGIN of the queries out of that risk
-AT_RISK_Z, AUTO_MARGIN = 2.0, 0.05
+def released_weights(cfg, data: PreparedData, public_emb: np.ndarray, rounds, query_sets,
+                     plans) -> np.ndarray:
+    """``rknn.reweight: released``: one weight per public sample, the mean over the rounds
+    released so far of :func:`rknn_ray.labeling.connection.release_weights` (each from that
+    round's released counts, its queries and the plan its clients used, and the noise std
+    of one count at its eps). Post-processing of released counts: no privacy cost."""
+    from rknn_ray.labeling.connection import release_weights
+    out = np.zeros(len(public_emb))
+    for r, qs, plan in zip(rounds, query_sets, plans):
+        sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size,
+                                    eps=float(r.guarantee.eps))
+        out += release_weights(public_emb, qs.features, r.counts, int(cfg.rknn.k),
+                               int(cfg.rknn.r), len(data.splits.private_y), sigma, plan)
+    return out / max(1, len(rounds))
 
 
 def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
                        qs: QuerySet) -> tuple[str, dict | None]:
-    """``rknn.connection`` as a rule, and for ``auto`` why (public information only: the public
-    degree profile of each rule scaled to the number of private records, and the noise std of
-    one count from public parameters). Returns (rule, choice dict or None)."""
+    """``rknn.connection`` as a rule, and for ``auto`` what it chose and why
+    (:func:`rknn_ray.labeling.connection.choose_rule`: public embeddings and queries, the
+    number of private records, and the noise std of one count from public parameters at the
+    smallest round's eps). Returns (rule, choice dict or None)."""
     rule = cfg.rknn.connection
     if rule != "auto":
         return rule, None
-    from rknn_ray.labeling.connection import RULES
+    from rknn_ray.labeling.connection import choose_rule
     p = cfg.privacy
     eps = min(round_budgets(p.eps, p.delta, int(cfg.rounds.count), cfg.rounds.budget_split))[0]
     sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size, eps=eps)
-    scale = len(data.splits.private_y) / max(1, len(public_emb))
-    k = int(cfg.rknn.k)
-    risk, profiles = {}, {}
-    for name in RULES:
-        plan = connection_plan(cfg, public_emb, qs.features, name)
-        deg = np.bincount(plan.neighbors(public_emb, qs.features, k).ravel(),
-                          minlength=qs.size) * scale
-        risk[name] = float(np.mean(deg < AT_RISK_Z * sigma))
-        profiles[name] = {"min": float(deg.min()), "p10": float(np.percentile(deg, 10)),
-                          "median": float(np.median(deg))}
-    best = min(RULES[1:], key=lambda r: (risk[r], RULES.index(r)))
-    chosen = best if risk["reverse_knn"] - risk[best] >= AUTO_MARGIN else "reverse_knn"
-    reason = (f"expected counts (public degrees x {scale:.3g} private records per public sample) "
-              f"below {AT_RISK_Z:g} noise std ({AT_RISK_Z * sigma:.3g}): "
-              + ", ".join(f"{r} {risk[r]:.0%} of queries" for r in RULES)
-              + (f"; {chosen} lifts at least {AUTO_MARGIN:.0%} of the queries out of the noise"
-                 if chosen != "reverse_knn" else
-                 f"; no balanced rule lifts {AUTO_MARGIN:.0%} of the queries: reverse_knn"))
-    return chosen, {"rule": chosen, "reason": reason, "noise_std": sigma, "at_risk": risk,
-                    "expected_degree": profiles}
+    return choose_rule(public_emb, qs.features, qs.assignment, int(cfg.rknn.k),
+                       len(data.splits.private_y), sigma)
 
 
 def mechanism_params(cfg, data: PreparedData, eps: float | None = None,

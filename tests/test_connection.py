@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from rknn_ray.labeling.answers import RecordAnswers
-from rknn_ray.labeling.connection import (RULES, Connection, degree_profile,
-                                          plan_connection)
+from rknn_ray.labeling.connection import (AT_RISK_FLOOR, RULES, Connection, choose_rule,
+                                          degree_profile, plan_connection, release_weights)
 from rknn_ray.labeling.rknn import build_answers, reverse_knn
 
 BALANCED = [r for r in RULES if r != "reverse_knn"]
@@ -138,3 +138,48 @@ def test_records_answers_of_a_plan_feed_the_mechanisms_unchanged():
     assert isinstance(ans, RecordAnswers)
     assert ans.counts().sum() == len(private) * 2
     assert (np.bincount(ans.flat_cells().ravel()) <= len(private)).all()
+
+
+def test_release_weights_follow_the_released_degrees_and_steer_the_plan():
+    """A query whose release shows many more records than its public share weighs its public
+    samples up; the plan made with those weights moves records toward the queries the release
+    showed starved, which the public plan cannot see."""
+    public, queries, private = skewed_data()
+    k, s = 2, len(queries)
+    rev = reverse_knn(public, queries, k)
+    public_deg = np.bincount(rev.ravel(), minlength=s)
+    scale = 3.0                                          # 3 private records per public sample
+    released = np.zeros((s, 2))
+    released[:, 0] = public_deg * scale                  # exactly as the public set predicts
+    flat = release_weights(public, queries, released, k, 1, len(public) * 3, noise_std=1.0)
+    assert np.allclose(flat, 1.0)
+    heavy = int(np.argmax(public_deg))
+    released[heavy, 0] *= 4                              # the release shows a crowd there
+    w = release_weights(public, queries, released, k, 1, len(public) * 3, noise_std=1.0)
+    near = (rev == heavy).any(axis=1)
+    assert (w[near] > 1.2).all() and np.allclose(w[~near], 1.0)
+    plain = plan_connection("balanced_harmonic", public, queries, k)
+    weighted = plan_connection("balanced_harmonic", public, queries, k, sample_weight=w)
+    assert weighted.digest() != plain.digest() and "weighted" in weighted.info
+    # the crowded query is priced up: fewer of the records near it take it
+    assert weighted.prices[heavy] - np.median(weighted.prices) > \
+        plain.prices[heavy] - np.median(plain.prices)
+    with pytest.raises(ValueError, match="sample_weight"):
+        plan_connection("balanced_harmonic", public, queries, k, sample_weight=-w)
+
+
+def test_auto_balances_only_where_reverse_knn_leaves_many_labels_under_the_noise():
+    """choose_rule (rknn.connection: auto) reads public data and public parameters only; here
+    3 private records per public sample, k = 3 on the skewed queries."""
+    public, queries, _ = skewed_data()
+    assign = reverse_knn(public, queries, 1)[:, 0]
+    quiet, _ = choose_rule(public, queries, assign, 3, 600, noise_std=1.0)
+    assert quiet == "reverse_knn"                        # nothing under the noise: no change
+    rule, info = choose_rule(public, queries, assign, 3, 600, noise_std=20.0)
+    risk = info["at_risk"]          # balancing halves the share under the noise, but it is small
+    assert risk["balanced_harmonic"] <= risk["reverse_knn"] / 2 < AT_RISK_FLOOR / 2
+    assert rule == "reverse_knn" and "needs reverse_knn at >= 25%" in info["reason"]
+    rule, info = choose_rule(public, queries, assign, 3, 600, noise_std=20.0, floor=0.1)
+    assert rule == "balanced_harmonic" and "halves it" in info["reason"]   # ties: harmonic
+    drowned, info = choose_rule(public, queries, assign, 3, 600, noise_std=1e4, floor=0.1)
+    assert drowned == "reverse_knn" and info["at_risk"]["reverse_knn"] == 1.0

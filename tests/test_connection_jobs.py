@@ -48,12 +48,39 @@ def test_balanced_harmonic_digits_job_in_each_trust_model(ray_session, tmp_path,
     assert plan["public_objective"] >= plan["public_objective_reverse_knn"]
     assert report["privacy"]["model"] == config.split("_")[1]
     assert 0 <= report["accuracy"]["labels"] <= 1
+    from jobs.report import run_sections            # rknn-ray report names the rule
+    counts = dict(dict(run_sections({"report": report, "path": str(out),
+                                     "incomplete": None}))["Counts"])
+    assert counts["connection"] == "balanced_harmonic"
     if config == "digits_central":     # noise of scale 2kr/1000 rounds to 0: counts are exact
         exact, released, planned = _exact_counts(out, "balanced_harmonic")
         assert planned.digest() == plan["prices_digest"]      # the plan is public and repeatable
         assert np.array_equal(released, exact)
         reverse, _, _ = _exact_counts(out, "reverse_knn")
         assert not np.array_equal(released, reverse)          # the clients used the plan
+
+
+def test_two_rounds_reweighted_by_the_first_release(ray_session, tmp_path):
+    """rknn.reweight=released: round 2's plan weights the public samples by round 1's released
+    counts; the prices stay in release.npz (report.json: their digest), and the diagnostics'
+    exact counts use the saved plans."""
+    out = tmp_path / "reweighted"
+    assert main(distill_args("digits_central.yaml", out, *FAST, "rounds.count=2",
+                             "rknn.reweight=released", "run.diagnostics=true")) == 0
+    report = json.loads((out / "report.json").read_text())
+    first, second = (sel["connection"] for sel in report["selection"])
+    assert (first["reweight"], second["reweight"]) == ("public", "released")
+    assert "weighted" in second and "weighted" not in first
+    assert "prices" not in first and "prices" not in second
+    assert report["connection"]["prices_digest"] == [first["prices_digest"],
+                                                     second["prices_digest"]]
+    meta = json.loads(str(np.load(out / "release.npz")["meta"]))
+    from rknn_ray.labeling.connection import Connection
+    saved = [Connection("balanced_harmonic", np.asarray(sel["connection"]["prices"]))
+             for sel in meta["selections"]]
+    assert [c.digest() for c in saved] == report["connection"]["prices_digest"]
+    assert len(report["privacy"]["rounds"]) == 2
+    assert 0 <= report["diagnostics"]["nonprivate_labels"] <= 1      # made with the saved plans
 
 
 def test_auto_connection_records_its_choice(ray_session, tmp_path):

@@ -105,6 +105,7 @@ def test_two_adaptive_rounds_pick_uncertain_queries_at_equal_total_eps(ray_sessi
     with np.load(out / "release.npz") as release:                # each release: its round's s
         assert [release[f"counts_{t}"].shape[0] for t in (0, 1)] == [s // 2, s - s // 2]
     first, second = report["selection"]
+    assert first.pop("connection")["rule"] == "reverse_knn"      # rknn.connection's default
     assert first == {"round": 0, "rule": "kmeans", "queries": s // 2}
     assert second["rule"] == "uncertain/entropy" and second["queries"] == s - s // 2
     assert second["pool"] == min(second["free"], s) and second["post_processing"] is True

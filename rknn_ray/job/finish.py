@@ -51,8 +51,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     ref = exact = None
     connection = connection_report(cfg, load_selections(out_dir), len(query_sets))
     if cfg.run.diagnostics:     # simulation only: exact private counts, never released
-        plans = [connection_plan(cfg, ctx.public_emb, q.features, rule)   # public, deterministic
-                 for q, rule in zip(query_sets, connection["rules"])]
+        plans = saved_plans(cfg, load_selections(out_dir), query_sets, ctx.public_emb)
         exact, ref, _ = nonprivate_labels(cfg, data, ctx.encoder, query_sets, all_qs,
                                           ctx.public_emb, rounds, connection=plans)
         if labelled:
@@ -114,7 +113,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,
-        "selection": [{k: measured(v) if isinstance(v, float) else v for k, v in sel.items()}
+        "selection": [{k: measured(v) if isinstance(v, float) else v for k, v in
+                       without_prices(sel).items()}
                       for sel in load_selections(out_dir)],  # per round: rule, pool, uncertainty
         "utility": utility,
         "connection": connection,
@@ -179,6 +179,28 @@ def connection_report(cfg, selections: list, count: int) -> dict:
     return {"configured": cfg.rknn.connection, "rules": [c["rule"] for c in used],
             "prices_digest": [c["prices_digest"] for c in used],
             **({"auto": auto} if auto is not None else {})}
+
+
+def without_prices(selection: dict) -> dict:
+    """A round's selection for report.json: its connection's prices stay in release.npz
+    (report.json keeps their digest)."""
+    conn = selection.get("connection")
+    if not conn or "prices" not in conn:
+        return selection
+    return {**selection, "connection": {k: v for k, v in conn.items() if k != "prices"}}
+
+
+def saved_plans(cfg, selections: list, query_sets: list, public_emb) -> list:
+    """The connection each round's clients used: its saved prices (release.npz), or for a
+    round saved without any, the plan of its rule made again from public data."""
+    from rknn_ray.labeling.connection import Connection
+    plans = []
+    for t, qs in enumerate(query_sets):
+        conn = (selections[t].get("connection") if t < len(selections) else None) or {}
+        rule = conn.get("rule", "reverse_knn")
+        plans.append(Connection(rule, np.asarray(conn["prices"], dtype=np.float64))
+                     if "prices" in conn else connection_plan(cfg, public_emb, qs.features, rule))
+    return plans
 
 
 def utility_report(ctx: JobContext, label_info: dict, student: dict | None) -> dict:

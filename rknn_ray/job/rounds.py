@@ -23,8 +23,8 @@ from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
 from rknn_ray.pipeline import (connection_plan, dataset_sources, mechanism_for,
-                               next_round_uncertain, resolve_connection, round_budgets,
-                               round_query_counts)
+                               next_round_uncertain, released_weights, resolve_connection,
+                               round_budgets, round_query_counts)
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
 from rknn_ray.rng import NOT_PRIVATE
 
@@ -103,7 +103,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     ledger = job_ledger(ctx)
     budgets = ctx.round_budgets()
     sizes = ctx.round_sizes()                  # new queries per round
-    rounds, query_sets, selections, mechanisms = [], [], [], []
+    rounds, query_sets, selections, mechanisms, plans = [], [], [], [], []
     in_round = None       # the round whose clients may have randomized, until it is committed
     tag_key = release_tag_key(store)           # release.npz is tagged under the ledger's key
     try:
@@ -122,9 +122,18 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     rule, auto = resolve_connection(cfg, ctx.data, ctx.public_emb, qs)
                     if auto is not None:
                         progress.say(f"auto connection: {rule} ({auto['reason']})")
-                plan = connection_plan(cfg, ctx.public_emb, qs.features, rule)
+                weights = (released_weights(cfg, ctx.data, ctx.public_emb, rounds, query_sets,
+                                            plans)
+                           if t and rule != "reverse_knn" and cfg.rknn.reweight == "released"
+                           else None)       # post-processing of the rounds released so far
+                plan = connection_plan(cfg, ctx.public_emb, qs.features, rule, weights)
+                plans.append(plan)
                 selection["connection"] = {**plan.describe(), "configured": cfg.rknn.connection,
-                                           **({"auto": auto} if auto is not None else {})}
+                                           "reweight": "released" if weights is not None
+                                           else "public",
+                                           **({"auto": auto} if auto is not None else {}),
+                                           **({"prices": plan.prices.tolist()}
+                                              if plan.prices is not None else {})}
                 selections.append(selection)
                 mechanism = ctx.round_mechanism(t, qs.size)
                 with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
