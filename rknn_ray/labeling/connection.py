@@ -52,8 +52,7 @@ ALPHA = {"balanced_harmonic": 2.0, "balanced_min": 8.0}
 STEP = {"balanced_harmonic": 0.1, "balanced_min": 0.025}
 #: prices are kept within +-MAX_LOG_WEIGHT * tau: a record never takes a query more than 2 tau
 #: farther (squared) than reverse k-NN would. Wider ranges chase the sampling noise of a small
-#: public set (a few samples per query): on digits, balanced_min at log(1000) over-fed a few
-#: queries with up to 174 of 1079 records (reverse k-NN: 95) and lost 0.2 label accuracy at eps 1
+#: public set (a few samples per query): balanced_min then over-fed a few queries on digits
 MAX_LOG_WEIGHT = 1.0
 
 
@@ -200,8 +199,8 @@ def release_weights(public_emb: np.ndarray, query_features: np.ndarray, released
 #: auto: a query is at risk when its expected vote count is below AT_RISK_Z noise std. A
 #: balanced rule is chosen only when reverse k-NN leaves at least AT_RISK_FLOOR of the public
 #: samples (whose labels come from those queries) at risk and the rule halves that share:
-#: balancing costs label purity, and on digits, where the balanced rules lost label accuracy
-#: at every eps measured (0.1 - 1), a looser rule (any 5-point gain) chose them at eps 0.5 - 0.7
+#: balancing costs label purity, and a looser rule chose them on digits where they lost
+#: label accuracy (docs/running.md)
 AT_RISK_Z, AT_RISK_FLOOR = 2.0, 0.25
 #: a moved edge (one reverse k-NN would not make) counts as half a vote: it comes from another
 #: query's cluster and agrees with the query's label less often
