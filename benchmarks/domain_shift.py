@@ -29,7 +29,8 @@ same mechanism calls the ClientShard and Server actors make (benchmarks.trust_mo
 ``library_round``). Labels as a job makes them (finish_labels: soft, smoothed over the public
 graph); the student is the configured one (features -> MLP) trained with Ray Train, or with
 ``--trainer local`` the same loop in this process (no Train start-up per student). Label
-accuracy is averaged over ``--repeats`` noise draws, the student trains on the first.
+accuracy is averaged over ``--repeats`` noise draws; ``--student-seeds`` students (seeds
+run.seed, run.seed + 1, ...) train on the first draw's labels.
 
 The degree profile (min, 10th percentile, median of the private records connected to each
 query) is a SIMULATION DIAGNOSTIC read from the exact (private) counts; no run releases it.
@@ -209,6 +210,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trainer", choices=["ray", "local"], default="ray",
                     help="student.trainer: Ray Train, or the same loop in this process")
     ap.add_argument("--repeats", type=int, default=5, help="noise draws for label accuracy")
+    ap.add_argument("--student-seeds", type=int, default=1,
+                    help="students (seeds run.seed, +1, ...) trained on the first draw's labels")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-student", action="store_true", help="labels only (fast)")
     ap.add_argument("--json", action="store_true", help="print the JSON results to stdout")
@@ -222,9 +225,10 @@ def main(argv=None) -> int:
         print(f"error: --rules {' '.join(missing)}: the connection rules are "
               f"{', '.join(RULES)}; pick from those", file=sys.stderr)
         return 2
-    if min(args.eps + args.shuffle_eps, default=1.0) <= 0 or args.repeats < 1 or args.epochs < 1:
-        print("error: eps must be > 0 and --repeats, --epochs >= 1; pass positive values",
-              file=sys.stderr)
+    if min(args.eps + args.shuffle_eps, default=1.0) <= 0 or \
+            min(args.repeats, args.epochs, args.student_seeds) < 1:
+        print("error: eps must be > 0 and --repeats, --epochs, --student-seeds >= 1; pass "
+              "positive values", file=sys.stderr)
         return 2
 
     from rknn_ray.config import load_config
@@ -250,13 +254,17 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
 
     def student(cfg, data, encoder, lab, info, qs, public_emb, tag):
+        """Test accuracies of ``--student-seeds`` students on the same labels, and seconds."""
         if args.no_student:
-            return None, None
-        t1 = time.perf_counter()
-        folder = os.path.abspath(os.path.join(args.out, "runs", tag))
-        os.makedirs(folder, exist_ok=True)
-        _, res = train_on_labels(cfg, data, encoder, lab, info, qs, public_emb, folder)
-        return float(res.test_accuracy), time.perf_counter() - t1
+            return [], None
+        t1, accs = time.perf_counter(), []
+        for i in range(args.student_seeds):
+            folder = os.path.abspath(os.path.join(args.out, "runs", f"{tag}-seed{i}"))
+            os.makedirs(folder, exist_ok=True)
+            run_cfg = cfg.with_overrides([f"run.seed={args.seed + i}"])
+            _, res = train_on_labels(run_cfg, data, encoder, lab, info, qs, public_emb, folder)
+            accs.append(float(res.test_accuracy))
+        return accs, time.perf_counter() - t1
 
     for shift in args.shifts:
         t0 = time.perf_counter()
@@ -299,8 +307,9 @@ def main(argv=None) -> int:
                     first = first or (lab, linfo, counts)
                 lab, linfo, counts = first
                 tag = f"{shift}-{model}-eps{eps:g}-{rule}-{priced_on}"
-                acc_student, student_s = (None, None) if priced_on != "public" else student(
+                students, student_s = ([], None) if priced_on != "public" else student(
                     cfg, run_data, encoder, lab, linfo, qs, public_emb, tag)
+                acc_student = float(np.mean(students)) if students else None
                 row = {"shift": shift, "model": model,
                        "mechanism": mech_name or cfg.privacy.mechanism,
                        "eps": eps, "rule": rule, "priced_on": priced_on, "s": s, "k": k,
@@ -308,6 +317,8 @@ def main(argv=None) -> int:
                        "acc_labels": float(np.mean(accs)), "acc_labels_sd": float(np.std(accs)),
                        "repeats": len(accs), "acc_labels_nonprivate": ref.label_accuracy,
                        "acc_query": lab.query_accuracy, "acc_student": acc_student,
+                       "acc_student_sd": float(np.std(students)) if students else None,
+                       "acc_student_seeds": students,
                        "degree": degree_profile(exact),
                        "gaps": gap_profile(exact, linfo["noise_std"]),
                        "acc_query_nonprivate": ref.query_accuracy,
@@ -349,7 +360,9 @@ def table_lines(rows) -> list[str]:
               r["rule"] + ("" if r.get("priced_on", "public") == "public"
                            else " (priced on public + private sample)"),
               r["s"], f"{r['acc_labels']:.4f} +- {r['acc_labels_sd']:.4f}",
-              "-" if r["acc_student"] is None else f"{r['acc_student']:.4f}",
+              "-" if r["acc_student"] is None else f"{r['acc_student']:.4f}" + (
+                  f" +- {r['acc_student_sd']:.4f}" if len(r.get("acc_student_seeds", [])) > 1
+                  else ""),
               f"{r['degree']['min']} / {r['degree']['p10']:.0f} / {r['degree']['median']:.0f}"
               f" / {r['degree']['max']}",
               f"{r['gaps']['share_gap_below_noise_std']:.0%}"]
