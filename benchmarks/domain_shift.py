@@ -19,6 +19,7 @@ the paper split has them (the student is measured on the private holders' distri
 * ``covariate``: public images with contrast scaled about each image's mean and Gaussian
   pixel noise added, clipped to [0, 1] (:func:`covariate_shift`).
 
+``rknn.connection: auto``'s choice (public information only) is recorded per setting and eps.
 Per setting the encoder, the private embeddings and, per eps, the queries (``queries.s`` /
 ``rknn.k`` chosen by the config's ``auto`` from public information at that eps) are computed
 once; each rule's exact counts once and reused for the noise draws. Every rule at a given
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
     from rknn_ray.config import load_config
     from rknn_ray.data.prepared import partitioned
     from rknn_ray.pipeline import (encoder_from_config, mechanism_for, prepare_data,
-                                   resolve_auto, train_on_labels)
+                                   resolve_auto, resolve_connection, train_on_labels)
     from rknn_ray.plots import plt, save_png
     from rknn_ray.rng import seeded_generator
     from rknn_ray.runio import write_json
@@ -283,6 +284,10 @@ def main(argv=None) -> int:
             cfg, choice = resolve_auto(cfg, run_data)
             s, k = int(cfg.queries.s), int(cfg.rknn.k)
             qs = queries_at(cfg, public_emb, s)
+            auto_rule, why = resolve_connection(cfg.with_overrides(["rknn.connection=auto"]),
+                                                run_data, public_emb, qs)
+            info.setdefault("auto_connection", {})[f"{model} eps {eps:g}"] = {
+                "rule": auto_rule, "reason": why["reason"], "at_risk": why["at_risk"]}
             variants = [(rule, "public") for rule in rules]
             if model == "central" and eps in args.oracle_eps:
                 variants += [(rule, "private") for rule in rules if rule != "reverse_knn"]
@@ -334,6 +339,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 d = row["degree"]
                 print(f"{shift:9s} {model:7s} eps={eps:<4g} {rule:17s} {priced_on:7s} s={s:<5d} "
+                      f"(auto: {auto_rule}) "
                       f"Acc_pl={row['acc_labels']:.4f}+-{row['acc_labels_sd']:.4f} "
                       f"(np {ref.label_accuracy:.4f}) Acc_pc="
                       f"{'-' if acc_student is None else format(acc_student, '.4f')} "
