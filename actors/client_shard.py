@@ -21,7 +21,7 @@ enforce the per-sender allowance.
 
 Between rounds the session may ask a shard to :meth:`~ClientShardImpl.prepare_keys`: it
 makes the next round's encapsulations (ephemeral X25519, exchange, key derivation: the
-data-free ~90% of sealing) ahead, so the round itself only encrypts and signs. Each is used once and
+data-free bulk of sealing) ahead, so the round itself only encrypts and signs. Each is used once and
 never leaves this process (:mod:`sealing.encapsulation`); a restarted shard has none and
 makes them as it seals. When more rounds follow (``RoundSpec.more_rounds``), its
 records' embeddings are kept across rounds too (the job's encoder does not change; only the
@@ -46,7 +46,7 @@ from sealing.envelope import SERVER_LAYER, layer_info
 CLOSING = "closing"
 
 #: a shard keeps its records' embeddings across rounds up to this size (a job's encoder is
-#: fixed; Fashion-MNIST's HOG+PCA of 30,000 records: ~6 CPU s a round, 7.7 MB kept)
+#: fixed, and embedding a shard's records again costs CPU seconds every round)
 EMBED_KEEP_MB = 256
 
 

@@ -8,6 +8,7 @@ in-process host has the same shape), so the library itself never imports Ray.
 from __future__ import annotations
 
 import ray
+import torch
 
 from rknn_ray.baselines.nfdp import NfdpParties
 
@@ -15,7 +16,6 @@ from rknn_ray.baselines.nfdp import NfdpParties
 @ray.remote(num_cpus=0.5)
 class NfdpShard:
     def __init__(self, parties_kwargs: dict):
-        import torch
         torch.set_num_threads(1)
         self.parties = NfdpParties(**parties_kwargs)
 

@@ -24,6 +24,7 @@ from sealing.replay import ReplayGuard
 from server.accumulator import RoundAccumulator
 from server.keys import ServerKeyPair
 from server.opener_pool import OpenerPool
+from sealing.credentials import SenderAdmission
 
 
 OPEN_CHUNK = 8192       # at most this many rows per opener task
@@ -74,7 +75,6 @@ class ServerImpl:
         self._acc = RoundAccumulator(mechanism, self._guard)
         self._admission = None
         if admission is not None:
-            from sealing.credentials import SenderAdmission
             self._admission = SenderAdmission(*admission)
             self._acc.rejected.update(dict.fromkeys(self._admission.rejected, 0))
         self._errors = []

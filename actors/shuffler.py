@@ -8,7 +8,9 @@ from __future__ import annotations
 import pyarrow as pa
 import ray
 
+from sealing.credentials import SenderAdmission
 from sealing.envelope import RoundContext, from_arrow, to_arrow
+from shuffler.distributed import DistributedShuffle
 from shuffler.pool import ShufflePool
 
 
@@ -63,7 +65,6 @@ class ShufflerImpl:
         """
         self._admission = None
         if admission is not None:
-            from sealing.credentials import SenderAdmission
             self._admission = SenderAdmission(*admission)
         floor = self.pool.min_senders if min_senders is None else int(min_senders)
         self.pool = ShufflePool(floor, self.pool.max_batch_messages,
@@ -74,7 +75,6 @@ class ShufflerImpl:
                 raise ValueError("the distributed shuffle takes no onion layers; use "
                                  "shuffle.onion_layers: 0 or keep the round below "
                                  "shuffle.distributed_above")
-            from shuffler.distributed import DistributedShuffle
             self._dist = DistributedShuffle(floor, max_batch_messages=self.pool.max_batch_messages)
         if self._peeler is not None:
             self._peeler.start_round(round_id)

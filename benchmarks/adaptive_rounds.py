@@ -98,11 +98,12 @@ def label_only_cell(cell: dict, args) -> dict:
     from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
+    from rknn_ray.accounting import PrivacyLedger, guarantee_of
     from rknn_ray.config import load_config
-    from rknn_ray.job.rounds import select_round_queries
+    from rknn_ray.job.rounds import planned_rounds
     from rknn_ray.job.session import RoundResult
-    from rknn_ray.pipeline import (exact_counts, finish_labels, mechanism_for, prepare_stages,
-                                   round_budgets, round_query_counts)
+    from rknn_ray.pipeline import finish_labels, prepare_stages
+    from rknn_ray.labeling.stage import exact_counts, round_query_counts
     from rknn_ray.labeling.queries import union_of_rounds
     from rknn_ray.rng import seeded_generator
     over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
@@ -118,26 +119,27 @@ def label_only_cell(cell: dict, args) -> dict:
     data, encoder, public_emb, first = _PREPARED[key]
     p = cfg.privacy
     rounds, query_sets, uncertain = [], [], []
-    for t, (eps_t, delta_t) in enumerate(round_budgets(p.eps, p.delta, cfg.rounds.count,
-                                                       cfg.rounds.budget_split)):
-        qs, selection = select_round_queries(cfg, data, t, public_emb, rounds, query_sets,
-                                             sizes[t], first)      # the job's own selection
-        if "uncertainty_chosen" in selection:
-            uncertain.append(selection)
-        mech = mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size)
-        exact = exact_counts(encoder, data, [qs], cfg.rknn.k)
-        noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + t)).astype(float)
-        rounds.append(RoundResult(noisy, mech.guarantee(data.num_clients), None, {}, 0, 0, 0, {}))
-        query_sets.append(qs)
+    ledger = PrivacyLedger()        # the job's default (basic) accountant composes the rounds
+    for plan in planned_rounds(cfg, data, public_emb, first, rounds, query_sets):  # the job's loop
+        if "uncertainty_chosen" in plan.selection:
+            uncertain.append(plan.selection)
+        mech = plan.mechanism
+        exact = exact_counts(encoder, data, [plan.queries], cfg.rknn.k, plan.connection)
+        noisy = mech.add_noise(exact, seeded_generator(cell["seed"] * 1000 + plan.t)).astype(float)
+        g = guarantee_of(mech, data.num_clients)
+        ledger.record(g, round_id=plan.t)
+        rounds.append(RoundResult(noisy, g, g.event, {}, 0, 0, 0, {}))
+        query_sets.append(plan.queries)
     all_qs = union_of_rounds(public_emb, query_sets)
     lab, _ = finish_labels(cfg, data, np.concatenate([r.counts for r in rounds]), all_qs,
                            public_emb, rounds, None)
-    eps = [r.guarantee.eps for r in rounds]
+    eps, delta = ledger.spent()
     return {**cell, "model": p.model, "mechanism": p.mechanism, "dataset": cfg.data.dataset,
             "label_accuracy": lab.label_accuracy, "accuracy": float("nan"),
-            "query_label_accuracy": lab.query_accuracy, "eps": float(sum(eps)),
-            "delta": float(sum(r.guarantee.delta for r in rounds)), "rounds": len(rounds),
-            "round_eps": eps, "ledger_events": len(rounds), "queries": all_qs.size,
+            "query_label_accuracy": lab.query_accuracy, "eps": float(eps),
+            "delta": float(delta), "rounds": len(rounds),
+            "round_eps": [e.guarantee.eps for e in ledger.entries],
+            "ledger_events": len(ledger.entries), "queries": all_qs.size,
             "k_used": cfg.rknn.k, "private": False,       # a seeded simulation
             "uncertainty_chosen": [u["uncertainty_chosen"] for u in uncertain],
             "uncertainty_all": [u["uncertainty_all"] for u in uncertain],
@@ -161,7 +163,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 
 def to_markdown(table: list[dict]) -> str:
-    from jobs.experiments import markdown_table
+    from jobs.writers import markdown_table
     lines = markdown_table(
         ("eps (total)", "T", "rounds t>=1 select", "queries", "eps spent",
          "label acc (mean ± sd)", "student acc (mean ± sd)", "seeds"),
@@ -199,7 +201,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from jobs.experiments import Job, Runner
-    from rknn_ray.runio import write_json, write_text
+    from jobs.writers import write_tables
     todo = cells(args)
     jobs = [Job(cell_name(c), dict(c), call=(lambda c=c: label_only_cell(c, args)))
             for c in todo] if args.labels_only else \
@@ -209,12 +211,12 @@ def main(argv=None) -> int:
 
     def write(rows: list, m: dict) -> None:
         table = aggregate(rows)
-        write_json(os.path.join(args.out, "results.json"),
-                   {"meta": {**m, "complete": len(rows) == len(todo)}, "table": table,
-                    "runs": rows})
-        if m.get("complete"):
-            write_text(os.path.join(args.out, "adaptive_rounds.md"), to_markdown(table))
-            plot(table, os.path.join(args.out, "adaptive_rounds.png"))
+        done = m.get("complete")             # the table and figure once every cell is in
+        write_tables(args.out, "adaptive_rounds",
+                     {"meta": {**m, "complete": len(rows) == len(todo)}, "table": table,
+                      "runs": rows}, json_name="results.json",
+                     markdown=to_markdown(table) if done else None,
+                     plot=(lambda path: plot(table, path)) if done else None)
 
     def progress(i, n, job, row, skipped):
         print(f"eps={row['target_eps']:g} T={row['T']} {row['selection']:9s} "

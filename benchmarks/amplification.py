@@ -21,7 +21,7 @@ writes results.json, table.txt and PNGs, each atomically:
   timing.png               seconds per bound
   audit.png                empirical lower bounds vs claimed upper bounds
 Audits: binary RR (fast reference, binomial simulation) and the project's real
-shuffle / local RR and Collision randomizers (rknn_ray.accounting.audit). Exit
+shuffle / local RR and Collision randomizers (benchmarks/audit.py). Exit
 status 1 if any audit raises a red flag (a claimed upper bound below a certified
 lower bound).
 """
@@ -37,8 +37,10 @@ import numpy as np
 
 from rknn_ray.accounting import BOUNDS, variation_ratio_bound
 from rknn_ray.accounting.bounds import MechanismLowerBound
-from rknn_ray.accounting.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
-                                       shuffled_pair_statistics, simulate_labeling_error)
+from benchmarks.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
+                              shuffled_pair_statistics, simulate_labeling_error)
+from rknn_ray.accounting.tight import tight_bound
+from rknn_ray.mechanisms.collision import collision_l
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.runio import write_json, write_text
@@ -53,7 +55,7 @@ MECHS = ("rr", "collision")
 # Real-randomizer audits: (model, n, eps) -- shuffle: eps is the central target the
 # mechanism calibrates eps0 for (per delta); local: eps is eps0 itself.
 REAL_AUDITS = (("shuffle", 200, 1.0), ("local", 1000, 4.0))
-# Client reports randomized per real audit point (Collision costs ~4x RR per report).
+# Client reports randomized per real audit point (Collision costs more than RR per report).
 REAL_AUDIT_REPORTS = {"rr": 20_000_000, "collision": 10_000_000}
 # Labeling simulation: s queries, one-record clients, reports per (row, bound, mech).
 SIM_QUERIES = 2
@@ -81,7 +83,14 @@ def mechanism_bounds(mechanism: str = "generic", **params) -> list:
     if mechanism == "generic":
         return [BOUNDS[name] for name in ORDER]
     vr = variation_ratio_bound(mechanism, **params)
-    return [MechanismLowerBound(vr), vr] + [BOUNDS[name] for name in ORDER if name != "lower_bound"]
+    tight_params = {"k": params["k"]} if mechanism == "krr" else {"l": params["l"], "c": params.get("c", 1)}
+    if mechanism == "collision" and params.get("c", 1) != 1:
+        tight = []                                   # the tight bound covers c = 1 only
+        low = MechanismLowerBound(vr)
+    else:
+        tight = [tight_bound(mechanism, **tight_params)]
+        low = tight[0].lower_bound()
+    return [low] + tight + [vr] + [BOUNDS[name] for name in ORDER if name != "lower_bound"]
 
 
 def point(n: int, delta: float, eps0: float | None = None,
@@ -99,7 +108,7 @@ def point(n: int, delta: float, eps0: float | None = None,
             row = {"bound": name, "eps0": v, "seconds": s}
         if err:
             row["error"] = err
-        if mechanism != "generic" and isinstance(b, MechanismLowerBound):
+        if mechanism != "generic" and b.kind == "lower":
             row["note"] = b.citation
         out.append(row)
     return out
@@ -171,7 +180,7 @@ def real_audits(deltas, rng, scale: float = 1.0, points=REAL_AUDITS) -> list[dic
 def run_grid(out: str, ns=GRID_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, targets=GRID_TARGETS,
              num_classes: int = 10, audit_trials: int = 1_000_000, real_audit_scale: float = 1.0,
              sim_max_n: int = 100_000, sim_reports: int = SIM_REPORTS,
-             seed: int = 0, plots: bool = True) -> dict:
+             seed: int = 0, plots: bool = True, gap: bool = True) -> dict:
     """The evaluation grid: central eps, granted eps0, labeling error, timings, audits."""
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -219,22 +228,109 @@ def run_grid(out: str, ns=GRID_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, targets=GR
                 audits.append(a.to_dict())
         tick("audit_binary_rr", t)
     t = time.perf_counter()
+    gap = gap_study(ns=GAP_N if tuple(ns) == GRID_N else ns, eps0s=eps0s, deltas=deltas) if gap else []
+    tick("tight_gap", t)
+    t = time.perf_counter()
     audits += real_audits(deltas, rng, scale=real_audit_scale)
     tick("audit_real", t)
     result = {"grid": {"n": list(ns), "eps0": list(eps0s), "delta": list(deltas),
                        "targets": list(targets), "k": 1, "r": 1, "num_classes": num_classes,
                        "sim_queries": SIM_QUERIES, "sim_beta": SIM_BETA, "sim_max_n": sim_max_n},
-              "central": rows, "inverse": inverse, "audit": audits,
+              "central": rows, "inverse": inverse, "audit": audits, "tight_gap": gap,
               "order_violations": violations,
               "red_flags": [a for a in audits if a["red_flags"]],
               "seconds_by_part": times,
               "total_seconds": time.perf_counter() - t_start}
     write_json(os.path.join(out, "results.json"), result)
-    write_text(os.path.join(out, "table.txt"), format_table(rows, inverse, audits))
+    write_text(os.path.join(out, "table.txt"),
+               format_table(rows, inverse, audits) + "\n\n" + format_gap_table(gap) + "\n")
     if plots:
         make_plots(result, out)
+        if gap:
+            plot_gap(gap, out)
     result["total_seconds"] = time.perf_counter() - t_start
     return result
+
+
+# ------------------------------------------------------------------ tight-bound gap study
+
+GAP_N = (10**3, 10**4, 10**5, 10**6, 10**8)
+GAP_K = 10
+
+
+def gap_study(ns=GAP_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, k: int = GAP_K,
+              mechs=("krr", "collision", "generic")) -> list[dict]:
+    """Per randomizer (k-RR, Collision with the l the project picks for eps0, generic):
+    the tight bound, its own lower bound, their ratio, the older bounds, seconds each.
+    Generic: the lower bound is the largest of binary RR's and the 3-/4-RR pairs' (each
+    eps0-LDP); binary RR's alone is kept as ``binary_rr_lower``."""
+    rows = []
+    for mech in mechs:
+        for delta in deltas:
+            for n in ns:
+                for e0 in eps0s:
+                    params = ({"k": k} if mech == "krr" else
+                              {"l": collision_l(e0, 1), "c": 1} if mech == "collision" else {})
+                    row = {"mechanism": mech, **params, "n": n, "eps0": e0, "delta": delta}
+                    if mech == "generic":
+                        tight = tight_bound("generic")
+                        v, secs, _ = _one(BOUNDS["lower_bound"].central_eps, e0, n, delta)
+                        row["binary_rr_lower"], row["binary_rr_lower_seconds"] = v, secs
+                        bounds = [tight.lower_bound(), tight] + [
+                            b for b in mechanism_bounds("generic") if b.name != "lower_bound"]
+                    else:
+                        bounds = mechanism_bounds(mech, **params)
+                    for b in bounds:
+                        if b.name.startswith("fmt_closed"):
+                            continue
+                        v, secs, err = _one(b.central_eps, e0, n, delta)
+                        key = "tight" if b.name.startswith("tight") else (
+                            "variation_ratio" if b.name.startswith("variation_ratio") and
+                            mech != "generic" and b.name != "variation_ratio" else b.name)
+                        if key == "variation_ratio" and "variation_ratio" in row:
+                            continue                  # generic bound already listed
+                        row[key], row[f"{key}_seconds"] = v, secs
+                    lo, up = row.get("lower_bound"), row.get("tight")
+                    row["ratio"] = (up / lo) if lo and up else None
+                    rows.append(row)
+    return rows
+
+
+def format_gap_table(rows) -> str:
+    lines = ["tight bound vs its own lower bound (ratio = tight / lower); seconds of the tight bound",
+             f"{'mech':>9} {'param':>5} {'delta':>7} {'n':>9} {'eps0':>4} {'lower':>10} {'tight':>10} "
+             f"{'ratio':>7} {'var_ratio':>10} {'clones':>10} {'t_sec':>6}"]
+    for r in rows:
+        param = r.get("k", r.get("l", "-"))
+        lines.append(f"{r['mechanism']:>9} {param:>5} {r['delta']:>7.0e} {r['n']:>9.0e} {r['eps0']:>4g} "
+                     f"{_f(r.get('lower_bound'), '.6f'):>10} {_f(r.get('tight'), '.6f'):>10} "
+                     f"{_f(r.get('ratio'), '.4f'):>7} {_f(r.get('variation_ratio'), '.6f'):>10} "
+                     f"{_f(r.get('clones_numerical'), '.6f'):>10} {_f(r.get('tight_seconds'), '.2f'):>6}")
+    return "\n".join(lines)
+
+
+def plot_gap(rows, out: str) -> None:
+    """gap.png: tight / lower per n, one panel per randomizer, a line per eps0 (delta[0])."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    mechs = sorted({r["mechanism"] for r in rows}, key=("krr", "collision", "generic").index)
+    d0 = rows[0]["delta"]
+    fig, axes = plt.subplots(1, len(mechs), figsize=(4.2 * len(mechs), 3.6), sharey=True)
+    for ax, mech in zip(np.atleast_1d(axes), mechs):
+        for e0 in sorted({r["eps0"] for r in rows}):
+            pts = [(r["n"], r["ratio"]) for r in rows if r["mechanism"] == mech
+                   and r["eps0"] == e0 and r["delta"] == d0 and r["ratio"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"eps0={e0:g}")
+        ax.axhline(1.05, color="gray", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(f"{mech}: tight / lower (delta={d0:.0e})")
+        ax.set_xlabel("n")
+        ax.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("upper / lower (eps)")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    _save(fig, os.path.join(out, "gap.png"))
 
 
 # ------------------------------------------------------------------ table
@@ -300,7 +396,7 @@ def format_table(rows, inverse, audits) -> str:
 
 def _save(fig, path: str) -> None:
     """The project's atomic PNG writer (matplotlib is imported only when plotting)."""
-    from rknn_ray.plots import save_png
+    from rknn_ray.plots import save_png  # defers matplotlib
     save_png(fig, path, dpi=110)
 
 
@@ -309,7 +405,7 @@ COLORS = {"lower_bound": "black", "variation_ratio": "tab:blue", "clones_numeric
 
 
 def make_plots(result: dict, out: str) -> None:
-    from rknn_ray.plots import plt
+    from rknn_ray.plots import plt  # defers matplotlib
     rows = result["central"]
     bounds = ("lower_bound", "variation_ratio", "clones_numerical", "fmt_closed_form")
     ns = result["grid"]["n"]
@@ -483,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--c", type=int, default=1, help="Collision: cells per report c (default 1)")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--grid", action="store_true", help="run the evaluation grid")
+    ap.add_argument("--gap", action="store_true",
+                    help="only the tight-bound gap study (tight / lower per randomizer, n, eps0, "
+                         "delta): table.txt, gap.json and gap.png in --out")
     ap.add_argument("--out", default="runs/amplification", help="grid output folder")
     ap.add_argument("--audit-trials", type=int, default=1_000_000,
                     help="trials of the binary-RR reference audit")
@@ -495,6 +594,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     try:
+        if args.gap:
+            gap = gap_study()
+            os.makedirs(args.out, exist_ok=True)
+            write_json(os.path.join(args.out, "gap.json"), gap)
+            table = format_gap_table(gap)
+            write_text(os.path.join(args.out, "table.txt"), table + "\n")
+            if not args.no_plots:
+                plot_gap(gap, args.out)
+            print(table)
+            return 0
         if args.grid:
             res = run_grid(args.out, audit_trials=args.audit_trials,
                            real_audit_scale=args.real_audit_scale, sim_max_n=args.sim_max_n,

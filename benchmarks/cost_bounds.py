@@ -1,9 +1,9 @@
-"""Speed bounds that used to be asserted in the unit suite, measured and checked here.
+"""Speed bounds the unit suite does not assert, measured and checked here.
 
     python -m benchmarks.cost_bounds [--quick] [--json OUT]
 
-A unit test must not fail because a shared machine was busy (issue 19: timing assertions
-belong in benchmarks), yet these bounds still say something: sealing costs little beyond
+A unit test must not fail because a shared machine was busy (timing assertions belong in
+benchmarks), yet these bounds still say something: sealing costs little beyond
 the cryptographic primitives it must run, and partitioning a million records is quick.
 Rows: sealing CPU time / crypto floor (600 and 100,000 messages, this thread's CPU time,
 best of three; bound 1.3) and partitioning 1e6 records per scheme (wall; bound 10 s).
@@ -18,12 +18,16 @@ import time
 
 import numpy as np
 
+from rknn_ray.data import order_by_client, partition
+from rknn_ray.runio import write_json
+
 SEAL_BOUND = 1.3          # CPU(seal_batch) / CPU(bare X25519 + HKDF + ChaCha20-Poly1305)
 PARTITION_BOUND_S = 10.0  # wall seconds for partition + order_by_client of 1e6 records
 
 
 def sealing_rows(sizes: tuple[int, ...], repeats: int = 3) -> list[dict]:
     """seal_batch's CPU time against crypto_floor_seconds measured in the same thread."""
+    # defers cryptography, pyarrow
     from sealing.envelope import RoundContext, crypto_floor_seconds, seal_batch
     from server.keys import ServerKeyPair
 
@@ -46,7 +50,6 @@ def sealing_rows(sizes: tuple[int, ...], repeats: int = 3) -> list[dict]:
 
 def partition_rows(n: int) -> list[dict]:
     """Partition + client order of ``n`` records for each scheme (wall seconds)."""
-    from rknn_ray.data import order_by_client, partition
 
     y = np.random.default_rng(9).integers(0, 10, n)
     rows = []
@@ -78,7 +81,6 @@ def main(argv=None) -> int:
         print(f"{r['name']:<52} {r['value']:>8.3f} {r['bound']:>7.2f}  "
               f"{'yes' if r['ok'] else 'NO (over its bound)'}")
     if args.json:
-        from rknn_ray.runio import write_json
         write_json(args.json, res)
     return 0 if res["ok"] else 1
 

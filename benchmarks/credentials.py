@@ -15,11 +15,14 @@ import time
 
 import numpy as np
 
+from rknn_ray.runio import write_json
+
 
 def measure(messages: int, repeats: int) -> dict:
+    # defers cryptography, pyarrow
     from sealing.credentials import CredentialIssuer, SenderAdmission, with_credentials
     from sealing.envelope import RoundContext, seal_batch, to_arrow
-    from server.keys import ServerKeyPair
+    from server.keys import ServerKeyPair  # defers cryptography
 
     ctx = RoundContext("bench-credentials", 0)
     pk = ServerKeyPair.generate().public_bytes()
@@ -61,7 +64,6 @@ def main(argv=None) -> int:
         ratio = 1.0 if k == "seal" else res["ratio_to_seal"][k]
         print(f"{k:<8} {res['cpu_s_median'][k]:8.2f} {res['us_per_message'][k]:8.1f} {ratio:8.2f}")
     if args.json:
-        from rknn_ray.runio import write_json
         write_json(args.json, res)
     return 0
 

@@ -36,11 +36,13 @@ def _timed(fn, items) -> tuple[float, list]:
 
 def floor_parts(num_messages: int, payload_len: int, sample: int = 2000) -> dict[str, float]:
     """CPU seconds per primitive for ``num_messages`` sealed, tagged reports (see module doc)."""
+    # defers cryptography
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-    from sealing.credentials import TAG_LEN
+    from sealing.credentials import TAG_LEN  # defers cryptography, pyarrow
     from sealing.encapsulation import derive_key, parse_public_key
+    # defers cryptography, pyarrow
     from sealing.envelope import HEADER_LEN, KDF_LABEL, KEY_LEN, NONCE, PLAIN_HEAD
     if num_messages <= 0:
         return {part: 0.0 for part in PARTS}

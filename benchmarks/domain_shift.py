@@ -156,7 +156,7 @@ def rule_counts(encoder, data, qs, k: int, rule: str, price_emb):
     """Exact (s, |Y|) counts (NOT private), the RecordAnswers and the plan's facts under one
     connection rule, planned on ``price_emb`` (the public embeddings, as a run does)."""
     from rknn_ray.labeling.connection import plan_connection
-    from rknn_ray.pipeline import exact_answers
+    from rknn_ray.labeling.stage import exact_answers
     conn = plan_connection(rule, price_emb, qs.features, k)
     ans = exact_answers(encoder, data, qs, k, connection=conn)
     return ans.counts(), ans, conn.describe()
@@ -187,7 +187,8 @@ def gap_profile(exact: np.ndarray, noise_std: float) -> dict:
 
 
 def labels_for(cfg, data, counts, qs, public_emb, eps: float | None, k: int):
-    from rknn_ray.pipeline import finish_labels, noise_std_per_count
+    from rknn_ray.mechanisms.stage import noise_std_per_count
+    from rknn_ray.pipeline import finish_labels
     std = 0.0 if eps is None else noise_std_per_count(cfg, data, k=k, s=qs.size, eps=eps)
     return finish_labels(cfg, data, np.asarray(counts, dtype=float), qs, public_emb, [],
                          noise_std=std)
@@ -234,8 +235,10 @@ def main(argv=None) -> int:
 
     from rknn_ray.config import load_config
     from rknn_ray.data.prepared import partitioned
-    from rknn_ray.pipeline import (encoder_from_config, mechanism_for, prepare_data,
-                                   resolve_auto, resolve_connection, train_on_labels)
+    from rknn_ray.mechanisms.stage import mechanism_for
+    from rknn_ray.pipeline import prepare_data, resolve_auto, resolve_connection
+    from rknn_ray.representation.stage import encoder_from_config
+    from rknn_ray.student.stage import train_on_labels
     from rknn_ray.plots import plt, save_png
     from rknn_ray.rng import seeded_generator
     from rknn_ray.runio import write_json
@@ -361,7 +364,7 @@ def main(argv=None) -> int:
 
 def table_lines(rows) -> list[str]:
     """The markdown table of docs/results.md from result rows (results.json's ``rows``)."""
-    from jobs.experiments import markdown_table
+    from jobs.writers import markdown_table
     table = [[r["shift"], r["model"], f"{r['eps']:g}",
               r["rule"] + ("" if r.get("priced_on", "public") == "public"
                            else " (priced on public + private sample)"),

@@ -18,13 +18,18 @@ import sys
 
 import numpy as np
 
+from rknn_ray.mechanisms.noise import discrete_laplace_variance
+from rknn_ray.labeling.answers import RecordAnswers
+from rknn_ray.mechanisms import MechanismParams, build
+from rknn_ray.rng import seeded_generator
+from jobs.experiments import markdown_table
+
 SPECS = [("central", "laplace"), ("local", "rr"), ("local", "collision"),
          ("local", "separation"), ("local", "concatenation"), ("local", "laplace"),
          ("shuffle", "rr"), ("shuffle", "collision"), ("shuffle", "multi")]
 
 
 def closed_form_variance(mech, answers) -> np.ndarray:
-    from rknn_ray.mechanisms.noise import discrete_laplace_variance
     shape = (answers.num_queries, answers.num_classes)
     if mech.model == "central":
         return np.full(shape, discrete_laplace_variance(mech.scale))
@@ -34,9 +39,6 @@ def closed_form_variance(mech, answers) -> np.ndarray:
 
 
 def run(clients: int, trials: int, eps: float, seed: int = 0) -> list[dict]:
-    from rknn_ray.labeling.answers import RecordAnswers
-    from rknn_ray.mechanisms import MechanismParams, build
-    from rknn_ray.rng import seeded_generator
     rng = np.random.default_rng(seed)
     s, c, k = 6, 4, 2
     nb = np.argsort(rng.random((clients, s)), axis=1)[:, :k]
@@ -71,7 +73,6 @@ def main(argv=None) -> int:
     rows = run(args.clients, args.trials, args.eps)
     print(f"{args.clients} clients, {args.trials} trials, eps={args.eps} (24 cells; with 24 cells "
           f"max |z| up to ~3 is expected; variance ratio SE ~ {np.sqrt(2 / args.trials):.3f})")
-    from jobs.experiments import markdown_table
     print("\n".join(markdown_table(
         ("model", "mechanism", "eps run", "max abs bias z", "mean var (theory)",
          "measured/theory var: mean [min, max]", "bytes"),

@@ -28,6 +28,11 @@ import sys
 
 import numpy as np
 
+from rknn_ray.data.readers import load_dataset
+from rknn_ray.data.splits import make_splits
+from rknn_ray.runio import write_parquet
+from rknn_ray.errors import RknnError, first_line
+
 FILES = ("private.parquet", "public.parquet", "evaluation.parquet", "public_truth.parquet")
 
 
@@ -67,7 +72,7 @@ def skewed_holders(y: np.ndarray, sizes: np.ndarray, alpha: float, rng) -> np.nd
 
 def pixels_column(x: np.ndarray, dtype: str):
     """(N, ...) images -> one fixed-size list column of the flattened pixels."""
-    import pyarrow as pa
+    import pyarrow as pa  # defers pyarrow
     flat = x.reshape(len(x), -1)
     flat = np.rint(flat * 255).astype(np.uint8) if dtype == "uint8" else flat.astype(np.float32)
     return pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
@@ -77,10 +82,7 @@ def export(out: str, holders: int = 3000, max_records: int = 40, alpha: float = 
            seed: int = 0, dtype: str = "float32", limit: int | None = None,
            data_root: str | None = None) -> dict:
     """Write the four files into ``out``; returns what was written (for the printout)."""
-    import pyarrow as pa
-    from rknn_ray.data.readers import load_dataset
-    from rknn_ray.data.splits import make_splits
-    from rknn_ray.runio import write_parquet
+    import pyarrow as pa  # defers pyarrow
     ds = load_dataset("fashion_mnist", data_root)
     if limit:
         ds = dataclasses.replace(ds, train_x=ds.train_x[:limit], train_y=ds.train_y[:limit],
@@ -130,7 +132,6 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N train and N test images")
     ap.add_argument("--data-root", default=None, help="folder of the IDX files")
     args = ap.parse_args(argv)
-    from rknn_ray.errors import RknnError, first_line
     if args.alpha <= 0 or args.max_records < 1 or (args.limit is not None and args.limit < 4):
         print("error: --alpha must be > 0, --max-records >= 1 and --limit >= 4", file=sys.stderr)
         return 2

@@ -17,6 +17,9 @@ import os
 import sys
 import time
 
+from rknn_ray.rng import secure_generator
+from rknn_ray.runio import write_json
+
 
 
 def main(argv=None) -> int:
@@ -33,13 +36,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_out/fmnist_central")
     args = ap.parse_args(argv)
 
+    # defers cryptography, dp_accounting, faiss, ray, tqdm
     from rknn_ray.job.ray_env import ensure_ray
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import derive_labels, exact_counts, mechanism_for, prepare_stages
+    from rknn_ray.labeling.stage import derive_labels, exact_counts  # defers faiss
+    from rknn_ray.mechanisms.stage import mechanism_for  # defers faiss
+    from rknn_ray.pipeline import prepare_stages  # defers faiss
     from rknn_ray.plots import plt, save_png
-    from rknn_ray.rng import secure_generator
-    from rknn_ray.runio import write_json
-    from rknn_ray.student import StudentConfig, train_student
+    from rknn_ray.student import StudentConfig, train_student  # defers torch
 
     os.makedirs(args.out, exist_ok=True)
     rows = []

@@ -20,14 +20,15 @@ import sys
 
 import numpy as np
 
+from rknn_ray.student.config import SemiConfig
+
 
 def run(epochs: int = 15) -> dict:
-    import torch
-    from sklearn.datasets import load_digits
+    import torch  # defers torch
+    from sklearn.datasets import load_digits  # defers sklearn
 
-    from rknn_ray.student.models import build_model
+    from rknn_ray.student.models import build_model  # defers torch
     from rknn_ray.representation.contrastive import ContrastiveEncoder
-    from rknn_ray.student.config import SemiConfig
     from rknn_ray.student.semi import train_semi_student
     from rknn_ray.student.train import StudentConfig, train_student_local
 

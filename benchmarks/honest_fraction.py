@@ -6,7 +6,7 @@ in process.
         [--set KEY=VALUE ...] [--json]
 
 For each ``privacy.honest_fraction`` and ``privacy.options.dlap_share`` (``auto``: left to
-the job's choice, rknn_ray.pipeline.free_dlap_shares) it resolves ``queries.s: auto`` as
+the job's choice, rknn_ray.mechanisms.stage.free_dlap_shares) it resolves ``queries.s: auto`` as
 the job does (the per-client message cap binds harder when every client sends m = ceil(gamma
 n) clients' shares, and less when a smaller DLap share needs fewer flooding messages), fits
 the public encoder and queries, computes the exact counts, and adds the noise the release
@@ -31,15 +31,19 @@ from fractions import Fraction
 
 import numpy as np
 
+from rknn_ray.mechanisms.exact import negative_binomial
+from rknn_ray.rng import seeded_generator
+from jobs.experiments import markdown_table
+
 
 def measure(config: str, fractions: list[float], seeds: int,
             shares: tuple = ("auto",), student: bool = False,
             overrides: tuple = ()) -> list[dict]:
-    from rknn_ray.config import load_config
-    from rknn_ray.mechanisms.exact import negative_binomial
-    from rknn_ray.pipeline import (exact_counts, finish_labels, mechanism_for, prepare_stages,
-                                   train_on_labels)
-    from rknn_ray.rng import seeded_generator
+    from rknn_ray.config import load_config  # defers yaml
+    from rknn_ray.labeling.stage import exact_counts  # defers faiss
+    from rknn_ray.mechanisms.stage import mechanism_for  # defers faiss
+    from rknn_ray.pipeline import finish_labels, prepare_stages  # defers faiss
+    from rknn_ray.student.stage import train_on_labels  # defers torch
     rows = []
     data = None
     for gamma, share in [(g, sh) for g in fractions for sh in shares]:
@@ -104,7 +108,6 @@ def main(argv=None) -> int:
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from jobs.experiments import markdown_table
     print("\n".join(markdown_table(
         ("honest fraction", "DLap share", "s", "noise senders m", "noise std/count",
          "msgs/client", "label acc (median)", "exact counts, same s", "student (median)",

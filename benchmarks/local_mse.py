@@ -177,7 +177,7 @@ def table(doc: dict) -> str:
 
 
 def plot(doc: dict, path: Path) -> None:
-    from rknn_ray.plots import plt, save_png
+    from rknn_ray.plots import plt, save_png  # defers matplotlib
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"collision": "C0", "separation": "C1", "concatenation": "C2"}
     for n in NAMES:

@@ -3,9 +3,8 @@
     python -m benchmarks.multi_message_noise [--json]
 
 For each (eps, delta, k r) row it calibrates the protocol twice with the exact PLD
-accountant (rknn_ray.accounting.multi_message): flooding restricted to Poisson (the
-protocol before issue 20 item 5) and the calibration's own choice among Poisson and
-NB(r) laws. Both reach the same (eps, delta) with the same DLap noise (same error);
+accountant (rknn_ray.accounting.multi_message): flooding restricted to Poisson and the
+calibration's own choice among Poisson and NB(r) laws. Both reach the same (eps, delta) with the same DLap noise (same error);
 each flood mean is the smallest (to 2%) of its law that does. Per cell, all clients
 together: 2p/(1-p) geometric-share messages + 2 mu flooding messages; this number does not
 depend on n or d. Per client: times d / m (m = honest_fraction * n noise senders).

@@ -18,8 +18,7 @@ exchange, HKDF, ChaCha20-Poly1305 seal, credential key and HMAC tag; the shuffle
 credential key and tag check; the server's exchange, HKDF and open -- measured during the
 round: each part's median over samples taken every ``--floor-period`` s, since this
 machine's speed drifts; ``floor_spread_s`` is the range one sample implied and
-``floor_after_round_s`` one floor taken after the round, the way it was measured before
-2026-11-25), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
+``floor_after_round_s`` one floor taken after the round, for comparison), ``crypto_floor_s`` (their sum), ``cores``, ``floor_wall_s`` = floor / cores,
 ``ratio_to_floor`` = wall / floor_wall (the wall includes the actors' start-up and
 shutdown), ``round_wall_s`` and ``round_ratio_to_floor`` (actors: the round alone, from its
 start to the release), ``round_cpu_s`` (actors: CPU of every process of
@@ -55,6 +54,16 @@ import threading
 import time
 
 import numpy as np
+
+from benchmarks.crypto_floor import (AHEAD_PARTS as ahead_parts, KEPT_PARTS as kept_parts,
+                                     floor_parts)
+from rknn_ray.data.sources import SyntheticClientsSource
+from rknn_ray.labeling.queries import select_queries
+from rknn_ray.representation.represent import make_encoder
+from rknn_ray.mechanisms import MechanismParams, build
+from rknn_ray.rng import new_client_secret
+from jobs.local_cluster import LocalCluster, placement_overrides, roles_for
+from rknn_ray.runio import write_json
 
 SEED = 0
 NUM_CLASSES, DIM, S = 10, 32, 10
@@ -92,11 +101,12 @@ class Sampler(ABC):
 
 class MemorySampler(Sampler):
     """Peak of the summed PSS of this process tree. One sample reads every process's
-    smaps_rollup, a page-table walk the kernel charges to this process (~60-100 ms for a
-    round's ~20 processes here): every 2 s it costs ~4% of one core instead of ~8%."""
+    smaps_rollup, a page-table walk the kernel charges to this process, so the period
+    trades the peak's resolution against the sampler's own CPU (docs/results.md, "Costs
+    behind design choices")."""
 
     def __init__(self, period: float = 2.0):
-        import psutil
+        import psutil  # defers psutil
         super().__init__(period)
         self._psutil, self.peak = psutil, 0.0
 
@@ -116,18 +126,16 @@ class MemorySampler(Sampler):
 
 class FloorSampler(Sampler):
     """The floor measured while the round runs: every ``period`` s, ``probe`` messages' worth
-    of each primitive (benchmarks/crypto_floor.py, this thread's CPU clock). This machine's
-    speed drifts by up to ~1.5x over minutes (five 2,000-message floors within a minute
-    here: 175-230 CPU s per 1e6 messages; one taken after a 1e6 round: 152), so one floor
-    taken after the round made ``ratio_to_floor`` swing 1.25 -> 1.96 between two runs of the
-    same code. The floor used is each part's median per-message cost over the round."""
+    of each primitive (benchmarks/crypto_floor.py, this thread's CPU clock). A shared
+    machine's speed drifts over minutes, so one floor taken after the round makes
+    ``ratio_to_floor`` swing between two runs of the same code (docs/results.md, "Costs
+    behind design choices"). The floor used is each part's median per-message cost over the round."""
 
     def __init__(self, payload_len: int, period: float = 5.0, probe: int = 200):
         super().__init__(period)
         self.payload_len, self.probe, self.samples = payload_len, probe, []
 
     def sample(self) -> None:
-        from benchmarks.crypto_floor import floor_parts
         self.samples.append(floor_parts(self.probe, self.payload_len, sample=self.probe))
 
     def parts(self, num_messages: int) -> dict[str, float]:
@@ -146,9 +154,6 @@ class FloorSampler(Sampler):
 def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = "collision",
                   delta: float = 1e-6):
     """Queries and mechanism from public data only (2,000 mixture samples of another seed)."""
-    from rknn_ray.data.sources import SyntheticClientsSource
-    from rknn_ray.labeling.queries import select_queries
-    from rknn_ray.representation.represent import make_encoder
     public_x, _ = SyntheticClientsSource(0, 2000, NUM_CLASSES, DIM, SEED + 7).records(0, 2000)
     encoder = make_encoder("raw").fit(public_x)
     qs = select_queries(encoder.transform(public_x), s, restarts=1, seed=SEED)
@@ -158,15 +163,13 @@ def _public_setup(clients: int, s: int = S, model: str = "shuffle", name: str = 
 def _mechanism(clients: int, s: int = S, model: str = "shuffle", name: str = "collision",
                delta: float = 1e-6):
     """The round's mechanism (public parameters only)."""
-    from rknn_ray.mechanisms import MechanismParams, build
     return build(model, name, MechanismParams(s, NUM_CLASSES, 1, 1.0, delta=delta,
                                               num_clients=clients))
 
 
 def _exact_counts(clients: int, qs, batch: int = 1 << 20) -> np.ndarray:
     """The true counts, for the error columns (regenerated the way the shards made them)."""
-    from rknn_ray.data.sources import SyntheticClientsSource
-    from rknn_ray.labeling.rknn import reverse_knn
+    from rknn_ray.labeling.rknn import reverse_knn  # defers faiss
     src = SyntheticClientsSource(0, clients, NUM_CLASSES, DIM, SEED)
     counts = np.zeros((S, NUM_CLASSES), np.int64)
     for lo in range(0, clients, batch):
@@ -176,13 +179,11 @@ def _exact_counts(clients: int, qs, batch: int = 1 << 20) -> np.ndarray:
 
 
 def run_inprocess(clients: int, batch: int) -> dict:
-    from rknn_ray.client_step import RoundSpec, client_step
-    from rknn_ray.data.sources import SyntheticClientsSource
-    from rknn_ray.rng import new_client_secret
-    from sealing.envelope import RoundContext, from_arrow
+    from rknn_ray.client_step import RoundSpec, client_step  # defers cryptography, faiss, pyarrow
+    from sealing.envelope import RoundContext, from_arrow  # defers cryptography, pyarrow
     from server.accumulator import RoundAccumulator, open_and_check
-    from server.keys import ServerKeyPair
-    from server.opening import ReportOpener
+    from server.keys import ServerKeyPair  # defers cryptography
+    from server.opening import ReportOpener  # defers cryptography, pyarrow
     from shuffler.pool import ShufflePool
 
     stages: dict[str, float] = {}
@@ -211,9 +212,12 @@ def run_inprocess(clients: int, batch: int) -> dict:
     t = time.perf_counter()
     release = acc.finalize()
     stages["finalize"] = time.perf_counter() - t
+    from rknn_ray.accounting import PrivacyLedger, guarantee_of  # defers dp_accounting, scipy
+    ledger = PrivacyLedger()                    # the round's cost, as a job's ledger states it
+    ledger.record(guarantee_of(mech, senders), round_id=0)
     return {"wall_s": time.perf_counter() - t_all, "stages_s": stages, "senders": int(senders),
             "messages": release.accepted, "rejected": release.rejected, "counts": release.counts,
-            "eps0": mech.local_eps, "eps": mech.guarantee(senders).eps, "qs": qs,
+            "eps0": mech.local_eps, "eps": ledger.spent()[0], "qs": qs,
             "message_size": mech.message_size, "cores": 1, "spilled_mb": 0.0}
 
 
@@ -221,7 +225,7 @@ class StoreSampler(Sampler):
     """What Ray wrote to disk: spilled MiB (cumulative) and peak fallback-mmap MiB."""
 
     def __init__(self, period: float = 2.0):
-        import ray
+        import ray  # defers ray, tqdm
         super().__init__(period)
         self.spilled, self.fallback_peak = 0.0, 0.0
         # this run's cluster by address: with none, Ray picks the newest instance on the machine
@@ -229,6 +233,7 @@ class StoreSampler(Sampler):
 
     def sample(self) -> None:
         try:
+            # Ray's private API: a Ray that moved it fails only this call
             from ray._private.internal_api import memory_summary
             text = memory_summary(self.address, stats_only=True)
         except Exception:  # noqa: BLE001 - best effort: the cluster may be shutting down
@@ -251,11 +256,10 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
     """One round on a local Ray instance, or with ``nodes`` > 1 on a cluster of that many
     nodes on this machine (jobs/local_cluster.py: server, shuffler and client nodes, each
     party placed on its own); ``rng="seeded"`` makes the release reproducible (NOT private)."""
-    import ray
+    import ray  # defers ray, tqdm
 
-    from jobs.local_cluster import LocalCluster, placement_overrides, roles_for
-    from rknn_ray.job.ray_env import ensure_ray
-    from rknn_ray.training.logs import quiet_train_logs
+    from rknn_ray.job.ray_env import ensure_ray  # defers cryptography, faiss, ray, tqdm
+    from rknn_ray.training.logs import quiet_train_logs  # defers torch
 
     quiet_train_logs()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -287,11 +291,9 @@ def run_actors(clients: int, batch: int, shards: int, object_store_mb: int | Non
 def _actors_round(clients: int, batch: int, shards: int, distributed_above: int | None,
                   overrides: list[str]) -> dict:
     """The round itself, on the Ray this process is connected to."""
-    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.progress import Progress  # defers cryptography, faiss, ray, tqdm
     from rknn_ray.job.session import ProtocolSession
-    from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.config import load_config
-    from rknn_ray.data.sources import SyntheticClientsSource
+    from rknn_ray.config import load_config  # defers yaml
 
     t_all = time.perf_counter()
     encoder, qs, mech = _public_setup(clients)
@@ -309,7 +311,9 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
             start = time.perf_counter() - t0
             cpu0 = _cpu_by_process()
             t_round = time.perf_counter()
-            res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
+            from rknn_ray.accounting import PrivacyLedger  # defers dp_accounting, scipy
+            ledger = PrivacyLedger()
+            res = session.run_round(0, mech, encoder, qs.features, ledger)
             round_wall = time.perf_counter() - t_round
             by_process = _cpu_delta(cpu0, _cpu_by_process())
             round_cpu = sum(by_process.values())
@@ -319,13 +323,13 @@ def _actors_round(clients: int, batch: int, shards: int, distributed_above: int 
     return {"wall_s": wall, "stages_s": stages, "senders": res.shuffler["senders"],
             "shuffle_mode": res.shuffler["hops"][0].get("mode", "in-process"),
             "messages": res.messages, "rejected": res.rejected, "counts": res.counts,
-            "eps0": mech.local_eps, "eps": res.guarantee.eps, "qs": qs,
+            "eps0": mech.local_eps, "eps": ledger.spent()[0], "qs": qs,
             "message_size": mech.message_size, "spilled_mb": spilled,
             "placement": res.placement, "round_cpu_s": round_cpu, "round_wall_s": round_wall,
             "round_cpu_by_process_s": by_process}
 
 
-WARM_QUERIES = 100                         # x 10 classes: the 1000-cell vote of issue 20
+WARM_QUERIES = 100                         # x 10 classes: a 1000-cell vote
 WARM_MODELS = {"central": "laplace", "shuffle": "collision"}
 WARM_FLOOR_PROBE = 1000                    # messages of every primitive after each warm round
 
@@ -354,16 +358,16 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
     outside the round's window); its ``floor_cpu_s`` is what is left in the round (also
     without :data:`benchmarks.crypto_floor.AHEAD_PARTS`, which ``floor_ahead_cpu_s`` holds).
     """
-    import ray
+    import ray  # defers ray, tqdm
 
-    from rknn_ray.training.logs import quiet_train_logs
+    from rknn_ray.training.logs import quiet_train_logs  # defers torch
 
     if rounds < 1:
         raise ValueError(f"--warm-rounds must be >= 1, got {rounds}")
     quiet_train_logs()
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     cores = os.cpu_count() or 1
-    from rknn_ray.job.ray_env import ensure_ray
+    from rknn_ray.job.ray_env import ensure_ray  # defers cryptography, faiss, ray, tqdm
     started = ensure_ray(num_cpus=cores, log_to_driver=False)  # a test's Ray is used as it is
     out = {"clients": clients, "protocol": "actors-warm", "cores": cores, "rounds": rounds,
            "queries": WARM_QUERIES, "cells": WARM_QUERIES * NUM_CLASSES, "models": {}}
@@ -382,13 +386,10 @@ def run_warm(clients: int, rounds: int = 5, models: tuple = tuple(WARM_MODELS),
 def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bool,
                 cores: int, batch: int | None = None) -> dict:
     """One model's session of :func:`run_warm`."""
-    from benchmarks.crypto_floor import AHEAD_PARTS as ahead_parts, KEPT_PARTS as kept_parts
-    from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.config import load_config
-    from rknn_ray.data.sources import SyntheticClientsSource
-    from rknn_ray.job.progress import Progress
+    from rknn_ray.config import load_config  # defers yaml
+    from rknn_ray.job.progress import Progress  # defers cryptography, faiss, ray, tqdm
     from rknn_ray.job.session import ProtocolSession
-    from sealing.credentials import TABLE_MAX_CLIENTS
+    from sealing.credentials import TABLE_MAX_CLIENTS  # defers cryptography, pyarrow
     delta = 0.0 if model == "central" else 1e-6     # central Laplace is pure eps-DP
     encoder, qs, mech = _public_setup(clients, WARM_QUERIES, model, WARM_MODELS[model], delta)
     count = min(100, rounds + 1)
@@ -409,9 +410,10 @@ def _warm_model(clients: int, rounds: int, model: str, shards: int, prepared: bo
                for a, b in zip(cuts[:-1], cuts[1:])]
     walls, cpus, tree_cpus, stages, by_process = [], [], [], [], []
     prep_walls, prep_cpus, prep_stats = [], [], []
+    from rknn_ray.accounting import PrivacyLedger  # defers dp_accounting, scipy
     ledger = PrivacyLedger()
     # the floor between the warm rounds, out of their timed windows (this machine's
-    # speed drifts; one floor taken after the rounds moved fixed_s by ~0.3 s at 1e4)
+    # speed drifts, so a floor taken only after the rounds would skew fixed_s)
     probe = FloorSampler(mech.message_size, period=0.0, probe=WARM_FLOOR_PROBE)
     with ProtocolSession(cfg, sources, f"warm-{model}", progress=Progress(False)) as session:
         idle_rate = None
@@ -468,7 +470,7 @@ def _cpu_by_process() -> dict[str, float]:
     """CPU seconds so far of this process tree, by kind of process: ``driver``, each Ray
     actor or task by its process title (``ray::Server``, ...), ``opener`` (the Server's
     children), and Ray's daemons by name."""
-    import psutil
+    import psutil  # defers psutil
     me = psutil.Process()
     out: dict[str, float] = {}
     for p in [me, *me.children(recursive=True)]:
@@ -502,7 +504,6 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
         object_store_mb: int | None = None, distributed_above: int | None = 5_000_000,
         nodes: int = 1, rng: str = "secure", memory_period: float = 5.0,
         floor_period: float = 5.0) -> dict:
-    from benchmarks.crypto_floor import floor_parts
     if nodes > 1 and protocol != "actors":
         raise ValueError("--nodes needs --protocol actors (the in-process run has no nodes)")
     message_size = _mechanism(clients).message_size        # the floor samples' payload
@@ -531,8 +532,8 @@ def run(clients: int, protocol: str = "actors", batch: int = 20000, shards: int 
             "round_cpu_by_process_s": res.get("round_cpu_by_process_s"),
             "cpu_ratio_to_floor": (res["round_cpu_s"] / floor if res.get("round_cpu_s")
                                    else None),
-            # the samplers' CPU is the benchmark's, charged to the driver (smaps walks: ~6 s
-            # of a 1e6 round at 2 s); the round's own CPU leaves it out
+            # the samplers' CPU is the benchmark's, charged to the driver (the smaps walks);
+            # the round's own CPU leaves it out
             "benchmark_own_cpu_s": mem.cpu_s + probe.cpu_s,
             "cpu_ratio_to_floor_without_samplers": (
                 (res["round_cpu_s"] - mem.cpu_s - probe.cpu_s) / floor
@@ -588,7 +589,6 @@ def main(argv=None) -> int:
               args.distributed_above, args.nodes, args.rng, args.memory_period,
               args.floor_period)
     if args.out:
-        from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-{args.protocol}-{args.clients}.json"), res)
     if args.json:
         print(json.dumps(res))
@@ -630,7 +630,6 @@ def _main_warm(args) -> int:
     res = run_warm(args.clients, args.warm_rounds, shards=args.shards, prepare=prepare,
                    batch=args.batch)
     if args.out:
-        from rknn_ray.runio import write_json
         write_json(os.path.join(args.out, f"scale-warm-{args.clients}.json"), res)
     if args.json:
         print(json.dumps(res))

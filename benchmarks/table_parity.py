@@ -26,14 +26,18 @@ import json
 import os
 import sys
 
+from rknn_ray.data.idx import IDX_STEMS, read_idx_split, write_idx
+from rknn_ray.data.readers import FASHION_CLASSES, FASHION_MNIST_ROOT
+from rknn_ray.runio import prepare_run_dir
+from benchmarks.export_table import export
+from rknn_ray.errors import RknnError, first_line
+
 CONFIGS = {"central": "jobs/configs/fmnist_central.yaml", "local": "jobs/configs/fmnist_local.yaml",
            "shuffle": "jobs/configs/fmnist_shuffle.yaml"}
 
 
 def sliced_idx(folder: str, limit: int, data_root: str | None = None) -> str:
     """The first ``limit`` train and test images and labels as IDX files in ``folder``."""
-    from rknn_ray.data.idx import IDX_STEMS, read_idx_split, write_idx
-    from rknn_ray.data.readers import FASHION_MNIST_ROOT
     os.makedirs(folder, exist_ok=True)
     for split, (images, labels) in IDX_STEMS.items():
         x, y = read_idx_split([data_root or FASHION_MNIST_ROOT], split)
@@ -44,7 +48,6 @@ def sliced_idx(folder: str, limit: int, data_root: str | None = None) -> str:
 
 def table_data(folder: str, max_records: int, holders: int) -> dict:
     """The ``data`` section that reads the export in ``folder`` (``holders``: declared)."""
-    from rknn_ray.data.readers import FASHION_CLASSES
     return {"dataset": "table", "classes": list(FASHION_CLASSES), "shape": [1, 28, 28],
             "max_records_per_client": max_records,
             "private": {"path": os.path.join(folder, "private.parquet"), "label": "label",
@@ -54,7 +57,7 @@ def table_data(folder: str, max_records: int, holders: int) -> dict:
 
 
 def config(path: str, overrides: list[str], data: dict | None):
-    from rknn_ray.config import Config, load_config
+    from rknn_ray.config import Config, load_config  # defers yaml
     cfg = load_config(path, [*overrides, "run.progress=false", "privacy.budget_eps=1000"])
     if data is None:
         return cfg
@@ -65,7 +68,7 @@ def config(path: str, overrides: list[str], data: dict | None):
 
 def check_labels(run_dir: str, data_dir: str) -> dict:
     """labels.parquet against the export: every public id once, accuracy by the answer key."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # defers pyarrow
     labels = pq.read_table(os.path.join(run_dir, "labels.parquet"))
     ids = labels.column("id").to_pylist()
     public = pq.read_table(os.path.join(data_dir, "public.parquet"), columns=["row_id"])
@@ -78,8 +81,7 @@ def check_labels(run_dir: str, data_dir: str) -> dict:
 
 
 def one_run(name: str, cfg, out: str, ledger: str) -> dict:
-    from rknn_ray.job import run
-    from rknn_ray.runio import prepare_run_dir
+    from rknn_ray.job import run  # defers cryptography, dp_accounting, faiss, ray, tqdm
     res = run(cfg, prepare_run_dir(os.path.join(out, name)), ledger_path=ledger)
     rep = res.report
     return {"run": name, "model": rep["privacy"]["model"], "eps": rep["privacy"]["eps"],
@@ -100,8 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from benchmarks.export_table import export
-    from rknn_ray.errors import RknnError, first_line
+    # defers cryptography, dp_accounting, faiss, ray, tqdm
     from rknn_ray.job.ray_env import ensure_ray
     out = os.path.abspath(args.out)
     data_dir, ledger = os.path.join(out, "data"), os.path.join(out, "ledger.sqlite")
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
                 rows.append({**row, **check_labels(row["dir"], data_dir)})
         finally:
             if started:
-                import ray
+                import ray  # defers ray, tqdm
                 ray.shutdown()
     except (RknnError, ValueError, OSError) as exc:
         print(f"error: {first_line(exc)}", file=sys.stderr)

@@ -31,18 +31,23 @@ import time
 
 import numpy as np
 
+from rknn_ray.rng import seeded_generator
+from rknn_ray.errors import RknnError
+from rknn_ray.runio import write_json
+from jobs.experiments import markdown_table
+
 DEFAULT_MODELS = ["central:laplace", "local:rr", "local:collision", "shuffle:rr",
                   "shuffle:collision", "shuffle:multi"]
 
 
 def library_round(cfg, data, ans, rng_seed):
     """One round without actors: randomize + estimate in-process (same mechanism code)."""
-    from rknn_ray.pipeline import mechanism_for
-    from rknn_ray.rng import seeded_generator
+    from rknn_ray.accounting import guarantee_of  # defers dp_accounting, scipy
+    from rknn_ray.mechanisms.stage import mechanism_for  # defers faiss
     mech = mechanism_for(cfg, data)
     batch = mech.randomize(ans, seeded_generator(rng_seed))
     counts = mech.estimate(batch.payloads, data.num_clients, seeded_generator(rng_seed + 1))
-    return counts, mech.guarantee(data.num_clients), len(batch), mech.describe()
+    return counts, guarantee_of(mech, data.num_clients), len(batch), mech.describe()
 
 
 def main(argv=None) -> int:
@@ -65,17 +70,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_out/trust_models")
     args = ap.parse_args(argv)
 
-    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.progress import Progress  # defers cryptography, faiss, ray, tqdm
+    # defers cryptography, faiss, ray, tqdm
     from rknn_ray.job.session import ProtocolSession, new_job_id
     from rknn_ray.job.ray_env import ensure_ray
-    from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.config import load_config
-    from rknn_ray.errors import RknnError
-    from rknn_ray.pipeline import (dataset_sources, derive_labels, exact_answers,
-                                   mechanism_for, prepare_stages)
-    from rknn_ray.plots import plt, save_png
-    from rknn_ray.runio import write_json
-    from rknn_ray.student import StudentConfig, train_student, train_student_local
+    from rknn_ray.config import load_config  # defers yaml
+    from rknn_ray.data.sources import dataset_sources  # defers faiss
+    from rknn_ray.labeling.stage import derive_labels, exact_answers  # defers faiss
+    from rknn_ray.mechanisms.stage import mechanism_for  # defers faiss
+    from rknn_ray.pipeline import prepare_stages  # defers faiss
+    from rknn_ray.plots import plt, save_png  # defers matplotlib
+    from rknn_ray.student import StudentConfig, train_student, train_student_local  # defers torch
 
     os.makedirs(args.out, exist_ok=True)
     base = [f"data.dataset={args.dataset}", "data.partition=one_per_client",
@@ -121,6 +126,7 @@ def main(argv=None) -> int:
                     mech = mechanism_for(cfg, data)
                     with ProtocolSession(cfg, dataset_sources(cfg, data), new_job_id(),
                                          progress=Progress(False)) as session:
+                        from rknn_ray.accounting import PrivacyLedger  # defers dp_accounting
                         res = session.run_round(0, mech, encoder, qs.features, PrivacyLedger())
                     counts, g, msgs, details = res.counts, res.guarantee, res.messages, res.mechanism
                 else:
@@ -149,7 +155,6 @@ def main(argv=None) -> int:
 
     print(f"\n{args.dataset}, one record per client, s={args.s}, k={args.k}, "
           f"protocol={args.protocol}")
-    from jobs.experiments import markdown_table
     table = []
     for r in rows:
         if "error" in r:

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 
+from jobs.signals import reader_gone
 from rknn_ray.accounting.budget_store import (ENV_PATH, BudgetStore, default_path,
                                               open_reservations, settle, settle_fate)
 from rknn_ray.errors import RknnError
@@ -52,7 +53,6 @@ def main(argv=None) -> int:
         sys.stdout.flush()          # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:       # `rknn-ray budget | head`: the reader had what it wanted
-        from jobs.signals import reader_gone
         return reader_gone()
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)

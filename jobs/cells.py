@@ -12,6 +12,8 @@ import os
 import time
 
 from rknn_ray.errors import first_line
+from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.runio import prepare_run_dir
 
 #: Budgets of the isolated ledger: an eps grid must not be refused there. The ledger is an
 #: experiment ledger (BudgetStore purpose "experiment"): every cell is an independent
@@ -23,7 +25,6 @@ ISOLATED_BUDGET = ("privacy.budget_eps=1000000",)
 def isolated_ledger(out: str):
     """``out``/ledger.sqlite as the process's ledger ($RKNN_RAY_LEDGER) for the block; the
     caller's setting is restored afterwards. Yields the ledger's path."""
-    from rknn_ray.accounting.budget_store import BudgetStore
     path = os.path.join(os.path.abspath(out), "ledger.sqlite")
     BudgetStore(path, purpose="experiment")
     saved = os.environ.get("RKNN_RAY_LEDGER")
@@ -40,8 +41,7 @@ def isolated_ledger(out: str):
 def run_distill(cfg, out_dir: str, ledger_path: str) -> tuple[dict, float]:
     """One job (:func:`rknn_ray.job.run`, what ``python -m jobs.distill`` runs) of the
     validated ``cfg`` into ``out_dir`` (replacing a run there); returns (report, wall seconds)."""
-    from rknn_ray.job import run
-    from rknn_ray.runio import prepare_run_dir
+    from rknn_ray.job import run  # defers cryptography, dp_accounting, faiss, ray, tqdm
     # a sweep re-runs its cell: an earlier attempt's unfinished release is replaced, as before
     out = prepare_run_dir(out_dir, overwrite=True, discard_release=True)
     t0 = time.perf_counter()

@@ -11,6 +11,9 @@ import difflib
 import importlib
 import sys
 
+from jobs.signals import reader_gone
+from rknn_ray import __version__
+
 __all__ = ["COMMANDS", "main", "parser"]
 
 #: command -> (module whose ``main(argv)`` it runs, one line of what it does)
@@ -42,7 +45,6 @@ Each command is also python -m MODULE (what ray job submit runs):
 
 def parser() -> argparse.ArgumentParser:
     """The top-level parser: its help lists the commands (each parses its own arguments)."""
-    from rknn_ray import __version__
     ap = argparse.ArgumentParser(
         prog="rknn-ray", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Record-level private knowledge distillation by reverse k-NN labeling on\n"
@@ -60,7 +62,6 @@ def main(argv=None) -> int:
         sys.stdout.flush()          # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:         # `rknn-ray report DIR | head`: the reader had enough
-        from jobs.signals import reader_gone
         return reader_gone()
 
 

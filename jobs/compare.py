@@ -38,15 +38,28 @@ central methods whose server needs the records: the records themselves).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
+import uuid
 
-from jobs.experiments import Job, Runner, cell_row, fmt, markdown_table
+import torch
+
+from jobs.cells import ISOLATED_BUDGET, run_distill
+from jobs.experiments import Job, Runner, cell_row
+from jobs.writers import (accuracy_vs_eps_png, fmt, print_result, rows_markdown, rows_to_csv,
+                          write_tables)
+from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.budget_store import BudgetStore, mark_started
+from rknn_ray.accounting.source_identity import private_data_digest
+from rknn_ray.baselines.common import prepare
+from rknn_ray.baselines.registry import BASELINES, run_baseline
+from rknn_ray.config import load_config
+from rknn_ray.runio import write_json, write_text
 
 RKNN_METHODS = ("rknn_central", "rknn_local", "rknn_shuffle")
-BASELINE_METHODS = ("fedmd_nfdp", "fedmd_nfdp_wor", "dpdfd_selective_rr", "pate_lnmax",
-                    "pate_gnmax", "private_knn", "dpsgd_head")
+BASELINE_METHODS = tuple(BASELINES)
 METHODS = RKNN_METHODS + BASELINE_METHODS
 CONFIG_PREFIX = {"digits": "digits", "fashion_mnist": "fmnist"}
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
@@ -123,8 +136,6 @@ def rknn_config(dataset: str, model: str, eps: float, delta: float, seed: int = 
     """The validated config of one rknn row: the dataset's config with the comparison's
     overrides (isolated budget, driver-trained student; the NOT PRIVATE diagnostics only
     when asked)."""
-    from jobs.cells import ISOLATED_BUDGET
-    from rknn_ray.config import load_config
     over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", *ISOLATED_BUDGET,
                                                 "student.num_workers=1", *RKNN_OVERRIDES,
                                                 *(DIAGNOSTICS_OVERRIDES if diagnostics else ()),
@@ -146,7 +157,6 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
              seed: int = 0, student_epochs: int | None = None, diagnostics: bool = False) -> dict:
     """One jobs.distill run outside a runner; returns its comparison row (with the NOT
     PRIVATE ``nonprivate_label_accuracy`` set only when ``diagnostics``)."""
-    from jobs.cells import run_distill
     job = rknn_job(dataset, model, eps, delta, seed, student_epochs, diagnostics)
     report, wall = run_distill(job.cfg, out_dir, ledger_path)
     return cell_row(job, report, wall, out_dir)
@@ -154,29 +164,17 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
 
 # ----------------------------------------------------------------------------- baselines
 
-def run_baseline(method: str, setup, eps: float, delta: float, ledger=None):
-    """One baseline at one eps, recorded in ``ledger`` (default: its own, in memory);
-    returns its BaselineResult."""
-    from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
-    shards = NFDP_SHARDS.get(setup.data.dataset, 2)
-    if method in ("fedmd_nfdp", "fedmd_nfdp_wor"):
-        from actors.nfdp_shard import RayParties
-        from rknn_ray.job.ray_env import ensure_ray
-        ensure_ray()                      # a no-op inside the comparison, which started it
-        return nfdp.run_nfdp(setup, eps, replacement=method == "fedmd_nfdp", hosts=RayParties,
-                             shards=shards, ledger=ledger)
-    if method == "dpdfd_selective_rr":
-        return dpdfd.run_dpdfd(setup, eps, ledger=ledger)
-    if method == "pate_lnmax":
-        return pate.run_pate(setup, eps, delta, aggregator="lnmax", ledger=ledger)
-    if method == "pate_gnmax":
-        return pate.run_pate(setup, eps, delta, aggregator="gnmax", data_dependent=True,
-                             ledger=ledger)
-    if method == "private_knn":
-        return private_knn.run_private_knn(setup, eps, delta, ledger=ledger)
-    if method == "dpsgd_head":
-        return dpsgd.run_dpsgd(setup, eps, delta, ledger=ledger)
-    raise ValueError(f"unknown baseline {method!r}")
+def baseline_setup(dataset: str, seed: int = 0, student_epochs: int | None = None,
+                   baseline_s: int | None = None):
+    """The baselines' shared data (the central config's data, encoder and queries; ``s``
+    overridden by ``baseline_s``), with FedMD-NFDP's parties on Ray actors."""
+    # ray: imported only when a comparison prepares its baselines
+    from actors.nfdp_shard import RayParties
+    cfg = load_config(config_path(dataset, "central"),
+                      _overrides(seed, student_epochs)
+                      + ([f"queries.s={baseline_s}"] if baseline_s else []))
+    return dataclasses.replace(prepare(cfg), party_hosts=RayParties,
+                               party_shards=NFDP_SHARDS.get(dataset, 2))
 
 
 def baseline_ledger(store, setup, method: str, target_eps: float, delta: float, job_id: str):
@@ -184,9 +182,6 @@ def baseline_ledger(store, setup, method: str, target_eps: float, delta: float, 
     persistent store (one write per release; a budget line per method: the units and
     neighbour relations of different methods do not compose), reserved for the target
     before the baseline touches private data."""
-    from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.accounting.budget_store import mark_started
-    from rknn_ray.accounting.source_identity import private_data_digest
     sp = setup.splits
     identity, described = private_data_digest(setup.cfg, sp.private_x, sp.private_y,
                                               setup.data.client_ids)
@@ -197,9 +192,6 @@ def baseline_ledger(store, setup, method: str, target_eps: float, delta: float, 
 
 
 # ----------------------------------------------------------------------------- outputs
-
-_fmt = fmt
-
 
 def _load_note(loads) -> str:
     if not loads:
@@ -237,8 +229,7 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# Comparison on {meta['dataset']} (delta = {meta['delta']:g} where needed)", "",
              f"Total wall time {meta['wall_s']:.0f} s on {meta['cpus']} CPU cores (shared"
              + _load_note(meta.get("load_average_1min")) + ").", "",
-             *markdown_table(cols, [[_fmt(r.get(c)) for c in cols] for r in rows],
-                             [f" error: {r['error']}" if r.get("error") else "" for r in rows])]
+             *rows_markdown(rows, cols)]
     notes = footnotes(rows, meta)
     if notes:
         lines += ["", " ".join(notes)]
@@ -247,13 +238,12 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
 
 
 def to_csv(rows: list[dict]) -> str:
-    from jobs.experiments import rows_to_csv
     return rows_to_csv(rows, COLUMNS)
 
 
 def plot(rows: list[dict], path: str, dataset: str) -> None:
-    from rknn_ray.plots import plt, save_accuracy_vs_eps
-    fig, ax = plt.subplots(figsize=(8, 5))
+    """Accuracy vs target eps, a line per method (label DP dashed, NFDP's large delta dotted)."""
+    lines = []
     for m in dict.fromkeys(r["method"] for r in rows):
         pts = sorted((r["target_eps"], r["accuracy"]) for r in rows
                      if r["method"] == m and r["accuracy"] is not None
@@ -263,17 +253,16 @@ def plot(rows: list[dict], path: str, dataset: str) -> None:
             big = max((r["delta"] for r in rows if r["method"] == m and r["delta"] == r["delta"]),
                       default=0.0)
             note = f", delta up to {big:.2g}" if big > 1e-3 else ""   # NFDP: delta ~ k/n
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    ls="--" if unit == "label" else (":" if note else "-"),
-                    label=f"{m} ({unit}{note})")
-    save_accuracy_vs_eps(fig, ax, path, f"{dataset}: accuracy vs eps")
+            lines.append(([p[0] for p in pts], [p[1] for p in pts],
+                          {"marker": "o", "ls": "--" if unit == "label" else (":" if note else "-"),
+                           "label": f"{m} ({unit}{note})"}))
+    accuracy_vs_eps_png(path, lines, f"{dataset}: accuracy vs eps")
 
 
-def write_diagnostics(out: str, rows: list[dict]) -> None:
+def write_diagnostics(out: str, rows: list[dict], baselines: dict | None = None) -> None:
     """``out``/diagnostics/ (owner-only, a README that says NOT PRIVATE): each rknn row's
-    label accuracy beside the same labels from exact counts."""
-    from jobs.experiments import rows_to_csv
-    from rknn_ray.runio import write_json, write_text
+    label accuracy beside the same labels from exact counts, and the baselines' figures read
+    from their exact private votes (``baselines``: method@eps -> BaselineRow.diagnostics)."""
     folder = os.path.join(out, "diagnostics")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
@@ -282,21 +271,20 @@ def write_diagnostics(out: str, rows: list[dict]) -> None:
     write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
     write_json(os.path.join(folder, "nonprivate_labels.json"), {"private": False, "rows": diag})
     write_text(os.path.join(folder, "nonprivate_labels.csv"), rows_to_csv(diag, DIAGNOSTICS_COLUMNS))
+    if baselines:
+        write_json(os.path.join(folder, "baselines.json"), {"private": False, "runs": baselines})
 
 
-def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict) -> None:
+def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict,
+                  baseline_diagnostics: dict | None = None) -> None:
     """compare.json/csv/md/png and meta.json, ledgers.json (private results only); with
     ``meta["diagnostics"]`` also the NOT PRIVATE diagnostics/ folder."""
-    from rknn_ray.runio import write_json, write_text
     if meta.get("diagnostics"):
-        write_diagnostics(out, rows)
+        write_diagnostics(out, rows, baseline_diagnostics)
     rows = private_rows(rows)
-    write_json(os.path.join(out, "compare.json"), rows)
-    write_text(os.path.join(out, "compare.csv"), to_csv(rows))
-    write_text(os.path.join(out, "compare.md"), to_markdown(rows, meta))
-    write_json(os.path.join(out, "meta.json"), meta)
-    write_json(os.path.join(out, "ledgers.json"), ledgers)
-    plot(rows, os.path.join(out, "compare.png"), meta["dataset"])
+    write_tables(out, "compare", rows, table=rows, columns=COLUMNS,
+                 markdown=to_markdown(rows, meta), meta=meta, extra={"ledgers.json": ledgers},
+                 plot=lambda path: plot(rows, path, meta["dataset"]))
 
 
 # ----------------------------------------------------------------------------- driver
@@ -308,15 +296,10 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     failed row kept with its error, an rknn row finished before read back); returns the
     rows (also written to ``out`` after every row), without their NOT PRIVATE fields
     (``diagnostics``: those go to ``out``/diagnostics/ only)."""
-    import uuid
-
-    import torch
-
-    from rknn_ray.accounting.budget_store import BudgetStore
-    from rknn_ray.config import load_config
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
     torch.set_num_threads(1)
     ledgers: dict = {}
+    not_private: dict = {}              # baselines' NOT PRIVATE figures, kept for --diagnostics
     setup = []                          # the baselines' shared data, prepared on first use
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
             "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
@@ -327,31 +310,29 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     def baseline(method, eps):
         def call() -> dict:
             if not setup:
-                from rknn_ray.baselines.common import prepare
-                setup.append(prepare(load_config(config_path(dataset, "central"),
-                                                 _overrides(seed, student_epochs)
-                                                 + ([f"queries.s={baseline_s}"]
-                                                    if baseline_s else []))))
+                setup.append(baseline_setup(dataset, seed, student_epochs, baseline_s))
                 meta["baseline_queries"] = int(setup[0].queries.size)
             store, job_id = BudgetStore(runner.ledger_path), f"compare-{uuid.uuid4().hex[:12]}"
             ledger = baseline_ledger(store, setup[0], method, eps, delta, job_id)
             try:
-                res = run_baseline(method, setup[0], eps, delta, ledger)
+                row = run_baseline(method, setup[0], eps, delta, ledger)
+                ledgers[f"{method}@{eps:g}"] = {"ledger": ledger.to_dict(),
+                                                "details": row.details}
+                if diagnostics and row.diagnostics:
+                    not_private[f"{method}@{eps:g}"] = row.diagnostics
             except BaseException:
                 # a release may have happened before the failure: the reservation stays counted
                 store.mark_failed(ledger.identity, job_id, f"compare: {method} failed")
                 raise
             store.close_job(ledger.identity, job_id, f"compare: {method} at target eps {eps:g}")
-            ledgers[f"{method}@{eps:g}"] = {"ledger": res.ledger, "details": res.details}
-            return {**res.row(), "model": res.ledger["entries"][0]["model"],
-                    "ledger_events": len(res.ledger["entries"])}
+            return row.table_fields()
         return Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
                                             "target_eps": eps}, call=call)
 
     def progress(i, n, job, row, skipped):
-        say(f"{row['method']:20s} eps={row['target_eps']:<5g} acc={_fmt(row['accuracy'])} "
-            f"labels={_fmt(row['label_accuracy'])} eps_spent={_fmt(row['eps'])} "
-            f"delta={_fmt(row['delta'])} unit={row['unit']} {row['wall_s']:.1f}s"
+        say(f"{row['method']:20s} eps={row['target_eps']:<5g} acc={fmt(row['accuracy'])} "
+            f"labels={fmt(row['label_accuracy'])} eps_spent={fmt(row['eps'])} "
+            f"delta={fmt(row['delta'])} unit={row['unit']} {row['wall_s']:.1f}s"
             + (" (done before, skipped)" if skipped else "")
             + (f" ERROR {row['error']}" if row["error"] else ""))
 
@@ -366,7 +347,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                 jobs.append(Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
                                                          "target_eps": eps},
                                 call=_raise(exc)))
-    runner = Runner(out, write=lambda rows, m: write_outputs(out, rows, m, ledgers),
+    runner = Runner(out, write=lambda rows, m: write_outputs(out, rows, m, ledgers, not_private),
                     log=progress, meta=meta, sample_load=True)
     meta["ledger"] = os.path.join(runner.out, "ledger.sqlite")
     return private_rows(runner.run(jobs))
@@ -382,7 +363,6 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
                    args.student_epochs, baseline_s=args.baseline_s, diagnostics=args.diagnostics)
-    from jobs.experiments import print_result
     print_result(rows, args.json, os.path.join(args.out, "compare.md"))
     return 0
 

@@ -16,13 +16,21 @@ import os
 import sys
 import time
 
-from jobs.config_files import resolve_config
-from rknn_ray.config import load_config, validate_resources
+from jobs import signals
+from jobs.config_files import list_configs, resolve_config
+from rknn_ray.config import load_config
 from rknn_ray.errors import RknnError
+from rknn_ray.job import run as run_job
 from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
+from rknn_ray.job.labels_file import accuracy_words
+from rknn_ray.job.progress import Progress
+from rknn_ray.job.ray_env import check_ray_address, ensure_ray
+from rknn_ray.job.resources import validate_resources
 from rknn_ray.job.resume import resume_config
 from rknn_ray.rng import check_consent
 from rknn_ray.runio import prepare_run_dir, unfinished_release
+from rknn_ray.shard_secrets import check_key_store
+from server.keys import check_key_file
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -73,7 +81,6 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         replace_old_run: bool = False) -> dict:
     """The job (:func:`rknn_ray.job.run`) for a validated ``cfg`` into the prepared
     ``out_dir``, with this process's signal handling; returns the report."""
-    from rknn_ray.job import run as run_job
     return run_job(cfg, out_dir, key_file=key_file, progress=progress, ledger_path=ledger_path,
                    resume=resume, parties=parties, start_ray=_start_ray,
                    replace_old_run=replace_old_run).report
@@ -81,8 +88,6 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
 
 def _start_ray() -> bool:
     """ensure_ray, then the job's own SIGINT/SIGTERM handlers again (ray.init installs its own)."""
-    from jobs import signals
-    from rknn_ray.job.ray_env import ensure_ray
     try:
         started = ensure_ray()             # one Ray for the whole job, after the budget check
     except SystemExit as exc:              # Ray's own SIGTERM handler, while ray.init runs
@@ -94,15 +99,12 @@ def _start_ray() -> bool:
 
 
 def main(argv=None) -> int:
-    from jobs import signals
     with signals.handled():
         return _main(parse_args(argv))
 
 
 def _main(args) -> int:
-    from jobs import signals
     if args.list_configs:
-        from jobs.config_files import list_configs
         print(list_configs())
         return 0
     out, owned = None, False            # owned: this invocation may write into ``out``
@@ -117,13 +119,10 @@ def _main(args) -> int:
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
             validate_resources(cfg, float(os.cpu_count() or 1))
             if not args.resume and cfg.run.rng != "seeded":   # the shards' node is this one
-                from rknn_ray.shard_secrets import check_key_store
                 check_key_store(cfg.cluster.key_store)
         else:                                       # a cluster to join: there, before any budget
-            from rknn_ray.job.ray_env import check_ray_address
             check_ray_address(os.environ["RAY_ADDRESS"])
         if args.key_file:
-            from server.keys import check_key_file
             check_key_file(args.key_file, load=True)
         if not args.resume:
             out = args.out or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -132,7 +131,6 @@ def _main(args) -> int:
             out = prepare_run_dir(out, overwrite=args.overwrite,
                                   discard_release=args.discard_release, replace_at_start=True)
         owned = True
-        from rknn_ray.job.progress import Progress
         progress = Progress.for_console(cfg.run.progress, quiet=args.quiet)
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
                      resume=bool(args.resume), progress=progress,
@@ -160,7 +158,6 @@ def _main(args) -> int:
     print(f"run folder: {out}")
     if not p.get("private", True):
         print(f"NOT PRIVATE: {p['warning']}")
-    from rknn_ray.job.labels_file import accuracy_words
     print(f"{p['model']}/{p['mechanism']} eps={p['eps']:.4g} delta={p['delta']:.3g} "
           f"({p['unit']}-level, {p['neighbour']}): label accuracy "
           f"{accuracy_words(acc, 'labels')}, student accuracy {accuracy_words(acc, 'student')}")

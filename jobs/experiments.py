@@ -1,24 +1,19 @@
-"""One report-row schema and one experiment runner for jobs.compare, jobs.grid,
-benchmarks.adaptive_rounds (and the rows of ``rknn-ray report`` on a folder of runs).
-
-Why one: four places read report.json into a table row, each a little differently
-(student accuracy was ``accuracy`` in one, ``student`` or ``student_accuracy`` in
-others; the stage total counted the adaptive selection in one and not another). Now
-:func:`report_row` is the only reader and :class:`ReportRow` names every field once.
+"""One experiment runner for jobs.compare, jobs.grid and benchmarks.adaptive_rounds.
 
 An experiment runs a list of cells (:class:`Job`) with :class:`Runner`: Ray is started
-once (with the first cell that must run), privacy goes to an isolated ledger in the experiment's folder (jobs.cells), a cell
-finished before with the same spec is read back instead of run again, a failed cell
-becomes a row with its error (and runs again next time), and the caller's writer is
-called after every cell, so an interrupted experiment keeps every finished row.
+once (with the first cell that must run), privacy goes to an isolated ledger in the
+experiment's folder (jobs.cells), a cell finished before with the same spec is read back
+instead of run again, a failed cell becomes a row with its error (and runs again next
+time), and the caller's writer is called after every cell, so an interrupted experiment
+keeps every finished row.
 
-The shared table writers are here too: :func:`fmt` (a cell's text), :func:`rows_to_csv`,
-:func:`markdown_table` and :func:`print_result`.
+Every row holds the fields of the one report-row schema (rknn_ray.report_row, re-exported
+here: :class:`ReportRow`, :func:`report_row`); the files are written by jobs.writers.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -26,111 +21,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-NAN = float("nan")
-#: bump when ReportRow's fields change: a saved row of another version is not "done"
-ROW_SCHEMA = 1
-#: the timings that add up to a run's stage total (``stage_s``), in order
-STAGES = ("data", "queries", "actors", "labels", "student")
-
-
-# ----------------------------------------------------------------------------- the schema
-
-@dataclass(frozen=True)
-class ReportRow:
-    """What one private run's report.json says, as one flat table row.
-
-    Fields (a run that failed, or a report that lacks one, gives NaN / None / ""):
-
-    - ``model``, ``mechanism``: the trust model (central, local, shuffle) and mechanism.
-    - ``dataset``: ``config.data.dataset``.
-    - ``eps``, ``delta``: the guarantee the run's accountant reports, all rounds composed.
-    - ``unit``, ``neighbour``: what it protects (``record`` / ``label``) and the neighbour
-      relation (``replace-one``, ``add-remove``).
-    - ``private``: False only for a simulation (``run.rng=seeded``) or a reference.
-    - ``accuracy``: the student on the evaluation split; ``label_accuracy``: the released
-      labels on the public set (Acc_pl); ``query_label_accuracy``: the labels of the queries.
-    - ``nonprivate_label_accuracy``: the same labels from exact counts (diagnostics only,
-      NOT private; None unless ``run.diagnostics``).
-    - ``rounds``: private rounds; ``round_eps``: each round's eps; ``ledger_events``: the
-      events recorded.
-    - ``clients``, ``queries`` (labeled, all rounds), ``k_used`` (``rknn.k``), ``messages``
-      (accepted by the server), ``bytes_per_client`` (messages x message bytes / clients).
-    - ``stage_s``: the sum of the run's stage, round and selection timings (seconds).
-    """
-    model: str | None = None
-    mechanism: str | None = None
-    dataset: str | None = None
-    eps: float = NAN
-    delta: float = NAN
-    unit: str = ""
-    neighbour: str | None = None
-    private: bool | None = None
-    accuracy: float = NAN
-    label_accuracy: float = NAN
-    query_label_accuracy: float | None = None
-    nonprivate_label_accuracy: float | None = None
-    rounds: int = 0
-    round_eps: tuple = ()
-    ledger_events: int = 0
-    clients: int | None = None
-    queries: int | None = None
-    k_used: int | None = None
-    messages: int | None = None
-    bytes_per_client: float = NAN
-    stage_s: float | None = None
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["round_eps"] = list(self.round_eps)
-        return d
-
-
-#: the schema's field names, in order (every producer's rows hold all of them)
-ROW_FIELDS = tuple(f.name for f in dataclasses.fields(ReportRow))
-
-
-def _num(v, default=NAN):
-    return default if v is None else v
-
-
-def stage_seconds(timings: dict) -> float:
-    """The stages plus every round and selection (``round_0``, ``select_1``; not their parts)."""
-    return float(sum(timings.get(k, 0.0) for k in STAGES) + sum(
-        v for k, v in timings.items() if k.startswith(("round_", "select_")) and k.count("_") == 1))
-
-
-def report_row(report: dict | None) -> ReportRow:
-    """The one reader of report.json for tables; ``None`` (a failed run) gives the empty row."""
-    if report is None:
-        return ReportRow()
-    p = report.get("privacy") or {}
-    acc = report.get("accuracy") or {}
-    c = report.get("counts") or {}
-    cfg = report.get("config") or {}
-    details = p.get("details") or [{}]
-    msg_bytes = (details[-1] or {}).get("message_bytes") or 0
-    rounds = p.get("rounds") or []
-    clients = c.get("clients")
-    return ReportRow(
-        model=p.get("model"), mechanism=p.get("mechanism"),
-        dataset=(cfg.get("data") or {}).get("dataset"),
-        eps=_num(p.get("eps")), delta=_num(p.get("delta")), unit=p.get("unit") or "",
-        neighbour=p.get("neighbour"), private=p.get("private", True),
-        accuracy=_num(acc.get("student")), label_accuracy=_num(acc.get("labels")),
-        query_label_accuracy=acc.get("query_labels"),
-        nonprivate_label_accuracy=(report.get("diagnostics") or {}).get("nonprivate_labels"),
-        rounds=int(c.get("rounds") or len(rounds)), round_eps=tuple(r.get("eps") for r in rounds),
-        ledger_events=len((p.get("ledger") or {}).get("entries") or []),
-        clients=clients, queries=c.get("queries"), k_used=(cfg.get("rknn") or {}).get("k"),
-        messages=c.get("messages"),
-        bytes_per_client=(float(c.get("messages") or 0) * msg_bytes / max(1, clients or 0)
-                          if "messages" in c else NAN),
-        stage_s=stage_seconds(report.get("timings_s") or {}) if report.get("timings_s") else None)
-
-
-def empty_row() -> dict:
-    """Every schema field at its 'nothing known' value: the base of a failed cell's row."""
-    return ReportRow().to_dict()
+from jobs.cells import error_text, isolated_ledger, run_distill
+from jobs.writers import fmt, markdown_table, print_result, rows_to_csv  # noqa: F401 (shared names)
+from rknn_ray.report_row import (NAN, ROW_FIELDS, ROW_SCHEMA, STAGES, ReportRow,  # noqa: F401
+                                 empty_row, report_row, stage_seconds)
+from rknn_ray.runio import write_json
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -217,8 +112,6 @@ class Runner:
     # -- one cell
     def run_one(self, job: Job) -> tuple[dict, bool]:
         """(row, was_skipped); a failure is a row with ``error`` set, never an exception."""
-        from jobs.cells import error_text, run_distill
-        from rknn_ray.runio import write_json
         done = self.load_done(job)
         if done is not None:
             return done, True
@@ -249,7 +142,6 @@ class Runner:
     def run(self, jobs: list[Job], then: Callable[[list], None] | None = None) -> list[dict]:
         """Every cell in order; returns the rows (one per job, in order). ``then(rows)`` runs
         after the cells, in the same Ray session and ledger (the grid's reference runs)."""
-        from jobs.cells import isolated_ledger
         os.makedirs(self.out, exist_ok=True)
         self.meta.setdefault("wall_s", 0.0)
         self.meta["complete"] = False
@@ -273,7 +165,7 @@ class Runner:
                     then(rows)
             finally:
                 if self._ray_started:
-                    import ray
+                    import ray  # defers ray, tqdm
                     ray.shutdown()
         self.meta["complete"] = True
         self.meta["wall_s"] = time.perf_counter() - t_all
@@ -284,50 +176,10 @@ class Runner:
         """Start Ray (once per run, only if this runner uses it and a cell must run): a
         re-run whose cells are all done starts nothing."""
         if self.ray and self._ray_started is None:
+            # defers cryptography, dp_accounting, faiss, ray, tqdm
             from rknn_ray.job.ray_env import ensure_ray
             self._ray_started = ensure_ray()
 
     def elapsed(self) -> None:
         """Bring ``meta["wall_s"]`` up to now (for a ``then`` step that writes outputs)."""
         self.meta["wall_s"] = time.perf_counter() - self._t_all
-
-
-# ----------------------------------------------------------------------------- writers
-
-def fmt(v, nd: int = 4) -> str:
-    """A table cell: floats to ``nd`` significant digits, NaN as n/a, None as empty."""
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "n/a"
-        return f"{v:.{nd}g}"
-    return "" if v is None else str(v)
-
-
-def rows_to_csv(rows: list[dict], columns) -> str:
-    """CSV text of ``rows`` with exactly ``columns`` (other keys are left out)."""
-    import csv
-    import io
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-    return buf.getvalue()
-
-
-def markdown_table(header, rows, tails=None) -> list[str]:
-    """Markdown table lines: ``header`` names, ``rows`` lists of cell texts; ``tails[i]``
-    (optional) is appended after row i's closing bar (a failed cell's error)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for i, r in enumerate(rows):
-        lines.append("| " + " | ".join(str(c) for c in r) + " |" + (tails[i] if tails else ""))
-    return lines
-
-
-def print_result(doc, as_json: bool, markdown_path: str) -> None:
-    """An experiment job's answer on stdout: its JSON (``--json``) or its markdown table."""
-    if as_json:
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        with open(markdown_path) as fh:
-            print(fh.read())

@@ -46,8 +46,17 @@ import time
 from dataclasses import dataclass, field
 
 from jobs.cells import ISOLATED_BUDGET, error_text
-from jobs.experiments import Job, Runner, fmt, markdown_table, spec_digest
+from jobs.config_files import resolve_config
+from jobs.experiments import Job, Runner, spec_digest
+from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
+from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
+from rknn_ray.job.resources import validate_resources
+from rknn_ray.paper_numbers import matching, paper_rows
+from rknn_ray.reference import NOT_PRIVATE, nonprivate_reference
+from rknn_ray.rng import NOT_PRIVATE as SEEDED_NOT_PRIVATE
+from rknn_ray.rng import check_consent
+from rknn_ray.runio import write_json
 
 DEFAULT_MECHANISM = {"central": "laplace", "local": "collision", "shuffle": "collision"}
 CELL_FILE = "grid_cell.json"
@@ -62,6 +71,33 @@ NOT_PRIVATE_NOTE = ("reference_* columns are NOT PRIVATE: the same pipeline on t
 
 
 # ----------------------------------------------------------------------------- the grid
+
+@dataclass(frozen=True)
+class GridSpec:
+    """What a grid runs: the base config (a file or a packaged name), ``sets`` on every cell,
+    the axes (None: the config's value; ``s`` / ``k``: numbers or "auto"; ``models``:
+    MODEL[/MECHANISM]; ``encoders``: NAME[:DIM]), the shuffle cells' ``delta``, the
+    students' epochs, whether the NOT PRIVATE reference runs, and the consent a seeded
+    (NOT private) config needs."""
+    config: str
+    sets: tuple = ()
+    encoders: list | None = None
+    s: list | None = None
+    k: list | None = None
+    models: list | None = None
+    eps: list | None = None
+    seeds: list | None = None
+    delta: float | None = None
+    student_epochs: int | None = None
+    reference: bool = True
+    insecure_seeded: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "GridSpec":
+        return cls(args.config, tuple(args.sets), args.encoder, args.s, args.k, args.model,
+                   args.eps, args.seeds, args.delta, args.student_epochs,
+                   reference=not args.no_reference, insecure_seeded=args.insecure_seeded)
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -151,21 +187,19 @@ def _model(base):
     return parse
 
 
-def plan(config: str, sets=(), encoders=None, s=None, k=None, models=None, eps=None, seeds=None,
-         delta=None, student_epochs=None):
+def plan(spec: GridSpec):
     """The base config and every cell, each validated as a full config (a bad key or value
-    fails here, before anything runs). Returns (base Config, [(Cell, Config)])."""
-    from rknn_ray.config import load_config
-    from jobs.config_files import resolve_config
-    config = resolve_config(config)
+    fails here, before anything runs). Returns (base Config, [(Cell, Config)], axes)."""
+    config = resolve_config(spec.config)
+    sets, delta, student_epochs = spec.sets, spec.delta, spec.student_epochs
     base = load_config(config, list(sets))
     axes = {
-        "encoder": _axis(encoders, [base.represent.encoder], "--encoder", _encoder),
-        "s": _axis(s, [base.queries.s], "--s", _int_or_auto("--s")),
-        "k": _axis(k, [base.rknn.k], "--k", _int_or_auto("--k")),
-        "model": _axis(models, [base.privacy.model], "--model", _model(base)),
-        "eps": _axis(eps, [base.privacy.eps], "--eps", _eps),
-        "seed": _axis(seeds, [base.run.seed], "--seeds", _seed),
+        "encoder": _axis(spec.encoders, [base.represent.encoder], "--encoder", _encoder),
+        "s": _axis(spec.s, [base.queries.s], "--s", _int_or_auto("--s")),
+        "k": _axis(spec.k, [base.rknn.k], "--k", _int_or_auto("--k")),
+        "model": _axis(spec.models, [base.privacy.model], "--model", _model(base)),
+        "eps": _axis(spec.eps, [base.privacy.eps], "--eps", _eps),
+        "seed": _axis(spec.seeds, [base.run.seed], "--seeds", _seed),
     }
     if delta is not None and not (0 < float(delta) < 1):
         raise ConfigError("--delta", f"{delta!r} is not in (0, 1)", "write --delta 1e-5")
@@ -238,8 +272,6 @@ def run_reference(name: str, digest: str, ref_cfg, out: str,
                   before_run=None) -> tuple[dict, bool]:
     """The NON-PRIVATE reference in ``out``/reference/<name> (or the saved one);
     ``before_run()`` is called only when it must be computed (the runner starts Ray)."""
-    from rknn_ray.reference import NOT_PRIVATE, nonprivate_reference
-    from rknn_ray.runio import write_json
     folder = os.path.join(out, "reference", name)
     path = os.path.join(folder, REFERENCE_FILE)
     if os.path.isfile(path):
@@ -281,7 +313,6 @@ def _median(vals):
 def summarize(cells: list[Cell], rows: dict, refs: dict, ref_of: dict, dataset: str) -> list[dict]:
     """One row per (encoder, s, k, model, eps): medians over seeds, the reference (NOT
     PRIVATE) of the same cells, the paper's numbers at the same dataset and eps."""
-    from rknn_ray.paper_numbers import matching
     groups: dict = {}
     for c in cells:
         groups.setdefault(c.group, []).append(c)
@@ -314,11 +345,6 @@ def summarize(cells: list[Cell], rows: dict, refs: dict, ref_of: dict, dataset: 
     return out
 
 
-def to_csv(summary: list[dict]) -> str:
-    from jobs.experiments import rows_to_csv
-    return rows_to_csv(summary, SUMMARY_COLUMNS)
-
-
 def _model_name(row: dict) -> str:
     """``central/laplace``: a cell row's trust model and mechanism, as the --model axis names it."""
     m, mech = row.get("model") or "", row.get("mechanism")
@@ -342,8 +368,7 @@ def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], me
              + ("" if meta.get("complete") else " (INCOMPLETE: still running or interrupted)")
              + ".", ""]
     if not meta.get("private", True):
-        from rknn_ray.rng import NOT_PRIVATE
-        lines += [f"**NOT PRIVATE: run.rng = seeded. {NOT_PRIVATE}**", ""]
+        lines += [f"**NOT PRIVATE: run.rng = seeded. {SEEDED_NOT_PRIVATE}**", ""]
     table = []
     for r in summary:
         cells = [r["encoder"], str(r["s"]), str(r["k"]), r["model"],
@@ -384,21 +409,19 @@ def to_markdown(summary: list[dict], cell_rows: list[dict], refs: list[dict], me
 
 def plot(summary: list[dict], path: str, dataset: str) -> None:
     """Student accuracy vs eps per (encoder, s, k, model); reference dashed; paper as stars."""
-    from rknn_ray.paper_numbers import paper_rows
-    from rknn_ray.plots import plt, save_accuracy_vs_eps
-    fig, ax = plt.subplots(figsize=(8.5, 5.2))
-    lines: dict = {}
+    groups: dict = {}
     for r in summary:
-        lines.setdefault((r["encoder"], r["s"], r["k"], r["model"]), []).append(r)
+        groups.setdefault((r["encoder"], r["s"], r["k"], r["model"]), []).append(r)
     eps_all = [r["target_eps"] for r in summary]
-    for i, (key, rs) in enumerate(lines.items()):
+    lines = []
+    for i, (key, rs) in enumerate(groups.items()):
         color = f"C{i % 10}"
         rs = sorted(rs, key=lambda r: r["target_eps"])
         pts = [(r["target_eps"], r["accuracy"]) for r in rs if not math.isnan(r["accuracy"])]
         enc, s, k, model = key
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=color,
-                    label=f"{enc} s={s} k={k} {model}")
+            lines.append(([p[0] for p in pts], [p[1] for p in pts],
+                          {"marker": "o", "color": color, "label": f"{enc} s={s} k={k} {model}"}))
         ref = [(r["target_eps"], r["reference_accuracy"]) for r in rs
                if not math.isnan(r["reference_accuracy"])]
         if ref:
@@ -406,56 +429,51 @@ def plot(summary: list[dict], path: str, dataset: str) -> None:
             ys = [p[1] for p in ref]
             if len(ref) == 1:       # a level, drawn across the eps range
                 xs, ys = [min(eps_all), max(eps_all)], ys * 2
-            ax.plot(xs, ys, ls="--", color=color, alpha=0.8,
-                    label=f"NOT PRIVATE reference ({enc} s={s} k={k})")
-    for j, p in enumerate(paper_rows(dataset)):
-        ax.plot([p.eps], [p.test_accuracy], marker="*", ms=13, ls="none", color="k",
-                alpha=0.75, label="paper 000 Table 1 (Ours)" if j == 0 else None)
-        ax.annotate(f"{p.setting} s={p.queries}", (p.eps, p.test_accuracy), fontsize=7,
-                    xytext=(4, -10), textcoords="offset points")
-    save_accuracy_vs_eps(fig, ax, path, f"{dataset}: accuracy vs eps (median over seeds)",
-                         xlabel="eps (target)", top=1.02, legend_loc="lower right")
+            lines.append((xs, ys, {"ls": "--", "color": color, "alpha": 0.8,
+                                   "label": f"NOT PRIVATE reference ({enc} s={s} k={k})"}))
+    paper = paper_rows(dataset)
+    for j, p in enumerate(paper):
+        lines.append(([p.eps], [p.test_accuracy],
+                      {"marker": "*", "ms": 13, "ls": "none", "color": "k", "alpha": 0.75,
+                       "label": "paper 000 Table 1 (Ours)" if j == 0 else None}))
+    accuracy_vs_eps_png(path, lines, f"{dataset}: accuracy vs eps (median over seeds)",
+                        size=(8.5, 5.2), xlabel="eps (target)", top=1.02,
+                        legend_loc="lower right",
+                        notes=[(f"{p.setting} s={p.queries}", (p.eps, p.test_accuracy))
+                               for p in paper])
 
 
 def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: dict,
                   meta: dict) -> dict:
-    from rknn_ray.paper_numbers import paper_rows
-    from rknn_ray.runio import write_json, write_text
     cell_rows = [rows[c.name] for c in cells if c.name in rows]
     ref_rows = list(refs.values())
     summary = summarize(cells, rows, refs, ref_of, meta["dataset"])
     doc = {"meta": meta, "summary": summary, "cells": cell_rows, "reference": ref_rows,
            "paper": [p.to_dict() for p in paper_rows(meta["dataset"])],
            "reference_note": NOT_PRIVATE_NOTE if meta.get("reference", True) else None}
-    write_json(os.path.join(out, "grid.json"), doc)
-    write_text(os.path.join(out, "grid.csv"), to_csv(summary))
-    write_text(os.path.join(out, "grid.md"), to_markdown(summary, cell_rows, ref_rows, meta))
-    write_json(os.path.join(out, "meta.json"), meta)
-    plot(summary, os.path.join(out, "grid.png"), meta["dataset"])
+    write_tables(out, "grid", doc, table=summary, columns=SUMMARY_COLUMNS,
+                 markdown=to_markdown(summary, cell_rows, ref_rows, meta), meta=meta,
+                 plot=lambda path: plot(summary, path, meta["dataset"]))
     return doc
 
 
 # ----------------------------------------------------------------------------- driver
 
-def grid(config: str, out: str, sets=(), encoders=None, s=None, k=None, models=None, eps=None,
-         seeds=None, delta=None, student_epochs=None, reference: bool = True, log=None,
-         insecure_seeded: bool = False) -> dict:
-    """Plan (validating every cell), run what is not done yet, write the outputs; returns
-    the grid.json document."""
-    from rknn_ray.rng import check_consent
+def grid(spec: GridSpec, out: str, log=None) -> dict:
+    """Plan ``spec`` (validating every cell), run what is not done yet in ``out``, write the
+    outputs; returns the grid.json document."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    base, planned, axes = plan(config, sets, encoders, s, k, models, eps, seeds, delta,
-                               student_epochs)
-    check_consent(base, insecure_seeded)       # run.rng=seeded: only when asked, marked
+    config, sets, reference = spec.config, spec.sets, spec.reference
+    base, planned, axes = plan(spec)
+    check_consent(base, spec.insecure_seeded)       # run.rng=seeded: only when asked, marked
     if not os.environ.get("RAY_ADDRESS"):
-        from rknn_ray.config import validate_resources
         for _, cfg in planned:
             validate_resources(cfg, float(os.cpu_count() or 1))
     os.makedirs(out, exist_ok=True)
     out = os.path.abspath(out)
     cells = [c for c, _ in planned]
     meta = {"config": config, "dataset": base.data.dataset, "sets": list(sets),
-            "axes": axes, "student_epochs": student_epochs, "reference": reference,
+            "axes": axes, "student_epochs": spec.student_epochs, "reference": reference,
             "cells": len(cells), "cpus": os.cpu_count(), "wall_s": 0.0, "complete": False,
             "private": base.run.rng == "secure",
             "ledger": os.path.join(out, "ledger.sqlite")}
@@ -545,13 +563,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        doc = grid(args.config, args.out, args.sets, args.encoder, args.s, args.k, args.model,
-                   args.eps, args.seeds, args.delta, args.student_epochs,
-                   reference=not args.no_reference, insecure_seeded=args.insecure_seeded)
+        doc = grid(GridSpec.from_args(args), args.out)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from jobs.experiments import print_result
     print_result(doc, args.json, os.path.join(args.out, "grid.md"))
     return 0
 

@@ -38,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 
+from rknn_ray.runio import write_json
+
 PARTIES = ("client", "shuffler", "server")
 ROLE_SLOTS = 64          # a role's resource on its node: up to 64 actors of that party
 ROLE_LABEL = "rknn-party"
@@ -83,6 +85,7 @@ class LocalCluster:
         self.env: dict[str, str] = {}
 
     def start(self) -> "LocalCluster":
+        # defers cryptography, dp_accounting, faiss, ray, tqdm
         from rknn_ray.job.ray_env import local_ray_env
         local_ray_env()                         # loopback, token auth (before Ray starts nodes)
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
@@ -92,6 +95,7 @@ class LocalCluster:
         self._saved_tmp, self._tmp_set = os.environ.get("RAY_TMPDIR"), True
         os.environ["RAY_TMPDIR"] = self.temp_dir
         os.makedirs(os.path.join(self.temp_dir, "ray"), exist_ok=True)
+        # Ray's private API: a Ray that moved it fails only this call
         from ray._common.network_utils import find_free_port
         from ray.cluster_utils import Cluster
         self.dashboard_port = find_free_port()
@@ -150,7 +154,7 @@ class LocalCluster:
         """Stop every node this object started (their own processes only; never `ray stop`)."""
         try:
             if self.cluster is not None:
-                import ray
+                import ray  # defers ray, tqdm
                 cluster, self.cluster = self.cluster, None
                 if ray.is_initialized() and ray.get_runtime_context().gcs_address == cluster.address:
                     ray.shutdown()              # a driver on one of our nodes must leave first
@@ -217,7 +221,6 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with LocalCluster(roles, args.cpus, args.object_store_mb, dashboard=dashboard) as cluster:
         if args.nodes_json:
-            from rknn_ray.runio import write_json
             write_json(args.nodes_json, cluster.node_roles())
         print(f"local cluster up: {len(roles)} nodes at {cluster.address}; placement: "
               + " ".join(f"--set '{o}'" for o in placement_overrides(roles)), file=sys.stderr)

@@ -27,6 +27,8 @@ import sys
 
 import numpy as np
 
+from rknn_ray.data.splits import stratified_parts
+
 SOURCES = {"breast_cancer": ("load_breast_cancer", ("malignant", "benign"), "mean area"),
            "wine": ("load_wine", ("barolo", "grignolino", "barbera"), "proline")}
 SITES = ("north", "south", "east", "west", "central")
@@ -61,8 +63,7 @@ def holders_for(count: int, max_records: int, rng) -> np.ndarray:
 def make_table(out: str, source: str = "breast_cancer", seed: int = 0,
                max_records: int = 8) -> dict:
     """Write the four CSV files into ``out``; returns {file: rows} and the class names."""
-    import sklearn.datasets
-    from rknn_ray.data.splits import stratified_parts
+    import sklearn.datasets  # defers sklearn
     loader, classes, banded = SOURCES[source]
     bunch = getattr(sklearn.datasets, loader)()
     x, y = np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target, dtype=np.int64)

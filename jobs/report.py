@@ -34,6 +34,9 @@ import sys
 import time
 
 from jobs.experiments import STAGES   # the job's own stages, in order
+from jobs.experiments import NAN, empty_row, report_row, stage_seconds
+from jobs.signals import reader_gone
+from rknn_ray.runio import write_text
 
 REPORT = "report.json"
 INCOMPLETE = "incomplete.json"
@@ -206,7 +209,6 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     times += [(k, _seconds(v)) for k, v in sorted(timings.items())
               if k.startswith(("round_", "select_")) and k.count("_") == 1]
     times += [(f"  {k} (all rounds)", _seconds(timings[k])) for k in ROUND_PARTS if timings.get(k)]
-    from jobs.experiments import stage_seconds
     if "job" in timings:          # a run from before the job's wall was recorded: stages only
         times.append(("job wall time", f"{_seconds(timings['job'])} (Ray's start and the time "
                       "between stages included; the release's noise sampling left out)"))
@@ -241,7 +243,6 @@ def resumed_words(resumed) -> str:
 def run_row(run: dict) -> dict:
     """One line of a comparison table: the run's name and status, then the report-row
     schema (jobs.experiments.ReportRow), the same fields compare and grid rows hold."""
-    from jobs.experiments import empty_row, report_row
     rep = run["report"]
     if rep is None:
         return {"run": run["name"], "status": "incomplete", **empty_row()}
@@ -592,12 +593,11 @@ def _folder_artifacts(folder: str) -> tuple[str, str]:
 def comparison_plot(rows: list[dict]) -> bytes | None:
     """The folder's runs side by side: student and label accuracy against eps, one line per
     trust model / mechanism (PNG bytes; None when fewer than two runs have both)."""
-    from jobs.experiments import NAN
     pts = [r for r in rows if r.get("status", "").startswith("complete")
            and isinstance(r.get("eps"), (int, float)) and r["eps"] == r["eps"]]
     if len(pts) < 2:
         return None
-    from rknn_ray.plots import runs_vs_eps_png
+    from rknn_ray.plots import runs_vs_eps_png  # defers matplotlib
     return runs_vs_eps_png([(f"{r.get('model')}/{r.get('mechanism')}", r["eps"],
                              r.get("accuracy", NAN), r.get("label_accuracy", NAN)) for r in pts])
 
@@ -672,7 +672,6 @@ def build_report(path: str, out: str | None = None, write_html: bool = True,
                    "\n".join(body))
     written = None
     if write_html:
-        from rknn_ray.runio import write_text
         written = os.path.abspath(out or os.path.join(folder, HTML_NAME))
         write_text(written, doc)              # atomic; a full disk is named
     return text, written
@@ -705,7 +704,6 @@ def main(argv=None) -> int:
             print(f"report: {written}")
         sys.stdout.flush()          # a closed pipe shows here, not at exit
     except BrokenPipeError:         # `rknn-ray report DIR | head`: the reader had enough
-        from jobs.signals import reader_gone
         return reader_gone()
     return 0
 

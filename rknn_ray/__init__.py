@@ -11,6 +11,8 @@ job from Python (rknn_ray/job/api.py), loaded on first use.
 
 __version__ = "0.1.0"
 
+import importlib
+
 from rknn_ray import moved as _moved
 
 _moved.install()        # pickles made before the stage packages still load (rknn_ray/moved.py)
@@ -20,6 +22,5 @@ def __getattr__(name: str):
     """``run``: the job layer's entry (rknn_ray.job.api), imported on first use so the library
     never loads the job layer (Ray, the parties) unless a job is run from here."""
     if name == "run":
-        import importlib
         return importlib.import_module("rknn_ray.job.api").run
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

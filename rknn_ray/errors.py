@@ -5,6 +5,7 @@ reach the driver as the same error with the same one-line message, not as Ray's
 ``UnserializableException`` wrapped in pages of tracebacks.
 """
 import errno
+import os
 
 
 class RknnError(Exception):
@@ -50,7 +51,6 @@ class OutOfSpaceError(RknnError, OSError):
 
     def __init__(self, path: str, strerror: str = "No space left on device"):
         self.path = path
-        import os
         RknnError.__init__(self, f"out of disk space writing {path} ({strerror}). Fix: free space "
                                  f"on that file system (df -h {os.path.dirname(path) or '.'}) or "
                                  "choose another --out")

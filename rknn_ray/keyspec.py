@@ -2,17 +2,22 @@
 field as ``field(metadata={"spec": Spec(...)})``, written with :func:`key`.
 
 Everything that needs to know what a key accepts reads it from there: the run config's
-validator (rknn_ray/config.py), the student's own configs (rknn_ray/student/config.py) and the
-generated reference (jobs/config_reference.py -> docs/configuration.md). Rules that tie several
-keys together (k <= s, dirichlet needs a record bound, ...) are not a key's; they stay explicit
-checks in rknn_ray/config.py.
+validator (rknn_ray/config.py, composing the sections of rknn_ray/<package>/config.py), the
+student's own configs (rknn_ray/student/config.py) and the generated reference
+(jobs/config_reference.py -> docs/configuration.md). Rules that tie several keys together
+(k <= s, dirichlet needs a record bound, ...) are not a key's; they stay explicit checks
+beside the sections they tie.
 
 A leaf module (errors only): any section may use it, and checking a value imports nothing
-heavy. Choices a module owns are given as a function returning them, called when checked.
+heavy. Choices a module owns are given as a function returning them, called when checked
+(:func:`owned`). The helpers every section shares (:class:`FrozenDict`, :func:`owned`,
+:func:`path_or_null`, :func:`unknown_key`) live here too.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -154,3 +159,44 @@ def check_number(v, path: str, kind=float, low=None, high=None, low_open=False, 
         hi = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
         raise ConfigError(path, f"{v} is out of range", f"choose {path} in {lo}, {hi}")
     return v
+
+
+# ---------------------------------------------------------------------- shared by the sections
+
+class FrozenDict(dict):
+    """A read-only dict: the free-form sections of a frozen :class:`Config`."""
+
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("a Config is read-only; derive a changed copy with "
+                        "cfg.with_overrides(['privacy.options.<key>=<value>'])")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self):        # pickle / deepcopy / Ray rebuild it without __setitem__
+        return (FrozenDict, (dict(self),))
+
+    def __hash__(self):
+        return hash(frozenset(self.items()))
+
+
+def owned(module: str, name: str):
+    """Choices the module that acts on them owns, imported only when a value is checked."""
+    def names() -> tuple:
+        value = getattr(importlib.import_module(module), name)
+        return tuple(value() if callable(value) else value)
+    return names
+
+
+def path_or_null(fix: str):
+    """A ``check``: a path (text) or null; else the problem and ``fix``."""
+    def check(value, path, spec):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(path, f"{value!r} is not a path", fix)
+        return value
+    return check
+
+
+def unknown_key(path: str, known: list[str], fallback: str) -> ConfigError:
+    """An unknown key, with the closest known one as the fix (else ``fallback``)."""
+    near = difflib.get_close_matches(path, known, n=1)
+    return ConfigError(path, "unknown key", f"did you mean '{near[0]}'?" if near else fallback)

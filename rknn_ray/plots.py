@@ -1,6 +1,8 @@
 """PNG plots for a run folder (matplotlib, headless Agg backend)."""
 from __future__ import annotations
 
+import io
+
 import matplotlib
 import matplotlib.ticker  # noqa: F401  (the comparison plot's eps ticks)
 
@@ -37,7 +39,6 @@ def runs_vs_eps_png(points) -> bytes:
     """A folder of runs side by side (``rknn-ray report FOLDER``): per ``(group, eps,
     student accuracy, label accuracy)`` point, student accuracy solid and label accuracy
     dashed against eps, one colour per group (trust model / mechanism); PNG bytes."""
-    import io
     fig, ax = plt.subplots(figsize=(8, 4.2))
     groups = list(dict.fromkeys(g for g, *_ in points))
     for i, g in enumerate(groups):

@@ -6,8 +6,8 @@ counts. It is what the privacy costs are measured against (the "Non-priv Acc." c
 of paper 000, Table 1). No privacy guarantee covers anything computed here: the
 results are marked ``"private": false`` and the folder gets a README saying so.
 Nothing is released and no ledger is touched (no mechanism runs). The stages are
-rknn_ray.pipeline's sequences (prepare_stages, nonprivate_labels, train_on_labels), the
-same ones a private run and its diagnostics call.
+rknn_ray.pipeline's sequences (prepare_stages, nonprivate_labels) and the student stage's
+train_on_labels, the same ones a private run and its diagnostics call.
 """
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ import os
 import time
 
 import numpy as np
+
+from rknn_ray.errors import ConfigError
+
+from rknn_ray.runio import write_text
 
 NOT_PRIVATE = ("NOT PRIVATE: computed from the private records without noise (the "
                "non-private reference of the same pipeline); no privacy guarantee covers it")
@@ -33,14 +37,13 @@ def nonprivate_reference(cfg, out_dir: str | None = None, progress=None) -> dict
     private run's report, so both use the same s and k). With ``out_dir`` the student
     checkpoint and a README land there. Needs Ray for the student (Ray Train).
     """
-    from rknn_ray.errors import ConfigError
-    from rknn_ray.pipeline import nonprivate_labels, prepare_stages, train_on_labels
+    from rknn_ray.pipeline import nonprivate_labels, prepare_stages  # defers faiss
+    from rknn_ray.student.stage import train_on_labels  # defers torch
     if "auto" in (cfg.queries.s, cfg.rknn.k):
         raise ConfigError("queries.s", "the non-private reference needs fixed s and k, got "
                           f"s = {cfg.queries.s}, k = {cfg.rknn.k}",
                           "take s and k from a private run's report.json (config section)")
     if out_dir:
-        from rknn_ray.runio import write_text
         os.makedirs(out_dir, exist_ok=True)
         write_text(os.path.join(out_dir, "README.txt"), README)
     t0 = time.perf_counter()

@@ -20,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import sys
 
 import numpy as np
 from randomgen import ChaCha
+
+from rknn_ray.errors import ConfigError
 
 RNG_KINDS = ("secure", "seeded")
 CHACHA_ROUNDS = 20
@@ -83,10 +86,8 @@ def check_consent(cfg, insecure_seeded: bool) -> None:
     if cfg.run.rng != "seeded":
         return
     if not insecure_seeded:
-        from rknn_ray.errors import ConfigError
         raise ConfigError("run.rng", "'seeded' makes every client secret and the server's noise "
                           "predictable from run.seed: the release would not be private",
                           "use run.rng=secure (the default), or add --insecure-seeded to run a "
                           "reproducible simulation that is marked NOT PRIVATE everywhere")
-    import sys
     print(f"WARNING: {NOT_PRIVATE}", file=sys.stderr)

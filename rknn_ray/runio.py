@@ -8,8 +8,10 @@ reported as :class:`~rknn_ray.errors.OutOfSpaceError` naming the file.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -79,7 +81,6 @@ def _fsync_dir(folder: str) -> None:
 
 def copy_file(src: str, path: str) -> None:
     """Copy ``src`` onto ``path`` atomically (a checkpoint is never left half-copied)."""
-    import shutil
     with atomic_path(path) as tmp:
         shutil.copyfile(src, tmp)
 
@@ -89,9 +90,8 @@ def save_torch(path: str, obj) -> None:
     with Python's own file calls: torch's C++ writer reports a full disk as a bare
     RuntimeError (``inline_container.cc``), this way it is an OSError naming the file
     (:class:`~rknn_ray.errors.OutOfSpaceError`) and no partial file is left."""
-    import io
 
-    import torch
+    import torch  # defers torch
     buf = io.BytesIO()
     torch.save(obj, buf)
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
@@ -123,7 +123,7 @@ def write_text(path: str, text: str) -> None:
 
 
 def write_parquet(path: str, table) -> None:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # defers pyarrow
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
 
@@ -190,7 +190,6 @@ def prepare_run_dir(path: str, overwrite: bool = False, discard_release: bool = 
 
 def clear_old_run(path: str) -> None:
     """Delete an earlier run's files from the folder (what ``--overwrite`` replaces)."""
-    import shutil
     for name in RUN_FILES:
         if os.path.isfile(os.path.join(path, name)):
             os.unlink(os.path.join(path, name))
@@ -201,7 +200,6 @@ def clear_old_run(path: str) -> None:
 def remove_train_storage(path: str) -> None:
     """Ray Train's own storage folders (``student-<id>/``): the run keeps student.pt and
     history.json, so these copies only pile up."""
-    import shutil
     for name in os.listdir(path):
         full = os.path.join(path, name)
         if name.startswith(TRAIN_STORAGE_PREFIX) and os.path.isdir(full):

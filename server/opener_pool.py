@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 
 import numpy as np
@@ -32,8 +33,7 @@ def _child_init(raw_private_key: bytes) -> None:
 
 def _child_warm() -> int:
     """Import what opening and decoding need, so the first real batch does not pay for it."""
-    import time
-
+    # the warm-up itself: an opener process imports the mechanisms here, before its first batch
     import rknn_ray.mechanisms  # noqa: F401  (registers every mechanism)
     time.sleep(0.2)             # keep this worker busy so the pool starts the next one too
     return os.getpid()

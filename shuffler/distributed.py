@@ -55,6 +55,7 @@ def _bucket_bits(total_bytes: int, target_bucket_bytes: int) -> int:
 def spilled_bytes() -> int | None:
     """Bytes this Ray node has spilled to disk so far (None when Ray does not say)."""
     try:
+        # Ray's private API: a Ray that moved it fails only this call
         from ray._private.internal_api import get_memory_info_reply, get_state_from_address
         reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
         return int(reply.store_stats.spilled_bytes_total)

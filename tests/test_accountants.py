@@ -14,6 +14,7 @@ from rknn_ray.accounting.events import (LocalRandomizerDpEvent, MultiMessageShuf
                                         ShuffledLocalDpEvent, event_to_dict)
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, build
+from rknn_ray.accounting.guarantee import guarantee_of
 
 PARAMS = MechanismParams(10, 4, 1, 1.0, delta=1e-6, num_clients=20000)
 MECHANISMS = [("central", "laplace"), ("local", "rr"), ("local", "collision"),
@@ -30,7 +31,7 @@ def test_every_mechanism_states_its_release_as_a_pure_frozen_event(model, name):
         setattr(e1, attr.fields(type(e1))[0].name, 0)
     # the event costs what the mechanism promises, never more
     eps, delta = event_cost(e1)
-    g = mech.guarantee()
+    g = guarantee_of(mech)
     assert eps == pytest.approx(g.eps, rel=1e-9) and delta == pytest.approx(g.delta)
     assert event_to_dict(e1)["type"] == type(e1).__name__
     assert "eps" not in event_to_dict(e1) or model == "local"   # no computed eps in an event
@@ -120,14 +121,14 @@ class TestPLDAccountant(AccountantConformance):
 def test_the_ledger_keeps_events_and_totals_them_with_its_accountant():
     ledger = PrivacyLedger(budget_eps=2.0, accountant="basic")
     mech = build("central", "laplace", PARAMS)
-    ledger.record(mech.guarantee(), 0, event=mech.event())
+    ledger.record(guarantee_of(mech), 0)
     entry = ledger.to_dict()["entries"][0]
     assert entry["event"] == {"type": "DiscreteLaplaceDpEvent", "noise_parameter": 0.5,
                               "sensitivity": 2}
     assert ledger.spent() == (1.0, 0.0)
-    ledger.record(mech.guarantee(), 1, event=mech.event())
+    ledger.record(guarantee_of(mech), 1)
     with pytest.raises(PrivacyBudgetError, match="refused"):
-        ledger.check(mech.guarantee(), mech.event())
+        ledger.check(guarantee_of(mech))
 
 
 def test_one_monotone_search_serves_every_calibration():

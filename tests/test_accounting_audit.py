@@ -7,7 +7,7 @@ import pytest
 from scipy import optimize, stats
 
 from rknn_ray.accounting import BOUNDS, variation_ratio_bound
-from rknn_ray.accounting.audit import (COMMON_CELL, DIFF_CELL, audit_binary_rr,
+from benchmarks.audit import (COMMON_CELL, DIFF_CELL, audit_binary_rr,
                                        audit_mechanism, binary_rr_pair_law, bsvs_answers,
                                        exact_pair_eps, law_eps, pair_class_probabilities,
                                        pair_report_classes, simulate_labeling_error,

@@ -5,13 +5,16 @@ import math
 import pytest
 from dp_accounting import dp_event
 
+from rknn_ray.accounting.events import ApproxDpEvent
+from rknn_ray.accounting.guarantee import Guarantee
 from rknn_ray.accounting.ledger import PrivacyLedger
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
-from rknn_ray.mechanisms.base import Guarantee
 
 
-def g(eps, delta=0.0, model="central", mech="laplace", unit="record", n=None):
-    return Guarantee(eps, delta, model, mech, unit=unit, n=n)
+def g(eps, delta=0.0, model="central", mech="laplace", unit="record", n=None, event=None):
+    """A release of cost (eps, delta): ``event``, else the generic event of that cost."""
+    return Guarantee(ApproxDpEvent(eps, delta) if event is None else event, model, mech,
+                     unit=unit, n=n)
 
 
 def test_basic_composition_sums_and_budget_refuses_before_release():
@@ -39,7 +42,7 @@ def test_pld_composition_is_tighter_than_basic_for_many_laplace_rounds():
     pld = PrivacyLedger(budget_delta=1e-6, accountant="pld")
     basic = PrivacyLedger(accountant="basic")
     for t in range(50):
-        pld.record(g(0.1), round_id=t, event=ev)
+        pld.record(g(0.1, event=ev), round_id=t)
         basic.record(g(0.1), round_id=t)
     eps_pld, delta_pld = pld.spent()
     assert basic.spent()[0] == pytest.approx(5.0)
@@ -63,7 +66,7 @@ def test_pld_budget_cap_uses_composed_total():
     n = 0
     while True:
         try:
-            led.record(g(0.1), round_id=n, event=ev)
+            led.record(g(0.1, event=ev), round_id=n)
         except PrivacyBudgetError:
             break
         n += 1
@@ -73,7 +76,7 @@ def test_pld_budget_cap_uses_composed_total():
 
 def test_to_dict_and_atomic_save(tmp_path):
     led = PrivacyLedger(budget_eps=3.0, accountant="basic")
-    led.record(g(1.0, model="shuffle", mech="rr", n=500), round_id=0, event=None, bound="clones_numerical")
+    led.record(g(1.0, model="shuffle", mech="rr", n=500), round_id=0, bound="clones_numerical")
     path = tmp_path / "sub" / "privacy.json"
     led.save(path)
     d = json.loads(path.read_text())

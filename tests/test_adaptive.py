@@ -7,7 +7,8 @@ import pytest
 
 from rknn_ray.labeling.adaptive import (UNCERTAINTY_RULES, interim_student_probs, select_uncertain,
                                uncertainty)
-from rknn_ray.pipeline import next_round_uncertain
+from rknn_ray.accounting.guarantee import guarantee_of
+from rknn_ray.job.rounds import next_round_uncertain
 
 
 def _blobs(seed=0, per=60, centres=((0, 0), (10, 0), (0, 10), (10, 10))):
@@ -103,7 +104,10 @@ def test_next_round_never_reads_private_records_or_public_labels():
 
     from rknn_ray.job.session import RoundResult
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import exact_answers, fit_queries, mechanism_for, prepare_data
+    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.data.prepared import prepare_data
+    from rknn_ray.labeling.stage import exact_answers
+    from rknn_ray.mechanisms.stage import mechanism_for
 
     cfg = load_config("jobs/configs/digits_central.yaml",
                       ["rounds.count=2", "rounds.query_selection=uncertain", "queries.restarts=1"])
@@ -112,7 +116,7 @@ def test_next_round_never_reads_private_records_or_public_labels():
     exact = exact_answers(encoder, data, qs0, cfg.rknn.k).counts()
     mech = mechanism_for(cfg, data, eps=0.5, model="central", name="laplace")
     noisy = exact + np.random.default_rng(0).laplace(0, 2 / 0.5, exact.shape)   # a release
-    g = mech.guarantee(data.num_clients)
+    g = guarantee_of(mech, data.num_clients)
     rnd = RoundResult(noisy, g, None, {}, 0, 0, 0, {})
     picked, info = next_round_uncertain(cfg, data, [rnd], [qs0], public_emb, seed=1)
     assert picked.size == cfg.queries.s and not set(picked.public_index) & set(qs0.public_index)
@@ -132,7 +136,7 @@ def test_next_round_never_reads_private_records_or_public_labels():
 
 def test_round_query_counts_each_round_or_split():
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import round_query_counts
+    from rknn_ray.labeling.stage import round_query_counts
     assert round_query_counts(load_config(None, ["queries.s=60", "rounds.count=3"])) == [60] * 3
     split = ["queries.s=61", "rounds.count=3", "rounds.split_queries=true"]
     assert round_query_counts(load_config(None, split)) == [21, 20, 20]

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks.amplification import main, run_grid
 from rknn_ray.accounting import BOUNDS
-from rknn_ray.accounting.audit import audit_binary_rr, clopper_pearson
+from benchmarks.audit import audit_binary_rr, clopper_pearson
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,6 +113,12 @@ def test_small_grid_writes_results_and_plots(tmp_path):
         assert not_sim["eta_theory"] > 0
     table = (tmp_path / "table.txt").read_text()
     assert "shuffle collision" in table and "RED FLAG" not in table
+    # the tight-bound gap study: every randomizer, n, eps0; tight between lower and the old bounds
+    assert "gap.png" in names and "tight / lower" in table
+    gap = data["tight_gap"]
+    assert {r["mechanism"] for r in gap} == {"krr", "collision", "generic"} and len(gap) == 12
+    for r in gap:
+        assert r["lower_bound"] <= r["tight"] <= r["clones_numerical"] * (1 + 1e-6)
     assert res["total_seconds"] > 0      # its speed is printed by the job, not asserted here
 
 
@@ -147,7 +153,7 @@ def test_full_grid_has_no_order_violations_or_red_flags(tmp_path):
     eps_lb_max >= 4.7 per audit, above every claim audited here (<= 2.9), so a claim that is
     wrong by that much is still flagged. The full-size audits are the benchmark's job."""
     res = run_grid(str(tmp_path), sim_max_n=0, plots=False, audit_trials=100_000,
-                   real_audit_scale=0.1)
+                   real_audit_scale=0.1, gap=False)   # the tight-bound study: test_accounting_tight
     assert res["order_violations"] == [] and res["red_flags"] == []
     assert len(res["audit"]) == 20
     for a in res["audit"]:

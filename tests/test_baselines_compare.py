@@ -27,9 +27,23 @@ def test_compare_writes_table_files_and_ledger(tmp_path, capsys, ray_session):
         assert r["unit"] == ("label" if r["method"] == "dpdfd_selective_rr" else "record")
         assert r["eps"] <= r["target_eps"] * (1 + 1e-9)
         assert r["delta"] == (0.0 if r["method"] == "dpdfd_selective_rr" else 1e-5)
+        # a baseline's row fills the schema from its release, as an rknn row does from its run
+        assert r["model"] == "central" and r["mechanism"] and r["ledger_events"] == 1
+        assert "details" not in r
     for name in ("compare.csv", "compare.md", "compare.png", "meta.json", "ledgers.json"):
         assert (out / name).stat().st_size > 0
     assert json.loads((out / "meta.json").read_text())["complete"] is True
+    ledgers = json.loads((out / "ledgers.json").read_text())
+    assert sorted(ledgers) == sorted(f"{m}@{e}" for m in ("pate_gnmax", "dpdfd_selective_rr",
+                                                          "private_knn") for e in (1, 4))
+    assert ledgers["pate_gnmax@1"]["details"]["noise"] > 0
+    # figures read from the exact private votes stay out without --diagnostics
+    text = (out / "ledgers.json").read_text()
+    for name in ("plurality_accuracy", "noiseless_vote_accuracy", "teacher_query_accuracy",
+                 "data_dependent_eps"):
+        assert name not in text, name
+    assert not (out / "diagnostics").exists()
+    assert len(ledgers["private_knn@4"]["ledger"]["entries"]) == 1
     assert "| label |" in (out / "compare.md").read_text()
     assert (out / "compare.csv").read_text().splitlines()[0].startswith("method,dataset,eps")
     # every release of every method is an event in the compare's own ledger
@@ -101,7 +115,8 @@ def test_nonprivate_values_only_under_diagnostics_and_named_not_private(tmp_path
     meta = {"dataset": "digits", "delta": 1e-5, "wall_s": 3.0, "cpus": 2}
     for diagnostics in (False, True):
         out = tmp_path / f"d{diagnostics}"
-        compare.write_outputs(str(out), rows, {**meta, "diagnostics": diagnostics}, {})
+        compare.write_outputs(str(out), rows, {**meta, "diagnostics": diagnostics}, {},
+                              {"pate_gnmax@1": {"plurality_accuracy": 0.97}})
         for name in ("compare.json", "compare.csv", "compare.md"):
             text = (out / name).read_text()
             assert "nonprivate" not in text and "0.95" not in text, name
@@ -110,6 +125,9 @@ def test_nonprivate_values_only_under_diagnostics_and_named_not_private(tmp_path
     assert (diag / "README.txt").read_text().startswith("NOT PRIVATE")
     assert oct(diag.stat().st_mode & 0o777) == "0o700"
     assert "rknn_central,1.0,0.88,0.95" in (diag / "nonprivate_labels.csv").read_text()
+    assert json.loads((diag / "baselines.json").read_text()) == {
+        "private": False, "runs": {"pate_gnmax@1": {"plurality_accuracy": 0.97}}}
+    assert "0.97" not in (tmp_path / "dFalse" / "ledgers.json").read_text()
     assert "NOT PRIVATE" in (tmp_path / "dTrue" / "compare.md").read_text()
 
 

@@ -15,7 +15,7 @@ from rknn_ray.accounting.events import event_to_dict
 from rknn_ray.accounting.source_identity import job_source
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
-from rknn_ray.pipeline import prepare_data
+from rknn_ray.data.prepared import prepare_data
 
 DEMOS = ["digits_central", "digits_local", "digits_shuffle"]
 

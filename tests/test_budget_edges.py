@@ -126,7 +126,7 @@ def test_replacing_a_private_record_by_a_public_one_changes_no_published_field(t
     publish the same budget fields: the old description counted the pool's distinct records
     (1797 against 1796)."""
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     cfg = load_config(DIGITS, [])
     data = prepare_data(cfg)
     private_x = data.splits.private_x.copy()
@@ -194,7 +194,7 @@ def test_an_old_ledger_is_keyed_in_place_and_still_finds_its_source(tmp_path):
     from rknn_ray.accounting.source_identity import job_source, pool_fingerprints, \
         record_fingerprints
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     cfg = load_config(DIGITS, [])
     data = prepare_data(cfg)
     bare = pool_fingerprints(data.splits)
@@ -241,7 +241,7 @@ TRANSFORMS = {
 def test_a_copy_changed_on_every_record_still_meets_its_source(tmp_path, transform):
     from rknn_ray.accounting.source_identity import job_source
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     cfg = load_config(DIGITS, [])
     data = prepare_data(cfg)
     assert not np.asarray(data.splits.private_x).reshape(len(data.splits.private_x), -1)[:, 0].any()
@@ -259,7 +259,7 @@ def test_a_shifted_copy_is_not_recognized_and_unrelated_records_stay_apart(tmp_p
     set with the same shape do not merge into it."""
     from rknn_ray.accounting.source_identity import job_source
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     cfg = load_config(DIGITS, [])
     data = prepare_data(cfg)
     store = BudgetStore(str(tmp_path / "l.sqlite"))

@@ -13,7 +13,7 @@ from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget
 from rknn_ray.accounting.source_identity import job_source, private_data_digest
 from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
-from rknn_ray.pipeline import prepare_data
+from rknn_ray.data.prepared import prepare_data
 from tests.data_files import write_idx_images, write_idx_labels
 
 DIGITS = "jobs/configs/digits_central.yaml"

@@ -10,6 +10,7 @@ from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.noise import discrete_laplace_pmf, discrete_laplace_variance
 from rknn_ray.rng import seeded_generator
+from rknn_ray.accounting.guarantee import guarantee_of
 
 
 def random_answers(rng, m=500, s=15, c=4, k=2, r=1, clients=40):
@@ -88,7 +89,7 @@ def test_continuous_option_and_guarantee():
     mech = mech_for(ans, eps=0.5, noise="continuous")
     est = mech.estimate(mech.randomize(ans, rng).payloads, ans.num_clients, seeded_generator(0))
     assert not np.all(np.equal(np.mod(est, 1), 0))
-    g = mech.guarantee()
+    g = guarantee_of(mech)
     assert (g.eps, g.delta, g.model, g.unit, g.neighbour) == (0.5, 0.0, "central", "record",
                                                                "replace-one")
 

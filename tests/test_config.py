@@ -11,10 +11,12 @@ import sys
 import pytest
 import yaml
 
-from rknn_ray.config import (DEFAULTS, PRIVACY_OPTIONS, SECTIONS, SHADOWED_OPTIONS, Config,
-                             load_config, parse_override, protocol_cpus, specs, validate_resources,
-                             validate_with_data)
+from rknn_ray.config import (DEFAULTS, SECTIONS, Config,
+                             load_config, parse_override, specs)
+from rknn_ray.data.checks import validate_with_data
 from rknn_ray.errors import ConfigError
+from rknn_ray.job.resources import protocol_cpus, validate_resources
+from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 from rknn_ray.runio import prepare_run_dir, write_json
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
@@ -265,8 +267,57 @@ def test_privacy_options_are_the_keys_the_mechanisms_read():
     read = set()
     for path in glob.glob(os.path.join(ROOT, "rknn_ray", "mechanisms", "*.py")):
         text = open(path, encoding="utf-8").read()
-        read |= set(re.findall(r"options(?:\.get\(|\[)\s*[\"'](\w+)[\"']", text))
+        read |= set(re.findall(r"(?:options(?:\.get\(|\[)|option\([\w.]+,)\s*[\"'](\w+)[\"']",
+                               text))
     assert read == set(PRIVACY_OPTIONS) | set(SHADOWED_OPTIONS)
+
+
+def test_an_unset_option_is_its_one_declared_default():
+    """A mechanism built without an option calibrates exactly as with the option's declared
+    default (rknn_ray/mechanisms/options.py), and refuses a value outside its declared range
+    with the config's own message."""
+    from rknn_ray.mechanisms import build
+    from rknn_ray.mechanisms.base import MechanismParams
+    from rknn_ray.mechanisms.options import OPTION_DEFAULTS
+
+    def params(**options):
+        return MechanismParams(4, 3, 1, 1.0, delta=1e-6, num_clients=3000, options=options)
+    unset, stated = (build("shuffle", "multi", params(**o)) for o in (
+        {}, {k: OPTION_DEFAULTS[k] for k in ("dlap_share", "expected_dropout")}))
+    assert unset.cal == stated.cal and unset.n_cal == stated.n_cal
+    unset, stated = (build("local", "separation", params(**o)) for o in (
+        {}, {"separation_split": OPTION_DEFAULTS["separation_split"]}))
+    assert unset.split == stated.split
+    for name in ("dlap_share", "expected_dropout"):
+        with pytest.raises(ConfigError) as bad_build:
+            build("shuffle", "multi", params(**{name: 1.0}))
+        with pytest.raises(ConfigError) as bad_config:
+            load_config("jobs/configs/digits_shuffle.yaml", [f"privacy.options.{name}=1.0"])
+        assert bad_build.value.key == bad_config.value.key == f"privacy.options.{name}"
+        assert bad_build.value.fix == bad_config.value.fix
+
+
+def _project_imports(path: str) -> set[str]:
+    """Every rknn_ray module a file imports, at any depth (inside functions too)."""
+    import ast
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+            and n.module.startswith("rknn_ray")} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        if a.name.startswith("rknn_ray")}
+
+
+def test_the_config_composes_sections_and_data_never_imports_it():
+    """rknn_ray/config.py imports only the sections' declarations (rknn_ray/<package>/config.py)
+    and the key machinery, not the library they configure; preparing data never imports the
+    config module (its data-dependent checks are rknn_ray/data/checks.py)."""
+    assert _project_imports(os.path.join(ROOT, "rknn_ray", "config.py")) == {
+        "rknn_ray.errors", "rknn_ray.keyspec", "rknn_ray.data.config", "rknn_ray.labeling.config",
+        "rknn_ray.mechanisms.config", "rknn_ray.representation.config", "rknn_ray.student.config"}
+    into_config = sorted(path for path in glob.glob(os.path.join(ROOT, "rknn_ray", "data", "**",
+                                                                   "*.py"), recursive=True)
+                         if "rknn_ray.config" in _project_imports(path))
+    assert into_config == []
 
 
 # ---------------------------------------------------------------------- after loading

@@ -22,6 +22,7 @@ from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.base import honest_count
 from rknn_ray.rng import seeded_generator
 from tests.digits_rounds import digits_cfg
+from rknn_ray.accounting.guarantee import guarantee_of
 
 DIGITS_N = 1079             # private digits records = clients (digits_shuffle.yaml)
 GARBAGE = len(range(0, DIGITS_N, 10))      # clients whose id is a multiple of 10: 108
@@ -40,7 +41,8 @@ def test_single_message_counts_opened_reports_assumed_honest():
     mech = build("shuffle", "collision", params)
     assert mech.honest_fraction == 1.0 and mech.min_senders() == DIGITS_N
     opened = DIGITS_N - GARBAGE
-    g, event = mech.round_cost(DIGITS_N, opened)
+    event = mech.round_event(DIGITS_N, opened)
+    g = guarantee_of(mech, DIGITS_N, event, opened=opened)
     # n is the reports opened, not the authenticated senders
     assert g.n == event.num_senders == opened and event.reports_opened == opened
     expected = BOUNDS["clones_numerical"].central_eps(mech.local_eps, opened, 1e-6)
@@ -54,7 +56,8 @@ def test_single_message_counts_opened_reports_assumed_honest():
         10, 10, 1, 2.0, delta=1e-6, num_clients=DIGITS_N, options={"honest_fraction": 0.85}))
     assert hedged.local_eps < mech.local_eps
     assert hedged.cover(DIGITS_N, opened) == honest_count(0.85, DIGITS_N) == 918
-    g2, e2 = hedged.round_cost(DIGITS_N, opened)
+    e2 = hedged.round_event(DIGITS_N, opened)
+    g2 = guarantee_of(hedged, DIGITS_N, e2, opened=opened)
     assert g2.eps <= 2.0 * (1 + 1e-9) and g2.eps == pytest.approx(event_cost(e2)[0])
     assert "honest fraction 0.85" in g2.note
     # more visibly corrupt senders than assumed: the fraction applies to what opened
@@ -66,7 +69,8 @@ def test_single_message_counts_opened_reports_assumed_honest():
 def test_a_release_never_costs_more_than_the_local_eps0():
     mech = build("shuffle", "rr", MechanismParams(10, 10, 1, 2.0, delta=1e-6,
                                                   num_clients=DIGITS_N))
-    g, event = mech.round_cost(DIGITS_N, 1)        # one report opened: nobody to hide among
+    event = mech.round_event(DIGITS_N, 1)        # one report opened: nobody to hide among
+    g = guarantee_of(mech, DIGITS_N, event, opened=1)
     assert (g.eps, g.delta) == (pytest.approx(mech.local_eps), 0.0)
     assert event_cost(event) == (pytest.approx(mech.local_eps), 0.0)
 
@@ -93,7 +97,10 @@ def _two_rounds(parties, overrides_per_round):
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.pipeline import dataset_sources, fit_queries, mechanism_for, prepare_data
+    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.data.prepared import prepare_data
+    from rknn_ray.data.sources import dataset_sources
+    from rknn_ray.mechanisms.stage import mechanism_for
     cfg = digits_cfg()
     data = prepare_data(cfg)
     enc, _, qs = fit_queries(cfg, data)
@@ -179,7 +186,7 @@ def test_withheld_noise_leaves_what_the_guarantee_needs_at_the_honest_fraction(h
     assert (mech.honest_fraction, mech.n_honest) == (0.5, 500)
     assert (event.honest_fraction, event.noise_senders) == (0.5, 500)
     assert event_cost(event)[0] == pytest.approx(mech.cal.eps) and mech.cal.eps <= 1.0
-    assert "at least 500 senders follow the protocol" in mech.guarantee().note
+    assert "at least 500 senders follow the protocol" in guarantee_of(mech).note
     p = event.dlap_p
     needed = 2 * p / (1 - p) ** 2                 # the variance of DLap(p): what eps rests on
     ans = _answers(n)

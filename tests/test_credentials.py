@@ -8,6 +8,7 @@ from rknn_ray.mechanisms.base import MechanismParams
 from sealing.credentials import (CredentialIssuer, SenderAdmission, sequence_numbers,
                                  with_credentials)
 from sealing.envelope import RoundContext, to_arrow
+from rknn_ray.accounting.guarantee import guarantee_of
 
 CTX = RoundContext("job-cred", 3)
 RANGES = [(0, 10), (10, 20)]
@@ -162,7 +163,7 @@ def test_multi_message_allowance_covers_honest_clients_and_caps_a_flood():
     mech = build("shuffle", "multi", p)
     allow = mech.messages_per_sender()
     assert allow > mech.describe()["messages_per_client_expected"]
-    assert f"at most {allow} messages per sender" in mech.guarantee().note
+    assert f"at most {allow} messages per sender" in guarantee_of(mech).note
     assert mech.event().cap_failure == pytest.approx(1e-3 * p.delta)
     from rknn_ray.accounting.accountants import event_cost
     assert event_cost(mech.event())[1] == pytest.approx(p.delta)

@@ -7,7 +7,8 @@ import pytest
 from rknn_ray.labeling.autotune import choose_s_k
 from rknn_ray.config import load_config
 from rknn_ray.labeling.denoise import choose_neighbours, public_knn_graph, smooth_counts
-from rknn_ray.pipeline import PreparedData, finish_labels, prepare_data, resolve_auto
+from rknn_ray.pipeline import finish_labels, resolve_auto
+from rknn_ray.data.prepared import PreparedData, prepare_data
 from rknn_ray.labeling.queries import select_queries
 
 
@@ -122,7 +123,7 @@ def test_auto_s_caps_multi_message_traffic_per_client():
     import dataclasses
 
     from rknn_ray.mechanisms import build
-    from rknn_ray.pipeline import mechanism_params, multi_message_s_cap
+    from rknn_ray.mechanisms.stage import mechanism_params, multi_message_s_cap
     base = ["privacy.model=shuffle", "privacy.mechanism=multi", "privacy.delta=1e-6",
             "queries.s=auto", "rknn.k=auto", "data.partition=one_per_client"]
     cfg = load_config("jobs/configs/digits_central.yaml", base + ["privacy.eps=4",

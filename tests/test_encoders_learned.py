@@ -7,7 +7,8 @@ from rknn_ray.representation import contrastive
 from rknn_ray.representation.augment import random_erase, strong_view, weak_view
 from rknn_ray.config import load_config
 from rknn_ray.representation.contrastive import ContrastiveEncoder, encoder_digest, nt_xent
-from rknn_ray.pipeline import fit_queries, prepare_data
+from rknn_ray.pipeline import fit_queries
+from rknn_ray.data.prepared import prepare_data
 from rknn_ray.representation.represent import HOGEncoder, make_encoder
 
 
@@ -119,7 +120,7 @@ def test_hog_encoder_public_fit_and_pca_reduction():
 def test_feature_student_inputs_and_every_public_sample_a_query(digits_data, tmp_path):
     import pickle
 
-    from rknn_ray.pipeline import feature_inputs
+    from rknn_ray.student.stage import feature_inputs
     cfg, data = digits_data
     n = len(data.splits.public_x)
     encoder, emb, qs = fit_queries(cfg.with_overrides([f"queries.s={n}"]), data)

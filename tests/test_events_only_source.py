@@ -19,6 +19,7 @@ from rknn_ray.accounting.events import (ShuffledLocalDpEvent, UnrebuildableEvent
 from rknn_ray.baselines.events import (dpsgd_event, gnmax_event, lnmax_event, nfdp_event,
                                        private_knn_event, selective_rr_event)
 from rknn_ray.errors import LedgerError
+from rknn_ray.accounting.guarantee import guarantee_of
 
 LEGACY_SHUFFLE = {"type": "ShuffledLocalDpEvent", "local_mechanism": "collision", "eps0": 3.0,
                   "num_senders": 50000, "delta": 1e-6, "bound": "fmt_closed_form",
@@ -136,15 +137,18 @@ def test_the_runs_ledger_is_a_view_over_one_store():
                                                          num_clients=20000))
     ledger = PrivacyLedger(budget_eps=3.0, budget_delta=1e-5, accountant="pld")
     assert ledger.store.path == ":memory:"
-    ledger.record(mech.guarantee(), 0, event=mech.event(), messages=20000)
+    ledger.record(guarantee_of(mech), 0, messages=20000)
     (row,) = ledger.store.release_rows("run", "run")
     assert row["event"] == event_to_dict(mech.event())
     assert row["accounting"] == {"bound": "clones_numerical", "delta": 0.0, "method": "rdp"}
     (entry,) = ledger.entries
-    assert entry.guarantee == mech.guarantee() and entry.extra == {"messages": 20000}
+    assert entry.guarantee == guarantee_of(mech) and entry.extra == {"messages": 20000}
     assert ledger.spent() == ledger.store.composed("run", "pld", target_delta=1e-5)
-    with pytest.raises(LedgerError, match="costs eps="):
-        ledger.record(replace(mech.guarantee(), eps=0.01), 1, event=mech.event())
+    with pytest.raises(TypeError, match="eps"):      # a guarantee has no eps of its own
+        replace(guarantee_of(mech), eps=0.01)
+    with pytest.raises(LedgerError, match="costs eps="):     # nor does the store take one
+        ledger.store.append_release("run", "run", 1, 0.01, 1e-6, event_to_dict(mech.event()),
+                                    accounting=mech.costing())
     assert len(ledger.entries) == 1
 
 
@@ -170,5 +174,58 @@ def test_a_release_saved_with_its_bound_inside_resumes_at_the_same_cost(tmp_path
     (r,) = rounds
     assert r.guarantee.accounting == Costing(bound="fmt_closed_form")
     ledger = PrivacyLedger()
-    ledger.record(r.guarantee, 0, event=r.event)
+    ledger.record(r.guarantee, 0)
     assert ledger.spent() == pytest.approx(cost, rel=1e-12)
+
+
+# ---------------------------------------------------------------- issue 38 item 1
+
+def test_a_stored_eps_is_a_cache_recomputed_from_the_event(tmp_path):
+    """report.json, release.npz and ledger rows keep (eps, delta) for their readers; a
+    guarantee (and the store's spend) read back is the cost of its event again, whatever
+    number was stored."""
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.accounting.guarantee import Guarantee
+    from rknn_ray.mechanisms import MechanismParams, build
+    mech = build("shuffle", "collision", MechanismParams(10, 4, 1, 1.0, delta=1e-6,
+                                                         num_clients=20000))
+    g = guarantee_of(mech)
+    saved = json.loads(json.dumps(g.to_dict()))
+    assert (saved["eps"], saved["delta"]) == (g.eps, g.delta)
+    assert saved["event"] == event_to_dict(mech.event())
+    back = Guarantee.from_dict({**saved, "eps": 99.0, "delta": 0.5})
+    assert back == g and (back.eps, back.delta) == event_cost(mech.event(), mech.costing())
+    # a ledger row whose shown eps was changed reads back at its event's cost
+    store = _store(tmp_path)
+    PrivacyLedger(store=store, identity="ds", job_id="job").record(g, 0)
+    with sqlite3.connect(store.path) as con:
+        (meta,) = con.execute("SELECT meta FROM releases WHERE status = 'released'").fetchone()
+        meta = json.loads(meta)
+        meta["guarantee"]["eps"] = 99.0
+        con.execute("UPDATE releases SET meta = ?, eps = 99.0 WHERE status = 'released'",
+                    (json.dumps(meta),))
+    (entry,) = PrivacyLedger(store=store, identity="ds", job_id="job").entries
+    assert entry.guarantee == g and entry.guarantee.eps == g.eps
+    assert store.spent("ds").eps == pytest.approx(5.0)      # the reservation's rest + the release
+    (shown,) = [r for r in store.datasets()[0]["releases"] if r["status"] == "released"]
+    assert (shown["eps"], shown["delta"]) == (g.eps, g.delta)
+
+
+def test_a_run_folder_written_before_rounds_carried_their_event_still_loads(tmp_path):
+    """report.json's rounds once held (eps, delta) and no event: RunResult.from_path takes
+    the event from the ledger's release of that round and costs it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rknn_ray.job.runner import RUN_FILES, RunResult
+    from rknn_ray.mechanisms import MechanismParams, build
+    mech = build("central", "laplace", MechanismParams(10, 4, 1, 0.5))
+    g = guarantee_of(mech)
+    old_round = {k: v for k, v in g.to_dict().items() if k != "event"}
+    old_round["eps"] = 7.0                          # whatever it says, the event decides
+    entry = {"round": 0, "event": event_to_dict(g.event), "accounting": g.accounting.to_dict()}
+    (tmp_path / RUN_FILES["report"]).write_text(json.dumps({"privacy": {"rounds": [old_round]}}))
+    (tmp_path / RUN_FILES["ledger"]).write_text(json.dumps({"entries": [entry]}))
+    pq.write_table(pa.table({"label": [0, 1, 2]}), tmp_path / RUN_FILES["labels"])
+    res = RunResult.from_path(str(tmp_path))
+    assert res.guarantee == g and res.guarantee.eps == pytest.approx(0.5)

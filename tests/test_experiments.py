@@ -69,7 +69,7 @@ def test_every_producer_yields_the_schema_with_the_same_values(tmp_path):
     from jobs.report import load_run, run_row
     folder, report = _report(tmp_path)
     expected = report_row(report).to_dict()
-    _, planned, _ = grid.plan(CONFIG, FAST, k=[3], eps=[1.0])
+    _, planned, _ = grid.plan(grid.GridSpec(CONFIG, tuple(FAST), k=[3], eps=[1.0]))
     (cell, cfg), = planned
     args = argparse.Namespace(config=CONFIG, overrides=FAST)
     rows = {
@@ -90,6 +90,24 @@ def test_every_producer_yields_the_schema_with_the_same_values(tmp_path):
     assert rows["compare"]["method"] == "rknn_central" and rows["compare"]["target_eps"] == 1.0
     # grid.csv and compare.csv keep their columns
     assert rows_to_csv([rows["compare"]], compare.COLUMNS).splitlines()[0] == ",".join(compare.COLUMNS)
+
+
+def test_write_tables_writes_what_it_is_given(tmp_path):
+    """jobs.writers.write_tables: the JSON always, CSV / markdown / meta / extra / PNG only when
+    given, the CSV with exactly the columns asked for."""
+    from jobs.writers import write_tables
+    rows = [{"method": "a", "eps": 1.0, "other": 3}]
+    write_tables(str(tmp_path / "one"), "x", rows, json_name="results.json")
+    assert sorted(os.listdir(tmp_path / "one")) == ["results.json"]
+    drawn = []
+    write_tables(str(tmp_path / "all"), "x", {"rows": rows}, table=rows, columns=("method", "eps"),
+                 markdown="| a |\n", meta={"complete": True}, extra={"ledgers.json": {"k": 1}},
+                 plot=drawn.append)
+    got = tmp_path / "all"
+    assert sorted(os.listdir(got)) == ["ledgers.json", "meta.json", "x.csv", "x.json", "x.md"]
+    assert (got / "x.csv").read_text().splitlines() == ["method,eps", "a,1.0"]
+    assert json.loads((got / "x.json").read_text()) == {"rows": rows}
+    assert drawn == [str(got / "x.png")]
 
 
 def test_labels_only_rows_hold_the_schema(tmp_path):

@@ -11,6 +11,7 @@ from jobs import grid
 from rknn_ray.errors import ConfigError
 
 FAST = ["student.num_workers=1", "queries.restarts=1", "student.epochs=2", "student.trainer=local"]
+DEFAULT = grid.parse_args(["--out", "x"]).config
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +22,8 @@ def digits_grid(tmp_path_factory, ray_session):
     user_ledger = os.environ["RKNN_RAY_LEDGER"] = str(tmp / "user-ledger.sqlite")
     lines = []
     try:
-        doc = grid.grid(grid.parse_args(["--out", "x"]).config, str(out), sets=FAST,
-                        eps=[0.5, 2], log=lines.append)
+        doc = grid.grid(grid.GridSpec(DEFAULT, tuple(FAST), eps=[0.5, 2]), str(out),
+                        log=lines.append)
         yield out, doc, lines, user_ledger
     finally:
         if saved is None:
@@ -83,7 +84,7 @@ def test_reference_is_labeled_not_private_and_kept_out_of_runs(digits_grid):
 def test_grid_resumes_without_rerunning(digits_grid):
     out, doc, _, _ = digits_grid
     lines = []
-    again = grid.grid(grid.parse_args(["--out", "x"]).config, str(out), sets=FAST, eps=[0.5, 2],
+    again = grid.grid(grid.GridSpec(DEFAULT, tuple(FAST), eps=[0.5, 2]), str(out),
                       log=lines.append)
     progress = [ln for ln in lines if ln.startswith("[")]
     assert len(progress) == 3 and all("done before, skipped" in ln for ln in progress)
@@ -122,14 +123,13 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, args, match
 
 def test_empty_grid_is_refused():
     with pytest.raises(ConfigError, match="'--eps': is empty: the grid would have no cells"):
-        grid.plan(grid.parse_args(["--out", "x"]).config, eps=[])
+        grid.plan(grid.GridSpec(DEFAULT, eps=[]))
 
 
 def test_plan_axes_and_model_defaults():
-    base, cells, axes = grid.plan(grid.parse_args(["--out", "x"]).config,
-                                  encoders=["pca", "hog:16"], s=["auto", "30"], k=["1"],
-                                  models=["central", "shuffle", "local/rr"], eps=[1],
-                                  seeds=[0, 1], delta=1e-6)
+    base, cells, axes = grid.plan(grid.GridSpec(
+        DEFAULT, encoders=["pca", "hog:16"], s=["auto", "30"], k=["1"],
+        models=["central", "shuffle", "local/rr"], eps=[1], seeds=[0, 1], delta=1e-6))
     assert len(cells) == 2 * 2 * 1 * 3 * 1 * 2
     assert axes["model"] == ["central/laplace", "shuffle/collision", "local/rr"]
     assert axes["s"] == ["auto", 30]

@@ -109,7 +109,7 @@ def test_a_run_folder_without_report_json_is_named(tmp_path):
 
 def _ctx(*overrides):
     from rknn_ray.job.context import JobContext
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     cfg = load_config("jobs/configs/digits_central.yaml", ["run.rng=seeded", *overrides])
     return JobContext(cfg, prepare_data(cfg), "", None, None, "", "", "")
 
@@ -142,7 +142,39 @@ def test_round_query_selection_is_the_jobs_own(tmp_path):
     assert how1 == {"round": 1, "rule": "farthest", "queries": 10}
     assert not set(qs1.public_index) & set(first.public_index)
     import benchmarks.adaptive_rounds as bench
-    assert "select_round_queries" in inspect.getsource(bench.label_only_cell)
+    from rknn_ray.job import rounds
+    assert "planned_rounds(" in inspect.getsource(bench.label_only_cell)
+    assert "planned_rounds(" in inspect.getsource(rounds.private_rounds)
+
+
+def test_the_rounds_loop_plans_each_round_from_the_config():
+    """planned_rounds, the one rounds loop (the job's and the adaptive-rounds benchmark's):
+    each round its share of (eps, delta), its new queries (k-means first, then the rule,
+    never one taken) and a mechanism calibrated for both; the caller appends each released
+    round before the next is planned."""
+    from rknn_ray.job.rounds import planned_rounds
+    from rknn_ray.labeling.stage import round_budgets
+    from rknn_ray.pipeline import fit_queries
+    ctx = _ctx("rounds.count=3", "rounds.query_selection=farthest", "queries.s=12",
+               "rounds.split_queries=true", "rounds.budget_split=[0.2, 0.3, 0.5]")
+    _, emb, first = fit_queries(ctx.cfg, ctx.data)
+    released, query_sets, plans = [], [], []
+    for plan in planned_rounds(ctx.cfg, ctx.data, emb, first, released, query_sets):
+        plans.append(plan)
+        released.append(plan.t)
+        query_sets.append(plan.queries)
+    assert [p.t for p in plans] == [0, 1, 2] and plans[0].queries is first
+    assert [(p.eps, p.delta) for p in plans] == round_budgets(1.0, 0.0, 3, (0.2, 0.3, 0.5))
+    assert [p.queries.size for p in plans] == [4, 4, 4]
+    assert [p.selection.get("rule") for p in plans] == ["kmeans", "farthest", "farthest"]
+    taken = np.concatenate([p.queries.public_index for p in plans])
+    assert len(set(taken)) == len(taken) == 12
+    assert [(p.mechanism.params.eps, p.mechanism.params.num_queries) for p in plans] == \
+        [(p.eps, 4) for p in plans]
+    loop = planned_rounds(ctx.cfg, ctx.data, emb, first, [], [])
+    next(loop)                                   # round 1 planned, but never appended
+    with pytest.raises(RuntimeError, match="append each released round"):
+        next(loop)
 
 
 def test_production_parties_take_no_fault_parameters():
@@ -193,8 +225,9 @@ def test_ensure_ray_is_the_one_start_up_for_a_local_instance_or_a_cluster(monkey
 def test_the_student_stages_leave_the_label_info_alone(tmp_path):
     """No dict is written and popped across modules: the label info is read only, the
     student's inputs describe themselves, and the report's utility is composed once."""
-    from rknn_ray.pipeline import (exact_answers, finish_labels, fit_queries,
-                                   student_description, student_inputs)
+    from rknn_ray.pipeline import finish_labels, fit_queries
+    from rknn_ray.student.stage import student_description, student_inputs
+    from rknn_ray.labeling.stage import exact_answers
     ctx = _ctx("queries.s=10", "student.input=features")
     enc, emb, qs = fit_queries(ctx.cfg, ctx.data)
     counts = exact_answers(enc, ctx.data, qs, 1).counts().astype(float)

@@ -11,7 +11,6 @@ import pytest
 
 from jobs.distill import main
 from jobs.report import build_report
-from rknn_ray import pipeline
 from rknn_ray.data import prepared
 from rknn_ray.job.labels_file import NO_EVALUATION, NO_PUBLIC_LABELS, vote_margins
 from rknn_ray.plots import run_summary_figure
@@ -39,7 +38,7 @@ def _user_rows(monkeypatch, ids):
             public_ids=np.array(ids, dtype=object), class_names=NAMES)
         return dataclasses.replace(data, splits=user)
 
-    monkeypatch.setattr(pipeline, "prepare_data", prepare)
+    monkeypatch.setattr(prepared, "prepare_data", prepare)
 
 
 def test_user_rows_get_ids_classes_margins_and_no_made_up_accuracy(ray_session, tmp_path,
@@ -98,7 +97,7 @@ def test_builtin_rows_keep_row_numbers_and_a_partial_truth_is_null_where_missing
     from rknn_ray.data.splits import Splits
     from rknn_ray.job.labels_file import labels_table
     from rknn_ray.labeling.queries import QuerySet
-    from rknn_ray.pipeline import derive_labels
+    from rknn_ray.labeling.stage import derive_labels
     counts = np.array([[9.0, 1.0, 0.0], [2.0, 3.5, 4.0]])
     qs = QuerySet(np.zeros((2, 2), np.float32), np.array([0, 3]), np.array([0, 1, 1, 0, 1]), 0.0)
     public_y = np.array([0, 2, -1, 0, 1])

@@ -16,6 +16,7 @@ from rknn_ray.mechanisms.collision import (PRIME, collision_client_variance, col
 from rknn_ray.mechanisms.noise import discrete_laplace_pmf
 from rknn_ray.mechanisms.randomized_response import rr_flip_probability, rr_output_probability
 from rknn_ray.mechanisms.separation import concatenation_moments
+from rknn_ray.accounting.guarantee import guarantee_of
 
 LOCAL = ["rr", "collision", "separation", "concatenation", "laplace"]
 
@@ -52,7 +53,7 @@ def test_interface_sizes_and_guarantee(name):
     batch = m.randomize(ans, rng)
     assert batch.payloads.dtype == np.uint8 and batch.payloads.shape == (7, m.message_size)
     assert m.well_formed(batch.payloads).all()
-    g = m.guarantee()
+    g = guarantee_of(m)
     assert (g.eps, g.delta, g.model, g.unit, g.mechanism) == (2.0, 0.0, "local", "record", name)
     info = m.describe()
     assert info["bytes_per_client"] == m.message_size and "multi_record" in g.note
@@ -387,11 +388,11 @@ def test_multi_record_clients(name, how):
     var = m.cell_variance(ans)
     if name == "laplace" and how == "normalize":
         np.testing.assert_allclose(var, n * m.noise_variance())      # no sampling noise
-        assert "client level" in m.guarantee().note
+        assert "client level" in guarantee_of(m).note
     else:
         assert np.all(var.ravel() >= n * min(m._class_variances().values()))
         if how == "normalize":
-            assert "same as 'sample'" in m.guarantee().note
+            assert "same as 'sample'" in guarantee_of(m).note
     _check_moments(est.reshape(n, -1), target.ravel() / n, var.ravel() / n)
 
 

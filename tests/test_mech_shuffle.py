@@ -10,6 +10,7 @@ from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, build
 from rknn_ray.mechanisms.shuffle_multi import decode_messages, encode_messages
 from rknn_ray.rng import seeded_generator
+from rknn_ray.accounting.guarantee import guarantee_of
 
 
 def one_per_client(rng, n, s=10, c=10, k=1):
@@ -28,10 +29,10 @@ def test_single_message_eps0_and_sender_floor(name):
     floor = mech.min_senders()
     assert floor <= n
     assert mech.central_eps(floor) <= target * (1 + 1e-9) < mech.central_eps(floor - 1)
-    g = mech.guarantee_for(n)
+    g = guarantee_of(mech, n)
     assert (g.model, g.unit, g.n, g.delta) == ("shuffle", "record", n, delta)
     with pytest.raises(PrivacyBudgetError, match="Round refused"):
-        mech.guarantee_for(floor - 1)
+        guarantee_of(mech, floor - 1)
 
 
 def test_single_message_estimator_unbiased_at_eps0():
@@ -63,7 +64,7 @@ def test_multi_message_round_trip_unbiased_and_dlap_variance():
     assert abs(errs.mean()) < 6 * math.sqrt(var / errs.size)
     assert errs.var() == pytest.approx(var, rel=0.15)
     assert mech.cal.eps <= 1.0 + 1e-9
-    assert mech.guarantee().eps == pytest.approx(mech.cal.eps)
+    assert guarantee_of(mech).eps == pytest.approx(mech.cal.eps)
 
 
 def test_multi_message_flooding_has_the_calibrated_law():
@@ -93,9 +94,9 @@ def test_multi_message_refuses_missing_noise_shares():
     mech = build("shuffle", "multi", MechanismParams(4, 3, 1, 1.0, delta=1e-6, num_clients=1000,
                                                      options={"expected_dropout": 0.1}))
     assert mech.min_senders() == 900
-    mech.guarantee_for(900)
+    guarantee_of(mech, 900)
     with pytest.raises(PrivacyBudgetError, match="expected_dropout"):
-        mech.guarantee_for(899)
+        guarantee_of(mech, 899)
 
 
 def test_message_codec_and_malformed():
@@ -142,7 +143,7 @@ def test_multi_message_dlap_share_trades_error_for_messages():
     assert default.cal.dlap_share == 0.85 and lower.cal.dlap_share == 0.7
     assert lower.cal.error_variance > default.cal.error_variance
     assert lower.cal.noise_messages_per_client < 0.7 * default.cal.noise_messages_per_client
-    assert lower.guarantee().eps <= 1.0 and default.guarantee().eps <= 1.0
+    assert guarantee_of(lower).eps <= 1.0 and guarantee_of(default).eps <= 1.0
     with pytest.raises(ConfigError, match="dlap_share"):
         mech(dlap_share=1.0)
     cfg = load_config("jobs/configs/digits_shuffle.yaml", ["privacy.mechanism=multi",

@@ -13,7 +13,7 @@ from rknn_ray.accounting.ledger import PrivacyLedger
 from rknn_ray.config import load_config
 from rknn_ray.errors import PrivacyBudgetError
 from rknn_ray.mechanisms import MechanismParams, build
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.guarantee import Guarantee, guarantee_of
 
 FAST = ["student.epochs=1", "queries.restarts=1", "run.rng=seeded", "student.trainer=local",
         "run.progress=false"]
@@ -21,13 +21,14 @@ LAPLACE = dp_event.LaplaceDpEvent(noise_multiplier=10.0)     # costs eps = 0.1 e
 
 
 def central(eps=0.1):
-    return Guarantee(eps, 0.0, "central", "laplace")
+    """A central Laplace release of cost eps (sensitivity 1, scale 1/eps)."""
+    return Guarantee(dp_event.LaplaceDpEvent(noise_multiplier=1.0 / eps), "central", "laplace")
 
 
 def shuffle_release():
     mech = build("shuffle", "collision", MechanismParams(10, 4, 1, 1.0, delta=1e-6,
                                                          num_clients=20000))
-    return mech.guarantee(), mech.event()
+    return guarantee_of(mech)
 
 
 def reserved(store, identity, job_id):
@@ -44,8 +45,8 @@ def test_a_jobs_ledger_is_its_rows_in_the_persistent_store(tmp_path):
     store.reserve("ds", "ds", "job", 1.0, 0.0, (5.0, 1e-6))
     ledger = PrivacyLedger(budget_eps=0.25, accountant="pld", store=store, identity="ds",
                            job_id="job")
-    ledger.record(central(), 0, event=LAPLACE, messages=7)
-    ledger.record_spent(central(), 1, event=LAPLACE, note="NOT PRIVATE", messages=8)
+    ledger.record(central(), 0, messages=7)
+    ledger.record_spent(central(), 1, note="NOT PRIVATE", messages=8)
     # each release is one row, committed into the reservation: nothing else is written
     (dataset,) = store.datasets()
     assert [(r["job_id"], r["round"], r["status"]) for r in dataset["releases"]] == [
@@ -54,7 +55,7 @@ def test_a_jobs_ledger_is_its_rows_in_the_persistent_store(tmp_path):
     assert reserved(store, "ds", "job") == pytest.approx((0.8, 0.0))
     # the cap is checked before a release: a refused round writes nothing
     with pytest.raises(PrivacyBudgetError, match="round refused"):
-        ledger.record(central(), 2, event=LAPLACE)
+        ledger.record(central(), 2)
     assert len(store.release_rows("ds", "job")) == 2
     # a fresh view of the same rows shows the same ledger
     again = PrivacyLedger(budget_eps=0.25, accountant="pld", store=store, identity="ds",
@@ -67,7 +68,7 @@ def test_a_job_without_a_reservation_cannot_record_a_release(tmp_path):
     store = BudgetStore(str(tmp_path / "l.sqlite"))
     ledger = PrivacyLedger(store=store, identity="ds", job_id="nobody")
     with pytest.raises(PrivacyBudgetError, match="holds no reservation"):
-        ledger.record(central(), 0, event=LAPLACE)
+        ledger.record(central(), 0)
     assert ledger.entries == [] and store.release_rows("ds", "nobody") == []
     with pytest.raises(ValueError, match="needs store, identity and job_id"):
         PrivacyLedger(store=store)
@@ -78,8 +79,8 @@ def test_ledgers_of_two_jobs_on_one_source_show_their_own_rows(tmp_path):
     for job in ("a", "b"):
         store.reserve("ds", "ds", job, 0.5, 0.0, (5.0, 1e-6))
     a, b = (PrivacyLedger(store=store, identity="ds", job_id=j) for j in ("a", "b"))
-    a.record(central(), 0, event=LAPLACE)
-    b.record(central(0.2), 0, event=dp_event.LaplaceDpEvent(noise_multiplier=5.0))
+    a.record(central(), 0)
+    b.record(central(0.2), 0)
     assert a.spent() == (0.1, 0.0) and b.spent() == (0.2, 0.0)
 
 
@@ -103,7 +104,7 @@ def test_a_round_costs_the_same_evaluations_at_round_20_as_at_round_2(
     """Each check composes the recorded events once (cached), so 20 rounds cost O(20)
     evaluations of the event cost; re-costing every entry on every check cost O(20^2)."""
     rounds = 20
-    guarantee, event = shuffle_release()
+    guarantee = shuffle_release()
     kw = {}
     if persistent:
         store = BudgetStore(str(tmp_path / "l.sqlite"))
@@ -115,9 +116,9 @@ def test_a_round_costs_the_same_evaluations_at_round_20_as_at_round_2(
     per_round = []
     for t in range(rounds):
         before = len(calls)
-        ledger.check(guarantee, event)               # the session's check before any client
-        ledger.check(guarantee, event)               # and with the true cost before the release
-        ledger.record_spent(guarantee, t, event=event)   # the job's one write after the save
+        ledger.check(guarantee)               # the session's check before any client
+        ledger.check(guarantee)               # and with the true cost before the release
+        ledger.record_spent(guarantee, t)     # the job's one write after the save
         ledger.spent()
         per_round.append(len(calls) - before)
     assert per_round[-1] == per_round[1] and len(calls) <= 8 * rounds, per_round
@@ -133,31 +134,28 @@ def test_cached_totals_are_the_accountants_composition_of_every_event(
         accountant, release, budget_delta):
     """After every round, spent(), check() and to_dict() equal, to the bit, the accountant
     composing every recorded event from scratch (at the ledger's target delta)."""
-    sg, se = shuffle_release()
-    lg = Guarantee(0.1, 0.0, "shuffle", "laplace", unit=sg.unit, neighbour=sg.neighbour)
-    releases = {"shuffle": [(sg, se)], "laplace": [(lg, LAPLACE)],
-                "mixed": [(sg, se), (lg, LAPLACE), (lg, None)]}[release]
+    sg = shuffle_release()
+    lg = Guarantee(LAPLACE, "shuffle", "laplace", unit=sg.unit, neighbour=sg.neighbour)
+    generic = Guarantee(accountants.ApproxDpEvent(0.1, 0.0), "shuffle", "laplace",
+                        unit=sg.unit, neighbour=sg.neighbour)
+    releases = {"shuffle": [sg], "laplace": [lg], "mixed": [sg, lg, generic]}[release]
     ledger = PrivacyLedger(budget_delta=budget_delta, accountant=accountant)
     acc = get_accountant(accountant)
     recorded = []
 
     def scratch(items):
-        events = [(e if e is not None else accountants.ApproxDpEvent(g.eps, g.delta),
-                   g.accounting) for g, e in items]
-        target = budget_delta or max(1e-12, 2.0 * sum(g.delta for g, _ in items))
+        events = [(g.event, g.accounting) for g in items]
+        target = budget_delta or max(1e-12, 2.0 * sum(g.delta for g in items))
         return acc.compose(events, target)
     for t in range(12):
-        g, e = releases[t % len(releases)]
-        assert ledger.check(g, e) == scratch(recorded + [(g, e)])
-        ledger.record(g, t, event=e)
-        recorded.append((g, e))
+        g = releases[t % len(releases)]
+        assert ledger.check(g) == scratch(recorded + [g])
+        ledger.record(g, t)
+        recorded.append(g)
         assert ledger.spent() == scratch(recorded)
     out = ledger.to_dict()
     assert (out["total"]["eps"], out["total"]["delta"]) == scratch(recorded)
-    costs = [accountants.event_cost(e if e is not None else
-                                    accountants.ApproxDpEvent(g.eps, g.delta),
-                                    g.accounting or accountants.DEFAULT_COSTING)
-             for g, e in recorded]
+    costs = [accountants.event_cost(g.event, g.accounting) for g in recorded]
     assert (out["total_basic"]["eps"], out["total_basic"]["delta"]) == (
         sum(c[0] for c in costs), min(1.0, sum(c[1] for c in costs)))
 

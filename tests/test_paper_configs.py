@@ -86,7 +86,7 @@ def test_config_datasets_read_their_real_formats(tmp_path, dataset):
 
 
 def test_svhn_extra_set_is_a_config_key(tmp_path):
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     write_svhn(str(tmp_path), "train_32x32.mat", 6)
     write_svhn(str(tmp_path), "test_32x32.mat", 1010)     # the paper split keeps 1,000 for eval
     over = [f"data.data_root={tmp_path}", "queries.s=1", "data.clients=5"]

@@ -1,12 +1,14 @@
 """The pipeline's sequences are assembled once (rknn_ray.pipeline: prepare_stages,
-nonprivate_labels, train_on_labels) and give the numbers the hand-listed steps they
+nonprivate_labels; rknn_ray.student.stage: train_on_labels) and give the numbers the hand-listed steps they
 replaced gave: the non-private reference and a baseline's student, with a fixed seed."""
 import numpy as np
 import pytest
 
 from rknn_ray.config import load_config
-from rknn_ray.pipeline import (derive_labels, exact_answers, finish_labels, fit_queries,
-                               fit_student, prepare_data, resolve_auto, student_inputs)
+from rknn_ray.pipeline import finish_labels, fit_queries, resolve_auto
+from rknn_ray.data.prepared import prepare_data
+from rknn_ray.student.stage import fit_student, student_inputs
+from rknn_ray.labeling.stage import derive_labels, exact_answers
 
 TINY = ["run.progress=false", "student.epochs=1", "student.augment=none",
         "student.trainer=local", "queries.s=30", "rknn.k=2", "run.seed=3",

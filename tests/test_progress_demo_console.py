@@ -63,7 +63,7 @@ def test_readme_demo_console_is_clean_and_live(tmp_path):
     assert history[-1]["train_loss"] < history[0]["train_loss"] * 0.85
     assert history[-1]["train_accuracy"] > 0.5 and student["test_accuracy"] >= 0.6
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import prepare_data
+    from rknn_ray.data.prepared import prepare_data
     from rknn_ray.student import accuracy, load_student
     splits = prepare_data(load_config(str(out / "config.yaml"))).splits
     model = load_student(student["checkpoint"])   # the copied checkpoint is what was evaluated

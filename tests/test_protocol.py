@@ -121,7 +121,8 @@ def test_round_refused_when_dropouts_shrink_the_senders(ray_session):
 def test_shuffle_round_on_actors_with_onion_chain(ray_session):
     """Two onion hops, multi-message: every message arrives, the guarantee meets the target
     with the n actually shuffled, and the estimate is close to the exact counts."""
-    from rknn_ray.pipeline import exact_answers, mechanism_for
+    from rknn_ray.labeling.stage import exact_answers
+    from rknn_ray.mechanisms.stage import mechanism_for
     # honest_fraction 1 and eps 4: the chain is under test here, not the fraction or eps
     # (0.5 doubles the noise messages every hop peels: tests/test_cover.py covers it; eps 1
     # sends ~9x the noise messages per client of eps 4, each sealed and peeled twice)

@@ -12,8 +12,9 @@ import pytest
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import build
-from rknn_ray.pipeline import (mechanism_params, multi_message_s_cap, partitioned, prepare_data,
-                               resolve_auto)
+from rknn_ray.pipeline import resolve_auto
+from rknn_ray.data.prepared import partitioned, prepare_data
+from rknn_ray.mechanisms.stage import mechanism_params, multi_message_s_cap
 
 BASE = ["data.partition=dirichlet", "data.alpha=0.3", "data.max_records_per_client=25",
         "queries.s=auto", "rknn.k=auto", "privacy.delta=0", "privacy.budget_eps=null"]
@@ -95,7 +96,7 @@ def test_records_beyond_the_bound_are_dropped_blindly():
     assert len(held) == int(np.minimum(sizes, 5).sum())       # only the excess goes
     assert data.records_dropped() == len(data.client_ids) - len(held)
     # the shards hold exactly the kept records: their sources see the same rows
-    from rknn_ray.pipeline import dataset_sources
+    from rknn_ray.data.sources import dataset_sources
     recs = [src.open() for src in dataset_sources(cfg, data, shards=2)]
     assert sum(len(r.labels) for r in recs) == len(held)
     assert max(r.max_records_per_client for r in recs) <= 5

@@ -156,7 +156,8 @@ def test_a_key_store_others_can_open_stops_the_job_at_startup_with_the_fix(ray_s
     """The shard checks its store on its own node; the driver reports its error and fix."""
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import PartyFailure, ProtocolSession
-    from rknn_ray.pipeline import dataset_sources, prepare_data
+    from rknn_ray.data.prepared import prepare_data
+    from rknn_ray.data.sources import dataset_sources
     from tests.digits_rounds import digits_cfg
 
     shared = tmp_path / "shared"

@@ -9,7 +9,8 @@ import pytest
 import rknn_ray.data.prepared as prepared
 from actors.client_shard import ClientShardImpl
 from rknn_ray.config import load_config
-from rknn_ray.pipeline import dataset_sources, prepare_data
+from rknn_ray.data.prepared import prepare_data
+from rknn_ray.data.sources import dataset_sources
 
 
 def _cfg(*overrides):
@@ -66,11 +67,10 @@ def test_prepare_data_runs_once_per_job(ray_session, tmp_path, monkeypatch,
     import functools
 
     import jobs.distill as distill
-    import rknn_ray.pipeline as pipeline
     from rknn_ray.job.session import Parties
     calls = []
     real = prepared.prepare_data
-    monkeypatch.setattr(pipeline, "prepare_data", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(prepared, "prepare_data", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(distill, "run", functools.partial(
         distill.run, parties=Parties(shard=PrepareCountingShard)))
     keys = tmp_path / "keys"

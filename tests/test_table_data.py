@@ -20,7 +20,7 @@ from rknn_ray.config import Config, load_config
 from rknn_ray.data import load_dataset, registry
 from rknn_ray.data.prepared import prepare_data
 from rknn_ray.errors import ConfigError, DataError
-from rknn_ray.pipeline import dataset_sources
+from rknn_ray.data.sources import dataset_sources
 from tests.table_files import digits_parts, table_config, write, write_parts
 
 BUILTINS = ("digits", "fashion_mnist", "mnist", "cifar10", "svhn", "synthetic")

@@ -111,12 +111,12 @@ def test_the_driver_never_holds_a_private_row(tmp_path):
 
 def test_private_rows_that_change_after_the_scan_fail_in_the_shards_with_the_reservation_returned(
         tmp_path, monkeypatch):
-    from rknn_ray import pipeline
+    from rknn_ray.data import prepared
     from rknn_ray.errors import DataError
     ledger = tmp_path / "ledger.sqlite"
     monkeypatch.setenv("RKNN_RAY_LEDGER", str(ledger))
     priv, _, _ = write_parts(str(tmp_path))
-    real = pipeline.prepare_data
+    real = prepared.prepare_data
 
     def prepare_then_change(cfg, *args):
         data = real(cfg, *args)          # scanned; now one row moves to a new holder
@@ -126,7 +126,7 @@ def test_private_rows_that_change_after_the_scan_fail_in_the_shards_with_the_res
         pq.write_table(priv.set_column(priv.column_names.index("holder"), "holder",
                                        pa.array(holder)), str(tmp_path / "private.parquet"))
         return data
-    monkeypatch.setattr(pipeline, "prepare_data", prepare_then_change)
+    monkeypatch.setattr(prepared, "prepare_data", prepare_then_change)
     with pytest.raises(DataError, match="changed after the job checked it"):
         rknn_ray.run(table_config(str(tmp_path)), out_dir=str(tmp_path / "run"))
     (source,) = BudgetStore(str(ledger)).datasets()

@@ -6,6 +6,7 @@ import pickle
 import pytest
 
 from rknn_ray.mechanisms import MechanismParams, build
+from rknn_ray.accounting.guarantee import guarantee_of
 
 
 def _counting(mech):
@@ -33,8 +34,8 @@ def test_shuffle_calibration_is_computed_once_per_mechanism():
     for _ in range(3):
         assert mech.min_senders() == floor
         assert mech.describe()["min_senders"] == floor
-        g, _ = mech.round_cost(20000, 20000)
-        assert mech.guarantee(20000).eps == g.eps
+        g = guarantee_of(mech, 20000, mech.round_event(20000, 20000), opened=20000)
+        assert guarantee_of(mech, 20000).eps == g.eps
     assert len(calls) == first                # n = 20000 too was evaluated by the floor
     assert mech.central_eps(floor) <= 1.0 * (1 + 1e-9) < mech.central_eps(floor - 1)
     fresh = build("shuffle", "collision", MechanismParams(10, 10, 1, 1.0, delta=1e-6,

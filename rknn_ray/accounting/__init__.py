@@ -9,10 +9,14 @@
 * :mod:`.accountants` -- what events cost, alone and together (``basic`` sums, ``pld``
   composes PLDs), under the accountant's choices (``Costing``): the only source of eps.
 * :mod:`.budget_store` -- the one ledger (SQLite): persistent across jobs, or in memory.
+* :mod:`.guarantee` -- ``Guarantee``: what a release promises, its eps the cost of its event
+  (``guarantee_of(mechanism, n)``); :mod:`.units` -- the names it is stated in.
 * :mod:`.ledger` -- ``PrivacyLedger``: a run's view over a store (a job's: its own rows of
   the persistent one), with the run's budget cap; composes each release once.
 * :mod:`.source_identity` -- which records a job touches: per-record fingerprints of its pool.
-* :mod:`.audit` -- empirical audit (Clopper-Pearson) and simulated labeling error.
+
+The empirical audit runs mechanisms, so it lives above them (benchmarks/audit.py): nothing
+here imports ``rknn_ray.mechanisms``.
 """
 from __future__ import annotations
 
@@ -20,10 +24,11 @@ import importlib
 
 # name -> submodule, loaded on first use: a process that only unpickles a mechanism (an
 # opener, a client shard) imports rknn_ray.accounting.bounds, and with eager imports here
-# it paid for dp_accounting and scipy (~1 CPU s) before its first report
+# it would pay for dp_accounting and scipy before its first report
 _LAZY = {"BOUNDS": "bounds", "AmplificationBound": "bounds", "VariationRatioBound": "bounds",
          "amplified_local_eps": "bounds", "get_bound": "bounds",
          "variation_ratio_bound": "bounds", "PrivacyLedger": "ledger",
+         "Guarantee": "guarantee", "guarantee_of": "guarantee",
          "atomic_write_json": "ledger", "MultiMessageCalibration": "multi_message",
          "calibrate_multi_message": "multi_message"}
 

@@ -145,7 +145,7 @@ def _library_event(event) -> bool:
 @functools.lru_cache(maxsize=1024)
 def _amplified(bound, eps0: float, n: int, delta: float) -> float:
     """``bound.central_eps`` once per (bound, eps0, n, delta): a round's one shuffle event is
-    costed at its check, its record and every later check (~10 ms of root finding each)."""
+    costed at its check, its record and every later check (each a root finding)."""
     return bound.central_eps(eps0, n, delta)
 
 

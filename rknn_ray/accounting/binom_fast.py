@@ -47,7 +47,7 @@ def _stirlerr(n: np.ndarray) -> np.ndarray:
         return (1 / 12 - (1 / 360) / (n * n)) / n
     if n.size == 0 or n.min() > 15:
         return series(n)
-    from scipy.special import gammaln
+    from scipy.special import gammaln  # defers scipy
     small = n <= 15
     out = series(np.where(small, 16.0, n))
     s = n[small]
@@ -91,7 +91,7 @@ def half_sf_exact(m, t) -> np.ndarray:
     The reference ("slow") path: cephes' incomplete beta, relative error ~2e-15 m
     (1e-12 at m = 1e3, 2e-9 at m = 1e6, 1e-7 at m ~ 2e7; against 25-digit sums).
     """
-    from scipy.special import bdtrc
+    from scipy.special import bdtrc  # defers scipy
     m = np.asarray(m, dtype=np.int64)
     t = np.asarray(t, dtype=np.int64)
     inside = (t >= 1) & (t <= m)

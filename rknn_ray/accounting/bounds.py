@@ -52,13 +52,14 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 # scipy is imported in the functions that use it: an opener or a client shard unpickles
-# mechanisms that refer to this module and never calls them (an eager import cost each
-# such process ~1 CPU s before its first report)
+# mechanisms that refer to this module and never calls them (an eager import would cost
+# each such process seconds of CPU before its first report)
 
 from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT_SLACK_PER_TERM,
                                         TAIL_MASS, _window, eps_for_delta)
 from rknn_ray.accounting.calibration import monotone_edge
+from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
 from rknn_ray.errors import ConfigError
 
 EPS0_MAX = 30.0   # beyond this e^eps0 overflows the useful range of every bound
@@ -273,7 +274,6 @@ class VariationRatioBound(AmplificationBound):
         the divergence of the counts of 0 and 1 (the "merged" pair, a post-processing).
         Collision with c = 1: pair (a) on the hashed cells. Generic: binary RR.
         """
-        from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
         _check(eps0, n, delta)
         if self.mechanism == "generic":
             return RRLowerBound().central_eps(eps0, n, delta)
@@ -307,7 +307,7 @@ class _RRCountDelta:
         k = np.arange(lo, hi + 2, dtype=np.int64)
         if n > 1:
             if method == "scipy":
-                from scipy import stats
+                from scipy import stats  # defers scipy: the slow exactness path only
                 lp_prev, lp_same = stats.binom.logpmf(k - 1, n - 1, q), stats.binom.logpmf(k, n - 1, q)
             else:
                 lp_prev, lp_same = binom_logpmf(k - 1, n - 1, q), binom_logpmf(k, n - 1, q)
@@ -384,12 +384,16 @@ def variation_ratio_bound(mechanism: str = "generic", **params) -> VariationRati
 
 
 def get_bound(name: str, mechanism: str = "generic", **mech_params) -> AmplificationBound:
-    """Bound by name; 'variation_ratio' with a mechanism gives the mechanism-specific one."""
+    """Bound by name; 'variation_ratio' or 'tight' with a mechanism gives the
+    mechanism-specific one ('tight': :mod:`rknn_ray.accounting.tight`)."""
+    if name == "tight":
+        from rknn_ray.accounting.tight import tight_bound
+        return tight_bound(mechanism, **mech_params)
     if name == "variation_ratio" and mechanism != "generic":
         return variation_ratio_bound(mechanism, **mech_params)
     if name not in BOUNDS:
         raise ConfigError("bound", f"unknown amplification bound {name!r}",
-                          f"use one of {sorted(BOUNDS)}")
+                          f"use one of {sorted(BOUNDS) + ['tight']}")
     return BOUNDS[name]
 
 

@@ -6,7 +6,9 @@ release written there once; a ledger with no persistent store (compare, grid, ba
 benchmarks) views a store that lives in memory (path ``:memory:``), gone when the run
 ends. Every release row holds its event and the accountant's choices for it
 (``accounting``), and is written only when its (eps, delta) is the accountant's cost of
-that event; a release whose event cannot be rebuilt is an error. A budget belongs to the
+that event; the (eps, delta) it stores is a cache for readers of the file: what is spent
+and listed is that cost again, recomputed from the event. A release whose event cannot be
+rebuilt is an error. A budget belongs to the
 private records themselves (record-level DP composes per record): a *source* is a pool of records known by their
 per-record fingerprints (rknn_ray/accounting/source_identity.py), and any job whose
 records overlap a source's draws from that source's one budget -- whatever split, seed,
@@ -347,12 +349,15 @@ class BudgetStore:
 
     # ------------------------------------------------------------------ reading
     def spent(self, identity: str, con=None) -> Spend:
-        """Everything reserved or released on ``identity`` (basic composition: sums)."""
+        """Everything reserved or released on ``identity`` (basic composition: sums; a
+        release at the accountant's cost of its event, recomputed here)."""
         def q(c):
-            row = c.execute("SELECT COALESCE(SUM(eps), 0), COALESCE(SUM(delta), 0), "
-                            "SUM(status = 'released'), SUM(status = 'reserved') FROM releases "
-                            "WHERE identity = ? AND status != 'unused'", (identity,)).fetchone()
-            return Spend(float(row[0]), float(row[1]), int(row[2] or 0), int(row[3] or 0))
+            eps = delta = 0.0
+            counts = {"released": 0, "reserved": 0}
+            for row, cost in self._costs(c, identity):
+                eps, delta = eps + cost[0], delta + cost[1]
+                counts[row[1]] = counts.get(row[1], 0) + 1
+            return Spend(eps, delta, counts["released"], counts["reserved"])
         if con is not None:
             return q(con)
         with self._connect() as c:
@@ -376,8 +381,10 @@ class BudgetStore:
                 spend = self.spent(identity, con)
                 src = con.execute("SELECT records, min_private FROM sources WHERE identity = ?",
                                   (identity,)).fetchone()
-                rel = con.execute("SELECT job_id, round, status, eps, delta, event, note, updated "
-                                  "FROM releases WHERE identity = ? ORDER BY id", (identity,))
+                cost = {row[0]: c for row, c in self._costs(con, identity)}
+                rel = con.execute("SELECT id, job_id, round, status, eps, delta, event, note, "
+                                  "updated FROM releases WHERE identity = ? ORDER BY id",
+                                  (identity,))
                 out.append({"identity": identity, "description": desc,
                             "budget": {"eps": b_eps, "delta": b_delta},
                             "spent": {"eps": spend.eps, "delta": spend.delta},
@@ -388,10 +395,12 @@ class BudgetStore:
                             "merged": [{"identity": o, "reason": why} for o, why in con.execute(
                                 "SELECT old, reason FROM aliases WHERE new = ? ORDER BY created",
                                 (identity,))],
-                            "releases": [{"job_id": j, "round": r, "status": st, "eps": e,
-                                          "delta": dl, "event": json.loads(ev) if ev else None,
+                            "releases": [{"job_id": j, "round": r, "status": st,
+                                          "eps": cost.get(i, (e, dl))[0],
+                                          "delta": cost.get(i, (e, dl))[1],
+                                          "event": json.loads(ev) if ev else None,
                                           "note": n, "updated": u}
-                                         for j, r, st, e, dl, ev, n, u in rel.fetchall()]})
+                                         for i, j, r, st, e, dl, ev, n, u in rel.fetchall()]})
         return out
 
     # ------------------------------------------------------------------ writing
@@ -425,16 +434,18 @@ class BudgetStore:
                 con.execute("UPDATE datasets SET budget_eps = ?, budget_delta = ? WHERE identity = ?",
                             (eps, delta, identity))
 
-    def _events(self, con, identity: str) -> list:
-        """Every counted row as (event, the accountant's choices): a release's own event, a
-        reservation's stated cost. A release whose event this version cannot rebuild is an
-        error (LedgerError naming the type and the fix), never costed as a generic event."""
-        from rknn_ray.accounting.accountants import Costing
+    def _rows(self, con, identity: str) -> list:
+        """Every counted row as (row, item): a release's own event with the accountant's
+        choices, a reservation's stated cost (None: a row that costs nothing). A release whose
+        event this version cannot rebuild is an error (LedgerError naming the type and the
+        fix), never costed as a generic event."""
+        from rknn_ray.accounting.accountants import Costing  # defers dp_accounting
+        # defers dp_accounting
         from rknn_ray.accounting.events import ApproxDpEvent, UnrebuildableEventError, costed_from_dict
-        events = []
-        for rid, status, eps, delta, event, accounting in con.execute(
-                "SELECT id, status, eps, delta, event, accounting FROM releases WHERE "
-                "identity = ? AND status != 'unused'", (identity,)):
+        out = []
+        for row in con.execute("SELECT id, status, eps, delta, event, accounting FROM releases "
+                               "WHERE identity = ? AND status != 'unused'", (identity,)):
+            rid, status, eps, delta, event, accounting = row
             parsed = json.loads(event) if event else None
             if status == "released" and parsed:
                 try:
@@ -442,11 +453,23 @@ class BudgetStore:
                 except UnrebuildableEventError as exc:
                     raise LedgerError(f"{self.path}: release {rid} on {identity}: {exc}") from None
                 choices = {**legacy, **(json.loads(accounting) if accounting else {})}
-                events.append((ev, Costing.from_dict(choices)))
-                continue
-            if eps > 0 or delta > 0:       # a reservation, or a release settled by hand
-                events.append(ApproxDpEvent(float(eps), float(delta)))
-        return events
+                out.append((row, (ev, Costing.from_dict(choices))))
+            elif eps > 0 or delta > 0:       # a reservation, or a release settled by hand
+                out.append((row, ApproxDpEvent(float(eps), float(delta))))
+            else:
+                out.append((row, None))
+        return out
+
+    def _events(self, con, identity: str) -> list:
+        """Every counted row's event (see :meth:`_rows`)."""
+        return [item for _, item in self._rows(con, identity) if item is not None]
+
+    def _costs(self, con, identity: str) -> list:
+        """Every counted row with its (eps, delta): a release's is the accountant's cost of
+        its event, whatever the row stores beside it (a cache for readers of the file)."""
+        from rknn_ray.accounting.accountants import as_costed, event_cost  # defers dp_accounting
+        return [(row, (0.0, 0.0) if item is None else event_cost(*as_costed(item)))
+                for row, item in self._rows(con, identity)]
 
     def composed(self, identity: str, accountant: str = "basic", extra=None,
                  target_delta: float | None = None, con=None) -> tuple[float, float]:
@@ -456,7 +479,7 @@ class BudgetStore:
         Against a pure budget (delta 0) every accountant composes by the sum: exact for pure
         events, and a PLD answers only at a positive delta (it would report 1e-12 > 0 and
         refuse every job). Events with delta > 0 then show delta > 0: refused by name."""
-        from rknn_ray.accounting.accountants import get_accountant
+        from rknn_ray.accounting.accountants import get_accountant  # defers dp_accounting
 
         def q(c):
             events = self._events(c, identity) + list(extra or [])
@@ -485,7 +508,7 @@ class BudgetStore:
         (PrivacyBudgetError or ConfigError, nothing written) when spent + reserved + this
         job would exceed the budget or that cap.
         """
-        from rknn_ray.accounting.events import ApproxDpEvent
+        from rknn_ray.accounting.events import ApproxDpEvent  # defers dp_accounting
         with self._transaction() as con:
             experiment = self.purpose == "experiment"
             if records:
@@ -557,7 +580,8 @@ class BudgetStore:
     def _checked(self, what: str, eps: float, delta: float, event: dict | None, accounting):
         """The accountant's choices for a release about to be written, after checking that
         its event rebuilds and costs exactly (eps, delta) under them (else LedgerError)."""
-        from rknn_ray.accounting.accountants import Costing, event_cost
+        from rknn_ray.accounting.accountants import Costing, event_cost  # defers dp_accounting
+        # defers dp_accounting
         from rknn_ray.accounting.events import UnrebuildableEventError, costed_from_dict
         costing = accounting if isinstance(accounting, Costing) else Costing.from_dict(accounting)
         if event is None:

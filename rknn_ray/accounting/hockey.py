@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 # scipy is imported in the functions that use it: an opener or a client shard unpickles
-# mechanisms that refer to this module and never calls them (an eager import cost each
-# such process ~1 CPU s before its first report)
+# mechanisms that refer to this module and never calls them (an eager import would cost
+# each such process seconds of CPU before its first report)
 
 from rknn_ray.accounting.binom_fast import binom_logpmf, half_pmf_path, half_sf_path, pmf_rtol
 
@@ -96,7 +96,7 @@ def _window(n_others: int, q: float, tail: float, exact_out: bool = True) -> tup
     if not exact_out:
         # one-sided Bernstein: each side left out holds <= tail / 2
         return lo, hi, 0.5 * tail * ((lo > 0) + (hi < n_others))
-    from scipy import stats
+    from scipy import stats  # defers scipy
     out = float(stats.binom.cdf(lo - 1, n_others, q) + stats.binom.sf(hi, n_others, q))
     return lo, hi, out
 
@@ -126,7 +126,7 @@ class PairDelta:
         self.m = m
         if n1 > 0 and q < 1.0:
             if method == "scipy":
-                from scipy import stats
+                from scipy import stats  # defers scipy
                 lp1, lp0 = stats.binom.logpmf(m - 1, n1, q), stats.binom.logpmf(m, n1, q)
             else:
                 lp1, lp0 = binom_logpmf(m - 1, n1, q), binom_logpmf(m, n1, q)
@@ -152,7 +152,7 @@ class PairDelta:
         a0 = np.floor(a_star).astype(np.int64) + 1
         a0 = np.clip(a0, 0, m + 1)
         if self.method == "scipy":
-            from scipy import stats
+            from scipy import stats  # defers scipy
             pmf = stats.binom.pmf(a0 - 1, m - 1, 0.5)
             sf_m1 = stats.binom.sf(a0 - 1, m - 1, 0.5)       # P[Bin(m-1) >= a0]
             sf_m = stats.binom.sf(a0 - 1, m, 0.5) if g > 0 else None
@@ -189,7 +189,7 @@ def eps_for_delta(pd: PairDelta, delta: float, eps_hi: float, upper: bool,
     ``upper=False``: the largest eps with estimate - err > delta (a certified lower
     bound); 0.0 if none.
     """
-    from scipy import optimize
+    from scipy import optimize  # defers scipy
     def exceeds(e: float) -> bool:
         est, up, down = pd.delta(e)
         return (est + up > delta) if upper else (est - down > delta)

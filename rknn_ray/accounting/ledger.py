@@ -3,7 +3,8 @@
 Every release is a row of a :class:`~rknn_ray.accounting.budget_store.BudgetStore`
 holding the release's event (rknn_ray.accounting.events; a mechanism builds it with
 ``Mechanism.event(n)``), the accountant's choices beside it, and what the run shows of it
-(its guarantee's unit, note, ...). A job's ledger is the view over its own rows of the
+(its guarantee's unit, note, ...: rknn_ray.accounting.guarantee, whose eps is the cost of
+the event). A job's ledger is the view over its own rows of the
 persistent store (``store``, ``identity``, ``job_id``): each release is written there
 once, into the job's reservation (``commit_round``). Without a store (compare, grid,
 baselines, benchmarks) the ledger keeps its rows in a store in memory, gone when the run
@@ -11,8 +12,7 @@ ends. The store checks on writing that the guarantee's (eps, delta) is the accou
 cost of the event; the totals are the composition of the events by the run's accountant
 (``basic`` sums, ``pld`` composes privacy-loss distributions), at the ledger's delta (the
 budget delta, else twice the summed delta of the entries, at least 1e-12), never above
-the basic total. An entry recorded without an event counts as its stated (eps, delta).
-This class only adds the run's budget cap (checked before a release) and reads its
+the basic total. This class only adds the run's budget cap (checked before a release) and reads its
 entries back.
 
 The view reads each row once and composes it once (an incremental
@@ -25,13 +25,15 @@ composing guarantees about different units is meaningless, so it is refused.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from rknn_ray.accounting.accountants import Composition
-from rknn_ray.accounting.events import ApproxDpEvent, event_from_dict, event_to_dict
-from rknn_ray.errors import ConfigError, PrivacyBudgetError
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.budget_store import BudgetStore
+from rknn_ray.accounting.events import event_to_dict
+from rknn_ray.accounting.guarantee import Guarantee
+from rknn_ray.accounting.ledger_file import MEMORY
+from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 from rknn_ray.runio import write_json
 
 ACCOUNTANTS = ("basic", "pld")
@@ -42,24 +44,23 @@ RUN = "run"                 # the identity and job id of a run's own in-memory l
 class LedgerEntry:
     round_id: int
     guarantee: Guarantee
-    event: Any = None
     extra: dict = field(default_factory=dict)
 
     @property
+    def event(self):
+        return self.guarantee.event
+
+    @property
     def accounted_event(self):
-        """(event, the accountant's choices for it) as the accountant composes it (the stated
-        guarantee when no event was given)."""
-        event = self.event if self.event is not None else \
-            ApproxDpEvent(self.guarantee.eps, self.guarantee.delta)
-        return event, self.guarantee.accounting
+        """(event, the accountant's choices for it) as the accountant composes it."""
+        return self.guarantee.event, self.guarantee.accounting
 
     def to_dict(self) -> dict:
         g = self.guarantee
-        costing = g.accounting.to_dict() if g.accounting is not None else None
         return {"round": self.round_id, "model": g.model, "mechanism": g.mechanism,
                 "eps": g.eps, "delta": g.delta, "unit": g.unit, "neighbour": g.neighbour,
-                "n": g.n, "note": g.note, "event": event_to_dict(self.event),
-                "accounting": costing, **self.extra}
+                "n": g.n, "note": g.note, "event": event_to_dict(g.event),
+                "accounting": g.accounting.to_dict(), **self.extra}
 
 
 class PrivacyLedger:
@@ -87,8 +88,6 @@ class PrivacyLedger:
         self.accountant = accountant
         self.persistent = store is not None
         if store is None:
-            from rknn_ray.accounting.budget_store import BudgetStore
-            from rknn_ray.accounting.ledger_file import MEMORY
             store, identity, job_id = BudgetStore(MEMORY), RUN, RUN
         self.store, self.identity, self.job_id = store, identity, job_id
         # the view so far: the rows read (up to row id _last), their entries, their composition
@@ -99,13 +98,17 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ the view
     def _read(self) -> None:
-        """Read the rows written since the last read; each is composed once, here."""
+        """Read the rows written since the last read; each is composed once, here (the
+        guarantee's eps is the cost of the row's event, whatever number the row stores)."""
         for row in self.store.release_rows(self.identity, self.job_id, self._last):
             meta = row["meta"]
-            g = Guarantee(**{**meta["guarantee"],
-                             "accounting": row["accounting"] or meta.get("accounting")})
-            entry = LedgerEntry(int(row["round"]), g, event_from_dict(row["event"]),
-                                meta.get("extra", {}))
+            if row["event"] is None:
+                raise LedgerError(f"{self.store.path}: release {row['id']} of job {self.job_id} "
+                                  "holds no event, so nothing can cost it. Fix: use a ledger "
+                                  "written by this version (a fresh --ledger)")
+            g = Guarantee.from_dict({**meta["guarantee"], "event": row["event"]},
+                                    accounting=row["accounting"] or meta.get("accounting"))
+            entry = LedgerEntry(int(row["round"]), g, meta.get("extra", {}))
             self._composed.add(entry.accounted_event)
             self._delta_sum += g.delta
             self._entries.append(entry)
@@ -119,9 +122,9 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ composition
     def _compose(self, extra: list | None = None) -> tuple[float, float]:
-        """Composed (eps, delta) of the entries and ``extra`` [(guarantee, event)] after them."""
+        """Composed (eps, delta) of the entries and the guarantees ``extra`` after them."""
         self._read()
-        extra = [LedgerEntry(-1, g, e) for g, e in (extra or [])]
+        extra = [LedgerEntry(-1, g) for g in (extra or [])]
         if not self._entries and not extra:
             return 0.0, 0.0
         if self.budget_delta is not None and self.budget_delta > 0:
@@ -150,14 +153,14 @@ class PrivacyLedger:
                     f"ledger's {first.unit}-level ({first.neighbour}) ones; use one unit per "
                     "run (convert the guarantee) or start a new ledger")
 
-    def check(self, guarantee: Guarantee, event: Any = None) -> tuple[float, float]:
+    def check(self, guarantee: Guarantee) -> tuple[float, float]:
         """Raise PrivacyBudgetError if recording ``guarantee`` would exceed the budget.
 
         Returns the composed (eps, delta) the ledger would show after recording it.
         Call it *before* starting a round: a refused round releases nothing.
         """
         self._check_unit(guarantee)
-        eps, delta = self._compose([(guarantee, event)])
+        eps, delta = self._compose([guarantee])
         over_eps = self.budget_eps is not None and eps > self.budget_eps * (1 + 1e-12)
         over_delta = self.budget_delta is not None and delta > self.budget_delta * (1 + 1e-12)
         if over_eps or over_delta:
@@ -170,17 +173,18 @@ class PrivacyLedger:
                 "Fix: lower the per-round eps, run fewer rounds, or raise the budget")
         return eps, delta
 
-    def record(self, guarantee: Guarantee, round_id: int, event: Any = None, *,
-               note: str = "released", **extra) -> LedgerEntry:
-        """Check the budget, then append the release. Returns the new entry.
+    def record(self, guarantee: Guarantee, round_id: int, *, note: str = "released",
+               **extra) -> LedgerEntry:
+        """Check the budget, then append the release (its event is the guarantee's). Returns
+        the new entry.
 
         ``note``: the store's word on the release (a seeded run: NOT PRIVATE); ``extra``:
         what the ledger shows beside it (messages, clients, ...)."""
-        self.check(guarantee, event)
-        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)), note)
+        self.check(guarantee)
+        return self._append(LedgerEntry(int(round_id), guarantee, _shown(extra)), note)
 
-    def record_spent(self, guarantee: Guarantee, round_id: int, event: Any = None, *,
-                     note: str = "released", **extra) -> LedgerEntry:
+    def record_spent(self, guarantee: Guarantee, round_id: int, *, note: str = "released",
+                     **extra) -> LedgerEntry:
         """Append a release that has already happened, at its true cost, over budget or not.
 
         For a round released after its check (a job records it once release.npz is on
@@ -188,18 +192,17 @@ class PrivacyLedger:
         hid each other): refusing to record it would understate what was spent.
         """
         self._check_unit(guarantee)
-        return self._append(LedgerEntry(int(round_id), guarantee, event, dict(extra)), note)
+        return self._append(LedgerEntry(int(round_id), guarantee, _shown(extra)), note)
 
     def _append(self, entry: LedgerEntry, note: str) -> LedgerEntry:
         """One row in the store (the only write of a release): the event, the accountant's
         choices, what the run shows. A job's row is committed into its reservation."""
         g = entry.guarantee
-        shown = {k: v for k, v in asdict(g).items() if k != "accounting"}
-        meta = {"guarantee": shown, "extra": entry.extra,
-                "accounting": None if g.accounting is None else g.accounting.to_dict()}
+        shown = {k: v for k, v in g.to_dict().items() if k not in ("accounting", "event")}
+        meta = {"guarantee": shown, "extra": entry.extra, "accounting": g.accounting.to_dict()}
         write = self.store.commit_round if self.persistent else self.store.append_release
         write(self.identity, self.job_id, entry.round_id, g.eps, g.delta,
-              event_to_dict(entry.event), note=note, accounting=g.accounting, meta=meta)
+              event_to_dict(g.event), note=note, accounting=g.accounting, meta=meta)
         return entry
 
     # ------------------------------------------------------------------ output
@@ -217,6 +220,14 @@ class PrivacyLedger:
     def save(self, path: str | os.PathLike) -> None:
         """Write JSON atomically (temp file in the same folder, then os.replace)."""
         atomic_write_json(path, self.to_dict())
+
+
+def _shown(extra: dict) -> dict:
+    """What an entry shows beside its guarantee; never the event (it is the guarantee's)."""
+    if "event" in extra:
+        raise TypeError("a release's event is its guarantee's (Guarantee.event); "
+                        "record the guarantee alone")
+    return dict(extra)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -36,7 +36,7 @@ ceil(L1/2) copies of (P, Q) and as many of (Q, P).  ``dp_accounting`` composes t
 honest clients' noise is counted; it needs all ``n`` shares, so calibrate with the
 minimum number of clients that will send (extra senders only add noise).
 
-Why negative-binomial flooding (issue 20 item 5). The flooding pays for the lower edge
+Why negative-binomial flooding. The flooding pays for the lower edge
 of G+ + F: on the half of the outcomes where the DLap difference sits below x, the view
 also shifts W = Geometric(p^2) + F by one, so W must itself be shift-private with the
 eps left over from the DLap. A Poisson's log-pmf slope changes by ~1/sqrt(mu) per
@@ -56,7 +56,7 @@ import numpy as np
 
 # scipy and dp_accounting are imported in the functions that use them: an opener or a
 # client shard unpickles mechanisms that refer to this module and never calls them
-# (eager imports cost each such process ~1-1.5 CPU s before its first report)
+# (eager imports would cost each such process seconds of CPU before its first report)
 
 from rknn_ray.accounting.calibration import monotone_edge
 from rknn_ray.errors import ConfigError
@@ -98,7 +98,7 @@ def flood_nb_q(mu: float, shape: float) -> float:
 
 def flood_log_pmf(f: np.ndarray, mu: float, shape: float) -> np.ndarray:
     """log P[F = f] of one cell's total flooding: Poisson(mu) (shape 0) or NB mean mu."""
-    from scipy import stats
+    from scipy import stats  # defers scipy
     if shape == POISSON:
         return stats.poisson.logpmf(f, mu)
     return stats.nbinom.logpmf(f, shape, 1.0 - flood_nb_q(mu, shape))
@@ -106,7 +106,7 @@ def flood_log_pmf(f: np.ndarray, mu: float, shape: float) -> np.ndarray:
 
 def _flood_upper(mu: float, shape: float) -> float:
     """A u with P[F > u] <= _TAIL (scipy's isf, or a Chernoff-safe fallback where it fails)."""
-    from scipy import stats
+    from scipy import stats  # defers scipy
     if shape == POISSON:
         u = stats.poisson.isf(_TAIL, mu)
         fallback = mu + 12 * math.sqrt(mu) + 60
@@ -147,7 +147,7 @@ def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float,
                  flood_shape: float = POISSON) -> float:
     """Central eps at ``delta`` of the protocol with DLap parameter p and flood mean mu
     (flooding NB with shape ``flood_shape``, or Poisson for 0)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # defers dp_accounting
     P, Q = _pmfs(p, mu, float(flood_shape))
     half = int(math.ceil(sensitivity_l1 / 2))
     # dp_accounting's truncation bounds take a logsumexp whose maximum can be infinite:
@@ -164,7 +164,7 @@ def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float,
 
 def dlap_limit_eps(p: float, sensitivity_l1: int, delta: float) -> float:
     """eps of the central DLap alone (the mu -> infinity limit of the protocol)."""
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib  # defers dp_accounting
     half = int(math.ceil(sensitivity_l1 / 2))
     one = pld_lib.from_discrete_laplace_mechanism(-math.log(p), sensitivity=1,
                                                   value_discretization_interval=PLD_DISCRETIZATION)
@@ -202,7 +202,7 @@ def calibrate_multi_message(eps: float, delta: float, n: int, sensitivity_l1: in
     positive and negative noise messages and NB(flood_shape/n, q) (or
     Poisson(flood_mean_per_client)) flooding pairs.
     """
-    from scipy import optimize
+    from scipy import optimize  # defers scipy
     for key, ok in (("eps", 0 < eps < 50), ("delta", 0 < delta < 1), ("n", n >= 1),
                     ("sensitivity_l1", sensitivity_l1 >= 1), ("num_cells", num_cells >= 1),
                     ("dlap_share", 0 < dlap_share < 1),

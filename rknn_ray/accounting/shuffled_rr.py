@@ -52,7 +52,7 @@ class ShuffledRRPairDelta:
 
     def _cdf(self, u, N):
         """P[Bin(N, rho) <= u] elementwise (0 for u < 0, 1 for u >= N)."""
-        from scipy.special import bdtr
+        from scipy.special import bdtr  # defers scipy
         out = np.where(u >= N, 1.0, 0.0)
         inside = (u >= 0) & (u < N)
         if np.any(inside):
@@ -61,7 +61,7 @@ class ShuffledRRPairDelta:
 
     def _sf(self, v, N):
         """P[Bin(N, rho) >= v] elementwise (1 for v <= 0, 0 for v > N)."""
-        from scipy.special import bdtrc
+        from scipy.special import bdtrc  # defers scipy
         out = np.where(v <= 0, 1.0, 0.0)
         inside = (v >= 1) & (v <= N)
         if np.any(inside):

@@ -1,4 +1,4 @@
-"""Baselines run on the project's data, queries, students and ledger (issue 12).
+"""Baselines run on the project's data, queries, students and ledger.
 
 One module per system; each states its guarantee, unit and neighbour relation:
 
@@ -7,4 +7,7 @@ One module per system; each states its guarantee, unit and neighbour relation:
 * :mod:`~rknn_ray.baselines.pate`: PATE LNMax / GNMax, record-level, RDP
 * :mod:`~rknn_ray.baselines.private_knn`: Private-kNN, record-level, RDP
 * :mod:`~rknn_ray.baselines.dpsgd`: DP-SGD head on the public representation, record-level
+
+:mod:`~rknn_ray.baselines.registry` runs each by name as ``run(setup, eps, delta, ledger)``,
+returning a row of the report-row schema (:class:`~rknn_ray.baselines.common.BaselineRow`).
 """

@@ -1,11 +1,11 @@
 """What every baseline shares: the data, the public queries, small batched models,
-RDP conversion and noise calibration, the student, and the result row.
+RDP conversion and noise calibration, the student, and the row (the report-row schema).
 
 All baselines run on exactly the data reverse k-NN runs on: ``prepare`` calls
 ``rknn_ray.pipeline.prepare_stages`` (same dataset, split, partition into clients,
 same public encoder and the same ``s`` k-means queries). A labeling baseline labels
 those ``s`` queries privately; the labels propagate to the public set along the
-query clusters and ``rknn_ray.pipeline.train_on_labels`` trains the project's student
+query clusters and ``rknn_ray.student.stage.train_on_labels`` trains the project's student
 (the config's student section, in this process) on them and scores it on the
 evaluation split -- the same path reverse k-NN takes. Teachers and local models
 are small: multinomial logistic regressions (optionally one hidden layer) on the
@@ -17,16 +17,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+import dataclasses
 
 import numpy as np
 import torch
 
 from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.guarantee import Guarantee
+from rknn_ray.report_row import NAN, ReportRow
 
 # RDP/PLD conversion is the accountant's (re-exported: the baselines' tests use these names)
 from rknn_ray.accounting.accountants import (DEFAULT_COSTING, RDP_ORDERS, Costing,  # noqa: F401
                                              event_cost, pld_epsilon, rdp_epsilon)
+from rknn_ray.student import StudentConfig
+from rknn_ray.rng import make_generator
 
 NEIGHBOUR_ADD_REMOVE = "add-remove-one"
 NEIGHBOUR_LABEL = "change-one-query-label"
@@ -38,13 +42,17 @@ NEIGHBOUR_LABEL = "change-one-query-label"
 class BaselineSetup:
     """The run's data in the representation space (everything public-fitted)."""
     cfg: object
-    data: object                 # rknn_ray.pipeline.PreparedData
+    data: object                 # rknn_ray.data.prepared.PreparedData
     encoder: object
     public_emb: np.ndarray       # (N_pub, D)
     queries: object              # rknn_ray.labeling.queries.QuerySet: the s points every method labels
     private_emb: np.ndarray      # (m, D) private records, embedded with the public encoder
     eval_emb: np.ndarray         # (N_eval, D)
     seconds: float = 0.0
+    # where FedMD-NFDP's parties run: a host class (rknn_ray.baselines.nfdp.InProcessParties
+    # when None) over ``party_shards`` groups; the job injects Ray actors, the library has none
+    party_hosts: object = None
+    party_shards: int = 2
 
     @property
     def num_classes(self) -> int:
@@ -67,7 +75,7 @@ class BaselineSetup:
 def prepare(cfg) -> BaselineSetup:
     """Data, split, partition, encoder and queries exactly as ``jobs.distill`` makes them
     (``rknn_ray.pipeline.prepare_stages``, ``auto`` s and k resolved at cfg's eps)."""
-    from rknn_ray.pipeline import prepare_stages
+    from rknn_ray.pipeline import prepare_stages  # defers faiss
     t0 = time.perf_counter()
     st = prepare_stages(cfg, resolve=True)
     st.data.require_private_rows("a baseline")
@@ -86,8 +94,8 @@ def calibrate_decreasing(eps_of, target: float, lo: float = 1e-3, hi: float = 1e
 
     Bisection in log space; the returned ``x`` always satisfies the target (it is the
     upper end of the final bracket), so a calibrated mechanism never overspends. It stops
-    once the bracket is ``rel_tol`` wide: an RDP evaluation costs ~0.3 s here, and the
-    45 halvings Private-kNN used to ask for pinned sigma to 5e-13, 24 of them to 1e-6.
+    once the bracket is ``rel_tol`` wide: every halving is a full RDP evaluation, and
+    halvings past that width buy nothing a release could notice.
     """
     if eps_of(hi) > target:
         raise ValueError(f"even noise {hi:g} gives eps {eps_of(hi):.4g} > target {target:g}")
@@ -197,40 +205,49 @@ def fit_classifiers(xs, ys, num_classes: int, hidden: int = 0, steps: int = 200,
 
 # ----------------------------------------------------------------------------- result
 
-@dataclass
-class BaselineResult:
-    """One row of the comparison table, plus the ledger and details behind it."""
-    method: str
-    dataset: str
-    eps: float                   # the composed eps the ledger reports
-    delta: float
-    unit: str                    # record | client | label
-    neighbour: str
-    accuracy: float              # student (or released model) accuracy on the evaluation split
-    label_accuracy: float        # released labels vs public truth (propagated to the public set)
-    rounds: int
-    bytes_per_client: float
-    wall_s: float
+@dataclass(frozen=True)
+class BaselineRow(ReportRow):
+    """A baseline's row: the report-row schema every experiment's rows hold (``model`` and
+    ``mechanism`` of its release, the ledger's eps and delta, unit, neighbour, accuracies,
+    rounds, ``bytes_per_client``), the comparison's own keys (``method``, ``target_eps``,
+    ``wall_s``), ``details``: the release's parameters, which go beside the table
+    (ledgers.json), never into it, and ``diagnostics``: NOT PRIVATE figures computed from the
+    exact private votes (e.g. the noiseless plurality's accuracy), which only a run that asked
+    for simulation diagnostics writes, into its diagnostics/ folder."""
+    method: str = ""
     target_eps: float | None = None
-    ledger: dict = field(default_factory=dict)
-    details: dict = field(default_factory=dict)
+    wall_s: float = NAN
+    details: dict = field(default_factory=dict, compare=False)
+    diagnostics: dict = field(default_factory=dict, compare=False)
 
-    def row(self) -> dict:
-        return {"method": self.method, "dataset": self.dataset, "eps": self.eps,
-                "delta": self.delta, "unit": self.unit, "accuracy": self.accuracy,
-                "label_accuracy": self.label_accuracy, "rounds": self.rounds,
-                "bytes_per_client": self.bytes_per_client, "wall_s": self.wall_s,
-                "target_eps": self.target_eps, "neighbour": self.neighbour}
+    def table_fields(self) -> dict:
+        """The row as a table holds it: everything but ``details`` and ``diagnostics``."""
+        d = self.to_dict()
+        d.pop("details")
+        d.pop("diagnostics")
+        return d
+
+
+def baseline_row(setup: BaselineSetup, ledger: PrivacyLedger, method: str, target_eps: float,
+                 t0: float, **fields) -> BaselineRow:
+    """The row of a baseline run that started at ``t0`` (perf_counter): eps and delta are what
+    ``ledger`` reports for everything the run released, ``model`` and ``mechanism`` those of
+    its release; ``fields`` are the rest (accuracy, unit, rounds, details, ...)."""
+    entries = ledger.to_dict()["entries"]
+    eps, delta = ledger.spent()
+    return BaselineRow(method=method, dataset=setup.data.dataset, target_eps=target_eps,
+                       eps=eps, delta=delta, model=entries[0]["model"],
+                       mechanism=entries[0]["mechanism"], ledger_events=len(entries),
+                       wall_s=time.perf_counter() - t0, **fields)
 
 
 def record(ledger: PrivacyLedger, event, costing: Costing, model: str, mechanism: str, unit: str,
            neighbour: str, note: str, n: int | None = None, round_id: int = 0, **extra):
     """Record one release: its guarantee is the accountant's cost of ``event`` under
     ``costing`` (recorded with it), never a number computed beside it. Returns the entry."""
-    eps, delta = event_cost(event, costing)
-    guarantee = Guarantee(eps, delta, model, mechanism, unit=unit, neighbour=neighbour, n=n,
+    guarantee = Guarantee(event, model, mechanism, unit=unit, neighbour=neighbour, n=n,
                           note=note, accounting=costing)
-    return ledger.record(guarantee, round_id=round_id, event=event, **extra)
+    return ledger.record(guarantee, round_id=round_id, **extra)
 
 
 def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: int | None = None,
@@ -239,10 +256,10 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
 
     Returns (student test accuracy, label accuracy on the public set, Labeling).
     """
-    import dataclasses
 
-    from rknn_ray.pipeline import derive_labels, train_on_labels
-    from rknn_ray.student import StudentConfig
+    from rknn_ray.labeling.stage import derive_labels  # defers faiss
+    from rknn_ray.student import StudentConfig  # defers torch
+    from rknn_ray.student.stage import train_on_labels  # defers torch
     cfg = setup.cfg
     lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries,
                         setup.splits.public_y, cfg.labels.type)
@@ -282,6 +299,5 @@ def privacy_generator(setup: "BaselineSetup", stream: int, seed: int | None = No
     asked for a seeded simulation (``run.rng: seeded``, NOT PRIVATE). Model initialization
     and the order of training batches stay seeded: no guarantee rests on them (DP-SGD's
     Poisson subsampling does, and draws from this generator)."""
-    from rknn_ray.rng import make_generator
     base = setup.cfg.run.seed if seed is None else seed
     return make_generator(setup.cfg.run.rng, int(base) + int(stream))

@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_LABEL, BaselineResult, BaselineSetup,
-                                       fit_classifiers, new_ledger, one_hot, record,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_LABEL, BaselineRow, BaselineSetup,
+                                       baseline_row, fit_classifiers, new_ledger, one_hot, record,
                                        student_from_query_counts)
 from rknn_ray.baselines.common import DEFAULT_COSTING
 from rknn_ray.baselines.events import selective_rr_event
@@ -73,7 +73,7 @@ def selective_rr(teacher_labels: np.ndarray, priors: np.ndarray, eps: float,
 
 
 def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 2, seed: int | None = None,
-              hidden: int = 0, prior_weight_decay: float = 0.05, ledger=None) -> BaselineResult:
+              hidden: int = 0, prior_weight_decay: float = 0.05, ledger=None) -> BaselineRow:
     """Label the run's queries in ``stages`` with selective RR at ``target_eps`` (label DP)."""
     t0 = time.perf_counter()
     seed = setup.cfg.run.seed if seed is None else seed
@@ -104,12 +104,10 @@ def run_dpdfd(setup: BaselineSetup, target_eps: float, stages: int = 2, seed: in
            f"label DP per query (parallel over {len(qx)} queries); not record-level",
            stages=len(chunks))
     acc, lab_acc, _ = student_from_query_counts(setup, one_hot(labels, C))
-    eps_l, delta_l = ledger.spent()
-    return BaselineResult(
-        method="dpdfd_selective_rr", dataset=setup.data.dataset, eps=eps_l, delta=delta_l,
-        unit="label", neighbour=NEIGHBOUR_LABEL, accuracy=acc, label_accuracy=lab_acc,
-        rounds=len(chunks), bytes_per_client=raw_upload_bytes(setup),
-        wall_s=time.perf_counter() - t0, target_eps=target_eps, ledger=ledger.to_dict(),
-        details={"stages": len(chunks), "teacher_query_accuracy":
-                 float(np.mean(teacher_labels == setup.query_truth)),
-                 "mean_candidates": float(sizes.mean())})
+    return baseline_row(
+        setup, ledger, "dpdfd_selective_rr", target_eps, t0, unit="label",
+        neighbour=NEIGHBOUR_LABEL, accuracy=acc, label_accuracy=lab_acc, rounds=len(chunks),
+        bytes_per_client=raw_upload_bytes(setup),
+        details={"stages": len(chunks), "mean_candidates": float(sizes.mean())},
+        diagnostics={"teacher_query_accuracy":      # NOT PRIVATE: the teachers' exact labels
+                     float(np.mean(teacher_labels == setup.query_truth))})

@@ -22,9 +22,11 @@ import time
 
 import numpy as np
 import torch
+from torch.func import functional_call, grad, vmap
 
-from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
-                                       Costing, calibrate_decreasing, event_cost, new_ledger, record)
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineRow, BaselineSetup,
+                                       Costing, baseline_row, calibrate_decreasing, event_cost,
+                                       new_ledger, record)
 from rknn_ray.baselines.events import dpsgd_event
 from rknn_ray.baselines.private_knn import raw_upload_bytes
 
@@ -53,7 +55,6 @@ def make_head(dim: int, num_classes: int, hidden: int = 0) -> torch.nn.Module:
 
 def clipped_grad_sum(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float):
     """Sum over the batch of per-example gradients, each clipped to L2 norm ``clip``."""
-    from torch.func import functional_call, grad, vmap
     params = {k: v.detach() for k, v in model.named_parameters()}
 
     def loss(p, xi, yi):
@@ -93,7 +94,7 @@ def train_dpsgd(x: np.ndarray, y: np.ndarray, num_classes: int, sigma: float, q:
 
 def run_dpsgd(setup: BaselineSetup, target_eps: float, delta: float = 1e-5, epochs: int = 15,
               batch_size: int = 64, clip: float = 1.0, lr: float = 0.5, hidden: int = 0,
-              accountant: str = "rdp", seed: int | None = None, ledger=None) -> BaselineResult:
+              accountant: str = "rdp", seed: int | None = None, ledger=None) -> BaselineRow:
     """DP-SGD head at ``target_eps`` (sigma calibrated with the chosen accountant)."""
     t0 = time.perf_counter()
     seed = setup.cfg.run.seed if seed is None else seed
@@ -117,11 +118,9 @@ def run_dpsgd(setup: BaselineSetup, target_eps: float, delta: float = 1e-5, epoc
                      == sp.eval_y).mean())
         lab = float((model(torch.as_tensor(norm(setup.public_emb))).argmax(1).numpy()
                      == sp.public_y).mean())
-    eps_l, delta_l = ledger.spent()
-    return BaselineResult(
-        method="dpsgd_head", dataset=setup.data.dataset, eps=eps_l, delta=delta_l, unit="record",
+    return baseline_row(
+        setup, ledger, "dpsgd_head", target_eps, t0, unit="record",
         neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc, label_accuracy=lab, rounds=steps,
-        bytes_per_client=raw_upload_bytes(setup), wall_s=time.perf_counter() - t0,
-        target_eps=target_eps, ledger=ledger.to_dict(),
+        bytes_per_client=raw_upload_bytes(setup),
         details={"sigma": sigma, "q": q, "steps": steps, "clip": clip, "hidden": hidden,
                  "accountant": accountant, "epochs": epochs})

@@ -29,11 +29,12 @@ import time
 
 import numpy as np
 
-from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
-                                       fit_models, init_models, new_ledger, pad_groups, record,
+from rknn_ray.baselines.common import (NEIGHBOUR_ADD_REMOVE, BaselineRow, BaselineSetup,
+                                       baseline_row, fit_models, init_models, new_ledger, pad_groups, record,
                                        student_from_query_counts)
 from rknn_ray.accounting.accountants import DEFAULT_COSTING, subsample_epsilon_delta
 from rknn_ray.baselines.events import nfdp_event
+from rknn_ray.rng import make_generator
 
 MODES = ("softmax", "logits", "argmax")
 
@@ -73,7 +74,6 @@ class NfdpParties:
     def __init__(self, xs: list, ys: list, k: int, replacement: bool, num_classes: int,
                  seed: int, hidden: int = 0, lr: float = 0.05, weight_decay: float = 1e-3,
                  rng_kind: str = "secure"):
-        from rknn_ray.rng import make_generator
         rng = make_generator(rng_kind, seed)     # the subsample is NFDP's privacy randomness
         picks = [subsample(len(y), k, replacement, rng) for y in ys]
         self.sub_x = [np.asarray(x)[p] for x, p in zip(xs, picks)]
@@ -131,7 +131,7 @@ class InProcessParties:
 def run_nfdp(setup: BaselineSetup, target_eps: float, parties: int = 10, replacement: bool = True,
              rounds: int = 3, mode: str = "softmax", shards: int = 2, hosts=InProcessParties,
              local_steps: int = 150, digest_steps: int = 50, seed: int | None = None,
-             ledger=None) -> BaselineResult:
+             ledger=None) -> BaselineRow:
     """FedMD-NFDP at the largest k whose Theorem 1/2 eps is <= ``target_eps``.
 
     Parties: the run's clients grouped into ``parties`` silos (client id mod parties;
@@ -179,12 +179,10 @@ def run_nfdp(setup: BaselineSetup, target_eps: float, parties: int = 10, replace
     scores = consensus if mode != "logits" else np.exp(consensus - consensus.max(-1, keepdims=True))
     acc, lab_acc, _ = student_from_query_counts(setup, scores)
     per_upload = queries.shape[0] * (4 * C if mode != "argmax" else 4)
-    eps_l, delta_l = ledger.spent()
-    return BaselineResult(
-        method=f"fedmd_nfdp{'' if replacement else '_wor'}", dataset=setup.data.dataset,
-        eps=eps_l, delta=delta_l, unit="record", neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc,
-        label_accuracy=lab_acc, rounds=rounds, bytes_per_client=2.0 * per_upload * rounds,
-        wall_s=time.perf_counter() - t0, target_eps=target_eps, ledger=ledger.to_dict(),
+    return baseline_row(
+        setup, ledger, f"fedmd_nfdp{'' if replacement else '_wor'}", target_eps, t0,
+        unit="record", neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc, label_accuracy=lab_acc,
+        rounds=rounds, bytes_per_client=2.0 * per_upload * rounds,
         details={"k": k, "party_sizes": sizes, "parties": parties, "mode": mode,
                  "replacement": replacement,
                  "delta_exceeds_1_over_n": bool(delta > 1.0 / n_min),

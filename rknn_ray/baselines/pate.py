@@ -33,8 +33,9 @@ import time
 import numpy as np
 from scipy.special import erfc
 
-from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, RDP_ORDERS, BaselineResult,
-                                       BaselineSetup, calibrate_decreasing, fit_classifiers,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, RDP_ORDERS, BaselineRow,
+                                       BaselineSetup, baseline_row, calibrate_decreasing,
+                                       fit_classifiers,
                                        Costing, event_cost, new_ledger, one_hot, record,
                                        student_from_query_counts, vote_histogram)
 from rknn_ray.baselines.events import gnmax_event, lnmax_event  # noqa: F401 (named here before)
@@ -138,7 +139,7 @@ def teacher_votes(setup: BaselineSetup, num_teachers: int, hidden: int = 0,
 
 def run_pate(setup: BaselineSetup, target_eps: float, delta: float = 1e-5,
              aggregator: str = "gnmax", num_teachers: int = 50, data_dependent: bool = False,
-             seed: int | None = None, ledger=None) -> BaselineResult:
+             seed: int | None = None, ledger=None) -> BaselineRow:
     """PATE on the run's ``s`` queries, noise calibrated to ``target_eps`` at ``delta``."""
     if aggregator not in AGGREGATORS:
         raise ValueError(f"aggregator must be one of {AGGREGATORS}")
@@ -156,14 +157,14 @@ def run_pate(setup: BaselineSetup, target_eps: float, delta: float = 1e-5,
            aggregator=aggregator, noise=noise, num_queries=Q, num_teachers=num_teachers)
     labels = noisy_argmax(hist, aggregator, noise, privacy_generator(setup, 17, seed))
     acc, lab_acc, _ = student_from_query_counts(setup, one_hot(labels, setup.num_classes))
-    details = {"noise": noise, "num_teachers": num_teachers, "queries": Q,
-               "plurality_accuracy": float(np.mean(hist.argmax(1) == setup.query_truth))}
+    details = {"noise": noise, "num_teachers": num_teachers, "queries": Q}
+    # NOT PRIVATE: both read the exact vote histogram
+    diagnostics = {"plurality_accuracy": float(np.mean(hist.argmax(1) == setup.query_truth))}
     if data_dependent and aggregator == "gnmax":
-        details["data_dependent_eps_reference_only"] = gnmax_data_dependent_epsilon(hist, noise,
-                                                                                    delta)
-    eps_l, delta_l = ledger.spent()
-    return BaselineResult(
-        method=f"pate_{aggregator}", dataset=setup.data.dataset, eps=eps_l, delta=delta_l,
-        unit="record", neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc, label_accuracy=lab_acc,
-        rounds=1, bytes_per_client=4.0 * Q, wall_s=time.perf_counter() - t0,
-        target_eps=target_eps, ledger=ledger.to_dict(), details=details)
+        diagnostics["data_dependent_eps_reference_only"] = gnmax_data_dependent_epsilon(
+            hist, noise, delta)
+    return baseline_row(
+        setup, ledger, f"pate_{aggregator}", target_eps, t0, unit="record",
+        neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc, label_accuracy=lab_acc, rounds=1,
+        bytes_per_client=4.0 * Q, details=details,
+        diagnostics=diagnostics)

@@ -18,8 +18,9 @@ import time
 
 import numpy as np
 
-from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineResult, BaselineSetup,
-                                       Costing, calibrate_decreasing, event_cost, new_ledger,
+from rknn_ray.baselines.common import (privacy_generator, NEIGHBOUR_ADD_REMOVE, BaselineRow, BaselineSetup,
+                                       Costing, baseline_row, calibrate_decreasing, event_cost,
+                                       new_ledger,
                                        one_hot, record, student_from_query_counts)
 from rknn_ray.baselines.events import private_knn_event
 
@@ -53,7 +54,7 @@ def subsampled_knn_votes(private_emb: np.ndarray, private_y: np.ndarray, queries
 
 def run_private_knn(setup: BaselineSetup, target_eps: float, delta: float = 1e-5,
                     gamma: float = 0.15, k: int | None = None, seed: int | None = None,
-                    ledger=None) -> BaselineResult:
+                    ledger=None) -> BaselineRow:
     """Private-kNN on the run's ``s`` queries at ``target_eps``; ``k`` defaults to
     max(5, 2 % of the expected subsample)."""
     t0 = time.perf_counter()
@@ -71,14 +72,13 @@ def run_private_knn(setup: BaselineSetup, target_eps: float, delta: float = 1e-5
                                 gamma, setup.num_classes, rng)
     labels = np.argmax(hist + rng.normal(0.0, sigma, size=hist.shape), axis=1)
     acc, lab_acc, _ = student_from_query_counts(setup, one_hot(labels, setup.num_classes))
-    eps_l, delta_l = ledger.spent()
-    return BaselineResult(
-        method="private_knn", dataset=setup.data.dataset, eps=eps_l, delta=delta_l,
-        unit="record", neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc, label_accuracy=lab_acc,
-        rounds=1, bytes_per_client=raw_upload_bytes(setup), wall_s=time.perf_counter() - t0,
-        target_eps=target_eps, ledger=ledger.to_dict(),
-        details={"sigma": sigma, "gamma": gamma, "k": k, "queries": Q,
-                 "noiseless_vote_accuracy": float(np.mean(hist.argmax(1) == setup.query_truth))})
+    return baseline_row(
+        setup, ledger, "private_knn", target_eps, t0, unit="record",
+        neighbour=NEIGHBOUR_ADD_REMOVE, accuracy=acc, label_accuracy=lab_acc, rounds=1,
+        bytes_per_client=raw_upload_bytes(setup),
+        details={"sigma": sigma, "gamma": gamma, "k": k, "queries": Q},
+        diagnostics={"noiseless_vote_accuracy":     # NOT PRIVATE: the exact vote histogram
+                     float(np.mean(hist.argmax(1) == setup.query_truth))})
 
 
 def raw_upload_bytes(setup: BaselineSetup) -> float:

@@ -9,6 +9,7 @@ from rknn_ray.data.splits import RULES, Splits, make_splits
 from rknn_ray.data.partition import (SCHEMES, client_offsets, label_skew, order_by_client,
                                      partition)
 from rknn_ray.data.synthetic import gaussian_mixture
+from rknn_ray.data import readers
 
 __all__ = ["DEFAULT_ROOTS", "KNOWN", "register_dataset", "Dataset", "canonical_name", "load_dataset",
            "validate_features", "RULES", "Splits", "make_splits", "SCHEMES", "client_offsets",
@@ -18,6 +19,5 @@ __all__ = ["DEFAULT_ROOTS", "KNOWN", "register_dataset", "Dataset", "canonical_n
 def __getattr__(name: str):
     """``KNOWN`` / ``DEFAULT_ROOTS``: read from the registry when asked (rknn_ray.data.readers)."""
     if name in ("KNOWN", "DEFAULT_ROOTS", "ALIASES"):
-        from rknn_ray.data import readers
         return getattr(readers, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

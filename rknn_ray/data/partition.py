@@ -23,8 +23,8 @@ records by client, which is the order :class:`rknn_ray.labeling.answers.RecordAn
 
 Public record bounds. How many records the largest client holds sets public things (the
 central message size, the multi-message allowance, the auto-s message cap), but under
-``dirichlet`` it is a function of the private labels (changing one label moved it in 92 of
-200 trials, issue 21). So the bound is public: declared, or derived from public counts
+``dirichlet`` it is a function of the private labels (changing one label can move it). So
+the bound is public: declared, or derived from public counts
 (:func:`public_record_bound`), and a client's records beyond it are dropped
 (:func:`held_within_bound`: a seeded, label-blind choice). How many were dropped is private.
 """

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rknn_ray.data.checks import check_public_size, validate_with_data
 from rknn_ray.data.partition import held_within_bound, partition, public_record_bound
-from rknn_ray.data.readers import load_dataset, validate_features
+from rknn_ray.data.readers import idx_test_count, load_dataset, validate_features
 from rknn_ray.data.registry import kind_of
-from rknn_ray.data.splits import make_splits
+from rknn_ray.data.splits import make_splits, paper_mnist_public_count, paper_rule
+from rknn_ray.errors import ConfigError
 
 
 @dataclass
@@ -50,7 +52,7 @@ class PreparedData:
     @property
     def max_records_per_client(self) -> int:
         """Public: the declared / public bound (data.max_records_per_client), never the
-        partition's actual largest client, which depends on private labels (issue 21)."""
+        partition's actual largest client, which depends on private labels."""
         if self.record_bound is not None:
             return int(self.record_bound)
         return int(np.bincount(self.client_ids).max(initial=0))   # hand-built data (tests)
@@ -58,8 +60,7 @@ class PreparedData:
     def require_private_rows(self, what: str) -> None:
         """ConfigError when the private rows are not here (a table: only the shards read them)."""
         if self.remote_private:
-            from rknn_ray.errors import ConfigError
-            raise ConfigError("data.dataset", f"{what} needs the private rows in this process, "
+                raise ConfigError("data.dataset", f"{what} needs the private rows in this process, "
                               "and data.dataset=table never loads them here (only the client "
                               "shards read them)", "run it on a built-in data set, or run the "
                               "private job (python -m jobs.distill)")
@@ -87,13 +88,11 @@ def prepare_data(cfg, inputs: dict | None = None) -> PreparedData:
     most the public record bound per client (rknn_ray.data.partition). A registry entry
     with its own ``prepare`` (the user's tables) does all of this its own way; ``inputs``:
     data given in memory ({"private": ..., "public": ..., "evaluation": ...}) for it."""
-    from rknn_ray.config import check_public_size, validate_with_data
     d = cfg.data
     kind = kind_of(d.dataset)
     if kind.prepare is not None:
         return kind.prepare(cfg, inputs or {})
     if inputs and any(v is not None for v in inputs.values()):
-        from rknn_ray.errors import ConfigError
         raise ConfigError("data.dataset", f"{d.dataset!r} reads its own files; data given in "
                           "memory is read only by data.dataset=table", "set data.dataset=table")
     early = public_size_before_loading(cfg)
@@ -110,9 +109,7 @@ def prepare_data(cfg, inputs: dict | None = None) -> PreparedData:
 def public_size_before_loading(cfg) -> int | None:
     """The public set's size where a public file says it before any private record is read:
     MNIST-style data under the paper's rule (half the test set, counted from its labels'
-    header). digits and synthetic are checked when the config is (rknn_ray.config)."""
-    from rknn_ray.data.readers import idx_test_count
-    from rknn_ray.data.splits import paper_mnist_public_count, paper_rule
+    header). digits and synthetic are checked when the config is (rknn_ray.data.config)."""
     d = cfg.data
     if d.split != "paper" or paper_rule(d.dataset) != "mnist":
         return None

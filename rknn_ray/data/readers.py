@@ -11,13 +11,18 @@ file fails in well under a second with a message naming the file and the fix.
 """
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import os
+import struct
 
 import numpy as np
 
 from rknn_ray.data.dataset import Dataset, validate_features  # noqa: F401 - re-exported
+from rknn_ray.data.registry import aliases, canonical_name as canonical, kind_of, kinds, known
 from rknn_ray.errors import ConfigError, DataError
+from rknn_ray.data.idx import IDX_STEMS, find_idx_file, read_idx_split
+from rknn_ray.data.cifar import read_cifar10
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -26,13 +31,12 @@ FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
 
 def __getattr__(name: str):
     """``KNOWN``, ``DEFAULT_ROOTS`` and ``ALIASES``, read from the registry (its entries own them)."""
-    from rknn_ray.data import registry
     if name == "KNOWN":
-        return registry.known()
+        return known()
     if name == "DEFAULT_ROOTS":
-        return {k.name: k.default_root for k in registry.kinds().values() if k.default_root}
+        return {k.name: k.default_root for k in kinds().values() if k.default_root}
     if name == "ALIASES":
-        return registry.aliases()
+        return aliases()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -45,7 +49,6 @@ def to_unit_float(images: np.ndarray) -> np.ndarray:
 
 def canonical_name(name: str) -> str:
     """The canonical data set name, or ConfigError listing the known ones."""
-    from rknn_ray.data.registry import canonical_name as canonical
     return canonical(name)
 
 
@@ -57,7 +60,6 @@ def load_dataset(name: str, data_root: str | None = None, **kwargs) -> Dataset:
     Extra keyword arguments: the entry's options (``include_extra`` for SVHN, the
     :func:`rknn_ray.data.synthetic.gaussian_mixture` arguments for "synthetic").
     """
-    from rknn_ray.data.registry import kind_of
     kind = kind_of(name)
     key = kind.name
     if kind.reader is None:
@@ -81,12 +83,12 @@ def load_digits() -> Dataset:
     table = None
     spec = importlib.util.find_spec("sklearn")
     if spec is not None and spec.submodule_search_locations:
-        # sklearn's own CSV (64 pixels + target per row): skips the ~2-4 s sklearn import
+        # sklearn's own CSV (64 pixels + target per row): skips the slow sklearn import
         path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
         if os.path.isfile(path):
             table = np.loadtxt(path, delimiter=",")
     if table is None or table.shape != (DIGITS_RECORDS, 65):
-        from sklearn.datasets import load_digits as sk_load_digits
+        from sklearn.datasets import load_digits as sk_load_digits  # defers sklearn
         bunch = sk_load_digits()
         table = np.column_stack([bunch.data, bunch.target])
     x = (table[:, :64].astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)  # pixels are 0..16
@@ -110,14 +112,10 @@ def idx_test_count(name: str, data_root: str | None = None) -> int | None:
     """How many records MNIST-style test files hold, from the test labels' IDX header alone
     (8 bytes of a public file; no private record is read); None where it cannot say (the
     full load then names the problem)."""
-    import gzip
-    import struct
 
-    from rknn_ray.data.idx import IDX_STEMS, find_idx_file
     key = canonical_name(name)
     if key not in ("fashion_mnist", "mnist"):
         return None
-    from rknn_ray.data.registry import kind_of
     root = data_root if data_root is not None else kind_of(key).default_root
     path = find_idx_file(_idx_folders(key, root), IDX_STEMS["test"][1])
     try:
@@ -133,7 +131,6 @@ def load_idx_dataset(key: str, root: str) -> Dataset:
 
     Looks in ``root``, ``root/<name>`` and the torchvision layout ``root/<Name>/raw``.
     """
-    from rknn_ray.data.idx import IDX_STEMS, find_idx_file, read_idx_split
     folders = _idx_folders(key, root)
     title = "Fashion-MNIST" if key == "fashion_mnist" else "MNIST"
     stems = [s for pair in IDX_STEMS.values() for s in pair]
@@ -164,7 +161,6 @@ def load_idx_dataset(key: str, root: str) -> Dataset:
 
 def load_cifar10(root: str) -> Dataset:
     """CIFAR-10 from the python batches in ``root`` or ``root/cifar-10-batches-py``."""
-    from rknn_ray.data.cifar import read_cifar10
     try:
         train_x, train_y, test_x, test_y, names = read_cifar10(root)
     except FileNotFoundError as exc:
@@ -184,7 +180,7 @@ def load_svhn(root: str, include_extra: bool = False) -> Dataset:
     ``include_extra=True`` appends the 531,131 extra images to train, as the paper's
     private set does; that is ~7.4 GB as float32, hence opt-in.
     """
-    from rknn_ray.data.svhn import read_svhn
+    from rknn_ray.data.svhn import read_svhn  # defers scipy
     try:
         train_x, train_y, test_x, test_y = read_svhn(root, include_extra)
     except FileNotFoundError as exc:

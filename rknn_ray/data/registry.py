@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from rknn_ray.errors import ConfigError
+import rknn_ray.data.kinds as package
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,6 @@ def kinds() -> dict[str, DatasetKind]:
     global _loaded
     if not _loaded:
         _loaded = True
-        import rknn_ray.data.kinds as package
         for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
             importlib.import_module(f"{package.__name__}.{module}")
     return _KINDS

@@ -140,3 +140,18 @@ def _chunk(seed: int, index: int, size: int, num_classes: int, dim: int):
     x = rng.standard_normal((size, dim), dtype=np.float32)
     x.flags.writeable = y.flags.writeable = False
     return x, y
+
+
+def dataset_sources(cfg, data: "PreparedData", shards: int | None = None) -> list:
+    """One source per client shard: contiguous client-id ranges of the run's partition.
+
+    Each source holds only its shard's records, cut from ``data`` (the partition this
+    job prepared once), so no shard loads, splits and partitions the whole dataset
+    again, and none holds another shard's records.
+    """
+    if data.shard_sources is not None:      # the kind deals its own (each shard reads its part)
+        return data.shard_sources(cfg, int(shards or cfg.cluster.shards))
+    n = data.num_clients
+    count = max(1, min(int(shards or cfg.cluster.shards), n))
+    cuts = np.linspace(0, n, count + 1).astype(np.int64)
+    return [PreparedShardSource.of(data, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]

@@ -33,6 +33,7 @@ import numpy as np
 from rknn_ray.errors import ConfigError
 from rknn_ray.data.readers import Dataset
 from rknn_ray.rng import seeded_generator
+from rknn_ray.data.registry import kinds
 
 RULES = ("paper", "stratified")
 STRATIFIED_FRACTIONS = (0.6, 0.2, 0.2)  # private, public, eval
@@ -80,7 +81,6 @@ class Splits:
 
 def paper_rule(name: str) -> str:
     """The split 'paper' means for data set ``name`` (its registry entry's; else stratified)."""
-    from rknn_ray.data.registry import kinds
     kind = kinds().get(name)
     return kind.paper_split if kind is not None else "stratified"
 

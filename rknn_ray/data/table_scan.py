@@ -1,6 +1,6 @@
 """The private part's scan, where the private rows are read, before the job reserves budget.
 
-The driver never loads private features or labels (issue 35). What it needs from them it
+The driver never loads private features or labels. What it needs from them it
 gets from this scan, which runs in a short-lived process of its own (``python -m
 rknn_ray.data.table_scan``, the spec on stdin, one JSON line on stdout) and returns only:
 the record count, how many clients each shard will hold, the records' exact and near
@@ -22,6 +22,7 @@ import numpy as np
 from rknn_ray.data.tables import (Columns, Part, bucket_of, feature_matrix, label_indices,
                                   missing, open_dataset, raw_numbers, read)
 from rknn_ray.errors import DataError, RknnError
+from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
 
 
 #: the answer's fingerprint arrays: exact and near (rknn_ray.accounting.source_identity)
@@ -34,7 +35,6 @@ def needed_columns(part: Part, cols: Columns) -> list:
 
 def scan(spec: dict, table=None) -> dict:
     """The scan itself: ``spec`` as :func:`run_scan` sends it; ``table``: rows in memory."""
-    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     part, cols = Part(**spec["part"]), Columns(**spec["columns"])
     classes, shards = tuple(spec["classes"]), int(spec["shards"])
     schema = table.schema if table is not None else open_dataset(part.path).schema

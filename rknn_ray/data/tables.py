@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 
 from rknn_ray.errors import DataError
 
@@ -79,7 +80,6 @@ def is_uri(path: str) -> bool:
 def _remote_files(path: str):
     """(what pyarrow opens, its format, its file system) for a URI: one file or a folder,
     listed recursively (``pyarrow.fs.FileSelector``); globs are for local paths only."""
-    import pyarrow.fs as pafs
     if any(ch in path.split("://", 1)[1] for ch in "*?["):
         raise DataError(f"{path!r}: a glob in a URI. Fix: globs work on local paths only; "
                         "give the URI of one file or of a folder of them")
@@ -151,7 +151,7 @@ def read_images(path: str, layout: str) -> pa.Table:
     """An image folder as a table: ``pixels`` (float32 in [0, 1], channels first, flattened:
     one fixed-size list) with ``id`` (flat) or ``label`` (class sub-folders). Every image must
     have the size and channels of the first."""
-    from PIL import Image
+    from PIL import Image  # defers PIL
     if layout == "flat":
         files = [(f, None) for f in sorted(os.listdir(path))
                  if os.path.splitext(f)[1].lower() in IMAGE_EXTS]

@@ -13,13 +13,6 @@ and ``actors``. It sits above ``actors`` and below ``jobs`` (the CLIs) and ``ben
 nothing else in ``rknn_ray`` and no party package imports it (tests/test_layers.py).
 """
 
+from rknn_ray.job.runner import RunResult, run
+
 __all__ = ["RunResult", "run"]
-
-
-def __getattr__(name: str):
-    """``run`` and ``RunResult`` on first use: importing the package stays light (Ray's
-    workers import rknn_ray.job.ray_env's setup hook, and need none of the job's modules)."""
-    if name in ("run", "RunResult"):
-        from rknn_ray.job import runner
-        return getattr(runner, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

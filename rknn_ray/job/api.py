@@ -15,9 +15,14 @@ import copy
 import os
 import time
 
+from rknn_ray.config import Config, _read_yaml
+
+from rknn_ray.job.runner import run as run_job
+
+from rknn_ray.runio import prepare_run_dir
+
 
 def _config(config, overrides: dict, in_memory: bool):
-    from rknn_ray.config import Config, _read_yaml
     if isinstance(config, Config):
         base = config.to_dict()
     elif isinstance(config, dict):
@@ -38,8 +43,6 @@ def run(config, private=None, public=None, evaluation=None, out_dir: str | None 
         **overrides):
     """Run one job; returns rknn_ray.job.RunResult (report, labels, guarantee, ledger, paths).
     ``out_dir``: the run folder (default runs/<run.name>-<time>)."""
-    from rknn_ray.job.runner import run as run_job
-    from rknn_ray.runio import prepare_run_dir
     inputs = {"private": private, "public": public, "evaluation": evaluation}
     cfg = _config(config, overrides, any(v is not None for v in inputs.values()))
     out = out_dir or os.path.join("runs", f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}")

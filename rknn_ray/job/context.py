@@ -14,7 +14,8 @@ import numpy as np
 
 from rknn_ray.job.session import Parties
 from rknn_ray.mechanisms.base import Mechanism
-from rknn_ray.pipeline import mechanism_for, round_budgets, round_query_counts
+from rknn_ray.labeling.stage import round_budgets, round_query_counts
+from rknn_ray.mechanisms.stage import mechanism_for
 
 
 @dataclass

@@ -18,9 +18,9 @@ from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_publ
                                       labels_table, measured, public_ids)
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.release_file import load_selections
-from rknn_ray.pipeline import (connection_plan, finish_labels, fit_student, nonprivate_labels,
-                               student_description, student_inputs)
-from rknn_ray.plots import run_summary_png
+from rknn_ray.pipeline import connection_plan, finish_labels, nonprivate_labels
+from rknn_ray.student.stage import fit_student, student_description, student_inputs
+from rknn_ray.labeling.connection import Connection
 from rknn_ray.labeling.queries import union_of_rounds
 from rknn_ray.rng import NOT_PRIVATE
 from rknn_ray.runio import (INCOMPLETE_MARKER, RELEASE_FILE, remove_train_storage, write_json,
@@ -84,7 +84,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     for t, r in enumerate(rounds):
         timings.update({f"round_{t}_{k}": v for k, v in r.timings.items()})
     # the job's wall time to here (Ray's start and the time between stages included; the
-    # release's untimed noise sampling left out, as from every stage: issue 21)
+    # release's untimed noise sampling left out, as from every stage)
     timings["job"] = progress.elapsed()
     report = {
         "accuracy": accuracy,
@@ -130,6 +130,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     write_json(os.path.join(out_dir, "ledger.json"), ledger.to_dict())
     bound = release_error_bound(mechanism) if g.model == "central" else None
     correct = lab.query_labels[plotted] == truth_q
+    from rknn_ray.plots import run_summary_png  # defers matplotlib: importing run stays light
     run_summary_png(os.path.join(out_dir, "summary.png"), report, student.history,
                     count_gaps(counts[plotted], truth_q), correct, bound, "released")
     if cfg.run.diagnostics:
@@ -193,7 +194,6 @@ def without_prices(selection: dict) -> dict:
 def saved_plans(cfg, selections: list, query_sets: list, public_emb) -> list:
     """The connection each round's clients used: its saved prices (release.npz), or for a
     round saved without any, the plan of its rule made again from public data."""
-    from rknn_ray.labeling.connection import Connection
     plans = []
     for t, qs in enumerate(query_sets):
         conn = (selections[t].get("connection") if t < len(selections) else None) or {}
@@ -243,6 +243,7 @@ def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, c
     diag = {"private": False, "folder": "diagnostics",
             "nonprivate_labels": measured(ref.label_accuracy),
             "nonprivate_query_labels": measured(ref.query_accuracy)}
+    from rknn_ray.plots import run_summary_png  # defers matplotlib: importing run stays light
     run_summary_png(os.path.join(folder, "summary_nonprivate.png"),
                     {**report, "diagnostics": diag}, history, count_gaps(exact, truth_q),
                     correct, bound, "non-private")

@@ -34,6 +34,8 @@ import time
 import weakref
 from contextlib import contextmanager
 
+from tqdm import tqdm
+
 from rknn_ray import interrupts
 
 __all__ = ["LOGGER", "MODES", "Bar", "EpochBar", "NullBar", "PolledBar", "Progress", "bar_for",
@@ -96,7 +98,7 @@ class Progress:
     @contextmanager
     def untimed(self, name: str):
         """A span that no stage timing and no console timestamp includes: the release,
-        whose exact noise sampler runs longer the larger the noise it draws (issue 21)."""
+        whose exact noise sampler runs longer the larger the noise it draws."""
         start = self._span_start = self._clock()
         try:
             yield
@@ -117,7 +119,6 @@ class Progress:
             line = _fit(line, _term_width(self.stream))
         with self._lock:
             if any(b._tqdm is not None for b in self._bars):
-                from tqdm import tqdm
                 tqdm.write(line, file=self.bar_stream)
             else:
                 print(line, file=self.stream, flush=True)
@@ -175,7 +176,6 @@ def console_write():
     if not drawing:
         yield
         return
-    from tqdm import tqdm
     with drawing[0]._lock, tqdm.external_write_mode(file=drawing[0].bar_stream):
         yield
 
@@ -226,7 +226,6 @@ class Bar:
         self._said = None
         self._tqdm = None
         if progress.mode == "bars":
-            from tqdm import tqdm
             width = _term_width(progress.stream)      # 0: a terminal that reports no size
             self._tqdm = tqdm(total=total, desc=f"  {desc}", unit=f" {unit}",
                               file=progress.bar_stream, leave=True, dynamic_ncols=width > 0,

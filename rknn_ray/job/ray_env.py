@@ -16,9 +16,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sys
 
+import ray
+
 from rknn_ray.errors import ConfigError, first_line
+from rknn_ray.job.progress import console_write
 
 #: how long the check of a RAY_ADDRESS waits for its GCS to answer (Ray itself retries for
 #: minutes, and then exits from inside ray.init)
@@ -35,8 +39,7 @@ START_ATTEMPTS = 3
 def quiet_ray_logs() -> None:
     """Hide Train's repeated 'State API' warning (logged and forwarded from another
     process; rknn_ray.training.logs.quiet_train_logs knows where)."""
-    from rknn_ray.job.progress import console_write
-    from rknn_ray.training.logs import quiet_train_logs, set_console_guard
+    from rknn_ray.training.logs import quiet_train_logs, set_console_guard  # defers torch
     set_console_guard(console_write)    # forwarded worker lines go above the job's bars
     quiet_train_logs()
 
@@ -58,32 +61,28 @@ def local_ray_env() -> None:
         # config when imported, so refresh it (as Ray's own _enable_token_auth does).
         os.environ["RAY_AUTH_MODE"] = "token"
         try:
+            # Ray's private API: a Ray that moved it fails only this call
             from ray._raylet import Config
             Config.initialize("")
         except Exception:  # noqa: BLE001 - Ray moved it: its warning simply shows again
             os.environ.pop("RAY_AUTH_MODE", None)
 
 
-def pin_ray_address() -> None:
-    """Worker setup hook: name this cluster in the worker's RAY_ADDRESS. Ray Train's
-    PlacementGroupCleaner looks its controller up through the State API without an address;
-    with a second Ray instance on the machine (a test session, another user's job) that
-    lookup finds two and its monitor thread dies printing a traceback on our console."""
-    import ray
-    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
-
-
-WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "rknn_ray.job.ray_env.pin_ray_address"}
+#: the hook (actors.worker_hook.pin_ray_address) lives outside this package: a worker that
+#: imports it does not load the job layer
+WORKER_RUNTIME_ENV = {"worker_process_setup_hook": "actors.worker_hook.pin_ray_address"}
 
 
 def other_ray_on_this_machine() -> bool:
     """Whether another Ray instance (a GCS process) already runs here: only then do our
-    workers need :func:`pin_ray_address`. A job runtime env costs every worker ~0.7 CPU s
-    and keeps the workers Ray prestarts from being used (4 actors ready in 3.9 s instead of
-    1.7 s here), so a lone instance goes without. (One started beside ours later can still
+    workers need :func:`actors.worker_hook.pin_ray_address`. A job runtime env costs every
+    worker CPU at start and keeps the workers Ray prestarts from being used (actors are ready
+    later; figures in docs/results.md, "Costs behind design choices"), so a lone instance
+    goes without. (One started beside ours later can still
     confuse Train's cleaner; its traceback is dropped from the console by
     :mod:`rknn_ray.training.logs`.) True when Ray's process scan itself fails."""
     try:
+        # Ray's private API: a Ray that moved it fails only this call
         from ray._private.services import find_gcs_addresses
         return bool(find_gcs_addresses())
     except Exception:  # noqa: BLE001 - a private Ray helper: when unsure, pin
@@ -101,6 +100,7 @@ def ray_processes_in_their_own_session():
     Ray already does this on Windows; on Linux it only blocks SIGINT in them. They still
     die with the driver: Ray starts them with the kernel's parent-death signal, so without
     that (no ``prctl``) they stay in the group, where Ray's reaper can find them."""
+    # Ray's private API: a Ray that moved it fails only this call
     from ray._private import services, utils
     base = services.ConsolePopen
     if not sys.platform.startswith("linux") or not utils.detect_fate_sharing_support():
@@ -125,7 +125,6 @@ def check_ray_address(address: str, wait_s: float = RAY_ADDRESS_WAIT_S) -> str:
     ``ray job submit`` takes), text that is not host:port, 'auto' with no cluster on this
     machine and a port nobody listens on are said at once instead of Ray's tracebacks or
     its minutes of retries. ``local`` (start one) and ``ray://`` (Ray Client) pass as given."""
-    import socket
     text = str(address).strip()
     if text == "local":
         return text
@@ -139,6 +138,7 @@ def check_ray_address(address: str, wait_s: float = RAY_ADDRESS_WAIT_S) -> str:
     if text != "auto" and (not host or not port.isdigit() or not 0 < int(port) < 65536):
         raise ConfigError("RAY_ADDRESS", f"{address!r} is not host:port", _ADDRESS_FIX)
     if scheme is None:
+        # Ray's private API: a Ray that moved it fails only this call
         from ray._private.services import canonicalize_bootstrap_address
         try:                # what Ray joins: 'auto' found on this machine, localhost rewritten
             target = canonicalize_bootstrap_address(text)
@@ -165,7 +165,6 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
     (else ``RAY_ADDRESS``) joins that cluster; otherwise a loopback instance of our own with
     ``num_cpus`` (default all) and, if given, an object store of ``object_store_mb`` MiB.
     """
-    import ray
     quiet_ray_logs()
     if ray.is_initialized():
         return False

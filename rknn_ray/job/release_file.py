@@ -22,11 +22,12 @@ import os
 
 import numpy as np
 
-from rknn_ray.accounting.events import costed_from_dict, event_to_dict
+from rknn_ray.accounting.events import event_to_dict
 from rknn_ray.errors import DataError, first_line
-from rknn_ray.mechanisms.base import Guarantee
-from rknn_ray.labeling.queries import QuerySet
+from rknn_ray.accounting.guarantee import Guarantee
+from rknn_ray.labeling.queries import QuerySet, nearest
 from rknn_ray.runio import RELEASE_FILE, atomic_path
+from rknn_ray.job.session import RoundResult
 
 
 #: the array that holds the file's tag; the purpose its key is derived for
@@ -100,8 +101,6 @@ def check_release(run_dir: str, key: bytes) -> None:
 
 def load_release(run_dir: str, public_emb: np.ndarray):
     """(job_id, dataset identity, rounds as RoundResult, their QuerySets) from a run folder."""
-    from rknn_ray.job.session import RoundResult
-    from rknn_ray.labeling.queries import nearest
     path = os.path.join(run_dir, RELEASE_FILE)
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
@@ -111,9 +110,11 @@ def load_release(run_dir: str, public_emb: np.ndarray):
             _, assign = nearest(feats, public_emb, 1)
             query_sets.append(QuerySet(feats, z[f"query_public_index_{t}"],
                                        assign[:, 0].astype(np.int64), float("nan")))
-            # a release saved before the bound was the accountant's choice: the event's bound
-            event, legacy = costed_from_dict(m["event"])
-            guarantee = Guarantee(**{"accounting": legacy or None, **m["guarantee"]})
+            # the guarantee's eps is recomputed from the round's event (what is saved beside
+            # it is a cache); a release saved before the bound was the accountant's choice
+            # carries it in the event
+            guarantee = Guarantee.from_dict({**m["guarantee"], "event": m["event"]})
+            event = guarantee.event
             rounds.append(RoundResult(z[f"counts_{t}"], guarantee, event, m["mechanism"], m["messages"],
                                       m["received"], m["clients"], m["rejected"], m["timings"],
                                       m["shuffler"], m.get("authenticated_senders"),

@@ -13,19 +13,28 @@ one between rounds, or before the first, returns what no round has used.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import mark_started
+from rknn_ray.accounting.guarantee import guarantee_of
+from rknn_ray.data.sources import dataset_sources
 from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
-from rknn_ray.pipeline import (connection_plan, dataset_sources, mechanism_for,
-                               next_round_uncertain, released_weights, resolve_connection,
-                               round_budgets, round_query_counts)
-from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS
+from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
+from rknn_ray.labeling.connection import Connection
+from rknn_ray.labeling.labels import accuracy
+from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS, QuerySet, union_of_rounds
+from rknn_ray.labeling.stage import round_budgets, round_query_counts
+from rknn_ray.mechanisms.base import Mechanism
+from rknn_ray.mechanisms.stage import mechanism_for
+from rknn_ray.pipeline import (connection_plan, finish_labels, released_weights,
+                               resolve_connection)
 from rknn_ray.rng import NOT_PRIVATE
 
 
@@ -83,6 +92,88 @@ def select_round_queries(cfg, data, t: int, public_emb: np.ndarray, rounds: list
     return qs, {"round": t, "queries": qs.size, **info}
 
 
+def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_emb: np.ndarray,
+                         seed: int, s: int | None = None) -> tuple[QuerySet, dict]:
+    """Round t >= 1's queries for the driver: labels from the counts released so far
+    (``finish_labels``, as the job's final labels), the interim student, then
+    :func:`rknn_ray.labeling.adaptive.select_uncertain` (the stage; this is its
+    orchestration). ``data`` is read for public quantities only (public labels to *measure*
+    the interim student; n, clients and |Y| as the final labels use them); the selection
+    itself sees only public embeddings and released-derived labels.
+    ``s``: how many new queries (default queries.s; the driver passes this round's share)."""
+    all_qs = union_of_rounds(public_emb, query_sets)
+    counts = np.concatenate([r.counts for r in rounds])
+    lab, _ = finish_labels(cfg, data, counts, all_qs, public_emb, rounds, None)
+    probs = interim_student_probs(public_emb, lab.public_targets, lab.public_weight,
+                                  data.num_classes, cfg.labels.type, seed)
+    taken = np.concatenate([q.public_index for q in query_sets])
+    qs, info = select_uncertain(public_emb, probs, taken, cfg.queries.s if s is None else s, seed,
+                                cfg.rounds.uncertainty, cfg.rounds.pool_factor)
+    predicted = probs.argmax(axis=1)
+    info.update({
+        "interim_student": "mlp, in-process, on public embeddings and released-derived labels",
+        "interim_agreement_released": accuracy(predicted, lab.public_hard),
+        # measurement only (like every accuracy figure): public labels never reach select_uncertain
+        "interim_accuracy_public_labels": accuracy(predicted, data.splits.public_y),
+        "labels_accuracy_before": lab.label_accuracy,
+        "post_processing": True})
+    return qs, info
+
+
+
+@dataclass
+class RoundPlan:
+    """One round as the loop plans it: its share of the budget, its new queries and how
+    they were chosen (report.json's record), and its mechanism, calibrated for both."""
+    t: int
+    eps: float
+    delta: float
+    queries: QuerySet
+    selection: dict
+    mechanism: Mechanism
+    connection: Connection          # which k queries each record votes for (public data only)
+
+
+def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query_sets: list,
+                   progress=None) -> Iterator[RoundPlan]:
+    """The rounds loop, written once (the job's :func:`private_rounds` and
+    benchmarks/adaptive_rounds.py run it): for each of ``rounds.count`` rounds, its
+    (eps, delta) share, its queries (:func:`select_round_queries`; ``first`` for round 0)
+    its mechanism and its connection plan (``rknn.connection``, resolved once from round 0's
+    queries; with ``rknn.reweight: released`` priced from the rounds released so far).
+    ``rounds`` and ``query_sets`` are the caller's lists: it releases each plan and appends
+    the released round and the plan's queries before asking for the next, whose selection
+    reads them."""
+    p = cfg.privacy
+    budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
+    sizes = round_query_counts(cfg)
+    rule, auto, plans = None, None, []
+    for t, (eps_t, delta_t) in enumerate(budgets):
+        if len(rounds) != t or len(query_sets) != t:
+            raise RuntimeError(f"round {t + 1} planned with {len(rounds)} released rounds and "
+                               f"{len(query_sets)} query sets: append each released round and "
+                               "its queries before the next plan")
+        qs, selection = select_round_queries(cfg, data, t, public_emb, rounds, query_sets,
+                                             sizes[t], first, progress)
+        if t == 0:      # rknn.connection (auto: public information only), once
+            rule, auto = resolve_connection(cfg, data, public_emb, qs)
+            if auto is not None and progress is not None:
+                progress.say(f"auto connection: {rule} ({auto['reason']})")
+        weights = (released_weights(cfg, data, public_emb, rounds, query_sets, plans)
+                   if t and rule != "reverse_knn" and cfg.rknn.reweight == "released"
+                   else None)       # post-processing of the rounds released so far
+        connection = connection_plan(cfg, public_emb, qs.features, rule, weights)
+        plans.append(connection)
+        selection["connection"] = {**connection.describe(), "configured": cfg.rknn.connection,
+                                   "reweight": "released" if weights is not None else "public",
+                                   **({"auto": auto} if auto is not None else {}),
+                                   **({"prices": connection.prices.tolist()}
+                                      if connection.prices is not None else {})}
+        yield RoundPlan(t, eps_t, delta_t, qs, selection,
+                        mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size),
+                        connection)
+
+
 def job_ledger(ctx: JobContext) -> PrivacyLedger:
     """The job's ledger: a view over its rows of the persistent store (each release is
     committed into its reservation), bounded by privacy.budget_* when set (else the job's
@@ -101,9 +192,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     cfg, store, progress = ctx.cfg, ctx.store, ctx.progress
     p = cfg.privacy
     ledger = job_ledger(ctx)
-    budgets = ctx.round_budgets()
-    sizes = ctx.round_sizes()                  # new queries per round
-    rounds, query_sets, selections, mechanisms, plans = [], [], [], [], []
+    count = cfg.rounds.count
+    rounds, query_sets, selections, mechanisms = [], [], [], []
     in_round = None       # the round whose clients may have randomized, until it is committed
     tag_key = release_tag_key(store)           # release.npz is tagged under the ledger's key
     try:
@@ -114,36 +204,18 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                                       declared_clients=(ctx.data.num_clients if getattr(
                                           ctx.data, "holders_declared", False) else None))
         with session:
-            for t, (eps_t, _delta_t) in enumerate(budgets):
-                qs, selection = select_round_queries(cfg, ctx.data, t, ctx.public_emb, rounds,
-                                                     query_sets, sizes[t], ctx.first_queries,
-                                                     progress)
-                if t == 0:      # rknn.connection (auto: public information only), once
-                    rule, auto = resolve_connection(cfg, ctx.data, ctx.public_emb, qs)
-                    if auto is not None:
-                        progress.say(f"auto connection: {rule} ({auto['reason']})")
-                weights = (released_weights(cfg, ctx.data, ctx.public_emb, rounds, query_sets,
-                                            plans)
-                           if t and rule != "reverse_knn" and cfg.rknn.reweight == "released"
-                           else None)       # post-processing of the rounds released so far
-                plan = connection_plan(cfg, ctx.public_emb, qs.features, rule, weights)
-                plans.append(plan)
-                selection["connection"] = {**plan.describe(), "configured": cfg.rknn.connection,
-                                           "reweight": "released" if weights is not None
-                                           else "public",
-                                           **({"auto": auto} if auto is not None else {}),
-                                           **({"prices": plan.prices.tolist()}
-                                              if plan.prices is not None else {})}
-                selections.append(selection)
-                mechanism = ctx.round_mechanism(t, qs.size)
-                with progress.stage(f"round_{t}", f"round {t + 1}/{len(budgets)}: "
-                                    f"{p.model}/{p.mechanism} at eps={eps_t:.4g}"):
-                    ledger.check(mechanism.guarantee(), mechanism.event())  # refused: none worked
+            for plan in planned_rounds(cfg, ctx.data, ctx.public_emb, ctx.first_queries, rounds,
+                                       query_sets, progress):
+                t, qs, mechanism = plan.t, plan.queries, plan.mechanism
+                selections.append(plan.selection)
+                with progress.stage(f"round_{t}", f"round {t + 1}/{count}: "
+                                    f"{p.model}/{p.mechanism} at eps={plan.eps:.4g}"):
+                    ledger.check(guarantee_of(mechanism))  # refused: none worked
                     in_round = t    # from here every failure keeps the round counted: a report
                     try:            # the server opened, or may open, is a release to it
                         rounds.append(session.run_round(t, mechanism, ctx.encoder, qs.features,
                                                         ledger, record_release=False,
-                                                        connection=plan))
+                                                        connection=plan.connection))
                     except CoverShortfall:          # recorded at its true cost, not labelled
                         in_round = None
                         raise
@@ -159,10 +231,10 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                     note = (f"released, but release.npz could not be saved ({first_line(exc)}): "
                             "the counts are lost; their eps stays counted")
                 done = rounds[-1]       # the round's one ledger write, into the reservation
-                ledger.record_spent(done.guarantee, round_id=t, event=done.event, note=note,
+                ledger.record_spent(done.guarantee, round_id=t, note=note,
                                     messages=done.messages, clients=done.clients)
                 in_round = None
-                if lost is None and t + 1 < len(budgets):
+                if lost is None and t + 1 < count:
                     session.prepare_next_round()    # the shards' keys, while queries are picked
                 if lost is not None:
                     raise ReleaseNotSaved(f"round {t + 1} was released and its eps={rounds[-1].guarantee.eps:g} "

@@ -22,6 +22,8 @@ from typing import Callable
 
 import numpy as np
 import yaml
+import pyarrow.parquet as pq
+import ray
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget, mark_driver
@@ -34,10 +36,12 @@ from rknn_ray.job.ray_env import ensure_ray
 from rknn_ray.job.release_file import check_release, load_release, release_tag_key
 from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
-from rknn_ray.mechanisms.base import Guarantee
+from rknn_ray.accounting.guarantee import Guarantee
 from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
+from rknn_ray.data import prepared      # the same: prepared.prepare_data
 from rknn_ray.runio import clear_old_run, write_text
-from rknn_ray.student.train import CHECKPOINT_FILE, HISTORY_FILE
+from rknn_ray.student.config import CHECKPOINT_FILE, HISTORY_FILE
+from rknn_ray.config import Config
 
 __all__ = ["RUN_FILES", "RunResult", "encoder_trains_on_ray", "run", "run_paths", "validated"]
 
@@ -67,7 +71,6 @@ class RunResult:
     def from_path(cls, run_dir: str) -> "RunResult":
         """The result of the finished run in ``run_dir`` (its report.json, labels.parquet,
         ledger.json), as :func:`run` returned it."""
-        import pyarrow.parquet as pq
         report_path = os.path.join(run_dir, RUN_FILES["report"])
         if not os.path.isfile(report_path):
             why = ("the run did not finish (incomplete.json says why; rknn-ray run --resume "
@@ -78,8 +81,13 @@ class RunResult:
         report = _read_json(report_path)
         labels = pq.read_table(os.path.join(run_dir, RUN_FILES["labels"]),
                                columns=["label"]).column("label").to_numpy()
-        guarantee = Guarantee(**report["privacy"]["rounds"][-1])
         ledger = _read_json(os.path.join(run_dir, RUN_FILES["ledger"]))
+        last = report["privacy"]["rounds"][-1]
+        # a report written before its rounds carried their event: the ledger's last release
+        # is that round (rounds are recorded in order); its eps is recomputed from the event
+        source = last if "event" in last else ledger["entries"][-1]
+        guarantee = Guarantee.from_dict({**last, "event": source["event"]},
+                                        accounting=source.get("accounting"))
         return cls(report, labels, guarantee, ledger, run_dir, run_paths(run_dir))
 
     def labels_frame(self):
@@ -90,7 +98,7 @@ class RunResult:
 
     def student(self):
         """The trained student (a torch module in eval mode, on the CPU) from student.pt."""
-        from rknn_ray.student import load_student
+        from rknn_ray.student import load_student  # defers torch
         if "student" not in self.paths:
             raise DataError(f"{self.out_dir} holds no {CHECKPOINT_FILE}")
         return load_student(self.paths["student"])
@@ -108,7 +116,6 @@ def _read_json(path: str):
 
 
 def _parquet_frame(path: str):
-    import pyarrow.parquet as pq
     try:
         import pandas  # noqa: F401 - pyarrow's to_pandas needs it
     except ImportError:
@@ -120,7 +127,6 @@ def _parquet_frame(path: str):
 def validated(cfg) -> "Config":
     """``cfg`` checked again as a whole: a Config changed in code (``dataclasses.replace``)
     gets the validation :func:`load_config` gives a file, before any work starts."""
-    from rknn_ray.config import Config
     if not isinstance(cfg, Config):
         raise TypeError(f"run() takes a Config, not {type(cfg).__name__}: build one with "
                         "rknn_ray.config.load_config(path or dict)")
@@ -143,7 +149,6 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     replace_at_start=True)``); its files are deleted once this job's budget is reserved.
     ``inputs``: data given in memory for data.dataset=table (rknn_ray.job.api).
     """
-    import ray
 
     cfg = validated(cfg)
     progress = progress or Progress.for_library(cfg.run.progress)
@@ -196,7 +201,6 @@ class _RayStart:
     def __call__(self) -> None:
         if self.up:
             return
-        import ray
         if self.progress is None or ray.is_initialized():      # a Ray of the caller's: no wait
             self.started = bool(self.start_ray())
         else:
@@ -210,7 +214,7 @@ class _RayStart:
 def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None) -> JobContext:
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         # fails fast on missing files / bad data, writes nothing
-        data = pipeline.prepare_data(cfg, inputs) if inputs else pipeline.prepare_data(cfg)
+        data = prepared.prepare_data(cfg, inputs) if inputs else prepared.prepare_data(cfg)
     cfg, auto_choice = pipeline.resolve_auto(cfg, data)     # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "
@@ -238,8 +242,7 @@ def _saved_rounds(ctx: JobContext) -> tuple:
     ctx.job_id = job_id
     ledger = PrivacyLedger(accountant=cfg.privacy.accountant)
     for t, r in enumerate(rounds):
-        ledger.record(r.guarantee, round_id=t, event=r.event, messages=r.messages,
-                      clients=r.clients)
+        ledger.record(r.guarantee, round_id=t, messages=r.messages, clients=r.clients)
     ctx.budget = ctx.store.budget(ctx.identity) or (float("nan"), float("nan"))
     ctx.say(f"resuming from release.npz: {len(rounds)} round(s) already released; "
             "no new private round, no budget spent")

@@ -63,7 +63,8 @@ from rknn_ray.job.placement import check_placement_feasible, party_options, plac
 from rknn_ray.job.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, piece_clients, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError
-from rknn_ray.mechanisms.base import Guarantee, Mechanism
+from rknn_ray.accounting.guarantee import Guarantee, guarantee_of
+from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.rng import derived_key
 from rknn_ray.shard_secrets import SeededShardSecrets, ShardKeyStore
 from sealing.credentials import CredentialIssuer
@@ -154,8 +155,8 @@ def new_job_id() -> str:
 
 
 #: expected messages in a round below which the Server opens them itself (``cluster.openers:
-#: null``). An opener process costs ~1 CPU s to start and warm; a digits job (~1,000 reports,
-#: ~70 ms of opening) spent 4-6 CPU s and 2-3 s of wall more with its two than without.
+#: null``): starting and warming an opener process costs more than opening a small round's
+#: reports in the Server (docs/results.md, "Costs behind design choices").
 OPEN_IN_SERVER_BELOW = 20_000
 
 
@@ -331,7 +332,7 @@ class ProtocolSession:
         cfg = self.cfg
         model = mechanism.model
         ctx = RoundContext(self.job_id, round_id)
-        ledger.check(mechanism.guarantee(), mechanism.event())   # refuse before any client works
+        ledger.check(guarantee_of(mechanism))   # refuse before any client works
         if self._preparing:
             self._collect_prepared()
         say = self.progress.say if self.progress else (lambda _m: None)
@@ -385,9 +386,10 @@ class ProtocolSession:
         # the true cost, from the reports the server actually opened
         tally = self._call(self.server.tally.remote(), "server", released=False)
         counted = tally["messages"] if self.declared is None else min(tally["messages"], n)
-        guarantee, event = mechanism.round_cost(n, counted)
+        event = mechanism.round_event(n, counted)
+        guarantee = guarantee_of(mechanism, n, event, opened=counted)
         if guarantee.eps > mechanism.params.eps * (1 + 1e-9):
-            ledger.record_spent(guarantee, round_id=round_id, event=event,
+            ledger.record_spent(guarantee, round_id=round_id,
                                 note="refused for labelling: too few reports opened to meet "
                                      "the target; recorded at its true cost",
                                 messages=self._shown(tally["messages"]), clients=self.num_clients,
@@ -395,7 +397,7 @@ class ProtocolSession:
             opened.close(tally["received"])
             raise CoverShortfall(_shortfall_message(round_id, mechanism, guarantee, n, tally),
                                  guarantee, event)
-        ledger.check(guarantee, event)
+        ledger.check(guarantee)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         # the release is out of every reported timing (stages, console): the exact samplers'
         # run time grows with the noise they draw
@@ -404,7 +406,7 @@ class ProtocolSession:
             out = self._call(self.server.finish.remote(cfg.run.rng, seed), "server", released=True)
         opened.close(out["received"])
         if record_release:      # checked above, released since: recorded as it happened
-            ledger.record_spent(guarantee, round_id=round_id, event=event,
+            ledger.record_spent(guarantee, round_id=round_id,
                                 messages=self._shown(out["messages"]), clients=self.num_clients)
         if shuffle_stats is not None:
             honest = getattr(mechanism, "n_honest", guarantee.n)    # multi: the noise senders

@@ -6,8 +6,10 @@ parameters only), each record's vote into its k nearest queries (:mod:`.rknn`,
 :mod:`.answers`: the answer vectors the mechanisms randomize), and turning released counts
 into labels (:mod:`.labels`, :mod:`.denoise`).
 
-May import: the errors and the student's trainer (the interim student of uncertainty
-rounds) (``MAY_IMPORT``, checked by tests/test_layers.py); never the mechanisms, the
-accounting or the job, which build on it.
+May import: the errors, the student's trainer (the interim student of uncertainty rounds),
+and for its config sections (:mod:`.config`) the key declarations (rknn_ray.keyspec) and
+the student's label types (rknn_ray.student.config) (``MAY_IMPORT``, checked by
+tests/test_layers.py); never the mechanisms, the accounting or the job, which build on it.
 """
-MAY_IMPORT = ("rknn_ray.errors", "rknn_ray.student.train")
+MAY_IMPORT = ("rknn_ray.errors", "rknn_ray.keyspec", "rknn_ray.student.config",
+              "rknn_ray.student.train")

@@ -4,15 +4,15 @@ current student is least certain.
 Paper 000 describes T > 1 rounds whose queries adapt to the student but never
 specifies the rule (every experiment there uses T = 1). Ours, for round t >= 1
 (``rounds.query_selection: uncertain``; the driver's step is
-``rknn_ray.pipeline.next_round_uncertain``):
+``rknn_ray.job.rounds.next_round_uncertain``):
 
 1. Label the public set from every count released so far, exactly as the job's final
    labels are made (``pipeline.finish_labels``: cluster propagation over the union of
    the rounds' queries, smoothed over the public k-NN graph).
 2. Fit an *interim student* on those labels: the MLP of ``rknn_ray.student`` trained
    in this process (``train_student_local``) on the public encoder's embeddings. Not
-   Ray Train: a Train start-up costs ~25 s here per fit, more than the whole fit of a
-   small MLP on a few thousand public embeddings; the final student is still trained
+   Ray Train: a Train start-up per fit costs more than the whole fit of a small MLP on a
+   few thousand public embeddings; the final student is still trained
    by Ray Train.
 3. Score every public sample that is not yet a query by the interim student's
    uncertainty: ``margin`` (1 - (p1 - p2), the gap between its two most probable
@@ -64,7 +64,7 @@ def interim_student_probs(public_emb: np.ndarray, targets: np.ndarray, weight: n
     (``Labeling.public_targets`` / ``public_weight``); the inputs are the public
     embeddings. Same training loop as the final student, one worker, no Ray.
     """
-    import torch
+    import torch  # defers torch: only adaptive rounds train an interim student
 
     from rknn_ray.student.train import StudentConfig, load_student, train_student_local
     x = np.ascontiguousarray(public_emb, dtype=np.float32)

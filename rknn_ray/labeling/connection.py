@@ -129,7 +129,7 @@ def plan_connection(rule: str, public_emb: np.ndarray, query_features: np.ndarra
     ``sample_weight``: one weight per public sample, so that the public samples stand for the
     private distribution (:func:`release_weights`: from released counts, post-processing);
     None: every public sample counts once."""
-    from rknn_ray.labeling.rknn import reverse_knn
+    from rknn_ray.labeling.rknn import reverse_knn     # faiss: not for validating a config
     if rule not in RULES:
         raise ValueError(f"connection rule {rule!r} is not one of {', '.join(RULES)}")
     x = np.asarray(public_emb, dtype=np.float64)
@@ -183,7 +183,7 @@ def release_weights(public_emb: np.ndarray, query_features: np.ndarray, released
     that round's clients used; None: reverse k-NN). A query's ratio is (released degree + c) /
     (expected degree + c), c = 2 noise std of the degree: queries whose release is mostly noise
     keep a weight near 1. Each public sample gets the mean ratio of the queries it connects to."""
-    from rknn_ray.labeling.rknn import reverse_knn
+    from rknn_ray.labeling.rknn import reverse_knn     # faiss: not for validating a config
     conn = connection or Connection()
     nbr = (reverse_knn(public_emb, query_features, k) if conn.prices is None
            else conn.neighbors(public_emb, query_features, k))

@@ -50,7 +50,7 @@ def nearest(index_points: np.ndarray, queries: np.ndarray, k: int = 1):
 def select_queries(public_emb: np.ndarray, s: int, restarts: int = 3, niter: int = 25,
                    seed: int = 0, use_nearest_public: bool = False) -> QuerySet:
     """Pick ``s`` queries from the public embeddings (see module docstring)."""
-    import faiss
+    import faiss  # defers faiss: importing queries (configs, reports) stays light
     x = np.ascontiguousarray(public_emb, dtype=np.float32)
     if not 1 <= s <= x.shape[0]:
         raise ValueError(f"s = {s} queries need 1 <= s <= {x.shape[0]} public samples")

@@ -6,9 +6,9 @@ the registry below is the single list of what exists.
 from __future__ import annotations
 
 from typing import Callable
+import importlib
 
-from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams,
-                                      MessageBatch, MODELS)
+from rknn_ray.mechanisms.base import MODELS, Mechanism, MechanismParams, MessageBatch
 
 # (model, name) -> factory(params) -> Mechanism. Modules register themselves below.
 _REGISTRY: dict[tuple[str, str], Callable[[MechanismParams], Mechanism]] = {}
@@ -43,7 +43,6 @@ def build(model: str, name: str, params: MechanismParams) -> Mechanism:
 
 def _load_builtin() -> None:
     """Import the mechanism modules so they register (kept tolerant of order)."""
-    import importlib
     for mod in ("central", "randomized_response", "collision", "separation",
                 "local_laplace", "shuffle_single", "shuffle_multi"):
         try:
@@ -55,5 +54,5 @@ def _load_builtin() -> None:
 
 _load_builtin()
 
-__all__ = ["Guarantee", "Mechanism", "MechanismParams", "MessageBatch", "build",
+__all__ = ["Mechanism", "MechanismParams", "MessageBatch", "build",
            "register", "available"]

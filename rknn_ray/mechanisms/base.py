@@ -6,15 +6,17 @@
     counts = mech.finalize(stat, m, rng)          # debias with the m reports accepted (+ central noise)
     mech.estimate(payloads, n, rng)               # = finalize(statistic(payloads), len(payloads), rng)
     mech.event(n) -> DpEvent                      # what the release is, for the accountants
-    mech.guarantee(n) -> Guarantee                # the accountant's cost of event(n): eps, delta,
-                                                  # model, unit, neighbour relation, its Costing
+    mech.costing() -> Costing                     # the accountant's choices for its events
+    guarantee_of(mech, n) -> Guarantee            # rknn_ray.accounting.guarantee: the cost of
+                                                  # event(n) under costing(), unit, neighbours
     mech.error_bound(beta, n) -> eta              # (eta, beta)-accuracy per bucket (sup norm)
 
 ``statistic`` is additive (``statistic(a ++ b) == statistic(a) + statistic(b)``), so
 the server can open and decode batches in several processes, in any order, and add
-the parts (server.accumulator). ``guarantee`` and ``event`` are pure functions of the
-mechanism's public parameters and ``n``, the number of distinct senders actually
-shuffled (ignored by the central and local models; None = the calibrated n).
+the parts (server.accumulator). ``event`` is a pure function of the mechanism's public
+parameters and ``n``, the number of distinct senders actually shuffled (ignored by the
+central and local models; None = the calibrated n). A mechanism never states an
+(eps, delta): the accountant costs its event (rknn_ray.accounting).
 
 Messages are fixed-length byte rows (``message_size`` bytes each) so that the
 sealing layer can pad every ciphertext of a round to one length. A client may send
@@ -25,13 +27,13 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from rknn_ray.accounting.units import MODELS
+from rknn_ray.errors import ConfigError
 from rknn_ray.labeling.answers import RecordAnswers
-
-MODELS = ("central", "local", "shuffle")
 #: privacy.honest_fraction when the config leaves it null, per shuffle mechanism (see
 #: docs/threat-model.md "Corrupt clients"): the distributed-noise protocol needs an honest
 #: share of clients to send noise; single-message amplification keeps eps0-LDP per record
@@ -49,52 +51,12 @@ def honest_count(fraction: float, n: int) -> int:
 
 def honest_fraction_of(params: "MechanismParams", mechanism: str) -> float:
     """The assumed honest fraction: ``options['honest_fraction']``, else the mechanism default."""
-    from rknn_ray.errors import ConfigError
     value = params.options.get("honest_fraction")
     gamma = DEFAULT_HONEST_FRACTION.get(mechanism, 1.0) if value is None else float(value)
     if not 0 < gamma <= 1:
         raise ConfigError("privacy.honest_fraction", f"must be in (0, 1], got {value}",
                           "set the share of clients assumed to follow the protocol, e.g. 0.5")
     return gamma
-UNITS = ("record", "client", "label")
-NEIGHBOUR_REPLACE_ONE = "replace-one"
-
-
-@dataclass(frozen=True)
-class Guarantee:
-    """What a release promises: (eps, delta)-DP for ``unit`` under ``neighbour``.
-
-    ``model`` is the trust model (who must be trusted for the guarantee to hold);
-    ``n`` is the number of distinct senders the guarantee was computed from where
-    it depends on it (shuffle amplification), else None. A mechanism never computes
-    (eps, delta) itself: :meth:`Mechanism.guarantee_of` states them as the accountant's
-    cost of its event, and ``accounting`` records the accountant's choices for it
-    (rknn_ray.accounting.accountants.Costing: the amplification bound, the delta at
-    which a non-pure event is stated, rdp/pld).
-    """
-    eps: float
-    delta: float
-    model: str
-    mechanism: str
-    unit: str = "record"
-    neighbour: str = NEIGHBOUR_REPLACE_ONE
-    n: int | None = None
-    note: str = ""
-    accounting: object = None
-
-    def __post_init__(self):
-        if isinstance(self.accounting, dict):         # read back from report.json / release.npz
-            from rknn_ray.accounting.accountants import Costing
-            object.__setattr__(self, "accounting", Costing.from_dict(self.accounting))
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        if self.unit not in UNITS:
-            raise ValueError(f"unit must be one of {UNITS}, got {self.unit!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 @dataclass(frozen=True)
 class MechanismParams:
     """Everything a mechanism is calibrated from (public parameters only)."""
@@ -141,6 +103,7 @@ class Mechanism(ABC):
 
     name: str = "abstract"
     model: str = "central"
+    unit: str = "record"
 
     def __init__(self, params: MechanismParams):
         self.params = params
@@ -185,43 +148,36 @@ class Mechanism(ABC):
         return self.finalize(self.statistic(payloads), int(payloads.shape[0]), rng)
 
     @abstractmethod
-    def guarantee(self, n: int | None = None) -> Guarantee:
-        """The (eps, delta) guarantee, its unit and neighbour relation (see module docstring)."""
-
-    @abstractmethod
     def event(self, n: int | None = None):
         """The release as a dp_accounting-style event (rknn_ray.accounting.events)."""
 
     def costing(self):
         """The accountant's choices for this mechanism's events (defaults: pure DP events)."""
+        # defers dp_accounting and scipy: processes that only unpickle a mechanism never cost it
         from rknn_ray.accounting.accountants import DEFAULT_COSTING
         return DEFAULT_COSTING
 
-    def guarantee_of(self, event, n: int | None = None, note: str = "",
-                     unit: str = "record") -> Guarantee:
-        """The guarantee of ``event``: (eps, delta) are the accountant's cost of it, never
-        computed beside it (rknn_ray.accounting.accountants.event_cost)."""
-        from rknn_ray.accounting.accountants import event_cost
-        costing = self.costing()
-        eps, delta = event_cost(event, costing)
-        return Guarantee(eps, delta, self.model, self.name, unit=unit, n=n, note=note,
-                         accounting=costing)
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        """What the guarantee of ``event`` shows beside its cost (rknn_ray.accounting.guarantee):
+        ``note`` (how the mechanism protects), ``n`` (senders it rests on), ``unit``; ``n``
+        and ``opened``: the round's senders and the reports the server opened, when known."""
+        return {"note": "", "n": None, "unit": self.unit}
 
     @abstractmethod
     def error_bound(self, beta: float, num_clients: int) -> float:
         """eta such that the estimate is (eta, beta)-accurate at each bucket."""
 
-    def round_cost(self, senders: int, opened: int) -> tuple[Guarantee, object]:
-        """(guarantee, event) of a round whose reports the server has opened, never refused.
+    def round_event(self, senders: int, opened: int):
+        """The event of a round whose reports the server has opened, never refused.
 
         ``senders``: distinct authenticated senders the shuffler admitted (an upper bound
         on the cover); ``opened``: reports the server opened and counted. The caller
-        compares the eps with the target: past this point the server has seen the reports,
+        compares its cost with the target: past this point the server has seen the reports,
         so a round that misses it is recorded at this cost and refused for labelling.
-        Default: the guarantee for ``senders`` (models whose guarantee does not depend on
-        which reports opened).
+        Default: the event for ``senders`` (models whose release does not depend on which
+        reports opened).
         """
-        return self.guarantee(senders), self.event(senders)
+        return self.event(senders)
 
     def messages_per_sender(self) -> int:
         """The most messages one client may send in a round (the admitting party enforces it).

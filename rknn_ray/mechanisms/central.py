@@ -32,9 +32,10 @@ import numpy as np
 
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.base import Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import discrete_laplace, noisier_scale
 from rknn_ray.mechanisms.noise import continuous_laplace
+from rknn_ray.rng import secure_generator
 
 NOISE_KINDS = ("discrete", "continuous")
 
@@ -90,7 +91,7 @@ class CentralLaplace(Mechanism):
     @property
     def scale(self) -> Fraction:
         """Noise scale >= 2kr / eps, exactly: 1 / (eps/(2kr) rounded down to a float).
-        A float 2kr/eps may round down and imply an eps above the target (issue 21)."""
+        A float 2kr/eps may round down and imply an eps above the target."""
         return noisier_scale(self.params.sensitivity_l1, self.params.eps)
 
     @property
@@ -122,7 +123,6 @@ class CentralLaplace(Mechanism):
     def add_noise(self, counts: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
         """Counts plus noise of scale 2kr/eps (rng None: ChaCha20 keyed by the OS CSPRNG)."""
         if rng is None:
-            from rknn_ray.rng import secure_generator
             rng = secure_generator()
         if self.noise == "discrete":
             return counts + discrete_laplace(rng, self.scale, counts.shape)
@@ -137,20 +137,20 @@ class CentralLaplace(Mechanism):
         return self.add_noise(counts, rng).astype(np.float64)
 
     def event(self, n: int | None = None):
-        from dp_accounting import dp_event
+        from dp_accounting import dp_event  # defers dp_accounting
         if self.noise == "discrete":      # P[x] ~ exp(-a|x|), a = 1/scale; L1 sensitivity 2kr
             return dp_event.DiscreteLaplaceDpEvent(noise_parameter=float(1 / self.scale),
                                                   sensitivity=int(self.params.sensitivity_l1))
         return dp_event.LaplaceDpEvent(
             noise_multiplier=float(self.scale / self.params.sensitivity_l1))
 
-    def guarantee(self, n: int | None = None) -> Guarantee:
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
         how = ("exact discrete" if self.noise == "discrete" else
                "approximate, float sampling: the eps of ideal real-valued Laplace, not of "
                "float64 arithmetic (Mironov 2012);")
-        return self.guarantee_of(self.event(n),
-                                 note=f"{how} Laplace noise of scale 2kr/eps = "
-                                      f"{float(self.scale):.4g} on every cell; trusted server")
+        return {**super().guarantee_facts(event, n),
+                "note": f"{how} Laplace noise of scale 2kr/eps = {float(self.scale):.4g} on "
+                        "every cell; trusted server"}
 
     def error_bound(self, beta: float, num_clients: int = 0) -> float:
         """eta with P[max_c |noise_c| >= eta] <= beta within one bucket of |Y| cells.

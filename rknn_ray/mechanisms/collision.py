@@ -11,7 +11,7 @@ probability is e^eps/Omega and the smallest is >= 1/Omega (because h <= c), so t
 likelihood ratio is <= e^eps, with equality when H(V) has no collision. The report
 carries the 64-bit seed of its hash, which reveals H but nothing about V.
 
-Exact parameters (issue 21): the sampler does not use the float e^eps / Omega. Each
+Exact parameters: the sampler does not use the float e^eps / Omega. Each
 hashed value gets pi = e^eps/Omega rounded *down* to a multiple of 2^-53 from an exact
 lower bound w of e^eps (so pi (l - c) / (1 - c pi) <= w <= e^eps in exact arithmetic),
 the rest share 1 - h pi uniformly, and every draw is an integer one (a uniform integer
@@ -51,6 +51,7 @@ from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_down
+from rknn_ray.mechanisms.options import option
 from rknn_ray.mechanisms.randomized_response import DECODE_CHUNK_ELEMENTS, FlatLocalMechanism
 
 PRIME = (1 << 31) - 1          # Mersenne prime 2^31 - 1: the hash field
@@ -70,7 +71,7 @@ def collision_omega(eps: float, l: int, c: int) -> float:
 def collision_member_threshold(eps: float, l: int, c: int) -> int:
     """t with pi = t / 2^53 the probability of each hashed input value: the largest such
     pi <= w / (c w + l - c) for an exact lower bound w of e^eps. Then the likelihood ratio
-    pi / ((1 - c pi) / (l - c)) <= w <= e^eps in exact arithmetic (issue 21)."""
+    pi / ((1 - c pi) / (l - c)) <= w <= e^eps in exact arithmetic."""
     w = exp_lower(Fraction(eps))
     return int(grid_down(w / (c * w + l - c)) * (1 << COIN_BITS))
 
@@ -338,7 +339,7 @@ class CollisionMechanism(FlatLocalMechanism):
     def __init__(self, params: MechanismParams):
         super().__init__(params)
         c = params.k * params.r
-        l = int(params.options.get("collision_l") or collision_l(self.local_eps, c))
+        l = int(option(params.options, "collision_l") or collision_l(self.local_eps, c))
         self.oracle = CollisionOracle(params.num_cells, c, self.local_eps, l, tag=0)
 
     @property
@@ -385,7 +386,7 @@ class CollisionMechanism(FlatLocalMechanism):
     def error_bound(self, beta: float, num_clients: int, method: str = "theorem") -> float:
         """Theorem 2 ('theorem', l in the numerator as its tail bound solves to;
         'printed' for the paper's final line) or a Bernstein bound ('bernstein')."""
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         p = self.params
         if method in ("theorem", "printed"):
             return bounds.theorem2_bound(self.local_eps, p.k, p.r, p.num_classes, num_clients,

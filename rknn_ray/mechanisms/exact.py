@@ -59,7 +59,7 @@ def noisier_mean(lam: float | Fraction) -> Fraction:
 
 # ---------------------------------------------------------------- exact parameters
 # The randomizers' coins and the central scale are rationals rounded toward more privacy,
-# so the eps each one implies, computed exactly, never exceeds its target (issue 21 item 5).
+# so the eps each one implies, computed exactly, never exceeds its target.
 
 COIN_BITS = 53            # a coin's probability is a multiple of 2^-53 (exact as a float64)
 _EXP_BITS = 160           # fixed-point precision of exp_lower

@@ -132,20 +132,19 @@ class LocalLaplace(FlatLocalMechanism):
 
     def error_bound(self, beta: float, num_clients: int, method: str = "chernoff") -> float:
         """Chernoff bound for the sum of n Laplace noises, union over |Y| cells."""
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         if method != "chernoff":
             raise ValueError(f"local Laplace has one error bound, 'chernoff'; got {method!r}")
         return bounds.laplace_sum_bound(num_clients, self.params.num_classes, beta,
                                         self.scale, discrete=self.discrete)
 
-    def guarantee(self, n: int | None = None):
-        g = super().guarantee(n)
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        facts = super().guarantee_facts(event, n)
         if self.discrete:
-            return g
-        from dataclasses import replace
-        return replace(g, note="approximate, float sampling: the eps of ideal real-valued "
-                               "Laplace, not of float64/float32 arithmetic (Mironov 2012); "
-                               + g.note)
+            return facts
+        return {**facts, "note": "approximate, float sampling: the eps of ideal real-valued "
+                                 "Laplace, not of float64/float32 arithmetic (Mironov 2012); "
+                                 + facts["note"]}
 
     def _facts(self) -> dict:
         return {"scale": self.scale,

@@ -8,7 +8,7 @@ in at most 2kr bits, so the likelihood ratio is at most e^{2kr * eps/(2kr)} = e^
 reached for two records whose cells are disjoint. q is rounded *up* to a multiple of
 2^-53 from an exact lower bound of e^{eps/(2kr)} and each flip is a uniform integer compared
 with an integer (:func:`rknn_ray.mechanisms.exact.coin`), so the ratio holds in exact
-arithmetic, not only in float64 (issue 21). The report is the flipped bit
+arithmetic, not only in float64. The report is the flipped bit
 vector packed with ``np.packbits`` (ceil(d/8) bytes). The unbiased estimate of a
 cell is (bit - q) / (1 - 2q) per report, with variance e'/(e'-1)^2, e' = e^{eps/(2kr)},
 whatever the true bit is.
@@ -46,7 +46,7 @@ import numpy as np
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, DataError, ReportError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import Guarantee, Mechanism, MechanismParams, MessageBatch
+from rknn_ray.mechanisms.base import Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_up
 
 MULTI_RECORD = ("sample", "normalize")
@@ -194,7 +194,7 @@ class LocalMechanism(Mechanism):
                          "apply; use this mechanism's own error_bound method")
 
     def _bernstein(self, beta: float, num_clients: int, method: str) -> float:
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         if method != "bernstein":
             raise ValueError(f"unknown error-bound method {method!r} for {self.name}; "
                              "use 'bernstein' (or 'theorem' where the paper has one)")
@@ -216,13 +216,13 @@ class LocalMechanism(Mechanism):
                 "sum_i A^i/m_i")
 
     def event(self, n: int | None = None):
-        from rknn_ray.accounting.events import LocalRandomizerDpEvent
+        from rknn_ray.accounting.events import LocalRandomizerDpEvent  # defers dp_accounting
         return LocalRandomizerDpEvent(self.name, float(self.local_eps))
 
-    def guarantee(self, n: int | None = None) -> Guarantee:
-        return self.guarantee_of(self.event(n),
-                                 note=f"eps-LDP per report ({self.name}, replace-one record); "
-                                      + self._multi_record_note())
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        return {**super().guarantee_facts(event, n),
+                "note": f"eps-LDP per report ({self.name}, replace-one record); "
+                        + self._multi_record_note()}
 
     def _facts(self) -> dict:
         return {}
@@ -242,7 +242,7 @@ class LocalMechanism(Mechanism):
 def rr_flip_threshold(eps: float, k: int, r: int) -> int:
     """t with q = t / 2^53 the flip probability: the smallest such q >= 1/(e^{eps/(2kr)} + 1),
     from an exact lower bound w of e^{eps/(2kr)}, so (1-q)/q <= w: every bit is at most
-    eps/(2kr)-LDP in exact arithmetic (a float q may round the other way, issue 21)."""
+    eps/(2kr)-LDP in exact arithmetic (a float q may round the other way)."""
     w = exp_lower(Fraction(eps) / (2 * k * r))
     t = int(grid_up(1 / (1 + w)) * (1 << COIN_BITS))
     if 2 * t >= 1 << COIN_BITS:
@@ -350,7 +350,7 @@ class RandomizedResponse(FlatLocalMechanism):
 
     def error_bound(self, beta: float, num_clients: int, method: str = "theorem") -> float:
         """Theorem 1 (square root as in its proof and in paper 002), or 'bernstein'."""
-        from rknn_ray.mechanisms import bounds
+        from rknn_ray.mechanisms import bounds  # defers scipy
         if method == "theorem":
             p = self.params
             return bounds.theorem1_bound(self.local_eps, p.k, p.r, p.num_classes,

@@ -34,12 +34,12 @@ from fractions import Fraction
 import numpy as np
 
 from rknn_ray.labeling.answers import RecordAnswers
-from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import MechanismParams, MessageBatch
 from rknn_ray.mechanisms.collision import (SEED_BYTES, CollisionOracle, collision_l,
                                            collision_rates, decode_reports, encode_reports)
 from rknn_ray.mechanisms.exact import float_below
+from rknn_ray.mechanisms.options import option
 from rknn_ray.mechanisms.randomized_response import DECODE_CHUNK_ELEMENTS, LocalMechanism
 
 
@@ -118,10 +118,7 @@ class SeparationMechanism(LocalMechanism):
 
     def __init__(self, params: MechanismParams):
         super().__init__(params)
-        f = float(params.options.get("separation_split", 0.5))
-        if not 0 < f < 1:
-            raise ConfigError("privacy.options.separation_split", f"must be in (0, 1), got {f}",
-                              "use 0.5 (the paper's even split)")
+        f = float(option(params.options, "separation_split"))
         self.split = f
         # sequential composition: e_t + e_y <= eps exactly (float f*eps and (1-f)*eps
         # may round up and sum to just above eps)
@@ -216,7 +213,7 @@ class ConcatenationMechanism(LocalMechanism):
     def __init__(self, params: MechanismParams):
         super().__init__(params)
         c = params.k + params.r
-        l = int(params.options.get("collision_l") or collision_l(self.local_eps, c))
+        l = int(option(params.options, "collision_l") or collision_l(self.local_eps, c))
         self.oracle = CollisionOracle(params.num_queries + params.num_classes, c,
                                       self.local_eps, l, tag=0)
 

@@ -19,8 +19,8 @@ it grows about as eps^-0.85 with NB (eps^-1.7 with Poisson) and as (ln 1/delta)^
 both (docs/results.md, "Multi-message noise messages per cell"). These numbers are at the
 DLap's default share 0.85 of the per-cell eps (``privacy.options.dlap_share``); with
 ``queries.s: auto`` under a message cap the job picks the share that allows the most queries
-(rknn_ray.pipeline.free_dlap_shares): 0.55 on Fashion-MNIST at eps = 1, mu = 67 (NB r = 32),
-at 2.4x the DLap's variance. Calibration, the (eps, delta) statement and its
+(rknn_ray.mechanisms.stage.free_dlap_shares): 0.55 on Fashion-MNIST at eps = 1, mu = 67
+(NB r = 32), at 2.4x the DLap's variance. Calibration, the (eps, delta) statement and its
 derivation are in rknn_ray.accounting.multi_message (Ghazi et al., ICML 2021,
 arXiv 2109.13158; Ghazi et al., ICML 2020). Guarantee: record level,
 replace-one, for the n clients whose noise shares were counted.
@@ -65,12 +65,13 @@ import numpy as np
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import (Guarantee, Mechanism, MechanismParams, MessageBatch,
+from rknn_ray.mechanisms.base import (Mechanism, MechanismParams, MessageBatch,
                                      honest_count, honest_fraction_of)
 from rknn_ray.mechanisms.central import central_error_bound
 from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_rate, poisson
+from rknn_ray.accounting.multi_message import calibrate_multi_message
+from rknn_ray.mechanisms.options import DEFAULT_DLAP_SHARE, option
 
-DEFAULT_DLAP_SHARE = 0.85   # the DLap's share of the per-cell eps (rest pays the flooding)
 #: Shares ``queries.s: auto`` tries under a message cap (rknn_ray.pipeline.resolve_auto):
 #: a smaller one buys fewer flooding messages per cell, hence more queries, with more noise.
 AUTO_DLAP_SHARES = (DEFAULT_DLAP_SHARE, 0.7, 0.55)
@@ -97,7 +98,7 @@ def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells:
     (The simulation shortcut attributes a batch's noise to uniform clients of the batch: a
     thinning of NB(B/n), lighter-tailed than the protocol's per-client NB(1/n).)
     """
-    from scipy import optimize
+    from scipy import optimize  # defers scipy
     d, log_beta = float(num_cells), math.log(beta)
     t_max = -math.log(dlap_p)
     if flood_shape > 0:
@@ -126,7 +127,7 @@ def nb_difference_quantile(shape: float, p: float, beta: float) -> int:
     (P[X = k] prop. p^k C(k + shape - 1, k); the pmfs are summed on a grid that holds
     all but 1e-15 of each, and that lost mass is added to the tail.)
     """
-    from scipy import stats
+    from scipy import stats  # defers scipy
     hi = int(stats.nbinom.isf(1e-15, shape, 1 - p)) + 1
     pmf = stats.nbinom.pmf(np.arange(hi + 1), shape, 1 - p)
     diff = np.convolve(pmf, pmf[::-1])              # P[X - Y = j - hi], j = 0 .. 2 hi
@@ -159,24 +160,14 @@ class MultiMessageShuffle(Mechanism):
         if not 0 < params.delta < 1:
             raise ConfigError("privacy.delta", f"the shuffle model needs 0 < delta < 1, got "
                               f"{params.delta}", "set privacy.delta, e.g. 1e-6")
-        self.expected_dropout = float(params.options.get("expected_dropout", 0.0))
-        if not 0 <= self.expected_dropout < 1:
-            raise ConfigError("privacy.options.expected_dropout", "must be in [0, 1)",
-                              "set it to the fraction of clients that may not send, e.g. 0.05")
+        self.expected_dropout = float(option(params.options, "expected_dropout"))
         self.n_cal = max(1, int(math.floor(params.num_clients * (1 - self.expected_dropout))))
         self.honest_fraction = honest_fraction_of(params, self.name)
         # each client sends the noise share of one of m honest clients (module docstring)
         self.n_honest = max(1, honest_count(self.honest_fraction, self.n_cal))
         # delta = delta_core (the protocol's accounting) + the cap's failure probability
         self.cap_failure = CAP_DELTA_SHARE * params.delta
-        # imported here: the accounting package pulls in scipy.stats and dp_accounting, which
-        # every process importing rknn_ray.mechanisms (each client shard, the server) would pay
-        from rknn_ray.accounting.multi_message import calibrate_multi_message
-        share = float(params.options.get("dlap_share", DEFAULT_DLAP_SHARE))
-        if not 0 < share < 1:
-            raise ConfigError("privacy.options.dlap_share", f"must be in (0, 1), got {share}",
-                              f"leave it out (default {DEFAULT_DLAP_SHARE}) or set e.g. 0.7: "
-                              "less fixes more DLap noise, fewer flooding messages")
+        share = float(option(params.options, "dlap_share"))
         self.cal = calibrate_multi_message(params.eps, params.delta - self.cap_failure,
                                            self.n_honest, params.sensitivity_l1, params.num_cells,
                                            dlap_share=share)
@@ -249,32 +240,33 @@ class MultiMessageShuffle(Mechanism):
         p = self.params
         return int(p.k * p.r * p.max_records_per_client) + self.noise_cap
 
-    def guarantee_for(self, n: int) -> Guarantee:
+    def _check_senders(self, n: int) -> None:
         if n < self.n_cal:
             raise PrivacyBudgetError(
                 f"only {n} distinct senders were shuffled but the noise was split over "
                 f"{self.n_cal}; round refused, nothing released. Set "
                 "privacy.options.expected_dropout to the dropout you expect")
-        return self.guarantee_of(self._event(), n=int(n), note=f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
-                                        f"over {self.n_honest} clients + {self._flood_law()} flooding "
-                                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
-                                        f"{self.messages_per_sender()} messages per sender "
-                                        f"(noise cap {self.noise_cap}, failure probability "
-                                        f"{self.cap_failure:.2g} included in delta); holds "
-                                        f"if at least {self.n_honest} senders follow the "
-                                        f"protocol (honest fraction {self.honest_fraction:g} "
-                                        f"of {self.n_cal})")
 
-    def guarantee(self, n: int | None = None) -> Guarantee:
-        return self.guarantee_for(self.n_cal if n is None else int(n))
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        return {**super().guarantee_facts(event, n, opened),
+                "n": int(self.n_cal if n is None else n),
+                "note": f"multi-message: NB shares of DLap(p={self.cal.dlap_p:.4g}) "
+                        f"over {self.n_honest} clients + {self._flood_law()} flooding "
+                        f"(mu={self.cal.flood_mean_total:.4g} pairs/cell); at most "
+                        f"{self.messages_per_sender()} messages per sender "
+                        f"(noise cap {self.noise_cap}, failure probability "
+                        f"{self.cap_failure:.2g} included in delta); holds "
+                        f"if at least {self.n_honest} senders follow the "
+                        f"protocol (honest fraction {self.honest_fraction:g} "
+                        f"of {self.n_cal})"}
 
     def event(self, n: int | None = None):
-        self.guarantee_for(self.n_cal if n is None else int(n))     # refuses below n_cal
+        self._check_senders(self.n_cal if n is None else int(n))     # refuses below n_cal
         return self._event()
 
     def _event(self):
         """The release: the noise of the n_cal calibrated senders (whoever else sends)."""
-        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent
+        from rknn_ray.accounting.events import MultiMessageShuffleDpEvent  # defers dp_accounting
         c = self.cal
         return MultiMessageShuffleDpEvent(c.dlap_p, c.flood_mean_total, self.n_cal,
                                           int(self.params.sensitivity_l1),

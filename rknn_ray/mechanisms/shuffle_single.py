@@ -25,8 +25,8 @@ central target at ``ceil(honest_fraction * expected senders)``. Because
 amplification shrinks with n, the shuffler is told ``min_senders()``, the
 smallest number of authenticated senders at which that eps0 still meets the
 target, and refuses to release below it (nothing opened, nothing spent). After the
-server has opened the reports, ``round_cost(senders, opened)`` is the round's true
-cost from the reports opened; a round that misses the target there is recorded at
+server has opened the reports, ``round_event(senders, opened)`` is the round's true
+release, costed from the reports opened; a round that misses the target there is recorded at
 that cost and refused for labelling (rknn_ray.job.session).
 """
 from __future__ import annotations
@@ -35,9 +35,11 @@ import math
 
 from rknn_ray.errors import ConfigError, PrivacyBudgetError
 from rknn_ray.mechanisms import register
-from rknn_ray.mechanisms.base import Guarantee, MechanismParams, honest_count, honest_fraction_of
+from rknn_ray.mechanisms.base import MechanismParams, honest_count, honest_fraction_of
 from rknn_ray.mechanisms.collision import CollisionMechanism
 from rknn_ray.mechanisms.randomized_response import RandomizedResponse
+from rknn_ray.accounting import BOUNDS, amplified_local_eps
+from rknn_ray.accounting.calibration import monotone_edge
 
 
 class ShuffleSingleMixin:
@@ -46,7 +48,6 @@ class ShuffleSingleMixin:
     model = "shuffle"
 
     def _init_shuffle(self, params: MechanismParams) -> None:
-        from rknn_ray.accounting import BOUNDS, amplified_local_eps
         if not 0 < params.delta < 1:
             raise ConfigError("privacy.delta", f"the shuffle model needs 0 < delta < 1, got "
                               f"{params.delta}", "set privacy.delta, e.g. 1e-6")
@@ -74,7 +75,7 @@ class ShuffleSingleMixin:
         """Central eps the bound gives for this eps0 and n shuffled senders.
 
         Memoized per n: eps0, delta and the bound are fixed at calibration, and every round
-        asks again (floor, describe, guarantee, cost: ~50 ms of numerics each, issue 20).
+        asks again (floor, describe, guarantee, cost: each a numerical bound evaluation).
         """
         if n < 2:
             return math.inf
@@ -93,7 +94,6 @@ class ShuffleSingleMixin:
         target, hi = self.params.eps, honest_count(self.honest_fraction, self.params.num_clients)
         if self.central_eps(hi) > target * (1 + 1e-9):
             raise PrivacyBudgetError(f"eps0={self._eps0:.4g} misses the target at n={hi}")
-        from rknn_ray.accounting.calibration import monotone_edge
         self._min_cover_memo = int(monotone_edge(
             lambda n: self.central_eps(n) <= target * (1 + 1e-9), 1, hi, want="smallest",
             integer=True))
@@ -116,40 +116,28 @@ class ShuffleSingleMixin:
 
     def costing(self):
         """The accountant's choice of amplification bound: the one eps0 was calibrated with."""
-        from rknn_ray.accounting.accountants import Costing
+        from rknn_ray.accounting.accountants import Costing  # defers dp_accounting
         return Costing(bound=self.bound_name)
 
-    def _cost(self, senders: int, opened: int | None) -> Guarantee:
-        """The guarantee the round really has (never refused; see module docstring): the
-        accountant's cost of the round's event (never above the local eps0 alone)."""
-        event = self._event(senders, opened)
-        n = event.num_senders
-        g = self.guarantee_of(event, n=int(n), note="")
+    def _cost(self, event) -> tuple[float, float]:
+        """The accountant's (eps, delta) of ``event`` (never above the local eps0 alone)."""
+        # defers dp_accounting and scipy: processes that only unpickle a mechanism never cost it
+        from rknn_ray.accounting.accountants import event_cost
+        return event_cost(event, self.costing())
+
+    def guarantee_facts(self, event, n: int | None = None, opened: int | None = None) -> dict:
+        senders = int(self.params.num_clients) if n is None else int(n)
         seen = "" if opened is None else f", {int(opened)} reports opened"
-        from dataclasses import replace
-        return replace(g, note=f"single message: {self.base_name} at local eps0={self._eps0:.4g}, "
-                               f"amplified by shuffling the reports of {n} senders assumed honest "
-                               f"(honest fraction {self.honest_fraction:g} of {int(senders)} "
-                               f"authenticated senders{seen}; {self.bound_name} bound)"
-                               + ("" if g.delta > 0 else
-                                  "; too few for amplification: the local eps0 alone"))
-
-    def guarantee_for(self, n: int, opened: int | None = None) -> Guarantee:
-        """The guarantee for ``n`` authenticated senders (refused below the target)."""
-        g = self._cost(n, opened)
-        if g.eps > self.params.eps * (1 + 1e-9):
-            raise PrivacyBudgetError(
-                f"only {n} distinct senders were shuffled ({g.n} assumed honest); "
-                f"eps0={self._eps0:.4g} then gives eps={g.eps:.4g} > target {self.params.eps}. "
-                "Round refused, nothing released; wait for more clients or lower the target's "
-                "demands")
-        return g
-
-    def guarantee(self, n: int | None = None) -> Guarantee:
-        return self.guarantee_for(int(self.params.num_clients) if n is None else int(n))
+        return {**super().guarantee_facts(event, n, opened), "n": int(event.num_senders),
+                "note": f"single message: {self.base_name} at local eps0={self._eps0:.4g}, "
+                        f"amplified by shuffling the reports of {event.num_senders} senders "
+                        f"assumed honest (honest fraction {self.honest_fraction:g} of {senders} "
+                        f"authenticated senders{seen}; {self.bound_name} bound)"
+                        + ("" if self._cost(event)[1] > 0 else
+                           "; too few for amplification: the local eps0 alone")}
 
     def _event(self, senders: int, opened: int | None):
-        from rknn_ray.accounting.events import ShuffledLocalDpEvent
+        from rknn_ray.accounting.events import ShuffledLocalDpEvent  # defers dp_accounting
         # local_mechanism: the randomizer's registry name, as in LocalRandomizerDpEvent;
         # num_senders: the reports the amplification counts (assumed honest, opened); the
         # bound is the accountant's choice (costing()), not part of what happened
@@ -158,12 +146,21 @@ class ShuffleSingleMixin:
                                     int(senders if opened is None else opened))
 
     def event(self, n: int | None = None):
+        """The release for ``n`` authenticated senders (refused below the target)."""
         n = int(self.params.num_clients) if n is None else int(n)
-        self.guarantee_for(n)                      # refuses below the target
-        return self._event(n, None)
+        event = self._event(n, None)
+        eps = self._cost(event)[0]
+        if eps > self.params.eps * (1 + 1e-9):
+            raise PrivacyBudgetError(
+                f"only {n} distinct senders were shuffled ({event.num_senders} assumed honest); "
+                f"eps0={self._eps0:.4g} then gives eps={eps:.4g} > target {self.params.eps}. "
+                "Round refused, nothing released; wait for more clients or lower the target's "
+                "demands")
+        return event
 
-    def round_cost(self, senders: int, opened: int) -> tuple[Guarantee, object]:
-        return self._cost(int(senders), int(opened)), self._event(int(senders), int(opened))
+    def round_event(self, senders: int, opened: int):
+        """The round's true event (never refused; see module docstring)."""
+        return self._event(int(senders), int(opened))
 
     def describe(self) -> dict:
         return {**super().describe(), "eps0": self._eps0, "bound": self.bound_name,

@@ -35,6 +35,7 @@ from rknn_ray.representation.augment import strong_view
 from rknn_ray.errors import ConfigError
 from rknn_ray.representation.encoder import Encoder
 from rknn_ray.training import one_cycle, run_loop
+from rknn_ray.runio import save_torch
 
 ENCODER_FILE = "encoder.pt"
 BACKBONES = ("auto", "cnn", "resnet")
@@ -272,7 +273,6 @@ class ContrastiveEncoder(Encoder):
         """Write the trained encoder into ``folder`` (the run folder) as encoder.pt."""
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, ENCODER_FILE)
-        from rknn_ray.runio import save_torch
         save_torch(path, self._payload())          # never a truncated encoder.pt
         return path
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from rknn_ray.representation.encoder import Encoder
 from rknn_ray.errors import ConfigError
+from rknn_ray.representation.hog import hog_features
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
@@ -73,7 +74,7 @@ class PCAEncoder(Encoder):
 
     # faiss objects do not pickle; ship the fitted matrix as arrays (to Ray actors).
     def __getstate__(self):
-        import faiss
+        import faiss  # defers faiss
         state = self.__dict__.copy()
         if self.matrix is not None:
             state["matrix"] = (self.matrix.d_in, self.matrix.d_out,
@@ -86,7 +87,7 @@ class PCAEncoder(Encoder):
         self.__dict__.update(state)
         self.matrix = None
         if packed is not None:
-            import faiss
+            import faiss  # defers faiss
             d_in, d_out, a, b = packed
             m = faiss.LinearTransform(d_in, d_out, True)
             faiss.copy_array_to_vector(a, m.A)
@@ -111,7 +112,6 @@ class HOGEncoder(Encoder):
         return int(self.cell) if self.cell else max(2, side // 7)
 
     def _hog(self, x: np.ndarray) -> np.ndarray:
-        from rknn_ray.representation.hog import hog_features
         x = np.asarray(x, dtype=np.float32)
         if x.ndim == 4:
             x = x.mean(axis=1)
@@ -143,7 +143,7 @@ class HOGEncoder(Encoder):
 
 
 def _contrastive(**kwargs) -> Encoder:
-    from rknn_ray.representation.contrastive import ContrastiveEncoder
+    from rknn_ray.representation.contrastive import ContrastiveEncoder  # defers torch
     return ContrastiveEncoder(**kwargs)
 
 

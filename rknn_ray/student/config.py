@@ -20,6 +20,9 @@ TARGETS = ("hard", "soft", "weighted")
 INITS = ("encoder", "scratch")
 INPUTS = ("images", "features")
 TRAINERS = ("ray", "local")
+#: the student's files in a run folder (here, not beside torch code: the job layer names them)
+CHECKPOINT_FILE = "student.pt"
+HISTORY_FILE = "history.json"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ from torch import nn
 from rknn_ray.representation.augment import strong_view, weak_view
 from rknn_ray.student.config import SemiConfig       # declared torch-free, with every student key
 from rknn_ray.training import one_cycle, run_loop
+from rknn_ray.representation.contrastive import build_backbone
+from rknn_ray.runio import save_torch
 
 CHECKPOINT_FILE = "student.pt"
 
@@ -80,7 +82,6 @@ class BackboneClassifier(nn.Module):
 
 def build_semi_model(image_shape, num_classes: int, encoder_meta: dict | None) -> nn.Module:
     """Backbone of the contrastive encoder's architecture (its weights if given) + linear head."""
-    from rknn_ray.representation.contrastive import build_backbone
     dim = int(encoder_meta["dim"]) if encoder_meta else 64
     backbone = build_backbone(image_shape, dim, encoder_meta.get("backbone", "auto") if encoder_meta else "auto")
     if encoder_meta and encoder_meta.get("state_dict") is not None:
@@ -208,7 +209,6 @@ def train_semi_student(public_x: np.ndarray, targets: np.ndarray, weight: np.nda
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
         path = os.path.join(checkpoint_dir, CHECKPOINT_FILE)
-        from rknn_ray.runio import save_torch
         save_torch(path, dict(payload))              # never a truncated student.pt
         model = load_semi_student(path)
     else:

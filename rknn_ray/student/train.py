@@ -22,12 +22,10 @@ import torch
 
 from rknn_ray.errors import ConfigError, DataError
 from rknn_ray.runio import save_torch, write_json
-from rknn_ray.student.config import StudentConfig     # declared torch-free, with every student key
+from rknn_ray.student.config import (CHECKPOINT_FILE, HISTORY_FILE,  # noqa: F401 - named here too
+                                     StudentConfig)  # declared torch-free, with every student key
 from rknn_ray.student.models import build_model, hard_label_loss, resolve_arch, soft_label_loss
 from rknn_ray.training import distribute, rank_and_world, run_loop
-
-CHECKPOINT_FILE = "student.pt"
-HISTORY_FILE = "history.json"
 
 
 @dataclass

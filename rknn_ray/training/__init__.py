@@ -15,31 +15,19 @@ first (rknn_ray.job.ray_env.ensure_ray). A loop that runs on several workers ask
 """
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from rknn_ray.errors import ConfigError
+from rknn_ray.training.local import fit_local
+from rknn_ray.training.loop import LoopRun, resolve_loop
+from rknn_ray.training import ray_train   # its fit_on_ray looked up when called
 
 TRAINERS = ("ray", "local")
-
-
-@dataclass
-class LoopRun:
-    """What running a loop gave: rank 0's payload, where it ran, and the stages' seconds."""
-
-    payload: dict
-    device: str = "cpu"
-    num_workers: int = 1
-    timings: dict = field(default_factory=dict)
-
-
-def resolve_loop(loop: str | Callable) -> Callable:
-    """A loop given as a callable, or by name as "module:function"."""
-    if callable(loop):
-        return loop
-    module, name = loop.rsplit(":", 1)
-    return getattr(importlib.import_module(module), name)
+__all__ = ["TRAINERS", "LoopRun", "resolve_loop", "rank_and_world", "one_cycle", "distribute",
+           "run_loop"]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -72,7 +60,6 @@ def distribute(model: torch.nn.Module, device) -> torch.nn.Module:
         torch.cuda.set_device(device)       # (in-process "cuda" is the current device already)
     model = model.to(device)
     if rank_and_world()[1] > 1:
-        from torch.nn.parallel import DistributedDataParallel
         kw = {"device_ids": [device], "output_device": device} if device.type == "cuda" else {}
         model = DistributedDataParallel(model, **kw)
     return model
@@ -89,11 +76,9 @@ def run_loop(loop: str | Callable, data, cfg: dict, *, trainer: str = "local", n
     overrides). ``trainer_key`` names the config key in the errors.
     """
     if trainer == "ray":
-        from rknn_ray.training.ray_train import fit_on_ray
-        return fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers, use_gpu=use_gpu,
-                          on_epoch=on_epoch, storage_path=storage_path, trainer_key=trainer_key)
+        return ray_train.fit_on_ray(loop, data, cfg, name=name, num_workers=num_workers,
+                                    use_gpu=use_gpu, on_epoch=on_epoch, storage_path=storage_path,
+                                    trainer_key=trainer_key)
     if trainer != "local":
-        from rknn_ray.errors import ConfigError
         raise ConfigError(trainer_key, f"unknown trainer {trainer!r}", f"use one of {TRAINERS}")
-    from rknn_ray.training.local import fit_local
     return fit_local(loop, data, cfg, use_gpu=use_gpu, on_epoch=on_epoch, threads=threads)

@@ -7,7 +7,7 @@ import time
 import torch
 
 from rknn_ray.errors import ConfigError
-from rknn_ray.training import LoopRun, resolve_loop
+from rknn_ray.training.loop import LoopRun, resolve_loop
 
 
 def local_device(use_gpu: bool | None) -> torch.device:

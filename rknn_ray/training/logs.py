@@ -15,7 +15,7 @@ from typing import Callable
 
 _STATE_API_NOISE = "State API may be temporarily unavailable"
 # abseil's mutex event trace ("[mutex.cc : 452] RAW: Lock blocking 0x...   @ 0x..."): three
-# lines a Ray worker printed once in this project's CI runs (the README demo, 2026-11-26).
+# lines a Ray worker has printed in this project's CI runs (the README demo).
 # Printed by abseil inside a third-party library (reported for other torch programs too),
 # not by this job, and harmless
 _ABSEIL_MUTEX_TRACE = re.compile(r"\[mutex\.cc : \d+\] RAW: (Lock blocking|Lock returning|Unlock) 0x")
@@ -67,6 +67,7 @@ def _filter_forwarded_worker_logs() -> None:
     If a future Ray moves that object, nothing breaks: the warnings simply show again.
     """
     try:
+        # Ray's private API: a Ray that moved it fails only this call
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
         with dispatcher._lock:
             wrapped = []
@@ -133,7 +134,7 @@ def quiet_worker_console() -> None:
     error of ours, which the driver says in one line.
     """
     try:
-        import ray.train.v2._internal.execution.context as train_context
+        import ray.train.v2._internal.execution.context as train_context  # defers ray
         name = train_context.logger.name
     except Exception:  # noqa: BLE001 - another Ray: nothing to do
         return
@@ -142,7 +143,7 @@ def quiet_worker_console() -> None:
                 and not any(isinstance(f, _BelowWarningFrom) for f in handler.filters):
             handler.addFilter(_BelowWarningFrom(name))
     try:
-        import ray.train.v2._internal.util as train_util
+        import ray.train.v2._internal.util as train_util  # defers ray
         errors = train_util.logger
     except Exception:  # noqa: BLE001 - another Ray: its traceback simply shows
         return

@@ -22,23 +22,25 @@ import tempfile
 import time
 import uuid
 import warnings
+import threading
 
 import torch
 
 from rknn_ray.errors import NO_SPACE, ConfigError, OutOfSpaceError, RknnError
-from rknn_ray.training import LoopRun, resolve_loop
+from rknn_ray.training.loop import LoopRun, resolve_loop
+from rknn_ray.training.logs import quiet_train_logs, quiet_worker_console
+from rknn_ray import interrupts
 
 PAYLOAD_FILE = "payload.pt"
 
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train entry point: run the loop on this worker; rank 0 reports its payload."""
-    import ray
+    import ray  # defers ray
     import ray.train
     import ray.train.torch
 
     from rknn_ray.training.live import relay_pusher
-    from rknn_ray.training.logs import quiet_worker_console
     entered = time.time()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -91,12 +93,11 @@ def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int =
                         "ray); library code does not start Ray by surprise. Fix: call "
                         "rknn_ray.job.ray_env.ensure_ray() first or use trainer=local "
                         f"({trainer_key}=local)")
-    import ray
+    import ray  # defers ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from rknn_ray.training.live import LiveEpochs
-    from rknn_ray.training.logs import quiet_train_logs
+    from rknn_ray.training.live import LiveEpochs  # defers ray
     quiet_train_logs()
     total = ray.cluster_resources()
     gpu = total.get("GPU", 0) > 0 if use_gpu is None else bool(use_gpu)
@@ -210,10 +211,10 @@ def _stop_fit(thread, done, wait: float | None = None) -> bool:
     actor, found in that thread's frames, is killed: the blocked get raises, the thread ends
     while Ray is up, and the controller's training workers die with their owner. A run
     interrupted while ``fit()`` still sets up is watched until its controller exists (on a
-    busy machine that can take seconds: the probe once waited out its 15 s here, then
-    crashed in shutdown), and killed then. Only a run still going after ``wait`` is left to
+    busy machine that can take seconds, and shutting Ray down before it does can crash),
+    and killed then. Only a run still going after ``wait`` is left to
     :func:`join_abandoned_fits`."""
-    import ray
+    import ray  # defers ray
     end = time.monotonic() + (FIT_STOP_WAIT if wait is None else wait)
     killed = False
     while True:
@@ -249,9 +250,7 @@ def fit_off_main_thread(trainer):
     interrupt reaches the driver as its own exception, and ending the driver's Ray
     (``ray.shutdown``) ends the run.
     """
-    import threading
 
-    from rknn_ray import interrupts
     interrupts.raise_pending()                # one Python dropped on the way here
     box: dict = {}
     done = threading.Event()

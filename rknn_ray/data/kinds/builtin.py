@@ -1,10 +1,10 @@
 """The six built-in data sets (readers in rknn_ray.data.readers), registered as entries."""
 from rknn_ray.data import readers
 from rknn_ray.data.registry import register_dataset
+from rknn_ray.data.synthetic import gaussian_mixture
 
 
 def _synthetic(root, **options):
-    from rknn_ray.data.synthetic import gaussian_mixture
     return gaussian_mixture(**options)
 
 

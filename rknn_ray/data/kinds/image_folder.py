@@ -18,9 +18,9 @@ from rknn_ray.errors import ConfigError
 
 
 def _first_shape(folder: str) -> list:
-    from PIL import Image
+    from PIL import Image  # defers PIL
 
-    from rknn_ray.data.tables import IMAGE_EXTS
+    from rknn_ray.data.tables import IMAGE_EXTS  # defers pandas, pyarrow
     names = sorted(f for f in os.listdir(folder) if os.path.splitext(f)[1].lower() in IMAGE_EXTS)
     with Image.open(os.path.join(folder, names[0])) as im:
         channels = 1 if im.mode in ("L", "1", "I;16", "I") else 3
@@ -28,7 +28,7 @@ def _first_shape(folder: str) -> list:
 
 
 def prepare_image_folder(cfg, inputs: dict):
-    from rknn_ray.data.kinds.table import prepare_table
+    from rknn_ray.data.kinds.table import prepare_table  # defers pandas, pyarrow
     from rknn_ray.data.tables import image_folder, is_uri
     d = cfg.data
     for part, want in (("private", "classes"), ("public", "flat"), ("evaluation", "classes")):

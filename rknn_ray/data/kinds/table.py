@@ -57,7 +57,9 @@ def _columns_for(part: Part, schema, public: Columns) -> Columns:
 def prepare_table(cfg, inputs: dict):
     """The job's data from the user's parts (module docstring): public and evaluation read
     here, the private part only scanned (its own process) and left to the shards."""
-    from rknn_ray.config import validate_with_data
+    # the registry imports every kind at its first lookup: what only preparing a table
+    # needs (prepared data, the scan process, fingerprints) loads when one is prepared
+    from rknn_ray.data.checks import validate_with_data
     from rknn_ray.data.prepared import PreparedData
     from rknn_ray.data.splits import Splits
     from rknn_ray.data.table_scan import run_scan, scan
@@ -148,6 +150,7 @@ def prepare_table(cfg, inputs: dict):
 def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
     """(features, labels, [fingerprints], [near fingerprints]) of the evaluation part;
     without one, 0 rows."""
+    # loaded when a table is prepared (the registry imports every kind at first lookup)
     from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     if ev.path is None and memory is None:     # no labelled evaluation set
         return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), [], []
@@ -180,7 +183,7 @@ class _Handover:
 def _shard_sources(handover, part, cols, classes, featurizer, clients, bound, seed, width,
                    shards, cfg, _requested):
     """One source per shard that holds a client (rknn_ray.data.table_source)."""
-    from rknn_ray.data.table_source import TableShardSource
+    from rknn_ray.data.table_source import TableShardSource  # in the shard: pyarrow reading
     table = handover.take()
     buckets = None
     if table is not None and part.client:

@@ -46,8 +46,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from scipy import optimize, special, stats
 
-from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.errors import ConfigError
+from rknn_ray.labeling.answers import RecordAnswers
+from rknn_ray.mechanisms.collision import CollisionMechanism, collision_rates, decode_reports
+from rknn_ray.mechanisms.randomized_response import RandomizedResponse
 
 COMMON_CELL, DIFF_CELL = 0, 1          # flat cells of (query 0, class 0) and (query 0, class 1)
 CHUNK_REPORTS = 1 << 20                 # client reports randomized per call
@@ -165,8 +167,6 @@ def audit_binary_rr(n: int, eps0: float, delta: float, claimed_upper: dict,
 # ----------------------------------------------------------- real randomizers
 
 def _check_auditable(mech) -> None:
-    from rknn_ray.mechanisms.collision import CollisionMechanism
-    from rknn_ray.mechanisms.randomized_response import RandomizedResponse
     p = mech.params
     if not isinstance(mech, (RandomizedResponse, CollisionMechanism)):
         raise ConfigError("audit.mechanism", f"no report decoder for {type(mech).__name__}",
@@ -184,7 +184,6 @@ def pair_report_classes(mech, payloads: np.ndarray) -> tuple[np.ndarray, np.ndar
     the two cells' hashes under the report's own seed (``decode_reports`` +
     ``oracle.hits``).
     """
-    from rknn_ray.mechanisms.collision import CollisionMechanism, decode_reports
     if isinstance(mech, CollisionMechanism):
         seeds, (z,) = decode_reports(payloads, [mech.oracle.z_bytes])
         hits = mech.oracle.hits(seeds, z)
@@ -228,7 +227,6 @@ def pair_class_probabilities(mech) -> tuple[tuple[float, float], tuple[float, fl
     Collision: with an ideal hash, the two cells collide w.p. 1/l (then neither class);
     pi is the sampler's exact hit probability (e^eps/Omega rounded toward privacy).
     """
-    from rknn_ray.mechanisms.collision import CollisionMechanism, collision_rates
     _check_auditable(mech)
     eps = mech.local_eps
     if isinstance(mech, CollisionMechanism):

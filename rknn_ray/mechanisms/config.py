@@ -1,0 +1,119 @@
+"""The run config's ``privacy`` and ``shuffle`` sections: every key declared once (the
+``privacy.options`` keys in rknn_ray/mechanisms/options.py), and the rules that tie them
+(delta per trust model, the mechanism per model, the options and Collision's domain).
+rknn_ray/config.py composes them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rknn_ray.errors import ConfigError
+from rknn_ray.keyspec import FrozenDict, key, owned, unknown_key
+from rknn_ray.mechanisms import available
+from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
+
+
+def _upper_bounds() -> tuple:
+    from rknn_ray.accounting import BOUNDS      # scipy, dp_accounting: only when checked
+    return tuple(sorted(b for b in BOUNDS if BOUNDS[b].kind == "upper"))
+
+
+def _mechanisms_per_model() -> str:
+    return "per `privacy.model`: " + "; ".join(
+        f"{model}: " + " \\| ".join(f"`{m}`" for m in names) for model, names in available().items())
+
+
+def _eps(value, path, spec):
+    if isinstance(value, float) and math.isinf(value):
+        raise ConfigError(path, "is infinite", "use a finite eps > 0 "
+                          "(the report always includes the non-private reference)")
+    value = spec.standard(value, path)
+    if value < 1e-6:
+        raise ConfigError(path, f"{value} is below 1e-6: its noise scale 2kr/eps "
+                          "would dwarf any count", "use privacy.eps >= 1e-6")
+    return value
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    model: str = key("central", "trust model: who adds the noise", str,
+                     choices=owned("rknn_ray.mechanisms", "available"))
+    mechanism: str = key("laplace", "see the README's trust-model table", str,
+                         accepts_text=_mechanisms_per_model)     # checked per model, below
+    eps: float = key(1.0, "the job's total eps, record level, replace-one", float, low=0,
+                     low_open=True, check=_eps, accepts_text="number in [1e-06, inf)")
+    delta: float = key(0.0, "the job's total delta (shuffle: below 1/n; central, local: 0)", float,
+                       low=0, high=1, high_open=True)
+    noise: str = key("discrete", "central: discrete (exact) or continuous (paper's)", str,
+                     choices=owned("rknn_ray.mechanisms.central", "NOISE_KINDS"))
+    multi_record: str = key("sample", "local/shuffle, clients with several records", str,
+                            choices=owned("rknn_ray.mechanisms.randomized_response",
+                                           "MULTI_RECORD"))
+    options: FrozenDict = key(None, "mechanism tuning (see below)", free_form=True,
+                              factory=FrozenDict)
+    budget_eps: float | None = key(None, "the records' eps budget across jobs (null: this job's "
+                                   "eps)", float, low=0, low_open=True, nullable=True)
+    budget_delta: float | None = key(None, "the records' delta budget across jobs, below 1/n "
+                                     "(null: max(delta, 1/(10 n)))", float, low=0, high=1,
+                                     high_open=True, nullable=True)
+    accountant: str = key("basic", "composition: basic (sums) or pld", str,
+                          choices=owned("rknn_ray.accounting.ledger", "ACCOUNTANTS"))
+    amplification_bound: str = key("clones_numerical", "shuffle, single message: the "
+                                   "amplification bound", str, choices=_upper_bounds)
+    honest_fraction: float | None = key(None, "shuffle: share of senders assumed to follow the "
+                                        "protocol (null: 0.5 for multi, 1.0 single message; "
+                                        "docs/threat-model.md)", float, low=0, high=1,
+                                        low_open=True, nullable=True)
+
+
+@dataclass(frozen=True)
+class ShuffleConfig:
+    min_senders: int | None = key(None, "sender floor above what the target needs", int, low=1,
+                                  nullable=True)
+    onion_layers: int = key(0, "N chained shufflers, each peeling its own layer", int, low=0,
+                            high=8)
+    dropout: float = key(0.0, "simulated fraction of clients that never send", float, low=0,
+                         high=1, high_open=True)
+    distributed_above: int | None = key(5_000_000, "above: a distributed sort", int, low=1,
+                                        nullable=True)
+    max_messages_per_client: int | None = key(64, "multi-message + queries.s auto: caps s so a "
+                                              "client sends at most this many (expected)", int,
+                                              low=2, nullable=True)
+
+
+def check_privacy_relations(cfg: dict) -> None:
+    """delta per trust model and the mechanism per model (a merged, checked config dict)."""
+    p = cfg["privacy"]
+    if p["model"] == "shuffle" and p["delta"] <= 0:
+        raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
+                          "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
+    if p["model"] != "shuffle" and p["delta"] != 0:
+        raise ConfigError("privacy.delta", f"delta = {p['delta']:g}, but every {p['model']} "
+                          "mechanism is pure eps-DP: the delta would be reserved from the "
+                          "dataset's budget and never used", "set privacy.delta=0 (the "
+                          "dataset's delta budget across jobs is privacy.budget_delta)")
+    names = available().get(p["model"], [])
+    if p["mechanism"] not in names:
+        raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
+                          "mechanism", f"use one of {sorted(names)}")
+
+
+def check_options(cfg: dict) -> None:
+    """privacy.options' keys and values as rknn_ray/mechanisms/options.py declares them, and
+    Collision's domain above k*r."""
+    options = cfg["privacy"]["options"]
+    for opt in options:
+        path = f"privacy.options.{opt}"
+        if opt in SHADOWED_OPTIONS:
+            raise ConfigError(path, f"is set by {SHADOWED_OPTIONS[opt]}",
+                              f"write {SHADOWED_OPTIONS[opt]}=<value> instead")
+        if opt not in PRIVACY_OPTIONS:
+            raise unknown_key(path, [f"privacy.options.{o}" for o in PRIVACY_OPTIONS],
+                              f"known keys: {list(PRIVACY_OPTIONS)}")
+        options[opt] = PRIVACY_OPTIONS[opt].standard(options[opt], path)
+    c = (1 if cfg["rknn"]["k"] == "auto" else cfg["rknn"]["k"]) * cfg["rknn"]["r"]
+    if options.get("collision_l", c + 1) <= c:
+        raise ConfigError("privacy.options.collision_l", f"l = {options['collision_l']} must "
+                          f"exceed k*r = {c} (the Collision mechanism's domain)",
+                          f"set privacy.options.collision_l > {c}, or null for the variance-optimal l")
