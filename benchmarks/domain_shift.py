@@ -2,7 +2,8 @@
 
     python -m benchmarks.domain_shift [--shifts none label covariate] [--eps 0.1 1]
         [--rules reverse_knn balanced_min balanced_harmonic] [--shuffle-eps 1]
-        [--epochs 40] [--repeats 5] [--no-student] [--json] [--out bench_out/domain_shift]
+        [--oracle-eps 0.1] [--epochs 40] [--trainer ray|local] [--student-seeds 1]
+        [--repeats 5] [--no-student] [--json] [--out bench_out/domain_shift]
 
 Issue 37 item 3. Where the shift goes: under jobs/configs/fmnist_central.yaml's paper split
 the private records are the 60,000 training images, the public set is a seeded half (5,000)
@@ -33,8 +34,10 @@ graph); the student is the configured one (features -> MLP) trained with Ray Tra
 accuracy is averaged over ``--repeats`` noise draws; ``--student-seeds`` students (seeds
 run.seed, run.seed + 1, ...) train on the first draw's labels.
 
-The degree profile (min, 10th percentile, median of the private records connected to each
-query) is a SIMULATION DIAGNOSTIC read from the exact (private) counts; no run releases it.
+The degree profile (min, 10th percentile, median, max of the private records connected to
+each query) and the share of queries whose exact top-two gap is below the noise std are
+SIMULATION DIAGNOSTICS read from the exact (private) counts; no run releases them. So are the
+``--oracle-eps`` rows (balanced rules priced on public + private records, labels only).
 Prints a table, writes results.json and domain_shift.png under ``--out``.
 """
 from __future__ import annotations
