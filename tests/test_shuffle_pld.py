@@ -74,15 +74,19 @@ def test_the_pld_accountant_charges_shuffled_rounds_their_composed_pair():
     assert generic[0] > eps
 
 
+def pld_ledger_of_rounds(mech, rounds: int, senders: int = 20_000):
+    """A pld ledger holding ``rounds`` rounds of ``mech``, each opening every sender's report;
+    returns (its dict, one round's guarantee)."""
+    ledger = PrivacyLedger(accountant="pld")
+    for t in range(rounds):
+        g = guarantee_of(mech, senders, mech.round_event(senders, senders), opened=senders)
+        ledger.record_spent(g, t)
+    return ledger.to_dict(), g
+
+
 def test_a_job_ledger_records_shuffle_rounds_at_their_composed_cost():
     params = MechanismParams(10, 4, 1, 0.5, delta=1e-6, num_clients=20_000)
-    mech = build("shuffle", "rr", params)
-    ledger = PrivacyLedger(accountant="pld")
-    for t in range(4):
-        event = mech.round_event(20_000, 20_000)
-        g = guarantee_of(mech, 20_000, event, opened=20_000)
-        ledger.record_spent(g, t)
-    out = ledger.to_dict()
+    out, g = pld_ledger_of_rounds(build("shuffle", "rr", params), 4)
     assert out["total_basic"]["eps"] == pytest.approx(4 * g.eps)
     assert out["total"]["eps"] < 0.75 * out["total_basic"]["eps"]
     assert [e["event"]["type"] for e in out["entries"]] == ["ShuffledLocalDpEvent"] * 4
@@ -149,12 +153,7 @@ def test_the_tight_bound_is_the_default_and_the_job_uses_the_larger_eps0_it_cert
     assert event_cost(event, new.costing()) == pytest.approx((g.eps, g.delta), rel=1e-12)
     assert g.eps <= 1.0 * (1 + 1e-9) and "tight bound" in g.note
     # its rounds compose as tight's dominating pair under the pld accountant
-    ledger = PrivacyLedger(accountant="pld")
-    for t in range(3):
-        event = new.round_event(20_000, 20_000)
-        g = guarantee_of(new, 20_000, event, opened=20_000)
-        ledger.record_spent(g, t)
-    total = ledger.to_dict()
+    total, _ = pld_ledger_of_rounds(new, 3)
     lower = composed_eps(pld_from_pair(*rr_lower_pair(new.local_eps, 20_000), pessimistic=False),
                          3, total["total"]["delta"])
     assert lower < total["total"]["eps"] < 0.8 * total["total_basic"]["eps"]
