@@ -9,7 +9,7 @@ from dp_accounting import dp_event
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.accountants import (BasicAccountant, Costing, PLDAccountant,
                                              UnknownEventError, event_cost, rdp_epsilon)
-from rknn_ray.accounting.calibration import monotone_edge
+from rknn_ray.accounting.calibration import guided_edge, monotone_edge
 from rknn_ray.accounting.events import (LocalRandomizerDpEvent, MultiMessageShuffleDpEvent,
                                         ShuffledLocalDpEvent, event_to_dict)
 from rknn_ray.errors import PrivacyBudgetError
@@ -147,6 +147,38 @@ def test_the_ledger_keeps_events_and_totals_them_with_its_accountant():
     ledger.record(guarantee_of(mech), 1)
     with pytest.raises(PrivacyBudgetError, match="refused"):
         ledger.check(guarantee_of(mech))
+
+
+def test_the_guided_search_answers_what_bisection_answers_in_fewer_evaluations():
+    """guided_edge ends on the accepted side, within tol of the edge, for smooth, kinked,
+    step and infinite scores, and with far fewer probes than bisection on a smooth one."""
+    from rknn_ray.accounting.bounds import BOUNDS
+    cases = [(lambda x: np.log(x) - np.log(2.5), 2.5),                # smooth, like a bound
+             (lambda x: max(x - 2.5, 0.0) * 100 - (2.5 - x if x < 2.5 else 0), 2.5),  # kinked
+             (lambda x: -1.0 if x <= 7.25 else 1.0, 7.25),              # a step
+             (lambda x: -1.0 if x <= 3.0 else np.inf, 3.0)]            # infinite above the edge
+    for score, edge in cases:
+        probes = []
+        got = guided_edge(lambda x: probes.append(x) or score(x), 0.5, 10.0, tol=1e-9,
+                          relative=True)
+        assert score(got) <= 0 and edge * (1 - 2e-9) <= got <= edge
+        assert len(probes) <= 100                      # bisection would take ~33
+    probes = []
+    guided_edge(lambda x: probes.append(x) or np.log(x / 2.5), 0.5, 10.0, tol=1e-9)
+    bisect = []
+    monotone_edge(lambda x: bisect.append(x) or x <= 2.5, 0.5, 10.0, want="largest", tol=1e-9)
+    assert len(probes) < len(bisect) / 2
+    # a bound's local eps0 is granted (its central eps meets the target) and agrees with a
+    # bisection of the same predicate to the tolerance
+    b, n, delta = BOUNDS["clones_numerical"], 10**5, 1e-6
+    e0 = b.local_eps0(1.0, n, delta)
+    ref = monotone_edge(lambda e: b.central_eps(e, n, delta) <= 1.0, 1.0, b.eps0_max(n, delta),
+                        want="largest", tol=1e-6, relative=True)
+    assert b.central_eps(e0, n, delta) <= 1.0 and e0 == pytest.approx(ref, rel=2e-6)
+    # a guess near the answer only shortens the search; a guess far off is not trusted
+    for guess in (ref * 1.0004, ref * 0.9996, 1.3, 20.0, 1e-12):
+        got = b.local_eps0(1.0, n, delta, guess=guess)
+        assert b.central_eps(got, n, delta) <= 1.0 and got == pytest.approx(ref, rel=2e-6)
 
 
 def test_one_monotone_search_serves_every_calibration():

@@ -45,11 +45,13 @@ from rknn_ray.accounting.calibration import monotone_edge
 
 
 @functools.lru_cache(maxsize=128)
-def _calibrated_eps0(bound, eps: float, n: int, delta: float) -> float:
+def _calibrated_eps0(bound, eps: float, n: int, delta: float,
+                     guess: float | None = None) -> float:
     """The bound's largest eps0 for (eps, delta) at n, once per process: a job builds the
     same round's mechanism several times (auto s, the dropout check, the round itself), and
-    a calibration is tens of evaluations of the bound."""
-    return float(bound.local_eps0(eps, n, delta))
+    a calibration is a dozen evaluations of the bound (``guess``: the eps0 of the form
+    calibrated just before, where the search starts)."""
+    return float(bound.local_eps0(eps, n, delta, guess=guess))
 
 
 class ShuffleSingleMixin:
@@ -81,7 +83,7 @@ class ShuffleSingleMixin:
                 if bound is generic or rp == self.randomizer_params:
                     break                     # no specific form, or eps0 is calibrated with it
                 self.randomizer_params, self.bound = rp, bound
-                self._eps0 = _calibrated_eps0(bound, params.eps, n, params.delta)
+                self._eps0 = _calibrated_eps0(bound, params.eps, n, params.delta, self._eps0)
         except (ValueError, ConfigError) as exc:
             raise ConfigError("privacy.eps", f"no local eps0 reaches the central target "
                               f"eps={params.eps}, delta={params.delta} with n={n} senders "
