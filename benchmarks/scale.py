@@ -568,16 +568,16 @@ def main(argv=None) -> int:
                     help="seeded: a reproducible release (NOT private; for comparing runs)")
     ap.add_argument("--warm-rounds", type=int, default=0,
                     help="instead of one big round: this many warm rounds per model (central, "
-                         "shuffle) after a cold one; 100 queries, a 1000-cell vote (issue 20)")
+                         "shuffle) after a cold one; 100 queries, a 1000-cell vote")
     ap.add_argument("--prepare", choices=("both", "on", "off"), default="both",
                     help="warm rounds: also (both), only (on) or never (off) with the shards' "
                          "encapsulations made between the rounds")
     ap.add_argument("--memory-period", type=float, default=5.0,
-                    help="seconds between memory samples (each costs the driver ~0.1 CPU s "
-                         "in a big round; rows before 2026-11-26 sampled every 2 s)")
+                    help="seconds between memory samples (each costs the driver CPU in a big "
+                         "round: docs/results.md)")
     ap.add_argument("--floor-period", type=float, default=5.0,
-                    help="seconds between floor samples taken during the round (each ~200 "
-                         "messages of every primitive, ~40 ms of one core)")
+                    help="seconds between floor samples taken during the round (each a few "
+                         "hundred messages of every primitive)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--out", default=None, help="also write scale-<protocol>-<clients>.json here")
     args = ap.parse_args(argv)

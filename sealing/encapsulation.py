@@ -46,9 +46,9 @@ def derive_key(shared: bytes, eph_pub: bytes, recipient_pub: bytes, info: bytes)
     recipient public key | ``info``).
 
     The construction of libsodium's ``crypto_kx`` (a hash of the shared point and both
-    public keys), plus the layer's context. Format version 2 of :mod:`sealing.envelope`;
-    version 1 used HKDF-SHA256, ~6x the CPU here (7.2 vs 1.2 us a call, most of it the
-    library's per-call object set-up), paid once per report on each side.
+    public keys), plus the layer's context. Format version 2 of :mod:`sealing.envelope`
+    (version 1's HKDF-SHA256 cost several times the CPU, mostly the library's per-call
+    object set-up, paid once per report on each side).
     """
     return blake2b(shared + eph_pub + recipient_pub + info, digest_size=KEY_LEN).digest()
 

@@ -210,7 +210,7 @@ _INTEGER_TYPES = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32
 
 def numeric_array(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     """An Arrow integer array over ``values``' bytes. Not ``pa.array``, nor ``to_numpy``
-    below: both import pandas (~0.6 CPU s, once in every actor of a round)."""
+    below: both import pandas, once in every actor of a round."""
     values = np.ascontiguousarray(values, _INTEGER_TYPES[arrow_type])
     return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
 

@@ -1,7 +1,7 @@
 """Opener processes inside the server's trust domain, feeding one accumulator.
 
 Opening costs a key parse, an X25519 exchange, a key derivation and an AEAD open per
-report (~55 us of CPU), and ``cryptography`` holds the GIL, so threads do not scale: the
+report (the server's share of the crypto floor), and ``cryptography`` holds the GIL, so threads do not scale: the
 Server actor starts child *processes* (spawn) and hands each the private key over a pipe
 from their parent. The key never goes through Ray (no object store, no task argument);
 the children die with the actor. ``processes=0`` opens in the calling process
