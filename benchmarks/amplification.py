@@ -20,6 +20,12 @@ writes results.json, table.txt and PNGs, each atomically:
                            theory (mechanism.error_bound) vs simulation (randomize+estimate)
   timing.png               seconds per bound
   audit.png                empirical lower bounds vs claimed upper bounds
+Against the published numbers of the anchors (benchmarks/published_amplification.py):
+    python -m benchmarks.amplification --published --out benchmarks/results
+writes amplification-published.{json,md}: each published eps (or granted eps0), the
+project's bound of the same math where it has one, its tight and lower bounds, the ratio
+and whether the published number is consistent with our lower bound; exit status 1 if a
+current row is not.
 Audits: binary RR (fast reference, binomial simulation) and the project's real
 shuffle / local RR and Collision randomizers (benchmarks/audit.py). Exit
 status 1 if any audit raises a red flag (a claimed upper bound below a certified
@@ -563,6 +569,22 @@ examples:
   python -m benchmarks.amplification --grid --out runs/amplification   # the same command"""
 
 
+def _published(out: str) -> int:
+    """The --published mode: table to stdout and files; 1 if a current row fails its checks."""
+    from benchmarks import published_amplification as pub
+    res = pub.compare()
+    table = pub.format_markdown(res)
+    os.makedirs(out, exist_ok=True)
+    write_json(os.path.join(out, "amplification-published.json"), res)
+    write_text(os.path.join(out, "amplification-published.md"), table + "\n")
+    print(table)
+    bad = pub.failures(res)
+    for r in bad:
+        print(f"red flag: {r['source']} {r['label']} ({r['quantity']}): not consistent with "
+              f"the project's bounds", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rknn-ray amplification", description=__doc__,
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -582,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", action="store_true",
                     help="only the tight-bound gap study (tight / lower per randomizer, n, eps0, "
                          "delta): table.txt, gap.json and gap.png in --out")
+    ap.add_argument("--published", action="store_true",
+                    help="compare with the anchors' published numbers: "
+                         "amplification-published.{json,md} in --out")
     ap.add_argument("--out", default="runs/amplification", help="grid output folder")
     ap.add_argument("--audit-trials", type=int, default=1_000_000,
                     help="trials of the binary-RR reference audit")
@@ -594,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     try:
+        if args.published:
+            return _published(args.out)
         if args.gap:
             gap = gap_study()
             os.makedirs(args.out, exist_ok=True)

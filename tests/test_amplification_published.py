@@ -1,0 +1,84 @@
+"""The anchors' published amplification numbers against the project's bounds (issue 39, item 5).
+
+Same math -> same number (within the source's printed rounding / bisection bracket); every
+published upper bound at or above our lower bound for the same randomizer; our tight bound at
+or below every published upper bound (eps0 at or above every granted eps0); and the check
+flags the Balle et al. Bennett numbers printed before their "Fixed typo in Bennett bounds".
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import amplification
+from benchmarks import published_amplification as pub
+
+
+@pytest.fixture(scope="module")
+def results():
+    return pub.compare()
+
+
+def _current(results):
+    return [r for r in results if r["status"] != pub.SUPERSEDED]
+
+
+def test_rows_are_cited_and_well_formed():
+    for row in pub.ROWS:
+        assert row.source in pub.SOURCES
+        assert (row.eps0 is None) != (row.target_eps is None), row
+        assert row.mechanism in ("generic", "krr") and (row.k is None) == (row.mechanism == "generic")
+        assert row.value > 0 and (row.value_hi is None or row.value_hi > row.value)
+
+
+def test_same_math_matches_the_published_number(results):
+    same = [r for r in results if r["same_as"]]
+    assert {r["same_as"] for r in same} == {"clones_numerical", "fmt_closed_form_final"}
+    for r in same:
+        assert r["same_math_match"], r
+        if r["value_hi"] is None:           # a closed form printed to 16 digits
+            assert r["ours_same_math"] == pytest.approx(r["value"], rel=1e-12)
+        else:                               # inside the source's bisection bracket
+            assert r["value"] <= r["ours_same_math"] <= r["value_hi"]
+
+
+def test_published_upper_bounds_sit_above_our_lower_bound(results):
+    assert pub.failures(results) == []
+    for r in _current(results):
+        assert r["consistent"], r
+        if r["quantity"] == "eps":
+            assert max(r["value"], r["value_hi"] or 0) >= r["lower_bound"]
+        else:
+            assert r["lower_eps_at_published"] <= r["target_eps"] * (1 + pub.RTOL)
+            assert r["value"] <= r["lower_bound"] * (1 + 1e-5)  # no sound bound grants past our lower's edge
+
+
+def test_tight_bound_is_at_least_as_good_as_every_published_bound(results):
+    for r in _current(results):
+        if r["quantity"] == "eps":
+            assert r["tight"] <= (r["value_hi"] or r["value"]), r
+            assert r["lower_bound"] <= r["tight"]
+        else:
+            assert r["tight"] >= r["value"], r
+            assert r["tight"] <= r["lower_bound"]
+
+
+def test_check_flags_the_bennett_numbers_before_the_typo_fix(results):
+    old = [r for r in results if r["status"] == pub.SUPERSEDED]
+    flagged = {(r["label"], r["quantity"]) for r in old if not r["consistent"]}
+    assert flagged == {("Bennett, RR-2", "eps"), ("Bennett, RR-2", "eps0"),
+                       ("Bennett, RR-100", "eps0")}
+    # the fixed notebook's numbers for the same bounds pass
+    fixed = {(r["label"], r["quantity"]): r for r in _current(results) if r["source"] == "BBGN19"}
+    assert all(fixed[key]["consistent"] for key in flagged)
+    assert all(r not in pub.failures(results) for r in old)
+
+
+def test_published_mode_writes_the_table(tmp_path, capsys):
+    assert amplification.main(["--published", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "amplification-published.json").read_text())
+    assert len(rows) == len(pub.ROWS)
+    md = (tmp_path / "amplification-published.md").read_text()
+    assert md.count("\n| ") == len(pub.ROWS) and "**no** (superseded)" in md
+    assert "Bennett, RR-100" in capsys.readouterr().out
