@@ -302,6 +302,60 @@ def gap_study(ns=GAP_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, k: int = GAP_K,
     return rows
 
 
+# ------------------------------------------------------------------ tight-bound speed
+
+SPEED_N = (10**8, 10**9)
+SPEED_EPS0 = (1.0, 2.0, 4.0)
+SPEED_MECHS = (("krr", {"k": 10}), ("collision", {"l": 8, "c": 1}), ("collision", {"l": 56, "c": 1}),
+               ("generic", {}))
+#: the issue's targets for one tight bound, seconds per n
+SPEED_TARGET_S = {10**8: 1.0, 10**9: 5.0}
+
+
+def speed_study(ns=SPEED_N, eps0s=SPEED_EPS0, delta: float = 1e-8, repeats: int = 3,
+                mechs=SPEED_MECHS) -> dict:
+    """Seconds of the tight bound per (randomizer, n, eps0): the median of ``repeats`` cold
+    calls (each builds its pair afresh), wall and CPU, with its lower bound and the load
+    average around it. The targets are judged on CPU seconds: on a shared machine wall time
+    grows with the load (the load average says by how much), CPU time much less."""
+    load_before, rows = os.getloadavg(), []
+    for mech, params in mechs:
+        bound = tight_bound(mech, **params)
+        for n in ns:
+            for e0 in eps0s:
+                secs, cpus, eps = [], [], None
+                for _ in range(repeats):
+                    c0 = time.process_time()
+                    eps, s, _err = _one(bound.central_eps, e0, n, delta)
+                    cpus.append(time.process_time() - c0)
+                    secs.append(s)
+                low, _s, _err = _one(bound.lower_bound().central_eps, e0, n, delta)
+                cpu = float(np.median(cpus))
+                rows.append({"mechanism": mech, **params, "n": n, "eps0": e0, "delta": delta,
+                             "tight": eps, "lower_bound": low,
+                             "ratio": (eps / low) if eps and low else None,
+                             "seconds": float(np.median(secs)), "seconds_all": secs,
+                             "cpu_seconds": cpu, "cpu_seconds_all": cpus,
+                             "within_target": cpu <= SPEED_TARGET_S.get(n, float("inf"))})
+    return {"rows": rows, "repeats": repeats, "targets_s": {f"{n:.0e}": t for n, t in SPEED_TARGET_S.items()},
+            "load_avg_before": list(load_before), "load_avg_after": list(os.getloadavg()),
+            "cpus": os.cpu_count()}
+
+
+def format_speed_table(res) -> str:
+    lines = [f"tight bound wall / CPU seconds (median of {res['repeats']}); load average before "
+             f"{res['load_avg_before'][0]:.1f}, after {res['load_avg_after'][0]:.1f} on {res['cpus']} CPUs",
+             f"{'mech':>9} {'param':>5} {'n':>7} {'eps0':>4} {'tight':>10} {'lower':>10} {'ratio':>7} "
+             f"{'wall_s':>6} {'cpu_s':>6} {'target':>6}"]
+    for r in res["rows"]:
+        param = r.get("k", r.get("l", "-"))
+        lines.append(f"{r['mechanism']:>9} {param:>5} {r['n']:>7.0e} {r['eps0']:>4g} "
+                     f"{_f(r['tight'], '.6g'):>10} {_f(r['lower_bound'], '.6g'):>10} "
+                     f"{_f(r['ratio'], '.4f'):>7} {r['seconds']:>6.2f} {r['cpu_seconds']:>6.2f} "
+                     f"{'ok' if r['within_target'] else 'OVER':>6}")
+    return "\n".join(lines)
+
+
 def format_gap_table(rows) -> str:
     lines = ["tight bound vs its own lower bound (ratio = tight / lower); seconds of the tight bound",
              f"{'mech':>9} {'param':>5} {'delta':>7} {'n':>9} {'eps0':>4} {'lower':>10} {'tight':>10} "
@@ -604,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap", action="store_true",
                     help="only the tight-bound gap study (tight / lower per randomizer, n, eps0, "
                          "delta): table.txt, gap.json and gap.png in --out")
+    ap.add_argument("--speed", action="store_true",
+                    help="time the tight bound at n = 1e8 and 1e9 (k-RR k=10, Collision l=8 and 56, "
+                         "generic; eps0 1, 2, 4; delta 1e-8; median of 3): "
+                         "amplification-tight-speed.json in --out")
     ap.add_argument("--published", action="store_true",
                     help="compare with the anchors' published numbers: "
                          "amplification-published.{json,md} in --out")
@@ -621,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.published:
             return _published(args.out)
+        if args.speed:
+            res = speed_study()
+            os.makedirs(args.out, exist_ok=True)
+            write_json(os.path.join(args.out, "amplification-tight-speed.json"), res)
+            print(format_speed_table(res))
+            return 0
         if args.gap:
             gap = gap_study()
             os.makedirs(args.out, exist_ok=True)

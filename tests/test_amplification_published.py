@@ -82,3 +82,16 @@ def test_published_mode_writes_the_table(tmp_path, capsys):
     md = (tmp_path / "amplification-published.md").read_text()
     assert md.count("\n| ") == len(pub.ROWS) and "**no** (superseded)" in md
     assert "Bennett, RR-100" in capsys.readouterr().out
+
+
+def test_speed_mode_times_each_randomizer_and_keeps_tight_above_lower():
+    mechs = (("krr", {"k": 10}), ("collision", {"l": 56, "c": 1}))   # the fast ones at n = 1e6
+    res = amplification.speed_study(ns=(10**6,), eps0s=(2.0,), repeats=3, mechs=mechs)
+    assert [(r["mechanism"], r.get("k", r.get("l"))) for r in res["rows"]] == [("krr", 10),
+                                                                             ("collision", 56)]
+    for r in res["rows"]:
+        assert sorted(r["seconds_all"])[1] == r["seconds"] and len(r["seconds_all"]) == 3
+        assert sorted(r["cpu_seconds_all"])[1] == r["cpu_seconds"] >= 0
+        assert r["tight"] >= r["lower_bound"] > 0 and r["ratio"] >= 1
+        assert r["within_target"]                 # no target below n = 1e8
+    assert len(res["load_avg_before"]) == 3 and res["cpus"] >= 1
