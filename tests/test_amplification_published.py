@@ -67,7 +67,8 @@ def test_tight_bound_is_at_least_as_good_as_every_published_bound(results):
 def test_check_flags_the_bennett_numbers_before_the_typo_fix(results):
     old = [r for r in results if r["status"] == pub.SUPERSEDED]
     flagged = {(r["label"], r["quantity"]) for r in old if not r["consistent"]}
-    assert flagged == {("Bennett, RR-2", "eps"), ("Bennett, RR-2", "eps0"),
+    # (a stronger lower bound may flag more of them, never fewer)
+    assert flagged >= {("Bennett, RR-2", "eps"), ("Bennett, RR-2", "eps0"),
                        ("Bennett, RR-100", "eps0")}
     # the fixed notebook's numbers for the same bounds pass
     fixed = {(r["label"], r["quantity"]): r for r in _current(results) if r["source"] == "BBGN19"}
