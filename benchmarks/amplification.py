@@ -628,7 +628,6 @@ def _published(out: str) -> int:
     from benchmarks import published_amplification as pub
     res = pub.compare()
     table = pub.format_markdown(res)
-    os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, "amplification-published.json"), res)
     write_text(os.path.join(out, "amplification-published.md"), table + "\n")
     print(table)
@@ -677,11 +676,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     try:
+        if args.published or args.speed:
+            try:
+                os.makedirs(args.out, exist_ok=True)
+                if not os.access(args.out, os.W_OK):
+                    raise PermissionError(13, "not writable")
+            except OSError as exc:
+                print(f"error: --out {args.out}: {exc.strerror}; pass a writable folder",
+                      file=sys.stderr)
+                return 2
         if args.published:
             return _published(args.out)
         if args.speed:
             res = speed_study()
-            os.makedirs(args.out, exist_ok=True)
             write_json(os.path.join(args.out, "amplification-tight-speed.json"), res)
             print(format_speed_table(res))
             return 0

@@ -96,3 +96,11 @@ def test_speed_mode_times_each_randomizer_and_keeps_tight_above_lower():
         assert r["tight"] >= r["lower_bound"] > 0 and r["ratio"] >= 1
         assert r["within_target"]                 # no target below n = 1e8
     assert len(res["load_avg_before"]) == 3 and res["cpus"] >= 1
+
+
+def test_published_mode_with_an_unusable_out_folder_exits_2_with_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert amplification.main(["--published", "--out", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--out" in err[0] and "writable folder" in err[0]
