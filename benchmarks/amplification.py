@@ -13,14 +13,16 @@ variation-ratio bound and the generic ones; without it (generic) the output is u
 
 Grid (table, plots, audit):
     python -m benchmarks.amplification --grid --out runs/amplification
-writes results.json, table.txt and PNGs, each atomically:
+writes results.json, table.txt, amplification-published.{json,md} (see below) and PNGs,
+each atomically:
   central_eps_delta*.png   central eps per bound
   granted_eps0.png         the local eps0 each bound grants for a central target
   labeling_error.png       BSVS labeling error of the real RR / Collision at that eps0:
                            theory (mechanism.error_bound) vs simulation (randomize+estimate)
   timing.png               seconds per bound
   audit.png                empirical lower bounds vs claimed upper bounds
-Against the published numbers of the anchors (benchmarks/published_amplification.py):
+Against the published numbers of the anchors (benchmarks/published_amplification.py;
+also part of --grid):
     python -m benchmarks.amplification --published --out benchmarks/results
 writes amplification-published.{json,md}: each published eps (or granted eps0), the
 project's bound of the same math where it has one, its tight and lower bounds, the ratio
@@ -29,7 +31,7 @@ current row is not.
 Audits: binary RR (fast reference, binomial simulation) and the project's real
 shuffle / local RR and Collision randomizers (benchmarks/audit.py). Exit
 status 1 if any audit raises a red flag (a claimed upper bound below a certified
-lower bound).
+lower bound) or a current published number is inconsistent with our lower bound.
 """
 from __future__ import annotations
 
@@ -186,8 +188,9 @@ def real_audits(deltas, rng, scale: float = 1.0, points=REAL_AUDITS) -> list[dic
 def run_grid(out: str, ns=GRID_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, targets=GRID_TARGETS,
              num_classes: int = 10, audit_trials: int = 1_000_000, real_audit_scale: float = 1.0,
              sim_max_n: int = 100_000, sim_reports: int = SIM_REPORTS,
-             seed: int = 0, plots: bool = True, gap: bool = True) -> dict:
-    """The evaluation grid: central eps, granted eps0, labeling error, timings, audits."""
+             seed: int = 0, plots: bool = True, gap: bool = True, published: bool = True) -> dict:
+    """The evaluation grid: central eps, granted eps0, labeling error, timings, audits, and
+    (``published``) the anchors' published numbers against the project's bounds."""
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(seed)
     t_start = time.perf_counter()
@@ -239,17 +242,27 @@ def run_grid(out: str, ns=GRID_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, targets=GR
     t = time.perf_counter()
     audits += real_audits(deltas, rng, scale=real_audit_scale)
     tick("audit_real", t)
+    t = time.perf_counter()
+    pub_rows = _write_published(out) if published else []
+    tick("published", t)
     result = {"grid": {"n": list(ns), "eps0": list(eps0s), "delta": list(deltas),
                        "targets": list(targets), "k": 1, "r": 1, "num_classes": num_classes,
                        "sim_queries": SIM_QUERIES, "sim_beta": SIM_BETA, "sim_max_n": sim_max_n},
               "central": rows, "inverse": inverse, "audit": audits, "tight_gap": gap,
               "order_violations": violations,
-              "red_flags": [a for a in audits if a["red_flags"]],
+              "published": pub_rows,
+              # an audit's claim below its certified lower bound, or a published upper bound
+              # below our lower bound (one of the two is wrong)
+              "red_flags": [a for a in audits if a["red_flags"]] + _published_failures(pub_rows),
               "seconds_by_part": times,
               "total_seconds": time.perf_counter() - t_start}
     write_json(os.path.join(out, "results.json"), result)
+    pub_table = ""
+    if pub_rows:
+        from benchmarks.published_amplification import format_markdown
+        pub_table = "\nagainst the published numbers\n" + format_markdown(pub_rows) + "\n"
     write_text(os.path.join(out, "table.txt"),
-               format_table(rows, inverse, audits) + "\n\n" + format_gap_table(gap) + "\n")
+               format_table(rows, inverse, audits) + "\n\n" + format_gap_table(gap) + "\n" + pub_table)
     if plots:
         make_plots(result, out)
         if gap:
@@ -623,14 +636,25 @@ examples:
   python -m benchmarks.amplification --grid --out runs/amplification   # the same command"""
 
 
+def _write_published(out: str) -> list[dict]:
+    """The anchors' published numbers against ours: amplification-published.{json,md} in out."""
+    from benchmarks import published_amplification as pub
+    res = pub.compare()
+    write_json(os.path.join(out, "amplification-published.json"), res)
+    write_text(os.path.join(out, "amplification-published.md"), pub.format_markdown(res) + "\n")
+    return res
+
+
+def _published_failures(rows) -> list[dict]:
+    from benchmarks import published_amplification as pub
+    return [{"kind": "published", **r} for r in pub.failures(rows)]
+
+
 def _published(out: str) -> int:
     """The --published mode: table to stdout and files; 1 if a current row fails its checks."""
     from benchmarks import published_amplification as pub
-    res = pub.compare()
-    table = pub.format_markdown(res)
-    write_json(os.path.join(out, "amplification-published.json"), res)
-    write_text(os.path.join(out, "amplification-published.md"), table + "\n")
-    print(table)
+    res = _write_published(out)
+    print(pub.format_markdown(res))
     bad = pub.failures(res)
     for r in bad:
         print(f"red flag: {r['source']} {r['label']} ({r['quantity']}): not consistent with "

@@ -119,6 +119,10 @@ def test_small_grid_writes_results_and_plots(tmp_path):
     assert {r["mechanism"] for r in gap} == {"krr", "collision", "generic"} and len(gap) == 12
     for r in gap:
         assert r["lower_bound"] <= r["tight"] <= r["clones_numerical"] * (1 + 1e-6)
+    # the anchors' published numbers, all consistent (benchmarks/published_amplification.py)
+    assert "amplification-published.md" in names and "against the published numbers" in table
+    assert data["published"] and all(r["consistent"] for r in data["published"]
+                                     if r["status"] == "current")
     assert res["total_seconds"] > 0      # its speed is printed by the job, not asserted here
 
 
