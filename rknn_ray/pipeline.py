@@ -81,7 +81,7 @@ def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = Fal
 def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: list[QuerySet],
                       all_qs: QuerySet, public_emb: np.ndarray, rounds=(),
                       progress=None, connection=None) -> tuple[np.ndarray, "Labeling", dict]:
-    """The non-private reference's labels, the one place they are made (rknn_ray.reference
+    """The non-private reference's labels, the one place they are made (rknn_ray.job.reference
     and a run's diagnostics): exact counts of ``query_sets``, labelled as a private run's
     released counts are (:func:`finish_labels`, ``all_qs`` their union) with no noise.
     ``connection``: as :func:`exact_counts` takes it; None: planned per query set as

@@ -72,7 +72,7 @@ def _noisy_truth(truth, num_classes):
 
 
 def test_the_nonprivate_reference_gives_the_numbers_of_its_old_step_list():
-    from rknn_ray.reference import nonprivate_reference
+    from rknn_ray.job.reference import nonprivate_reference
     cfg = _cfg()
     got = nonprivate_reference(cfg)
     want = _reference_as_listed_before(cfg)
@@ -83,9 +83,10 @@ def test_the_nonprivate_reference_gives_the_numbers_of_its_old_step_list():
 @pytest.mark.parametrize("extra", [[], ["student.input=features"],
                                    ["labels.train_on=queries", "labels.type=hard"]])
 def test_a_baselines_student_gives_the_numbers_of_its_old_step_list(extra):
-    from rknn_ray.baselines.common import prepare, student_from_query_counts
+    from rknn_ray.baselines.common import student_from_query_counts
+    from rknn_ray.job.stages import prepare_baseline
     cfg = _cfg(*extra)
-    setup = prepare(cfg)
+    setup = prepare_baseline(cfg)
     got = student_from_query_counts(setup, _noisy_truth(setup.query_truth, setup.num_classes))
     assert got[:2] == _baseline_student_as_listed_before(cfg, _noisy_truth)
 

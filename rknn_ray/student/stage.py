@@ -87,7 +87,7 @@ def student_inputs(cfg, data: "PreparedData", encoder, lab: "Labeling", qs: "Que
     """The student's training set from a Labeling: public images (or the public encoder's
     features, ``student.input: features``), labelled by propagation (``labels.train_on:
     public``) or only the queries (``queries``). Used by jobs.distill on released labels,
-    by rknn_ray.reference on the non-private ones and by the baselines, so all train the
+    by rknn_ray.job.reference on the non-private ones and by the baselines, so all train the
     same student. ``config``: a StudentConfig in place of the config's (the baselines')."""
     scfg = StudentConfig.from_config(cfg) if config is None else config
     sp, eval_x, image_shape = data.splits, data.splits.eval_x, data.image_shape
