@@ -102,7 +102,7 @@ def label_only_cell(cell: dict, args) -> dict:
     from rknn_ray.config import load_config
     from rknn_ray.job.rounds import planned_rounds
     from rknn_ray.job.session import RoundResult
-    from rknn_ray.pipeline import finish_labels, prepare_stages
+    from rknn_ray.job.stages import finish_labels, prepare_stages
     from rknn_ray.labeling.stage import exact_counts, round_query_counts
     from rknn_ray.labeling.queries import union_of_rounds
     from rknn_ray.rng import seeded_generator

@@ -9,7 +9,7 @@ Issue 37 item 3. Where the shift goes: under jobs/configs/fmnist_central.yaml's 
 the private records are the 60,000 training images, the public set is a seeded half (5,000)
 of the test images and the evaluation set the other half (rknn_ray.data.splits). The public
 set is all the method sees besides the private votes: the HOG+PCA encoder is fitted on it
-(rknn_ray.pipeline.fit_queries), the k-means queries are its samples, the connection rules
+(rknn_ray.job.stages.fit_queries), the k-means queries are its samples, the connection rules
 price from it, and the student trains on it. So each shift is applied to the public part
 only, before the encoder is fitted, while the private records and the evaluation set stay as
 the paper split has them (the student is measured on the private holders' distribution):
@@ -144,7 +144,7 @@ class CachedEncoder:
 
 
 def queries_at(cfg, public_emb: np.ndarray, s: int):
-    """The s k-means queries of the public embeddings, as rknn_ray.pipeline.fit_queries
+    """The s k-means queries of the public embeddings, as rknn_ray.job.stages.fit_queries
     picks them (every public sample when s equals the public size)."""
     from rknn_ray.labeling.queries import QuerySet, select_queries
     if s == len(public_emb):
@@ -191,7 +191,7 @@ def gap_profile(exact: np.ndarray, noise_std: float) -> dict:
 
 def labels_for(cfg, data, counts, qs, public_emb, eps: float | None, k: int):
     from rknn_ray.mechanisms.stage import noise_std_per_count
-    from rknn_ray.pipeline import finish_labels
+    from rknn_ray.job.stages import finish_labels
     std = 0.0 if eps is None else noise_std_per_count(cfg, data, k=k, s=qs.size, eps=eps)
     return finish_labels(cfg, data, np.asarray(counts, dtype=float), qs, public_emb, [],
                          noise_std=std)
@@ -239,7 +239,8 @@ def main(argv=None) -> int:
     from rknn_ray.config import load_config
     from rknn_ray.data.prepared import partitioned
     from rknn_ray.mechanisms.stage import mechanism_for
-    from rknn_ray.pipeline import prepare_data, resolve_auto, resolve_connection
+    from rknn_ray.data.prepared import prepare_data
+    from rknn_ray.job.stages import resolve_auto, resolve_connection
     from rknn_ray.representation.stage import encoder_from_config
     from rknn_ray.student.stage import train_on_labels
     from rknn_ray.plots import plt, save_png

@@ -53,7 +53,7 @@ from jobs.writers import (accuracy_vs_eps_png, fmt, print_result, rows_markdown,
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import BudgetStore, mark_started
 from rknn_ray.accounting.source_identity import private_data_digest
-from rknn_ray.job.stages import prepare_baseline
+from rknn_ray.job.baselines import prepare_baseline
 from rknn_ray.baselines.registry import BASELINES, run_baseline
 from rknn_ray.config import load_config
 from rknn_ray.runio import write_json, write_text

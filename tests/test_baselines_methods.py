@@ -11,7 +11,7 @@ from rknn_ray.accounting.events import (ApproxDpEvent, SelectiveRRDpEvent, Subsa
                                         event_from_dict, event_to_dict)
 from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
 from rknn_ray.baselines.common import BaselineRow, fit_classifiers
-from rknn_ray.job.stages import prepare_baseline
+from rknn_ray.job.baselines import prepare_baseline
 from rknn_ray.baselines.registry import BASELINES, run_baseline
 from rknn_ray.baselines.events import dpsgd_event, gnmax_event
 from rknn_ray.config import load_config

@@ -90,9 +90,7 @@ ALLOWED = {
                             "rknn_ray.labeling", "rknn_ray.rng"],
     "rknn_ray.client_step": ["rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.rng",
                              "sealing"],
-    "rknn_ray.pipeline": ["rknn_ray.data", "rknn_ray.labeling", "rknn_ray.mechanisms",
-                          "rknn_ray.representation", "rknn_ray.student"],
-    # the baselines' shared setup is the job layer's (rknn_ray.job.stages.prepare_baseline)
+    # the baselines' shared setup is the job layer's (rknn_ray.job.baselines.prepare_baseline)
     "rknn_ray.baselines": ["rknn_ray.accounting", "rknn_ray.labeling", "rknn_ray.report_row",
                            "rknn_ray.rng", "rknn_ray.student"],
     # config.py composes the sections each package declares (rknn_ray/<package>/config.py)
@@ -103,9 +101,9 @@ ALLOWED = {
     "rknn_ray.job": ["actors", "rknn_ray", "rknn_ray.accounting", "rknn_ray.baselines",
                      "rknn_ray.client_step", "rknn_ray.config", "rknn_ray.data",
                      "rknn_ray.errors", "rknn_ray.interrupts", "rknn_ray.labeling",
-                     "rknn_ray.mechanisms", "rknn_ray.pipeline", "rknn_ray.plots", "rknn_ray.rng",
-                     "rknn_ray.runio", "rknn_ray.shard_secrets", "rknn_ray.student",
-                     "rknn_ray.training", "sealing"],
+                     "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.representation",
+                     "rknn_ray.rng", "rknn_ray.runio", "rknn_ray.shard_secrets",
+                     "rknn_ray.student", "rknn_ray.training", "sealing"],
 }
 #: folder cycles tolerated (none: config.py composes the sections, data never imports it)
 KNOWN_FOLDER_CYCLES: list = []
@@ -242,7 +240,7 @@ def test_orchestration_layer_sits_between_actors_and_jobs():
     """rknn_ray.job is its own layer: above actors, below jobs; no other rknn_ray module
     (and no party package) imports it, and the CLIs reach the actors through it."""
     assert layer_of("actors.server") < layer_of("rknn_ray.job.session") < layer_of("jobs.distill")
-    assert layer_of("rknn_ray.job") > layer_of("rknn_ray.pipeline")
+    assert layer_of("rknn_ray.job") > layer_of("rknn_ray.labeling.stage")
     graph = import_graph()
     assert "rknn_ray.job.session" in graph and "rknn_ray.job.runner" in graph
     into_job = sorted(a for a, deps in graph.items() for b in deps
@@ -255,7 +253,7 @@ def test_orchestration_layer_sits_between_actors_and_jobs():
 
 
 def test_layer_rule_catches_the_library_importing_the_orchestration_layer():
-    assert layer_of("rknn_ray.job.session") > layer_of("rknn_ray.pipeline")
+    assert layer_of("rknn_ray.job.session") > layer_of("rknn_ray.labeling.stage")
     assert layer_of("rknn_ray.jobless") == LAYERS["rknn_ray"]   # a prefix, not a substring
 
 

@@ -2,7 +2,7 @@
 RDP conversion and noise calibration, the student, and the row (the report-row schema).
 
 All baselines run on exactly the data reverse k-NN runs on: the job layer's
-``rknn_ray.job.stages.prepare_baseline`` runs ``prepare_stages`` (same dataset, split,
+``rknn_ray.job.baselines.prepare_baseline`` runs ``prepare_stages`` (same dataset, split,
 partition into clients, same public encoder and the same ``s`` k-means queries). A labeling baseline labels
 those ``s`` queries privately; the labels propagate to the public set along the
 query clusters and ``rknn_ray.student.stage.train_on_labels`` trains the project's student
@@ -58,8 +58,8 @@ class BaselineSetup:
 
     @classmethod
     def from_stages(cls, st, seconds: float = 0.0) -> "BaselineSetup":
-        """The setup of a run's prepared stages (``rknn_ray.pipeline.Stages``: data, encoder,
-        queries; the job layer prepares them, rknn_ray.job.stages.prepare_baseline), its
+        """The setup of a run's prepared stages (``rknn_ray.job.stages.Stages``: data, encoder,
+        queries; the job layer prepares them, rknn_ray.job.baselines.prepare_baseline), its
         private and evaluation records embedded with the public encoder."""
         st.data.require_private_rows("a baseline")
         sp = st.data.splits

@@ -1,6 +1,6 @@
 """Every baseline by name, each run the same way: ``run(setup, eps, delta, ledger) -> row``.
 
-``setup`` is the prepared data (rknn_ray.job.stages.prepare_baseline), ``eps`` the target,
+``setup`` is the prepared data (rknn_ray.job.baselines.prepare_baseline), ``eps`` the target,
 ``delta`` the delta a method states its guarantee at where it has a choice, ``ledger`` the
 PrivacyLedger its release is recorded in (None: one of its own, in memory). The row is a
 :class:`~rknn_ray.baselines.common.BaselineRow`: the report-row schema of every other

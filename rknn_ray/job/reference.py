@@ -6,7 +6,7 @@ counts. It is what the privacy costs are measured against (the "Non-priv Acc." c
 of paper 000, Table 1). No privacy guarantee covers anything computed here: the
 results are marked ``"private": false`` and the folder gets a README saying so.
 Nothing is released and no ledger is touched (no mechanism runs). The stages are
-rknn_ray.pipeline's sequences (prepare_stages, nonprivate_labels) and the student stage's
+rknn_ray.job.stages' sequences (prepare_stages, nonprivate_labels) and the student stage's
 train_on_labels, the same ones a private run and its diagnostics call. It is a job (it
 trains the student with Ray Train and writes a folder), so it sits in the job layer, above
 the sequences it runs.
@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from rknn_ray.errors import ConfigError
-from rknn_ray.pipeline import nonprivate_labels, prepare_stages
+from rknn_ray.job.stages import nonprivate_labels, prepare_stages
 from rknn_ray.runio import write_text
 from rknn_ray.student.stage import train_on_labels
 

@@ -25,7 +25,7 @@ def train_semi(cfg, data: "PreparedData", encoder, lab: "Labeling", info: dict, 
                progress=None):
     """The semi-supervised student (rknn_ray.student.semi) on every public sample, with the
     released (smoothed) labels weighted by their confidence (``info["confidence"]`` from
-    :func:`rknn_ray.pipeline.finish_labels`, read only); initialized from the contrastive
+    :func:`rknn_ray.job.stages.finish_labels`, read only); initialized from the contrastive
     encoder's backbone when there is one and ``student.init: encoder``."""
     from rknn_ray.student.semi import train_semi_student      # torch
     st = cfg.student
