@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import ray
 
 from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.ledger import recosted
 from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget, mark_driver
 from rknn_ray.accounting.source_identity import job_source, legacy_release_name
 from rknn_ray.errors import DataError, first_line
@@ -79,9 +80,12 @@ class RunResult:
                    else "it is not a run folder")
             raise DataError(f"{run_dir} has no report.json: {why}")
         report = _read_json(report_path)
+        # what it shows beside its events is a cache: recomputed from them
+        report = {**report, "privacy": recosted(report["privacy"])}
         labels = pq.read_table(os.path.join(run_dir, RUN_FILES["labels"]),
                                columns=["label"]).column("label").to_numpy()
-        ledger = _read_json(os.path.join(run_dir, RUN_FILES["ledger"]))
+        ledger = recosted({"ledger": _read_json(os.path.join(run_dir, RUN_FILES["ledger"]))})[
+            "ledger"]
         last = report["privacy"]["rounds"][-1]
         # a report written before its rounds carried their event: the ledger's last release
         # is that round (rounds are recorded in order); its eps is recomputed from the event
