@@ -43,7 +43,7 @@ def measure(config: str, fractions: list[float], seeds: int,
     from rknn_ray.config import load_config  # defers yaml
     from rknn_ray.labeling.stage import exact_counts  # defers faiss
     from rknn_ray.mechanisms.stage import mechanism_for  # defers faiss
-    from rknn_ray.job.stages import finish_labels, prepare_stages  # defers faiss
+    from rknn_ray.job.stages import finish_labels, prepare_stages  # defers ray, faiss
     from rknn_ray.student.stage import train_on_labels  # defers torch
     rows = []
     data = None
