@@ -218,6 +218,20 @@ def test_run_is_a_plain_import_of_the_job_package():
     assert hook.startswith("actors.") and not import_graph()[hook.rpartition(".")[0]]
 
 
+def test_importing_the_library_loads_neither_ray_nor_the_job_layer():
+    """``rknn_ray.run`` is reached on first use: a process that imports the library (a Ray
+    worker, an opener) does not pay for Ray and the job layer, and ``rknn_ray.run`` is the
+    job layer's ``run``."""
+    import subprocess
+    import sys
+    code = ("import sys, rknn_ray, rknn_ray.labeling.stage; "
+            "print(sorted(m for m in ('ray', 'rknn_ray.job') if m in sys.modules)); "
+            "from rknn_ray.job.api import run; print(rknn_ray.run is run)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
+
+
 def test_accounting_imports_no_mechanism():
     """Guarantees are the accountant's (rknn_ray.accounting.guarantee); mechanisms give
     their events. The empirical audit, which runs mechanisms, sits in benchmarks."""
