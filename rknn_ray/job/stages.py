@@ -10,8 +10,9 @@ encoder, the mechanism, the labels and the connection plan, the student;
 :func:`finish_labels` (released counts -> labels and their confidence),
 :func:`nonprivate_labels` (the one non-private reference: exact counts -> labels). The
 job, its diagnostics, the non-private reference (:mod:`.reference`), the baselines' setup
-(:mod:`.baselines`) and the benchmarks call them instead of re-listing the steps. They chain stages the library's packages sit on side by side, so
-they are the job layer's; no Ray here.
+(:mod:`.baselines`) and the benchmarks call them instead of re-listing the steps. They
+chain stage packages that sit side by side below the job, so they are the job layer's; no
+Ray here.
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: lis
     and a run's diagnostics): exact counts of ``query_sets``, labelled as a private run's
     released counts are (:func:`finish_labels`, ``all_qs`` their union) with no noise.
     ``connection``: as :func:`exact_counts` takes it; None: planned per query set as
-    ``rknn.connection`` says (:func:`connection_plan`, public data only).
+    ``rknn.connection`` says (:func:`~rknn_ray.labeling.stage.connection_plan`, public data
+    only).
     NOT private: returns (exact counts, Labeling, label info)."""
     if connection is None:
         rule = resolve_connection(cfg, data, public_emb, query_sets[0])[0]

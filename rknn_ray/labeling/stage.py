@@ -1,6 +1,7 @@
 """The labelling stages read from a run config: the exact answers and counts (the non-private
 reference only), labels derived from released counts (propagated, or smoothed over the public
-graph), and the rounds plan (new queries and the (eps, delta) share per round)."""
+graph), the rounds plan (new queries and the (eps, delta) share per round), and a round's
+connection plan (public data only)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
