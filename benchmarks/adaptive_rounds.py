@@ -30,6 +30,12 @@ import sys
 
 import numpy as np
 
+from jobs.experiments import Job, Runner
+from jobs.writers import markdown_table, write_tables
+from rknn_ray.config import load_config
+from rknn_ray.labeling.queries import union_of_rounds
+from rknn_ray.rng import seeded_generator
+
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs",
                               "digits_central.yaml")
 
@@ -77,8 +83,6 @@ def selection_fields(report: dict) -> dict:
 
 def cell_job(cell: dict, args):
     """A full jobs.distill run of the cell, as an experiment-runner job (runs/<name>)."""
-    from jobs.experiments import Job
-    from rknn_ray.config import load_config
     over = ["run.progress=false", f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
             "privacy.budget_eps=1000000", f"rounds.count={cell['T']}",
             *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
@@ -98,14 +102,12 @@ def label_only_cell(cell: dict, args) -> dict:
     from a generator seeded by (seed, round), so the ``uncertain`` and ``farthest`` runs of
     one (seed, T) share their round-1 release exactly (a paired comparison of the
     selection): a simulation, NOT private."""
+    # defers ray, faiss and dp_accounting (the job layer): full-job cells never load them here
     from rknn_ray.accounting import PrivacyLedger, guarantee_of
-    from rknn_ray.config import load_config
     from rknn_ray.job.rounds import planned_rounds
     from rknn_ray.job.session import RoundResult
-    from rknn_ray.pipeline import finish_labels, prepare_stages
+    from rknn_ray.job.stages import finish_labels, prepare_stages
     from rknn_ray.labeling.stage import exact_counts, round_query_counts
-    from rknn_ray.labeling.queries import union_of_rounds
-    from rknn_ray.rng import seeded_generator
     over = [f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
             f"rounds.count={cell['T']}",
             *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
@@ -163,7 +165,6 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 
 def to_markdown(table: list[dict]) -> str:
-    from jobs.writers import markdown_table
     lines = markdown_table(
         ("eps (total)", "T", "rounds t>=1 select", "queries", "eps spent",
          "label acc (mean ± sd)", "student acc (mean ± sd)", "seeds"),
@@ -174,7 +175,7 @@ def to_markdown(table: list[dict]) -> str:
 
 
 def plot(table: list[dict], path: str) -> None:
-    from rknn_ray.plots import plt, save_png
+    from rknn_ray.plots import plt, save_png  # defers matplotlib
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, what in zip(axes, ("label", "student")):
         for eps in sorted({r["eps"] for r in table}, reverse=True):
@@ -200,8 +201,6 @@ def plot(table: list[dict], path: str) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    from jobs.experiments import Job, Runner
-    from jobs.writers import write_tables
     todo = cells(args)
     jobs = [Job(cell_name(c), dict(c), call=(lambda c=c: label_only_cell(c, args)))
             for c in todo] if args.labels_only else \

@@ -18,6 +18,9 @@ import math
 import sys
 import time
 
+from rknn_ray.accounting.bound_choice import get_bound
+from rknn_ray.accounting.shuffle_pld import (composed_eps, histogram_lower_pair, pld_from_pair,
+                                             round_pld, rr_lower_pair)
 from rknn_ray.errors import ConfigError
 
 
@@ -42,7 +45,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def lower_pair(mechanism: str, eps0: float, n: int, size: int | None):
     """The explicit pair whose composition bounds every valid composition from below."""
-    from rknn_ray.accounting.shuffle_pld import histogram_lower_pair, rr_lower_pair
     if mechanism == "generic":
         return rr_lower_pair(eps0, n), "shuffled binary RR, the others holding user 1's alternative"
     p = math.exp(eps0)
@@ -54,8 +56,6 @@ def lower_pair(mechanism: str, eps0: float, n: int, size: int | None):
 
 
 def measure(args) -> dict:
-    from rknn_ray.accounting.bound_choice import get_bound
-    from rknn_ray.accounting.shuffle_pld import composed_eps, pld_from_pair, round_pld
     params = {} if args.mechanism == "generic" else (
         {"k": args.size} if args.mechanism == "krr" else {"l": args.size, "c": 1})
     bound = get_bound(args.bound, args.mechanism, **params) if args.mechanism != "generic" \

@@ -9,7 +9,7 @@ Issue 37 item 3. Where the shift goes: under jobs/configs/fmnist_central.yaml's 
 the private records are the 60,000 training images, the public set is a seeded half (5,000)
 of the test images and the evaluation set the other half (rknn_ray.data.splits). The public
 set is all the method sees besides the private votes: the HOG+PCA encoder is fitted on it
-(rknn_ray.pipeline.fit_queries), the k-means queries are its samples, the connection rules
+(rknn_ray.job.stages.fit_queries), the k-means queries are its samples, the connection rules
 price from it, and the student trains on it. So each shift is applied to the public part
 only, before the encoder is fitted, while the private records and the evaluation set stay as
 the paper split has them (the student is measured on the private holders' distribution):
@@ -52,6 +52,17 @@ import time
 
 import numpy as np
 
+from jobs.writers import markdown_table
+from rknn_ray.config import load_config
+from rknn_ray.data.prepared import partitioned, prepare_data
+from rknn_ray.labeling.connection import RULES, plan_connection
+from rknn_ray.labeling.queries import QuerySet, select_queries
+from rknn_ray.mechanisms.stage import mechanism_for, noise_std_per_count
+from rknn_ray.representation.stage import encoder_from_config
+from rknn_ray.rng import seeded_generator
+from rknn_ray.runio import write_json
+from rknn_ray.student.stage import train_on_labels
+
 SHIFTS = ("none", "label", "covariate")
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "jobs", "configs")
 
@@ -60,7 +71,6 @@ def dirichlet_subsample(y: np.ndarray, alpha: float, seed: int,
                         num_classes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(sorted indices into ``y``, target proportions): the largest subsample of ``y`` whose
     class counts follow proportions drawn from Dirichlet(alpha, ..., alpha), seeded."""
-    from rknn_ray.rng import seeded_generator
     y = np.asarray(y, dtype=np.int64)
     c = int(num_classes or y.max() + 1)
     if alpha <= 0:
@@ -79,7 +89,6 @@ def dirichlet_subsample(y: np.ndarray, alpha: float, seed: int,
 def covariate_shift(x: np.ndarray, contrast: float, noise: float, seed: int) -> np.ndarray:
     """Images in [0, 1] with contrast scaled by ``contrast`` about each image's mean and
     Gaussian noise of std ``noise`` added, clipped back to [0, 1]; float32, seeded."""
-    from rknn_ray.rng import seeded_generator
     if not 0 <= contrast <= 1 or noise < 0:
         raise ValueError(f"contrast = {contrast} must be in [0, 1] and noise = {noise} >= 0")
     x = np.asarray(x, dtype=np.float32)
@@ -144,9 +153,8 @@ class CachedEncoder:
 
 
 def queries_at(cfg, public_emb: np.ndarray, s: int):
-    """The s k-means queries of the public embeddings, as rknn_ray.pipeline.fit_queries
+    """The s k-means queries of the public embeddings, as rknn_ray.job.stages.fit_queries
     picks them (every public sample when s equals the public size)."""
-    from rknn_ray.labeling.queries import QuerySet, select_queries
     if s == len(public_emb):
         idx = np.arange(len(public_emb), dtype=np.int64)
         return QuerySet(np.ascontiguousarray(public_emb, dtype=np.float32), idx, idx.copy(), 0.0)
@@ -158,8 +166,7 @@ def queries_at(cfg, public_emb: np.ndarray, s: int):
 def rule_counts(encoder, data, qs, k: int, rule: str, price_emb):
     """Exact (s, |Y|) counts (NOT private), the RecordAnswers and the plan's facts under one
     connection rule, planned on ``price_emb`` (the public embeddings, as a run does)."""
-    from rknn_ray.labeling.connection import plan_connection
-    from rknn_ray.labeling.stage import exact_answers
+    from rknn_ray.labeling.stage import exact_answers  # defers faiss
     conn = plan_connection(rule, price_emb, qs.features, k)
     ans = exact_answers(encoder, data, qs, k, connection=conn)
     return ans.counts(), ans, conn.describe()
@@ -171,7 +178,6 @@ def private_sample(encoder, data, args, size: int = 5000) -> np.ndarray:
     records (the public samples keep every query's score > 0: the harmonic objective is 0
     while any query has none). A simulation diagnostic only; no private method may plan on
     private records."""
-    from rknn_ray.rng import seeded_generator
     x = data.splits.private_x
     idx = np.sort(seeded_generator(args.seed + 17).choice(len(x), min(size, len(x)),
                                                           replace=False))
@@ -190,8 +196,7 @@ def gap_profile(exact: np.ndarray, noise_std: float) -> dict:
 
 
 def labels_for(cfg, data, counts, qs, public_emb, eps: float | None, k: int):
-    from rknn_ray.mechanisms.stage import noise_std_per_count
-    from rknn_ray.pipeline import finish_labels
+    from rknn_ray.job.stages import finish_labels  # defers ray, faiss (the job layer)
     std = 0.0 if eps is None else noise_std_per_count(cfg, data, k=k, s=qs.size, eps=eps)
     return finish_labels(cfg, data, np.asarray(counts, dtype=float), qs, public_emb, [],
                          noise_std=std)
@@ -223,7 +228,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench_out/domain_shift")
     args = ap.parse_args(argv)
 
-    from rknn_ray.labeling.connection import RULES
     rules = list(args.rules or RULES)
     missing = [r for r in rules if r not in RULES]
     if missing:
@@ -236,19 +240,13 @@ def main(argv=None) -> int:
               "positive values", file=sys.stderr)
         return 2
 
-    from rknn_ray.config import load_config
-    from rknn_ray.data.prepared import partitioned
-    from rknn_ray.mechanisms.stage import mechanism_for
-    from rknn_ray.pipeline import prepare_data, resolve_auto, resolve_connection
-    from rknn_ray.representation.stage import encoder_from_config
-    from rknn_ray.student.stage import train_on_labels
+    # defers ray, faiss (the job layer), matplotlib: --help and bad arguments load none
+    from rknn_ray.job.stages import resolve_auto, resolve_connection
     from rknn_ray.plots import plt, save_png
-    from rknn_ray.rng import seeded_generator
-    from rknn_ray.runio import write_json
 
     os.makedirs(args.out, exist_ok=True)
     if not args.no_student and args.trainer == "ray":
-        from rknn_ray.job.ray_env import ensure_ray
+        from rknn_ray.job.ray_env import ensure_ray  # defers ray: only the Ray trainer
         ensure_ray()
     common = [f"run.seed={args.seed}", f"student.epochs={args.epochs}", "run.progress=false",
               f"student.trainer={args.trainer}"]
@@ -367,7 +365,6 @@ def main(argv=None) -> int:
 
 def table_lines(rows) -> list[str]:
     """The markdown table of docs/results.md from result rows (results.json's ``rows``)."""
-    from jobs.writers import markdown_table
     table = [[r["shift"], r["model"], f"{r['eps']:g}",
               r["rule"] + ("" if r.get("priced_on", "public") == "public"
                            else " (priced on public + private sample)"),

@@ -31,6 +31,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from rknn_ray.accounting.guarantee import guarantee_of
 from rknn_ray.mechanisms.exact import negative_binomial
 from rknn_ray.rng import seeded_generator
 from jobs.experiments import markdown_table
@@ -42,7 +43,7 @@ def measure(config: str, fractions: list[float], seeds: int,
     from rknn_ray.config import load_config  # defers yaml
     from rknn_ray.labeling.stage import exact_counts  # defers faiss
     from rknn_ray.mechanisms.stage import mechanism_for  # defers faiss
-    from rknn_ray.pipeline import finish_labels, prepare_stages  # defers faiss
+    from rknn_ray.job.stages import finish_labels, prepare_stages  # defers ray, faiss
     from rknn_ray.student.stage import train_on_labels  # defers torch
     rows = []
     data = None
@@ -80,7 +81,7 @@ def measure(config: str, fractions: list[float], seeds: int,
                      "noise_senders": mech.n_honest, "clients": mech.n_cal,
                      "noise_std_per_count": std,
                      "messages_per_client_expected": mech.describe()["messages_per_client_expected"],
-                     "eps": mech.cal.eps, "label_accuracy": accs,
+                     "eps": guarantee_of(mech).eps, "label_accuracy": accs,
                      "label_accuracy_median": float(np.median(accs)),
                      "label_accuracy_exact_counts": float(exact_lab.label_accuracy),
                      "student_accuracy": students,

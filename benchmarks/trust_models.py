@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     from rknn_ray.data.sources import dataset_sources  # defers faiss
     from rknn_ray.labeling.stage import derive_labels, exact_answers  # defers faiss
     from rknn_ray.mechanisms.stage import mechanism_for  # defers faiss
-    from rknn_ray.pipeline import prepare_stages  # defers faiss
+    from rknn_ray.job.stages import prepare_stages  # defers ray, faiss (the job layer)
     from rknn_ray.plots import plt, save_png  # defers matplotlib
     from rknn_ray.student import StudentConfig, train_student, train_student_local  # defers torch
 

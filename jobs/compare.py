@@ -53,7 +53,7 @@ from jobs.writers import (accuracy_vs_eps_png, fmt, print_result, rows_markdown,
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.budget_store import BudgetStore, mark_started
 from rknn_ray.accounting.source_identity import private_data_digest
-from rknn_ray.baselines.common import prepare
+from rknn_ray.job.baselines import prepare_baseline
 from rknn_ray.baselines.registry import BASELINES, run_baseline
 from rknn_ray.config import load_config
 from rknn_ray.runio import write_json, write_text
@@ -173,7 +173,7 @@ def baseline_setup(dataset: str, seed: int = 0, student_epochs: int | None = Non
     cfg = load_config(config_path(dataset, "central"),
                       _overrides(seed, student_epochs)
                       + ([f"queries.s={baseline_s}"] if baseline_s else []))
-    return dataclasses.replace(prepare(cfg), party_hosts=RayParties,
+    return dataclasses.replace(prepare_baseline(cfg), party_hosts=RayParties,
                                party_shards=NFDP_SHARDS.get(dataset, 2))
 
 

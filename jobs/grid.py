@@ -20,7 +20,7 @@ neither spent nor in the way. An axis left out takes the base config's value.
 * ``--s`` / ``--k``: numbers or ``auto`` (rknn_ray.labeling.autotune picks them per cell).
 
 Per (encoder, resolved s, resolved k, seed) the grid also runs the NON-PRIVATE reference
-of the same pipeline (rknn_ray.reference: exact counts, same labels and student) in
+of the same pipeline (rknn_ray.job.reference: exact counts, same labels and student) in
 ``--out``/reference/ (a README there says NOT PRIVATE); ``--no-reference`` skips it.
 Private run folders never hold it.
 
@@ -53,7 +53,7 @@ from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
 from rknn_ray.job.resources import validate_resources
 from rknn_ray.paper_numbers import matching, paper_rows
-from rknn_ray.reference import NOT_PRIVATE, nonprivate_reference
+from rknn_ray.job.reference import NOT_PRIVATE, nonprivate_reference
 from rknn_ray.rng import NOT_PRIVATE as SEEDED_NOT_PRIVATE
 from rknn_ray.rng import check_consent
 from rknn_ray.runio import write_json

@@ -36,6 +36,7 @@ import time
 from jobs.experiments import STAGES   # the job's own stages, in order
 from jobs.experiments import NAN, empty_row, report_row, stage_seconds
 from jobs.signals import reader_gone
+from rknn_ray.errors import RknnError, first_line
 from rknn_ray.runio import write_text
 
 REPORT = "report.json"
@@ -81,6 +82,21 @@ def _check_shape(path: str, doc, sections=SECTIONS) -> dict:
     return doc
 
 
+def _recosted(path: str, report: dict) -> dict:
+    """The report with the (eps, delta) it shows beside its events recomputed from them
+    (rknn_ray.accounting.ledger.recosted): what it stores there is a cache."""
+    if not (report.get("privacy") or {}).get("ledger"):
+        return report
+    # defers dp_accounting and scipy: a report of runs without events never loads them
+    from rknn_ray.accounting.ledger import recosted
+    try:
+        return {**report, "privacy": recosted(report["privacy"])}
+    except (RknnError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ReportError(f"{path}: its privacy events cannot be costed ({first_line(exc)}); "
+                          "the run was written by another version: read it with that "
+                          "version, or run the job again") from None
+
+
 def find_runs(folder: str, max_depth: int = MAX_DEPTH) -> list[str]:
     """Run folders (with report.json or incomplete.json) below ``folder``, sorted by path."""
     found = []
@@ -105,7 +121,7 @@ def load_run(folder: str) -> dict:
            "diagnostics": os.path.isdir(os.path.join(folder, "diagnostics"))}
     rp, ip = os.path.join(folder, REPORT), os.path.join(folder, INCOMPLETE)
     if os.path.isfile(rp):
-        run["report"] = _check_shape(rp, _read_json(rp))
+        run["report"] = _recosted(rp, _check_shape(rp, _read_json(rp)))
     elif os.path.isfile(ip):
         run["incomplete"] = _check_shape(ip, _read_json(ip), ())
         run["release_saved"] = os.path.isfile(os.path.join(folder, "release.npz"))

@@ -18,6 +18,8 @@ from rknn_ray import moved as _moved
 _moved.install()        # pickles made before the stage packages still load (rknn_ray/moved.py)
 
 
+# lazy, not a plain import: importing the job layer costs every ``import rknn_ray.<anything>``
+# (each Ray worker too) Ray and ~2.5 s (docs/results.md, "Costs behind design choices")
 def __getattr__(name: str):
     """``run``: the job layer's entry (rknn_ray.job.api), imported on first use so the library
     never loads the job layer (Ray, the parties) unless a job is run from here."""

@@ -15,7 +15,7 @@ def digits_cfg(*overrides):
 def session_round(cfg, job_id="job-fixed", rounds=1, parties=None, ledger=None, progress=None):
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
-    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.job.stages import fit_queries
     from rknn_ray.data.prepared import prepare_data
     from rknn_ray.data.sources import dataset_sources
     from rknn_ray.mechanisms.stage import mechanism_for

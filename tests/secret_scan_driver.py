@@ -24,7 +24,7 @@ def main(key_store: str) -> None:
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.job.stages import fit_queries
     from rknn_ray.data.prepared import prepare_data
     from rknn_ray.data.sources import dataset_sources
     from rknn_ray.mechanisms.stage import mechanism_for

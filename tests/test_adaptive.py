@@ -104,7 +104,7 @@ def test_next_round_never_reads_private_records_or_public_labels():
 
     from rknn_ray.job.session import RoundResult
     from rknn_ray.config import load_config
-    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.job.stages import fit_queries
     from rknn_ray.data.prepared import prepare_data
     from rknn_ray.labeling.stage import exact_answers
     from rknn_ray.mechanisms.stage import mechanism_for

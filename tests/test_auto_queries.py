@@ -8,7 +8,7 @@ import pytest
 
 from rknn_ray.config import load_config
 from rknn_ray.mechanisms.shuffle_multi import AUTO_DLAP_SHARES, DEFAULT_DLAP_SHARE
-from rknn_ray.pipeline import resolve_auto
+from rknn_ray.job.stages import resolve_auto
 from rknn_ray.data.prepared import prepare_data
 from rknn_ray.mechanisms.stage import free_dlap_shares, multi_message_s_cap
 

@@ -10,7 +10,8 @@ from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.events import (ApproxDpEvent, SelectiveRRDpEvent, SubsampleDpEvent,
                                         event_from_dict, event_to_dict)
 from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
-from rknn_ray.baselines.common import BaselineRow, fit_classifiers, prepare
+from rknn_ray.baselines.common import BaselineRow, fit_classifiers
+from rknn_ray.job.baselines import prepare_baseline
 from rknn_ray.baselines.registry import BASELINES, run_baseline
 from rknn_ray.baselines.events import dpsgd_event, gnmax_event
 from rknn_ray.config import load_config
@@ -26,7 +27,7 @@ ROW_KEYS = {"method", "dataset", "eps", "delta", "unit", "accuracy", "label_accu
 def setup():
     cfg = load_config("jobs/configs/digits_central.yaml",
                       ["run.progress=false", "student.epochs=2", "student.augment=none"])
-    return prepare(cfg)
+    return prepare_baseline(cfg)
 
 
 def check(result, ledger, event_type, unit="record", target=None):
@@ -166,7 +167,7 @@ def test_baselines_train_the_configs_feature_student_and_resolve_auto_s():
     cfg = load_config("jobs/configs/digits_central.yaml",
                       ["run.progress=false", "student.epochs=2", "student.input=features",
                        "queries.s=auto", "rknn.k=auto"])
-    st = prepare(cfg)
+    st = prepare_baseline(cfg)
     assert isinstance(st.cfg.queries.s, int) and st.queries.size == st.cfg.queries.s
     truth = np.eye(st.num_classes)[st.query_truth] * 10.0       # exact-looking query counts
     acc, lab_acc, _ = student_from_query_counts(st, truth)

@@ -21,7 +21,7 @@ def _exact_counts(out, rule):
     from rknn_ray.config import load_config
     from rknn_ray.labeling.rknn import build_answers
     from rknn_ray.data.prepared import prepare_data
-    from rknn_ray.pipeline import connection_plan
+    from rknn_ray.labeling.stage import connection_plan
     from rknn_ray.representation.stage import encoder_from_config
     cfg = load_config(str(out / "config.yaml"))
     data = prepare_data(cfg)

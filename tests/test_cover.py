@@ -97,7 +97,7 @@ def _two_rounds(parties, overrides_per_round):
     from rknn_ray.job.progress import Progress
     from rknn_ray.job.session import ProtocolSession
     from rknn_ray.accounting import PrivacyLedger
-    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.job.stages import fit_queries
     from rknn_ray.data.prepared import prepare_data
     from rknn_ray.data.sources import dataset_sources
     from rknn_ray.mechanisms.stage import mechanism_for

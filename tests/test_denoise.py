@@ -7,7 +7,7 @@ import pytest
 from rknn_ray.labeling.autotune import choose_s_k
 from rknn_ray.config import load_config
 from rknn_ray.labeling.denoise import choose_neighbours, public_knn_graph, smooth_counts
-from rknn_ray.pipeline import finish_labels, resolve_auto
+from rknn_ray.job.stages import finish_labels, resolve_auto
 from rknn_ray.data.prepared import PreparedData, prepare_data
 from rknn_ray.labeling.queries import select_queries
 

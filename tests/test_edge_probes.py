@@ -134,12 +134,12 @@ def test_a_signal_before_any_client_randomized_returns_the_reservation(
         tmp_path, monkeypatch, capsys, isolated_privacy_ledger):
     """SIGTERM while the public side runs (before Ray starts): exit 143, incomplete.json, and
     the reservation is returned at once (nothing could be released), not left open."""
-    import rknn_ray.pipeline
+    import rknn_ray.job.stages
     from jobs.signals import JobInterrupted
 
     def terminated(*args, **kwargs):
         raise JobInterrupted(signal.SIGTERM)
-    monkeypatch.setattr(rknn_ray.pipeline, "fit_queries", terminated)
+    monkeypatch.setattr(rknn_ray.job.stages, "fit_queries", terminated)
     out = tmp_path / "early"
     assert main(_args("digits_central.yaml", out)) == 143
     (line,) = _error_lines(capsys.readouterr().err)

@@ -7,7 +7,7 @@ from rknn_ray.representation import contrastive
 from rknn_ray.representation.augment import random_erase, strong_view, weak_view
 from rknn_ray.config import load_config
 from rknn_ray.representation.contrastive import ContrastiveEncoder, encoder_digest, nt_xent
-from rknn_ray.pipeline import fit_queries
+from rknn_ray.job.stages import fit_queries
 from rknn_ray.data.prepared import prepare_data
 from rknn_ray.representation.represent import HOGEncoder, make_encoder
 
@@ -143,7 +143,7 @@ def test_the_job_starts_ray_before_an_encoder_that_trains_on_it(
         expected):
     """The library never starts Ray, so the job does it first when the encoder trains on Ray
     Train: after the budget reservation (nothing randomized yet), before the encoder."""
-    import rknn_ray.pipeline
+    import rknn_ray.job.stages
     from rknn_ray.accounting.budget_store import BudgetStore
     from rknn_ray.job import run
     cfg, _ = digits_data
@@ -160,7 +160,7 @@ def test_the_job_starts_ray_before_an_encoder_that_trains_on_it(
     def fit_queries(*args, **kwargs):
         events.append("encoder")
         raise RuntimeError("stop after the encoder")
-    monkeypatch.setattr(rknn_ray.pipeline, "fit_queries", fit_queries)
+    monkeypatch.setattr(rknn_ray.job.stages, "fit_queries", fit_queries)
     out = tmp_path / "run"
     out.mkdir()
     if resume:           # a saved release, tagged under this ledger's key (resume checks it first)

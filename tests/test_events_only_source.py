@@ -7,6 +7,7 @@ of its event is refused, the bound of a legacy shuffle event is read as the acco
 choice, and jobs.compare's baselines write each release once, into the compare's store.
 """
 import json
+import os
 import sqlite3
 
 import pytest
@@ -229,3 +230,70 @@ def test_a_run_folder_written_before_rounds_carried_their_event_still_loads(tmp_
     pq.write_table(pa.table({"label": [0, 1, 2]}), tmp_path / RUN_FILES["labels"])
     res = RunResult.from_path(str(tmp_path))
     assert res.guarantee == g and res.guarantee.eps == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- issue 38, second step
+
+def _run_with_tampered_numbers(tmp_path):
+    """A run folder whose report.json and ledger.json hold two real central Laplace rounds
+    (eps 0.5 each, their events beside them), every stored eps then changed by hand."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.job.runner import RUN_FILES
+    from rknn_ray.mechanisms import MechanismParams, build
+    from tests.run_folders import write_run
+    g = guarantee_of(build("central", "laplace", MechanismParams(10, 4, 1, 0.5)))
+    ledger = PrivacyLedger(budget_delta=1e-6, accountant="pld")
+    ledger.record(g, 0)
+    ledger.record(g, 1)
+    folder = write_run(str(tmp_path / "run"), "central", "laplace", eps=1.0)
+    path = os.path.join(folder, RUN_FILES["report"])
+    with open(path) as fh:
+        report = json.load(fh)
+    saved = ledger.to_dict()
+    truth = (saved["total"]["eps"], saved["total"]["delta"])
+    for e in saved["entries"]:
+        e["eps"] = 9.0
+    saved["total"] = {"eps": 9.0, "delta": 0.5}
+    report["privacy"].update(eps=9.0, delta=0.5, ledger=saved,
+                             rounds=[{**g.to_dict(), "eps": 9.0}, {**g.to_dict(), "eps": 9.0}])
+    with open(path, "w") as fh:
+        json.dump(report, fh)
+    with open(os.path.join(folder, RUN_FILES["ledger"]), "w") as fh:
+        json.dump(saved, fh)
+    pq.write_table(pa.table({"label": [0, 1]}), os.path.join(folder, RUN_FILES["labels"]))
+    return folder, truth
+
+
+def test_a_tampered_eps_in_report_json_is_recomputed_from_the_events(tmp_path):
+    """report.json's total, rounds and ledger, and ledger.json, show (eps, delta) as a cache:
+    `rknn-ray report` and RunResult.from_path read the events' cost, not the number."""
+    from jobs.report import load_run, run_row
+    from rknn_ray.job.runner import RunResult
+    folder, truth = _run_with_tampered_numbers(tmp_path)
+    assert truth[0] < 1.0 + 1e-9                 # pld composes two eps-0.5 Laplace rounds
+    p = load_run(folder)["report"]["privacy"]
+    assert (p["eps"], p["delta"]) == truth
+    assert [r["eps"] for r in p["rounds"]] == [0.5, 0.5]
+    assert [e["eps"] for e in p["ledger"]["entries"]] == [0.5, 0.5]
+    assert (p["ledger"]["total"]["eps"], p["ledger"]["total"]["delta"]) == truth
+    assert run_row(load_run(folder))["eps"] == truth[0]
+    res = RunResult.from_path(folder)
+    assert (res.report["privacy"]["eps"], res.guarantee.eps) == (truth[0], 0.5)
+    assert res.ledger["total"]["eps"] == truth[0]
+
+
+def test_a_report_whose_events_cannot_be_costed_is_named_not_shown(tmp_path):
+    from jobs.report import ReportError, load_run
+    from rknn_ray.job.runner import RUN_FILES
+    folder, _ = _run_with_tampered_numbers(tmp_path)
+    path = os.path.join(folder, RUN_FILES["report"])
+    with open(path) as fh:
+        report = json.load(fh)
+    report["privacy"]["ledger"]["entries"][0]["event"] = {"type": "PateDpEvent", "eps": 1.0}
+    with open(path, "w") as fh:
+        json.dump(report, fh)
+    with pytest.raises(ReportError, match="cannot be costed.*PateDpEvent"):
+        load_run(folder)

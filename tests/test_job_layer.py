@@ -133,7 +133,7 @@ def test_round_query_selection_is_the_jobs_own(tmp_path):
     """One selection for the job and the adaptive-rounds benchmark: k-means first, then the
     configured rule, never a query already taken."""
     from rknn_ray.job.rounds import select_round_queries
-    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.job.stages import fit_queries
     ctx = _ctx("rounds.count=2", "rounds.query_selection=farthest", "queries.s=10")
     _, emb, first = fit_queries(ctx.cfg, ctx.data)
     qs, how = select_round_queries(ctx.cfg, ctx.data, 0, emb, [], [], 10, first)
@@ -154,7 +154,7 @@ def test_the_rounds_loop_plans_each_round_from_the_config():
     round before the next is planned."""
     from rknn_ray.job.rounds import planned_rounds
     from rknn_ray.labeling.stage import round_budgets
-    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.job.stages import fit_queries
     ctx = _ctx("rounds.count=3", "rounds.query_selection=farthest", "queries.s=12",
                "rounds.split_queries=true", "rounds.budget_split=[0.2, 0.3, 0.5]")
     _, emb, first = fit_queries(ctx.cfg, ctx.data)
@@ -225,7 +225,7 @@ def test_ensure_ray_is_the_one_start_up_for_a_local_instance_or_a_cluster(monkey
 def test_the_student_stages_leave_the_label_info_alone(tmp_path):
     """No dict is written and popped across modules: the label info is read only, the
     student's inputs describe themselves, and the report's utility is composed once."""
-    from rknn_ray.pipeline import finish_labels, fit_queries
+    from rknn_ray.job.stages import finish_labels, fit_queries
     from rknn_ray.student.stage import student_description, student_inputs
     from rknn_ray.labeling.stage import exact_answers
     ctx = _ctx("queries.s=10", "student.input=features")

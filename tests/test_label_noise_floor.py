@@ -15,7 +15,7 @@ import pytest
 
 from rknn_ray.config import load_config
 from rknn_ray.mechanisms import build
-from rknn_ray.pipeline import fit_queries
+from rknn_ray.job.stages import fit_queries
 from rknn_ray.data.prepared import prepare_data
 from rknn_ray.labeling.stage import derive_labels, exact_answers
 from rknn_ray.mechanisms.stage import mechanism_params

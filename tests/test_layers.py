@@ -16,7 +16,7 @@ import importlib
 
 import pytest
 
-from benchmarks.import_graph import ROOT, cycles, floors, folder, graph, modules
+from benchmarks.import_graph import ROOT, cycles, floors, folder, graph, measure, modules
 from benchmarks.import_graph import scan as scan_tree
 
 
@@ -90,21 +90,20 @@ ALLOWED = {
                             "rknn_ray.labeling", "rknn_ray.rng"],
     "rknn_ray.client_step": ["rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.rng",
                              "sealing"],
-    "rknn_ray.pipeline": ["rknn_ray.data", "rknn_ray.labeling", "rknn_ray.mechanisms",
-                          "rknn_ray.representation", "rknn_ray.student"],
-    "rknn_ray.reference": ["rknn_ray.errors", "rknn_ray.pipeline", "rknn_ray.runio",
-                           "rknn_ray.student"],
-    "rknn_ray.baselines": ["rknn_ray.accounting", "rknn_ray.labeling", "rknn_ray.pipeline",
-                           "rknn_ray.report_row", "rknn_ray.rng", "rknn_ray.student"],
+    # the baselines' shared setup is the job layer's (rknn_ray.job.baselines.prepare_baseline)
+    "rknn_ray.baselines": ["rknn_ray.accounting", "rknn_ray.labeling", "rknn_ray.report_row",
+                           "rknn_ray.rng", "rknn_ray.student"],
     # config.py composes the sections each package declares (rknn_ray/<package>/config.py)
     "rknn_ray.config": ["rknn_ray.data", "rknn_ray.errors", "rknn_ray.keyspec",
                         "rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.representation",
                         "rknn_ray.student"],
-    "rknn_ray.job": ["actors", "rknn_ray", "rknn_ray.accounting", "rknn_ray.client_step",
-                     "rknn_ray.config", "rknn_ray.data", "rknn_ray.errors", "rknn_ray.interrupts",
-                     "rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.pipeline",
-                     "rknn_ray.plots", "rknn_ray.rng", "rknn_ray.runio", "rknn_ray.shard_secrets",
-                     "rknn_ray.student", "rknn_ray.training", "sealing", "server", "shuffler"],
+    # the job reaches the parties (server, shuffler) through their actors only
+    "rknn_ray.job": ["actors", "rknn_ray", "rknn_ray.accounting", "rknn_ray.baselines",
+                     "rknn_ray.client_step", "rknn_ray.config", "rknn_ray.data",
+                     "rknn_ray.errors", "rknn_ray.interrupts", "rknn_ray.labeling",
+                     "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.representation",
+                     "rknn_ray.rng", "rknn_ray.runio", "rknn_ray.shard_secrets",
+                     "rknn_ray.student", "rknn_ray.training", "sealing"],
 }
 #: folder cycles tolerated (none: config.py composes the sections, data never imports it)
 KNOWN_FOLDER_CYCLES: list = []
@@ -134,6 +133,25 @@ def test_every_library_folder_imports_only_what_it_is_allowed():
                       if folder(i.importer) in ALLOWED and folder(i.target) != folder(i.importer)
                       and folder(i.target) not in ALLOWED[folder(i.importer)]})
     assert outside == []
+
+
+def test_each_allowed_list_is_exactly_what_its_folder_imports():
+    """No stale entry: an arrow that is gone leaves the map too, so the map stays the
+    drawing of the library's imports (at any depth), not a list of permissions."""
+    imported = {f: set() for f in ALLOWED}
+    for i in scan():
+        if folder(i.importer) in ALLOWED and folder(i.target) != folder(i.importer):
+            imported[folder(i.importer)].add(folder(i.target))
+    stale = {f: sorted(set(ALLOWED[f]) - imported[f]) for f in ALLOWED
+             if set(ALLOWED[f]) - imported[f]}
+    assert stale == {}
+
+
+def test_no_library_folder_imports_one_on_its_floor_or_above():
+    """The floors of benchmarks/import_graph.py (drawn from module-level imports) have no
+    upward arrow inside the library: a function-level import never reaches a folder on the
+    importer's floor or above (which would tie the layers together where no reader looks)."""
+    assert [u for u in measure()["upward"] if u[0].startswith("rknn_ray")] == []
 
 
 def test_imports_inside_library_functions_say_what_they_defer():
@@ -200,6 +218,20 @@ def test_run_is_a_plain_import_of_the_job_package():
     assert hook.startswith("actors.") and not import_graph()[hook.rpartition(".")[0]]
 
 
+def test_importing_the_library_loads_neither_ray_nor_the_job_layer():
+    """``rknn_ray.run`` is reached on first use: a process that imports the library (a Ray
+    worker, an opener) does not pay for Ray and the job layer, and ``rknn_ray.run`` is the
+    job layer's ``run``."""
+    import subprocess
+    import sys
+    code = ("import sys, rknn_ray, rknn_ray.labeling.stage; "
+            "print(sorted(m for m in ('ray', 'rknn_ray.job') if m in sys.modules)); "
+            "from rknn_ray.job.api import run; print(rknn_ray.run is run)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
+
+
 def test_accounting_imports_no_mechanism():
     """Guarantees are the accountant's (rknn_ray.accounting.guarantee); mechanisms give
     their events. The empirical audit, which runs mechanisms, sits in benchmarks."""
@@ -222,7 +254,7 @@ def test_orchestration_layer_sits_between_actors_and_jobs():
     """rknn_ray.job is its own layer: above actors, below jobs; no other rknn_ray module
     (and no party package) imports it, and the CLIs reach the actors through it."""
     assert layer_of("actors.server") < layer_of("rknn_ray.job.session") < layer_of("jobs.distill")
-    assert layer_of("rknn_ray.job") > layer_of("rknn_ray.pipeline")
+    assert layer_of("rknn_ray.job") > layer_of("rknn_ray.labeling.stage")
     graph = import_graph()
     assert "rknn_ray.job.session" in graph and "rknn_ray.job.runner" in graph
     into_job = sorted(a for a, deps in graph.items() for b in deps
@@ -235,7 +267,7 @@ def test_orchestration_layer_sits_between_actors_and_jobs():
 
 
 def test_layer_rule_catches_the_library_importing_the_orchestration_layer():
-    assert layer_of("rknn_ray.job.session") > layer_of("rknn_ray.pipeline")
+    assert layer_of("rknn_ray.job.session") > layer_of("rknn_ray.labeling.stage")
     assert layer_of("rknn_ray.jobless") == LAYERS["rknn_ray"]   # a prefix, not a substring
 
 

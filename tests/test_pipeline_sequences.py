@@ -1,11 +1,11 @@
-"""The pipeline's sequences are assembled once (rknn_ray.pipeline: prepare_stages,
+"""The pipeline's sequences are assembled once (rknn_ray.job.stages: prepare_stages,
 nonprivate_labels; rknn_ray.student.stage: train_on_labels) and give the numbers the hand-listed steps they
 replaced gave: the non-private reference and a baseline's student, with a fixed seed."""
 import numpy as np
 import pytest
 
 from rknn_ray.config import load_config
-from rknn_ray.pipeline import finish_labels, fit_queries, resolve_auto
+from rknn_ray.job.stages import finish_labels, fit_queries, resolve_auto
 from rknn_ray.data.prepared import prepare_data
 from rknn_ray.student.stage import fit_student, student_inputs
 from rknn_ray.labeling.stage import derive_labels, exact_answers
@@ -72,7 +72,7 @@ def _noisy_truth(truth, num_classes):
 
 
 def test_the_nonprivate_reference_gives_the_numbers_of_its_old_step_list():
-    from rknn_ray.reference import nonprivate_reference
+    from rknn_ray.job.reference import nonprivate_reference
     cfg = _cfg()
     got = nonprivate_reference(cfg)
     want = _reference_as_listed_before(cfg)
@@ -83,15 +83,16 @@ def test_the_nonprivate_reference_gives_the_numbers_of_its_old_step_list():
 @pytest.mark.parametrize("extra", [[], ["student.input=features"],
                                    ["labels.train_on=queries", "labels.type=hard"]])
 def test_a_baselines_student_gives_the_numbers_of_its_old_step_list(extra):
-    from rknn_ray.baselines.common import prepare, student_from_query_counts
+    from rknn_ray.baselines.common import student_from_query_counts
+    from rknn_ray.job.baselines import prepare_baseline
     cfg = _cfg(*extra)
-    setup = prepare(cfg)
+    setup = prepare_baseline(cfg)
     got = student_from_query_counts(setup, _noisy_truth(setup.query_truth, setup.num_classes))
     assert got[:2] == _baseline_student_as_listed_before(cfg, _noisy_truth)
 
 
 def test_prepare_stages_resolves_auto_on_the_data_it_was_given():
-    from rknn_ray.pipeline import prepare_stages
+    from rknn_ray.job.stages import prepare_stages
     cfg = _cfg("queries.s=auto", "rknn.k=auto")
     data = prepare_data(cfg)
     st = prepare_stages(cfg, data, resolve=True)

@@ -12,7 +12,7 @@ import pytest
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import build
-from rknn_ray.pipeline import resolve_auto
+from rknn_ray.job.stages import resolve_auto
 from rknn_ray.data.prepared import partitioned, prepare_data
 from rknn_ray.mechanisms.stage import mechanism_params, multi_message_s_cap
 

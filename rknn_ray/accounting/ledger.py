@@ -206,6 +206,23 @@ class PrivacyLedger:
         return entry
 
     # ------------------------------------------------------------------ output
+    @classmethod
+    def from_dict(cls, d: dict) -> "PrivacyLedger | None":
+        """The ledger a :meth:`to_dict` form shows (report.json's ``privacy.ledger``, a run's
+        ledger.json), rebuilt in memory from its entries' events under its accountant and at
+        its delta target: its totals and entries are the cost of the events again, whatever
+        numbers the file shows beside them. None when an entry lacks its event or what it
+        shows (a file written before entries carried them) or there is none: nothing to cost."""
+        entries = d.get("entries") or []
+        if not entries or not all(e.get("event") and e.get("model") and e.get("mechanism")
+                                  for e in entries):
+            return None
+        budget = d.get("budget") or {}
+        ledger = cls(budget_delta=budget.get("delta"), accountant=d.get("accountant") or "basic")
+        for e in entries:
+            ledger.record_spent(Guarantee.from_dict(e), int(e.get("round", 0)))
+        return ledger
+
     def to_dict(self) -> dict:
         entries = self.entries
         eps, delta = self._compose()
@@ -220,6 +237,29 @@ class PrivacyLedger:
     def save(self, path: str | os.PathLike) -> None:
         """Write JSON atomically (temp file in the same folder, then os.replace)."""
         atomic_write_json(path, self.to_dict())
+
+
+def recosted(privacy: dict) -> dict:
+    """report.json's ``privacy`` section as a reader of the file should see it: every
+    (eps, delta) it shows beside an event (the total, each round, the ledger's entries and
+    totals) recomputed from the events, under the ledger's accountant and delta target; the
+    numbers stored beside them are a cache, never read. A section whose ledger holds no
+    events (written before entries carried them) is returned as it is."""
+    ledger = PrivacyLedger.from_dict(privacy.get("ledger") or {})
+    if ledger is None:
+        return privacy
+    now = ledger.to_dict()
+    entries = [{**old, "eps": new["eps"], "delta": new["delta"]}
+               for old, new in zip(privacy["ledger"]["entries"], now["entries"])]
+    rounds = []
+    for r in privacy.get("rounds") or []:
+        if r.get("event"):
+            g = Guarantee.from_dict(r)
+            r = {**r, "eps": g.eps, "delta": g.delta}
+        rounds.append(r)
+    return {**privacy, **now["total"], "rounds": rounds,
+            "ledger": {**privacy["ledger"], "entries": entries, "total": now["total"],
+                       "total_basic": now["total_basic"]}}
 
 
 def _shown(extra: dict) -> dict:

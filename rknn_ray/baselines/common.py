@@ -1,9 +1,9 @@
 """What every baseline shares: the data, the public queries, small batched models,
 RDP conversion and noise calibration, the student, and the row (the report-row schema).
 
-All baselines run on exactly the data reverse k-NN runs on: ``prepare`` calls
-``rknn_ray.pipeline.prepare_stages`` (same dataset, split, partition into clients,
-same public encoder and the same ``s`` k-means queries). A labeling baseline labels
+All baselines run on exactly the data reverse k-NN runs on: the job layer's
+``rknn_ray.job.baselines.prepare_baseline`` runs ``prepare_stages`` (same dataset, split,
+partition into clients, same public encoder and the same ``s`` k-means queries). A labeling baseline labels
 those ``s`` queries privately; the labels propagate to the public set along the
 query clusters and ``rknn_ray.student.stage.train_on_labels`` trains the project's student
 (the config's student section, in this process) on them and scores it on the
@@ -24,12 +24,14 @@ import torch
 
 from rknn_ray.accounting import PrivacyLedger
 from rknn_ray.accounting.guarantee import Guarantee
+from rknn_ray.labeling.stage import derive_labels
 from rknn_ray.report_row import NAN, ReportRow
 
 # RDP/PLD conversion is the accountant's (re-exported: the baselines' tests use these names)
 from rknn_ray.accounting.accountants import (DEFAULT_COSTING, RDP_ORDERS, Costing,  # noqa: F401
                                              event_cost, pld_epsilon, rdp_epsilon)
 from rknn_ray.student import StudentConfig
+from rknn_ray.student.stage import train_on_labels
 from rknn_ray.rng import make_generator
 
 NEIGHBOUR_ADD_REMOVE = "add-remove-one"
@@ -54,6 +56,16 @@ class BaselineSetup:
     party_hosts: object = None
     party_shards: int = 2
 
+    @classmethod
+    def from_stages(cls, st, seconds: float = 0.0) -> "BaselineSetup":
+        """The setup of a run's prepared stages (``rknn_ray.job.stages.Stages``: data, encoder,
+        queries; the job layer prepares them, rknn_ray.job.baselines.prepare_baseline), its
+        private and evaluation records embedded with the public encoder."""
+        st.data.require_private_rows("a baseline")
+        sp = st.data.splits
+        return cls(st.cfg, st.data, st.encoder, st.public_emb, st.queries,
+                   st.encoder.transform(sp.private_x), st.encoder.transform(sp.eval_x), seconds)
+
     @property
     def num_classes(self) -> int:
         return int(self.data.num_classes)
@@ -70,19 +82,6 @@ class BaselineSetup:
     def query_truth(self) -> np.ndarray:
         """Public ground truth of the queries: measurement only, never trains."""
         return self.splits.public_y[self.queries.public_index]
-
-
-def prepare(cfg) -> BaselineSetup:
-    """Data, split, partition, encoder and queries exactly as ``jobs.distill`` makes them
-    (``rknn_ray.pipeline.prepare_stages``, ``auto`` s and k resolved at cfg's eps)."""
-    from rknn_ray.pipeline import prepare_stages  # defers faiss
-    t0 = time.perf_counter()
-    st = prepare_stages(cfg, resolve=True)
-    st.data.require_private_rows("a baseline")
-    sp = st.data.splits
-    return BaselineSetup(st.cfg, st.data, st.encoder, st.public_emb, st.queries,
-                         st.encoder.transform(sp.private_x), st.encoder.transform(sp.eval_x),
-                         time.perf_counter() - t0)
 
 
 # ----------------------------------------------------------------------------- accounting
@@ -256,10 +255,6 @@ def student_from_query_counts(setup: BaselineSetup, counts: np.ndarray, epochs: 
 
     Returns (student test accuracy, label accuracy on the public set, Labeling).
     """
-
-    from rknn_ray.labeling.stage import derive_labels  # defers faiss
-    from rknn_ray.student import StudentConfig  # defers torch
-    from rknn_ray.student.stage import train_on_labels  # defers torch
     cfg = setup.cfg
     lab = derive_labels(np.asarray(counts, dtype=np.float64), setup.queries,
                         setup.splits.public_y, cfg.labels.type)

@@ -1,8 +1,8 @@
 """Every baseline by name, each run the same way: ``run(setup, eps, delta, ledger) -> row``.
 
-``setup`` is the prepared data (common.prepare), ``eps`` the target, ``delta`` the delta a
-method states its guarantee at where it has a choice, ``ledger`` the PrivacyLedger its
-release is recorded in (None: one of its own, in memory). The row is a
+``setup`` is the prepared data (rknn_ray.job.baselines.prepare_baseline), ``eps`` the target,
+``delta`` the delta a method states its guarantee at where it has a choice, ``ledger`` the
+PrivacyLedger its release is recorded in (None: one of its own, in memory). The row is a
 :class:`~rknn_ray.baselines.common.BaselineRow`: the report-row schema of every other
 experiment row. An adapter fixes what makes the method the one its name says (the PATE
 aggregator, NFDP's subsample with or without replacement) and leaves every other knob at

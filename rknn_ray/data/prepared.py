@@ -1,9 +1,10 @@
 """The private split as one job prepares it: the dataset loaded, split, checked and dealt to
 clients within the public per-client record bound.
 
-Its own module (in the data layer, below ``rknn_ray.pipeline``): the job prepares it once,
-the pipeline wires it with the later stages and cuts each client shard's records from
-it (rknn_ray.data.sources.PreparedShardSource); no shard prepares it again.
+Its own module (in the data layer, below the job that sequences the stages): the job
+prepares it once, rknn_ray.job.stages wires it with the later stages and cuts each client
+shard's records from it (rknn_ray.data.sources.PreparedShardSource); no shard prepares it
+again.
 """
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_publ
                                       labels_table, measured, public_ids)
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.release_file import load_selections
-from rknn_ray.pipeline import connection_plan, finish_labels, nonprivate_labels
+from rknn_ray.job.stages import finish_labels, nonprivate_labels
+from rknn_ray.labeling.stage import connection_plan
 from rknn_ray.student.stage import fit_student, student_description, student_inputs
 from rknn_ray.labeling.connection import Connection
 from rknn_ray.labeling.queries import union_of_rounds

@@ -33,8 +33,8 @@ from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS, QuerySet, union_of_r
 from rknn_ray.labeling.stage import round_budgets, round_query_counts
 from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.mechanisms.stage import mechanism_for
-from rknn_ray.pipeline import (connection_plan, finish_labels, released_weights,
-                               resolve_connection)
+from rknn_ray.job.stages import finish_labels, released_weights, resolve_connection
+from rknn_ray.labeling.stage import connection_plan
 from rknn_ray.rng import NOT_PRIVATE
 
 

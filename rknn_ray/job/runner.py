@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import ray
 
 from rknn_ray.accounting import PrivacyLedger
+from rknn_ray.accounting.ledger import recosted
 from rknn_ray.accounting.budget_store import BudgetStore, job_default_budget, mark_driver
 from rknn_ray.accounting.source_identity import job_source, legacy_release_name
 from rknn_ray.errors import DataError, first_line
@@ -37,7 +38,7 @@ from rknn_ray.job.release_file import check_release, load_release, release_tag_k
 from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
 from rknn_ray.accounting.guarantee import Guarantee
-from rknn_ray import pipeline      # stages looked up at call time (tests replace them)
+import rknn_ray.job.stages as stages  # looked up at call time (tests replace them)
 from rknn_ray.data import prepared      # the same: prepared.prepare_data
 from rknn_ray.runio import clear_old_run, write_text
 from rknn_ray.student.config import CHECKPOINT_FILE, HISTORY_FILE
@@ -79,9 +80,12 @@ class RunResult:
                    else "it is not a run folder")
             raise DataError(f"{run_dir} has no report.json: {why}")
         report = _read_json(report_path)
+        # what it shows beside its events is a cache: recomputed from them
+        report = {**report, "privacy": recosted(report["privacy"])}
         labels = pq.read_table(os.path.join(run_dir, RUN_FILES["labels"]),
                                columns=["label"]).column("label").to_numpy()
-        ledger = _read_json(os.path.join(run_dir, RUN_FILES["ledger"]))
+        ledger = recosted({"ledger": _read_json(os.path.join(run_dir, RUN_FILES["ledger"]))})[
+            "ledger"]
         last = report["privacy"]["rounds"][-1]
         # a report written before its rounds carried their event: the ledger's last release
         # is that round (rounds are recorded in order); its eps is recomputed from the event
@@ -215,7 +219,7 @@ def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         # fails fast on missing files / bad data, writes nothing
         data = prepared.prepare_data(cfg, inputs) if inputs else prepared.prepare_data(cfg)
-    cfg, auto_choice = pipeline.resolve_auto(cfg, data)     # queries.s / rknn.k: auto (public info only)
+    cfg, auto_choice = stages.resolve_auto(cfg, data)       # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "
                      f"({auto_choice['reason']})")
@@ -231,7 +235,7 @@ def _saved_rounds(ctx: JobContext) -> tuple:
     """--resume: the rounds saved in release.npz (no private round, no budget spent)."""
     cfg = ctx.cfg
     check_release(ctx.out_dir, release_tag_key(ctx.store))     # unchanged since it was saved
-    ctx.encoder, ctx.public_emb, _ = pipeline.fit_queries(cfg, ctx.data, ctx.say)  # public, deterministic
+    ctx.encoder, ctx.public_emb, _ = stages.fit_queries(cfg, ctx.data, ctx.say)  # public, deterministic
     job_id, saved_identity, rounds, query_sets = load_release(ctx.out_dir, ctx.public_emb)
     # run folders from before keyed names hold the bare digest: still recognized
     if saved_identity not in (ctx.release_key, legacy_release_name(cfg, ctx.data)):
@@ -279,7 +283,7 @@ def _reserve(ctx: JobContext, ray_up: Callable[[], None], replace_old_run: bool 
         with progress.stage("queries", f"encoder + k-means: s = {fit_s} queries"
                             + (f" (of {cfg.queries.s}, split over {cfg.rounds.count} rounds)"
                                if cfg.rounds.split_queries else "")):
-            ctx.encoder, ctx.public_emb, ctx.first_queries = pipeline.fit_queries(cfg, data,
+            ctx.encoder, ctx.public_emb, ctx.first_queries = stages.fit_queries(cfg, data,
                                                                                    progress.say)
     except BaseException as exc:
         _return_reservation(ctx, exc)

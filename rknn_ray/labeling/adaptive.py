@@ -7,8 +7,8 @@ specifies the rule (every experiment there uses T = 1). Ours, for round t >= 1
 ``rknn_ray.job.rounds.next_round_uncertain``):
 
 1. Label the public set from every count released so far, exactly as the job's final
-   labels are made (``pipeline.finish_labels``: cluster propagation over the union of
-   the rounds' queries, smoothed over the public k-NN graph).
+   labels are made (``rknn_ray.job.stages.finish_labels``: cluster propagation over the
+   union of the rounds' queries, smoothed over the public k-NN graph).
 2. Fit an *interim student* on those labels: the MLP of ``rknn_ray.student`` trained
    in this process (``train_student_local``) on the public encoder's embeddings. Not
    Ray Train: a Train start-up per fit costs more than the whole fit of a small MLP on a

@@ -1,6 +1,7 @@
 """The labelling stages read from a run config: the exact answers and counts (the non-private
 reference only), labels derived from released counts (propagated, or smoothed over the public
-graph), and the rounds plan (new queries and the (eps, delta) share per round)."""
+graph), the rounds plan (new queries and the (eps, delta) share per round), and a round's
+connection plan (public data only)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_ray.labeling.answers import RecordAnswers
+from rknn_ray.labeling.connection import plan_connection
 from rknn_ray.labeling.denoise import public_knn_graph, smooth_counts
 from rknn_ray.labeling.labels import accuracy, hard_labels, propagate, soft_labels
 from rknn_ray.labeling.queries import QuerySet
@@ -104,3 +106,14 @@ def smoothed_labels(counts: np.ndarray, qs: QuerySet, public_emb: np.ndarray, pu
     pub_weight = weight if label_type == "soft" else np.ones(len(hard), np.float32)
     return Labeling(lab.query_labels, lab.query_soft, lab.query_weight, targets, pub_weight, hard,
                     accuracy(hard, public_truth), lab.query_accuracy), sm
+
+
+def connection_plan(cfg, public_emb: np.ndarray, query_features: np.ndarray,
+                    rule: str | None = None, sample_weight: np.ndarray | None = None):
+    """The round's :class:`~rknn_ray.labeling.connection.Connection` for ``rule`` (default
+    ``rknn.connection``; ``auto`` must be resolved first), from public data only (and, with
+    ``sample_weight``, released counts: :func:`rknn_ray.job.stages.released_weights`): the server ships it with
+    the queries to every client, in every trust model."""
+    rule = cfg.rknn.connection if rule is None else rule
+    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k),
+                           sample_weight=sample_weight)

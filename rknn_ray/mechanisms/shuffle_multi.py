@@ -72,7 +72,7 @@ from rknn_ray.mechanisms.exact import negative_binomial, noisier_mean, noisier_r
 from rknn_ray.accounting.multi_message import calibrate_multi_message
 from rknn_ray.mechanisms.options import DEFAULT_DLAP_SHARE, option
 
-#: Shares ``queries.s: auto`` tries under a message cap (rknn_ray.pipeline.resolve_auto):
+#: Shares ``queries.s: auto`` tries under a message cap (rknn_ray.job.stages.resolve_auto):
 #: a smaller one buys fewer flooding messages per cell, hence more queries, with more noise.
 AUTO_DLAP_SHARES = (DEFAULT_DLAP_SHARE, 0.7, 0.55)
 

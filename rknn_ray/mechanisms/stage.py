@@ -70,7 +70,7 @@ def multi_message_s_cap(cfg, data: "PreparedData", k: int = 1) -> tuple[int, str
 
 
 def free_dlap_shares(cfg) -> tuple[float, ...]:
-    """The DLap shares :func:`rknn_ray.pipeline.resolve_auto` chooses from, or () where the
+    """The DLap shares :func:`rknn_ray.job.stages.resolve_auto` chooses from, or () where the
     share is not free: another mechanism, s fixed, no message cap, or
     ``privacy.options.dlap_share`` set.
 

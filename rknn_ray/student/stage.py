@@ -25,7 +25,7 @@ def train_semi(cfg, data: "PreparedData", encoder, lab: "Labeling", info: dict, 
                progress=None):
     """The semi-supervised student (rknn_ray.student.semi) on every public sample, with the
     released (smoothed) labels weighted by their confidence (``info["confidence"]`` from
-    :func:`rknn_ray.pipeline.finish_labels`, read only); initialized from the contrastive
+    :func:`rknn_ray.job.stages.finish_labels`, read only); initialized from the contrastive
     encoder's backbone when there is one and ``student.init: encoder``."""
     from rknn_ray.student.semi import train_semi_student      # torch
     st = cfg.student
@@ -87,7 +87,7 @@ def student_inputs(cfg, data: "PreparedData", encoder, lab: "Labeling", qs: "Que
     """The student's training set from a Labeling: public images (or the public encoder's
     features, ``student.input: features``), labelled by propagation (``labels.train_on:
     public``) or only the queries (``queries``). Used by jobs.distill on released labels,
-    by rknn_ray.reference on the non-private ones and by the baselines, so all train the
+    by rknn_ray.job.reference on the non-private ones and by the baselines, so all train the
     same student. ``config``: a StudentConfig in place of the config's (the baselines')."""
     scfg = StudentConfig.from_config(cfg) if config is None else config
     sp, eval_x, image_shape = data.splits, data.splits.eval_x, data.image_shape

@@ -1,17 +1,18 @@
 """The sequences of stages, each written once, that run across several stage packages.
 
 Each stage reads its own config in its own package (``rknn_ray/<package>/stage.py``: the
-encoder, the mechanism, the labels, the student; ``rknn_ray.data.sources`` the shards'
-sources); the job's rounds loop is ``rknn_ray.job.rounds.planned_rounds``. What is left here
-chains stages of several packages: :func:`fit_queries` (encoder -> queries),
+encoder, the mechanism, the labels and the connection plan, the student;
+``rknn_ray.data.sources`` the shards' sources); the rounds loop is
+:func:`rknn_ray.job.rounds.planned_rounds`. Here: :func:`fit_queries` (encoder -> queries),
 :func:`prepare_stages` (prepare -> auto s, k -> encoder and queries), :func:`resolve_auto`
-(s and k from the mechanism's noise), :func:`finish_labels` (released counts -> labels and
-their confidence), :func:`nonprivate_labels` (the one non-private reference: exact
-counts -> labels) and the connection rule's plan (:func:`connection_plan`,
-:func:`resolve_connection`, :func:`released_weights`: public data and the mechanism's noise). The non-private reference, a run's diagnostics, the baselines and the
-benchmarks call them instead of re-listing the steps; they are library code (not
-``rknn_ray.job``) because the reference and the baselines, which the library may not build
-on the job layer, call them too. No Ray here.
+(s and k from the mechanism's noise), :func:`resolve_connection` and
+:func:`released_weights` (the connection rule from public data and the mechanism's noise),
+:func:`finish_labels` (released counts -> labels and their confidence),
+:func:`nonprivate_labels` (the one non-private reference: exact counts -> labels). The
+job, its diagnostics, the non-private reference (:mod:`.reference`), the baselines' setup
+(:mod:`.baselines`) and the benchmarks call them instead of re-listing the steps. They
+chain stage packages that sit side by side below the job, so they are the job layer's; no
+Ray here.
 """
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ import numpy as np
 from rknn_ray.data.prepared import PreparedData, prepare_data
 from rknn_ray.data.splits import has_public_labels
 from rknn_ray.labeling.autotune import choose_s_k
-from rknn_ray.labeling.connection import choose_rule, plan_connection, release_weights
+from rknn_ray.labeling.connection import choose_rule, release_weights
 from rknn_ray.labeling.denoise import choose_neighbours
 from rknn_ray.labeling.queries import QuerySet, select_queries
-from rknn_ray.labeling.stage import (Labeling, exact_counts, round_budgets, round_query_counts,
-                                     smoothed_labels)
+from rknn_ray.labeling.stage import (Labeling, connection_plan, exact_counts, round_budgets,
+                                     round_query_counts, smoothed_labels)
 from rknn_ray.mechanisms.stage import (free_dlap_shares, multi_message_s_cap,
                                        noise_std_per_count)
 from rknn_ray.representation.represent import Encoder
@@ -81,11 +82,12 @@ def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = Fal
 def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: list[QuerySet],
                       all_qs: QuerySet, public_emb: np.ndarray, rounds=(),
                       progress=None, connection=None) -> tuple[np.ndarray, "Labeling", dict]:
-    """The non-private reference's labels, the one place they are made (rknn_ray.reference
+    """The non-private reference's labels, the one place they are made (rknn_ray.job.reference
     and a run's diagnostics): exact counts of ``query_sets``, labelled as a private run's
     released counts are (:func:`finish_labels`, ``all_qs`` their union) with no noise.
     ``connection``: as :func:`exact_counts` takes it; None: planned per query set as
-    ``rknn.connection`` says (:func:`connection_plan`, public data only).
+    ``rknn.connection`` says (:func:`~rknn_ray.labeling.stage.connection_plan`, public data
+    only).
     NOT private: returns (exact counts, Labeling, label info)."""
     if connection is None:
         rule = resolve_connection(cfg, data, public_emb, query_sets[0])[0]
@@ -97,17 +99,6 @@ def nonprivate_labels(cfg, data: PreparedData, encoder: Encoder, query_sets: lis
 
 
 # ------------------------------------------------------------ the connection rule
-
-def connection_plan(cfg, public_emb: np.ndarray, query_features: np.ndarray,
-                    rule: str | None = None, sample_weight: np.ndarray | None = None):
-    """The round's :class:`~rknn_ray.labeling.connection.Connection` for ``rule`` (default
-    ``rknn.connection``; ``auto`` must be resolved first), from public data only (and, with
-    ``sample_weight``, released counts: :func:`released_weights`): the server ships it with
-    the queries to every client, in every trust model."""
-    rule = cfg.rknn.connection if rule is None else rule
-    return plan_connection(rule, public_emb, query_features, int(cfg.rknn.k),
-                           sample_weight=sample_weight)
-
 
 def released_weights(cfg, data: PreparedData, public_emb: np.ndarray, rounds, query_sets,
                      plans) -> np.ndarray:
@@ -140,7 +131,7 @@ def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
                        len(data.splits.private_y), sigma)
 
 
-# ---------------------------------------------------------------------- utility (issue 11)
+# ------------------------------------------------------------ s and k, labels
 
 
 def resolve_auto(cfg, data: PreparedData):
@@ -215,7 +206,7 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
     ``labels.smooth`` != 1 (post-processing; rknn_ray.labeling.denoise). Returns (Labeling, info)
     where info records the noise std, the number of neighbours and why, and per-sample
     confidences (``info["confidence"]``, dropped from the report)."""
-    from rknn_ray.student.semi import label_confidence       # torch
+    from rknn_ray.student.semi import label_confidence       # defers torch
     if noise_std is None:        # the noisiest round's per-count std (its share of eps)
         eps = min(float(r.guarantee.eps) for r in rounds) if rounds else cfg.privacy.eps
         noise_std = noise_std_per_count(cfg, data, k=cfg.rknn.k, s=qs.size, eps=eps)

@@ -6,8 +6,10 @@ counts. It is what the privacy costs are measured against (the "Non-priv Acc." c
 of paper 000, Table 1). No privacy guarantee covers anything computed here: the
 results are marked ``"private": false`` and the folder gets a README saying so.
 Nothing is released and no ledger is touched (no mechanism runs). The stages are
-rknn_ray.pipeline's sequences (prepare_stages, nonprivate_labels) and the student stage's
-train_on_labels, the same ones a private run and its diagnostics call.
+rknn_ray.job.stages' sequences (prepare_stages, nonprivate_labels) and the student stage's
+train_on_labels, the same ones a private run and its diagnostics call. It is a job (it
+trains the student with Ray Train and writes a folder), so it sits in the job layer, above
+the sequences it runs.
 """
 from __future__ import annotations
 
@@ -17,15 +19,16 @@ import time
 import numpy as np
 
 from rknn_ray.errors import ConfigError
-
+from rknn_ray.job.stages import nonprivate_labels, prepare_stages
 from rknn_ray.runio import write_text
+from rknn_ray.student.stage import train_on_labels
 
 NOT_PRIVATE = ("NOT PRIVATE: computed from the private records without noise (the "
                "non-private reference of the same pipeline); no privacy guarantee covers it")
 
 README = """NOT PRIVATE. Everything in this folder was computed from the private data WITHOUT
 noise: the labels and the student that the same pipeline gives with the exact private
-counts (rknn_ray/reference.py). It is a yardstick for the private runs, not a release.
+counts (rknn_ray/job/reference.py). It is a yardstick for the private runs, not a release.
 Do not share this folder with anyone who may not see the private data.
 """
 
@@ -37,8 +40,6 @@ def nonprivate_reference(cfg, out_dir: str | None = None, progress=None) -> dict
     private run's report, so both use the same s and k). With ``out_dir`` the student
     checkpoint and a README land there. Needs Ray for the student (Ray Train).
     """
-    from rknn_ray.pipeline import nonprivate_labels, prepare_stages  # defers faiss
-    from rknn_ray.student.stage import train_on_labels  # defers torch
     if "auto" in (cfg.queries.s, cfg.rknn.k):
         raise ConfigError("queries.s", "the non-private reference needs fixed s and k, got "
                           f"s = {cfg.queries.s}, k = {cfg.rknn.k}",
