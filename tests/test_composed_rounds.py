@@ -36,6 +36,7 @@ def test_a_pld_job_runs_its_rounds_at_the_eps0_their_composition_allows():
     mechs = [ctx.round_mechanism(t, 10) for t in range(3)]
     assert len({m.local_eps for m in mechs}) == 1                       # even: one eps0
     assert mechs[0].local_eps > 1.2 * split.local_eps
+    assert mechs[0].describe()["eps0_from"].startswith("the rounds plan")
     ledger = _pld_ledger(ctx)
     for t, m in enumerate(mechs):
         g = guarantee_of(m)

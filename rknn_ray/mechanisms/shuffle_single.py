@@ -72,6 +72,7 @@ class ShuffleSingleMixin:
         self.honest_fraction = honest_fraction_of(params, self.name)
         n = honest_count(self.honest_fraction, params.num_clients)     # the cover it plans for
         fixed = params.options.get("local_eps0")
+        self.planned_eps0 = fixed is not None
         if fixed is not None:                 # set by a rounds plan (composed_rounds.py)
             self._eps0 = float(fixed)
             self.randomizer_params = self._randomizer_params(params, self._eps0)
@@ -212,6 +213,8 @@ class ShuffleSingleMixin:
 
     def describe(self) -> dict:
         return {**super().describe(), "eps0": self._eps0, "bound": self.bound_name,
+                "eps0_from": ("the rounds plan (calibrated together for their pld composition)"
+                              if getattr(self, "planned_eps0", False) else "this round's target"),
                 "min_senders": self.min_senders(), "honest_fraction": self.honest_fraction}
 
 
