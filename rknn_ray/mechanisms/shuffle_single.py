@@ -23,7 +23,7 @@ its own eps0-LDP, so the cost of a round is never above (eps0, 0).
 Calibration: ``eps0`` is the largest local eps for which the bound gives the
 central target at ``ceil(honest_fraction * expected senders)``; a job whose rounds are
 calibrated together (rknn_ray.mechanisms.composed_rounds) gives each round its eps0
-(``options['local_eps0']``) and, as its target, that eps0's own cost. Because
+(``MechanismParams.local_eps0``) and, as its target, that eps0's own cost. Because
 amplification shrinks with n, the shuffler is told ``min_senders()``, the
 smallest number of authenticated senders at which that eps0 still meets the
 target, and refuses to release below it (nothing opened, nothing spent). After the
@@ -71,7 +71,7 @@ class ShuffleSingleMixin:
                               "upper bound", f"use one of {list(upper_bound_names())}")
         self.honest_fraction = honest_fraction_of(params, self.name)
         n = honest_count(self.honest_fraction, params.num_clients)     # the cover it plans for
-        fixed = params.options.get("local_eps0")
+        fixed = params.local_eps0
         self.planned_eps0 = fixed is not None
         if fixed is not None:                 # set by a rounds plan (composed_rounds.py)
             self._eps0 = float(fixed)

@@ -40,7 +40,7 @@ def mechanism_for(cfg, data: "PreparedData", *, eps: float | None = None,
     (rknn_ray.mechanisms.composed_rounds) instead of calibrated for ``eps``."""
     params = mechanism_params(cfg, data, eps=eps, delta=delta)
     if eps0 is not None:
-        params = dataclasses.replace(params, options={**params.options, "local_eps0": float(eps0)})
+        params = dataclasses.replace(params, local_eps0=float(eps0))
     changes = {key: int(v) for key, v in (("num_queries", num_queries), ("k", k)) if v is not None}
     if changes:
         params = dataclasses.replace(params, **changes)
