@@ -107,3 +107,18 @@ def test_the_reservation_keeps_the_later_rounds_composed_cost(tmp_path):
     assert reservation_after(ctx.cfg, DATA, 2) == (0.0, 0.0)
     assert min(totals[:2]) >= totals[2] == pytest.approx(ledger.spent()[0])
     assert reservation_after(_ctx().cfg, DATA, 0) is None       # basic: reservation less release
+
+
+def test_the_benchmark_plans_each_T_split_and_together(capsys):
+    import json
+
+    from benchmarks.composed_rounds import main
+    assert main(["--plan", "jobs/configs/digits_shuffle.yaml", "--set", "privacy.mechanism=rr",
+                 "--rounds", "3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["rounds"] for r in rows] == [2, 3]
+    for r in rows:
+        assert r["eps0_together"] > r["eps0_split"]
+        assert r["composed_split"] < 0.75 < 0.99 <= r["composed_together"] <= 1.0
+    assert main(["--plan", "jobs/configs/digits_central.yaml", "--rounds", "2"]) == 2
+    assert "single-message shuffle" in capsys.readouterr().err
