@@ -68,6 +68,14 @@ def test_the_basic_accountant_keeps_the_eps_over_T_split():
         [(e, d, None) for e, d in round_budgets(1.0, 1e-6, 3, "even")]
 
 
+def test_rounds_that_gain_nothing_together_keep_the_split():
+    """Three senders amplify nothing: each round's cost is its eps0, so the plan is the
+    basic split (each round calibrated for its share), whatever the accountant."""
+    from rknn_ray.mechanisms.composed_rounds import round_shares
+    few = SimpleNamespace(num_clients=3, num_classes=10, max_records_per_client=1)
+    assert [s.eps0 for s in round_shares(_ctx("privacy.accountant=pld").cfg, few)] == [None] * 3
+
+
 def test_a_short_round_is_charged_its_true_composed_cost():
     """The third round opens 50 reports fewer than planned: it costs more than its target,
     the ledger refuses it before release (composed over the budget), and recorded as spent

@@ -91,7 +91,7 @@ def joint_shares(cfg, data, budgets: list[tuple[float, float]], target_eps: floa
     """The largest x (to ``rtol``) with the pld composition of rounds at eps0_t = x * eps_t
     within ``target_eps`` at ``target_delta`` (x >= 1: at x = 1 each round's eps0 is its
     share, so even the sum of their costs fits; the ledger reports the smaller of the two).
-    The basic split where the rounds gain nothing from amplification."""
+    The basic split where the rounds gain nothing from being calibrated together."""
     memo: dict = {}
 
     def planned(x: float) -> list:
@@ -134,9 +134,11 @@ def joint_shares(cfg, data, budgets: list[tuple[float, float]], target_eps: floa
         hi = min(max(step, 1.25 * hi), 4.0 * hi, cap)
     x = hi if score(hi) <= 0 else guided_edge(score, lo, hi, tol=rtol, relative=True)
     shares = []
-    for m, (_, d) in zip(planned(x), budgets):
+    for m, (e, d) in zip(planned(x), budgets):
         eps_t = event_cost(planned_event(m), m.costing())[0]
-        if not eps_t < m.local_eps:         # no amplification at this eps0: nothing to gain
+        # no amplification at this eps0, or less than the round's share: the basic split
+        # (each round calibrated for its share) grants at least as much
+        if not e <= eps_t < m.local_eps:
             return basic
         shares.append(RoundShare(float(eps_t), float(d), float(m.local_eps)))
     return shares
