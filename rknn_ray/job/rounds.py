@@ -2,7 +2,8 @@
 
 ``rounds.count`` rounds on one :class:`~rknn_ray.job.session.ProtocolSession`; each round
 picks its queries (:func:`select_round_queries`: k-means for the first, then
-``rounds.query_selection``), spends its share of ``privacy.eps``, is saved to
+``rounds.query_selection``), spends its share of ``privacy.eps`` (rounds calibrated
+together for their pld composition: rknn_ray.mechanisms.composed_rounds), is saved to
 ``release.npz`` (fsync'd) the moment it is released, then written once to the one ledger:
 the job's rows of the persistent store, which its :class:`PrivacyLedger` is a view of
 (:func:`job_ledger`). The reservation is marked *started* (a state in the ledger) before
