@@ -124,7 +124,8 @@ def plan(args) -> dict:
         delta = cfg.privacy.delta
 
         def composed(mech):
-            return Composition("pld").extend([(planned_event(mech), mech.costing())] * T).result(delta)[0]
+            rounds = [(planned_event(mech), mech.costing())] * T
+            return Composition("pld").extend(rounds).result(delta)[0]
         t = time.perf_counter()
         split = mechanism_for(cfg, data, eps=args.eps / T, delta=delta / T, num_queries=1)
         t_split = time.perf_counter() - t

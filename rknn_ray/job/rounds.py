@@ -141,7 +141,8 @@ def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query
     benchmarks/adaptive_rounds.py run it): for each of ``rounds.count`` rounds, its
     (eps, delta) share (:func:`rknn_ray.mechanisms.composed_rounds.round_shares`: under the
     pld accountant a single-message shuffle job's rounds are calibrated together), its
-    queries (:func:`select_round_queries`; ``first`` for round 0), its mechanism and its connection plan (``rknn.connection``, resolved once from round 0's
+    queries (:func:`select_round_queries`; ``first`` for round 0), its mechanism and its
+    connection plan (``rknn.connection``, resolved once from round 0's
     queries; with ``rknn.reweight: released`` priced from the rounds released so far).
     ``rounds`` and ``query_sets`` are the caller's lists: it releases each plan and appends
     the released round and the plan's queries before asking for the next, whose selection
