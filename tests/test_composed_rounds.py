@@ -130,3 +130,24 @@ def test_the_benchmark_plans_each_T_split_and_together(capsys):
         assert r["composed_split"] < 0.75 < 0.99 <= r["composed_together"] <= 1.0
     assert main(["--plan", "jobs/configs/digits_central.yaml", "--rounds", "2"]) == 2
     assert "single-message shuffle" in capsys.readouterr().err
+
+
+def test_the_jobs_rounds_loop_runs_the_plan():
+    """planned_rounds (the job's loop) on the real digits data: each round's mechanism runs
+    the plan's eps0, and its own target is the plan's."""
+    from rknn_ray.data.prepared import prepare_data
+    from rknn_ray.job.rounds import planned_rounds
+    from rknn_ray.mechanisms.composed_rounds import round_shares
+    from rknn_ray.pipeline import fit_queries
+    cfg = _ctx("privacy.accountant=pld", "run.rng=seeded", "queries.restarts=1").cfg
+    data = prepare_data(cfg)
+    _, emb, first = fit_queries(cfg, data)
+    released, query_sets, plans = [], [], []
+    for plan in planned_rounds(cfg, data, emb, first, released, query_sets):
+        plans.append(plan)
+        released.append(plan.t)
+        query_sets.append(plan.queries)
+    shares = round_shares(cfg, data)
+    assert [(p.eps, p.mechanism.local_eps, p.mechanism.params.eps) for p in plans] == \
+        [(s.eps, s.eps0, s.eps) for s in shares]
+    assert shares[0].eps0 > 1.2 * mechanism_for(cfg, data, eps=1 / 3, delta=1e-6 / 3).local_eps
