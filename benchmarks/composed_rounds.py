@@ -9,6 +9,15 @@ bound's dominating pair, rknn_ray.accounting.shuffle_pld, at T delta), and a low
 any valid composition: the T-fold composition (optimistic PLD) of an explicit pair of the
 same randomizer (shuffled binary RR for generic bounds, shuffled_rr.py's k-RR / Collision
 pair for a mechanism-specific one). Each with its seconds.
+
+    python -m benchmarks.composed_rounds --plan CONFIG --clients 1079 --eps 1 --rounds 5 [--json]
+        [--set KEY=VALUE ...]
+
+With ``--plan``: for T = 2..rounds, a T-round job of that config (its mechanism and bound,
+``--clients`` senders, one record each, ``privacy.eps = --eps``) under the pld accountant: the
+eps0 each round gets when calibrated for eps/T and when the rounds are calibrated together
+(rknn_ray.mechanisms.composed_rounds, what the job runs), each with the ledger's composed eps
+of the T planned rounds.
 """
 from __future__ import annotations
 
@@ -35,7 +44,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--size", type=int, default=None,
                     help="k of k-RR or l of Collision (c = 1) for --mechanism krr / collision")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plan", metavar="CONFIG", default=None,
+                    help="a job config: eps0 per round, eps/T split vs rounds calibrated together")
+    ap.add_argument("--clients", type=int, default=1_079, help="--plan: senders per round")
+    ap.add_argument("--classes", type=int, default=10, help="--plan: |Y|")
+    ap.add_argument("--eps", type=float, default=1.0, help="--plan: the job's eps")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="--plan: a config override (repeatable)")
     args = ap.parse_args(argv)
+    if args.plan is not None and (args.rounds < 2 or args.clients < 2 or not args.eps > 0):
+        ap.error("--plan needs --rounds >= 2, --clients >= 2 and --eps > 0")
     if args.rounds < 1 or args.n < 2 or not 0 < args.delta < 1 or not args.eps0 > 0:
         ap.error("need --rounds >= 1, --n >= 2, 0 < --delta < 1 and --eps0 > 0")
     if args.mechanism != "generic" and (args.size is None or args.size < 2):
@@ -85,15 +103,65 @@ def measure(args) -> dict:
             "lower_pair": pair_note, "rows": rows}
 
 
+def plan(args) -> dict:
+    """eps0 per round and the ledger's composed eps, eps/T split vs calibrated together."""
+    from types import SimpleNamespace
+
+    from rknn_ray.accounting.accountants import Composition
+    from rknn_ray.config import load_config
+    from rknn_ray.mechanisms.composed_rounds import planned_event, round_shares
+    from rknn_ray.mechanisms.stage import mechanism_for
+    data = SimpleNamespace(num_clients=args.clients, num_classes=args.classes,
+                           max_records_per_client=1)
+    rows = []
+    for T in range(2, args.rounds + 1):
+        cfg = load_config(args.plan, [*args.overrides, f"privacy.eps={args.eps}",
+                                      f"rounds.count={T}", "privacy.accountant=pld",
+                                      "rounds.budget_split=even"])
+        if cfg.privacy.model != "shuffle" or cfg.privacy.mechanism not in ("rr", "collision"):
+            raise ConfigError("--plan", f"{args.plan} runs {cfg.privacy.model}/"
+                              f"{cfg.privacy.mechanism}", "give a single-message shuffle config")
+        delta = cfg.privacy.delta
+
+        def composed(mech):
+            rounds = [(planned_event(mech), mech.costing())] * T
+            return Composition("pld").extend(rounds).result(delta)[0]
+        t = time.perf_counter()
+        split = mechanism_for(cfg, data, eps=args.eps / T, delta=delta / T, num_queries=1)
+        t_split = time.perf_counter() - t
+        t = time.perf_counter()
+        share = round_shares(cfg, data)[0]
+        t_plan = time.perf_counter() - t
+        joint = mechanism_for(cfg, data, eps=share.eps, delta=share.delta, num_queries=1,
+                              eps0=share.eps0)
+        rows.append({"rounds": T, "eps0_split": split.local_eps, "composed_split": composed(split),
+                     "eps0_together": joint.local_eps, "own_eps_together": share.eps,
+                     "composed_together": composed(joint), "seconds_split": t_split,
+                     "seconds_plan": t_plan})
+    return {"config": args.plan, "overrides": args.overrides, "mechanism": cfg.privacy.mechanism,
+            "bound": cfg.privacy.amplification_bound, "clients": args.clients, "eps": args.eps,
+            "delta": delta, "rows": rows}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        out = measure(args)
+        out = plan(args) if args.plan is not None else measure(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(out, indent=1))
+        return 0
+    if args.plan is not None:
+        print(f"{out['config']}: {out['mechanism']}, {out['bound']} bound, {out['clients']} "
+              f"senders, eps={out['eps']:g}, delta={out['delta']:g}, pld accountant")
+        print("| T | eps0 (eps/T) | composed | eps0 (together) | composed | plan s |")
+        print("|---|---|---|---|---|---|")
+        for r in out["rows"]:
+            print(f"| {r['rounds']} | {r['eps0_split']:.4f} | {r['composed_split']:.4f} | "
+                  f"{r['eps0_together']:.4f} | {r['composed_together']:.4f} | "
+                  f"{r['seconds_plan']:.1f} |")
         return 0
     print(f"{out['bound']} ({out['mechanism']}), eps0={out['eps0']:g}, n={out['n']}, "
           f"delta={out['delta_per_round']:g} per round: eps {out['eps_per_round']:.5f} per round; "

@@ -615,8 +615,13 @@ class BudgetStore:
 
     def commit_round(self, identity: str, job_id: str, round_id: int, eps: float, delta: float,
                      event: dict | None, note: str = "released", accounting=None,
-                     meta: dict | None = None) -> None:
+                     meta: dict | None = None, left: tuple | None = None) -> None:
         """Move one round's spend from the job's reservation to a release with its event.
+
+        ``left``: the (eps, delta) the reservation keeps for the job's later rounds, where
+        the rounds' own costs do not add up to the job's (rounds calibrated together under
+        the pld accountant: rknn_ray.mechanisms.composed_rounds); None: the reservation
+        less this release.
 
         ``note`` marks the release (a seeded simulation says NOT PRIVATE here).
         ``accounting``: the accountant's choices the release was costed with (a Costing or
@@ -633,8 +638,9 @@ class BudgetStore:
                 raise PrivacyBudgetError(f"job {job_id} holds no reservation on {identity}; a "
                                          "release must be reserved before clients randomize")
             rid, r_eps, r_delta = res
+            keep = (max(0.0, r_eps - eps), max(0.0, r_delta - delta)) if left is None else left
             con.execute("UPDATE releases SET eps = ?, delta = ?, updated = ? WHERE id = ?",
-                        (max(0.0, r_eps - eps), max(0.0, r_delta - delta), time.time(), rid))
+                        (float(keep[0]), float(keep[1]), time.time(), rid))
             self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
                                  meta)
 

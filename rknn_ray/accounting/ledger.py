@@ -184,25 +184,34 @@ class PrivacyLedger:
         return self._append(LedgerEntry(int(round_id), guarantee, _shown(extra)), note)
 
     def record_spent(self, guarantee: Guarantee, round_id: int, *, note: str = "released",
-                     **extra) -> LedgerEntry:
+                     reserve_left: tuple | None = None, **extra) -> LedgerEntry:
         """Append a release that has already happened, at its true cost, over budget or not.
 
         For a round released after its check (a job records it once release.npz is on
         disk), or one the server has opened but that missed its target (too few reports
         hid each other): refusing to record it would understate what was spent.
+        ``reserve_left``: what the job's reservation keeps for its later rounds
+        (BudgetStore.commit_round's ``left``).
         """
         self._check_unit(guarantee)
-        return self._append(LedgerEntry(int(round_id), guarantee, _shown(extra)), note)
+        return self._append(LedgerEntry(int(round_id), guarantee, _shown(extra)), note,
+                            reserve_left)
 
-    def _append(self, entry: LedgerEntry, note: str) -> LedgerEntry:
+    def _append(self, entry: LedgerEntry, note: str, reserve_left: tuple | None = None
+                ) -> LedgerEntry:
         """One row in the store (the only write of a release): the event, the accountant's
         choices, what the run shows. A job's row is committed into its reservation."""
         g = entry.guarantee
         shown = {k: v for k, v in g.to_dict().items() if k not in ("accounting", "event")}
         meta = {"guarantee": shown, "extra": entry.extra, "accounting": g.accounting.to_dict()}
-        write = self.store.commit_round if self.persistent else self.store.append_release
-        write(self.identity, self.job_id, entry.round_id, g.eps, g.delta,
-              event_to_dict(g.event), note=note, accounting=g.accounting, meta=meta)
+        if self.persistent:
+            self.store.commit_round(self.identity, self.job_id, entry.round_id, g.eps, g.delta,
+                                    event_to_dict(g.event), note=note, accounting=g.accounting,
+                                    meta=meta, left=reserve_left)
+        else:
+            self.store.append_release(self.identity, self.job_id, entry.round_id, g.eps, g.delta,
+                                      event_to_dict(g.event), note=note, accounting=g.accounting,
+                                      meta=meta)
         return entry
 
     # ------------------------------------------------------------------ output

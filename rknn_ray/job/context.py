@@ -14,7 +14,8 @@ import numpy as np
 
 from rknn_ray.job.session import Parties
 from rknn_ray.mechanisms.base import Mechanism
-from rknn_ray.labeling.stage import round_budgets, round_query_counts
+from rknn_ray.labeling.stage import round_query_counts
+from rknn_ray.mechanisms.composed_rounds import RoundShare, round_shares
 from rknn_ray.mechanisms.stage import mechanism_for
 
 
@@ -40,10 +41,10 @@ class JobContext:
     #: (``--resume``), which report.json's ``resumed`` records
     started_at: float = field(default_factory=time.time)
 
-    def round_budgets(self) -> list[tuple[float, float]]:
-        """(eps_t, delta_t) for each round: its share of privacy.eps and privacy.delta."""
-        p = self.cfg.privacy
-        return round_budgets(p.eps, p.delta, self.cfg.rounds.count, self.cfg.rounds.budget_split)
+    def round_budgets(self) -> list[RoundShare]:
+        """Each round's share of privacy.eps and privacy.delta (and, where the rounds are
+        calibrated together, its local eps0): rknn_ray.mechanisms.composed_rounds."""
+        return round_shares(self.cfg, self.data)
 
     def round_sizes(self) -> list[int]:
         """New queries per round."""
@@ -51,9 +52,9 @@ class JobContext:
 
     def round_mechanism(self, t: int, num_queries: int) -> Mechanism:
         """Round ``t``'s mechanism, calibrated for its share of the budget and its s."""
-        eps_t, delta_t = self.round_budgets()[t]
-        return mechanism_for(self.cfg, self.data, eps=eps_t, delta=delta_t,
-                             num_queries=num_queries)
+        share = self.round_budgets()[t]
+        return mechanism_for(self.cfg, self.data, eps=share.eps, delta=share.delta,
+                             num_queries=num_queries, eps0=share.eps0)
 
     def say(self, message: str) -> None:
         self.progress.say(message)

@@ -2,7 +2,8 @@
 
 ``rounds.count`` rounds on one :class:`~rknn_ray.job.session.ProtocolSession`; each round
 picks its queries (:func:`select_round_queries`: k-means for the first, then
-``rounds.query_selection``), spends its share of ``privacy.eps``, is saved to
+``rounds.query_selection``), spends its share of ``privacy.eps`` (rounds calibrated
+together for their pld composition: rknn_ray.mechanisms.composed_rounds), is saved to
 ``release.npz`` (fsync'd) the moment it is released, then written once to the one ledger:
 the job's rows of the persistent store, which its :class:`PrivacyLedger` is a view of
 (:func:`job_ledger`). The reservation is marked *started* (a state in the ledger) before
@@ -30,8 +31,9 @@ from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
 from rknn_ray.labeling.connection import Connection
 from rknn_ray.labeling.labels import accuracy
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS, QuerySet, union_of_rounds
-from rknn_ray.labeling.stage import round_budgets, round_query_counts
+from rknn_ray.labeling.stage import round_query_counts
 from rknn_ray.mechanisms.base import Mechanism
+from rknn_ray.mechanisms.composed_rounds import reservation_after, round_shares
 from rknn_ray.mechanisms.stage import mechanism_for
 from rknn_ray.job.stages import finish_labels, released_weights, resolve_connection
 from rknn_ray.labeling.stage import connection_plan
@@ -48,10 +50,9 @@ def check_dropout(cfg, data) -> None:
     only after every client had worked."""
     if cfg.privacy.model != "shuffle" or not cfg.shuffle.dropout:
         return
-    p = cfg.privacy
-    eps0, delta0 = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)[0]
-    mechanism = mechanism_for(cfg, data, eps=eps0, delta=delta0,
-                              num_queries=round_query_counts(cfg)[0])
+    first = round_shares(cfg, data)[0]
+    mechanism = mechanism_for(cfg, data, eps=first.eps, delta=first.delta,
+                              num_queries=round_query_counts(cfg)[0], eps0=first.eps0)
     floor = max(mechanism.min_senders(), cfg.shuffle.min_senders or 0)
     n = data.num_clients
     expected = int(n * (1 - cfg.shuffle.dropout))
@@ -138,17 +139,23 @@ def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query
                    progress=None) -> Iterator[RoundPlan]:
     """The rounds loop, written once (the job's :func:`private_rounds` and
     benchmarks/adaptive_rounds.py run it): for each of ``rounds.count`` rounds, its
-    (eps, delta) share, its queries (:func:`select_round_queries`; ``first`` for round 0)
-    its mechanism and its connection plan (``rknn.connection``, resolved once from round 0's
+    (eps, delta) share (:func:`rknn_ray.mechanisms.composed_rounds.round_shares`: under the
+    pld accountant a single-message shuffle job's rounds are calibrated together), its
+    queries (:func:`select_round_queries`; ``first`` for round 0), its mechanism and its
+    connection plan (``rknn.connection``, resolved once from round 0's
     queries; with ``rknn.reweight: released`` priced from the rounds released so far).
     ``rounds`` and ``query_sets`` are the caller's lists: it releases each plan and appends
     the released round and the plan's queries before asking for the next, whose selection
     reads them."""
-    p = cfg.privacy
-    budgets = round_budgets(p.eps, p.delta, cfg.rounds.count, cfg.rounds.budget_split)
+    shares = round_shares(cfg, data)
+    if progress is not None and shares[0].eps0 is not None:
+        progress.say(f"rounds calibrated together (pld accountant): local eps0 "
+                     f"{', '.join(f'{s.eps0:.4g}' for s in shares)}, each round's own eps "
+                     f"{', '.join(f'{s.eps:.4g}' for s in shares)}; their composition is at most "
+                     f"eps={cfg.privacy.eps:g} at delta={cfg.privacy.delta:g}")
     sizes = round_query_counts(cfg)
     rule, auto, plans = None, None, []
-    for t, (eps_t, delta_t) in enumerate(budgets):
+    for t, share in enumerate(shares):
         if len(rounds) != t or len(query_sets) != t:
             raise RuntimeError(f"round {t + 1} planned with {len(rounds)} released rounds and "
                                f"{len(query_sets)} query sets: append each released round and "
@@ -169,8 +176,9 @@ def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query
                                    **({"auto": auto} if auto is not None else {}),
                                    **({"prices": connection.prices.tolist()}
                                       if connection.prices is not None else {})}
-        yield RoundPlan(t, eps_t, delta_t, qs, selection,
-                        mechanism_for(cfg, data, eps=eps_t, delta=delta_t, num_queries=qs.size),
+        yield RoundPlan(t, share.eps, share.delta, qs, selection,
+                        mechanism_for(cfg, data, eps=share.eps, delta=share.delta,
+                                      num_queries=qs.size, eps0=share.eps0),
                         connection)
 
 
@@ -232,7 +240,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                             "the counts are lost; their eps stays counted")
                 done = rounds[-1]       # the round's one ledger write, into the reservation
                 ledger.record_spent(done.guarantee, round_id=t, note=note,
-                                    messages=done.messages, clients=done.clients)
+                                    messages=done.messages, clients=done.clients,
+                                    reserve_left=reservation_after(cfg, ctx.data, t))
                 in_round = None
                 if lost is None and t + 1 < count:
                     session.prepare_next_round()    # the shards' keys, while queries are picked

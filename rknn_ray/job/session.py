@@ -17,7 +17,8 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
 4. the Server opens every report and says how many it counted; the guarantee and its
    event are computed from the reports actually opened (a report it cannot open hides
    nobody). A round that misses its target there is recorded at its true cost (the
-   server has seen the reports) and refused for labelling (:class:`CoverShortfall`);
+   server has seen the reports) and refused for labelling (:class:`CoverShortfall`), as is
+   one whose true cost, composed with the job's earlier rounds, exceeds the ledger's budget;
    otherwise the Server releases the counts once and the ledger records them.
 
 Where the number of clients is declared (a table's ``data.private.holders``: under
@@ -62,7 +63,7 @@ from actors.shuffler import ShufflerImpl
 from rknn_ray.job.placement import check_placement_feasible, party_options, placement_of
 from rknn_ray.job.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, piece_clients, sealed_width
-from rknn_ray.errors import PrivacyBudgetError, RknnError
+from rknn_ray.errors import PrivacyBudgetError, RknnError, first_line
 from rknn_ray.accounting.guarantee import Guarantee, guarantee_of
 from rknn_ray.mechanisms.base import Mechanism
 from rknn_ray.rng import derived_key
@@ -388,16 +389,24 @@ class ProtocolSession:
         counted = tally["messages"] if self.declared is None else min(tally["messages"], n)
         event = mechanism.round_event(n, counted)
         guarantee = guarantee_of(mechanism, n, event, opened=counted)
+        shortfall = None
         if guarantee.eps > mechanism.params.eps * (1 + 1e-9):
+            shortfall = _shortfall_message(round_id, mechanism, guarantee, n, tally)
+        else:
+            try:        # composed with the rounds before it (pld: its true PLD, not its eps)
+                ledger.check(guarantee)
+            except PrivacyBudgetError as exc:
+                shortfall = (f"round {round_id + 1} refused for labelling: the reports opened "
+                             f"cost more than the rounds plan left ({first_line(exc)}). The "
+                             "server has seen them, so the round is recorded at its true cost")
+        if shortfall is not None:
             ledger.record_spent(guarantee, round_id=round_id,
                                 note="refused for labelling: too few reports opened to meet "
                                      "the target; recorded at its true cost",
                                 messages=self._shown(tally["messages"]), clients=self.num_clients,
                                 refused="too few reports opened to meet the target")
             opened.close(tally["received"])
-            raise CoverShortfall(_shortfall_message(round_id, mechanism, guarantee, n, tally),
-                                 guarantee, event)
-        ledger.check(guarantee)
+            raise CoverShortfall(shortfall, guarantee, event)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         # the release is out of every reported timing (stages, console): the exact samplers'
         # run time grows with the noise they draw

@@ -27,8 +27,9 @@ public label enters the selection (:func:`select_uncertain` takes only those inp
 public labels are used, after the fact, only to *measure* the interim student, like
 every accuracy figure of the run). By the post-processing property of differential
 privacy the selection costs nothing; each round's release spends its own share of
-``privacy.eps`` (``rounds.budget_split``) and is its own ledger event, so T rounds
-at total eps compose sequentially to eps, as for ``farthest``.
+``privacy.eps`` (``rounds.budget_split``; under the pld accountant single-message shuffle
+rounds are calibrated together for their composition) and is its own ledger event, so T
+rounds at total eps compose to at most eps, as for ``farthest``.
 """
 from __future__ import annotations
 

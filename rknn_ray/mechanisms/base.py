@@ -69,6 +69,9 @@ class MechanismParams:
     num_clients: int = 1        # n (expected senders)
     max_records_per_client: int = 1
     options: dict = field(default_factory=dict)
+    #: single-message shuffle: the local eps0 a rounds plan chose (calibrated for the rounds'
+    #: composition, rknn_ray.mechanisms.composed_rounds); None: calibrated for ``eps``
+    local_eps0: float | None = None
 
     @property
     def num_cells(self) -> int:

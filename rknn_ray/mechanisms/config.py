@@ -57,7 +57,9 @@ class PrivacyConfig:
     budget_delta: float | None = key(None, "the records' delta budget across jobs, below 1/n "
                                      "(null: max(delta, 1/(10 n)))", float, low=0, high=1,
                                      high_open=True, nullable=True)
-    accountant: str = key("basic", "composition: basic (sums) or pld", str,
+    accountant: str = key("basic", "composition: basic (sums) or pld (privacy-loss "
+                          "distributions; T single-message shuffle rounds then share eps0 "
+                          "calibrated for their composition)", str,
                           choices=owned("rknn_ray.accounting.ledger", "ACCOUNTANTS"))
     amplification_bound: str = key("tight", "shuffle, single message: the amplification "
                                    "bound (tight: its Collision form for Collision with c = 1, "

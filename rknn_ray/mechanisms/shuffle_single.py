@@ -21,7 +21,9 @@ model of the amplification theorems. Whatever the others do, an honest record ke
 its own eps0-LDP, so the cost of a round is never above (eps0, 0).
 
 Calibration: ``eps0`` is the largest local eps for which the bound gives the
-central target at ``ceil(honest_fraction * expected senders)``. Because
+central target at ``ceil(honest_fraction * expected senders)``; a job whose rounds are
+calibrated together (rknn_ray.mechanisms.composed_rounds) gives each round its eps0
+(``MechanismParams.local_eps0``) and, as its target, that eps0's own cost. Because
 amplification shrinks with n, the shuffler is told ``min_senders()``, the
 smallest number of authenticated senders at which that eps0 still meets the
 target, and refuses to release below it (nothing opened, nothing spent). After the
@@ -69,6 +71,13 @@ class ShuffleSingleMixin:
                               "upper bound", f"use one of {list(upper_bound_names())}")
         self.honest_fraction = honest_fraction_of(params, self.name)
         n = honest_count(self.honest_fraction, params.num_clients)     # the cover it plans for
+        fixed = params.local_eps0
+        self.planned_eps0 = fixed is not None
+        if fixed is not None:                 # set by a rounds plan (composed_rounds.py)
+            self._eps0 = float(fixed)
+            self.randomizer_params = self._randomizer_params(params, self._eps0)
+            self.bound = round_bound(self.bound_name, self.name, **self.randomizer_params)
+            return
         try:
             # the generic form first; a randomizer-specific form of the bound (bounds.
             # round_bound) may depend on eps0 (Collision's l): recalibrate with the form
@@ -204,6 +213,8 @@ class ShuffleSingleMixin:
 
     def describe(self) -> dict:
         return {**super().describe(), "eps0": self._eps0, "bound": self.bound_name,
+                "eps0_from": ("the rounds plan (calibrated together for their pld composition)"
+                              if getattr(self, "planned_eps0", False) else "this round's target"),
                 "min_senders": self.min_senders(), "honest_fraction": self.honest_fraction}
 
 

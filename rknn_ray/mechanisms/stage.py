@@ -32,11 +32,15 @@ def mechanism_params(cfg, data: "PreparedData", eps: float | None = None,
 def mechanism_for(cfg, data: "PreparedData", *, eps: float | None = None,
                   delta: float | None = None, num_queries: int | None = None,
                   k: int | None = None, model: str | None = None,
-                  name: str | None = None) -> Mechanism:
+                  name: str | None = None, eps0: float | None = None) -> Mechanism:
     """The one place a mechanism is built from a config: ``privacy.model``/``mechanism``
     (or ``model``/``name``) calibrated by :func:`mechanism_params`; ``eps``/``delta`` a
-    round's share, ``num_queries`` a round's s, ``k`` a what-if (public parameters only)."""
+    round's share, ``num_queries`` a round's s, ``k`` a what-if (public parameters only);
+    ``eps0``: a single-message shuffle round's local eps, chosen by a rounds plan
+    (rknn_ray.mechanisms.composed_rounds) instead of calibrated for ``eps``."""
     params = mechanism_params(cfg, data, eps=eps, delta=delta)
+    if eps0 is not None:
+        params = dataclasses.replace(params, local_eps0=float(eps0))
     changes = {key: int(v) for key, v in (("num_queries", num_queries), ("k", k)) if v is not None}
     if changes:
         params = dataclasses.replace(params, **changes)
