@@ -138,7 +138,7 @@ def test_the_jobs_rounds_loop_runs_the_plan():
     from rknn_ray.data.prepared import prepare_data
     from rknn_ray.job.rounds import planned_rounds
     from rknn_ray.mechanisms.composed_rounds import round_shares
-    from rknn_ray.pipeline import fit_queries
+    from rknn_ray.job.stages import fit_queries
     cfg = _ctx("privacy.accountant=pld", "run.rng=seeded", "queries.restarts=1").cfg
     data = prepare_data(cfg)
     _, emb, first = fit_queries(cfg, data)
