@@ -48,6 +48,7 @@ from rknn_ray.accounting.bounds import MechanismLowerBound
 from benchmarks.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
                               shuffled_pair_statistics, simulate_labeling_error)
 from rknn_ray.accounting.tight import tight_bound
+from benchmarks import published_amplification as pub
 from rknn_ray.mechanisms.collision import collision_l
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms import MechanismParams, build
@@ -259,8 +260,7 @@ def run_grid(out: str, ns=GRID_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, targets=GR
     write_json(os.path.join(out, "results.json"), result)
     pub_table = ""
     if pub_rows:
-        from benchmarks.published_amplification import format_markdown
-        pub_table = "\nagainst the published numbers\n" + format_markdown(pub_rows) + "\n"
+        pub_table = "\nagainst the published numbers\n" + pub.format_markdown(pub_rows) + "\n"
     write_text(os.path.join(out, "table.txt"),
                format_table(rows, inverse, audits) + "\n\n" + format_gap_table(gap) + "\n" + pub_table)
     if plots:
@@ -638,7 +638,6 @@ examples:
 
 def _write_published(out: str) -> list[dict]:
     """The anchors' published numbers against ours: amplification-published.{json,md} in out."""
-    from benchmarks import published_amplification as pub
     res = pub.compare()
     write_json(os.path.join(out, "amplification-published.json"), res)
     write_text(os.path.join(out, "amplification-published.md"), pub.format_markdown(res) + "\n")
@@ -646,13 +645,11 @@ def _write_published(out: str) -> list[dict]:
 
 
 def _published_failures(rows) -> list[dict]:
-    from benchmarks import published_amplification as pub
     return [{"kind": "published", **r} for r in pub.failures(rows)]
 
 
 def _published(out: str) -> int:
     """The --published mode: table to stdout and files; 1 if a current row fails its checks."""
-    from benchmarks import published_amplification as pub
     res = _write_published(out)
     print(pub.format_markdown(res))
     bad = pub.failures(res)

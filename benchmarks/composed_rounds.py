@@ -26,11 +26,16 @@ import json
 import math
 import sys
 import time
+from types import SimpleNamespace
 
+from rknn_ray.accounting.accountants import Composition
 from rknn_ray.accounting.bound_choice import get_bound
 from rknn_ray.accounting.shuffle_pld import (composed_eps, histogram_lower_pair, pld_from_pair,
                                              round_pld, rr_lower_pair)
+from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError
+from rknn_ray.mechanisms.composed_rounds import planned_event, round_shares
+from rknn_ray.mechanisms.stage import mechanism_for
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -105,12 +110,6 @@ def measure(args) -> dict:
 
 def plan(args) -> dict:
     """eps0 per round and the ledger's composed eps, eps/T split vs calibrated together."""
-    from types import SimpleNamespace
-
-    from rknn_ray.accounting.accountants import Composition
-    from rknn_ray.config import load_config
-    from rknn_ray.mechanisms.composed_rounds import planned_event, round_shares
-    from rknn_ray.mechanisms.stage import mechanism_for
     data = SimpleNamespace(num_clients=args.clients, num_classes=args.classes,
                            max_records_per_client=1)
     rows = []

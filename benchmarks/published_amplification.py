@@ -21,6 +21,9 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
+from rknn_ray.accounting import BOUNDS
+from rknn_ray.accounting.tight import tight_bound
+
 SOURCES = {
     "FMT21": "Feldman, McMillan, Talwar, Hiding Among the Clones (FOCS 2021, arXiv 2012.12803): "
              "apple/ml-shuffling-amplification README.md at 3fde4936 (output of example.py)",
@@ -100,7 +103,6 @@ RTOL = 1e-9
 
 @functools.lru_cache(maxsize=None)
 def _bounds(mechanism: str, k: int | None):
-    from rknn_ray.accounting.tight import tight_bound
     tight = tight_bound(mechanism, **({"k": k} if k else {}))
     return tight, tight.lower_bound()
 
@@ -117,7 +119,6 @@ def _ours(mechanism: str, k: int | None, quantity: str, x: float, n: int, delta:
 
 def compare_row(row: PublishedRow) -> dict:
     """The row, the project's numbers for it, the ratio published / tight and the checks."""
-    from rknn_ray.accounting import BOUNDS
     out = {**asdict(row), "quantity": row.quantity, "citation": SOURCES[row.source]}
     hi = row.value_hi if row.value_hi is not None else row.value
     given = row.eps0 if row.quantity == "eps" else row.target_eps
