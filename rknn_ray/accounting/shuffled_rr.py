@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from rknn_ray.accounting.binom_fast import EXACT_RTOL_PER_M, binom_logpmf, pmf_rtol
-from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window
+from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, BlanketPair, PairDelta, _window
 
 
 class ShuffledRRPairDelta:
@@ -120,3 +120,33 @@ def collision_pair(eps0: float, n: int, l: int) -> ShuffledRRPairDelta:
     a = 1.0 / (p + l - 1.0)
     keep = 1.0 - 1.0 / l
     return ShuffledRRPairDelta(p, n, a * keep, p * a * keep)
+
+
+def collision_third_value_pairs(eps0: float, n: int, l: int) -> list[PairDelta]:
+    """Collision (c = 1), user 1 holds v vs v', the other n-1 users all hold a third v''.
+
+    The adversary knows v, v', v'' and every report's hash, so it can sort each report
+    (H, z) by [z = H(v)], [z = H(v')], [z = H(v'')]; with H(v), H(v'), H(v'') i.i.d.
+    uniform on [l] (the hash is 3-wise independent), kappa = 1/l, u = (1-kappa)^2 a:
+
+    * A: z = H(v), not H(v') nor H(v''): p u under v, u under v', u for each other user;
+    * B: the same with v and v' swapped;
+    * C: z = H(v) = H(v'') != H(v'): kappa (1-kappa) a times (p, 1, p) (v, v', others);
+      D: C with v and v' swapped; everything else has the same law under v and v'.
+
+    Two coarsenings have the shape of :class:`rknn_ray.accounting.hockey.BlanketPair`
+    (user 1 lands in "0" / "1" w.p. (p b, b) vs (b, p b), each other user w.p. r each):
+    the counts of A and B (b = r = u), and of A+C and B+D (b = (1-kappa) a, r = u +
+    kappa (1-kappa) p a).  Each count pair is a post-processing of the shuffled output of
+    this dataset, so its exact divergence is a lower bound (A/B wins at large l, A+C/B+D
+    at small l and eps0).  Empty for n < 2.
+    """
+    if n < 2:
+        return []
+    p = math.exp(eps0)
+    a = 1.0 / (p + l - 1.0)
+    kappa = 1.0 / l
+    u = (1.0 - kappa) ** 2 * a
+    merged = (1.0 - kappa) * a
+    return [PairDelta(BlanketPair(p, b, 1.0 - (p + 1.0) * b, r, int(n)))
+            for b, r in ((u, u), (merged, u + kappa * (1.0 - kappa) * p * a))]

@@ -60,7 +60,8 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
-from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
+from rknn_ray.accounting.shuffled_rr import (collision_pair, collision_third_value_pairs,
+                                             krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -431,7 +432,9 @@ class TightBound(AmplificationBound):
         """A certified lower bound for the same randomizer (see the module doc)."""
         _check(eps0, n, delta)
         if self.mechanism == "collision":
-            return eps_for_delta(collision_pair(eps0, n, self.l), delta, eps0, upper=False)
+            return max(eps_for_delta(pd, delta, eps0, upper=False)
+                       for pd in [collision_pair(eps0, n, self.l)]
+                       + collision_third_value_pairs(eps0, n, self.l))
         ks = [self.k] if self.mechanism == "krr" else [2, 3, 4]
         best = RRLowerBound().central_eps(eps0, n, delta) if self.mechanism == "generic" else 0.0
         p = math.exp(eps0)
@@ -540,8 +543,9 @@ class TightLowerBound(AmplificationBound):
         self.upper = upper
         self.citation = {"krr": "exact divergences of shuffled k-RR: others all hold x', or all "
                                 "a third value (counts of x and x'); the larger",
-                         "collision": "exact divergence of shuffled Collision (c=1): others all "
-                                      "hold v'",
+                         "collision": "exact divergences of shuffled Collision (c=1): others all "
+                                      "hold v', or all a third value (counts of the reports "
+                                      "that single out v or v'); the largest",
                          "generic": "the largest exact divergence of shuffled binary RR and "
                                     "3-/4-RR pairs (each eps0-LDP)"}[upper.mechanism]
 
