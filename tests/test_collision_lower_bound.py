@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rknn_ray.accounting import get_bound
-from rknn_ray.accounting.shuffled_rr import collision_third_value_pairs
+from rknn_ray.accounting.shuffled_rr import CollisionThirdValueDelta, collision_third_value_pairs
 from rknn_ray.mechanisms.collision import collision_l
 
 from tests.test_accounting_soundness import _divergence
@@ -110,6 +110,33 @@ def test_count_pairs_are_the_exact_coarsened_divergences(l, n, eps0):
             est, up, down = pd.delta(eps)
             assert est - down - 1e-12 <= exact <= est + up + 1e-12, (groups, eps, est, exact)
             assert est == pytest.approx(exact, rel=1e-7, abs=1e-13)
+
+
+@pytest.mark.parametrize("l,n,eps0", [(3, 10, 0.5), (4, 9, 1.0), (8, 8, 2.0), (2, 6, 1.0)])
+def test_four_counts_are_the_exact_divergence(l, n, eps0):
+    """The A, B, C, D counts (rest merged): brute-force multinomials == the closed form,
+    and at least each two-count pair."""
+    p = math.exp(eps0)
+    vx, vy, vo = _category_laws(l, p)
+    groups = {A: "A", B: "B", C: "C", D: "D"}
+    gx, gy, go = (_coarsen(v, groups) for v in (vx, vy, vo))
+    cx, cy = _shuffled_counts(gx, go, n), _shuffled_counts(gy, go, n)
+    four = CollisionThirdValueDelta(eps0, n, l)
+    for eps in (0.05, 0.3, 0.8 * eps0):
+        exact = _divergence(cx, cy, eps)
+        est, up, down = four.delta(eps)
+        assert est - down - 1e-12 <= exact <= est + up + 1e-12, (eps, est, exact)
+        assert est == pytest.approx(exact, rel=1e-9, abs=1e-13)
+        assert all(pd.delta(eps)[0] <= est + 1e-12 for pd in collision_third_value_pairs(eps0, n, l))
+
+
+def test_four_counts_close_the_small_l_gap():
+    """n = 1000, l = 3 and 4: the four counts leave <= 1.09 / 1.11 (the count pairs alone
+    1.11 / 1.17), and stay below the tight bound."""
+    for e0, cap in ((0.5, 1.09), (1.0, 1.11)):
+        b = get_bound("tight", mechanism="collision", l=collision_l(e0, 1), c=1)
+        up, lo = b.central_eps(e0, 1000, 1e-6), b.lower(e0, 1000, 1e-6)
+        assert lo <= up <= cap * lo, (e0, lo, up)
 
 
 @pytest.mark.parametrize("delta", [1e-6, 1e-8])

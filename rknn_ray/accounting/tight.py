@@ -60,8 +60,8 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
-from rknn_ray.accounting.shuffled_rr import (collision_pair, collision_third_value_pairs,
-                                             krr_pair)
+from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, collision_pair,
+                                             collision_third_value_pairs, krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -71,6 +71,7 @@ MAX_BUCKETS = 256     # per dimension, within 3 sigma of the mean
 STOP = 1e-5          # stop summing buckets once the rest is bounded by this share
 VECTOR_MAX = 400_000  # c buckets x s window evaluated at once (exact tails)
 SKIP = 1e-30         # per-s Hoeffding bound below which a term is bounded, not summed
+FOUR_COUNT_TERMS = 6_000_000  # grid of Collision's four-count lower bound (~1 s per eps)
 
 
 class BlanketDelta:
@@ -377,6 +378,26 @@ def solve_upper(pd, delta: float, eps_hi: float, guess: float, rtol: float = 1e-
     return e
 
 
+def _raise_lower(pd, delta: float, start: float, eps_hi: float, steps: int = 5) -> float:
+    """The largest eps >= ``start`` found with est - err_down > delta (a certified lower
+    bound), ``start`` if none: geometric steps of 2% up from ``start`` (an eps a cheaper
+    pair certified), then ``steps`` bisections; each answer is an evaluated point."""
+    def exceeds(e: float) -> bool:
+        est, _, down = pd.delta(e)
+        return est - down > delta
+
+    lo = start
+    if lo <= 0.0 or not exceeds(lo):
+        return start
+    hi = min(eps_hi, lo * 1.02)
+    while hi < eps_hi and exceeds(hi):
+        lo, hi = hi, min(eps_hi, hi * 1.02)
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if exceeds(mid) else (lo, mid)
+    return lo
+
+
 # ---------------------------------------------------------------- mechanisms
 
 def blanket_params(mechanism: str, eps0: float, k: int | None = None, l: int | None = None):
@@ -432,9 +453,12 @@ class TightBound(AmplificationBound):
         """A certified lower bound for the same randomizer (see the module doc)."""
         _check(eps0, n, delta)
         if self.mechanism == "collision":
-            return max(eps_for_delta(pd, delta, eps0, upper=False)
+            best = max(eps_for_delta(pd, delta, eps0, upper=False)
                        for pd in [collision_pair(eps0, n, self.l)]
                        + collision_third_value_pairs(eps0, n, self.l))
+            if n >= 2 and CollisionThirdValueDelta.terms(eps0, n, self.l) <= FOUR_COUNT_TERMS:
+                best = _raise_lower(CollisionThirdValueDelta(eps0, n, self.l), delta, best, eps0)
+            return best
         ks = [self.k] if self.mechanism == "krr" else [2, 3, 4]
         best = RRLowerBound().central_eps(eps0, n, delta) if self.mechanism == "generic" else 0.0
         p = math.exp(eps0)
