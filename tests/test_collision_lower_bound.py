@@ -148,3 +148,22 @@ def test_collision_gap_with_the_l_the_project_picks(delta):
         for n in (10**3, 10**5):
             up, lo = b.central_eps(e0, n, delta), b.lower(e0, n, delta)
             assert lo <= up <= lo * (1.05 if e0 >= 4 else 1.10), (e0, n, lo, up)
+
+
+@pytest.mark.parametrize("n,eps0,l", [(1000, 0.5, 3), (4000, 1.0, 4)])
+def test_small_n_tail_table_agrees_with_the_incomplete_beta_path(monkeypatch, n, eps0, l):
+    """The tight bound's small-n sums read Bin(m, 1/2) tails from one band table: the
+    same delta as one incomplete beta per cell, within both error bars."""
+    from rknn_ray.accounting import tight
+    from rknn_ray.accounting.tight import BlanketDelta, blanket_params
+    args = blanket_params("collision", eps0, l=l)
+    p, rest = args[0], args[1:]
+    table = BlanketDelta(p, n, *rest)
+    for eps in (0.01, 0.03, 0.08):
+        monkeypatch.setattr(tight, "TABLE_MAX", 0)
+        ref = BlanketDelta(p, n, *rest).delta(eps)
+        monkeypatch.undo()
+        got = table.delta(eps)
+        assert abs(got[0] - ref[0]) <= got[1] + ref[1], (eps, got, ref)
+        assert got[0] + got[1] >= ref[0] - ref[2]
+    assert table.__dict__["_half_tab"][2] is not None       # the table was used

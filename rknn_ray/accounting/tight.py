@@ -71,6 +71,7 @@ MAX_BUCKETS = 256     # per dimension, within 3 sigma of the mean
 STOP = 1e-5          # stop summing buckets once the rest is bounded by this share
 VECTOR_MAX = 400_000  # c buckets x s window evaluated at once (exact tails)
 SKIP = 1e-30         # per-s Hoeffding bound below which a term is bounded, not summed
+TABLE_MAX = 4_000_000   # cells of the Bin(m, 1/2) pmf / tail band table (small n)
 FOUR_COUNT_TERMS = 6_000_000  # grid of Collision's four-count lower bound (~1 s per eps)
 
 
@@ -164,18 +165,59 @@ class BlanketDelta:
         t = (h0 - 1)[live]
         sf = np.zeros(Cp.shape)
         pmf = np.zeros(Cp.shape)
-        sf[live] = half_sf_exact(m, t)
-        if m.size:
-            pmf[live] = np.exp(binom_logpmf(t, m, 0.5))
-        pmf_rel = pmf_rtol(float(np.abs(t - m / 2.0).max(initial=0.0)) + 1)
-        sf_rel = EXACT_RTOL_PER_M * float(max(1, s.max()))
+        tab = self._half_table(int(m.min()), int(m.max())) if m.size else None
+        band = 0.0
+        if tab is not None:
+            lo, W, P, S, rel, band = tab
+            col = np.clip(t - (m // 2 - W), 0, 2 * W)
+            sf[live], pmf[live] = S[m - lo, col], P[m - lo, col]
+            pmf_rel = sf_rel = rel
+        else:
+            sf[live] = half_sf_exact(m, t)
+            if m.size:
+                pmf[live] = np.exp(binom_logpmf(t, m, 0.5))
+            pmf_rel = pmf_rtol(float(np.abs(t - m / 2.0).max(initial=0.0)) + 1)
+            sf_rel = EXACT_RTOL_PER_M * float(max(1, s.max()))
         A = (Cp + D * sf_ / 2.0) * sf
         B = -(Cp / 2.0) * pmf
         est = np.sum(w * np.maximum(A + B, 0.0), axis=1)
         mag = np.sum(w * (np.abs(A) + np.abs(B)), axis=1)
         err = (2.0 * (w_rel + pmf_rel) * mag + sf_rel * np.sum(w * np.abs(A), axis=1)
                + p * n2 * out + skipped + FLOAT_SLACK_PER_TERM * (8 * s.size + 16) * np.maximum(1.0, mag))
+        if band:
+            err = err + band * np.sum(w * (np.abs(Cp + D * sf_ / 2.0) + np.abs(Cp) / 2.0), axis=1)
         return est, err, mag
+
+    def _half_table(self, m_lo: int, m_hi: int):
+        """(m_lo', W, pmf, sf, rel, band): Bin(m, 1/2) pmf and tails P[>= t] for rows
+        m = m_lo'.., columns t = m // 2 - W .. m // 2 + W (a lookup clips t to them), or
+        None past TABLE_MAX cells.  Built once per instance for every row the sums can
+        reach: the small-n sums look tails up here instead of one incomplete beta per cell
+        and eps.  rel bounds both tables' relative error (the pmfs', and summing <= 2W + 1
+        positive terms); band the absolute error of a clipped or in-band value (each side
+        beyond the band holds <= exp(-2 (W - 1)^2 / m) <= 1e-25 by Hoeffding)."""
+        tab = self.__dict__.get("_half_tab")
+        if tab is not None:
+            ok = tab[2] is not None and tab[0] <= m_lo and m_hi <= tab[0] + tab[2].shape[0] - 1
+            return tab if ok else None
+        # every row any count can reach: s over the windows of n - T, T over Bin(n, pneg)'s
+        pneg = self.pi_r + self.pi_c
+        t_lo, t_hi = (0, 0) if pneg <= 0 else _window(self.n, pneg, self.tail, exact_out=False)[:2]
+        m_lo = min(m_lo, max(int(self._s_window(self.n - t_hi)[0][:1].min(initial=1)) - 1, 0))
+        m_hi = max(m_hi, int(self._s_window(self.n - t_lo)[0][-1:].max(initial=1)) - 1)
+        W = int(math.ceil(math.sqrt(28.8 * max(m_hi, 1)))) + 2
+        rows = np.arange(m_lo, m_hi + 1, dtype=np.int64)[:, None]
+        cols = rows // 2 - W + np.arange(0, 2 * W + 1, dtype=np.int64)[None, :]
+        if rows.size * cols.shape[1] > TABLE_MAX:
+            self.__dict__["_half_tab"] = (0, 0, None, None, 0.0, 0.0)
+            return None
+        inside = (cols >= 0) & (cols <= rows)
+        P = np.where(inside, np.exp(binom_logpmf(np.clip(cols, 0, rows), rows, 0.5)), 0.0)
+        S = np.cumsum(P[:, ::-1], axis=1)[:, ::-1]
+        rel = pmf_rtol(W + 1) + 2.3e-16 * (2 * W + 3)
+        tab = (m_lo, W, P, S, rel, 2e-25)
+        self.__dict__["_half_tab"] = tab
+        return tab
 
     def _inner(self, n2: int, C: float, ee: float):
         """(E[(X/gamma)_+ | counts], its absolute error, its magnitude): n2 reports left
