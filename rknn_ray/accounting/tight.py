@@ -206,11 +206,11 @@ class BlanketDelta:
         m_lo = min(m_lo, max(int(self._s_window(self.n - t_hi)[0][:1].min(initial=1)) - 1, 0))
         m_hi = max(m_hi, int(self._s_window(self.n - t_lo)[0][-1:].max(initial=1)) - 1)
         W = int(math.ceil(math.sqrt(28.8 * max(m_hi, 1)))) + 2
-        rows = np.arange(m_lo, m_hi + 1, dtype=np.int64)[:, None]
-        cols = rows // 2 - W + np.arange(0, 2 * W + 1, dtype=np.int64)[None, :]
-        if rows.size * cols.shape[1] > TABLE_MAX:
+        if (m_hi - m_lo + 1) * (2 * W + 1) > TABLE_MAX:
             self.__dict__["_half_tab"] = (0, 0, None, None, 0.0, 0.0)
             return None
+        rows = np.arange(m_lo, m_hi + 1, dtype=np.int64)[:, None]
+        cols = rows // 2 - W + np.arange(0, 2 * W + 1, dtype=np.int64)[None, :]
         inside = (cols >= 0) & (cols <= rows)
         P = np.where(inside, np.exp(binom_logpmf(np.clip(cols, 0, rows), rows, 0.5)), 0.0)
         S = np.cumsum(P[:, ::-1], axis=1)[:, ::-1]
