@@ -167,3 +167,10 @@ def test_small_n_tail_table_agrees_with_the_incomplete_beta_path(monkeypatch, n,
         assert abs(got[0] - ref[0]) <= got[1] + ref[1], (eps, got, ref)
         assert got[0] + got[1] >= ref[0] - ref[2]
     assert table.__dict__["_half_tab"][2] is not None       # the table was used
+
+
+def test_large_n_skips_the_tail_table_without_allocating_it():
+    from rknn_ray.accounting.tight import BlanketDelta, blanket_params
+    p, px, pr, pc = blanket_params("collision", 0.5, l=3)
+    bd = BlanketDelta(p, 10**8, px, pr, pc)
+    assert bd.delta(2e-4)[0] > 0 and bd._half_table(10**6, 10**6) is None

@@ -43,9 +43,17 @@ conditional value (p) is added, with the fast binomials' error bounds
 Lower bounds (the gap is measured, not assumed): for k-RR the larger of the exact
 pair "others all hold x'" (:mod:`rknn_ray.accounting.shuffled_rr`) and the counts of
 x and x' when the others all hold a third value (= the blanket view without the
-blanket size: a post-processing of that dataset's real output); Collision: the exact
-"others hold v'" pair; generic: the largest of binary RR and the k-RR pairs (every
-k-RR is eps0-LDP).
+blanket size: a post-processing of that dataset's real output).  Collision: the
+largest of the exact "others hold v'" pair and, with the others all on a third value
+v'', the counts of the reports that single out v or v' by their hashes (also counting,
+or not, those that match v'' too:
+:func:`~rknn_ray.accounting.shuffled_rr.collision_third_value_pairs`), and where the
+grid is small (n ~ 1e3, l <= 8) those four counts together
+(:class:`~rknn_ray.accounting.shuffled_rr.CollisionThirdValueDelta`: all the view
+says about v vs v' but the reports that fit both or neither).  What stays open there
+is the upper side: a third value's report lands on v's hash with prob. 1/l, and the
+blanket treats those reports as if the adversary could tell them apart.  Generic: the
+largest of binary RR and the k-RR pairs (every k-RR is eps0-LDP).
 
 ``dominating_pair(eps0, n)``: the same bucketed pair as explicit distributions, see
 :meth:`TightBound.dominating_pair`.
