@@ -63,16 +63,15 @@ A, B, C, D = (1, 0, 0), (0, 1, 0), (1, 0, 1), (0, 1, 1)
 COARSENINGS = ({A: "A", B: "B"}, {A: "A", C: "A", B: "B", D: "B"})   # the order of the pairs
 
 
-@pytest.mark.parametrize("l,eps0", [(2, 1.0), (3, 0.5), (5, 2.0), (8, 4.0)])
-def test_category_probabilities_are_the_documented_ones(l, eps0):
-    p = math.exp(eps0)
+def _check_documented_laws(l, p, laws):
+    """The A, B, C, D probabilities of collision_third_value_pairs' docstring; every other
+    category has the same law under v and v'."""
     a, kap = 1.0 / (p + l - 1), 1.0 / l
     u, w = (1 - kap) ** 2 * a, kap * (1 - kap) * a
-    vx, vy, vo = _category_laws(l, p)
+    vx, vy, vo = laws
     for cat, (qx, qy, qo) in {A: (p * u, u, u), B: (u, p * u, u),
                               C: (p * w, w, p * w), D: (w, p * w, p * w)}.items():
         assert (vx[cat], vy[cat], vo[cat]) == pytest.approx((qx, qy, qo), rel=1e-12)
-    # every other category has the same law under v and v'
     for cat in set(vx) - {A, B, C, D}:
         assert vx[cat] == pytest.approx(vy[cat], rel=1e-12)
 
@@ -96,12 +95,15 @@ def test_categories_are_sufficient_and_the_bound_sits_between(l, n, eps0):
         assert _upper_delta("collision", eps0, n, eps, l=l) >= full - 1e-12
 
 
-@pytest.mark.parametrize("l,n,eps0", [(3, 12, 0.5), (4, 9, 1.0), (8, 10, 2.0), (12, 8, 4.0)])
+@pytest.mark.parametrize("l,n,eps0", [(2, 10, 1.0), (3, 12, 0.5), (4, 9, 1.0), (8, 10, 2.0),
+                                      (12, 8, 4.0)])
 def test_count_pairs_are_the_exact_coarsened_divergences(l, n, eps0):
     """Each pair's delta is the exact divergence of the shuffled counts of its coarsening
-    (brute-force multinomials over the enumerated category laws)."""
+    (brute-force multinomials over the enumerated category laws, which are the documented
+    ones)."""
     p = math.exp(eps0)
     vx, vy, vo = _category_laws(l, p)
+    _check_documented_laws(l, p, (vx, vy, vo))
     for groups, pd in zip(COARSENINGS, collision_third_value_pairs(eps0, n, l)):
         gx, gy, go = (_coarsen(v, groups) for v in (vx, vy, vo))
         cx, cy = _shuffled_counts(gx, go, n), _shuffled_counts(gy, go, n)
