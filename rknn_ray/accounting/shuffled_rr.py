@@ -163,9 +163,11 @@ class CollisionThirdValueDelta:
         delta(eps) = E''[(sum_c N_c (rho_0(c) - e^eps rho_1(c)))_+] / n,
 
     summed over t = N_C + N_D, N_C | t, m = N_A + N_B | t, and in closed form over
-    N_A | m ~ Bin(m, 1/2) (a tail and its first moment, from one table of Bin(., 1/2)
-    tails).  Windows drop terms (each >= 0: the value only falls, sound for a lower
-    bound); the tables' relative errors go to err_down.  ``terms(eps0, n, l)`` counts
+    h = N_A | m ~ Bin(m, 1/2): with the sum K + D h, c = -K / D and h0 = floor(c) + 1,
+    E[(K + D h)_+] = D (E[(h - h0)_+] + (h0 - c) P[h >= h0]), both read from tables of
+    Bin(., 1/2) tails and of their sums (nonnegative terms: no cancellation).  Windows
+    drop terms (each >= 0: the value only falls, sound for a lower bound); the tables'
+    relative errors and the rounding of c go to err_down.  ``terms(eps0, n, l)`` counts
     the (N_C, m) grid points before any work (callers keep the cost bounded).
     """
 
@@ -193,6 +195,7 @@ class CollisionThirdValueDelta:
         qm = 2.0 * u / (1.0 - 2.0 * w)
         self.blocks = []              # (t, j, P(t) P(j | t), m, P(m | t))
         m_lo, m_hi = self.n, 0
+        off = max(abs(lo - self.n * 2.0 * w), abs(hi - self.n * 2.0 * w))   # weights' offsets
         for t in range(lo, hi + 1):
             wt = float(np.exp(binom_logpmf(np.array([t]), self.n, 2.0 * w))[0])
             jl, jh, _ = _window(t, 0.5, tail, exact_out=False)
@@ -202,6 +205,8 @@ class CollisionThirdValueDelta:
             wj = np.exp(binom_logpmf(j, t, 0.5)) if t > 0 else np.ones(1)
             wm = np.exp(binom_logpmf(m, self.n - t, qm)) if self.n > t else np.ones(1)
             self.blocks.append((t, j, wt * wj, m, wm))
+            off = max(off, jh - t / 2.0, t / 2.0 - jl, abs(mh - (self.n - t) * qm),
+                      abs(ml - (self.n - t) * qm))
             m_lo, m_hi = min(m_lo, int(m[0])), max(m_hi, int(m[-1]))
         # S[r, k] = P[Bin(m_lo - 1 + r, 1/2) >= k], k = 0 .. m_hi + 1 (0 beyond m)
         self.m0 = max(m_lo - 1, 0)
@@ -212,8 +217,11 @@ class CollisionThirdValueDelta:
                            np.exp(binom_logpmf(np.minimum(k[None, :], rows[:, None]),
                                                rows[:, None], 0.5)), 0.0)
         pmf[rows == 0, 0] = 1.0
-        self.S = np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1]
-        self.rel = pmf_rtol(m_hi / 2.0 + 1) * 3.0 + 4.0 * 2.2e-16 * (m_hi + 2)
+        self.S = np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1]            # P[h >= k]
+        G = np.cumsum(self.S[:, ::-1], axis=1)[:, ::-1]               # sum_{j >= k} P[h >= j]
+        self.G = np.concatenate([G[:, 1:], np.zeros((G.shape[0], 1))], axis=1)  # E[(h - k)_+]
+        # weights: three pmfs each; table: one pmf and <= m_hi + 2 summed terms
+        self.rel = 3.0 * pmf_rtol(off + 1) + pmf_rtol(m_hi / 2.0 + 1) + 4.5e-16 * (m_hi + 2)
         self.terms = sum(j.size * m.size for _, j, _, m, _ in self.blocks)
 
     def delta(self, eps: float) -> tuple[float, float, float]:
@@ -221,18 +229,23 @@ class CollisionThirdValueDelta:
         ee = math.exp(eps)
         D = (p - 1.0) * (1.0 + ee)
         vB, vD, vR = 1.0 - ee * p, 1.0 / p - ee, self.rho_r * (1.0 - ee)
-        est = mag = 0.0
+        est = err_c = 0.0
         for t, j, wj, m, wm in self.blocks:
-            K = (t * vD + (D / p) * j[:, None] + (vB - vR) * m[None, :] + (n - t) * vR)
+            parts = (t * vD, (D / p) * j[:, None], (vB - vR) * m[None, :], (n - t) * vR)
+            K = parts[0] + parts[1] + parts[2] + parts[3]
+            size = abs(parts[0]) + np.abs(parts[1]) + np.abs(parts[2]) + abs(parts[3])
+            c = -K / D
             mm = np.broadcast_to(m[None, :], K.shape)
-            h0 = np.clip(np.floor(-K / D).astype(np.int64) + 1, 0, mm + 1)
-            sf = self.S[mm - self.m0, h0]
-            sf1 = self.S[np.maximum(mm - 1 - self.m0, 0), np.maximum(h0 - 1, 0)]
-            sf1 = np.where(mm >= 1, sf1, 0.0)
-            A = K * sf
-            B = D * (mm / 2.0) * sf1
+            h0 = np.clip(np.floor(c).astype(np.int64) + 1, 0, mm + 1)
+            r = mm - self.m0
+            sf = self.S[r, h0]
+            val = D * (self.G[r, h0] + (h0 - c) * sf)
             W = wj[:, None] * wm[None, :]
-            est += float(np.sum(W * np.maximum(A + B, 0.0)))
-            mag += float(np.sum(W * (np.abs(A) + np.abs(B))))
-        err = 2.0 * self.rel * mag / n + FLOAT_SLACK_PER_TERM * (4 * self.terms + 16)
-        return est / n, err, err
+            est += float(np.sum(W * val))
+            # c's rounding (a few ulps of the parts summed into K) moves val by <= D sf |dc|
+            err_c += float(np.sum(W * sf * (size + D * np.abs(c)))) * 8.0 * 2.2e-16
+        est /= n
+        # every term is >= 0: float rounding (products, pairwise sums over <= 2^40 terms)
+        # is relative, <= 64 ulps of the total
+        err = (1.01 * self.rel + 64 * 2.2e-16) * est + err_c / n
+        return est, err, err
