@@ -60,7 +60,7 @@ from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT
                                         TAIL_MASS, _window, eps_for_delta)
 from rknn_ray.accounting.calibration import guided_edge
 from rknn_ray.accounting.shuffle_pld import blanket_pair_chunks
-from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
+from rknn_ray.accounting.shuffled_rr import collision_pair, collision_third_value_pairs, krr_pair
 from rknn_ray.errors import ConfigError
 
 EPS0_MAX = 30.0   # beyond this e^eps0 overflows the useful range of every bound
@@ -339,7 +339,9 @@ class VariationRatioBound(_BlanketPairBound):
         (a) all holding 1: exact divergence of the shuffled histogram
         (:mod:`rknn_ray.accounting.shuffled_rr`); (b) all holding a third value (k >= 3):
         the divergence of the counts of 0 and 1 (the "merged" pair, a post-processing).
-        Collision with c = 1: pair (a) on the hashed cells. Generic: binary RR.
+        Collision with c = 1: pair (a) on the hashed cells, and (b) counted on the reports
+        that single out 0 or 1 (:func:`~rknn_ray.accounting.shuffled_rr.collision_third_value_pairs`).
+        Generic: binary RR.
         """
         _check(eps0, n, delta)
         if self.mechanism == "generic":
@@ -347,7 +349,9 @@ class VariationRatioBound(_BlanketPairBound):
         if self.mechanism == "collision":
             if self.params["c"] != 1:
                 return None
-            return eps_for_delta(collision_pair(eps0, n, self.params["l"]), delta, eps0, upper=False)
+            l = self.params["l"]
+            return max(eps_for_delta(pd, delta, eps0, upper=False)
+                       for pd in [collision_pair(eps0, n, l)] + collision_third_value_pairs(eps0, n, l))
         k = self.params["k"]
         best = eps_for_delta(krr_pair(eps0, n, k), delta, eps0, upper=False)
         if k >= 3 and n >= 2:
@@ -425,8 +429,9 @@ class MechanismLowerBound(AmplificationBound):
                              "all hold 1" + (" (or all hold 2: counts of 0 and 1), the larger"
                                              if k >= 3 else ""))
         elif vr.mechanism == "collision" and vr.params["c"] == 1:
-            self.citation = ("exact divergence of shuffled Collision (c=1): user 1 holds cell v vs "
-                             "v', the others all hold v'")
+            self.citation = ("exact divergences of shuffled Collision (c=1): user 1 holds v vs v', "
+                             "the others all hold v' (or all a third value: counts of the reports "
+                             "that single out v or v'), the larger")
         else:
             self.citation = ("binary randomized response (a generic eps0-LDP randomizer), not "
                              f"{vr.mechanism}-specific: no {vr.mechanism} pair is implemented")

@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from rknn_ray.accounting.binom_fast import EXACT_RTOL_PER_M, binom_logpmf, pmf_rtol
-from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window
+from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, BlanketPair, PairDelta, _window
 
 
 class ShuffledRRPairDelta:
@@ -120,3 +120,132 @@ def collision_pair(eps0: float, n: int, l: int) -> ShuffledRRPairDelta:
     a = 1.0 / (p + l - 1.0)
     keep = 1.0 - 1.0 / l
     return ShuffledRRPairDelta(p, n, a * keep, p * a * keep)
+
+
+def collision_third_value_pairs(eps0: float, n: int, l: int) -> list[PairDelta]:
+    """Collision (c = 1), user 1 holds v vs v', the other n-1 users all hold a third v''.
+
+    The adversary knows v, v', v'' and every report's hash, so it can sort each report
+    (H, z) by [z = H(v)], [z = H(v')], [z = H(v'')]; with H(v), H(v'), H(v'') i.i.d.
+    uniform on [l] (the hash is 3-wise independent), kappa = 1/l, u = (1-kappa)^2 a:
+
+    * A: z = H(v), not H(v') nor H(v''): p u under v, u under v', u for each other user;
+    * B: the same with v and v' swapped;
+    * C: z = H(v) = H(v'') != H(v'): kappa (1-kappa) a times (p, 1, p) (v, v', others);
+      D: C with v and v' swapped; everything else has the same law under v and v'.
+
+    Two coarsenings have the shape of :class:`rknn_ray.accounting.hockey.BlanketPair`
+    (user 1 lands in "0" / "1" w.p. (p b, b) vs (b, p b), each other user w.p. r each):
+    the counts of A and B (b = r = u), and of A+C and B+D (b = (1-kappa) a, r = u +
+    kappa (1-kappa) p a).  Each count pair is a post-processing of the shuffled output of
+    this dataset, so its exact divergence is a lower bound (A/B wins at large l, A+C/B+D
+    at small l and eps0).  Empty for n < 2.
+    """
+    if n < 2:
+        return []
+    p = math.exp(eps0)
+    a = 1.0 / (p + l - 1.0)
+    kappa = 1.0 / l
+    u = (1.0 - kappa) ** 2 * a
+    merged = (1.0 - kappa) * a
+    return [PairDelta(BlanketPair(p, b, 1.0 - (p + 1.0) * b, r, int(n)))
+            for b, r in ((u, u), (merged, u + kappa * (1.0 - kappa) * p * a))]
+
+
+class CollisionThirdValueDelta:
+    """delta(eps) of the four counts A, B, C, D of :func:`collision_third_value_pairs`
+    (the rest merged), exact, as (estimate, err_up, err_down); cost grows as n^1.5.
+
+    With N ~ Multinomial(n; u, u, w, w, rest) the counts when all n users hold v'' and
+    rho_b(c) = P[c | user 1 holds b] / P[c | v''], user 1 holding v (b = 0) vs v' (1)
+    gives P_b(N) = P''(N) sum_c N_c rho_b(c) / n, so
+
+        delta(eps) = E''[(sum_c N_c (rho_0(c) - e^eps rho_1(c)))_+] / n,
+
+    summed over t = N_C + N_D, N_C | t, m = N_A + N_B | t, and in closed form over
+    h = N_A | m ~ Bin(m, 1/2): with the sum K + D h, c = -K / D and h0 = floor(c) + 1,
+    E[(K + D h)_+] = D (E[(h - h0)_+] + (h0 - c) P[h >= h0]), both read from tables of
+    Bin(., 1/2) tails and of their sums (nonnegative terms: no cancellation).  Windows
+    drop terms (each >= 0: the value only falls, sound for a lower bound); the tables'
+    relative errors and the rounding of c go to err_down.  ``terms(eps0, n, l)`` counts
+    the (N_C, m) grid points before any work (callers keep the cost bounded).
+    """
+
+    @staticmethod
+    def terms(eps0: float, n: int, l: int, tail: float = 1e-11) -> int:
+        p = math.exp(eps0)
+        a = 1.0 / (p + l - 1.0)
+        w = (1.0 - 1.0 / l) / l * p * a
+        u = (1.0 - 1.0 / l) ** 2 * a
+        lo, hi, _ = _window(int(n), 2.0 * w, tail, exact_out=False)
+        t = max(1, int(n * 2.0 * w))
+        jl, jh, _ = _window(t, 0.5, tail, exact_out=False)
+        ml, mh, _ = _window(int(n) - t, 2.0 * u / (1.0 - 2.0 * w), tail, exact_out=False)
+        return (hi - lo + 1) * (jh - jl + 1) * (mh - ml + 1)
+
+    def __init__(self, eps0: float, n: int, l: int, tail: float = 1e-11):
+        p = math.exp(eps0)
+        a = 1.0 / (p + l - 1.0)
+        kappa = 1.0 / l
+        u, w = (1.0 - kappa) ** 2 * a, kappa * (1.0 - kappa) * p * a
+        rest = 1.0 - 2.0 * u - 2.0 * w
+        self.p, self.n = p, int(n)
+        self.rho_r = (1.0 - (p + 1.0) * u - w - w / p) / rest if rest > 0 else 1.0
+        lo, hi, _ = _window(self.n, 2.0 * w, tail, exact_out=False)
+        qm = 2.0 * u / (1.0 - 2.0 * w)
+        self.blocks = []              # (t, j, P(t) P(j | t), m, P(m | t))
+        m_lo, m_hi = self.n, 0
+        off = max(abs(lo - self.n * 2.0 * w), abs(hi - self.n * 2.0 * w))   # weights' offsets
+        for t in range(lo, hi + 1):
+            wt = float(np.exp(binom_logpmf(np.array([t]), self.n, 2.0 * w))[0])
+            jl, jh, _ = _window(t, 0.5, tail, exact_out=False)
+            j = np.arange(jl, jh + 1, dtype=np.int64)
+            ml, mh, _ = _window(self.n - t, qm, tail, exact_out=False)
+            m = np.arange(ml, mh + 1, dtype=np.int64)
+            wj = np.exp(binom_logpmf(j, t, 0.5)) if t > 0 else np.ones(1)
+            wm = np.exp(binom_logpmf(m, self.n - t, qm)) if self.n > t else np.ones(1)
+            self.blocks.append((t, j, wt * wj, m, wm))
+            off = max(off, jh - t / 2.0, t / 2.0 - jl, abs(mh - (self.n - t) * qm),
+                      abs(ml - (self.n - t) * qm))
+            m_lo, m_hi = min(m_lo, int(m[0])), max(m_hi, int(m[-1]))
+        # S[r, k] = P[Bin(m_lo - 1 + r, 1/2) >= k], k = 0 .. m_hi + 1 (0 beyond m)
+        self.m0 = max(m_lo - 1, 0)
+        rows = np.arange(self.m0, m_hi + 1, dtype=np.int64)
+        k = np.arange(0, m_hi + 2, dtype=np.int64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pmf = np.where(k[None, :] <= rows[:, None],
+                           np.exp(binom_logpmf(np.minimum(k[None, :], rows[:, None]),
+                                               rows[:, None], 0.5)), 0.0)
+        pmf[rows == 0, 0] = 1.0
+        self.S = np.cumsum(pmf[:, ::-1], axis=1)[:, ::-1]            # P[h >= k]
+        G = np.cumsum(self.S[:, ::-1], axis=1)[:, ::-1]               # sum_{j >= k} P[h >= j]
+        self.G = np.concatenate([G[:, 1:], np.zeros((G.shape[0], 1))], axis=1)  # E[(h - k)_+]
+        # weights: three pmfs each; table: one pmf and <= m_hi + 2 summed terms
+        self.rel = 3.0 * pmf_rtol(off + 1) + pmf_rtol(m_hi / 2.0 + 1) + 4.5e-16 * (m_hi + 2)
+        self.terms = sum(j.size * m.size for _, j, _, m, _ in self.blocks)
+
+    def delta(self, eps: float) -> tuple[float, float, float]:
+        p, n = self.p, self.n
+        ee = math.exp(eps)
+        D = (p - 1.0) * (1.0 + ee)
+        vB, vD, vR = 1.0 - ee * p, 1.0 / p - ee, self.rho_r * (1.0 - ee)
+        est = err_c = 0.0
+        for t, j, wj, m, wm in self.blocks:
+            parts = (t * vD, (D / p) * j[:, None], (vB - vR) * m[None, :], (n - t) * vR)
+            K = parts[0] + parts[1] + parts[2] + parts[3]
+            size = abs(parts[0]) + np.abs(parts[1]) + np.abs(parts[2]) + abs(parts[3])
+            c = -K / D
+            mm = np.broadcast_to(m[None, :], K.shape)
+            h0 = np.clip(np.floor(c).astype(np.int64) + 1, 0, mm + 1)
+            r = mm - self.m0
+            sf = self.S[r, h0]
+            val = D * (self.G[r, h0] + (h0 - c) * sf)
+            W = wj[:, None] * wm[None, :]
+            est += float(np.sum(W * val))
+            # c's rounding (a few ulps of the parts summed into K) moves val by <= D sf |dc|
+            err_c += float(np.sum(W * sf * (size + D * np.abs(c)))) * 8.0 * 2.2e-16
+        est /= n
+        # every term is >= 0: float rounding (products, pairwise sums over <= 2^40 terms)
+        # is relative, <= 64 ulps of the total
+        err = (1.01 * self.rel + 64 * 2.2e-16) * est + err_c / n
+        return est, err, err

@@ -43,9 +43,17 @@ conditional value (p) is added, with the fast binomials' error bounds
 Lower bounds (the gap is measured, not assumed): for k-RR the larger of the exact
 pair "others all hold x'" (:mod:`rknn_ray.accounting.shuffled_rr`) and the counts of
 x and x' when the others all hold a third value (= the blanket view without the
-blanket size: a post-processing of that dataset's real output); Collision: the exact
-"others hold v'" pair; generic: the largest of binary RR and the k-RR pairs (every
-k-RR is eps0-LDP).
+blanket size: a post-processing of that dataset's real output).  Collision: the
+largest of the exact "others hold v'" pair and, with the others all on a third value
+v'', the counts of the reports that single out v or v' by their hashes (also counting,
+or not, those that match v'' too:
+:func:`~rknn_ray.accounting.shuffled_rr.collision_third_value_pairs`), and where the
+grid is small (n ~ 1e3, l <= 8) those four counts together
+(:class:`~rknn_ray.accounting.shuffled_rr.CollisionThirdValueDelta`: all the view
+says about v vs v' but the reports that fit both or neither).  What stays open there
+is the upper side: a third value's report lands on v's hash with prob. 1/l, and the
+blanket treats those reports as if the adversary could tell them apart.  Generic: the
+largest of binary RR and the k-RR pairs (every k-RR is eps0-LDP).
 
 ``dominating_pair(eps0, n)``: the same bucketed pair as explicit distributions, see
 :meth:`TightBound.dominating_pair`.
@@ -60,7 +68,8 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
-from rknn_ray.accounting.shuffled_rr import collision_pair, krr_pair
+from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, collision_pair,
+                                             collision_third_value_pairs, krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -70,6 +79,8 @@ MAX_BUCKETS = 256     # per dimension, within 3 sigma of the mean
 STOP = 1e-5          # stop summing buckets once the rest is bounded by this share
 VECTOR_MAX = 400_000  # c buckets x s window evaluated at once (exact tails)
 SKIP = 1e-30         # per-s Hoeffding bound below which a term is bounded, not summed
+TABLE_MAX = 4_000_000   # cells of the Bin(m, 1/2) pmf / tail band table (small n)
+FOUR_COUNT_TERMS = 6_000_000  # grid of Collision's four-count lower bound (~1 s per eps)
 
 
 class BlanketDelta:
@@ -162,18 +173,59 @@ class BlanketDelta:
         t = (h0 - 1)[live]
         sf = np.zeros(Cp.shape)
         pmf = np.zeros(Cp.shape)
-        sf[live] = half_sf_exact(m, t)
-        if m.size:
-            pmf[live] = np.exp(binom_logpmf(t, m, 0.5))
-        pmf_rel = pmf_rtol(float(np.abs(t - m / 2.0).max(initial=0.0)) + 1)
-        sf_rel = EXACT_RTOL_PER_M * float(max(1, s.max()))
+        tab = self._half_table(int(m.min()), int(m.max())) if m.size else None
+        band = 0.0
+        if tab is not None:
+            lo, W, P, S, rel, band = tab
+            col = np.clip(t - (m // 2 - W), 0, 2 * W)
+            sf[live], pmf[live] = S[m - lo, col], P[m - lo, col]
+            pmf_rel = sf_rel = rel
+        else:
+            sf[live] = half_sf_exact(m, t)
+            if m.size:
+                pmf[live] = np.exp(binom_logpmf(t, m, 0.5))
+            pmf_rel = pmf_rtol(float(np.abs(t - m / 2.0).max(initial=0.0)) + 1)
+            sf_rel = EXACT_RTOL_PER_M * float(max(1, s.max()))
         A = (Cp + D * sf_ / 2.0) * sf
         B = -(Cp / 2.0) * pmf
         est = np.sum(w * np.maximum(A + B, 0.0), axis=1)
         mag = np.sum(w * (np.abs(A) + np.abs(B)), axis=1)
         err = (2.0 * (w_rel + pmf_rel) * mag + sf_rel * np.sum(w * np.abs(A), axis=1)
                + p * n2 * out + skipped + FLOAT_SLACK_PER_TERM * (8 * s.size + 16) * np.maximum(1.0, mag))
+        if band:
+            err = err + band * np.sum(w * (np.abs(Cp + D * sf_ / 2.0) + np.abs(Cp) / 2.0), axis=1)
         return est, err, mag
+
+    def _half_table(self, m_lo: int, m_hi: int):
+        """(m_lo', W, pmf, sf, rel, band): Bin(m, 1/2) pmf and tails P[>= t] for rows
+        m = m_lo'.., columns t = m // 2 - W .. m // 2 + W (a lookup clips t to them), or
+        None past TABLE_MAX cells.  Built once per instance for every row the sums can
+        reach: the small-n sums look tails up here instead of one incomplete beta per cell
+        and eps.  rel bounds both tables' relative error (the pmfs', and summing <= 2W + 1
+        positive terms); band the absolute error of a clipped or in-band value (each side
+        beyond the band holds <= exp(-2 (W - 1)^2 / m) <= 1e-25 by Hoeffding)."""
+        tab = self.__dict__.get("_half_tab")
+        if tab is not None:
+            ok = tab[2] is not None and tab[0] <= m_lo and m_hi <= tab[0] + tab[2].shape[0] - 1
+            return tab if ok else None
+        # every row any count can reach: s over the windows of n - T, T over Bin(n, pneg)'s
+        pneg = self.pi_r + self.pi_c
+        t_lo, t_hi = (0, 0) if pneg <= 0 else _window(self.n, pneg, self.tail, exact_out=False)[:2]
+        m_lo = min(m_lo, max(int(self._s_window(self.n - t_hi)[0][:1].min(initial=1)) - 1, 0))
+        m_hi = max(m_hi, int(self._s_window(self.n - t_lo)[0][-1:].max(initial=1)) - 1)
+        W = int(math.ceil(math.sqrt(28.8 * max(m_hi, 1)))) + 2
+        if (m_hi - m_lo + 1) * (2 * W + 1) > TABLE_MAX:
+            self.__dict__["_half_tab"] = (0, 0, None, None, 0.0, 0.0)
+            return None
+        rows = np.arange(m_lo, m_hi + 1, dtype=np.int64)[:, None]
+        cols = rows // 2 - W + np.arange(0, 2 * W + 1, dtype=np.int64)[None, :]
+        inside = (cols >= 0) & (cols <= rows)
+        P = np.where(inside, np.exp(binom_logpmf(np.clip(cols, 0, rows), rows, 0.5)), 0.0)
+        S = np.cumsum(P[:, ::-1], axis=1)[:, ::-1]
+        rel = pmf_rtol(W + 1) + 2.3e-16 * (2 * W + 3)
+        tab = (m_lo, W, P, S, rel, 2e-25)
+        self.__dict__["_half_tab"] = tab
+        return tab
 
     def _inner(self, n2: int, C: float, ee: float):
         """(E[(X/gamma)_+ | counts], its absolute error, its magnitude): n2 reports left
@@ -376,6 +428,26 @@ def solve_upper(pd, delta: float, eps_hi: float, guess: float, rtol: float = 1e-
     return e
 
 
+def _raise_lower(pd, delta: float, start: float, eps_hi: float, steps: int = 5) -> float:
+    """The largest eps >= ``start`` found with est - err_down > delta (a certified lower
+    bound), ``start`` if none: geometric steps of 2% up from ``start`` (an eps a cheaper
+    pair certified), then ``steps`` bisections; each answer is an evaluated point."""
+    def exceeds(e: float) -> bool:
+        est, _, down = pd.delta(e)
+        return est - down > delta
+
+    lo = start
+    if lo <= 0.0 or not exceeds(lo):
+        return start
+    hi = min(eps_hi, lo * 1.02)
+    while hi < eps_hi and exceeds(hi):
+        lo, hi = hi, min(eps_hi, hi * 1.02)
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if exceeds(mid) else (lo, mid)
+    return lo
+
+
 # ---------------------------------------------------------------- mechanisms
 
 def blanket_params(mechanism: str, eps0: float, k: int | None = None, l: int | None = None):
@@ -431,7 +503,12 @@ class TightBound(AmplificationBound):
         """A certified lower bound for the same randomizer (see the module doc)."""
         _check(eps0, n, delta)
         if self.mechanism == "collision":
-            return eps_for_delta(collision_pair(eps0, n, self.l), delta, eps0, upper=False)
+            best = max(eps_for_delta(pd, delta, eps0, upper=False)
+                       for pd in [collision_pair(eps0, n, self.l)]
+                       + collision_third_value_pairs(eps0, n, self.l))
+            if n >= 2 and CollisionThirdValueDelta.terms(eps0, n, self.l) <= FOUR_COUNT_TERMS:
+                best = _raise_lower(CollisionThirdValueDelta(eps0, n, self.l), delta, best, eps0)
+            return best
         ks = [self.k] if self.mechanism == "krr" else [2, 3, 4]
         best = RRLowerBound().central_eps(eps0, n, delta) if self.mechanism == "generic" else 0.0
         p = math.exp(eps0)
@@ -540,8 +617,9 @@ class TightLowerBound(AmplificationBound):
         self.upper = upper
         self.citation = {"krr": "exact divergences of shuffled k-RR: others all hold x', or all "
                                 "a third value (counts of x and x'); the larger",
-                         "collision": "exact divergence of shuffled Collision (c=1): others all "
-                                      "hold v'",
+                         "collision": "exact divergences of shuffled Collision (c=1): others all "
+                                      "hold v', or all a third value (counts of the reports "
+                                      "that single out v or v'); the largest",
                          "generic": "the largest exact divergence of shuffled binary RR and "
                                     "3-/4-RR pairs (each eps0-LDP)"}[upper.mechanism]
 
