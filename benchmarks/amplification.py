@@ -671,7 +671,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="randomizer: generic eps0-LDP (default), k-RR (--k) or Collision (--l, --c); "
                          "prints every bound that applies to it and its own lower bound")
     ap.add_argument("--k", type=int, help="k-RR: number of options")
-    ap.add_argument("--l", type=int, help="Collision: Bloom filter length l")
+    ap.add_argument("--l", type=int, help="Collision: Bloom filter length l (default with --eps0: "
+                                          "the l a Collision job picks at that eps0)")
     ap.add_argument("--c", type=int, default=1, help="Collision: cells per report c (default 1)")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--grid", action="store_true", help="run the evaluation grid")
@@ -737,8 +738,16 @@ def main(argv: list[str] | None = None) -> int:
         n = int(args.n)
         if n != args.n:
             ap.error("--n must be an integer")
+        if args.mechanism == "collision" and args.l is None and args.eps0 is not None:
+            args.l = collision_l(args.eps0, args.c)     # the l a job picks at this eps0
+            print(f"note: --l not given: l = {args.l}, the length a Collision job uses at "
+                  f"eps0 = {args.eps0:g}, c = {args.c}", file=sys.stderr)
+        if args.k is not None and args.mechanism != "krr":
+            print(f"note: --k is k-RR's number of options; --mechanism {args.mechanism} ignores it",
+                  file=sys.stderr)
         need = {"krr": ("k", "--k (the number of options), e.g. --k 10"),
-                "collision": ("l", "--l (the Bloom filter length), e.g. --l 10")}.get(args.mechanism)
+                "collision": ("l", "--l (the Bloom filter length), e.g. --l 10; with --eps0 it "
+                                   "defaults to the l a job uses")}.get(args.mechanism)
         if need and getattr(args, need[0]) is None:
             print(f"error: --mechanism {args.mechanism} needs {need[1]}", file=sys.stderr)
             return 2

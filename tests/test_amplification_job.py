@@ -73,6 +73,26 @@ def test_cli_mechanism_without_its_parameter_is_one_line_exit_2(capsys):
     assert "Collision needs integers 1 <= c < l" in capsys.readouterr().err
 
 
+def test_cli_collision_without_l_uses_the_l_a_job_picks(capsys):
+    """The issue's command with --mechanism collision (and its --k 10) runs: l defaults to
+    the job's collision_l(eps0, c), both said on stderr; with --target-eps l is still needed."""
+    from rknn_ray.mechanisms.collision import collision_l
+    argv = ["--mechanism", "collision", "--k", "10", "--n", "1000000", "--eps0", "2",
+            "--delta", "1e-8", "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    by = {r["bound"]: r for r in json.loads(out.out)}
+    assert f"l = {collision_l(2.0, 1)}," in out.err and "ignores it" in out.err
+    assert 0 < by["lower_bound"]["eps"] <= by["tight_collision"]["eps"]
+    with_l = ["--mechanism", "collision", "--l", str(collision_l(2.0, 1)), "--n", "1000000",
+              "--eps0", "2", "--delta", "1e-8", "--json"]
+    assert main(with_l) == 0
+    assert {r["bound"]: r["eps"] for r in json.loads(capsys.readouterr().out)} == \
+        {b: r["eps"] for b, r in by.items()}
+    assert main(["--mechanism", "collision", "--n", "1000", "--target-eps", "1"]) == 2
+    assert "needs --l" in capsys.readouterr().err
+
+
 def test_cli_mechanism_target_eps(capsys):
     assert main(["--mechanism", "krr", "--k", "10", "--n", "10000", "--target-eps", "1",
                  "--delta", "1e-6", "--json"]) == 0
