@@ -47,6 +47,7 @@ def _run(tmp_path, capsys, declared: int, privacy: dict, **more):
     cfg = table_config(str(tmp_path), private={"holders": declared})
     cfg["privacy"] = privacy
     cfg["run"] = {"progress": True}
+    cfg["student"]["epochs"] = 1        # what is published, not what the student learns
     cfg.update(more)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
