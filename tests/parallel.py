@@ -21,25 +21,38 @@ SHARED_FIXTURE_UNITS = {
 }
 
 # the longest units, longest first: summed test times (``--durations``) on this 2-core machine
-# (2026-11-26, two workers); every other module follows in collection order. A stale order
-# costs time, never correctness.
+# (two workers), less the cuts made since; every other module follows in collection order.
+# A stale order costs time, never correctness.
 LONGEST_FIRST = [
-    "digits_runs",
-    "clean_shuffle_round",
     "test_edge_probes.py",
-    "test_examples.py",                 # five notebooks, a kernel and a local Ray each
+    "test_edge_probes_release.py",
     "test_cluster_submit.py",
-    "test_multinode.py",
-    "test_progress_demo_console.py",
     "test_console_tmux.py",
-    "test_student_ray.py",
-    "test_cover.py",
-    "test_shard_secrets.py",
+    "test_examples.py",                 # five notebooks, a kernel each
+    "test_progress_demo_console.py",
+    "test_table_jobs.py",
+    "test_table_holders.py",
+    "test_accounting_tight.py",
+    "clean_shuffle_round",
+    "digits_runs",
     "test_amplification_job.py",
-    "test_secret_memory.py",
-    "test_grid.py",
+    "test_table_data.py",
+    "test_student_ray.py",
+    "test_connection_jobs.py",
     "test_baselines_methods.py",
+    "test_multinode.py",
     "test_one_ledger.py",
+    "test_encapsulation.py",
+    "test_warm_round.py",
+    "test_shuffle_pld.py",
+    "test_secret_memory.py",
+    "test_cover.py",
+    "test_grid.py",
+    "test_public_choices.py",
+    "test_accumulator.py",
+    "test_baselines_compare.py",
+    "test_report_pages.py",
+    "test_shard_secrets.py",
     "test_shard_sources.py",
 ]
 

@@ -66,7 +66,7 @@ def test_batched_classifiers_learn(setup):
 def test_nfdp_on_ray_actors(setup, ray_session):
     from actors.nfdp_shard import RayParties
     led = PrivacyLedger()
-    r = nfdp.run_nfdp(setup, 1.0, parties=10, rounds=2, hosts=RayParties, ledger=led)
+    r = nfdp.run_nfdp(setup, 1.0, parties=4, rounds=2, hosts=RayParties, ledger=led)
     row = check(r, led, SubsampleDpEvent, target=1.0)
     k, n = r.details["k"], min(r.details["party_sizes"])
     assert (row["eps"], row["delta"]) == pytest.approx(nfdp.nfdp_epsilon_delta(k, n, True))

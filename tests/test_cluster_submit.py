@@ -167,7 +167,8 @@ def test_ray_job_submit_to_the_one_machine_cluster_of_jobs_local_cluster(tmp_pat
            _ray_cli(), "job", "submit", "--working-dir", str(ROOT), "--",
            "python", "-m", "jobs.distill", "--config", "jobs/configs/digits_central.yaml",
            "--out", str(out), "--quiet", "--set", "student.epochs=1",
-           "--set", "student.num_workers=1", "--set", "queries.restarts=1",
+           # the student in the driver: Ray Train on a joined cluster is the test above's
+           "--set", "student.trainer=local", "--set", "queries.restarts=1",
            "--set", "cluster.placement.client={resources: {client: 1}}",
            "--set", "cluster.placement.server={resources: {server: 1}}"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
@@ -177,6 +178,7 @@ def test_ray_job_submit_to_the_one_machine_cluster_of_jobs_local_cluster(tmp_pat
     assert "succeeded" in said.lower()
     report = json.loads((out / "report.json").read_text())
     assert report["privacy"]["model"] == "central" and 0 <= report["accuracy"]["student"] <= 1
+    assert report["student"]["trainer"] == "local"
 
 
 def test_local_cluster_refuses_a_missing_command_and_a_command_with_serve(capsys):

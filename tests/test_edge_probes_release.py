@@ -192,14 +192,13 @@ def _private_mount() -> list[str] | None:
     return prefix if done.returncode == 0 else None
 
 
-@pytest.mark.parametrize("trainer", ["local", "ray"])
-def test_a_full_disk_at_student_pt_is_one_line_leaves_no_partial_file_and_resumes(
-        tmp_path, trainer):
+def test_a_full_disk_at_student_pt_is_one_line_leaves_no_partial_file_and_resumes(tmp_path):
     """The run folder's file system fills up as the student starts (a real 4 MiB tmpfs,
-    tests/full_disk_job.py): exit 2 with one line "out of disk space writing <path>" and the
-    fix, no traceback (torch's inline_container.cc, Ray Train's worker errors), no student.pt
-    or Ray Train checkpoint_*/payload.pt left, and the saved release resumes once there is
-    space again."""
+    tests/full_disk_job.py), with the student on Ray Train (the job) and in the driver (its
+    --resume): each exits 2 with one line "out of disk space writing <path>" and the fix, no
+    traceback (torch's inline_container.cc, Ray Train's worker errors), no student.pt or Ray
+    Train checkpoint_*/payload.pt left, and the saved release resumes once there is space
+    again."""
     import subprocess
     import sys
     from pathlib import Path
@@ -213,19 +212,22 @@ def test_a_full_disk_at_student_pt_is_one_line_leaves_no_partial_file_and_resume
     env.update(PYTHONPATH=str(root), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
                RKNN_RAY_LEDGER=str(tmp_path / "ledger.sqlite"))
     done = subprocess.run([*prefix, sys.executable, str(root / "tests" / "full_disk_job.py"),
-                           str(mount), str(result), trainer], cwd=root, env=env, text=True,
+                           str(mount), str(result)], cwd=root, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
-    text = done.stdout.split("RESUMING")[0]
     assert done.returncode == 0 and result.exists(), done.stdout
     got = json.loads(result.read_text())
-    assert got["code"] == 2, text
-    (line,) = _error_lines(text)
-    assert "out of disk space writing " in line and "Fix: free space" in line, line
-    assert ("/run/student.pt" in line) if trainer == "local" else ("/run/student-" in line)
-    # Ray's TrainController may print a traceback of its own as Ray shuts down after a failed
-    # fit (autoscaling_coordinator_client, a Ray-internal race): not the job's, not the worker's
-    ours = "\n".join(ln for ln in text.splitlines() if "(TrainController pid=" not in ln)
-    assert "Traceback" not in ours and "inline_container" not in ours, text
-    assert got["files"] == ["config.yaml", "incomplete.json", "release.npz"], got["files"]
-    assert got["incomplete"]["release_saved"] is True
+    said = dict(part.split("\n", 1) for part in
+                done.stdout.split("RESUMING")[0].split("ATTEMPT ")[1:])
+    for trainer, written in (("ray", "/run/student-"), ("local", "/run/student.pt")):
+        text, attempt = said[trainer], got[trainer]
+        assert attempt["code"] == 2, text
+        (line,) = _error_lines(text)
+        assert "out of disk space writing " in line and "Fix: free space" in line, line
+        assert written in line, line
+        # Ray's TrainController may print a traceback of its own as Ray shuts down after a
+        # failed fit (autoscaling_coordinator_client, a Ray-internal race): not the job's
+        ours = "\n".join(ln for ln in text.splitlines() if "(TrainController pid=" not in ln)
+        assert "Traceback" not in ours and "inline_container" not in ours, text
+        assert attempt["files"] == ["config.yaml", "incomplete.json", "release.npz"], attempt
+        assert attempt["incomplete"]["release_saved"] is True
     assert got["resume_code"] == 0 and "report.json" in got["resumed"], done.stdout
