@@ -151,3 +151,24 @@ def test_the_jobs_rounds_loop_runs_the_plan():
     assert [(p.eps, p.mechanism.local_eps, p.mechanism.params.eps) for p in plans] == \
         [(s.eps, s.eps0, s.eps) for s in shares]
     assert shares[0].eps0 > 1.2 * mechanism_for(cfg, data, eps=1 / 3, delta=1e-6 / 3).local_eps
+
+
+def test_choices_made_before_the_rounds_use_the_planned_share_not_eps_over_T():
+    """queries.s / rknn.k: auto and rknn.connection: auto are chosen for the noisiest round's
+    noise: with the rounds calibrated together that is the planned round's own eps (its eps0's
+    cost), not eps/T; with rknn.k: auto the plan is made at k = 1; basic keeps eps/T."""
+    from rknn_ray.data.prepared import prepare_data
+    from rknn_ray.job.stages import noisiest_round_share, resolve_auto
+    from rknn_ray.mechanisms.composed_rounds import round_shares
+    basic = _ctx().cfg
+    assert noisiest_round_share(basic, DATA) == pytest.approx((1 / 3, 1e-6 / 3))
+    joint = _ctx("privacy.accountant=pld").cfg
+    planned = round_shares(joint, DATA)[0]
+    assert noisiest_round_share(joint, DATA) == (planned.eps, planned.delta)
+    assert planned.eps > 1.2 / 3
+    auto = _ctx("privacy.accountant=pld", "queries.s=auto", "rknn.k=auto").cfg
+    assert noisiest_round_share(auto, DATA)[0] == pytest.approx(planned.eps)
+    data = prepare_data(auto)
+    _, choice = resolve_auto(auto, data)
+    assert choice["per_round_eps"] == pytest.approx(noisiest_round_share(auto, data)[0])
+    assert "calibrated together" in choice["reason"]

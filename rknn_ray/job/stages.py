@@ -28,6 +28,7 @@ from rknn_ray.labeling.denoise import choose_neighbours
 from rknn_ray.labeling.queries import QuerySet, select_queries
 from rknn_ray.labeling.stage import (Labeling, connection_plan, exact_counts, round_budgets,
                                      round_query_counts, smoothed_labels)
+from rknn_ray.mechanisms.composed_rounds import composes_jointly, round_shares
 from rknn_ray.mechanisms.stage import (free_dlap_shares, multi_message_s_cap,
                                        noise_std_per_count)
 from rknn_ray.representation.represent import Encoder
@@ -115,6 +116,20 @@ def released_weights(cfg, data: PreparedData, public_emb: np.ndarray, rounds, qu
     return out / max(1, len(rounds))
 
 
+def noisiest_round_share(cfg, data: PreparedData) -> tuple[float, float]:
+    """(eps, delta) of the round with the smallest share: what the noisiest round's counts
+    carry, for choices made before the rounds run (s, k, the connection rule). With the
+    rounds calibrated together (rknn_ray.mechanisms.composed_rounds) a round's share is the
+    cost of its planned eps0, larger than eps/T; with ``rknn.k: auto`` that plan is made at
+    k = 1, as the noise figures these choices compare are."""
+    if not composes_jointly(cfg):
+        p = cfg.privacy
+        return min(round_budgets(p.eps, p.delta, int(cfg.rounds.count), cfg.rounds.budget_split))
+    plan_cfg = cfg if cfg.rknn.k != "auto" else cfg.with_overrides(["rknn.k=1"])
+    share = min(round_shares(plan_cfg, data), key=lambda sh: sh.eps)
+    return share.eps, share.delta
+
+
 def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
                        qs: QuerySet) -> tuple[str, dict | None]:
     """``rknn.connection`` as a rule, and for ``auto`` what it chose and why
@@ -124,8 +139,7 @@ def resolve_connection(cfg, data: PreparedData, public_emb: np.ndarray,
     rule = cfg.rknn.connection
     if rule != "auto":
         return rule, None
-    p = cfg.privacy
-    eps = min(round_budgets(p.eps, p.delta, int(cfg.rounds.count), cfg.rounds.budget_split))[0]
+    eps = noisiest_round_share(cfg, data)[0]
     sigma = noise_std_per_count(cfg, data, k=int(cfg.rknn.k), s=qs.size, eps=eps)
     return choose_rule(public_emb, qs.features, qs.assignment, int(cfg.rknn.k),
                        len(data.splits.private_y), sigma)
@@ -144,8 +158,8 @@ def resolve_auto(cfg, data: PreparedData):
         return cfg, None
     # T > 1 rounds: each round releases with its own share of the budget; choose for the
     # noisiest (smallest) share, which is what that round's counts will carry
-    p, count = cfg.privacy, int(cfg.rounds.count)
-    eps_t, delta_t = min(round_budgets(p.eps, p.delta, count, cfg.rounds.budget_split))
+    count = int(cfg.rounds.count)
+    eps_t, delta_t = noisiest_round_share(cfg, data)
     per_round = cfg if count == 1 else cfg.with_overrides([f"privacy.eps={eps_t}",
                                                             f"privacy.delta={delta_t}"])
     split = count > 1 and cfg.rounds.split_queries
@@ -187,7 +201,9 @@ def resolve_auto(cfg, data: PreparedData):
         min(n_pub, choice.s * count) if split else choice.s)
     reason = choice.reason
     if count > 1 and fixed_s is None:
-        reason += f"; chosen for one round's eps = {eps_t:.4g} of {count}" + (
+        joint = (f" (the rounds calibrated together for their pld composition to "
+                 f"eps = {cfg.privacy.eps:g})" if composes_jointly(cfg) else "")
+        reason += f"; chosen for one round's eps = {eps_t:.4g} of {count}{joint}" + (
             f"; s = {choice.s} per round x {count} rounds (rounds.split_queries) -> {s_total}"
             if split else "")
     if share_info:
