@@ -249,3 +249,89 @@ class CollisionThirdValueDelta:
         # is relative, <= 64 ulps of the total
         err = (1.01 * self.rel + 64 * 2.2e-16) * est + err_c / n
         return est, err, err
+
+
+class KRRThirdValueDelta:
+    """delta(eps) of shuffled k-RR (k >= 3), user 1 holding x vs x', the other n-1 users all
+    holding a third value v'': exact, from the whole histogram, as (estimate, err_up,
+    err_down); cost grows as n (one incomplete beta per (N_x, N_x') cell).
+
+    Under the second data set and the first the others' reports are the same, so with P''
+    the law when all n users hold v'' and rho_b(y) = P[y | b] / P[y | v'']:
+    P_b(h) = P''(h) sum_i rho_b(y_i) / n, and rho_x is p on "x", 1/p on "v''", 1 elsewhere.
+    The histogram's counts N_x, N_x', N_r (the k-3 other values) and N_v'' = n - the rest
+    are therefore sufficient, and
+
+        delta(eps) = E''[(N_x (p - e^eps) + N_x' (1 - e^eps p) + N_r (1 - e^eps)
+                          + N_v'' (1 - e^eps) / p)_+] / n,
+
+    the same in both directions (x and x' swap).  :func:`krr_pair`'s "counts of x and x'"
+    coarsening of this data set drops N_r and N_v'', which tell the adversary how many
+    of the others' reports were randomized; where the blanket holds few reports (n ~ 1e3,
+    eps0 ~ 6) that is most of the gap.  Given (N_x, N_x') the sum is K + c N_r with
+    c = (1 - e^eps)(1 - 1/p) <= 0 and N_r ~ Bin(N, q): a lower tail with its first
+    moment, closed form.  Windows drop terms (each >= 0: the value only falls, sound for a
+    lower bound); the weights' and incomplete betas' relative errors go to err_down.
+    """
+
+    @staticmethod
+    def terms(eps0: float, n: int, k: int, tail: float = 1e-13) -> int:
+        """(N_x, N_x') cells summed: callers keep the cost bounded."""
+        a = 1.0 / (math.exp(eps0) + k - 1.0)
+        lo, hi, _ = _window(int(n), a, tail, exact_out=False)
+        return (hi - lo + 1) ** 2
+
+    def __init__(self, eps0: float, n: int, k: int, tail: float = 1e-13):
+        if k < 3 or n < 2:
+            raise ValueError("the third-value pair needs k >= 3 and n >= 2")
+        p = math.exp(eps0)
+        a = 1.0 / (p + k - 1.0)
+        self.p, self.n = p, int(n)
+        self.qy = a / (1.0 - a)                        # x' among reports that are not x
+        self.qr = (k - 3) * a / (1.0 - 2.0 * a)        # the k-3 others among the rest
+        lo, hi, _ = _window(self.n, a, tail, exact_out=False)
+        self.cells = []                                # (N_x, N_x' values, weights)
+        off = max(abs(lo - self.n * a), abs(hi - self.n * a))
+        for x in range(lo, hi + 1):
+            wx = float(np.exp(binom_logpmf(np.array([x]), self.n, a))[0])
+            ylo, yhi, _ = _window(self.n - x, self.qy, tail, exact_out=False)
+            y = np.arange(ylo, yhi + 1, dtype=np.int64)
+            wy = np.exp(binom_logpmf(y, self.n - x, self.qy)) if self.n > x else np.ones(1)
+            off = max(off, abs(ylo - (self.n - x) * self.qy), abs(yhi - (self.n - x) * self.qy))
+            self.cells.append((x, y, wx * wy))
+        # two weights' pmfs and one incomplete beta (relative ~4e-15 per trial) per cell
+        self.rel = 2.0 * pmf_rtol(off + 1) + EXACT_RTOL_PER_M * max(1, self.n)
+        self.slack = FLOAT_SLACK_PER_TERM * (8 * sum(c[1].size for c in self.cells) + 16)
+
+    def delta(self, eps: float) -> tuple[float, float, float]:
+        from scipy.special import bdtr  # defers scipy
+        p, n, q = self.p, self.n, self.qr
+        ee = math.exp(eps)
+        c = (1.0 - ee) * (1.0 - 1.0 / p)
+        est = mag_sum = 0.0
+        for x, y, w in self.cells:
+            N = n - x - y
+            K = x * (p - ee) + y * (1.0 - ee * p) + N * (1.0 - ee) / p
+            size = x * abs(p - ee) + y * abs(1.0 - ee * p) + N * abs(1.0 - ee) / p
+            if c == 0.0 or q <= 0.0:
+                val, mag = np.maximum(K, 0.0), size * (K > 0)
+            else:
+                # positive iff N_r <= u; P[Bin(N) <= u] = P[Bin(N-1) <= u-1] + (1-q) pmf_(N-1)(u)
+                u = np.minimum(np.ceil(-K / c).astype(np.int64) - 1, N)
+                live = u >= 0
+                F1 = np.zeros(K.shape)
+                pm = np.zeros(K.shape)
+                whole = live & (u >= N)
+                F1[whole] = 1.0
+                part = live & (u < N) & (u >= 1)
+                F1[part] = bdtr(u[part] - 1, N[part] - 1, q)
+                inner = live & (u < N)
+                pm[inner] = np.exp(binom_logpmf(u[inner], np.maximum(N[inner] - 1, 0), q))
+                F = np.where(whole, 1.0, F1 + (1.0 - q) * pm)
+                m1 = N * q * F1                        # E[N_r 1{N_r <= u}]
+                val = np.where(live, K * F + c * m1, 0.0)
+                mag = np.where(live, size * F + abs(c) * m1, 0.0)
+            est += float(np.sum(w * np.maximum(val, 0.0)))
+            mag_sum += float(np.sum(w * mag))
+        err = self.slack + 2.0 * self.rel * mag_sum / n
+        return est / n, err, err

@@ -41,9 +41,12 @@ conditional value (p) is added, with the fast binomials' error bounds
 (:mod:`rknn_ray.accounting.binom_fast`) and float slack, on the safe side.
 
 Lower bounds (the gap is measured, not assumed): for k-RR the larger of the exact
-pair "others all hold x'" (:mod:`rknn_ray.accounting.shuffled_rr`) and the counts of
-x and x' when the others all hold a third value (= the blanket view without the
-blanket size: a post-processing of that dataset's real output).  Collision: the
+pair "others all hold x'" (:mod:`rknn_ray.accounting.shuffled_rr`) and the others all
+on a third value: the counts of x and x' (= the blanket view without the blanket
+size: a post-processing of that dataset's real output), and where n ~ 1e3-1e4 the
+whole histogram exactly (:class:`~rknn_ray.accounting.shuffled_rr.KRRThirdValueDelta`:
+the counts of the third value and of the rest estimate the blanket size, which is
+what the pair misses where the blanket holds a few dozen reports).  Collision: the
 largest of the exact "others hold v'" pair and, with the others all on a third value
 v'', the counts of the reports that single out v or v' by their hashes (also counting,
 or not, those that match v'' too:
@@ -68,8 +71,9 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
-from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, collision_pair,
-                                             collision_third_value_pairs, krr_pair)
+from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
+                                             collision_pair, collision_third_value_pairs,
+                                             krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -81,6 +85,7 @@ VECTOR_MAX = 400_000  # c buckets x s window evaluated at once (exact tails)
 SKIP = 1e-30         # per-s Hoeffding bound below which a term is bounded, not summed
 TABLE_MAX = 4_000_000   # cells of the Bin(m, 1/2) pmf / tail band table (small n)
 FOUR_COUNT_TERMS = 6_000_000  # grid of Collision's four-count lower bound (~1 s per eps)
+THREE_COUNT_TERMS = 300_000   # cells of k-RR's whole-histogram third-value bound (~0.1 s per eps)
 
 
 class BlanketDelta:
@@ -518,6 +523,8 @@ class TightBound(AmplificationBound):
                 a = 1.0 / (p + k - 1.0)
                 pd = _pair_delta(p, a, 1.0 - (p + 1.0) * a, a, n)
                 best = max(best, eps_for_delta(pd, delta, eps0, upper=False))
+                if KRRThirdValueDelta.terms(eps0, n, k) <= THREE_COUNT_TERMS:
+                    best = _raise_lower(KRRThirdValueDelta(eps0, n, k), delta, best, eps0)
         return best
 
     def dominating_pair(self, eps0: float, n: int, eps_ref: float | None = None,
@@ -616,7 +623,8 @@ class TightLowerBound(AmplificationBound):
     def __init__(self, upper: TightBound):
         self.upper = upper
         self.citation = {"krr": "exact divergences of shuffled k-RR: others all hold x', or all "
-                                "a third value (counts of x and x'); the larger",
+                                "a third value (counts of x and x'; the whole histogram where "
+                                "n is small); the larger",
                          "collision": "exact divergences of shuffled Collision (c=1): others all "
                                       "hold v', or all a third value (counts of the reports "
                                       "that single out v or v'); the largest",
