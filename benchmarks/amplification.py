@@ -403,6 +403,7 @@ def plot_gap(rows, out: str) -> None:
         ax.grid(alpha=0.3)
     np.atleast_1d(axes)[0].set_ylabel("upper / lower (eps)")
     np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.tight_layout()              # keeps the x labels inside the PNG
     _save(fig, os.path.join(out, "gap.png"))
 
 
