@@ -148,9 +148,10 @@ def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query
     the released round and the plan's queries before asking for the next, whose selection
     reads them."""
     shares = round_shares(cfg, data)
-    if progress is not None and shares[0].eps0 is not None:
-        progress.say(f"rounds calibrated together (pld accountant): local eps0 "
-                     f"{', '.join(f'{s.eps0:.4g}' for s in shares)}, each round's own eps "
+    if progress is not None and shares[0].together:
+        eps0 = ("local eps0 " + ", ".join(f"{s.eps0:.4g}" for s in shares) + ", "
+                if shares[0].eps0 is not None else "")
+        progress.say(f"rounds calibrated together (pld accountant): {eps0}each round's own eps "
                      f"{', '.join(f'{s.eps:.4g}' for s in shares)}; their composition is at most "
                      f"eps={cfg.privacy.eps:g} at delta={cfg.privacy.delta:g}")
     sizes = round_query_counts(cfg)

@@ -92,11 +92,18 @@ def check_privacy_relations(cfg: dict) -> None:
     if p["model"] == "shuffle" and p["delta"] <= 0:
         raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
                           "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
-    if p["model"] != "shuffle" and p["delta"] != 0:
+    # a central job of several rounds under the pld accountant spends a delta on their
+    # composition (rknn_ray.mechanisms.composed_rounds); elsewhere a pure model never uses one
+    composed = (p["model"] == "central" and p["accountant"] == "pld"
+                and int(cfg["rounds"]["count"]) > 1)
+    if p["model"] != "shuffle" and p["delta"] != 0 and not composed:
+        hint = (" (or, for a central job of rounds.count > 1, privacy.accountant=pld: its "
+                "rounds are then calibrated together for their composition at that delta)"
+                if p["model"] == "central" else "")
         raise ConfigError("privacy.delta", f"delta = {p['delta']:g}, but every {p['model']} "
                           "mechanism is pure eps-DP: the delta would be reserved from the "
                           "dataset's budget and never used", "set privacy.delta=0 (the "
-                          "dataset's delta budget across jobs is privacy.budget_delta)")
+                          f"dataset's delta budget across jobs is privacy.budget_delta){hint}")
     names = available().get(p["model"], [])
     if p["mechanism"] not in names:
         raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
