@@ -43,7 +43,8 @@ class PrivacyConfig:
                          accepts_text=_mechanisms_per_model)     # checked per model, below
     eps: float = key(1.0, "the job's total eps, record level, replace-one", float, low=0,
                      low_open=True, check=_eps, accepts_text="number in [1e-06, inf)")
-    delta: float = key(0.0, "the job's total delta (shuffle: below 1/n; central, local: 0)", float,
+    delta: float = key(0.0, "the job's total delta (shuffle: below 1/n; local: 0; central: 0, "
+                       "or > 0 with pld and rounds.count > 1)", float,
                        low=0, high=1, high_open=True)
     noise: str = key("discrete", "central: discrete (exact) or continuous (paper's)", str,
                      choices=owned("rknn_ray.mechanisms.central", "NOISE_KINDS"))
@@ -58,8 +59,8 @@ class PrivacyConfig:
                                      "(null: max(delta, 1/(10 n)))", float, low=0, high=1,
                                      high_open=True, nullable=True)
     accountant: str = key("basic", "composition: basic (sums) or pld (privacy-loss "
-                          "distributions; T single-message shuffle rounds then share eps0 "
-                          "calibrated for their composition)", str,
+                          "distributions; T single-message shuffle rounds, or central rounds "
+                          "at a delta > 0, are then calibrated for their composition)", str,
                           choices=owned("rknn_ray.accounting.ledger", "ACCOUNTANTS"))
     amplification_bound: str = key("tight", "shuffle, single message: the amplification "
                                    "bound (tight: its Collision form for Collision with c = 1, "
