@@ -206,7 +206,7 @@ def test_central_rounds_at_a_delta_are_calibrated_together(noise):
     shares = round_shares(cfg, DATA)
     assert all(s.together and s.eps0 is None for s in shares)
     assert len({s.eps for s in shares}) == 1 and shares[0].eps > 1.1 / 20
-    basic = [s for s in round_budgets(1.0, 1e-6, 20, "even")]
+    basic = round_budgets(1.0, 1e-6, 20, "even")
     split = _composed(cfg, [SimpleNamespace(eps=e, delta=d) for e, d in basic])
     together = _composed(cfg, shares)
     assert split < 0.9 and 0.99 <= together <= 1.0
