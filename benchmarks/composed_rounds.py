@@ -13,11 +13,16 @@ pair for a mechanism-specific one). Each with its seconds.
     python -m benchmarks.composed_rounds --plan CONFIG --clients 1079 --eps 1 --rounds 5 [--json]
         [--set KEY=VALUE ...]
 
-With ``--plan``: for T = 2..rounds, a T-round job of that config (its mechanism and bound,
-``--clients`` senders, one record each, ``privacy.eps = --eps``) under the pld accountant: the
-eps0 each round gets when calibrated for eps/T and when the rounds are calibrated together
-(rknn_ray.mechanisms.composed_rounds, what the job runs), each with the ledger's composed eps
-of the T planned rounds.
+With ``--plan``: for T = 2..rounds, a T-round job of that config (its model, mechanism and
+bound, ``--clients`` senders, one record each, ``privacy.eps = --eps``) under the pld
+accountant: each round calibrated for eps/T (the split) and calibrated together
+(rknn_ray.mechanisms.composed_rounds, what the job runs), each with its round's own eps, its
+local eps0 (single-message shuffle) or noise scale (central: the Laplace scale; multi-message:
+the Laplace scale of the DLap's variance), and the ledger's composed eps of the T planned
+rounds; ``scale_found``: the largest x whose rounds at x times their share compose within eps
+(also for the multi-message shuffle, which is not planned jointly: it measures why).
+A central config needs a delta (``--set privacy.delta=1e-6``): at delta = 0 the rounds compose
+to exactly their sum.
 """
 from __future__ import annotations
 
@@ -28,13 +33,14 @@ import sys
 import time
 from types import SimpleNamespace
 
-from rknn_ray.accounting.accountants import Composition
+from rknn_ray.accounting.accountants import Composition, event_cost
 from rknn_ray.accounting.bound_choice import get_bound
 from rknn_ray.accounting.shuffle_pld import (composed_eps, histogram_lower_pair, pld_from_pair,
                                              round_pld, rr_lower_pair)
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError
-from rknn_ray.mechanisms.composed_rounds import planned_event, round_shares
+from rknn_ray.mechanisms.composed_rounds import (JOINT_MODELS, MEASURED_MODELS, joint_scale,
+                                                 planned_event, round_shares)
 from rknn_ray.mechanisms.stage import mechanism_for
 
 
@@ -108,8 +114,26 @@ def measure(args) -> dict:
             "lower_pair": pair_note, "rows": rows}
 
 
+def _noise_scale(mech) -> float | None:
+    """The round's noise scale where it has one: the central Laplace scale, the multi-message
+    DLap's Laplace-equivalent scale (None for single-message shuffle: its eps0 says it)."""
+    if mech.model == "central":
+        return float(mech.scale)
+    cal = getattr(mech, "cal", None)
+    return None if cal is None else float(cal.laplace_equivalent_scale)
+
+
+def _round_row(mech, T: int, delta: float, suffix: str) -> dict:
+    """One plan's round: its own eps, eps0 / noise scale, the T rounds' composed eps."""
+    rounds = [(planned_event(mech), mech.costing())] * T
+    return {f"own_eps_{suffix}": event_cost(*rounds[0])[0],
+            f"eps0_{suffix}": getattr(mech, "local_eps", None),
+            f"noise_scale_{suffix}": _noise_scale(mech),
+            f"composed_{suffix}": Composition("pld").extend(rounds).result(delta)[0]}
+
+
 def plan(args) -> dict:
-    """eps0 per round and the ledger's composed eps, eps/T split vs calibrated together."""
+    """Each round's eps and noise, and the ledger's composed eps: eps/T split vs together."""
     data = SimpleNamespace(num_clients=args.clients, num_classes=args.classes,
                            max_records_per_client=1)
     rows = []
@@ -117,29 +141,33 @@ def plan(args) -> dict:
         cfg = load_config(args.plan, [*args.overrides, f"privacy.eps={args.eps}",
                                       f"rounds.count={T}", "privacy.accountant=pld",
                                       "rounds.budget_split=even"])
-        if cfg.privacy.model != "shuffle" or cfg.privacy.mechanism not in ("rr", "collision"):
-            raise ConfigError("--plan", f"{args.plan} runs {cfg.privacy.model}/"
-                              f"{cfg.privacy.mechanism}", "give a single-message shuffle config")
-        delta = cfg.privacy.delta
-
-        def composed(mech):
-            rounds = [(planned_event(mech), mech.costing())] * T
-            return Composition("pld").extend(rounds).result(delta)[0]
+        p = cfg.privacy
+        which = (p.model, p.mechanism)
+        if which not in {**JOINT_MODELS, **MEASURED_MODELS}:
+            raise ConfigError("--plan", f"{args.plan} runs {p.model}/{p.mechanism}",
+                              "give a single-message shuffle, central or multi-message config")
+        if p.model == "central" and p.delta == 0:
+            raise ConfigError("--plan", f"{args.plan} states delta = 0: pure-DP rounds compose "
+                              "to exactly their sum, the split is the plan",
+                              "add --set privacy.delta=1e-6")
+        delta = p.delta
         t = time.perf_counter()
         split = mechanism_for(cfg, data, eps=args.eps / T, delta=delta / T, num_queries=1)
         t_split = time.perf_counter() - t
         t = time.perf_counter()
         share = round_shares(cfg, data)[0]
+        scale, _ = joint_scale(cfg, data, [(args.eps / T, delta / T)] * T, args.eps, delta)
         t_plan = time.perf_counter() - t
         joint = mechanism_for(cfg, data, eps=share.eps, delta=share.delta, num_queries=1,
                               eps0=share.eps0)
-        rows.append({"rounds": T, "eps0_split": split.local_eps, "composed_split": composed(split),
-                     "eps0_together": joint.local_eps, "own_eps_together": share.eps,
-                     "composed_together": composed(joint), "seconds_split": t_split,
-                     "seconds_plan": t_plan})
-    return {"config": args.plan, "overrides": args.overrides, "mechanism": cfg.privacy.mechanism,
-            "bound": cfg.privacy.amplification_bound, "clients": args.clients, "eps": args.eps,
-            "delta": delta, "rows": rows}
+        rows.append({"rounds": T, "scale_found": scale, "together": share.together,
+                     **_round_row(split, T, delta, "split"),
+                     **_round_row(joint, T, delta, "together"),
+                     "seconds_split": t_split, "seconds_plan": t_plan})
+    return {"config": args.plan, "overrides": args.overrides, "model": p.model,
+            "mechanism": p.mechanism,
+            "bound": p.amplification_bound if p.model == "shuffle" else None,
+            "clients": args.clients, "eps": args.eps, "delta": delta, "rows": rows}
 
 
 def main(argv=None) -> int:
@@ -153,14 +181,19 @@ def main(argv=None) -> int:
         print(json.dumps(out, indent=1))
         return 0
     if args.plan is not None:
-        print(f"{out['config']}: {out['mechanism']}, {out['bound']} bound, {out['clients']} "
+        bound = f", {out['bound']} bound" if out["bound"] else ""
+        print(f"{out['config']}: {out['model']}/{out['mechanism']}{bound}, {out['clients']} "
               f"senders, eps={out['eps']:g}, delta={out['delta']:g}, pld accountant")
-        print("| T | eps0 (eps/T) | composed | eps0 (together) | composed | plan s |")
-        print("|---|---|---|---|---|---|")
+        knob = "eps0" if out["rows"][0]["eps0_split"] is not None else "noise scale"
+        key = "eps0" if knob == "eps0" else "noise_scale"
+        print(f"| T | x found | own eps (eps/T) | {knob} | composed | own eps (together) | "
+              f"{knob} | composed | plan s |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in out["rows"]:
-            print(f"| {r['rounds']} | {r['eps0_split']:.4f} | {r['composed_split']:.4f} | "
-                  f"{r['eps0_together']:.4f} | {r['composed_together']:.4f} | "
-                  f"{r['seconds_plan']:.1f} |")
+            print(f"| {r['rounds']} | {r['scale_found']:.4f} | {r['own_eps_split']:.4f} | "
+                  f"{r[key + '_split']:.4f} | {r['composed_split']:.4f} | "
+                  f"{r['own_eps_together']:.4f} | {r[key + '_together']:.4f} | "
+                  f"{r['composed_together']:.4f} | {r['seconds_plan']:.1f} |")
         return 0
     print(f"{out['bound']} ({out['mechanism']}), eps0={out['eps0']:g}, n={out['n']}, "
           f"delta={out['delta_per_round']:g} per round: eps {out['eps_per_round']:.5f} per round; "

@@ -129,7 +129,16 @@ def test_the_benchmark_plans_each_T_split_and_together(capsys):
         assert r["eps0_together"] > r["eps0_split"]
         assert r["composed_split"] < 0.75 < 0.99 <= r["composed_together"] <= 1.0
     assert main(["--plan", "jobs/configs/digits_central.yaml", "--rounds", "2"]) == 2
-    assert "single-message shuffle" in capsys.readouterr().err
+    assert "delta = 0: pure-DP rounds compose to exactly their sum" in capsys.readouterr().err
+    assert main(["--plan", "jobs/configs/digits_local.yaml", "--rounds", "2"]) == 2
+    assert "give a single-message shuffle, central or multi-message config" in \
+        capsys.readouterr().err
+    assert main(["--plan", "jobs/configs/digits_central.yaml", "--set", "privacy.delta=1e-6",
+                 "--set", "queries.s=10", "--rounds", "20", "--json"]) == 0
+    last = json.loads(capsys.readouterr().out)["rows"][-1]
+    assert last["together"] and last["scale_found"] > 1.1
+    assert last["noise_scale_together"] < last["noise_scale_split"] / 1.1
+    assert last["composed_split"] < 0.9 < 0.99 <= last["composed_together"] <= 1.0
 
 
 def test_the_jobs_rounds_loop_runs_the_plan():
@@ -172,3 +181,115 @@ def test_choices_made_before_the_rounds_use_the_planned_share_not_eps_over_T():
     _, choice = resolve_auto(auto, data)
     assert choice["per_round_eps"] == pytest.approx(noisiest_round_share(auto, data)[0])
     assert "calibrated together" in choice["reason"]
+
+
+# ------------------------------------------------ the central model (Laplace on the sum)
+
+def _central(*overrides):
+    return load_config("jobs/configs/digits_central.yaml",
+                       ["privacy.eps=1.0", "privacy.accountant=pld", "queries.s=10", *overrides])
+
+
+def _composed(cfg, shares):
+    mechs = [mechanism_for(cfg, DATA, eps=s.eps, delta=s.delta, num_queries=10) for s in shares]
+    return Composition("pld").extend((guarantee_of(m).event, m.costing())
+                                     for m in mechs).result(cfg.privacy.delta)[0]
+
+
+@pytest.mark.parametrize("noise", ["discrete", "continuous"])
+def test_central_rounds_at_a_delta_are_calibrated_together(noise):
+    """20 central rounds at delta 1e-6: each round's noise is calibrated for x eps/20 with the
+    largest x whose pld composition fits eps = 1 (within 1%), above what the eps/T split's
+    composition spends (it leaves ~13% of eps unused)."""
+    from rknn_ray.mechanisms.composed_rounds import round_shares
+    cfg = _central("privacy.delta=1e-6", "rounds.count=20", f"privacy.noise={noise}")
+    shares = round_shares(cfg, DATA)
+    assert all(s.together and s.eps0 is None for s in shares)
+    assert len({s.eps for s in shares}) == 1 and shares[0].eps > 1.1 / 20
+    basic = round_budgets(1.0, 1e-6, 20, "even")
+    split = _composed(cfg, [SimpleNamespace(eps=e, delta=d) for e, d in basic])
+    together = _composed(cfg, shares)
+    assert split < 0.9 and 0.99 <= together <= 1.0
+    m = mechanism_for(cfg, DATA, eps=shares[0].eps, delta=shares[0].delta, num_queries=10)
+    assert guarantee_of(m).eps == pytest.approx(shares[0].eps)   # its own target: its cost
+    assert float(m.scale) < 40 / 1.1                              # 2kr / (eps/20) = 40
+
+
+def test_the_central_plan_spends_the_delta_or_keeps_the_split():
+    """delta = 0: pure-DP rounds compose by pld to exactly their sum, so the split stays
+    (and the config keeps refusing a delta a pure job would never use); at delta 1e-6 three
+    rounds compose to their sum as well (nothing to gain: the split), twenty do not."""
+    from rknn_ray.errors import ConfigError
+    from rknn_ray.mechanisms.composed_rounds import composes_jointly, round_shares
+    pure = _central("rounds.count=20")
+    assert not composes_jointly(pure)
+    assert [(s.eps, s.delta, s.together) for s in round_shares(pure, DATA)] == \
+        [(e, d, False) for e, d in round_budgets(1.0, 0.0, 20, "even")]
+    three = _central("privacy.delta=1e-6", "rounds.count=3")
+    assert composes_jointly(three)
+    assert [(s.eps, s.together) for s in round_shares(three, DATA)] == [(1 / 3, False)] * 3
+    assert round_shares(_central("privacy.delta=1e-6", "rounds.count=20"), DATA)[0].together
+    for over in (["rounds.count=1"], ["rounds.count=20", "privacy.accountant=basic"]):
+        with pytest.raises(ConfigError, match="pure eps-DP.*privacy.accountant=pld"):
+            _central("privacy.delta=1e-6", *over)
+
+
+def test_the_reservation_keeps_the_later_central_rounds_composed_cost(tmp_path):
+    """As for shuffle rounds: committing a central round leaves in the reservation the pld
+    composition of the later planned rounds, never below what they spend."""
+    from rknn_ray.accounting.budget_store import BudgetStore
+    from rknn_ray.mechanisms.composed_rounds import reservation_after, round_shares
+    cfg = _central("privacy.delta=1e-6", "rounds.count=20")
+    shares = round_shares(cfg, DATA)
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"), purpose="experiment")
+    store.reserve("ds", "digits", "job", 1.0, 1e-6, (1.0, 1e-6), accountant="pld")
+    ledger = PrivacyLedger(budget_eps=1.0, budget_delta=1e-6, accountant="pld", store=store,
+                           identity="ds", job_id="job")
+    totals = []
+    for t, s in enumerate(shares):
+        g = guarantee_of(mechanism_for(cfg, DATA, eps=s.eps, delta=s.delta, num_queries=10))
+        ledger.check(g)
+        left = reservation_after(cfg, DATA, t)
+        # the later rounds' composition (their basic sum where that is smaller)
+        assert left[0] <= (19 - t) * s.eps + 1e-12 and left[1] <= (19 - t) * 1e-6 / 20 + 1e-18
+        ledger.record_spent(g, t, reserve_left=left)
+        totals.append(store.composed("ds", "pld", target_delta=1e-6)[0])
+    assert reservation_after(cfg, DATA, 0)[0] < 1.0 < 19 * shares[0].eps
+    assert reservation_after(cfg, DATA, 19) == (0.0, 0.0)
+    assert min(totals[:-1]) >= totals[-1] == pytest.approx(ledger.spent()[0])
+    assert 0.99 <= ledger.spent()[0] <= 1.0
+
+
+def test_a_central_job_of_twenty_rounds_runs_the_plan(ray_session, tmp_path):
+    """The digits central job, 20 rounds under pld at delta 1e-6 (one student epoch): the
+    ledger accepts every round at the planned eps, and they compose to eps within 1%."""
+    import json
+
+    from jobs.distill import main
+    from rknn_ray.mechanisms.composed_rounds import round_shares
+    over = ["rounds.count=20", "privacy.accountant=pld", "privacy.delta=1e-6", "queries.s=15",
+            "student.epochs=1", "queries.restarts=1", "student.trainer=local"]
+    args = ["--config", "jobs/configs/digits_central.yaml", "--out", str(tmp_path / "run"),
+            "--quiet", "--ledger", str(tmp_path / "ledger.sqlite")]
+    for o in over:
+        args += ["--set", o]
+    assert main(args) == 0
+    priv = json.loads((tmp_path / "run" / "report.json").read_text())["privacy"]
+    planned = round_shares(_central(*over[:4]), DATA)[0].eps
+    assert len(priv["ledger"]["entries"]) == 20
+    assert [r["eps"] for r in priv["rounds"]] == pytest.approx([planned] * 20)
+    assert planned > 1.1 / 20
+    assert 0.99 <= priv["eps"] <= 1.0 and priv["delta"] == 1e-6
+    assert priv["ledger"]["total_basic"]["eps"] > 1.1          # the rounds' own eps, added up
+
+
+def test_multi_message_rounds_gain_nothing_together():
+    """The multi-message round composes as its (eps, delta) pair: rounds at even 0.1% above
+    their share compose above eps, so the joint search finds x = 1 and the rounds keep the
+    split (module docstring of rknn_ray.mechanisms.composed_rounds)."""
+    from rknn_ray.mechanisms.composed_rounds import composes_jointly, joint_scale, round_shares
+    ctx = _ctx("privacy.accountant=pld", "privacy.mechanism=multi", "rounds.count=2")
+    assert not composes_jointly(ctx.cfg)
+    assert [s.together for s in round_shares(ctx.cfg, DATA)] == [False, False]
+    x, _ = joint_scale(ctx.cfg, DATA, [(0.5, 5e-7)] * 2, 1.0, 1e-6)
+    assert x == 1.0

@@ -33,7 +33,7 @@ from rknn_ray.labeling.labels import accuracy
 from rknn_ray.labeling.queries import NEXT_ROUND_SELECTORS, QuerySet, union_of_rounds
 from rknn_ray.labeling.stage import round_query_counts
 from rknn_ray.mechanisms.base import Mechanism
-from rknn_ray.mechanisms.composed_rounds import reservation_after, round_shares
+from rknn_ray.mechanisms.composed_rounds import composes_jointly, reservation_after, round_shares
 from rknn_ray.mechanisms.stage import mechanism_for
 from rknn_ray.job.stages import finish_labels, released_weights, resolve_connection
 from rknn_ray.labeling.stage import connection_plan
@@ -148,11 +148,16 @@ def planned_rounds(cfg, data, public_emb: np.ndarray, first, rounds: list, query
     the released round and the plan's queries before asking for the next, whose selection
     reads them."""
     shares = round_shares(cfg, data)
-    if progress is not None and shares[0].eps0 is not None:
-        progress.say(f"rounds calibrated together (pld accountant): local eps0 "
-                     f"{', '.join(f'{s.eps0:.4g}' for s in shares)}, each round's own eps "
+    if progress is not None and shares[0].together:
+        eps0 = ("local eps0 " + ", ".join(f"{s.eps0:.4g}" for s in shares) + ", "
+                if shares[0].eps0 is not None else "")
+        progress.say(f"rounds calibrated together (pld accountant): {eps0}each round's own eps "
                      f"{', '.join(f'{s.eps:.4g}' for s in shares)}; their composition is at most "
                      f"eps={cfg.privacy.eps:g} at delta={cfg.privacy.delta:g}")
+    elif progress is not None and composes_jointly(cfg):
+        progress.say(f"rounds not calibrated together: at T={len(shares)} and delta="
+                     f"{cfg.privacy.delta:g} their pld composition is about their sum, so each "
+                     "round is calibrated for its share")
     sizes = round_query_counts(cfg)
     rule, auto, plans = None, None, []
     for t, share in enumerate(shares):

@@ -1,16 +1,34 @@
-"""Rounds calibrated together: a T-round single-message shuffle job under the PLD accountant.
+"""Rounds calibrated together: a T-round job under the PLD accountant.
 
-With ``privacy.accountant: pld`` the ledger charges T shuffled rounds the composition of
-their privacy loss distributions (rknn_ray.accounting.shuffle_pld), which at the job's
-delta is well below the sum of the rounds' own eps. Splitting eps into T shares and
-calibrating each round's local eps0 for its share therefore leaves budget unused. Here the
-rounds are calibrated *jointly*: round t runs at eps0_t = x * eps_t (eps_t its
-``rounds.budget_split`` share, so an even split gives every round the same eps0), with the
-largest x whose composed cost of the T planned rounds' events, by the pld accountant at the
-ledger's delta, stays within the job's eps. The events are the mechanisms' own (built at
-that eps0, for the planned senders), so the plan is costed exactly as the ledger will cost
-the rounds; the ledger still checks the composition before every round, and each round is
-recorded at the cost of the event it actually released (the reports actually opened).
+With ``privacy.accountant: pld`` the ledger charges T rounds the composition of their
+privacy loss distributions, which at the job's delta can be well below the sum of the
+rounds' own eps. Splitting eps into T shares and calibrating each round for its share then
+leaves budget unused. Here the rounds are calibrated *jointly*: round t runs at x times its
+``rounds.budget_split`` share eps_t (an even split gives every round the same noise), with
+the largest x whose composed cost of the T planned rounds' events, by the pld accountant at
+the ledger's delta, stays within the job's eps. What "x times the share" means is the
+model's (:data:`JOINT_MODELS`):
+
+* single-message shuffle (``rr``, ``collision``): the local eps0 = x * eps_t (PLD of the
+  amplification bound's dominating pair, rknn_ray.accounting.shuffle_pld);
+* central (``laplace``, discrete or continuous) with delta > 0: the noise scale
+  2kr / (x * eps_t) (exact Laplace PLDs). The composition of T pure eps_t rounds stays near
+  T * eps_t until T is large (at delta = 1e-6 it gains nothing measurable for T <= 10 and
+  ~15% less noise at T = 20); then the plan is the basic split. With delta = 0 the pld
+  composition of pure-DP rounds is exactly their sum, so there is nothing to gain and the
+  rounds keep the basic split.
+
+Not calibrated together: the multi-message shuffle. Its event has no PLD of its own in the
+accountant (``accountants.event_pld`` composes it as the generic (eps, delta) pair of its
+cost), and T generic pairs at delta_t each compose at the job's delta to no less than the
+sum of their eps (the pair's infinite-loss mass alone already spends T * delta_t), so a
+joint plan grants x = 1 (``benchmarks.composed_rounds --plan``'s ``scale_found`` measures
+it). The local model's rounds are pure eps-LDP on the same records: nothing to gain either.
+
+The events are the mechanisms' own (built at that scale, for the planned senders), so the
+plan is costed exactly as the ledger will cost the rounds; the ledger still checks the
+composition before every round, and each round is recorded at the cost of the event it
+actually released (the reports actually opened).
 
 A round's own target (what the shuffler's sender floor and the short-round refusal compare
 to) is the cost of its planned event: a round that opens fewer reports than planned costs
@@ -23,14 +41,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from rknn_ray.accounting.accountants import Composition, event_cost, event_pld
 from rknn_ray.accounting.calibration import guided_edge
 from rknn_ray.labeling.stage import round_budgets
 from rknn_ray.mechanisms.stage import mechanism_for, mechanism_params
 
-#: the single-message shuffle mechanisms (one eps0 per report; ShuffledLocalDpEvent)
-JOINT_MECHANISMS = ("rr", "collision")
 #: relative width of the final bracket on x (the composed eps lands just below the target)
 RTOL = 2e-3
 #: no round's eps0 above this (the bounds' tables and pairs are built for eps0 <= ~20)
@@ -42,18 +59,77 @@ _PLANS: dict = {}
 @dataclass(frozen=True)
 class RoundShare:
     """One round's part of the job's budget: its own target (eps, delta), and the local
-    eps0 the plan chose for it (None: the mechanism calibrates eps0 for ``eps``)."""
+    eps0 the plan chose for it (None: the mechanism calibrates eps0 for ``eps``, or has
+    none); ``together``: the share comes from a joint plan, not the basic split."""
     eps: float
     delta: float
     eps0: float | None = None
+    together: bool = False
+
+
+@dataclass(frozen=True)
+class JointModel:
+    """How one model's rounds scale in a joint plan.
+
+    ``at_scale(cfg, data, eps_t, delta_t, x)``: the round's mechanism at x times its share
+    (one query: the cost does not depend on s); ``cap(eps_t, target_eps)``: the largest x
+    worth trying; ``share(mechanism, eps_t, delta_t, cost)``: the round's
+    :class:`RoundShare` given its planned event's cost, or None where the plan gains
+    nothing over the share (then the whole plan is the basic split)."""
+    at_scale: Callable
+    cap: Callable
+    share: Callable
+
+
+def _shuffled_at(cfg, data, e, d, x):
+    """A single-message shuffle round at local eps0 = x eps_t (its target: eps0 itself)."""
+    return mechanism_for(cfg, data, eps=x * e, delta=d, num_queries=1, eps0=x * e)
+
+
+def _shuffled_share(m, e, d, cost):
+    # no amplification at this eps0, or less than the round's share: the basic split
+    # (each round calibrated for its share) grants at least as much
+    if not e <= cost < m.local_eps:
+        return None
+    return RoundShare(float(cost), float(d), float(m.local_eps), True)
+
+
+def _eps_at(cfg, data, e, d, x):
+    """A round calibrated for x times its share (central: noise scale 2kr / (x eps_t))."""
+    return mechanism_for(cfg, data, eps=x * e, delta=d, num_queries=1)
+
+
+def _central_share(m, e, d, cost):
+    # the round's target is the eps its noise scale is calibrated for (its event costs at
+    # most that: the scale is rounded up); a plan below the share gains nothing
+    if not e < cost <= m.params.eps:
+        return None
+    return RoundShare(float(m.params.eps), float(d), None, True)
+
+
+#: the (model, mechanism) pairs whose rounds are calibrated together (module docstring)
+JOINT_MODELS = {
+    ("shuffle", "rr"): JointModel(_shuffled_at, lambda e, target: EPS0_CAP / e, _shuffled_share),
+    ("shuffle", "collision"): JointModel(_shuffled_at, lambda e, target: EPS0_CAP / e,
+                                         _shuffled_share),
+    ("central", "laplace"): JointModel(_eps_at, lambda e, target: target / e, _central_share),
+}
+#: models whose joint plan is only measured (benchmarks.composed_rounds --plan): the
+#: multi-message round composes as its (eps, delta) pair, so x = 1 (module docstring)
+MEASURED_MODELS = {("shuffle", "multi"): JointModel(_eps_at, lambda e, target: target / e,
+                                                    lambda m, e, d, cost: None)}
 
 
 def composes_jointly(cfg) -> bool:
-    """Whether the rounds are calibrated together: pld accountant, single-message shuffle,
-    more than one round. Elsewhere each round is calibrated for its share of the budget."""
+    """Whether the rounds are calibrated together: pld accountant, more than one round, a
+    model of :data:`JOINT_MODELS`, and for the central model a delta > 0 (pure-DP rounds
+    compose to exactly their sum). Elsewhere each round is calibrated for its share."""
     p = cfg.privacy
-    return (p.accountant == "pld" and p.model == "shuffle" and p.mechanism in JOINT_MECHANISMS
-            and int(cfg.rounds.count) > 1)
+    if p.accountant != "pld" or int(cfg.rounds.count) <= 1:
+        return False
+    if (p.model, p.mechanism) not in JOINT_MODELS:
+        return False
+    return p.model != "central" or ledger_budget(cfg)[1] > 0
 
 
 def ledger_budget(cfg) -> tuple[float, float]:
@@ -73,7 +149,7 @@ def round_shares(cfg, data) -> list[RoundShare]:
     if not composes_jointly(cfg):
         return [RoundShare(e, d) for e, d in budgets]
     params = dataclasses.replace(mechanism_params(cfg, data), num_queries=1)
-    key = (repr(params), p.mechanism, tuple(budgets), ledger_budget(cfg))
+    key = (repr(params), p.model, p.mechanism, tuple(budgets), ledger_budget(cfg))
     if key not in _PLANS:
         _PLANS[key] = joint_shares(cfg, data, budgets, *ledger_budget(cfg))
     return list(_PLANS[key])
@@ -86,20 +162,21 @@ def planned_event(mechanism):
     return mechanism.round_event(n, n)
 
 
-def joint_shares(cfg, data, budgets: list[tuple[float, float]], target_eps: float,
-                 target_delta: float, rtol: float = RTOL) -> list[RoundShare]:
-    """The largest x (to ``rtol``) with the pld composition of rounds at eps0_t = x * eps_t
-    within ``target_eps`` at ``target_delta`` (x >= 1: at x = 1 each round's eps0 is its
-    share, so even the sum of their costs fits; the ledger reports the smaller of the two).
-    The basic split where the rounds gain nothing from being calibrated together."""
+def joint_scale(cfg, data, budgets: list[tuple[float, float]], target_eps: float,
+                target_delta: float, rtol: float = RTOL, model: JointModel | None = None):
+    """(x, the rounds' mechanisms at x): the largest x (to ``rtol``) whose pld composition of
+    the rounds at x times their share fits ``target_eps`` at ``target_delta``, searched from
+    x = 1 (each round at its share: their sum fits; the ledger reports the smaller of the
+    two). x = 1 where no larger x fits. ``model``: the scaling (default the config's, from
+    :data:`JOINT_MODELS`; benchmarks pass another to measure a model not planned jointly)."""
+    p = cfg.privacy
+    model = model or {**MEASURED_MODELS, **JOINT_MODELS}[(p.model, p.mechanism)]
     memo: dict = {}
 
     def planned(x: float) -> list:
-        """The rounds' mechanisms at eps0_t = x * eps_t (their target: eps0 itself, never
-        below the cost of their event)."""
+        """The rounds' mechanisms at x times their share."""
         if x not in memo:
-            memo[x] = [mechanism_for(cfg, data, eps=x * e, delta=d, num_queries=1, eps0=x * e)
-                       for e, d in budgets]
+            memo[x] = [model.at_scale(cfg, data, e, d, x) for e, d in budgets]
         return memo[x]
 
     scores: dict = {}
@@ -117,10 +194,9 @@ def joint_shares(cfg, data, budgets: list[tuple[float, float]], target_eps: floa
                          if math.isfinite(eps) else math.inf)
         return scores[x]
 
-    basic = [RoundShare(e, d) for e, d in budgets]
-    cap = EPS0_CAP / max(e for e, _ in budgets)
+    cap = min(model.cap(e, target_eps) for e, _ in budgets)
     if cap <= 1.0:
-        return basic
+        return 1.0, planned(1.0)
     # x = 1 fits by the basic sum; up from x = 2 to a rejected x, each probe where the line
     # through the last two accepted (log x, score) crosses a little above zero (1.25x to 4x
     # further): the score is smooth, so this brackets the edge in two or three PLDs
@@ -133,14 +209,26 @@ def joint_shares(cfg, data, budgets: list[tuple[float, float]], target_eps: floa
         prev = lo = hi
         hi = min(max(step, 1.25 * hi), 4.0 * hi, cap)
     x = hi if score(hi) <= 0 else guided_edge(score, lo, hi, tol=rtol, relative=True)
+    return x, planned(x)
+
+
+def joint_shares(cfg, data, budgets: list[tuple[float, float]], target_eps: float,
+                 target_delta: float, rtol: float = RTOL) -> list[RoundShare]:
+    """The rounds at :func:`joint_scale`'s x, each round's own target its planned event's
+    cost; the basic split where the rounds gain nothing from being calibrated together
+    (x within ``rtol`` of 1, or a round the model's ``share`` refuses)."""
+    p = cfg.privacy
+    model = JOINT_MODELS[(p.model, p.mechanism)]
+    basic = [RoundShare(e, d) for e, d in budgets]
+    x, mechs = joint_scale(cfg, data, budgets, target_eps, target_delta, rtol, model)
+    if x <= 1.0 + rtol:
+        return basic
     shares = []
-    for m, (e, d) in zip(planned(x), budgets):
-        eps_t = event_cost(planned_event(m), m.costing())[0]
-        # no amplification at this eps0, or less than the round's share: the basic split
-        # (each round calibrated for its share) grants at least as much
-        if not e <= eps_t < m.local_eps:
+    for m, (e, d) in zip(mechs, budgets):
+        share = model.share(m, e, d, event_cost(planned_event(m), m.costing())[0])
+        if share is None:
             return basic
-        shares.append(RoundShare(float(eps_t), float(d), float(m.local_eps)))
+        shares.append(share)
     return shares
 
 
@@ -151,7 +239,9 @@ def reservation_after(cfg, data, t: int) -> tuple[float, float] | None:
     The rounds' own eps add up to more than the job's eps there, so "the reservation less
     this round" would undercount the rounds still to come while they run: instead the
     reservation keeps the pld composition of the later planned rounds at their share of
-    delta, an (eps, delta) that they satisfy together (the store composes it as such)."""
+    delta, an (eps, delta) that they satisfy together (the store composes it as such).
+    Every model of :data:`JOINT_MODELS` alike: the later rounds' mechanisms are rebuilt from
+    their shares, as the job builds them."""
     if not composes_jointly(cfg):
         return None
     later = round_shares(cfg, data)[t + 1:]

@@ -43,7 +43,8 @@ class PrivacyConfig:
                          accepts_text=_mechanisms_per_model)     # checked per model, below
     eps: float = key(1.0, "the job's total eps, record level, replace-one", float, low=0,
                      low_open=True, check=_eps, accepts_text="number in [1e-06, inf)")
-    delta: float = key(0.0, "the job's total delta (shuffle: below 1/n; central, local: 0)", float,
+    delta: float = key(0.0, "the job's total delta (shuffle: below 1/n; local: 0; central: 0, "
+                       "or > 0 with pld and rounds.count > 1)", float,
                        low=0, high=1, high_open=True)
     noise: str = key("discrete", "central: discrete (exact) or continuous (paper's)", str,
                      choices=owned("rknn_ray.mechanisms.central", "NOISE_KINDS"))
@@ -58,8 +59,8 @@ class PrivacyConfig:
                                      "(null: max(delta, 1/(10 n)))", float, low=0, high=1,
                                      high_open=True, nullable=True)
     accountant: str = key("basic", "composition: basic (sums) or pld (privacy-loss "
-                          "distributions; T single-message shuffle rounds then share eps0 "
-                          "calibrated for their composition)", str,
+                          "distributions; T single-message shuffle rounds, or central rounds "
+                          "at a delta > 0, are then calibrated for their composition)", str,
                           choices=owned("rknn_ray.accounting.ledger", "ACCOUNTANTS"))
     amplification_bound: str = key("tight", "shuffle, single message: the amplification "
                                    "bound (tight: its Collision form for Collision with c = 1, "
@@ -92,11 +93,18 @@ def check_privacy_relations(cfg: dict) -> None:
     if p["model"] == "shuffle" and p["delta"] <= 0:
         raise ConfigError("privacy.delta", "the shuffle model needs delta > 0 (amplification "
                           "gives (eps, delta) guarantees)", "set privacy.delta, e.g. 1e-6")
-    if p["model"] != "shuffle" and p["delta"] != 0:
+    # a central job of several rounds under the pld accountant spends a delta on their
+    # composition (rknn_ray.mechanisms.composed_rounds); elsewhere a pure model never uses one
+    composed = (p["model"] == "central" and p["accountant"] == "pld"
+                and int(cfg["rounds"]["count"]) > 1)
+    if p["model"] != "shuffle" and p["delta"] != 0 and not composed:
+        hint = (" (or, for a central job of rounds.count > 1, privacy.accountant=pld: its "
+                "rounds are then calibrated together for their composition at that delta)"
+                if p["model"] == "central" else "")
         raise ConfigError("privacy.delta", f"delta = {p['delta']:g}, but every {p['model']} "
                           "mechanism is pure eps-DP: the delta would be reserved from the "
                           "dataset's budget and never used", "set privacy.delta=0 (the "
-                          "dataset's delta budget across jobs is privacy.budget_delta)")
+                          f"dataset's delta budget across jobs is privacy.budget_delta){hint}")
     names = available().get(p["model"], [])
     if p["mechanism"] not in names:
         raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
