@@ -183,8 +183,9 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                ("rounds", _fmt(len(p.get("rounds") or []) or c.get("rounds")))]
     budget = p.get("budget") or {}
     if budget:
+        by = f", composed by {budget['spent_by']}" if budget.get("spent_by") else ""
         privacy.append(("dataset budget", f"eps = {_fmt(budget.get('eps'))} "
-                        f"(spent {_fmt(budget.get('spent_eps'))} after this job) on "
+                        f"(spent {_fmt(budget.get('spent_eps'))} after this job{by}) on "
                         f"{_fmt(budget.get('description'))}"))
     privacy.append(("randomness", _fmt(rep.get("rng"))))
     accuracy = [("label accuracy (public set)", _acc(acc, "labels")),

@@ -35,6 +35,14 @@ folder without it.
 """
 
 
+
+def _spent(ctx, accountant: str) -> dict:
+    """The dataset's spend after this job, composed as the budget store checks it: by the
+    job's accountant at the budget's delta (a pld job's rounds calibrated together have own
+    eps adding up to more than the job's eps; their sum is not what the budget holds)."""
+    eps, delta = ctx.store.composed(ctx.identity, accountant)
+    return {"spent_eps": eps, "spent_delta": delta, "spent_by": accountant}
+
 def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -> tuple:
     """Labels, the student and the run folder; returns (the report, also in report.json;
     the public samples' labels, also in labels.parquet).
@@ -95,7 +103,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                     "details": [r.mechanism for r in rounds],
                     "budget": {"dataset": ctx.identity, "description": ctx.described,
                                "eps": ctx.budget[0], "delta": ctx.budget[1],
-                               "spent_eps": ctx.store.spent(ctx.identity).eps,
+                               **_spent(ctx, cfg.privacy.accountant),
                                "ledger": ctx.store.path},
                     "release_file": "release.npz", **rng_marks(cfg)},
         "counts": {**data.public_counts(), "queries": all_qs.size,
