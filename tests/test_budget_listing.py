@@ -27,3 +27,22 @@ def test_budget_lists_each_job_in_words(tmp_path, capsys):
     assert ("job job-b: reserved eps=1, spent eps=0 in 0 rounds, still held eps=1 (open "
             "reservation); server died mid-round") in out
     assert "unused" not in out and "round -" not in out
+
+
+def test_a_budget_with_a_delta_says_its_spend_is_a_sum_pld_jobs_compose(tmp_path, capsys):
+    # a pld job's rounds, calibrated together, have own eps that add up to more than the
+    # job's eps: the listing must not let that sum pass for what a pld job is checked against
+    path = str(tmp_path / "ledger.sqlite")
+    store = BudgetStore(path)
+    store.reserve("ds1", "digits", "job-a", 2.0, 1e-6, (10.0, 1e-5))
+    store.commit_round("ds1", "job-a", 0, 1.0, 0.0, _laplace(1.0))
+    store.commit_round("ds1", "job-a", 1, 0.999, 0.0, _laplace(0.999))
+    store.close_job("ds1", "job-a", "job finished: 2 round(s) released")
+    store.reserve("ds2", "pure", "job-b", 1.0, 0.0, (10.0, 0.0))
+    store.commit_round("ds2", "job-b", 0, 1.0, 0.0, _laplace(1.0))
+    store.close_job("ds2", "job-b", "job finished: 1 round(s) released")
+    assert main(["--ledger", path]) == 0
+    out = capsys.readouterr().out
+    head, pure = out.split("\nds2")
+    assert "own costs added up; a job with privacy.accountant=pld is checked against" in head
+    assert "added up" not in pure             # a pure budget composes by the sum: nothing to say
