@@ -299,8 +299,9 @@ class KRRThirdValueDelta:
             wy = np.exp(binom_logpmf(y, self.n - x, self.qy)) if self.n > x else np.ones(1)
             off = max(off, abs(ylo - (self.n - x) * self.qy), abs(yhi - (self.n - x) * self.qy))
             self.cells.append((x, y, wx * wy))
-        # two weights' pmfs and one incomplete beta (relative ~4e-15 per trial) per cell
-        self.rel = 2.0 * pmf_rtol(off + 1) + EXACT_RTOL_PER_M * max(1, self.n)
+        # two weights' pmfs, the tail's pmf term (its offset is at most n) and one
+        # incomplete beta (relative ~4e-15 per trial) per cell
+        self.rel = 2.0 * pmf_rtol(off + 1) + pmf_rtol(self.n + 1) + EXACT_RTOL_PER_M * max(1, self.n)
         self.slack = FLOAT_SLACK_PER_TERM * (8 * sum(c[1].size for c in self.cells) + 16)
 
     def delta(self, eps: float) -> tuple[float, float, float]:
