@@ -115,6 +115,8 @@ def granted(bound, eps0, target_eps: float, n: int, delta: float) -> bool:
     One evaluation of the bound."""
     if isinstance(eps0, bool) or not isinstance(eps0, (int, float)) or not math.isfinite(eps0):
         return False
+    if not (math.isfinite(target_eps) and target_eps > 0):
+        return False                          # local_eps0 itself says what is wrong
     if not 0.0 < eps0 <= bound.eps0_max(n, delta):
         return False
     try:
