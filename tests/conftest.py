@@ -1,7 +1,18 @@
 """Shared fixtures: one session-scoped local Ray instance (num_cpus=2, loopback)."""
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+# The calibration cache (rknn_ray/accounting/calibration_cache.py): one folder per test run,
+# never the developer's. Every process of the run (the jobs tests start, Ray workers, xdist
+# workers) inherits it, so the run starts cold and calibrates each shuffle mechanism once.
+if "RKNN_RAY_TEST_CALIBRATION_CACHE" not in os.environ:
+    os.environ["RKNN_RAY_TEST_CALIBRATION_CACHE"] = tempfile.mkdtemp(prefix="rknn-ray-calibration-")
+    atexit.register(shutil.rmtree, os.environ["RKNN_RAY_TEST_CALIBRATION_CACHE"], True)
+os.environ["RKNN_RAY_CACHE_DIR"] = os.environ["RKNN_RAY_TEST_CALIBRATION_CACHE"]
 
 # Under pytest-xdist (-n N) N test processes share the cores. Each OpenMP pool (torch, faiss,
 # BLAS) sized for every core spins against the others': a semi-student test of 1.3 s alone

@@ -44,6 +44,7 @@ from rknn_ray.mechanisms.collision import CollisionMechanism, collision_l
 from rknn_ray.mechanisms.randomized_response import RandomizedResponse
 from rknn_ray.accounting.bound_choice import round_bound, upper_bound_names
 from rknn_ray.accounting.calibration import monotone_edge
+from rknn_ray.accounting.calibration_cache import cached_local_eps0
 
 
 @functools.lru_cache(maxsize=128)
@@ -52,8 +53,10 @@ def _calibrated_eps0(bound, eps: float, n: int, delta: float,
     """The bound's largest eps0 for (eps, delta) at n, once per process: a job builds the
     same round's mechanism several times (auto s, the dropout check, the round itself), and
     a calibration is a dozen evaluations of the bound (``guess``: the eps0 of the form
-    calibrated just before, where the search starts)."""
-    return float(bound.local_eps0(eps, n, delta, guess=guess))
+    calibrated just before, where the search starts). Across processes and runs from the
+    on-disk cache, each entry checked by one evaluation before use
+    (rknn_ray.accounting.calibration_cache)."""
+    return cached_local_eps0(bound, eps, n, delta, guess=guess, code=(__file__,))
 
 
 class ShuffleSingleMixin:
