@@ -181,6 +181,11 @@ class TestPLDAccountant(AccountantConformance):
         # summed: adding only that to delta would understate the cost
         assert eps > event_cost(event)[0] and (1 + np.exp(eps)) * 3 * phi > 3 * 2e-7
         assert eps > pld.get_epsilon_for_delta(3e-6 - 3 * 2e-7)
+        # a target the failure mass alone exceeds: the pld says nothing, basic is reported
+        heavy = attr.evolve(event, cap_failure=1e-5)
+        assert Composition("pld").extend([heavy]).pld_eps(2e-6) == np.inf
+        assert Composition("pld").extend([heavy]).result(2e-6) == \
+            Composition("basic").extend([heavy]).result(2e-6)
 
 
 def test_the_ledger_keeps_events_and_totals_them_with_its_accountant():
