@@ -19,8 +19,7 @@ accountant: each round calibrated for eps/T (the split) and calibrated together
 (rknn_ray.mechanisms.composed_rounds, what the job runs), each with its round's own eps, its
 local eps0 (single-message shuffle) or noise scale (central: the Laplace scale; multi-message:
 the Laplace scale of the DLap's variance), and the ledger's composed eps of the T planned
-rounds; ``scale_found``: the largest x whose rounds at x times their share compose within eps
-(also for the multi-message shuffle, which is not planned jointly: it measures why).
+rounds; ``scale_found``: the largest x whose rounds at x times their share compose within eps.
 A central config needs a delta (``--set privacy.delta=1e-6``): at delta = 0 the rounds compose
 to exactly their sum.
 """

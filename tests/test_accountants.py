@@ -113,6 +113,18 @@ class AccountantConformance:
                              T * delta)
         assert lower < eps <= T * per_round * (1 + 1e-9) and spent_delta <= T * delta * (1 + 1e-9)
 
+    def test_multi_message_rounds_cost_at_most_their_own_cost_and_their_sum(self):
+        """One multi-message round composed alone costs at most (and about) its own (eps,
+        delta); a cap failure mass never makes it cheaper; T rounds at most their sum."""
+        event = build("shuffle", "multi", PARAMS).event()
+        own = event_cost(event)
+        eps, delta = self.accountant.compose([event], own[1])
+        assert own[0] * 0.98 <= eps <= own[0] * (1 + 1e-9) and delta <= own[1] * (1 + 1e-12)
+        no_cap = attr.evolve(event, cap_failure=0.0)
+        assert self.accountant.compose([event] * 3, 3e-6)[0] >= \
+            self.accountant.compose([no_cap] * 3, 3e-6)[0]
+        assert self.accountant.compose([event] * 3, 3 * own[1])[0] <= 3 * own[0] * (1 + 1e-9)
+
 
 class TestBasicAccountant(AccountantConformance):
     accountant = BasicAccountant()
@@ -134,6 +146,46 @@ class TestPLDAccountant(AccountantConformance):
         event = (ShuffledLocalDpEvent("rr", 3.0, 50000, 1e-6), Costing("clones_numerical"))
         eps, _ = self.accountant.compose([event] * 4, 4e-6)
         assert eps < 0.6 * BasicAccountant().compose([event] * 4)[0]
+
+    def test_pld_composes_multi_message_rounds_by_the_protocols_exact_pld(self):
+        """Three eps/3 multi-message rounds compose by the protocol's own PLD to ~10% below
+        the sum of their eps (the generic (eps, delta) pair of each round gave the sum)."""
+        from rknn_ray.accounting.multi_message import protocol_eps
+        params = MechanismParams(10, 4, 1, 1 / 3, delta=1e-6 / 3, num_clients=20000)
+        event = build("shuffle", "multi", params).event()
+        eps, delta = self.accountant.compose([event] * 3, 1e-6)
+        assert delta == 1e-6 and eps < 0.92 * 3 * event_cost(event)[0]
+        assert event_cost(event)[0] == protocol_eps(event.dlap_p, event.flood_mean_total,
+                                                    event.sensitivity_l1, event.delta,
+                                                    event.flood_shape)
+
+    def test_the_cap_failure_mass_is_charged_at_one_plus_e_to_the_composed_eps(self):
+        """Capped rounds cost the smallest E with delta_PLD(E) + (1 + e^E) sum phi_t <= delta,
+        phi_t = cap_failure_t / (1 + e^eps_t): by hand on three rounds with a large cap
+        failure, between the eps of delta_PLD alone and the eps of that plus a flat sum."""
+        from rknn_ray.accounting.accountants import Composition, cap_failure_mass, event_pld
+        event = attr.evolve(build("shuffle", "multi", PARAMS).event(), cap_failure=2e-7)
+        phi = 2e-7 / (1 + np.exp(event_cost(event)[0]))
+        assert cap_failure_mass(event) == pytest.approx(phi, rel=1e-12)
+        assert cap_failure_mass(attr.evolve(event, cap_failure=0.0)) == 0.0
+        pld = event_pld(event).self_compose(3)
+        composition = Composition("pld").extend([event] * 3)
+        assert composition.phi == pytest.approx(3 * phi, rel=1e-12)
+        eps, delta = composition.result(3e-6)
+        assert delta == 3e-6
+        assert pld.get_delta_for_epsilon(eps) + (1 + np.exp(eps)) * 3 * phi <= 3e-6
+        below = eps - 1e-6                                 # the smallest such E, to 1e-6
+        assert pld.get_delta_for_epsilon(below) + (1 + np.exp(below)) * 3 * phi > 3e-6
+        assert pld.get_epsilon_for_delta(3e-6) < eps        # the mass costs something
+        # the composed eps exceeds a round's, so the charge exceeds the rounds' cap_failure
+        # summed: adding only that to delta would understate the cost
+        assert eps > event_cost(event)[0] and (1 + np.exp(eps)) * 3 * phi > 3 * 2e-7
+        assert eps > pld.get_epsilon_for_delta(3e-6 - 3 * 2e-7)
+        # a target the failure mass alone exceeds: the pld says nothing, basic is reported
+        heavy = attr.evolve(event, cap_failure=1e-5)
+        assert Composition("pld").extend([heavy]).pld_eps(2e-6) == np.inf
+        assert Composition("pld").extend([heavy]).result(2e-6) == \
+            Composition("basic").extend([heavy]).result(2e-6)
 
 
 def test_the_ledger_keeps_events_and_totals_them_with_its_accountant():

@@ -288,13 +288,49 @@ def test_a_central_job_of_twenty_rounds_runs_the_plan(ray_session, tmp_path):
     assert budget["spent_eps"] <= priv["eps"] + 1e-9 and budget["spent_eps"] <= budget["eps"]
 
 
-def test_multi_message_rounds_gain_nothing_together():
-    """The multi-message round composes as its (eps, delta) pair: rounds at even 0.1% above
-    their share compose above eps, so the joint search finds x = 1 and the rounds keep the
-    split (module docstring of rknn_ray.mechanisms.composed_rounds)."""
-    from rknn_ray.mechanisms.composed_rounds import composes_jointly, joint_scale, round_shares
-    ctx = _ctx("privacy.accountant=pld", "privacy.mechanism=multi", "rounds.count=2")
-    assert not composes_jointly(ctx.cfg)
-    assert [s.together for s in round_shares(ctx.cfg, DATA)] == [False, False]
-    x, _ = joint_scale(ctx.cfg, DATA, [(0.5, 5e-7)] * 2, 1.0, 1e-6)
-    assert x == 1.0
+# ------------------------------------- the multi-message shuffle (the protocol's exact PLD)
+
+def test_multi_message_rounds_are_calibrated_together():
+    """The accountant composes multi-message rounds by the protocol's exact PLD (cap failures
+    charged at the composed eps): three eps/3 rounds compose to ~0.89 at delta 1e-6, so the
+    plan calibrates each round for x eps/3 with the largest x that fits eps = 1 (within 1%):
+    less DLap noise and fewer flooding messages per round than the split; basic keeps it."""
+    from rknn_ray.mechanisms.composed_rounds import composes_jointly, round_shares
+    cfg = _ctx("privacy.accountant=pld", "privacy.mechanism=multi").cfg
+    assert composes_jointly(cfg) and not composes_jointly(_ctx("privacy.mechanism=multi").cfg)
+    shares = round_shares(cfg, DATA)
+    assert all(s.together and s.eps0 is None for s in shares)
+    assert len({s.eps for s in shares}) == 1 and shares[0].eps > 1.1 / 3
+    basic = round_budgets(1.0, 1e-6, 3, "even")
+    split = _composed(cfg, [SimpleNamespace(eps=e, delta=d) for e, d in basic])
+    together = _composed(cfg, shares)
+    assert split < 0.9 and 0.99 <= together <= 1.0
+    joint = mechanism_for(cfg, DATA, eps=shares[0].eps, delta=shares[0].delta, num_queries=10)
+    alone = mechanism_for(cfg, DATA, eps=1 / 3, delta=1e-6 / 3, num_queries=10)
+    assert guarantee_of(joint).eps <= shares[0].eps                # its own target: its eps
+    assert joint.cal.error_variance < 0.9 * alone.cal.error_variance
+    assert joint.min_senders() == alone.min_senders()              # the floor: all shares
+
+
+def test_a_multi_message_job_of_three_rounds_runs_the_plan(ray_session, tmp_path):
+    """The digits multi-message job, 3 rounds under pld at delta 1e-6 (one student epoch):
+    the ledger accepts every round at the planned eps, and they compose to eps within 1%."""
+    import json
+
+    from jobs.distill import main
+    from rknn_ray.mechanisms.composed_rounds import round_shares
+    over = ["privacy.mechanism=multi", "privacy.eps=1.0", "rounds.count=3",
+            "privacy.accountant=pld", "queries.s=10", "student.epochs=1",
+            "queries.restarts=1", "student.trainer=local"]
+    args = ["--config", "jobs/configs/digits_shuffle.yaml", "--out", str(tmp_path / "run"),
+            "--quiet", "--ledger", str(tmp_path / "ledger.sqlite")]
+    for o in over:
+        args += ["--set", o]
+    assert main(args) == 0
+    priv = json.loads((tmp_path / "run" / "report.json").read_text())["privacy"]
+    planned = round_shares(_ctx(*over[:5]).cfg, DATA)[0].eps
+    assert len(priv["ledger"]["entries"]) == 3 and planned > 1.1 / 3
+    assert all(r["eps"] <= planned for r in priv["rounds"])
+    assert [r["eps"] for r in priv["rounds"]] == pytest.approx([planned] * 3, rel=2e-3)
+    assert 0.99 <= priv["eps"] <= 1.0 and priv["delta"] == 1e-6
+    assert priv["ledger"]["total_basic"]["eps"] > 1.1          # the rounds' own eps, added up

@@ -11,9 +11,12 @@ it. A ledger item is an event or an (event, Costing) pair.
 * ``pld``: privacy-loss-distribution composition with ``dp_accounting``: exact PLDs
   for (discrete) Laplace events, the PLD of the amplification bound's dominating pair
   for a single-message shuffle round (rknn_ray.accounting.shuffle_pld: T rounds cost
-  the composed pair, not T times a round's eps), the generic (eps, delta) PLD of an
-  event's own cost otherwise (the worst mechanism with that guarantee); pessimistic
-  discretisation, so the result is an upper bound. Never reported above ``basic``.
+  the composed pair, not T times a round's eps), the protocol's exact PLD for a
+  multi-message shuffle round (rknn_ray.accounting.multi_message.protocol_pld, with its
+  message cap's failure mass carried beside it: :class:`Composition`), the generic
+  (eps, delta) PLD of an event's own cost otherwise (the worst mechanism with that
+  guarantee); pessimistic discretisation, so the result is an upper bound. Never
+  reported above ``basic``.
 
 :func:`event_cost` is where the shuffle amplification bounds and the multi-message
 accounting interpret their events. Every accountant passes the conformance suite in
@@ -26,6 +29,8 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from dp_accounting import dp_event
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -33,7 +38,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from rknn_ray.accounting.bound_choice import round_bound, upper_bound_names
 from rknn_ray.accounting.events import (ApproxDpEvent, LocalRandomizerDpEvent, MultiMessageShuffleDpEvent,
                                         SelectiveRRDpEvent, ShuffledLocalDpEvent, SubsampleDpEvent)
-from rknn_ray.accounting.multi_message import protocol_eps
+from rknn_ray.accounting.multi_message import protocol_eps, protocol_pld
 from rknn_ray.accounting.shuffle_pld import PairTooLarge, round_pld
 
 PLD_DISCRETIZATION = 1e-4
@@ -236,11 +241,44 @@ def shuffled_round_pld(event: ShuffledLocalDpEvent, costing: Costing = DEFAULT_C
         return None
 
 
+@functools.lru_cache(maxsize=32)
+def _multi_message_pld(p: float, mu: float, sensitivity_l1: int, flood_shape: float):
+    """The protocol's PLD at the accountant's interval (a ledger costs a round at its check,
+    its record and on every read)."""
+    return protocol_pld(p, mu, sensitivity_l1, flood_shape, PLD_DISCRETIZATION)
+
+
+def cap_failure_mass(event) -> float:
+    """phi: the probability that the message cap changes a multi-message round's output (0
+    for every other event; and for rounds that record no ``cap_failure``).
+
+    The cap drops an honest client's noise beyond its allowance, an event that depends on
+    the noise alone (never on the data); each of the n clients was given the failure
+    probability cap_failure / ((1 + e^eps) n), eps the round's own (the eps its
+    calibration reached at the event's delta: ``event_cost``'s, recomputed identically),
+    so phi <= cap_failure / (1 + e^eps). Capped (M) and uncapped (M') outputs coincide
+    off that event, so for any set S, P[M(D) in S] <= P[M'(D) in S] + phi and
+    P[M(D') in S] >= P[M'(D') in S] - phi: H_E(M(D) || M(D')) <= H_E(M'(D) || M'(D'))
+    + (1 + e^E) phi at every E, in both directions. Over rounds (adaptive too: each
+    round's noise is fresh) the outputs coincide unless some round fails, probability
+    <= sum of phi_t, so the composed capped rounds cost delta_PLD(E) + (1 + e^E) sum phi_t,
+    delta_PLD the composition of the uncapped protocol's PLDs (:func:`event_pld`)."""
+    if not isinstance(event, MultiMessageShuffleDpEvent) or not event.cap_failure > 0:
+        return 0.0
+    eps = event_cost(event)[0]
+    return float(event.cap_failure) / (1.0 + math.exp(min(eps, 700.0)))
+
+
 def event_pld(item):
     """The PLD of one event: exact for (discrete) Laplace, the amplification bound's
-    dominating pair for a single-message shuffle round (when it names one), generic from
-    its cost otherwise."""
+    dominating pair for a single-message shuffle round (when it names one), the uncapped
+    protocol's exact PLD for a multi-message round (its cap's failure mass is
+    :func:`cap_failure_mass`: whoever composes it must carry that too, as
+    :class:`Composition` does), generic from its cost otherwise."""
     event, costing = as_costed(item)
+    if isinstance(event, MultiMessageShuffleDpEvent):
+        return _multi_message_pld(float(event.dlap_p), float(event.flood_mean_total),
+                                  int(event.sensitivity_l1), float(event.flood_shape))
     if isinstance(event, ShuffledLocalDpEvent):
         pld = shuffled_round_pld(event, costing)
         if pld is not None:
@@ -272,7 +310,10 @@ class Composition:
     A ledger that checks its budget before every round keeps one and adds each release
     to it, so a check costs the new event, not every event again. The result is the
     accountant's ``compose`` of the same events in the same order, to the bit (both are
-    this class): ``basic`` sums left to right, ``pld`` composes the PLDs left to right.
+    this class): ``basic`` sums left to right, ``pld`` composes the PLDs left to right,
+    and sums the multi-message rounds' cap failure masses (:func:`cap_failure_mass`) beside
+    them: the eps at a delta is then the smallest E with
+    delta_PLD(E) + (1 + e^E) * phi <= delta (:func:`eps_with_failure`).
     """
 
     def __init__(self, accountant: str = "basic"):
@@ -281,6 +322,7 @@ class Composition:
         self.accountant = accountant
         self.eps, self.delta = 0, 0           # basic: the events' own costs, summed (as sum())
         self.pld = None                        # pld: the composed PLD (None: nothing to compose)
+        self.phi = 0.0                         # pld: the summed cap failure masses
         self.events = 0
 
     def add(self, item) -> "Composition":
@@ -291,6 +333,7 @@ class Composition:
             pld = event_pld(item)
             if pld is not None:
                 self.pld = pld if self.pld is None else self.pld.compose(pld)
+            self.phi += cap_failure_mass(as_costed(item)[0])
         self.events += 1
         return self
 
@@ -309,6 +352,13 @@ class Composition:
         """The basic composition (sums) of the events added so far."""
         return self.eps, min(1.0, self.delta)
 
+    def pld_eps(self, target_delta: float) -> float:
+        """eps at ``target_delta`` of the pld composition alone (cap failures included;
+        inf where it says nothing, e.g. nothing to compose)."""
+        if self.pld is None:
+            return math.inf
+        return eps_with_failure(self.pld, float(target_delta), self.phi)
+
     def result(self, target_delta: float = 0.0) -> tuple[float, float]:
         """(eps, delta) of the events added so far, at ``target_delta`` (pld; basic ignores it)."""
         basic = self.basic()
@@ -317,12 +367,49 @@ class Composition:
         if self.pld is None:
             return 0.0, 0.0
         target = max(float(target_delta), 1e-12)
-        eps = float(self.pld.get_epsilon_for_delta(target))
+        eps = self.pld_eps(target)
         if not math.isfinite(eps):      # target below the events' own deltas: PLD says nothing
             return basic
         if basic[0] <= eps and basic[1] <= target:      # basic is tighter here: report it
             return basic
         return eps, target
+
+
+def eps_with_failure(pld, target_delta: float, phi: float = 0.0, grid: int = 2049) -> float:
+    """The smallest E (to 1e-9, on the safe side) with pld's delta(E) + (1 + e^E) phi <=
+    ``target_delta`` (inf where none; phi = 0: ``pld.get_epsilon_for_delta``).
+
+    Each direction's delta(E) + (1 + e^E) phi has derivative e^E (phi - Q[loss > E]),
+    negative then positive, so the E that pass form an interval starting no lower than
+    pld's own eps at the target: the first passing point of a grid up to where
+    (1 + e^E) phi alone exceeds the target, then a bisection below it (the passing set is
+    an interval, so the predicate is monotone between a failing point left of it and a
+    passing one)."""
+    lo = float(pld.get_epsilon_for_delta(target_delta))
+    if phi <= 0 or not math.isfinite(lo):
+        return lo
+    if not target_delta > 2.0 * phi:
+        return math.inf
+
+    def fits(e):
+        return float(pld.get_delta_for_epsilon(e)) + (1.0 + math.exp(e)) * phi <= target_delta
+    top = math.log(target_delta / phi - 1.0)
+    if fits(lo):
+        return lo
+    if not lo < top:
+        return math.inf
+    es = np.linspace(lo, top, grid)
+    ok = np.asarray(pld.get_delta_for_epsilon(es)) + (1.0 + np.exp(es)) * phi <= target_delta
+    if not ok.any():
+        return math.inf
+    i = int(np.argmax(ok))
+    a, b = float(es[i - 1]), float(es[i])       # i >= 1: es[0] = lo failed
+    if not fits(b):                             # the vectorised and scalar sums disagree
+        return math.inf
+    while b - a > 1e-9:
+        mid = 0.5 * (a + b)
+        a, b = (a, mid) if fits(mid) else (mid, b)
+    return b
 
 
 ACCOUNTANTS = {"basic": BasicAccountant, "pld": PLDAccountant}

@@ -61,7 +61,9 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
 
     The accountant computes eps at ``delta`` with rknn_ray.accounting.multi_message and
     adds ``cap_failure`` (the chance that an honest client's noise exceeds the per-sender
-    message cap, see rknn_ray.mechanisms.shuffle_multi.noise_message_cap) to delta.
+    message cap, see rknn_ray.mechanisms.shuffle_multi.noise_message_cap) to delta; the pld
+    accountant composes the protocol's own PLD and charges the cap at the composed eps
+    (rknn_ray.accounting.accountants.cap_failure_mass).
     ``dlap_p`` and ``flood_mean_total`` are the noise of the ``noise_senders`` =
     ceil(``honest_fraction`` * ``num_senders``) honest clients alone: each client sends
     that many clients' share, so the guarantee holds whenever at least that many follow

@@ -142,11 +142,14 @@ def _pmfs(p: float, mu: float, shape: float = POISSON) -> tuple[dict, dict]:
     return P, Q
 
 
-@lru_cache(maxsize=256)
-def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float,
-                 flood_shape: float = POISSON) -> float:
-    """Central eps at ``delta`` of the protocol with DLap parameter p and flood mean mu
-    (flooding NB with shape ``flood_shape``, or Poisson for 0)."""
+def protocol_pld(p: float, mu: float, sensitivity_l1: int, flood_shape: float = POISSON,
+                 discretization: float = PLD_DISCRETIZATION):
+    """The PLD of a neighbouring pair of the protocol with DLap parameter p and flood mean mu
+    (flooding NB with shape ``flood_shape``, or Poisson for 0): ceil(L1/2) copies of the
+    per-cell pair (P, Q) composed with as many of (Q, P), pessimistic discretisation at
+    ``discretization`` (an upper bound). The calibration reads eps off it; the pld
+    accountant composes it with the other rounds (the interval must match theirs). Not
+    cached here: a calibration's bisection builds many it never needs again."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib  # defers dp_accounting
     P, Q = _pmfs(p, mu, float(flood_shape))
     half = int(math.ceil(sensitivity_l1 / 2))
@@ -155,11 +158,20 @@ def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float,
     # value is right; the warning is only noise on the user's console.
     with np.errstate(over="ignore"):
         up = pld_lib.from_two_probability_mass_functions(
-            P, Q, value_discretization_interval=PLD_DISCRETIZATION)
+            P, Q, value_discretization_interval=discretization)
         down = pld_lib.from_two_probability_mass_functions(
-            Q, P, value_discretization_interval=PLD_DISCRETIZATION)
-        total = up.self_compose(half).compose(down.self_compose(half))
-        return float(total.get_epsilon_for_delta(delta))
+            Q, P, value_discretization_interval=discretization)
+        return up.self_compose(half).compose(down.self_compose(half))
+
+
+@lru_cache(maxsize=256)
+def protocol_eps(p: float, mu: float, sensitivity_l1: int, delta: float,
+                 flood_shape: float = POISSON) -> float:
+    """Central eps at ``delta`` of the protocol with DLap parameter p and flood mean mu
+    (flooding NB with shape ``flood_shape``, or Poisson for 0): :func:`protocol_pld`'s."""
+    with np.errstate(over="ignore"):
+        return float(protocol_pld(p, mu, sensitivity_l1, float(flood_shape))
+                     .get_epsilon_for_delta(delta))
 
 
 def dlap_limit_eps(p: float, sensitivity_l1: int, delta: float) -> float:

@@ -54,8 +54,8 @@ class LabelsConfig:
 class RoundsConfig:
     count: int = key(1, "T labeling rounds in one job", int, low=1, high=100)
     budget_split: str | tuple[float, ...] = key(
-        "even", "or T fractions of (eps, delta), sum <= 1 (pld + single-message shuffle or "
-        "central at delta > 0: each round's eps0 / eps in these proportions, scaled to fill eps)",
+        "even", "or T fractions of (eps, delta), sum <= 1 (pld + shuffle, or central at delta > 0: "
+        "each round's eps0 / eps in these proportions, scaled to fill eps)",
         accepts_text="`even`, or a list of `rounds.count` fractions in (0, 1] summing to <= 1")
     query_selection: str = key("farthest", "farthest | uncertain (rknn_ray/labeling/adaptive.py)", str,
                                choices=_query_selections)

@@ -17,13 +17,14 @@ model's (:data:`JOINT_MODELS`):
   ~15% less noise at T = 20); then the plan is the basic split. With delta = 0 the pld
   composition of pure-DP rounds is exactly their sum, so there is nothing to gain and the
   rounds keep the basic split.
+* multi-message shuffle (``multi``): the protocol calibrated for x * eps_t at delta_t (its
+  DLap parameter and flooding mean, rknn_ray.accounting.multi_message), composed by the
+  protocol's exact PLD with its message cap's failure mass charged at the composed eps
+  (``accountants.cap_failure_mass``). The round's own target, as for central, is the eps
+  it is calibrated for (its event costs at most that); its sender floor does not depend
+  on eps.
 
-Not calibrated together: the multi-message shuffle. Its event has no PLD of its own in the
-accountant (``accountants.event_pld`` composes it as the generic (eps, delta) pair of its
-cost), and T generic pairs at delta_t each compose at the job's delta to no less than the
-sum of their eps (the pair's infinite-loss mass alone already spends T * delta_t), so a
-joint plan grants x = 1 (``benchmarks.composed_rounds --plan``'s ``scale_found`` measures
-it). The local model's rounds are pure eps-LDP on the same records: nothing to gain either.
+The local model's rounds are pure eps-LDP on the same records: nothing to gain.
 
 The events are the mechanisms' own (built at that scale, for the planned senders), so the
 plan is costed exactly as the ledger will cost the rounds; the ledger still checks the
@@ -43,7 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from rknn_ray.accounting.accountants import Composition, event_cost, event_pld
+from rknn_ray.accounting.accountants import Composition, event_cost
 from rknn_ray.accounting.calibration import guided_edge
 from rknn_ray.labeling.stage import round_budgets
 from rknn_ray.mechanisms.stage import mechanism_for, mechanism_params
@@ -99,9 +100,10 @@ def _eps_at(cfg, data, e, d, x):
     return mechanism_for(cfg, data, eps=x * e, delta=d, num_queries=1)
 
 
-def _central_share(m, e, d, cost):
-    # the round's target is the eps its noise scale is calibrated for (its event costs at
-    # most that: the scale is rounded up); a plan below the share gains nothing
+def _calibrated_share(m, e, d, cost):
+    # the round's target is the eps its noise (central: its scale, rounded up; multi-message:
+    # its DLap and flooding) is calibrated for: its event costs at most that; a plan below
+    # the share gains nothing
     if not e < cost <= m.params.eps:
         return None
     return RoundShare(float(m.params.eps), float(d), None, True)
@@ -112,12 +114,11 @@ JOINT_MODELS = {
     ("shuffle", "rr"): JointModel(_shuffled_at, lambda e, target: EPS0_CAP / e, _shuffled_share),
     ("shuffle", "collision"): JointModel(_shuffled_at, lambda e, target: EPS0_CAP / e,
                                          _shuffled_share),
-    ("central", "laplace"): JointModel(_eps_at, lambda e, target: target / e, _central_share),
+    ("central", "laplace"): JointModel(_eps_at, lambda e, target: target / e, _calibrated_share),
+    ("shuffle", "multi"): JointModel(_eps_at, lambda e, target: target / e, _calibrated_share),
 }
-#: models whose joint plan is only measured (benchmarks.composed_rounds --plan): the
-#: multi-message round composes as its (eps, delta) pair, so x = 1 (module docstring)
-MEASURED_MODELS = {("shuffle", "multi"): JointModel(_eps_at, lambda e, target: target / e,
-                                                    lambda m, e, d, cost: None)}
+#: models whose joint plan is only measured (benchmarks.composed_rounds --plan), not run
+MEASURED_MODELS: dict = {}
 
 
 def composes_jointly(cfg) -> bool:
@@ -183,13 +184,11 @@ def joint_scale(cfg, data, budgets: list[tuple[float, float]], target_eps: float
 
     def score(x: float) -> float:
         """log(composed eps / target): <= 0 where the T rounds fit. The PLD composition
-        alone: the ledger reports it, or the basic sum where that is smaller."""
+        alone (multi-message cap failures included): the ledger reports it, or the basic
+        sum where that is smaller."""
         if x not in scores:
-            composed = None
-            for m in planned(x):
-                pld = event_pld((planned_event(m), m.costing()))
-                composed = pld if composed is None else composed.compose(pld)
-            eps = float(composed.get_epsilon_for_delta(target_delta))
+            eps = Composition("pld").extend((planned_event(m), m.costing())
+                                            for m in planned(x)).pld_eps(target_delta)
             scores[x] = (math.log(max(eps, 1e-300)) - math.log(target_eps)
                          if math.isfinite(eps) else math.inf)
         return scores[x]

@@ -94,7 +94,8 @@ def noise_message_cap(dlap_p: float, flood_mean_total: float, n: int, num_cells:
     sender's messages beyond its allowance; an honest client loses noise only with
     probability <= n beta, which the guarantee adds to delta: with caller's beta =
     cap_failure / ((1 + e^eps) n), capped and uncapped outputs differ by at most
-    cap_failure in the (eps, delta) inequality in both directions.
+    cap_failure in the (eps, delta) inequality in both directions (composed at another eps
+    E, by (1 + e^E) phi, phi <= cap_failure / (1 + e^eps): accountants.cap_failure_mass).
     (The simulation shortcut attributes a batch's noise to uniform clients of the batch: a
     thinning of NB(B/n), lighter-tailed than the protocol's per-client NB(1/n).)
     """
