@@ -187,6 +187,29 @@ class TestPLDAccountant(AccountantConformance):
         assert Composition("pld").extend([heavy]).result(2e-6) == \
             Composition("basic").extend([heavy]).result(2e-6)
 
+    def test_the_failure_mass_uses_the_eps_the_cap_was_sized_with(self):
+        """The event records the eps its message cap was sized with (cap_eps): phi is charged
+        from that, not from a recomputation that a later version of the calibration could
+        make larger (which would understate phi); an older event without it recomputes."""
+        import math
+
+        from rknn_ray.accounting.accountants import cap_failure_mass
+        from rknn_ray.mechanisms.shuffle_multi import noise_message_cap
+        mech = build("shuffle", "multi", PARAMS)
+        event = mech.event()
+        assert event.cap_eps == mech.cal.eps > 0
+        n_all = max(mech.n_cal, int(mech.params.num_clients))
+        assert mech.noise_cap == noise_message_cap(
+            event.dlap_p, event.flood_mean_total, event.noise_senders, event.num_cells,
+            event.cap_failure / ((1 + math.exp(event.cap_eps)) * n_all), event.flood_shape)
+        sized_lower = attr.evolve(event, cap_eps=0.5 * event.cap_eps)
+        assert cap_failure_mass(sized_lower) == pytest.approx(
+            event.cap_failure / (1 + math.exp(0.5 * event.cap_eps)), rel=1e-12)
+        assert cap_failure_mass(sized_lower) > cap_failure_mass(event)
+        older = attr.evolve(event, cap_eps=0.0)
+        assert cap_failure_mass(older) == pytest.approx(
+            event.cap_failure / (1 + math.exp(event_cost(event)[0])), rel=1e-12)
+
 
 def test_the_ledger_keeps_events_and_totals_them_with_its_accountant():
     ledger = PrivacyLedger(budget_eps=2.0, accountant="basic")

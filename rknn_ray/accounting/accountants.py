@@ -254,8 +254,9 @@ def cap_failure_mass(event) -> float:
 
     The cap drops an honest client's noise beyond its allowance, an event that depends on
     the noise alone (never on the data); each of the n clients was given the failure
-    probability cap_failure / ((1 + e^eps) n), eps the round's own (the eps its
-    calibration reached at the event's delta: ``event_cost``'s, recomputed identically),
+    probability cap_failure / ((1 + e^eps) n), eps the one the cap was sized with (the
+    event's ``cap_eps``; an event written before that was recorded: ``event_cost``'s,
+    the same calibration recomputed identically),
     so phi <= cap_failure / (1 + e^eps). Capped (M) and uncapped (M') outputs coincide
     off that event, so for any set S, P[M(D) in S] <= P[M'(D) in S] + phi and
     P[M(D') in S] >= P[M'(D') in S] - phi: H_E(M(D) || M(D')) <= H_E(M'(D) || M'(D'))
@@ -265,7 +266,8 @@ def cap_failure_mass(event) -> float:
     delta_PLD the composition of the uncapped protocol's PLDs (:func:`event_pld`)."""
     if not isinstance(event, MultiMessageShuffleDpEvent) or not event.cap_failure > 0:
         return 0.0
-    eps = event_cost(event)[0]
+    # the eps the cap was sized with, as recorded; an older event's own eps, recomputed
+    eps = float(event.cap_eps) if event.cap_eps > 0 else event_cost(event)[0]
     return float(event.cap_failure) / (1.0 + math.exp(min(eps, 700.0)))
 
 

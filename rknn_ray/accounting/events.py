@@ -63,7 +63,9 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     adds ``cap_failure`` (the chance that an honest client's noise exceeds the per-sender
     message cap, see rknn_ray.mechanisms.shuffle_multi.noise_message_cap) to delta; the pld
     accountant composes the protocol's own PLD and charges the cap at the composed eps
-    (rknn_ray.accounting.accountants.cap_failure_mass).
+    (rknn_ray.accounting.accountants.cap_failure_mass). ``cap_eps``: the eps the cap was
+    sized with (per-client failure probability cap_failure / ((1 + e^cap_eps) n); 0 in
+    events written before it was recorded: then the event's own eps, recomputed).
     ``dlap_p`` and ``flood_mean_total`` are the noise of the ``noise_senders`` =
     ceil(``honest_fraction`` * ``num_senders``) honest clients alone: each client sends
     that many clients' share, so the guarantee holds whenever at least that many follow
@@ -79,6 +81,7 @@ class MultiMessageShuffleDpEvent(dp_event.DpEvent):
     honest_fraction: float = 1.0
     noise_senders: int = 0
     flood_shape: float = 0.0
+    cap_eps: float = 0.0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

@@ -273,7 +273,8 @@ class MultiMessageShuffle(Mechanism):
                                           int(self.params.sensitivity_l1),
                                           int(self.params.num_cells), float(c.delta),
                                           float(self.cap_failure), float(self.honest_fraction),
-                                          int(self.n_honest), float(c.flood_shape))
+                                          int(self.n_honest), float(c.flood_shape),
+                                          float(c.eps))
 
     def _flood_law(self) -> str:
         r = self.cal.flood_shape
