@@ -88,11 +88,18 @@ def test_a_second_process_reuses_the_first_calibration(cold, tmp_path):
     assert [p.read_text() for p in entries(warm)] == [p.read_text() for p in stored]
 
 
-def test_an_entry_above_the_edge_is_refused_and_replaced(cold, tmp_path, monkeypatch, capsys,
-                                                         fresh_process):
+def _use_a_copy(cold, tmp_path, monkeypatch):
+    """(the cold run's folder, its result) with a copy of its entries, tmp_path / "c", made
+    the cache of this test's processes."""
     folder, first, _ = cold
     shutil.copytree(folder, tmp_path / "c")
     monkeypatch.setenv(cc.ENV, str(tmp_path / "c"))
+    return folder, first
+
+
+def test_an_entry_above_the_edge_is_refused_and_replaced(cold, tmp_path, monkeypatch, capsys,
+                                                         fresh_process):
+    folder, first = _use_a_copy(cold, tmp_path, monkeypatch)
     tampered = entries(tmp_path / "c")
     for path in tampered:
         entry = json.loads(path.read_text())
@@ -114,9 +121,7 @@ def test_an_entry_above_the_edge_is_refused_and_replaced(cold, tmp_path, monkeyp
 
 def test_a_corrupt_entry_is_ignored_and_rewritten(cold, tmp_path, monkeypatch, capsys,
                                                   fresh_process):
-    folder, first, _ = cold
-    shutil.copytree(folder, tmp_path / "c")
-    monkeypatch.setenv(cc.ENV, str(tmp_path / "c"))
+    folder, first = _use_a_copy(cold, tmp_path, monkeypatch)
     corrupt = entries(tmp_path / "c")
     assert corrupt
     for path in corrupt:
@@ -133,9 +138,7 @@ def test_an_entry_under_another_key_is_not_used(cold, tmp_path, monkeypatch, cap
                                                 fresh_process):
     """A file whose stored key is not the one its name stands for (copied over another
     entry) is refused even where its eps0 would pass."""
-    folder, first, _ = cold
-    shutil.copytree(folder, tmp_path / "c")
-    monkeypatch.setenv(cc.ENV, str(tmp_path / "c"))
+    folder, first = _use_a_copy(cold, tmp_path, monkeypatch)
     paths = entries(tmp_path / "c")
     assert paths
     for path in paths:

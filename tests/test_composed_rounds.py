@@ -196,20 +196,27 @@ def _composed(cfg, shares):
                                      for m in mechs).result(cfg.privacy.delta)[0]
 
 
+def _planned_together(cfg, rounds):
+    """The rounds' shares of a plan calibrated together for eps 1, delta 1e-6 (checked: one
+    eps each, above the eps/T share; composing within 1% under eps, where the eps/T split
+    composes below 0.9)."""
+    from rknn_ray.mechanisms.composed_rounds import round_shares
+    shares = round_shares(cfg, DATA)
+    assert all(s.together and s.eps0 is None for s in shares)
+    assert len({s.eps for s in shares}) == 1 and shares[0].eps > 1.1 / rounds
+    basic = round_budgets(1.0, 1e-6, rounds, "even")
+    split = _composed(cfg, [SimpleNamespace(eps=e, delta=d) for e, d in basic])
+    assert split < 0.9 and 0.99 <= _composed(cfg, shares) <= 1.0
+    return shares
+
+
 @pytest.mark.parametrize("noise", ["discrete", "continuous"])
 def test_central_rounds_at_a_delta_are_calibrated_together(noise):
     """20 central rounds at delta 1e-6: each round's noise is calibrated for x eps/20 with the
     largest x whose pld composition fits eps = 1 (within 1%), above what the eps/T split's
     composition spends (it leaves ~13% of eps unused)."""
-    from rknn_ray.mechanisms.composed_rounds import round_shares
     cfg = _central("privacy.delta=1e-6", "rounds.count=20", f"privacy.noise={noise}")
-    shares = round_shares(cfg, DATA)
-    assert all(s.together and s.eps0 is None for s in shares)
-    assert len({s.eps for s in shares}) == 1 and shares[0].eps > 1.1 / 20
-    basic = round_budgets(1.0, 1e-6, 20, "even")
-    split = _composed(cfg, [SimpleNamespace(eps=e, delta=d) for e, d in basic])
-    together = _composed(cfg, shares)
-    assert split < 0.9 and 0.99 <= together <= 1.0
+    shares = _planned_together(cfg, 20)
     m = mechanism_for(cfg, DATA, eps=shares[0].eps, delta=shares[0].delta, num_queries=10)
     assert guarantee_of(m).eps == pytest.approx(shares[0].eps)   # its own target: its cost
     assert float(m.scale) < 40 / 1.1                              # 2kr / (eps/20) = 40
@@ -260,21 +267,26 @@ def test_the_reservation_keeps_the_later_central_rounds_composed_cost(tmp_path):
     assert 0.99 <= ledger.spent()[0] <= 1.0
 
 
-def test_a_central_job_of_twenty_rounds_runs_the_plan(ray_session, tmp_path):
-    """The digits central job, 20 rounds under pld at delta 1e-6 (one student epoch): the
-    ledger accepts every round at the planned eps, and they compose to eps within 1%."""
+def _run_job(config, overrides, tmp_path):
+    """Runs the packaged ``config`` with ``overrides`` (its own ledger file); report's privacy."""
     import json
 
     from jobs.distill import main
+    args = ["--config", f"jobs/configs/{config}.yaml", "--out", str(tmp_path / "run"),
+            "--quiet", "--ledger", str(tmp_path / "ledger.sqlite")]
+    for o in overrides:
+        args += ["--set", o]
+    assert main(args) == 0
+    return json.loads((tmp_path / "run" / "report.json").read_text())["privacy"]
+
+
+def test_a_central_job_of_twenty_rounds_runs_the_plan(ray_session, tmp_path):
+    """The digits central job, 20 rounds under pld at delta 1e-6 (one student epoch): the
+    ledger accepts every round at the planned eps, and they compose to eps within 1%."""
     from rknn_ray.mechanisms.composed_rounds import round_shares
     over = ["rounds.count=20", "privacy.accountant=pld", "privacy.delta=1e-6", "queries.s=15",
             "student.epochs=1", "queries.restarts=1", "student.trainer=local"]
-    args = ["--config", "jobs/configs/digits_central.yaml", "--out", str(tmp_path / "run"),
-            "--quiet", "--ledger", str(tmp_path / "ledger.sqlite")]
-    for o in over:
-        args += ["--set", o]
-    assert main(args) == 0
-    priv = json.loads((tmp_path / "run" / "report.json").read_text())["privacy"]
+    priv = _run_job("digits_central", over, tmp_path)
     planned = round_shares(_central(*over[:4]), DATA)[0].eps
     assert len(priv["ledger"]["entries"]) == 20
     assert [r["eps"] for r in priv["rounds"]] == pytest.approx([planned] * 20)
@@ -295,16 +307,10 @@ def test_multi_message_rounds_are_calibrated_together():
     charged at the composed eps): three eps/3 rounds compose to ~0.89 at delta 1e-6, so the
     plan calibrates each round for x eps/3 with the largest x that fits eps = 1 (within 1%):
     less DLap noise and fewer flooding messages per round than the split; basic keeps it."""
-    from rknn_ray.mechanisms.composed_rounds import composes_jointly, round_shares
+    from rknn_ray.mechanisms.composed_rounds import composes_jointly
     cfg = _ctx("privacy.accountant=pld", "privacy.mechanism=multi").cfg
     assert composes_jointly(cfg) and not composes_jointly(_ctx("privacy.mechanism=multi").cfg)
-    shares = round_shares(cfg, DATA)
-    assert all(s.together and s.eps0 is None for s in shares)
-    assert len({s.eps for s in shares}) == 1 and shares[0].eps > 1.1 / 3
-    basic = round_budgets(1.0, 1e-6, 3, "even")
-    split = _composed(cfg, [SimpleNamespace(eps=e, delta=d) for e, d in basic])
-    together = _composed(cfg, shares)
-    assert split < 0.9 and 0.99 <= together <= 1.0
+    shares = _planned_together(cfg, 3)
     joint = mechanism_for(cfg, DATA, eps=shares[0].eps, delta=shares[0].delta, num_queries=10)
     alone = mechanism_for(cfg, DATA, eps=1 / 3, delta=1e-6 / 3, num_queries=10)
     assert guarantee_of(joint).eps <= shares[0].eps                # its own target: its eps
@@ -315,19 +321,11 @@ def test_multi_message_rounds_are_calibrated_together():
 def test_a_multi_message_job_of_three_rounds_runs_the_plan(ray_session, tmp_path):
     """The digits multi-message job, 3 rounds under pld at delta 1e-6 (one student epoch):
     the ledger accepts every round at the planned eps, and they compose to eps within 1%."""
-    import json
-
-    from jobs.distill import main
     from rknn_ray.mechanisms.composed_rounds import round_shares
     over = ["privacy.mechanism=multi", "privacy.eps=1.0", "rounds.count=3",
             "privacy.accountant=pld", "queries.s=10", "student.epochs=1",
             "queries.restarts=1", "student.trainer=local"]
-    args = ["--config", "jobs/configs/digits_shuffle.yaml", "--out", str(tmp_path / "run"),
-            "--quiet", "--ledger", str(tmp_path / "ledger.sqlite")]
-    for o in over:
-        args += ["--set", o]
-    assert main(args) == 0
-    priv = json.loads((tmp_path / "run" / "report.json").read_text())["privacy"]
+    priv = _run_job("digits_shuffle", over, tmp_path)
     planned = round_shares(_ctx(*over[:5]).cfg, DATA)[0].eps
     assert len(priv["ledger"]["entries"]) == 3 and planned > 1.1 / 3
     assert all(r["eps"] <= planned for r in priv["rounds"])
