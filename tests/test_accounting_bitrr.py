@@ -129,3 +129,70 @@ def test_bitrr_validated():
         get_bound("tight", mechanism="bitrr", kr=1, d=100, l=3)
     assert eps_for_delta(bitrr_pairs(1.0, 1079, 2)[0], 1e-6, 1.0, upper=False) > 0
     assert len(bitrr_pairs(1.0, 1079, 2)) == 1 and bitrr_pairs(1.0, 1, 5) == []
+
+
+# ------------------------------------------------------------------ in the jobs
+
+def _rr_round(k=1, n=1079, eps=1.0):
+    from rknn_ray.mechanisms import MechanismParams, build
+    return build("shuffle", "rr", MechanismParams(10, 10, k, eps, delta=1e-6, num_clients=n,
+                                                  options={"bound": "tight"}))
+
+
+def test_shuffle_rr_calibrates_with_the_bitrr_form_and_its_event_says_so():
+    from rknn_ray.accounting.accountants import event_cost
+    from rknn_ray.accounting.bound_choice import round_bound
+    from rknn_ray.accounting.events import ShuffledLocalDpEvent
+    mech = _rr_round()
+    assert mech.bound.name == "tight_bitrr" and mech.randomizer_params == {"rr_kr": 1, "rr_d": 100}
+    generic = round_bound("tight")
+    assert mech.local_eps > generic.local_eps0(1.0, 1079, 1e-6) * 1.05  # a larger eps0
+    event = mech.event()
+    assert (event.rr_kr, event.rr_d) == (1, 100)
+    assert round_bound("tight", "rr", 0, 0, 1, 100) is mech.bound
+    eps, delta = event_cost(event, mech.costing())
+    assert eps <= 1.0 * (1 + 1e-9) and delta == 1e-6
+    # an event written before (kr, d) were recorded is costed by the generic form: sound,
+    # and above its target at this eps0
+    bare = ShuffledLocalDpEvent(event.local_mechanism, event.eps0, event.num_senders, event.delta)
+    assert event_cost(bare, mech.costing())[0] == pytest.approx(
+        generic.central_eps(event.eps0, event.num_senders, 1e-6), rel=1e-12)
+    assert event_cost(bare, mech.costing())[0] > 1.05
+
+
+def test_shuffle_rr_with_two_ones_falls_back_to_the_generic_form():
+    from rknn_ray.accounting.accountants import event_cost
+    from rknn_ray.accounting.bound_choice import round_bound
+    mech = _rr_round(k=2)
+    assert mech.bound is round_bound("tight") and mech.bound.name == "tight"
+    event = mech.event()
+    assert (event.rr_kr, event.rr_d) == (2, 100)           # recorded, costed generically
+    assert event_cost(event, mech.costing())[0] <= 1.0 * (1 + 1e-9)
+    assert round_bound("tight", "rr", 0, 0, 2, 100) is round_bound("tight")
+
+
+def test_a_job_round_records_kr_and_d_and_its_saved_event_alone_costs_it(ray_session):
+    """A real seeded digits shuffle round with privacy.mechanism=rr: the ledger row's saved
+    event (JSON) is rebuilt and costed from itself alone, by the per-bit RR form."""
+    import json
+
+    from rknn_ray.accounting.accountants import Costing, event_cost
+    from rknn_ray.accounting.bound_choice import round_bound
+    from rknn_ray.accounting.events import costed_from_dict
+    from tests.digits_rounds import digits_cfg, session_round
+    cfg = digits_cfg("privacy.mechanism=rr", "privacy.eps=1.0")
+    _, _, _, ledger, _ = session_round(cfg, job_id="job-bitrr")
+    (entry,) = ledger.entries
+    row = json.loads(json.dumps(entry.to_dict()))
+    event, legacy = costed_from_dict(row["event"])
+    assert legacy == {} and (event.rr_kr, event.rr_d) == (1, 10 * 10)
+    costing = Costing.from_dict(row["accounting"])
+    assert costing.bound == "tight"
+    eps, delta = event_cost(event, costing)
+    assert (eps, delta) == pytest.approx((row["eps"], row["delta"]), rel=1e-12)
+    bitrr = round_bound("tight", "rr", 0, 0, 1, 100)
+    assert bitrr.name == "tight_bitrr"
+    assert eps == pytest.approx(bitrr.central_eps(event.eps0, event.num_senders, event.delta),
+                                rel=1e-12)
+    assert eps <= 1.0 * (1 + 1e-9)
+    assert round_bound("tight").central_eps(event.eps0, event.num_senders, event.delta) > 1.05
