@@ -196,3 +196,18 @@ def test_a_job_round_records_kr_and_d_and_its_saved_event_alone_costs_it(ray_ses
                                 rel=1e-12)
     assert eps <= 1.0 * (1 + 1e-9)
     assert round_bound("tight").central_eps(event.eps0, event.num_senders, event.delta) > 1.05
+
+
+def test_the_calibration_cache_keys_the_bitrr_form_apart_and_reuses_it(tmp_path, monkeypatch):
+    from rknn_ray.accounting import calibration_cache as cc
+    monkeypatch.setenv(cc.ENV, str(tmp_path))
+    b, g = get_bound("tight", mechanism="bitrr", kr=1, d=100), get_bound("tight")
+    kb, kg = cc.bound_key(b), cc.bound_key(g)
+    assert kb is not None and kb != kg and kb["attrs"]["kr"] == 1 and kb["attrs"]["d"] == 100
+    assert kb != cc.bound_key(get_bound("tight", mechanism="bitrr", kr=1, d=40))
+    e0 = cc.cached_local_eps0(b, 1.0, 1079, 1e-6)
+    (entry,) = list(tmp_path.glob("eps0-*.json"))
+    assert e0 > cc.cached_local_eps0(g, 1.0, 1079, 1e-6)          # a second, generic entry
+    assert len(list(tmp_path.glob("eps0-*.json"))) == 2
+    monkeypatch.setattr(type(b), "local_eps0", lambda *a, **k: pytest.fail("recalibrated"))
+    assert cc.cached_local_eps0(b, 1.0, 1079, 1e-6) == e0           # read back, checked
