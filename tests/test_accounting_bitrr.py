@@ -130,6 +130,7 @@ def test_bitrr_validated():
         get_bound("tight", mechanism="bitrr", kr=1, d=100, l=3)
     assert eps_for_delta(bitrr_pairs(1.0, 1079, 2)[0], 1e-6, 1.0, upper=False) > 0
     assert len(bitrr_pairs(1.0, 1079, 2)) == 1 and bitrr_pairs(1.0, 1, 5) == []
+    assert get_bound("tight", mechanism="bitrr", kr=1, d=5).lower(1.0, 1, 1e-6) == 0.0
 
 
 # ------------------------------------------------------------------ in the jobs

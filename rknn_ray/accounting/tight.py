@@ -552,8 +552,8 @@ class TightBound(AmplificationBound):
         """A certified lower bound for the same randomizer (see the module doc)."""
         _check(eps0, n, delta)
         if self.mechanism == "bitrr":
-            return max(eps_for_delta(pd, delta, eps0, upper=False)
-                       for pd in bitrr_pairs(eps0, n, self.d))
+            return max((eps_for_delta(pd, delta, eps0, upper=False)
+                        for pd in bitrr_pairs(eps0, n, self.d)), default=0.0)
         if self.mechanism == "collision":
             best = max(eps_for_delta(pd, delta, eps0, upper=False)
                        for pd in [collision_pair(eps0, n, self.l)]
