@@ -90,8 +90,8 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
 from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
-                                             bitrr_pairs, collision_pair, collision_third_value_pairs,
-                                             krr_pair)
+                                             bitrr_pairs, collision_pair,
+                                             collision_third_value_pairs, krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -487,7 +487,9 @@ def blanket_params(mechanism: str, eps0: float, k: int | None = None, l: int | N
     if mechanism == "bitrr":
         # per-bit RR, kr = 1, at the sampler's own q: per-bit ratio b = (1-q)/q <= e^{eps0/2},
         # p = b^2 <= e^eps0, blanket w = R_0 / b (gamma = q/(1-q)): see the module doc
-        q = bitrr_flip_probability(eps0, 1 if kr is None else kr)
+        if kr not in (None, 1):
+            raise ValueError(f"the per-bit RR blanket covers kr = 1, got kr={kr}")
+        q = bitrr_flip_probability(eps0, 1)
         b = (1.0 - q) / q
         return b * b, q * q, q * (1.0 - q), q ** 3 / (1.0 - q)
     p = math.exp(eps0)
