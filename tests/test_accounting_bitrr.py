@@ -11,6 +11,7 @@ from rknn_ray.accounting import get_bound
 from rknn_ray.accounting.hockey import eps_for_delta
 from rknn_ray.accounting.shuffled_rr import bitrr_pairs
 from rknn_ray.accounting.tight import BlanketDelta, blanket_params
+from rknn_ray.accounting.events import event_from_dict
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms.randomized_response import rr_flip_probability, rr_output_probability
 from tests.test_accounting_soundness import _divergence
@@ -213,3 +214,27 @@ def test_the_calibration_cache_keys_the_bitrr_form_apart_and_reuses_it(tmp_path,
     assert len(list(tmp_path.glob("eps0-*.json"))) == 2
     monkeypatch.setattr(type(b), "local_eps0", lambda *a, **k: pytest.fail("recalibrated"))
     assert cc.cached_local_eps0(b, 1.0, 1079, 1e-6) == e0           # read back, checked
+
+
+def test_the_budget_store_costs_a_saved_rr_event_by_its_recorded_kr_and_d(tmp_path):
+    """The store recomputes every commit from its event: an rr round's event with (kr, d) = (1,
+    100) is the bitrr cost, the same event saved before they were recorded the generic one."""
+    from rknn_ray.accounting.accountants import Costing, event_cost
+    from rknn_ray.accounting.budget_store import BudgetStore
+    from rknn_ray.accounting.events import event_to_dict
+    from rknn_ray.errors import LedgerError
+    event = _rr_round().event()
+    saved, costing = event_to_dict(event), Costing(bound="tight")
+    legacy = {k: v for k, v in saved.items() if k not in ("rr_kr", "rr_d")}
+    bitrr, generic = event_cost(event, costing), event_cost(event_from_dict(legacy), costing)
+    assert bitrr[0] <= 1.0 * (1 + 1e-9) < 1.05 < generic[0]
+    store = BudgetStore(str(tmp_path / "l.sqlite"))
+    store.reserve("ds", "d", "job", 5.0, 1e-4, (5.0, 1e-4))
+    with pytest.raises(LedgerError, match="costs eps="):
+        store.commit_round("ds", "job", 0, *generic, saved, accounting=costing)
+    store.commit_round("ds", "job", 0, *bitrr, saved, accounting=costing)
+    with pytest.raises(LedgerError, match="costs eps="):
+        store.commit_round("ds", "job", 1, *bitrr, legacy, accounting=costing)
+    store.commit_round("ds", "job", 1, *generic, legacy, accounting=costing)
+    store.close_job("ds", "job", "done")
+    assert store.composed("ds", "basic")[0] == pytest.approx(bitrr[0] + generic[0], rel=1e-12)
