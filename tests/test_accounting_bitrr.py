@@ -238,3 +238,18 @@ def test_the_budget_store_costs_a_saved_rr_event_by_its_recorded_kr_and_d(tmp_pa
     store.commit_round("ds", "job", 1, *generic, legacy, accounting=costing)
     store.close_job("ds", "job", "done")
     assert store.composed("ds", "basic")[0] == pytest.approx(bitrr[0] + generic[0], rel=1e-12)
+
+
+def test_the_amplification_cli_lists_the_bitrr_form_and_its_lower_bound(capsys):
+    import json
+
+    from benchmarks.amplification import main
+    assert main(["--mechanism", "bitrr", "--d", "100", "--n", "1079", "--eps0", "2",
+                 "--delta", "1e-6", "--json"]) == 0
+    by = {r["bound"]: r for r in json.loads(capsys.readouterr().out)}
+    assert list(by)[:3] == ["lower_bound", "tight_bitrr", "tight"]
+    assert "per-bit RR" in by["lower_bound"]["note"]
+    assert 0 < by["lower_bound"]["eps"] <= by["tight_bitrr"]["eps"] < 0.8 * by["tight"]["eps"]
+    assert main(["--mechanism", "bitrr", "--n", "1079", "--eps0", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --mechanism bitrr needs --d (the report length s * |Y|), e.g. --d 100"]
