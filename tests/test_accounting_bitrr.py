@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from rknn_ray.accounting import get_bound
+from rknn_ray.accounting.events import event_from_dict
 from rknn_ray.accounting.hockey import eps_for_delta
 from rknn_ray.accounting.shuffled_rr import bitrr_pairs
 from rknn_ray.accounting.tight import BlanketDelta, blanket_params
-from rknn_ray.accounting.events import event_from_dict
 from rknn_ray.errors import ConfigError
 from rknn_ray.mechanisms.randomized_response import rr_flip_probability, rr_output_probability
 from tests.test_accounting_soundness import _divergence
