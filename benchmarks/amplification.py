@@ -7,7 +7,9 @@ Single point:
     python -m benchmarks.amplification --mechanism krr --k 10 --n 1000000 --eps0 2 --delta 1e-8 --json
 prints a JSON list, one entry per bound: {"bound", "eps" (or "eps0"), "seconds"}
 (plus "error" where a bound does not apply, e.g. the closed form out of its range).
---mechanism krr|collision lists the bounds for that randomizer: its own lower bound
+--mechanism krr|collision|bitrr lists the bounds for that randomizer (bitrr: the project's
+``rr``, per-bit RR with one hot cell on --d bits; its tight form and generic tight, no
+variation-ratio form): its own lower bound
 ("bound": "lower_bound", with a "note" naming the neighbouring pair), its
 variation-ratio bound and the generic ones; without it (generic) the output is unchanged.
 
@@ -91,6 +93,10 @@ def mechanism_bounds(mechanism: str = "generic", **params) -> list:
     """
     if mechanism == "generic":
         return [BOUNDS[name] for name in ORDER]
+    if mechanism == "bitrr":                         # no variation-ratio form: tight's alone
+        tight = tight_bound("bitrr", kr=1, d=params["d"])
+        return [tight.lower_bound(), tight, tight_bound()] + \
+            [BOUNDS[name] for name in ORDER if name != "lower_bound"]
     vr = variation_ratio_bound(mechanism, **params)
     tight_params = {"k": params["k"]} if mechanism == "krr" else {"l": params["l"], "c": params.get("c", 1)}
     if mechanism == "collision" and params.get("c", 1) != 1:
@@ -668,9 +674,12 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--eps0", type=float, help="local eps0 of each sender")
     g.add_argument("--target-eps", type=float, help="central eps target: print granted eps0")
     ap.add_argument("--delta", type=float, default=1e-6)
-    ap.add_argument("--mechanism", choices=("generic", "krr", "collision"), default="generic",
-                    help="randomizer: generic eps0-LDP (default), k-RR (--k) or Collision (--l, --c); "
-                         "prints every bound that applies to it and its own lower bound")
+    ap.add_argument("--mechanism", choices=("generic", "krr", "collision", "bitrr"),
+                    default="generic",
+                    help="randomizer: generic eps0-LDP (default), k-RR (--k), Collision (--l, --c) "
+                         "or the project's per-bit RR with one hot cell (bitrr, --d); prints "
+                         "every bound that applies to it and its own lower bound")
+    ap.add_argument("--d", type=int, help="bitrr: report length in bits (s * |Y|)")
     ap.add_argument("--k", type=int, help="k-RR: number of options")
     ap.add_argument("--l", type=int, help="Collision: Bloom filter length l (default with --eps0: "
                                           "the l a Collision job picks at that eps0)")
@@ -748,12 +757,14 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         need = {"krr": ("k", "--k (the number of options), e.g. --k 10"),
                 "collision": ("l", "--l (the Bloom filter length), e.g. --l 10; with --eps0 it "
-                                   "defaults to the l a job uses")}.get(args.mechanism)
+                                   "defaults to the l a job uses"),
+                "bitrr": ("d", "--d (the report length s * |Y|), e.g. --d 100")}.get(args.mechanism)
         if need and getattr(args, need[0]) is None:
             print(f"error: --mechanism {args.mechanism} needs {need[1]}", file=sys.stderr)
             return 2
         params = ({"k": args.k} if args.mechanism == "krr" else
-                  {"c": args.c, "l": args.l} if args.mechanism == "collision" else {})
+                  {"c": args.c, "l": args.l} if args.mechanism == "collision" else
+                  {"d": args.d} if args.mechanism == "bitrr" else {})
         rows = point(n, args.delta, eps0=args.eps0, target_eps=args.target_eps,
                      mechanism=args.mechanism, **params)
     except ConfigError as exc:

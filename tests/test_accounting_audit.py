@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from rknn_ray.accounting import BOUNDS, variation_ratio_bound
+from rknn_ray.accounting import BOUNDS, get_bound, variation_ratio_bound
 from benchmarks.audit import (COMMON_CELL, DIFF_CELL, audit_binary_rr,
                                        audit_mechanism, binary_rr_pair_law, bsvs_answers,
                                        exact_pair_eps, law_eps, pair_class_probabilities,
@@ -33,6 +33,8 @@ def _claims(mech, n):
     if mech.name == "collision":
         out["variation_ratio_collision"] = variation_ratio_bound(
             "collision", c=1, l=mech.l).central_eps(e0, n, DELTA)
+    if mech.name == "rr":                # tight's per-bit RR form (kr = 1, d = 4 cells)
+        out["tight_bitrr"] = get_bound("tight", "bitrr", kr=1, d=4).central_eps(e0, n, DELTA)
     return out
 
 

@@ -49,7 +49,10 @@ def test_a_pld_job_runs_its_rounds_at_the_eps0_their_composition_allows():
 
 
 def test_a_budget_split_scales_each_rounds_eps0_with_its_fraction():
-    ctx = _ctx("privacy.accountant=pld", "rounds.budget_split=[0.2, 0.3, 0.5]")
+    # rknn.r=2: kr = 2, so rr is costed by tight's generic form; with its per-bit RR form
+    # (kr = 1) the small rounds amplify more, and one eps0 scale would give the 0.2 round
+    # less than its split: the plan keeps the split there (joint_shares)
+    ctx = _ctx("privacy.accountant=pld", "rounds.budget_split=[0.2, 0.3, 0.5]", "rknn.r=2")
     shares = ctx.round_budgets()
     ratios = [s.eps0 / e for s, (e, _) in zip(shares, round_budgets(1.0, 1e-6, 3, (0.2, 0.3, 0.5)))]
     assert ratios == pytest.approx([ratios[0]] * 3) and ratios[0] > 1.2
@@ -69,11 +72,14 @@ def test_the_basic_accountant_keeps_the_eps_over_T_split():
 
 
 def test_rounds_that_gain_nothing_together_keep_the_split():
-    """Three senders amplify nothing: each round's cost is its eps0, so the plan is the
-    basic split (each round calibrated for its share), whatever the accountant."""
+    """Three senders amplify nothing under the generic form (kr = 2 here): each round's cost
+    is its eps0, so the plan is the basic split (each round calibrated for its share),
+    whatever the accountant. (Per-bit RR's own form, kr = 1, amplifies three reports a
+    little: its three rounds compose below the sum, and the plan takes that.)"""
     from rknn_ray.mechanisms.composed_rounds import round_shares
     few = SimpleNamespace(num_clients=3, num_classes=10, max_records_per_client=1)
-    assert [s.eps0 for s in round_shares(_ctx("privacy.accountant=pld").cfg, few)] == [None] * 3
+    cfg = _ctx("privacy.accountant=pld", "rknn.r=2").cfg
+    assert [s.eps0 for s in round_shares(cfg, few)] == [None] * 3
 
 
 def test_a_short_round_is_charged_its_true_composed_cost():

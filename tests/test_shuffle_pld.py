@@ -145,17 +145,17 @@ def test_the_tight_bound_is_the_default_and_the_job_uses_the_larger_eps0_it_cert
     base = dict(num_queries=10, num_classes=4, k=1, eps=1.0, delta=1e-6, num_clients=20_000)
     old = build("shuffle", "rr", MechanismParams(**base, options={"bound": "clones_numerical"}))
     new = build("shuffle", "rr", MechanismParams(**base, options={"bound": "tight"}))
-    assert new.local_eps > old.local_eps * 1.05            # per-bit RR: tight's generic form
-    assert new.bound.name == "tight"                        # the generic form
+    assert new.local_eps > old.local_eps * 1.05
+    assert new.bound.name == "tight_bitrr"                  # per-bit RR (k r = 1): its own form
     event = new.event()
-    assert (event.collision_c, event.collision_l) == (0, 0)
+    assert (event.collision_c, event.collision_l, event.rr_kr, event.rr_d) == (0, 0, 1, 40)
     g = guarantee_of(new)
     assert event_cost(event, new.costing()) == pytest.approx((g.eps, g.delta), rel=1e-12)
     assert g.eps <= 1.0 * (1 + 1e-9) and "tight bound" in g.note
-    # its rounds compose as tight's dominating pair under the pld accountant
+    # its rounds compose as tight's dominating pair under the pld accountant (above one
+    # round's own lower bound: composing never helps)
     total, _ = pld_ledger_of_rounds(new, 3)
-    lower = composed_eps(pld_from_pair(*rr_lower_pair(new.local_eps, 20_000), pessimistic=False),
-                         3, total["total"]["delta"])
+    lower = new.bound.lower(new.local_eps, 20_000, total["total"]["delta"])
     assert lower < total["total"]["eps"] < 0.8 * total["total_basic"]["eps"]
 
 

@@ -224,7 +224,7 @@ def _round_bound(event: ShuffledLocalDpEvent, costing: Costing):
         raise UnknownEventError(f"amplification bound {costing.bound!r} is not an upper bound; "
                                 f"cost shuffle events with one of {list(upper_bound_names())}")
     return round_bound(costing.bound, event.local_mechanism, int(event.collision_c),
-                       int(event.collision_l))
+                       int(event.collision_l), int(event.rr_kr), int(event.rr_d))
 
 
 def shuffled_round_pld(event: ShuffledLocalDpEvent, costing: Costing = DEFAULT_COSTING):

@@ -47,25 +47,33 @@ def upper_bound_names() -> tuple:
 
 
 def round_bound(name: str, local_mechanism: str = "", collision_c: int = 0,
-                collision_l: int = 0) -> AmplificationBound:
+                collision_l: int = 0, rr_kr: int = 0, rr_d: int = 0) -> AmplificationBound:
     """The bound ``name`` as it applies to one shuffled randomizer (one object per argument
     set: accountants cache by it). A bound in :data:`MECHANISM_SPECIFIC` takes its Collision
-    form for a Collision randomizer whose (c, l) is known, else (and where that form does not
-    cover the randomizer) its generic eps0-LDP form; every other bound is generic."""
-    return _round_bound(str(name), str(local_mechanism), int(collision_c), int(collision_l))
+    form for a Collision randomizer whose (c, l) is known, its per-bit RR form ('bitrr') for
+    an ``rr`` randomizer whose (kr, d) is known, else (and where that form does not cover the
+    randomizer: Collision c > 1, rr kr > 1) its generic eps0-LDP form; every other bound is
+    generic."""
+    return _round_bound(str(name), str(local_mechanism), int(collision_c), int(collision_l),
+                        int(rr_kr), int(rr_d))
 
 
 @functools.lru_cache(maxsize=64)
-def _round_bound(name: str, local_mechanism: str, collision_c: int,
-                 collision_l: int) -> AmplificationBound:
+def _round_bound(name: str, local_mechanism: str, collision_c: int, collision_l: int,
+                 rr_kr: int, rr_d: int) -> AmplificationBound:
     if name in MECHANISM_SPECIFIC and local_mechanism == "collision" and collision_c > 0 \
             and collision_l > collision_c:
         try:
             return get_bound(name, "collision", c=int(collision_c), l=int(collision_l))
         except ConfigError:
             pass
-    if local_mechanism or collision_c or collision_l:
-        return _round_bound(name, "", 0, 0)       # the one generic object
+    if name in MECHANISM_SPECIFIC and local_mechanism == "rr" and rr_kr > 0 and rr_d > 0:
+        try:
+            return get_bound(name, "bitrr", kr=int(rr_kr), d=int(rr_d))
+        except ConfigError:
+            pass                                  # kr > 1: not covered, the generic form
+    if local_mechanism or collision_c or collision_l or rr_kr or rr_d:
+        return _round_bound(name, "", 0, 0, 0, 0)   # the one generic object
     bound = get_bound(name)
     if bound.kind != "upper":
         raise ConfigError("bound", f"{name!r} is a lower bound and grants no budget",

@@ -40,7 +40,8 @@ class ShuffledLocalDpEvent(dp_event.DpEvent):
     (``reports_opened``; 0 in events written before it was recorded).
     ``collision_c``, ``collision_l``: a Collision randomizer's ones per report and output
     domain, for the bounds specific to it (``bound_choice.round_bound``; 0: not recorded, the
-    report is costed as a generic eps0-LDP one).
+    report is costed as a generic eps0-LDP one). ``rr_kr``, ``rr_d``: likewise a per-bit
+    randomized response's ones per input (k*r) and report length (s*|Y|).
     """
     local_mechanism: str
     eps0: float
@@ -50,6 +51,8 @@ class ShuffledLocalDpEvent(dp_event.DpEvent):
     reports_opened: int = 0
     collision_c: int = 0
     collision_l: int = 0
+    rr_kr: int = 0
+    rr_d: int = 0
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)

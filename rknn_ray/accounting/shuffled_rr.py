@@ -152,6 +152,36 @@ def collision_third_value_pairs(eps0: float, n: int, l: int) -> list[PairDelta]:
             for b, r in ((u, u), (merged, u + kappa * (1.0 - kappa) * p * a))]
 
 
+def bitrr_pairs(eps0: float, n: int, d: int) -> list:
+    """The project's per-bit RR with one hot cell (kr = 1) on d cells, at the sampler's own
+    flip probability q (p = ((1-q)/q)^2 <= e^eps0): pairs whose exact divergences are lower
+    bounds for its shuffled output, user 1 hot on h vs h'.
+
+    * The others all hot on h': only (y_h, y_h') differs in law, with
+      L = p on (1, 0), 1/p on (0, 1), 1 elsewhere, so the counts of (1, 0) and (0, 1) are
+      sufficient: the exact divergence of this dataset's shuffled output (pi0 = q^2,
+      pi1 = (1-q)^2 per report under h').
+    * d >= 3, the others all hot on a third cell h'': the counts of reports showing (1, 0)
+      vs (0, 1) on (h, h') with their bit h'' = 0 (user 1: (1-q)^3 vs q^2 (1-q) under h,
+      swapped under h'; each other user q^2 (1-q) each), and the same counts whatever bit
+      h'' (user 1: (1-q)^2 vs q^2; others q (1-q)): shapes of
+      :class:`rknn_ray.accounting.hockey.BlanketPair`, post-processings of the output.
+
+    Empty for n < 2.
+    """
+    if n < 2:
+        return []
+    from rknn_ray.accounting.tight import bitrr_flip_probability  # tight imports this module
+    q = bitrr_flip_probability(eps0, 1)
+    b = (1.0 - q) / q
+    p = b * b
+    pairs: list = [ShuffledRRPairDelta(p, n, q * q, (1.0 - q) ** 2)]
+    if d >= 3:
+        pairs += [PairDelta(BlanketPair(p, a, 1.0 - (p + 1.0) * a, r, int(n)))
+                  for a, r in ((q * q * (1.0 - q), q * q * (1.0 - q)), (q * q, q * (1.0 - q)))]
+    return pairs
+
+
 class CollisionThirdValueDelta:
     """delta(eps) of the four counts A, B, C, D of :func:`collision_third_value_pairs`
     (the rest merged), exact, as (estimate, err_up, err_down); cost grows as n^1.5.

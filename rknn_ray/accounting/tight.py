@@ -28,6 +28,20 @@ eps0-LDP worst case is k = 2 (binary RR: the stronger-clone / variation-ratio pa
 Feldman-McMillan-Talwar 2023 and Wang et al. 2024, which holds for every eps0-LDP
 randomizer).
 
+The project's ``rr`` (``bitrr``, :mod:`rknn_ray.mechanisms.randomized_response`) with one
+hot cell (kr = 1): each of the d bits is flipped w.p. q, the sampler's own q (rounded up
+from 1/(e^{eps0/2} + 1)), so the per-bit ratio is b = (1-q)/q <= e^{eps0/2}.  With R_0 the
+law of the flipped all-zero vector, a one-hot input h has R_h(y) = R_0(y) b^{2 y_h - 1}
+>= R_0(y) / b for every y and h, so w = R_0 (gamma = 1/b = q/(1-q)) is a common part of
+every input's law (the true minimum is larger only on the all-ones report, mass O(q^d):
+a smaller common part is still a valid blanket, and the bound needs no d).  Under w,
+(y_h, y_h') are i.i.d. Bern(q), and in units of gamma L = p^{y_h} - e^eps p^{y_h'},
+p = b^2 <= e^eps0: "x" = (1, 0) and "x'" = (0, 1), each gamma q (1-q) = q^2 per user;
+"r" = (0, 0), gamma (1-q)^2 = q (1-q), value 1 - e^eps; "c" = (1, 1), gamma q^2 =
+q^3 / (1-q), value p (1 - e^eps): Collision's four kinds.  For kr > 1 (2kr-bit neighbours)
+the kinds form a 2-D lattice (ones of y in H and in H'): not covered, the jobs use the
+generic form there.
+
 Computation.  Condition on the counts m_c, m_r of "c" and "r" reports: the rest is
 s ~ Bin(n', q) x/x' reports, h | s ~ Bin(s, 1/2) of them x, and E[X_+ | s] is a
 Bin(s, 1/2) tail with its first moment (closed form).  Bucketing m_r (and m_c) and
@@ -56,7 +70,11 @@ grid is small (n ~ 1e3, l <= 8) those four counts together
 says about v vs v' but the reports that fit both or neither).  What stays open there
 is the upper side: a third value's report lands on v's hash with prob. 1/l, and the
 blanket treats those reports as if the adversary could tell them apart.  Generic: the
-largest of binary RR and the k-RR pairs (every k-RR is eps0-LDP).
+largest of binary RR and the k-RR pairs (every k-RR is eps0-LDP).  Per-bit RR:
+the largest of the exact pair "others all hot on h'" and, with the others hot on a third
+cell h'', the counts of the reports showing (1, 0) vs (0, 1) on (h, h'), with bit h'' = 0
+or whatever it is (:func:`~rknn_ray.accounting.shuffled_rr.bitrr_pairs`); binary RR's pair
+is not one of this randomizer's, so it is left out.
 
 ``dominating_pair(eps0, n)``: the same bucketed pair as explicit distributions, see
 :meth:`TightBound.dominating_pair`.
@@ -72,8 +90,8 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
 from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
-                                             collision_pair, collision_third_value_pairs,
-                                             krr_pair)
+                                             bitrr_pairs, collision_pair,
+                                             collision_third_value_pairs, krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -455,8 +473,25 @@ def _raise_lower(pd, delta: float, start: float, eps_hi: float, steps: int = 5) 
 
 # ---------------------------------------------------------------- mechanisms
 
-def blanket_params(mechanism: str, eps0: float, k: int | None = None, l: int | None = None):
+def bitrr_flip_probability(eps0: float, kr: int) -> float:
+    """q: the flip probability the project's ``rr`` sampler uses at eps0 for kr ones (exact:
+    a multiple of 2^-53, :func:`rknn_ray.mechanisms.randomized_response.rr_flip_threshold`)."""
+    # deferred: the mechanisms package imports the accounting one
+    from rknn_ray.mechanisms.randomized_response import rr_flip_probability
+    return rr_flip_probability(float(eps0), int(kr), 1)
+
+
+def blanket_params(mechanism: str, eps0: float, k: int | None = None, l: int | None = None,
+                   kr: int | None = None):
     """(p, pi_x, pi_r, pi_c) of the blanket view of ``mechanism`` at eps0."""
+    if mechanism == "bitrr":
+        # per-bit RR, kr = 1, at the sampler's own q: per-bit ratio b = (1-q)/q <= e^{eps0/2},
+        # p = b^2 <= e^eps0, blanket w = R_0 / b (gamma = q/(1-q)): see the module doc
+        if kr not in (None, 1):
+            raise ValueError(f"the per-bit RR blanket covers kr = 1, got kr={kr}")
+        q = bitrr_flip_probability(eps0, 1)
+        b = (1.0 - q) / q
+        return b * b, q * q, q * (1.0 - q), q ** 3 / (1.0 - q)
     p = math.exp(eps0)
     if mechanism == "generic":
         return p, 1.0 / (p + 1.0), 0.0, 0.0
@@ -470,14 +505,24 @@ def blanket_params(mechanism: str, eps0: float, k: int | None = None, l: int | N
 
 
 class TightBound(AmplificationBound):
-    """Blanket-divergence upper bound for k-RR, Collision (c = 1) or generic eps0-LDP."""
+    """Blanket-divergence upper bound for k-RR, Collision (c = 1), the project's per-bit RR
+    (kr = 1) or generic eps0-LDP."""
     kind = "upper"
 
     def __init__(self, mechanism: str = "generic", k: int | None = None, l: int | None = None,
-                 c: int | None = None, method: str = "fast"):
-        if mechanism not in ("generic", "krr", "collision"):
+                 c: int | None = None, method: str = "fast", kr: int | None = None,
+                 d: int | None = None):
+        if mechanism not in ("generic", "krr", "collision", "bitrr"):
             raise ConfigError("mechanism", f"unknown mechanism {mechanism!r}",
-                              "use 'generic', 'krr' (k=...) or 'collision' (l=..., c=1)")
+                              "use 'generic', 'krr' (k=...), 'collision' (l=..., c=1) or "
+                              "'bitrr' (kr=1, d=...)")
+        if mechanism == "bitrr":
+            if d is None or int(d) != d or d < 2:
+                raise ConfigError("d", f"per-bit RR needs an integer report length d >= 2, "
+                                  f"got {d!r}", "pass d=<s * |Y|>")
+            if kr != 1:
+                raise ConfigError("kr", f"the tight per-bit RR form covers kr = 1 (one hot cell), "
+                                  f"got kr={kr!r}", "use the generic form (mechanism='generic')")
         if mechanism == "krr" and (k is None or int(k) != k or k < 2):
             raise ConfigError("k", f"k-RR needs an integer k >= 2, got {k!r}",
                               "pass k=<number of options>")
@@ -489,13 +534,14 @@ class TightBound(AmplificationBound):
                 raise ConfigError("c", f"the tight bound covers Collision with c = 1, got c={c}",
                                   "use c=1 or the 'variation_ratio' bound")
         self.mechanism, self.k, self.l, self.method = mechanism, k, l, method
+        self.kr, self.d = (int(kr), int(d)) if mechanism == "bitrr" else (None, None)
         self.name = "tight" if mechanism == "generic" else f"tight_{mechanism}"
         self.citation = ("privacy-blanket divergence (Balle et al. 2019; optimal decomposition: "
                          "Su, Cheng, Wang, arXiv 2504.07414), computed exactly with upward "
                          "bucketing: rknn_ray.accounting.tight")
 
     def pair_delta(self, eps0: float, n: int) -> BlanketDelta:
-        p, px, pr, pc = blanket_params(self.mechanism, eps0, self.k, self.l)
+        p, px, pr, pc = blanket_params(self.mechanism, eps0, self.k, self.l, self.kr)
         return BlanketDelta(p, n, px, pr, pc, method=self.method)
 
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
@@ -507,6 +553,9 @@ class TightBound(AmplificationBound):
     def lower(self, eps0: float, n: int, delta: float) -> float:
         """A certified lower bound for the same randomizer (see the module doc)."""
         _check(eps0, n, delta)
+        if self.mechanism == "bitrr":
+            return max((eps_for_delta(pd, delta, eps0, upper=False)
+                        for pd in bitrr_pairs(eps0, n, self.d)), default=0.0)
         if self.mechanism == "collision":
             best = max(eps_for_delta(pd, delta, eps0, upper=False)
                        for pd in [collision_pair(eps0, n, self.l)]
@@ -547,7 +596,7 @@ class TightBound(AmplificationBound):
         _check(eps0, n, 1e-8)
         if eps_ref is None:
             eps_ref = self.central_eps(eps0, n, 1e-8)
-        p, px, pr, pc = blanket_params(self.mechanism, eps0, self.k, self.l)
+        p, px, pr, pc = blanket_params(self.mechanism, eps0, self.k, self.l, self.kr)
         bd = BlanketDelta(p, n, px, pr, pc, tail=tail)
         ee = math.exp(max(eps_ref, 1e-9))
         sd = bd._sd(ee)
@@ -628,6 +677,9 @@ class TightLowerBound(AmplificationBound):
                          "collision": "exact divergences of shuffled Collision (c=1): others all "
                                       "hold v', or all a third value (counts of the reports "
                                       "that single out v or v'); the largest",
+                         "bitrr": "exact divergences of shuffled per-bit RR (kr = 1): others "
+                                  "all hot on h' (exact), or all on a third cell (counts of two "
+                                  "patterns on the three cells); the largest",
                          "generic": "the largest exact divergence of shuffled binary RR and "
                                     "3-/4-RR pairs (each eps0-LDP)"}[upper.mechanism]
 
@@ -636,8 +688,10 @@ class TightLowerBound(AmplificationBound):
 
 
 def tight_bound(mechanism: str = "generic", **params) -> TightBound:
-    """The tight bound for ``mechanism``: 'generic', 'krr' (k=), 'collision' (l=, c=1)."""
-    allowed = {"generic": set(), "krr": {"k"}, "collision": {"l", "c"}}.get(mechanism)
+    """The tight bound for ``mechanism``: 'generic', 'krr' (k=), 'collision' (l=, c=1),
+    'bitrr' (kr=1, d=)."""
+    allowed = {"generic": set(), "krr": {"k"}, "collision": {"l", "c"},
+               "bitrr": {"kr", "d"}}.get(mechanism)
     if allowed is not None:
         extra = set(params) - allowed
         if extra:

@@ -104,7 +104,8 @@ class ShuffleSingleMixin:
 
     def _randomizer_params(self, params: MechanismParams, eps0: float) -> dict:
         """What a randomizer-specific bound needs of this randomizer at ``eps0`` (the event's
-        ``collision_c`` / ``collision_l``); none for a generic eps0-LDP report."""
+        ``collision_c`` / ``collision_l``, ``rr_kr`` / ``rr_d``); none for a generic eps0-LDP
+        report."""
         return {}
 
     @property
@@ -227,6 +228,14 @@ class ShuffleRR(ShuffleSingleMixin, RandomizedResponse):
     def __init__(self, params: MechanismParams):
         self._init_shuffle(params)            # eps0 first: the base calibrates from it
         RandomizedResponse.__init__(self, params)
+
+    def _randomizer_params(self, params: MechanismParams, eps0: float) -> dict:
+        # per-bit RR on d = s*|Y| cells with kr ones: tight's 'bitrr' form covers kr = 1
+        # (round_bound falls back to the generic form for kr > 1)
+        return {"rr_kr": int(params.k * params.r), "rr_d": int(params.num_cells)}
+
+    def _event_params(self) -> dict:
+        return self._randomizer_params(self.params, self._eps0)
 
 
 class ShuffleCollision(ShuffleSingleMixin, CollisionMechanism):
