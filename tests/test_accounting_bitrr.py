@@ -85,13 +85,17 @@ def test_bitrr_lower_pairs_are_divergences_of_real_data_sets(n, d, eps0):
             assert est - down <= on_h2 + 1e-12, (eps, est, on_h2)
 
 
-def test_bitrr_uses_the_samplers_rounded_flip_probability():
-    """The per-bit ratio is the sampler's (1-q)/q, not e^{eps0/2}: p <= e^eps0, and the
-    blanket's kinds carry all of a report's mass (E[P-weight] = 1)."""
-    for eps0 in (0.5, 1.0, 3.0):
-        q = rr_flip_probability(eps0, 1, 1)
+def test_bitrr_bounds_a_flip_probability_at_most_the_samplers():
+    """The bound is for a flip probability q at most the sampler's rounded-up q_s (whose
+    reports are then a post-processing of q's), within 1e-14 of it: the per-bit ratio is
+    (1-q)/q ~ e^{eps0/2}, and the blanket's kinds carry all of a report's mass."""
+    for eps0 in (0.5, 1.0, 3.0, 8.0):
+        q_s = rr_flip_probability(eps0, 1, 1)
         p, px, pr, pc = blanket_params("bitrr", eps0, kr=1)
-        assert p == pytest.approx(((1 - q) / q) ** 2, rel=1e-15) and p <= math.exp(eps0)
+        q = math.sqrt(px)                              # pi_x = q^2
+        assert q <= q_s and q == pytest.approx(q_s, rel=1e-14)
+        assert p == pytest.approx(((1 - q) / q) ** 2, rel=1e-14)
+        assert p == pytest.approx(math.exp(eps0), rel=1e-13)
         assert (p + 1) * px + pr + p * pc == pytest.approx(1.0, abs=1e-15)
 
 

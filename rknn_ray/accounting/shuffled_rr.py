@@ -152,6 +152,20 @@ def collision_third_value_pairs(eps0: float, n: int, l: int) -> list[PairDelta]:
             for b, r in ((u, u), (merged, u + kappa * (1.0 - kappa) * p * a))]
 
 
+
+def bitrr_flip_probability(eps0: float, kr: int = 1) -> float:
+    """A flip probability at most the one the project's ``rr`` sampler uses at eps0 with kr
+    ones, for the per-bit RR bounds (rknn_ray.accounting.tight's ``bitrr`` form).
+
+    The sampler flips with q_s = 1/(w + 1) rounded *up* to a multiple of 2^-53, w an exact
+    lower bound of e^{eps0/(2kr)} (rknn_ray.mechanisms.randomized_response.rr_flip_threshold),
+    so q_s >= 1/(e^{eps0/(2kr)} + 1). This returns that float value lowered by 1e-15
+    relative (more than the few ulps its evaluation may err up): q <= q_s. Flipping with q_s
+    is flipping with q, then again independently with (q_s - q)/(1 - 2q), a post-processing
+    of each report, so a bound for q holds for the sampler's reports (and the accounting
+    package needs nothing from the mechanisms one, which imports it)."""
+    return (1.0 - 1e-15) / (math.exp(float(eps0) / (2.0 * int(kr))) + 1.0)
+
 def bitrr_pairs(eps0: float, n: int, d: int) -> list:
     """The project's per-bit RR with one hot cell (kr = 1) on d cells, at the sampler's own
     flip probability q (p = ((1-q)/q)^2 <= e^eps0): pairs whose exact divergences are lower
@@ -171,7 +185,6 @@ def bitrr_pairs(eps0: float, n: int, d: int) -> list:
     """
     if n < 2:
         return []
-    from rknn_ray.accounting.tight import bitrr_flip_probability  # tight imports this module
     q = bitrr_flip_probability(eps0, 1)
     b = (1.0 - q) / q
     p = b * b

@@ -29,14 +29,16 @@ Feldman-McMillan-Talwar 2023 and Wang et al. 2024, which holds for every eps0-LD
 randomizer).
 
 The project's ``rr`` (``bitrr``, :mod:`rknn_ray.mechanisms.randomized_response`) with one
-hot cell (kr = 1): each of the d bits is flipped w.p. q, the sampler's own q (rounded up
-from 1/(e^{eps0/2} + 1)), so the per-bit ratio is b = (1-q)/q <= e^{eps0/2}.  With R_0 the
+hot cell (kr = 1): each of the d bits is flipped w.p. q_s >= 1/(e^{eps0/2} + 1) (rounded
+up); the bound is for q, a hair below that (``shuffled_rr.bitrr_flip_probability``: the
+sampler's reports are a post-processing of q's), with per-bit ratio b = (1-q)/q ~
+e^{eps0/2}.  With R_0 the
 law of the flipped all-zero vector, a one-hot input h has R_h(y) = R_0(y) b^{2 y_h - 1}
 >= R_0(y) / b for every y and h, so w = R_0 (gamma = 1/b = q/(1-q)) is a common part of
 every input's law (the true minimum is larger only on the all-ones report, mass O(q^d):
 a smaller common part is still a valid blanket, and the bound needs no d).  Under w,
 (y_h, y_h') are i.i.d. Bern(q), and in units of gamma L = p^{y_h} - e^eps p^{y_h'},
-p = b^2 <= e^eps0: "x" = (1, 0) and "x'" = (0, 1), each gamma q (1-q) = q^2 per user;
+p = b^2 ~ e^eps0: "x" = (1, 0) and "x'" = (0, 1), each gamma q (1-q) = q^2 per user;
 "r" = (0, 0), gamma (1-q)^2 = q (1-q), value 1 - e^eps; "c" = (1, 1), gamma q^2 =
 q^3 / (1-q), value p (1 - e^eps): Collision's four kinds.  For kr > 1 (2kr-bit neighbours)
 the kinds form a 2-D lattice (ones of y in H and in H'): not covered, the jobs use the
@@ -90,8 +92,9 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
 from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
-                                             bitrr_pairs, collision_pair,
-                                             collision_third_value_pairs, krr_pair)
+                                             bitrr_flip_probability, bitrr_pairs,
+                                             collision_pair, collision_third_value_pairs,
+                                             krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -473,20 +476,12 @@ def _raise_lower(pd, delta: float, start: float, eps_hi: float, steps: int = 5) 
 
 # ---------------------------------------------------------------- mechanisms
 
-def bitrr_flip_probability(eps0: float, kr: int) -> float:
-    """q: the flip probability the project's ``rr`` sampler uses at eps0 for kr ones (exact:
-    a multiple of 2^-53, :func:`rknn_ray.mechanisms.randomized_response.rr_flip_threshold`)."""
-    # deferred: the mechanisms package imports the accounting one
-    from rknn_ray.mechanisms.randomized_response import rr_flip_probability
-    return rr_flip_probability(float(eps0), int(kr), 1)
-
-
 def blanket_params(mechanism: str, eps0: float, k: int | None = None, l: int | None = None,
                    kr: int | None = None):
     """(p, pi_x, pi_r, pi_c) of the blanket view of ``mechanism`` at eps0."""
     if mechanism == "bitrr":
-        # per-bit RR, kr = 1, at the sampler's own q: per-bit ratio b = (1-q)/q <= e^{eps0/2},
-        # p = b^2 <= e^eps0, blanket w = R_0 / b (gamma = q/(1-q)): see the module doc
+        # per-bit RR, kr = 1, at a q at most the sampler's (shuffled_rr.bitrr_flip_probability):
+        # per-bit ratio b = (1-q)/q, p = b^2, blanket w = R_0 / b (gamma = q/(1-q)): module doc
         if kr not in (None, 1):
             raise ValueError(f"the per-bit RR blanket covers kr = 1, got kr={kr}")
         q = bitrr_flip_probability(eps0, 1)
