@@ -127,8 +127,10 @@ def test_the_benchmark_plans_each_T_split_and_together(capsys):
     import json
 
     from benchmarks.composed_rounds import main
+    # r = 2: rr's generic form (its per-bit form's PLDs cost ~30 s to plan; covered by
+    # tests/test_accounting_bitrr.py's dominating pair)
     assert main(["--plan", "jobs/configs/digits_shuffle.yaml", "--set", "privacy.mechanism=rr",
-                 "--rounds", "3", "--json"]) == 0
+                 "--set", "rknn.r=2", "--rounds", "3", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["rounds"] for r in rows] == [2, 3]
     for r in rows:
@@ -139,12 +141,13 @@ def test_the_benchmark_plans_each_T_split_and_together(capsys):
     assert main(["--plan", "jobs/configs/digits_local.yaml", "--rounds", "2"]) == 2
     assert "give a single-message shuffle, central or multi-message config" in \
         capsys.readouterr().err
+    # central at a delta: at T <= 3 the Laplace composition gains nothing, and the benchmark
+    # says so (the plan at T = 20 is test_central_rounds_at_a_delta_are_calibrated_together's)
     assert main(["--plan", "jobs/configs/digits_central.yaml", "--set", "privacy.delta=1e-6",
-                 "--set", "queries.s=10", "--rounds", "20", "--json"]) == 0
-    last = json.loads(capsys.readouterr().out)["rows"][-1]
-    assert last["together"] and last["scale_found"] > 1.1
-    assert last["noise_scale_together"] < last["noise_scale_split"] / 1.1
-    assert last["composed_split"] < 0.9 < 0.99 <= last["composed_together"] <= 1.0
+                 "--set", "queries.s=10", "--rounds", "3", "--json"]) == 0
+    for r in json.loads(capsys.readouterr().out)["rows"]:
+        assert not r["together"] and r["noise_scale_together"] == r["noise_scale_split"]
+        assert r["composed_split"] <= 1.0
 
 
 def test_the_jobs_rounds_loop_runs_the_plan():
