@@ -118,8 +118,7 @@ def main(argv=None) -> int:
     for name, rows in got["rows"].items():
         print(f"{os.path.join(args.out, name)}: {rows} rows")
     print(f"{got['features']} feature columns (2 categorical), classes {got['classes']}, "
-          f"{got['holders']} holders of 1-{args.max_records} private records (declare "
-          f"data.private.holders: {got['holders']})")
+          f"{got['holders']} holders of 1-{args.max_records} private records")
     return 0
 
 

@@ -20,7 +20,7 @@ def main(folder: str) -> None:
     import rknn_ray
     cfg = {"data": {"dataset": "table", "classes": [0, 1, 2], "max_records_per_client": 4,
                     "private": {"path": f"{folder}/private.parquet", "label": "label",
-                                "client": "holder", "holders": 91},
+                                "client": "holder"},
                     "public": {"path": f"{folder}/public.parquet", "id": "row_id"}},
            "privacy": {"model": "central", "mechanism": "laplace", "eps": 2.0},
            "queries": {"s": 20}, "represent": {"dim": 4},

@@ -31,7 +31,9 @@ def test_a_table_with_holders_and_string_ids_runs_end_to_end(tmp_path, monkeypat
     result = rknn_ray.run(table_config(str(tmp_path)), out_dir=str(tmp_path / "run"))
     counts = result.report["counts"]
     assert counts["records"] == priv.num_rows and counts["public"] == pub.num_rows
-    assert counts["clients"] == 300                 # declared (data.private.holders)
+    assert counts["clients"] == len(set(priv.column("holder").to_pylist()))   # found: public
+    assert counts["holders"]["holders"] == counts["clients"]
+    assert result.report["privacy"]["relation"].startswith("replace-one record")
     assert counts["max_records_per_client"] == 10 and counts["evaluation"] == ev.num_rows
     assert result.report["split"]["dataset"] == "table" and len(result.labels) == pub.num_rows
     assert result.report["student"]["test_accuracy"] > 0.7      # digits, eps 2, 60 queries
@@ -47,7 +49,6 @@ def test_run_from_python_with_data_in_memory(tmp_path, monkeypatch):
     for part in ("private", "public", "evaluation"):
         cfg["data"][part].pop("path")
     cfg["data"]["private"].pop("client")            # one record per client
-    cfg["data"]["private"].pop("holders")
     cfg["data"]["max_records_per_client"] = None
     ev_arrays = {"pixels": ev.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy(),
                  "label": ev.column("label").to_numpy()}
@@ -111,25 +112,29 @@ def test_the_driver_never_holds_a_private_row(tmp_path):
 
 def test_private_rows_that_change_after_the_scan_fail_in_the_shards_with_the_reservation_returned(
         tmp_path, monkeypatch):
-    from rknn_ray.data import prepared
+    """The budget is charged for the rows read: the file is replaced after the scan (where the
+    reservation was made for its rows) and before the shards read it; each shard checks the
+    keyed digest of what it read against the scan's, so the job stops before any client
+    randomizes, the reservation returned, and nothing was charged for rows no job read."""
     from rknn_ray.errors import DataError
+    from rknn_ray.job import runner
     ledger = tmp_path / "ledger.sqlite"
     monkeypatch.setenv("RKNN_RAY_LEDGER", str(ledger))
     priv, _, _ = write_parts(str(tmp_path))
-    real = prepared.prepare_data
+    real = runner.complete_scan
 
-    def prepare_then_change(cfg, *args):
-        data = real(cfg, *args)          # scanned; now one row moves to a new holder
-        holder = priv.column("holder").to_pylist()
-        row = next(i for i, h in enumerate(holder) if holder.count(h) > 1)
-        holder[row] = "a-new-holder"
-        pq.write_table(priv.set_column(priv.column_names.index("holder"), "holder",
-                                       pa.array(holder)), str(tmp_path / "private.parquet"))
+    def scan_then_change(*args):
+        data = real(*args)              # scanned where the shards run; now one value changes
+        pixel = priv.column("p20").to_pylist()
+        pixel[5] = pixel[5] + 1.0
+        pq.write_table(priv.set_column(priv.column_names.index("p20"), "p20", pa.array(pixel)),
+                       str(tmp_path / "private.parquet"))
         return data
-    monkeypatch.setattr(prepared, "prepare_data", prepare_then_change)
-    with pytest.raises(DataError, match="changed after the job checked it"):
+    monkeypatch.setattr(runner, "complete_scan", scan_then_change)
+    with pytest.raises(DataError, match="read other rows than the job's scan"):
         rknn_ray.run(table_config(str(tmp_path)), out_dir=str(tmp_path / "run"))
     (source,) = BudgetStore(str(ledger)).datasets()
     assert source["spent"]["eps"] == 0 and source["reserved"] == 0     # returned: nothing ran
     (job,) = source["releases"]
     assert "reservation returned" in job["note"], job
+    assert not (tmp_path / "run" / "release.npz").exists()
