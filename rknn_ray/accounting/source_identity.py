@@ -63,23 +63,44 @@ NEAR_OFFSET = 0.2
 NEAR_MIN_FEATURES = 16
 
 
-def near_fingerprints(x: np.ndarray) -> np.ndarray:
+#: a table's near code: each value's sign and its magnitude in steps of 1/NEAR_TABLE_LEVELS
+#: octave (boundaries moved by NEAR_OFFSET): relative to the value itself, so columns of
+#: any scale all count (one record's largest value would zero the rest of a table's)
+NEAR_TABLE_LEVELS = 1
+
+
+def _table_codes(a: np.ndarray) -> np.ndarray:
+    """(N, F) int16 near codes of a table chunk: 0 for 0, else 2 * octave step + sign."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = np.floor(np.log2(np.abs(a)) * NEAR_TABLE_LEVELS + (0.5 + NEAR_OFFSET))
+    step = np.clip(np.nan_to_num(step, nan=0.0, posinf=0.0, neginf=0.0), -4000, 4000)
+    codes = (step.astype(np.int16) * 2 + (a < 0)).astype("<i2")
+    codes[a == 0] = np.int16(-32768)
+    return codes
+
+
+def near_fingerprints(x: np.ndarray, table: bool = False) -> np.ndarray:
     """Sorted unique 64-bit fingerprints of each record's coarse form: its features divided
     by their largest magnitude, in steps of 1/NEAR_LEVELS (boundaries moved by NEAR_OFFSET;
-    blake2b, a domain tag apart from :func:`record_fingerprints`). Empty for records of
-    fewer than NEAR_MIN_FEATURES features."""
+    blake2b, a domain tag apart from :func:`record_fingerprints`); ``table``: each value's
+    own octave instead (:func:`_table_codes`: a table's columns differ in scale). Empty for
+    records of fewer than NEAR_MIN_FEATURES features."""
     x = np.asarray(x).reshape(len(x), -1)
     if len(x) == 0 or x.shape[1] < NEAR_MIN_FEATURES:
         return np.zeros(0, FINGERPRINT_DTYPE)
-    tag = b"near%d+%g:" % (NEAR_LEVELS, NEAR_OFFSET)
+    tag = (b"near-table%d+%g:" % (NEAR_TABLE_LEVELS, NEAR_OFFSET) if table
+           else b"near%d+%g:" % (NEAR_LEVELS, NEAR_OFFSET))
     out = np.empty(len(x), FINGERPRINT_DTYPE)
     for start in range(0, len(x), 4096):           # a chunk's float32 copy at a time
         a = x[start:start + 4096].astype("<f4")
         if not np.isfinite(a).all():
             a = np.nan_to_num(a, posinf=0.0, neginf=0.0)
-        scale = np.abs(a).max(axis=1, keepdims=True)
-        scale[~(scale > 0)] = 1.0
-        q = np.floor(a / scale * NEAR_LEVELS + (0.5 + NEAR_OFFSET)).astype("<i1")
+        if table:
+            q = _table_codes(a)
+        else:
+            scale = np.abs(a).max(axis=1, keepdims=True)
+            scale[~(scale > 0)] = 1.0
+            q = np.floor(a / scale * NEAR_LEVELS + (0.5 + NEAR_OFFSET)).astype("<i1")
         out[start:start + len(q)] = [int.from_bytes(hashlib.blake2b(
             tag + r.tobytes(), digest_size=8).digest(), "little") for r in q]
     return np.unique(out)

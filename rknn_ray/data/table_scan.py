@@ -151,7 +151,8 @@ class _Tally:
             self.holder.append(holder)
         self.hashes.append(row_hashes(raw, y, self.row_key, holder))
         self.exact.append(keyed_fingerprints(self.key, record_fingerprints(raw)))
-        self.near.append(keyed_fingerprints(self.key, near_fingerprints(raw)))
+        self.near.append(keyed_fingerprints(self.key, near_fingerprints(
+            raw, table=spec.featurizer.shape is None)))
         self.rows += t.num_rows
 
     def answer(self) -> dict:

@@ -109,7 +109,7 @@ def prepare_table(cfg, inputs: dict):
             raise DataError(f"data.public: ids in {pub.id!r} are not unique. Fix: give every "
                             "public row its own id")
     pools = [record_fingerprints(raw_numbers(raw_pub))]
-    nears = [near_fingerprints(raw_numbers(raw_pub))]
+    nears = [near_fingerprints(raw_numbers(raw_pub), table=shape is None)]
     eval_x, eval_y, eval_pool, eval_near = _evaluation(ev, inputs.get("evaluation"), cols,
                                                        featurizer, width, classes, priv.label)
     pools += eval_pool
@@ -184,7 +184,8 @@ def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes
     if not len(raw):
         return featurizer(raw), y, [], []
     numbers = raw_numbers(raw)
-    return featurizer(raw), y, [record_fingerprints(numbers)], [near_fingerprints(numbers)]
+    return featurizer(raw), y, [record_fingerprints(numbers)], [near_fingerprints(
+        numbers, table=featurizer.shape is None)]
 
 
 class _Handover:
