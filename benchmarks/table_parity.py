@@ -86,9 +86,17 @@ def one_run(name: str, cfg, out: str, ledger: str) -> dict:
     rep = res.report
     return {"run": name, "model": rep["privacy"]["model"], "eps": rep["privacy"]["eps"],
             "student": rep["accuracy"]["student"], "labels": rep["accuracy"]["labels"],
-            "clients": rep["counts"]["clients"], "source": rep["privacy"]["budget"]["dataset"],
+            "clients": rep["counts"]["clients"], "job": rep["job_id"],
             "seconds": round(sum(v for k, v in rep["timings_s"].items()
                                  if not k.startswith("round_")), 1), "dir": res.out_dir}
+
+
+def _same_source(ledger: str, *jobs: str) -> bool:
+    """Whether the ledger charged these jobs to one source (report.json does not name it)."""
+    from rknn_ray.accounting.budget_store import BudgetStore
+    holding = [src["identity"] for src in BudgetStore(ledger).datasets()
+               if {r.get("job_id") for r in src["releases"]} & set(jobs)]
+    return len(holding) == 1
 
 
 def main(argv=None) -> int:
@@ -135,7 +143,7 @@ def main(argv=None) -> int:
     if "builtin_central" in by and "table_central" in by:
         a, b = by["builtin_central"], by["table_central"]
         summary = {"central_student_gap": abs(a["student"] - b["student"]),
-                   "same_budget_source": a["source"] == b["source"]}
+                   "same_budget_source": _same_source(ledger, a["job"], b["job"])}
     else:
         summary = {}
     if args.json:

@@ -186,7 +186,7 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         by = f", composed by {budget['spent_by']}" if budget.get("spent_by") else ""
         privacy.append(("dataset budget", f"eps = {_fmt(budget.get('eps'))} "
                         f"(spent {_fmt(budget.get('spent_eps'))} after this job{by}) on "
-                        f"{_fmt(budget.get('description'))}"))
+                        f"{_fmt(budget.get('description', 'the source of these records: rknn-ray budget names it'))}"))
     privacy.append(("randomness", _fmt(rep.get("rng"))))
     accuracy = [("label accuracy (public set)", _acc(acc, "labels")),
                 ("student accuracy (evaluation set)", _acc(acc, "student")),
