@@ -393,8 +393,8 @@ def test_an_image_folder_is_a_second_source_kind(tmp_path):
     got = [s.open() for s in dataset_sources(cfg, data)]
     assert sorted(np.concatenate([r.labels for r in got]).tolist()) == sorted(y[:300].tolist())
     assert sum(len(r.labels) for r in got) == 300 and got[0].features.shape[1:] == (1, 8, 8)
-    with pytest.raises(ConfigError, match="one sub-folder of images per class"):
-        prepare_data(cfg.with_overrides([f"data.private.path={tmp_path / 'public'}"]))
+    with pytest.raises(DataError, match="one sub-folder of images per class"):
+        prepared_table(cfg.with_overrides([f"data.private.path={tmp_path / 'public'}"]))
 
 
 def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp_path):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ import pyarrow as pa
 
 from rknn_ray.data.partition import keep_key, kept_within_bound, row_hashes  # noqa: F401
 from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_matrix,
-                                  label_indices, missing, open_dataset, raw_numbers)
+                                  image_folder, label_indices, missing, open_dataset, raw_numbers)
 from rknn_ray.errors import DataError, RknnError
 from rknn_ray.accounting.source_identity import (keyed_fingerprints, near_fingerprints,
                                                  record_fingerprints)
@@ -55,6 +56,7 @@ class ScanSpec:
     width: int
     featurizer: Featurizer
     bound: int = 1                     # public: records a holder keeps at most
+    layout: str | None = None          # an image folder's ("classes"): checked where read
 
 
 def needed_columns(part: Part, cols: Columns) -> list:
@@ -83,20 +85,21 @@ def holder_hashes(ids: list, key: bytes) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- errors
-def private_read_error(part: Part, exc: BaseException, stage: str) -> DataError:
+def private_read_error(part: Part, exc: BaseException, stage: str,
+                       part_columns=None) -> DataError:
     """A fault in the private rows as one line that names the column and the kind of fault,
     never a cell's value or a row's position (both depend on private data)."""
     if isinstance(exc, RknnError):
         return exc if isinstance(exc, DataError) else DataError(str(exc).splitlines()[0])
     text = str(exc)
     column = ""
-    for marker in ("column #", "column '", 'column "'):
-        at = text.find(marker)
-        if at >= 0:
-            rest = text[at + len(marker):]
-            name = rest.split("'" if marker == "column '" else '"' if marker == 'column "'
-                              else ":")[0].split()[0] if rest else ""
-            column = f" in column {name!r}" if marker != "column #" else f" in column #{name}"
+    names = set(part_columns or ())
+    for pattern in (r"for column (\S+) with type", r"[Cc]olumn #(\d+)", r"column '([^']*)'",
+                    r'column "([^"]*)"'):
+        found = re.search(pattern, text)
+        if found and (not names or found.group(1) in names or pattern == r"[Cc]olumn #(\d+)"):
+            column = (f" in column #{found.group(1)}" if "#" in pattern
+                      else f" in column {found.group(1)!r}")
             break
     kind = type(exc).__name__
     return DataError(f"{part.key}: {stage} failed ({kind}{column}: a value could not be read "
@@ -220,13 +223,17 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
     """The scan itself (module docstring); ``key``: the ledger's fingerprint key;
     ``table``: the rows, where they were given in memory."""
     part = spec.part
+    if spec.layout and table is None and image_folder(str(part.path)) != spec.layout:
+        raise DataError(f"{part.key}.path: {part.path!r} is not one sub-folder of images per "
+                        f"class. Fix: point {part.key}.path at one sub-folder of images per "
+                        "class (ImageFolder layout)")
     try:
         schema = table.schema if table is not None else open_dataset(part.path).schema
         missing(part, schema, [part.label, part.client])
         cols = Columns.resolve(part, schema, ()) if part.features else spec.columns
         missing(part, schema, needed_columns(part, cols))
         spec = ScanSpec(part, cols, spec.classes, spec.shards, spec.width, spec.featurizer,
-                        spec.bound)
+                        spec.bound, spec.layout)
         tally = _Tally(spec, key)
         for batch in private_batches(part, needed_columns(part, cols), table):
             if batch.num_rows:

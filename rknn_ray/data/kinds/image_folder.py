@@ -7,7 +7,8 @@ rknn_ray.data.tables.read_images) and the job is then a table job (rknn_ray/data
 table.py): the driver reads the public images only, the private folder is scanned in a process
 of its own and read by the client shards, one record per client. ``data.classes`` must be
 declared (the sub-folder names of the private part are not public); ``data.shape`` defaults
-to the first public image's.
+to the first public image's. The driver never opens the private folder: its layout is checked
+by the scan, where the shards run.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def prepare_image_folder(cfg, inputs: dict):
                               "from local paths only", "copy the images to a local folder (or "
                               "a mounted share), or export them to a parquet table with a "
                               "list column and use data.dataset=table")
+        if part == "private" and path:      # read where the shards run: checked by the scan
+            continue
         if (path is None and part != "evaluation") or (path and image_folder(path) != want):
             layout = "one sub-folder of images per class" if want == "classes" else \
                 "a flat folder of images"
@@ -49,7 +52,7 @@ def prepare_image_folder(cfg, inputs: dict):
         sets += ["data.evaluation.label=label", "data.evaluation.features=pixels"]
     if d.shape is None:
         sets.append(f"data.shape={_first_shape(d.public['path'])}")
-    return prepare_table(cfg.with_overrides(sets), inputs)
+    return prepare_table(cfg.with_overrides(sets), inputs, private_layout="classes")
 
 
 register_dataset("image_folder", prepare=prepare_image_folder, parts=True,

@@ -57,7 +57,7 @@ def _columns_for(part: Part, schema, public: Columns) -> Columns:
     return Columns.resolve(part, schema, ()) if part.features else public
 
 
-def prepare_table(cfg, inputs: dict):
+def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
     """The job's data from the user's parts (module docstring): public and evaluation read
     here, the private part only scanned (its own process) and left to the shards."""
     # the registry imports every kind at its first lookup: what only preparing a table
@@ -116,13 +116,13 @@ def prepare_table(cfg, inputs: dict):
     nears += eval_near
     bound = int(d.max_records_per_client) if priv.client else 1
     spec = ScanSpec(priv, cols, tuple(str(c) for c in classes), int(cfg.cluster.shards), width,
-                    featurizer, bound)
+                    featurizer, bound, private_layout)
     memory = inputs.get("private")
     public_side = dict(public_x=public_x, public_y=public_y, public_ids=public_ids,
                        eval_x=eval_x, eval_y=eval_y, classes=tuple(classes),
                        featurizer=featurizer, pool=np.unique(np.concatenate(pools)),
                        near=np.unique(np.concatenate(nears)), width=width)
-    handover = _Handover(None if memory is None else as_table(memory))
+    handover = _Handover(None if memory is None else _private_table(priv, memory))
     return PendingScan(spec, handover.table, functools.partial(_scanned, cfg, spec, public_side,
                                                                handover))
 
@@ -163,6 +163,15 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
                         pool_keyed=found["fingerprints"], near_keyed=found["near"],
                         private_digest=found["digest"], shard_sources=make, remote_private=True,
                         holders=facts)
+
+
+def _private_table(part: Part, memory) -> pa.Table:
+    """Private rows given in memory as an Arrow table; a fault named without its value."""
+    from rknn_ray.data.table_scan import private_read_error
+    try:
+        return as_table(memory)
+    except Exception as exc:  # noqa: BLE001 - pyarrow's messages quote cells
+        raise private_read_error(part, exc, "reading the private rows given in memory") from None
 
 
 def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
