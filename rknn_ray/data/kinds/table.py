@@ -130,6 +130,7 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
 def _scanned(cfg, spec, public: dict, handover, found: dict):
     """The job's PreparedData from the scan's answer (rknn_ray.data.table_scan): counts,
     keyed fingerprints and each shard's keyed digest; never a private row."""
+    # the registry imports every kind at its first lookup: loaded when a table is prepared
     from rknn_ray.data.checks import validate_with_data
     from rknn_ray.data.prepared import PreparedData
     from rknn_ray.data.splits import Splits
@@ -167,7 +168,7 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
 
 def _private_table(part: Part, memory) -> pa.Table:
     """Private rows given in memory as an Arrow table; a fault named without its value."""
-    from rknn_ray.data.table_scan import private_read_error
+    from rknn_ray.data.table_scan import private_read_error  # defers pyarrow's scan module
     try:
         return as_table(memory)
     except Exception as exc:  # noqa: BLE001 - pyarrow's messages quote cells
