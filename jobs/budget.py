@@ -36,6 +36,11 @@ examples:
   python -m jobs.budget list --json        # the same command, JSON"""
 
 
+#: the largest eps budget `budget set` accepts: above it a budget limits nothing (1e300 was
+#: taken as given: an unlimited budget by accident)
+MAX_BUDGET_EPS = 100.0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0],
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -81,6 +86,11 @@ def _run(args) -> int:
         if not args.dataset or args.eps is None:
             print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "
                   "--eps <total>", file=sys.stderr)
+            return 2
+        if math.isfinite(args.eps) and args.eps > MAX_BUDGET_EPS:
+            print(f"error: --eps {args.eps:g} is above {MAX_BUDGET_EPS:g}: a budget that large "
+                  "limits nothing (eps above ~10 already protects little), likely a typo. Fix: "
+                  f"pass a total eps of at most {MAX_BUDGET_EPS:g}", file=sys.stderr)
             return 2
         target, moved = store.canonical(args.dataset)
         if moved:
