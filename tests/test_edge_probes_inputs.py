@@ -100,12 +100,23 @@ def test_the_remote_check_is_interrupted_by_sigint_and_kills_its_child(tmp_path)
             pass
 
 
-def _not_ray_listener():
-    """A TCP listener that accepts connections and never speaks (not a Ray GCS)."""
+def _not_ray_listener(kind: str):
+    """A TCP listener that accepts connections and is no Ray GCS: ``silent`` never speaks;
+    ``http2`` answers HTTP/2's preface with a SETTINGS frame (as any gRPC server) and then
+    nothing."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(16)
     held = []
+
+    def speak(conn):
+        try:
+            conn.recv(65536)
+            conn.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            while conn.recv(65536):
+                pass
+        except OSError:
+            pass
 
     def accept():
         while True:
@@ -114,21 +125,27 @@ def _not_ray_listener():
             except OSError:
                 return
             held.append(conn)
+            if kind == "http2":
+                threading.Thread(target=speak, args=(conn,), daemon=True).start()
     threading.Thread(target=accept, daemon=True).start()
     return srv, held
 
 
-def test_a_ray_address_where_something_not_ray_listens_is_one_line_before_any_budget(tmp_path):
+@pytest.mark.parametrize("kind", ["silent", "http2"])
+def test_a_ray_address_where_something_not_ray_listens_is_one_line_before_any_budget(
+        tmp_path, kind):
     """The TCP check passed, eps was reserved and Ray retried for 214 s with 24 warnings.
-    Now the check speaks to the port (gRPC's HTTP/2 handshake, bounded) first."""
-    srv, held = _not_ray_listener()
+    Now the check speaks to the port (gRPC's HTTP/2 handshake, then one call of Ray's GCS,
+    each bounded by 5 s) before any budget is reserved."""
+    srv, held = _not_ray_listener(kind)
     address = f"127.0.0.1:{srv.getsockname()[1]}"
     out = tmp_path / "addr"
+    started = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "jobs.distill",
                                *_args("digits_central.yaml", out)], cwd=ROOT,
                               env={**_env(tmp_path), "RAY_ADDRESS": address},
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=90)
     finally:
         srv.close()
         for c in held:
@@ -137,6 +154,7 @@ def test_a_ray_address_where_something_not_ray_listens_is_one_line_before_any_bu
     line = _one_error_line(done.stdout + done.stderr)
     assert "RAY_ADDRESS" in line and address in line and "not a Ray cluster" in line
     assert not out.exists() and not (tmp_path / "ledger.sqlite").exists()
+    assert time.monotonic() - started < 40
 
 
 # ---------------------------------------------------------------------- 2. image folders
