@@ -269,3 +269,85 @@ def test_budget_set_refuses_an_eps_that_limits_nothing(tmp_path):
                            "--ledger", str(ledger)], cwd=ROOT, env=_env(tmp_path),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and BudgetStore(str(ledger)).budget("d")[0] == 100.0
+
+
+# ---------------------------------------------------------------------- 3. the calibration cache
+
+_CALIBRATE = """
+import sys
+from rknn_ray.accounting.bound_choice import round_bound
+from rknn_ray.accounting.calibration_cache import cached_local_eps0
+print(repr(cached_local_eps0(round_bound("clones_numerical"), 2.0, 1079, 1e-6)), flush=True)
+"""
+
+
+def _calibrate(folder: Path) -> tuple[float, str]:
+    """(eps0, stderr) of a fresh process calibrating with ``folder`` as its cache (a hang or
+    a MemoryError there fails the probe: 60 s, 2 GiB of address space)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 ** 31, 2 ** 31))
+    done = subprocess.run([sys.executable, "-c", _CALIBRATE], cwd=ROOT, preexec_fn=limit,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "RKNN_RAY_CACHE_DIR": str(folder)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return float(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.fixture(scope="module")
+def one_entry(tmp_path_factory):
+    """(a cache folder holding the one entry a calibration writes, the entry, its eps0)."""
+    folder = tmp_path_factory.mktemp("cal") / "cache"
+    eps0, err = _calibrate(folder)
+    (entry,) = folder.glob("eps0-*.json")
+    assert err == "" and oct(folder.stat().st_mode & 0o777) == "0o700"   # made owner-only
+    return folder, entry, eps0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink to /dev/zero", "oversized"])
+def test_a_cache_entry_that_is_no_regular_file_is_ignored_in_one_line(one_entry, tmp_path, kind):
+    """A FIFO in place of an entry hung the job; a symlink to /dev/zero allocated until
+    MemoryError. Now each is ignored with one line and replaced by a fresh calibration."""
+    import shutil
+    folder, entry, eps0 = one_entry
+    cache = tmp_path / "cache"
+    shutil.copytree(folder, cache)
+    cache.chmod(0o700)
+    target = cache / entry.name
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+        want = "not a regular file"
+    elif kind == "symlink to /dev/zero":
+        target.symlink_to("/dev/zero")
+        want = "a symbolic link"
+    else:
+        target.write_text(" " * (1 << 20) + entry.read_text())    # valid JSON, 1 MiB of it
+        want = "larger than 64 KiB"
+    got, err = _calibrate(cache)
+    assert got == eps0
+    (line,) = err.strip().splitlines()
+    assert str(target) in line and want in line
+    assert target.is_file() and not target.is_symlink() and target.stat().st_size < 4096
+
+
+def test_a_cache_folder_others_can_write_is_not_read(one_entry, tmp_path):
+    """A smaller eps0 passes the bound's check (less utility, still private): planted in a
+    folder anyone can write, it was used silently. Now that folder is not read at all."""
+    import json
+    import shutil
+    folder, entry, eps0 = one_entry
+    cache = tmp_path / "shared-cache"
+    shutil.copytree(folder, cache)
+    planted = json.loads(entry.read_text())
+    planted["eps0"] = eps0 / 4
+    (cache / entry.name).write_text(json.dumps(planted))
+    cache.chmod(0o777)
+    got, err = _calibrate(cache)
+    assert got == eps0
+    (line,) = err.strip().splitlines()
+    assert str(cache) in line and "mode 777" in line and f"chmod go-w {cache}" in line
+    assert json.loads((cache / entry.name).read_text())["eps0"] == eps0 / 4    # left alone
+    cache.chmod(0o700)                                 # the owner's own folder: used
+    assert _calibrate(cache) == (eps0 / 4, "")
