@@ -41,8 +41,7 @@ def table_config(folder: str, ext: str = "parquet", **data) -> dict:
     """A config dict for the parts written by :func:`write_parts` (small, quick, central);
     ``data``: keys of the data section to change."""
     base = {"dataset": "table", "classes": list(range(10)), "max_records_per_client": 10,
-            "private": {"path": f"{folder}/private.{ext}", "label": "label", "client": "holder",
-                        "holders": 300},
+            "private": {"path": f"{folder}/private.{ext}", "label": "label", "client": "holder"},
             "public": {"path": f"{folder}/public.{ext}", "id": "row_id"},
             "evaluation": {"path": f"{folder}/evaluation.{ext}", "label": "label"}}
     for k, v in data.items():        # a part's keys change that part's keys only
@@ -59,3 +58,15 @@ def write_parts(folder: str, ext: str = "parquet", parts=None) -> tuple:
     for name, table in zip(("private", "public", "evaluation"), parts):
         write(table, f"{folder}/{name}.{ext}")
     return parts
+
+
+#: a fingerprint key for scans run in the test process (a job takes its ledger's)
+TEST_KEY = bytes(range(32))
+
+
+def prepared_table(cfg, inputs=None, key: bytes = TEST_KEY):
+    """prepare_data for a table config, its private scan run here (a job runs it where the
+    shards run: rknn_ray/job/private_scan.py)."""
+    from rknn_ray.data.prepared import PendingScan, prepare_data
+    data = prepare_data(cfg, inputs) if inputs else prepare_data(cfg)
+    return data.scan_here(key) if isinstance(data, PendingScan) else data

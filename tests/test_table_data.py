@@ -5,6 +5,7 @@ readers; the private part is scanned in a real subprocess and each shard source 
 own rows. The Ray runs (end to end, in memory) are in tests/test_table_jobs.py.
 """
 import json
+import re
 import os
 import sys
 
@@ -21,7 +22,7 @@ from rknn_ray.data import load_dataset, registry
 from rknn_ray.data.prepared import prepare_data
 from rknn_ray.errors import ConfigError, DataError
 from rknn_ray.data.sources import dataset_sources
-from tests.table_files import digits_parts, table_config, write, write_parts
+from tests.table_files import digits_parts, prepared_table, table_config, write, write_parts
 
 BUILTINS = ("digits", "fashion_mnist", "mnist", "cifar10", "svhn", "synthetic")
 
@@ -59,7 +60,7 @@ def test_adding_a_reader_is_one_new_file(tmp_path, monkeypatch):
 
 
 def _prepare(folder, ext="parquet", **data):
-    return prepare_data(Config.from_dict(table_config(str(folder), ext, **data)))
+    return prepared_table(Config.from_dict(table_config(str(folder), ext, **data)))
 
 
 def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
@@ -72,13 +73,16 @@ def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
     assert sp.public_ids.tolist() == pub.column("row_id").to_pylist()
     assert sp.class_names == tuple(range(10)) and sp.public_y.tolist() == [-1] * pub.num_rows
     assert sp.eval_y.tolist() == ev.column("label").to_pylist() and sp.eval_x.shape == (ev.num_rows, 64)
-    # clients are the holders, as many as declared; the declared bound; fingerprints of all
-    # three parts
-    assert data.num_clients == 300 and data.holders_declared
+    # clients are the holders found (public under the relation); the declared bound;
+    # fingerprints of all three parts, the private ones keyed where they were read
+    holders = set(priv.column("holder").to_pylist())
+    assert data.num_clients == len(holders) == data.holders["holders"]
     assert data.max_records_per_client == 10 and data.public_counts()["records"] == priv.num_rows
-    assert len(data.pool) == len(np.unique(np.concatenate(
-        [t.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy() for t in (priv, pub, ev)]),
-        axis=0))
+
+    def distinct(tables):
+        return len(np.unique(np.concatenate([t.select([f"p{i}" for i in range(64)]).to_pandas()
+                                             .to_numpy() for t in tables]), axis=0))
+    assert len(data.pool) == distinct((pub, ev)) and len(data.pool_keyed) == distinct((priv,))
     # public standardization: fitted on the public rows only
     raw = pub.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy()
     std = np.where(raw.std(0) > 0, raw.std(0), 1)
@@ -95,7 +99,7 @@ def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
     cfg = Config.from_dict({**table_config(str(tmp_path)), "cluster": {"shards": 3}})
     cfg = cfg.with_overrides([f"data.private.path={tmp_path / 'private'}",
                               "data.evaluation=null"])
-    data = prepare_data(cfg)
+    data = prepared_table(cfg)
     sources = dataset_sources(cfg, data)
     holders = np.array(priv.column("holder").to_pylist())
     labels = np.array(priv.column("label").to_pylist())
@@ -127,7 +131,7 @@ def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ran
         "cluster": {"shards": 3}})
     cfg = cfg.with_overrides(["data.private.client=null", "data.private.holders=null",
                               "data.max_records_per_client=null"])
-    data = prepare_data(cfg)
+    data = prepared_table(cfg)
     assert data.num_clients == priv.num_rows and data.max_records_per_client == 1
     sources = dataset_sources(cfg, data)
     got = [s.open() for s in sources]
@@ -144,6 +148,7 @@ def test_the_same_table_as_parquet_or_csv_or_a_glob_draws_from_one_budget(tmp_pa
     a = _prepare(tmp_path / "pq")
     b = _prepare(tmp_path / "csv", "csv")
     assert np.array_equal(a.pool, b.pool) and a.private_digest == b.private_digest
+    assert np.array_equal(a.pool_keyed, b.pool_keyed)
     ida = job_source(store, Config.from_dict(table_config(str(tmp_path / "pq"))), a)[0]
     idb = job_source(store, Config.from_dict(table_config(str(tmp_path / "csv"), "csv")), b)[0]
     assert ida == idb
@@ -173,7 +178,9 @@ def test_the_same_table_rescaled_by_255_256_draws_from_the_same_budget(tmp_path)
     write_parts(str(tmp_path / "b"), parts=scaled)
     a, b = _prepare(tmp_path / "a"), _prepare(tmp_path / "b")
     assert len(np.intersect1d(a.pool, b.pool)) == 0          # no exact fingerprint is shared
+    assert len(np.intersect1d(a.pool_keyed, b.pool_keyed)) == 0
     assert len(a.near_pool) and np.array_equal(a.near_pool, b.near_pool)
+    assert len(a.near_keyed) and np.array_equal(a.near_keyed, b.near_keyed)
     ida = job_source(store, Config.from_dict(table_config(str(tmp_path / "a"))), a)[0]
     assert job_source(store, Config.from_dict(table_config(str(tmp_path / "b"))), b)[0] == ida
 
@@ -188,8 +195,9 @@ def test_parts_given_as_file_uris_are_read_through_pyarrow_file_systems(tmp_path
             "public": {"path": (tmp_path / "local" / "public.parquet").as_uri()},
             "evaluation": {"path": (tmp_path / "local" / "evaluation.parquet").as_uri()}}
     cfg = Config.from_dict(table_config(str(tmp_path / "local"), **uris))
-    data, local = prepare_data(cfg), _prepare(tmp_path / "local")
+    data, local = prepared_table(cfg), _prepare(tmp_path / "local")
     assert np.array_equal(data.pool, local.pool) and len(data.splits.eval_y) == parts[2].num_rows
+    assert np.array_equal(data.pool_keyed, local.pool_keyed)
     got = [src.open() for src in dataset_sources(cfg, data)]
     assert sum(len(r.labels) for r in got) == sum(
         min(10, c) for c in np.unique(parts[0].column("holder").to_numpy(zero_copy_only=False),
@@ -198,7 +206,7 @@ def test_parts_given_as_file_uris_are_read_through_pyarrow_file_systems(tmp_path
         assert r.opened and all("holder=" in f for f in r.opened)
     assert sum(len(r.opened) for r in got) == len(set(parts[0].column("holder").to_pylist()))
     with pytest.raises(DataError, match="globs work on local paths only"):
-        prepare_data(Config.from_dict(table_config(str(tmp_path / "local"), private={
+        prepared_table(Config.from_dict(table_config(str(tmp_path / "local"), private={
             "path": (tmp_path / "local").as_uri() + "/*.parquet"})))
     with pytest.raises(ConfigError, match="image folders are read from local paths only"):
         prepare_data(Config.from_dict({"data": {
@@ -221,7 +229,7 @@ def test_uint8_image_pixels_are_scaled_to_unit_range_from_the_schema(tmp_path):
         folder = tmp_path / np.dtype(dtype).name
         write_parts(str(folder), parts=[as_pixels(t, dtype) for t in (priv, pub, ev)])
         cfg = Config.from_dict(table_config(str(folder), shape=[1, 8, 8]))
-        data = prepare_data(cfg)
+        data = prepared_table(cfg)
         records = [src.open() for src in dataset_sources(cfg, data)]
         got[dtype] = (data.splits.public_x, data.splits.eval_x,
                       np.concatenate([r.features for r in records]))
@@ -242,11 +250,10 @@ def test_string_labels_and_categorical_columns(tmp_path):
     write(table.slice(160).drop(["label", "holder"]).append_column(
         "row_id", pa.array([f"id-{i}" for i in range(80)])), str(tmp_path / "public.csv"))
     cfg = Config.from_dict(table_config(str(tmp_path), classes=["small", "big"],
-                                        private={"holders": 40},
                                         public={"path": str(tmp_path / "public.csv"), "id": "row_id"},
                                         evaluation=None))
     cfg = cfg.with_overrides(["data.evaluation=null", "queries.s=20"])
-    data = prepare_data(cfg)
+    data = prepared_table(cfg)
     # size standardized, colour one-hot over the public categories
     assert data.image_shape == (4,) and data.num_classes == 2
     assert sorted(map(tuple, np.unique(data.splits.public_x[:, 1:], axis=0))) == \
@@ -295,16 +302,32 @@ def _bad(case, tmp):
         holder = priv.column("holder").to_pylist()
         holder[7] = None
         priv = priv.set_column(priv.column_names.index("holder"), "holder", pa.array(holder))
-    elif case == "holders not declared":
-        over = {"private": {"holders": None}}
-    elif case == "more holders than records":
-        over = {"private": {"holders": 201}}
+    elif case == "holders expected differ":
+        over = {"private": {"holders": 7}}
+    elif case == "a word in a numeric column":
+        holder = priv.column("holder")
+        words = pa.array([("SECRETVALUE123" if i == 17 else str(v)) for i, v in
+                          enumerate(priv.column("p5").to_pylist())])
+        priv = priv.set_column(priv.column_names.index("p5"), "p5", words)
+        assert holder is not None
+    elif case == "overflows once standardized":
+        big = priv.column("p9").to_pylist()
+        big[3] = 1e300
+        priv = priv.set_column(priv.column_names.index("p9"), "p9", pa.array(big))
+    elif case == "a link to a folder":
+        os.makedirs(tmp / "private", exist_ok=True)
+        write(priv, str(tmp / "private" / "part.parquet"))
+        os.symlink(".", tmp / "private" / "loop")
+        priv = None
     elif case == "mixed feature lengths":
         priv, pub = _list_parts([4] * 20 + [5] + [4] * 9)
         over = {"classes": [0, 1, 2]}
-    write(priv, str(tmp / "private.parquet"))
+    if priv is not None:
+        write(priv, str(tmp / "private.parquet"))
     write(pub, str(tmp / "public.parquet"))
     cfg = table_config(str(tmp), **over)
+    if priv is None:
+        cfg["data"]["private"]["path"] = str(tmp / "private")
     cfg["data"].pop("evaluation")
     cfg["data"]["public"] = {k: v for k, v in cfg["data"]["public"].items() if v is not None}
     return cfg
@@ -313,7 +336,8 @@ def _bad(case, tmp):
 @pytest.mark.parametrize("case", ["missing column", "label outside classes",
                                   "public label without id", "empty private file",
                                   "client column with nulls", "mixed feature lengths",
-                                  "holders not declared", "more holders than records"])
+                                  "holders expected differ", "a word in a numeric column",
+                                  "overflows once standardized", "a link to a folder"])
 def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
     import yaml
 
@@ -328,9 +352,13 @@ def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tm
     words = {"missing column": "'nope' not found", "label outside classes": "not in data.classes",
              "public label without id": "data.public.id", "empty private file": "no rows",
              "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths",
-             "holders not declared": "data.private.holders",
-             "more holders than records": "201 holders for 200 private records"}
+             "holders expected differ": "data.private.holders: declares 7 holders",
+             "a word in a numeric column": "not shown, it is private",
+             "overflows once standardized": "not once standardized",
+             "a link to a folder": "is a link to a folder"}
     assert words[case] in err, err
+    assert "SECRETVALUE" not in err and "1e+300" not in err and " row " + "1" not in err, err
+    assert not re.search(r"\brow \d", err), err
     assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
     assert not (tmp_path / "run").exists()           # no run folder left behind
 
@@ -355,7 +383,7 @@ def test_an_image_folder_is_a_second_source_kind(tmp_path):
                              f"data.public.path={tmp_path / 'public'}",
                              f"data.evaluation.path={tmp_path / 'evaluation'}",
                              "queries.s=20", "cluster.shards=2"])
-    data = prepare_data(cfg)
+    data = prepared_table(cfg)
     sp = data.splits
     assert data.image_shape == (1, 8, 8) and data.num_clients == 300 and data.remote_private
     assert sorted(sp.public_ids.tolist()) == sorted(f"img-{i}.png" for i in range(100))
@@ -374,7 +402,7 @@ def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp
     cfg = Config.from_dict(table_config(str(tmp_path), evaluation=None))
     cfg = cfg.with_overrides(["data.evaluation=null", "data.private.path=null",
                               "data.public.path=null", "cluster.shards=3"])
-    data = prepare_data(cfg, {"private": priv.to_pandas(), "public": pub})
+    data = prepared_table(cfg, {"private": priv.to_pandas(), "public": pub})
     handover = data.shard_sources.args[0]
     assert handover.table is not None                 # held until the hand-over
     sources = dataset_sources(cfg, data)
@@ -386,4 +414,4 @@ def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp
     assert sum(s.rows.num_rows for s in sources) == priv.num_rows
     got = [s.open() for s in sources]
     assert sum(r.num_clients for r in got) == len(set(holders))     # the shards' own count
-    assert data.num_clients == 300                                   # the declared one
+    assert data.num_clients == len(set(holders))                     # public: found, shown

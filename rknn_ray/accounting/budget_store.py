@@ -58,8 +58,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile
-from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE
+from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile, owner_only
+from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE, keyed_fingerprints
 from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 RESERVED_NOTE = "reserved before any client randomized"
@@ -128,12 +128,7 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
 
-def _keyed(key: bytes, fingerprints) -> np.ndarray:
-    """Sorted unique keyed BLAKE2b-64 of each 64-bit fingerprint under ``key``."""
-    fp = np.unique(np.asarray(fingerprints, dtype=FINGERPRINT_DTYPE))
-    return np.unique(np.fromiter(
-        (int.from_bytes(hashlib.blake2b(f.tobytes(), key=key, digest_size=8).digest(), "little")
-         for f in fp), dtype=FINGERPRINT_DTYPE, count=len(fp)))
+_keyed = keyed_fingerprints
 
 
 @dataclass
@@ -221,6 +216,13 @@ class BudgetStore:
             con.execute("INSERT INTO meta VALUES ('fingerprint_key', ?)", row)
         return bytes.fromhex(row[0])
 
+    def fingerprint_key(self) -> bytes:
+        """The ledger's fingerprint key, for the private-part scan to key its records'
+        fingerprints where it reads them (rknn_ray.data.table_scan): no unkeyed fingerprint
+        of a private record reaches the driver."""
+        with self._transaction() as con:
+            return self._fingerprint_key(con)
+
     def keyed_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
         """``fingerprints`` (record_fingerprints / near_fingerprints) as this ledger stores and
         matches them: each under its fingerprint key (keyed BLAKE2b-64), sorted unique."""
@@ -252,10 +254,39 @@ class BudgetStore:
         return hmac.new(bytes.fromhex(key), f"rknn-ray purpose: {purpose}".encode(),
                         hashlib.sha256).digest()
 
+    def side_key(self, purpose: str) -> bytes:
+        """A 32-byte key for ``purpose`` that reading the ledger does not give: derived from a
+        secret in a file of its own beside the ledger (``<ledger>.key``, owner only, made from
+        the OS CSPRNG on first use). release.npz is tagged under it: a reader of the ledger
+        (a backup, a shared copy) cannot re-tag an edited release. An in-memory ledger uses
+        :meth:`purpose_key` (nothing outlives its process)."""
+        if self.path == ":memory:":
+            return self.purpose_key(purpose)
+        path = self.path + ".key"
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
+                fh.flush()
+                os.fsync(fh.fileno())
+        owner_only(path, "the ledger's release key")
+        with open(path, encoding="ascii") as fh:
+            text = fh.read(65).strip()
+        if not re.fullmatch(r"[0-9a-f]{64}", text):
+            raise LedgerError(f"{path} is not the ledger's release key (64 hex digits). Fix: "
+                              "restore it from a backup; without it no saved release of this "
+                              "ledger can be resumed (delete it to start a new key)")
+        return hmac.new(bytes.fromhex(text), f"rknn-ray side key: {purpose}".encode(),
+                        hashlib.sha256).digest()
+
     # ------------------------------------------------------------------ sources
     def source_identity(self, dataset: str, fingerprints: np.ndarray,
                         legacy: str | None = None,
-                        near: np.ndarray | None = None) -> tuple[str, str]:
+                        near: np.ndarray | None = None, keyed: np.ndarray | None = None,
+                        keyed_near: np.ndarray | None = None) -> tuple[str, str]:
         """(identity, description) of the source that holds these records, registered now.
 
         ``fingerprints``: the records' bare fingerprints (record_fingerprints), ``near``:
@@ -267,11 +298,16 @@ class BudgetStore:
         record-pool identity) are migrated here: ``legacy`` (the job's
         :func:`~rknn_ray.accounting.source_identity.private_data_digest`, the identity the
         old code gave it) and every legacy identity of a dataset named ``dataset``.
+        ``keyed`` / ``keyed_near``: more fingerprints, already keyed under this ledger's key
+        where their rows were read (a table's private part).
         """
         with self._transaction() as con:
             key = self._fingerprint_key(con)
-            fp = _keyed(key, fingerprints)
-            nf = _keyed(key, np.zeros(0) if near is None else near)
+            fp = np.union1d(_keyed(key, fingerprints),
+                            np.zeros(0, FINGERPRINT_DTYPE) if keyed is None else keyed)
+            nf = np.union1d(_keyed(key, np.zeros(0) if near is None else near),
+                            np.zeros(0, FINGERPRINT_DTYPE) if keyed_near is None else keyed_near)
+            fp, nf = fp.astype(FINGERPRINT_DTYPE), nf.astype(FINGERPRINT_DTYPE)
             overlapping = []
             for ident, blob, near_blob, created in con.execute(
                     "SELECT s.identity, s.fingerprints, s.near, COALESCE(d.created, 0) FROM "

@@ -11,6 +11,7 @@ waited on for ``$RKNN_RAY_LEDGER_TIMEOUT`` seconds (default 10), then refused by
 from __future__ import annotations
 
 import os
+import sys
 import sqlite3
 import urllib.parse
 from contextlib import contextmanager
@@ -42,6 +43,21 @@ def lock_timeout() -> float:
 MEMORY = ":memory:"
 
 
+def owner_only(path: str, what: str) -> None:
+    """Make ``path`` readable by its owner only (0600), saying so on stderr when it was wider:
+    a ledger holds its fingerprint key. A file this user cannot change is refused."""
+    mode = os.stat(path).st_mode & 0o777
+    if not mode & 0o077:
+        return
+    try:
+        os.chmod(path, 0o600)
+    except OSError as exc:
+        raise LedgerError(f"{path}: {what} is readable by others (mode {mode:o}) and its mode "
+                          f"cannot be changed ({exc.strerror}). Fix: chmod 600 {path}") from None
+    print(f"warning: {path}: {what} was readable by others (mode {mode:o}); now 600 (owner "
+          "only): it holds the key its fingerprints are stored under", file=sys.stderr)
+
+
 class LedgerFile:
     """One ledger file: ``tables`` (CREATE statements) and ``required`` ({table: columns})
     describe the schema ``schema_version`` (``PRAGMA user_version``) this code reads."""
@@ -61,6 +77,7 @@ class LedgerFile:
         self.path = os.path.abspath(path)
         if os.path.exists(self.path):
             self.check()
+            owner_only(self.path, "the privacy ledger")
         else:
             self.create()
 
@@ -71,6 +88,8 @@ class LedgerFile:
         tmp = f"{self.path}.new-{os.getpid()}"
         try:
             os.makedirs(folder, exist_ok=True)
+            os.close(os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+            os.chmod(tmp, 0o600)     # owner only: the ledger holds its fingerprint key
             con = sqlite3.connect(tmp, isolation_level=None)
             try:
                 for stmt in self.tables:

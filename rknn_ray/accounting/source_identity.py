@@ -43,6 +43,16 @@ def record_fingerprints(x: np.ndarray) -> np.ndarray:
     return np.unique(out)
 
 
+def keyed_fingerprints(key: bytes, fingerprints) -> np.ndarray:
+    """Sorted unique keyed BLAKE2b-64 of each 64-bit fingerprint under ``key`` (the ledger's
+    fingerprint key): the form the ledger stores and matches, and the only form in which a
+    private record's fingerprint leaves the place its row was read."""
+    fp = np.unique(np.asarray(fingerprints, dtype=FINGERPRINT_DTYPE))
+    return np.unique(np.fromiter(
+        (int.from_bytes(hashlib.blake2b(f.tobytes(), key=key, digest_size=8).digest(), "little")
+         for f in fp), dtype=FINGERPRINT_DTYPE, count=len(fp)))
+
+
 #: quantization steps between 0 and a record's largest |feature| (near fingerprints), and
 #: where the steps' boundaries sit: a feature at 0 keeps its code up to +0.075 of the largest
 #: (+1/16 on a digits pixel), and no value k/15 or k/16 of the largest lies on a boundary
@@ -124,7 +134,9 @@ def job_source(store, cfg, data) -> tuple[str, str, str]:
     else:
         digest, _ = private_data_digest(cfg, sp.private_x, sp.private_y, data.client_ids)
         pool, near = pool_fingerprints(sp), pool_near_fingerprints(sp)
-    identity, described = store.source_identity(cfg.data.dataset, pool, legacy=digest, near=near)
+    identity, described = store.source_identity(
+        cfg.data.dataset, pool, legacy=digest, near=near,
+        keyed=getattr(data, "pool_keyed", None), keyed_near=getattr(data, "near_keyed", None))
     return identity, described, store.keyed_name(digest)
 
 

@@ -75,8 +75,9 @@ class DataConfig:
                               "[1, 28, 28]; uint8 pixels are scaled to [0, 1] (null: a table; standardize / one-hot)", check=_shape,
                               accepts_text="a list of positive integers, or null")
     private: FrozenDict = key(None, "table: {path, label, client, holders, features}: the private "
-                              "records (client: the holder id column, with holders: the declared "
-                              "number of holders; none: one record per client)",
+                              "records (client: the holder id column; holders: optional, the "
+                              "number of holders you expect, checked against the data; none: "
+                              "one record per client)",
                               free_form=True, factory=FrozenDict)
     public: FrozenDict = key(None, "table: {path, id, features}: the unlabelled public rows "
                              "(id: the row id column labels.parquet is keyed by)",
@@ -192,12 +193,6 @@ def check_table(cfg: dict) -> None:
                               f"{d['dataset']!r}", f"set data.{k}=null or data.dataset=table")
     if not table:
         return
-    if d["private"].get("client") and d["private"].get("holders") is None:
-        raise ConfigError("data.private.holders", "is not declared: with data.private.client "
-                          "each holder is a client, and how many holders the file holds is "
-                          "private (a record's holder id is part of the record)",
-                          "declare the number of holders, e.g. data.private.holders=3000; "
-                          "calibration and reports use it, never the count in the file")
     if d["private"].get("holders") is not None and not d["private"].get("client"):
         raise ConfigError("data.private.holders", "is read only with data.private.client "
                           "(without it each record is a client and n is the record count)",

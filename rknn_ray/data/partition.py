@@ -26,9 +26,12 @@ central message size, the multi-message allowance, the auto-s message cap), but 
 ``dirichlet`` it is a function of the private labels (changing one label can move it). So
 the bound is public: declared, or derived from public counts
 (:func:`public_record_bound`), and a client's records beyond it are dropped
-(:func:`held_within_bound`: a seeded, label-blind choice). How many were dropped is private.
+(:func:`held_within_bound`: each client's records of smallest keyed hash of their own value,
+so replacing one record's value swaps at most one kept record, and no other client's).
 """
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -109,20 +112,72 @@ def public_record_bound(scheme: str, num_records: int, num_clients: int,
                       "declare data.max_records_per_client; records beyond it are dropped")
 
 
-def held_within_bound(client_ids: np.ndarray, bound: int, seed: int = 0) -> np.ndarray:
-    """Mask of the records clients keep: at most ``bound`` per client, chosen uniformly at
-    random (seeded, blind to labels and features); the rest are dropped."""
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, vectorized (uint64 arithmetic wraps)."""
+    h = (h ^ (h >> np.uint64(30))) * _M1
+    h = (h ^ (h >> np.uint64(27))) * _M2
+    return h ^ (h >> np.uint64(31))
+
+
+def row_hashes(raw: np.ndarray, labels: np.ndarray, key: bytes,
+               holders: np.ndarray | None = None) -> np.ndarray:
+    """A keyed 64-bit hash of each record: its features (as float32, the fingerprint's
+    precision), its label and, where given, its holder's keyed id hash. Vectorized over rows,
+    a loop over columns; the per-column multipliers come from ``key``."""
+    a = np.ascontiguousarray(np.asarray(raw, dtype="<f4").reshape(len(raw), -1))
+    words = a.view("<u4").astype(np.uint64)
+    extra = [np.asarray(labels, np.int64).astype(np.uint64)]
+    if holders is not None:
+        extra.append(np.asarray(holders, np.uint64))
+    width = words.shape[1] + len(extra)
+    mult = np.frombuffer(hashlib.shake_256(key).digest(8 * (width + 1)), "<u8").astype(np.uint64)
+    h = np.full(len(a), mult[0], np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(words.shape[1]):
+            h = _mix(h ^ (words[:, j] + mult[j + 1]))
+        for j, col in enumerate(extra, start=words.shape[1]):
+            h = _mix(h ^ (col + mult[j + 1]))
+    return h
+
+
+def keep_key(seed: int) -> bytes:
+    """The key a holder's kept records are chosen by (:func:`kept_within_bound`): the job's
+    seed only, so the choice is a function of the holder's own records and the seed."""
+    return hashlib.sha256(f"rknn-ray kept records, seed {int(seed)}".encode()).digest()
+
+
+def kept_within_bound(holder: np.ndarray, content: np.ndarray, bound: int) -> np.ndarray:
+    """Mask of the records holders keep: each holder's ``bound`` records of smallest
+    ``content`` hash (a keyed hash of the record's own value). Which records a holder keeps
+    is a function of that holder's records and the key only: never of row positions or of
+    other holders, so replacing one record's value swaps at most one kept record."""
+    holder = np.asarray(holder)
+    keep = np.ones(holder.size, bool)
+    if holder.size == 0:
+        return keep
+    order = np.lexsort((np.asarray(content, np.uint64), holder))
+    h = holder[order]
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    rank = np.arange(h.size) - np.repeat(starts, np.diff(np.r_[starts, h.size]))
+    keep[order[rank >= bound]] = False
+    return keep
+
+
+def held_within_bound(client_ids: np.ndarray, bound: int, seed: int = 0,
+                      features: np.ndarray | None = None,
+                      labels: np.ndarray | None = None) -> np.ndarray:
+    """Mask of the records clients keep: at most ``bound`` per client, chosen by a keyed hash
+    of each record's own value (features and label) under the seed (:func:`kept_within_bound`):
+    blind to positions and to other clients' records."""
     ids = np.asarray(client_ids, dtype=np.int64)
-    held = np.ones(ids.size, dtype=bool)
     if ids.size == 0 or np.bincount(ids).max() <= bound:
-        return held
-    key = seeded_generator(seed * 1_000_003 + 7).permutation(ids.size)
-    order = np.lexsort((key, ids))                        # by client, random within client
-    sizes = np.bincount(ids)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    rank = np.arange(ids.size) - starts[ids[order]]
-    held[order[rank >= bound]] = False
-    return held
+        return np.ones(ids.size, dtype=bool)
+    x = np.zeros((ids.size, 0)) if features is None else np.asarray(features).reshape(ids.size, -1)
+    y = np.zeros(ids.size, np.int64) if labels is None else labels
+    return kept_within_bound(ids, row_hashes(x, y, keep_key(seed)), bound)
 
 
 def dirichlet_ids(y: np.ndarray, n: int, alpha: float, rng) -> np.ndarray:

@@ -38,9 +38,10 @@ class PreparedData:
     private_digest: str | None = None
     shard_sources: object = None        # (cfg, shards) -> [source], or None: cut from splits
     remote_private: bool = False        # splits.private_x / private_y are placeholders
-    # clients is a declared number (a table's data.private.holders), not the count in the
-    # data: the protocol withholds what would publish the actual count (rknn_ray/job/session.py)
-    holders_declared: bool = False
+    # the private part's fingerprints arrive keyed under the ledger's key (where read)
+    pool_keyed: np.ndarray | None = None
+    near_keyed: np.ndarray | None = None
+    holders: dict | None = None         # a table's holder counts (public under the relation)
 
     @property
     def num_clients(self) -> int:
@@ -82,6 +83,28 @@ class PreparedData:
     def records_dropped(self) -> int:
         """PRIVATE (depends on the partition): records beyond the bound; diagnostics only."""
         return 0 if self.held is None else int((~self.held).sum())
+
+
+@dataclass
+class PendingScan:
+    """A job's data whose private rows are not read yet (the user's tables): the public side
+    is prepared; the private part's scan (rknn_ray.data.table_scan) runs where the shards run
+    (rknn_ray/job/private_scan.py) and :meth:`complete` turns its answer into the job's
+    :class:`PreparedData`. ``memory``: private rows given in memory (scanned in the driver)."""
+    spec: object                        # rknn_ray.data.table_scan.ScanSpec
+    memory: object                      # a pyarrow Table, or None: read from spec.part.path
+    complete: object                    # (scan answer + "key") -> PreparedData
+
+    def scan_here(self, key: bytes) -> PreparedData:
+        """Scan in this process (data given in memory; tests): the answer, completed."""
+        from rknn_ray.data.table_scan import scan   # pyarrow reading: only for tables
+        return self.complete({**scan(self.spec, key, self.memory), "key": key})
+
+    def require_private_rows(self, what: str) -> None:
+        raise ConfigError("data.dataset", f"{what} needs the private rows in this process, "
+                          "and data.dataset=table never loads them here (only the client "
+                          "shards read them)", "run it on a built-in data set, or run the "
+                          "private job (python -m jobs.distill)")
 
 
 def prepare_data(cfg, inputs: dict | None = None) -> PreparedData:
@@ -127,4 +150,5 @@ def partitioned(cfg, splits, num_classes: int, image_shape: tuple, name: str) ->
                                       alpha=d.alpha, seed=cfg.run.seed), dtype=np.int64)
     bound = public_record_bound(d.partition, m, clients, d.max_records_per_client)
     return PreparedData(splits, client_ids, num_classes, image_shape, name, clients=int(clients),
-                        record_bound=bound, held=held_within_bound(client_ids, bound, cfg.run.seed))
+                        record_bound=bound, held=held_within_bound(client_ids, bound, cfg.run.seed,
+                                                          splits.private_x, splits.private_y))

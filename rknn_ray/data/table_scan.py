@@ -1,117 +1,247 @@
-"""The private part's scan, where the private rows are read, before the job reserves budget.
+"""The private part's scan: where the private rows are read, before the job reserves budget.
 
-The driver never loads private features or labels. What it needs from them it
-gets from this scan, which runs in a short-lived process of its own (``python -m
-rknn_ray.data.table_scan``, the spec on stdin, one JSON line on stdout) and returns only:
-the record count, how many clients each shard will hold, the records' exact and near
-fingerprints (the budget's source, rknn_ray.accounting.source_identity) and a digest naming the private part
-(resume). Every check that needs the rows (empty part, a label outside data.classes, a
-client id missing, mixed feature lengths, empty values) fails here, so a bad file costs no
-budget. Data given in memory is scanned in the driver itself, which holds it already.
+The driver never loads private features or labels and never opens a private path. What the
+job needs from the private rows it gets from this scan, which the job runs where the client
+shards run (rknn_ray/job/private_scan.py: a Ray task placed as the shards are; data given in
+memory is scanned in the driver, which holds it already). The scan reads the part once, in
+record batches (memory bounded by a batch, not the table), checks every row, and returns
+only:
+
+* counts: records, holders, records each shard will read, records kept within the public
+  per-holder bound. Under the job's neighbour relation (a record's value replaced; which
+  holders take part and how many records each holds are public) these are public;
+* the records' exact and near fingerprints, already KEYED under the ledger's fingerprint
+  key (rknn_ray.accounting.source_identity): the budget's source; nothing unkeyed leaves;
+* per shard, a keyed multiset digest of the rows it must read (:func:`row_hashes`): the
+  shard recomputes it from the rows it reads and refuses a mismatch before any client
+  randomizes, so the budget is charged for the rows actually read;
+* a keyed digest naming the private part (resume).
+
+Every check that needs the rows fails here, before the reservation: an empty part, a label
+outside data.classes, a missing holder id, mixed feature lengths, empty values, a value
+that cannot be parsed, a value that is finite in the file but not once featurized. No
+message quotes a private cell or a row position (:func:`private_read_error`).
 """
 from __future__ import annotations
 
-import base64
 import hashlib
+import hmac
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
-from rknn_ray.data.tables import (Columns, Part, bucket_of, feature_matrix, label_indices,
-                                  missing, open_dataset, raw_numbers, read)
+from rknn_ray.data.partition import keep_key, kept_within_bound, row_hashes  # noqa: F401
+from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_matrix,
+                                  label_indices, missing, open_dataset, raw_numbers)
 from rknn_ray.errors import DataError, RknnError
-from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
+from rknn_ray.accounting.source_identity import (keyed_fingerprints, near_fingerprints,
+                                                 record_fingerprints)
+
+#: rows per record batch the scan and the shards read at a time
+BATCH_ROWS = 1 << 16
 
 
-#: the answer's fingerprint arrays: exact and near (rknn_ray.accounting.source_identity)
-FINGERPRINTS = ("fingerprints", "near")
+@dataclass(frozen=True)
+class ScanSpec:
+    """What the scan needs: the private part, its feature columns (as the public part's), the
+    class list, the shard count, the public record width and the public-fitted featurizer
+    (a value that overflows once featurized is refused before the reservation)."""
+    part: Part
+    columns: Columns
+    classes: tuple
+    shards: int
+    width: int
+    featurizer: Featurizer
+    bound: int = 1                     # public: records a holder keeps at most
 
 
 def needed_columns(part: Part, cols: Columns) -> list:
     return list(dict.fromkeys([*cols.names, part.label] + ([part.client] if part.client else [])))
 
 
-def scan(spec: dict, table=None) -> dict:
-    """The scan itself: ``spec`` as :func:`run_scan` sends it; ``table``: rows in memory."""
-    part, cols = Part(**spec["part"]), Columns(**spec["columns"])
-    classes, shards = tuple(spec["classes"]), int(spec["shards"])
-    schema = table.schema if table is not None else open_dataset(part.path).schema
-    missing(part, schema, [part.label, part.client])
-    if part.features:                  # the part's own names for the public features
-        cols = Columns.resolve(part, schema, ())
-    missing(part, schema, needed_columns(part, cols))
-    t = table.select(needed_columns(part, cols)) if table is not None else \
-        read(part.path, needed_columns(part, cols), part.key)
-    m = t.num_rows
-    if m == 0:
-        raise DataError(f"{part.key}: {part.path or 'the private data'} holds no rows. Fix: point "
-                        f"{part.key}.path at the private records")
-    raw = raw_numbers(feature_matrix(t, cols, part, spec.get("width")))
-    if not np.isfinite(raw).all():
-        bad = int(np.flatnonzero(~np.isfinite(raw).all(axis=1))[0])
-        raise DataError(f"{part.key}: records with NaN or infinite features (first at row {bad}). "
-                        "Fix: drop or impute them")
-    y = label_indices(t, part.label, classes, part)
-    if raw.shape[1] != spec.get("width", raw.shape[1]):
-        raise DataError(f"{part.key}: a record has {raw.shape[1]} feature values, a public one "
-                        f"{spec['width']}. Fix: give every part the same features")
-    named = {**spec, "part": {k: v for k, v in spec["part"].items() if k != "path"}}
-    h = hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode())   # not the path
-    h.update(np.ascontiguousarray(raw, "<f4").tobytes())
-    h.update(np.ascontiguousarray(y, "<i8").tobytes())
-    if part.client:
-        holders = t.column(part.client)
-        if holders.null_count:
-            raise DataError(f"{part.key}: client column {part.client!r} has {holders.null_count} "
-                            "empty values. Fix: give every row its holder's id, or unset "
-                            f"{part.key}.client (then each record is its own client)")
-        rows, ids, id_bucket = bucket_of(holders, shards)
-        clients = np.bincount(id_bucket, minlength=shards)
-        h.update(np.ascontiguousarray(rows, "<i8").tobytes())
-        h.update("\n".join(ids).encode())
-    else:
-        cuts = np.linspace(0, m, min(shards, m) + 1).astype(np.int64)
-        clients = np.diff(cuts)
-    return {"rows": int(m), "clients": [int(c) for c in clients], "digest": h.hexdigest()[:32],
-            "columns": {"names": list(cols.names), "list_column": cols.list_column,
-                        "categorical": list(cols.categorical)},
-            "fingerprints": record_fingerprints(raw), "near": near_fingerprints(raw)}
+def derived_key(key: bytes, purpose: str) -> bytes:
+    """A 32-byte key for one use, derived from the ledger's fingerprint key."""
+    return hmac.new(key, f"rknn-ray private rows: {purpose}".encode(), hashlib.sha256).digest()
 
 
-def run_scan(spec: dict) -> dict:
-    """:func:`scan` in a child process: only its answer reaches the driver."""
-    proc = subprocess.run([sys.executable, "-m", "rknn_ray.data.table_scan"],
-                          input=json.dumps(spec), capture_output=True, text=True)
-    lines = proc.stdout.strip().splitlines()
+def multiset_digest(hashes: np.ndarray) -> tuple[int, str]:
+    """(count, sum of the row hashes mod 2^64 as hex): the same rows in any order agree."""
+    with np.errstate(over="ignore"):
+        total = np.add.reduce(np.asarray(hashes, np.uint64), dtype=np.uint64) if len(hashes) \
+            else np.uint64(0)
+    return int(len(hashes)), f"{int(total):016x}"
+
+
+def holder_hashes(ids: list, key: bytes) -> np.ndarray:
+    """Keyed 64-bit hashes of holder ids (their text): holders are counted by these, and a
+    row's hash covers its holder, without the ids leaving where they are read."""
+    return np.fromiter((int.from_bytes(hashlib.blake2b(str(v).encode(), key=key[:32],
+                                                       digest_size=8).digest(), "little")
+                        for v in ids), dtype=np.uint64, count=len(ids))
+
+
+# ---------------------------------------------------------------- errors
+def private_read_error(part: Part, exc: BaseException, stage: str) -> DataError:
+    """A fault in the private rows as one line that names the column and the kind of fault,
+    never a cell's value or a row's position (both depend on private data)."""
+    if isinstance(exc, RknnError):
+        return exc if isinstance(exc, DataError) else DataError(str(exc).splitlines()[0])
+    text = str(exc)
+    column = ""
+    for marker in ("column #", "column '", 'column "'):
+        at = text.find(marker)
+        if at >= 0:
+            rest = text[at + len(marker):]
+            name = rest.split("'" if marker == "column '" else '"' if marker == 'column "'
+                              else ":")[0].split()[0] if rest else ""
+            column = f" in column {name!r}" if marker != "column #" else f" in column #{name}"
+            break
+    kind = type(exc).__name__
+    return DataError(f"{part.key}: {stage} failed ({kind}{column}: a value could not be read "
+                     "as the column's type; the value is not shown, it is private). Fix: check "
+                     f"that every value of {part.key}'s columns has the column's type (numbers "
+                     "in numeric columns, no stray text)")
+
+
+# ---------------------------------------------------------------- the scan
+class _Tally:
+    """What the scan accumulates batch by batch (O(records) words, no rows)."""
+
+    def __init__(self, spec: ScanSpec, key: bytes):
+        self.spec, self.key = spec, key
+        self.row_key, self.id_key = derived_key(key, "rows"), derived_key(key, "holders")
+        self.hashes, self.shard, self.holder = [], [], []
+        self.exact, self.near = [], []
+        self.rows = 0
+
+    def add(self, t: pa.Table) -> None:
+        spec, part = self.spec, self.spec.part
+        matrix = feature_matrix(t, spec.columns, part, spec.width, private=True)
+        raw = raw_numbers(matrix)
+        if raw.shape[1] != spec.width:
+            raise DataError(f"{part.key}: a record has {raw.shape[1]} feature values, a public "
+                            f"one {spec.width}. Fix: give every part the same features")
+        if not np.isfinite(raw).all():
+            raise DataError(f"{part.key}: records with NaN or infinite features. Fix: drop or "
+                            "impute them")
+        with np.errstate(over="ignore", invalid="ignore"):
+            x = spec.featurizer(matrix)
+        if not np.isfinite(x).all():
+            col = int(np.flatnonzero(~np.isfinite(x).all(axis=0))[0])
+            raise DataError(f"{part.key}: a value is finite in the file but not once "
+                            f"standardized with the public rows' statistics (model input "
+                            f"{col}): it is too large. Fix: rescale or clip that column")
+        y = label_indices(t, part.label, spec.classes, part)
+        holder = None
+        if part.client:
+            ids = t.column(part.client)
+            if ids.null_count:
+                raise DataError(f"{part.key}: client column {part.client!r} has "
+                                f"{ids.null_count} empty values. Fix: give every row its "
+                                f"holder's id, or unset {part.key}.client (then each record is "
+                                "its own client)")
+            rows, names, _ = bucket_of(ids, spec.shards)
+            enc = ids.combine_chunks().cast(pa.string()).dictionary_encode() \
+                if isinstance(ids, pa.ChunkedArray) else ids.cast(pa.string()).dictionary_encode()
+            holder = holder_hashes(enc.dictionary.to_pylist(), self.id_key)[
+                enc.indices.to_numpy(zero_copy_only=False)]
+            self.shard.append(rows.astype(np.int32))
+            self.holder.append(holder)
+        self.hashes.append(row_hashes(raw, y, self.row_key, holder))
+        self.exact.append(keyed_fingerprints(self.key, record_fingerprints(raw)))
+        self.near.append(keyed_fingerprints(self.key, near_fingerprints(raw)))
+        self.rows += t.num_rows
+
+    def answer(self) -> dict:
+        spec, part = self.spec, self.spec.part
+        m = self.rows
+        if m == 0:
+            raise DataError(f"{part.key}: {part.path or 'the private data'} holds no rows. Fix: "
+                            f"point {part.key}.path at the private records")
+        hashes = np.concatenate(self.hashes)
+        if part.client:
+            shard = np.concatenate(self.shard)
+            holder = np.concatenate(self.holder)
+            distinct, per_holder = np.unique(holder, return_counts=True)
+            owner = np.zeros(distinct.size, np.int32)
+            owner[np.searchsorted(distinct, holder)] = shard
+            clients = np.bincount(owner, minlength=spec.shards)
+            digests = [multiset_digest(hashes[shard == s]) for s in range(spec.shards)]
+            kept = int(np.minimum(per_holder, spec.bound).sum())
+            holders = int(distinct.size)
+            largest = int(per_holder.max())
+        else:
+            cuts = np.linspace(0, m, min(spec.shards, m) + 1).astype(np.int64)
+            clients = np.diff(cuts)
+            digests = [multiset_digest(hashes[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+            kept, holders, largest = m, m, 1
+        named = {"part": {k: v for k, v in spec.part.__dict__.items() if k != "path"},
+                 "columns": spec.columns.__dict__, "classes": list(map(str, spec.classes)),
+                 "shards": spec.shards, "width": spec.width}
+        h = hmac.new(derived_key(self.key, "digest"), json.dumps(named, sort_keys=True,
+                                                                 default=str).encode(),
+                     hashlib.sha256)
+        h.update(json.dumps(digests).encode())
+        return {"rows": int(m), "holders": holders, "kept": kept, "largest_holder": largest,
+                "clients": [int(c) for c in clients], "shard_digests": digests,
+                "digest": h.hexdigest()[:32],
+                "fingerprints": np.unique(np.concatenate(self.exact)),
+                "near": np.unique(np.concatenate(self.near))}
+
+
+def private_batches(part: Part, columns: list, table: pa.Table | None = None):
+    """The private part's rows, ``columns`` only, one record batch at a time (a table given
+    in memory: its batches); faults as :func:`private_read_error`."""
+    if table is not None:
+        yield from table.select(columns).to_batches(max_chunksize=BATCH_ROWS)
+        return
     try:
-        answer = json.loads(lines[-1]) if lines else {}
-    except ValueError:
-        answer = {}
-    if "error" in answer:
-        raise DataError(answer["error"])
-    if proc.returncode != 0 or "rows" not in answer:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise DataError(f"the scan of the private data failed ({tail}). Fix: check "
-                        "data.private.path can be read from this machine")
-    for key in FINGERPRINTS:
-        answer[key] = np.frombuffer(base64.b64decode(answer[key]), "<u8").copy()
-    return answer
+        dataset = open_dataset(part.path)
+        scanner = dataset.scanner(columns=columns, batch_size=BATCH_ROWS)
+        batches = iter(scanner.to_batches())
+    except RknnError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow's messages quote cells
+        raise private_read_error(part, exc, "reading the private part") from None
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - pyarrow's messages quote cells
+            raise private_read_error(part, exc, "reading the private part") from None
+        yield batch
 
 
-def main() -> int:
-    spec = json.loads(sys.stdin.read())
+def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
+    """The scan itself (module docstring); ``key``: the ledger's fingerprint key;
+    ``table``: the rows, where they were given in memory."""
+    part = spec.part
     try:
-        out = scan(spec)
+        schema = table.schema if table is not None else open_dataset(part.path).schema
+        missing(part, schema, [part.label, part.client])
+        cols = Columns.resolve(part, schema, ()) if part.features else spec.columns
+        missing(part, schema, needed_columns(part, cols))
+        spec = ScanSpec(part, cols, spec.classes, spec.shards, spec.width, spec.featurizer,
+                        spec.bound)
+        tally = _Tally(spec, key)
+        for batch in private_batches(part, needed_columns(part, cols), table):
+            if batch.num_rows:
+                tally.add(pa.Table.from_batches([batch]))
+        out = tally.answer()
+    except Exception as exc:  # noqa: BLE001 - one line, no private value
+        raise private_read_error(part, exc, "the scan of the private part") from None
+    out["columns"] = {"names": list(cols.names), "list_column": cols.list_column,
+                      "categorical": list(cols.categorical)}
+    return out
+
+
+def scan_answer_or_error(spec: ScanSpec, key: bytes) -> dict:
+    """:func:`scan` for a remote task: the answer, or ``{"error": one line}`` (an exception
+    crossing Ray would carry a traceback; this carries only the scrubbed line)."""
+    try:
+        return scan(spec, key)
     except RknnError as exc:
-        print(json.dumps({"error": str(exc).splitlines()[0]}), flush=True)
-        return 2
-    for key in FINGERPRINTS:
-        out[key] = base64.b64encode(np.ascontiguousarray(out[key], "<u8").tobytes()).decode()
-    print(json.dumps(out), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return {"error": str(exc).splitlines()[0]}

@@ -1,7 +1,7 @@
 """The user's tables: opening a part (file, folder or glob), its columns, features and labels.
 
 Shared by the three places a table is read: the driver (public and evaluation parts only),
-the private-part scan (rknn_ray.data.table_scan, a short-lived process) and each client shard
+the private-part scan (rknn_ray.data.table_scan, where the shards run) and each client shard
 (rknn_ray.data.table_source, its own clients' rows). One reading, so the three agree on
 what a record's features and label are.
 
@@ -39,8 +39,9 @@ PART_KEY_DOCS = {
             "or a glob; the private path is read by the shards where they run",
     "label": "the label column (strings or integers, matched to data.classes by text)",
     "client": "the holder id column: each distinct id is one client (unset: one record per client)",
-    "holders": "with client: the number of holders you declare (a public number: calibration "
-               "and reports use it, never the count found in the file)",
+    "holders": "with client, optional: the number of holders you expect; the job reads the "
+               "count from the data (public under its relation) and refuses a mismatch before "
+               "any budget is reserved",
     "id": "the public row id column (labels are keyed by it; unset: row numbers)",
     "features": "a list of columns, or one list-typed column (unset: every column that is not "
                 "the label, client or id)"}
@@ -56,7 +57,7 @@ class Part:
     client: str | None = None
     id: str | None = None
     features: tuple | str | None = None
-    holders: int | None = None          # declared: the public number of holders (clients)
+    holders: int | None = None          # optional: the holders expected (checked on the data)
 
     @classmethod
     def of(cls, name: str, section) -> "Part":
@@ -102,6 +103,26 @@ def _remote_files(path: str):
     return target, files, fs
 
 
+def _folder_files(path: str) -> list:
+    """Every data file under a local folder, each once: links to folders are refused (a loop
+    such as ``loop -> .`` would read every file again), files reached twice (a link to a
+    file) are read once."""
+    files, seen = [], set()
+    for folder, dirs, names in os.walk(path):
+        for d in dirs:
+            if os.path.islink(os.path.join(folder, d)):
+                raise DataError(f"{os.path.join(folder, d)!r} is a link to a folder: links to "
+                                "folders are not followed (a loop would read the same files "
+                                "again). Fix: replace the link by the folder itself, or remove it")
+        for f in sorted(names):
+            full = os.path.join(folder, f)
+            real = os.path.realpath(full)
+            if os.path.splitext(f)[1].lower() in FORMATS and real not in seen:
+                seen.add(real)
+                files.append(full)
+    return sorted(files)
+
+
 def _files(path: str):
     """(what pyarrow opens, its format, its file system: None for local paths) for a file, a
     folder (searched recursively), a glob (local paths only) or a URI (:func:`is_uri`)."""
@@ -112,8 +133,7 @@ def _files(path: str):
         files = sorted(f for f in glob.glob(path, recursive=True) if os.path.isfile(f))
         target = files
     elif os.path.isdir(path):
-        files = sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names
-                       if os.path.splitext(f)[1].lower() in FORMATS)
+        files = _folder_files(path)
         target = path
     elif os.path.isfile(path):
         files, target = [path], path
@@ -207,7 +227,10 @@ def open_dataset(path: str, what: str = "") -> pads.Dataset:
     check_remote(str(path), what or "data path")     # a URI answers within a bounded wait
     target, fmt, fs = _files(str(path))
     try:
-        if isinstance(target, str) and (fs is not None or os.path.isdir(target)):   # a folder
+        if isinstance(target, str) and fs is None and os.path.isdir(target):   # a local folder
+            return pads.dataset(_folder_files(target), format=fmt, partitioning="hive",
+                                partition_base_dir=target, exclude_invalid_files=False)
+        if isinstance(target, str) and fs is not None:      # a remote folder
             return pads.dataset(target, format=fmt, partitioning="hive", filesystem=fs,
                                 exclude_invalid_files=False)
         return pads.dataset(target, format=fmt, filesystem=fs)
@@ -325,10 +348,12 @@ class Columns:
         return cls(names, bool(lists), tuple(n for n in names if _is_text(types[n])))
 
 
-def feature_matrix(table: pa.Table, cols: Columns, part: Part, width: int | None = None) -> np.ndarray:
+def feature_matrix(table: pa.Table, cols: Columns, part: Part, width: int | None = None,
+                   private: bool = False) -> np.ndarray:
     """(N, L) float64 of a list column, or the numeric columns with text columns as ``object``:
     the raw values, before any fitted statistics. Nulls, NaN and mixed list lengths are
-    errors naming the part and the fix."""
+    errors naming the part and the fix (``private``: never a row's position, which depends
+    on other holders' records)."""
     n = table.num_rows
     if cols.list_column:
         col = table.column(cols.names[0]).combine_chunks()
@@ -342,7 +367,8 @@ def feature_matrix(table: pa.Table, cols: Columns, part: Part, width: int | None
         if n and (lengths.min() != lengths.max() or (width is not None and lengths[0] != width)):
             want = width if width is not None else int(lengths[0])
             bad = int(np.flatnonzero(lengths != want)[0])
-            raise DataError(f"{part.key}: mixed feature lengths in {cols.names[0]!r} (row {bad} "
+            where = "a record" if private else f"row {bad}"
+            raise DataError(f"{part.key}: mixed feature lengths in {cols.names[0]!r} ({where} "
                             f"has {int(lengths[bad])} values, expected {want}). Fix: give every "
                             "record the same number of features")
         values = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float64)

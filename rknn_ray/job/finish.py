@@ -99,10 +99,12 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
         "accuracy": accuracy,
         "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,
                     "delta": delta_spent, "unit": g.unit, "neighbour": g.neighbour,
+                    "relation": neighbour_relation(data),
                     "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
                     "details": [r.mechanism for r in rounds],
-                    "budget": {"dataset": ctx.identity, "description": ctx.described,
-                               "eps": ctx.budget[0], "delta": ctx.budget[1],
+                    # which source the records were charged to depends on which of them
+                    # matched a known one: its name is in the ledger, never in the report
+                    "budget": {"eps": ctx.budget[0], "delta": ctx.budget[1],
                                **_spent(ctx, cfg.privacy.accountant),
                                "ledger": ctx.store.path},
                     "release_file": "release.npz", **rng_marks(cfg)},
@@ -115,7 +117,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                    "missing": [r.missing for r in rounds],
                    "keys_made_ahead": [r.keys_made_ahead for r in rounds],
                    "rounds": len(rounds),
-                   **({"withheld": WITHHELD} if getattr(data, "holders_declared", False) else {})},
+                   **({"holders": data.holders} if getattr(data, "holders", None) else {})},
         "split": sp.describe(),
         "student": {"test_accuracy": accuracy["student"], "epochs": student.epochs,
                     "trainer": st.trainer,
@@ -265,10 +267,16 @@ def rng_marks(cfg) -> dict:
                                                               "warning": NOT_PRIVATE}
 
 
-#: report.json counts.withheld where the number of clients is declared (data.private.holders)
-WITHHELD = ("clients is the declared number of holders (data.private.holders); the counts of "
-            "reports, senders and missing reports are left out: they would show the number of "
-            "holders in the private data")
+def neighbour_relation(data) -> str:
+    """report.json's privacy.relation: the neighbour relation the guarantee holds under, and
+    how holders enter it (README, "trust models")."""
+    holders = getattr(data, "holders", None)
+    if holders and holders.get("column"):
+        return ("replace-one record: one record's value (features and label) replaced; which "
+                "holders take part and how many records each holds are public (each holder "
+                f"keeps at most {holders['bound']} records, chosen by their own values)")
+    return ("replace-one record: one record's value (features and label) replaced; the "
+            "assignment of records to clients is public")
 
 
 def _total(values):

@@ -5,8 +5,9 @@ event, its counts of messages and rejects), so a job that fails after a release 
 in labeling, in the student, on an interrupt -- can be finished from the saved release
 with ``--resume RUN`` instead of spending budget on a new private round.
 
-The file carries a tag (keyed BLAKE2b under a key derived from the job's ledger secret,
-:meth:`~rknn_ray.accounting.budget_store.BudgetStore.purpose_key`) over every array in it:
+The file carries a tag (keyed BLAKE2b under the job's ledger's release key, kept in a file
+of its own beside the ledger: :meth:`~rknn_ray.accounting.budget_store.BudgetStore.side_key`)
+over every array in it:
 counts, queries and meta. ``--resume`` checks it before anything else
 (:func:`check_release`): an edited file, or one saved under another ledger, is refused,
 since labels and a student built from changed counts would carry a guarantee they do not
@@ -35,8 +36,10 @@ TAG, TAG_PURPOSE = "tag", "release.npz"
 
 
 def release_tag_key(store) -> bytes:
-    """The key release.npz is tagged with: the job's ledger's (a BudgetStore)."""
-    return store.purpose_key(TAG_PURPOSE)
+    """The key release.npz is tagged with: the job's ledger's release key (a BudgetStore's
+    :meth:`~rknn_ray.accounting.budget_store.BudgetStore.side_key`), which read access to the
+    ledger file does not give."""
+    return store.side_key(TAG_PURPOSE)
 
 
 def release_tag(key: bytes, arrays) -> str:

@@ -213,9 +213,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
         with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
             session = ProtocolSession(cfg, dataset_sources(cfg, ctx.data), ctx.job_id,
-                                      ctx.key_file, progress, ctx.parties,
-                                      declared_clients=(ctx.data.num_clients if getattr(
-                                          ctx.data, "holders_declared", False) else None))
+                                      ctx.key_file, progress, ctx.parties)
         with session:
             for plan in planned_rounds(cfg, ctx.data, ctx.public_emb, ctx.first_queries, rounds,
                                        query_sets, progress):

@@ -32,6 +32,7 @@ from rknn_ray.accounting.source_identity import job_source, legacy_release_name
 from rknn_ray.errors import DataError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.finish import finish
+from rknn_ray.job.private_scan import complete_scan
 from rknn_ray.job.progress import Progress
 from rknn_ray.job.ray_env import ensure_ray
 from rknn_ray.job.release_file import check_release, load_release, release_tag_key
@@ -156,8 +157,13 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
 
     cfg = validated(cfg)
     progress = progress or Progress.for_library(cfg.run.progress)
-    ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs)
     ray_up = _RayStart(start_ray, progress)
+    try:
+        ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs, ray_up)
+    except BaseException:
+        if ray_up.started:         # a table's scan started Ray, then refused the private rows
+            ray.shutdown()
+        raise
     try:
         if resume:
             if encoder_trains_on_ray(cfg):
@@ -215,15 +221,23 @@ class _RayStart:
         self.up = True
 
 
-def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None) -> JobContext:
+def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None,
+             ray_up=None) -> JobContext:
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         # fails fast on missing files / bad data, writes nothing
         data = prepared.prepare_data(cfg, inputs) if inputs else prepared.prepare_data(cfg)
+    store = BudgetStore(ledger_path)
+    # a user's table: its private rows are scanned where the shards run (Ray starts for it)
+    data = complete_scan(cfg, data, store, ray_up or (lambda: None), progress)
+    if getattr(data, "holders", None) and data.holders.get("column"):
+        h = data.holders
+        progress.say(f"private part: {h['records']} records of {h['holders']} holders (at "
+                     f"most {h['bound']} kept each: {h['kept']} records report; holders and "
+                     "their record counts are public under the job's relation)")
     cfg, auto_choice = stages.resolve_auto(cfg, data)       # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "
                      f"({auto_choice['reason']})")
-    store = BudgetStore(ledger_path)
     # the budget is the records' source's (any split / seed / partition); the release is this
     # job's private part as split and partitioned (resume must find the same one)
     identity, described, release_key = job_source(store, cfg, data)

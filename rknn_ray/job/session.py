@@ -21,13 +21,6 @@ the shuffler chain. One round (:meth:`ProtocolSession.run_round`):
    one whose true cost, composed with the job's earlier rounds, exceeds the ledger's budget;
    otherwise the Server releases the counts once and the ledger records them.
 
-Where the number of clients is declared (a table's ``data.private.holders``: under
-replace-one a record's holder id is part of the record, so the count in the data is
-private), calibration, the ledger and the report use the declared number; a shuffle round
-is costed at the sender floor the shuffler checked, not at the senders it saw (it saw at
-least as many, and more senders only add cover); the counts of reports and senders, which would show the actual number, are left
-out of the ledger, release.npz, report.json and the console.
-
 A shard that dies mid-round is restarted by Ray and streams the round again from its
 first batch: it re-reads its secret from its node-local key store
 (:mod:`rknn_ray.shard_secrets`; the driver never holds it), so the same randomness and the
@@ -177,13 +170,8 @@ class ProtocolSession:
     """The actors of one job (see module docstring); use as a context manager."""
 
     def __init__(self, cfg, sources: list, job_id: str, key_file: str | None = None,
-                 progress=None, parties: Parties | None = None,
-                 declared_clients: int | None = None):
-        """``declared_clients``: the public number of clients where it is declared rather
-        than counted (a table's data.private.holders): the session then withholds every
-        count that would publish the actual number (module docstring)."""
+                 progress=None, parties: Parties | None = None):
         self.cfg, self.job_id, self.progress = cfg, job_id, progress
-        self.declared = None if declared_clients is None else int(declared_clients)
         self._closing = False       # set by close(): client threads still running then go quietly
         self.parties = parties = parties or Parties()
         cl = cfg.cluster
@@ -225,7 +213,7 @@ class ProtocolSession:
             raise PartyFailure(_actor_death("a party failed to start; nothing was released", exc),
                                "startup") from None
         self.held_clients = int(sum(self.shard_clients))    # the shards' own count
-        self.num_clients = self.held_clients if self.declared is None else self.declared
+        self.num_clients = self.held_clients
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self):
@@ -381,12 +369,9 @@ class ProtocolSession:
             for ref in self._handed_over(hops, refs):   # the Server's window bounds what is in flight
                 self._call(self.server.submit.remote(ref), "server", released=False)
         n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
-        if self.declared is not None and shuffle_stats:   # costed at the floor the shuffler
-            n = floor          # checked (senders >= floor; more senders only add cover): a
-            # public number, where the senders seen would show the actual number of holders
         # the true cost, from the reports the server actually opened
         tally = self._call(self.server.tally.remote(), "server", released=False)
-        counted = tally["messages"] if self.declared is None else min(tally["messages"], n)
+        counted = tally["messages"]
         event = mechanism.round_event(n, counted)
         guarantee = guarantee_of(mechanism, n, event, opened=counted)
         shortfall = None
@@ -403,7 +388,7 @@ class ProtocolSession:
             ledger.record_spent(guarantee, round_id=round_id,
                                 note="refused for labelling: too few reports opened to meet "
                                      "the target; recorded at its true cost",
-                                messages=self._shown(tally["messages"]), clients=self.num_clients,
+                                messages=tally["messages"], clients=self.num_clients,
                                 refused="too few reports opened to meet the target")
             opened.close(tally["received"])
             raise CoverShortfall(shortfall, guarantee, event)
@@ -416,11 +401,10 @@ class ProtocolSession:
         opened.close(out["received"])
         if record_release:      # checked above, released since: recorded as it happened
             ledger.record_spent(guarantee, round_id=round_id,
-                                messages=self._shown(out["messages"]), clients=self.num_clients)
+                                messages=out["messages"], clients=self.num_clients)
         if shuffle_stats is not None:
             honest = getattr(mechanism, "n_honest", guarantee.n)    # multi: the noise senders
-            seen = (f"{tally['messages']} messages opened from {n} authenticated senders; "
-                    if self.declared is None else "")
+            seen = f"{tally['messages']} messages opened from {n} authenticated senders; "
             say(f"  cover: {seen}eps={guarantee.eps:.4g} assuming at least {honest} senders "
                 f"honest (honest fraction {getattr(mechanism, 'honest_fraction', 1.0):g})")
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
@@ -444,24 +428,15 @@ class ProtocolSession:
         # one report per client (every model but multi-message): reports that never arrived
         missing = (max(0, self.num_clients - out["messages"])
                    if mechanism.messages_per_sender() == 1 else None)
-        if self.declared is not None:   # each would show the actual number of clients
-            out, rejected, shuffle_stats = {**out, "messages": None, "received": None}, None, None
-            authenticated = missing = ahead = None
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
                            out["received"], self.num_clients, rejected, timings,
                            shuffle_stats, authenticated, missing,
                            self._round_placement(shard_nodes), ahead)
 
-    def _shown(self, count):
-        """A count of reports or senders, or None where the number of clients is declared
-        (it would show the actual number)."""
-        return count if self.declared is None else None
-
     def _opened_bar(self):
         """The "reports opened" bar, polled from the Server while a console shows it (with
         progress off nothing polls: an actor call every 0.5 s for a bar nobody sees)."""
-        if (self.progress is None or not getattr(self.progress, "enabled", True)
-                or self.declared is not None):      # its count would show the actual clients
+        if self.progress is None or not getattr(self.progress, "enabled", True):
             return _NoPoll()
         return PolledBar(bar_for(self.progress, "reports opened", None, "reports"),
                          lambda: ray.get(self.server.opened.remote(), timeout=10))
@@ -480,9 +455,8 @@ class ProtocolSession:
         cl = self.cfg.cluster
         is_shuffler = sink is not self.server
         lock, errors = threading.Lock(), []
-        shown = self.progress if self.declared is None else None   # no count of actual clients
-        sealed = bar_for(shown, "clients sealed", self.num_clients, "clients")
-        pooled = bar_for(shown, "messages into the shuffler", None, "msgs") \
+        sealed = bar_for(self.progress, "clients sealed", self.num_clients, "clients")
+        pooled = bar_for(self.progress, "messages into the shuffler", None, "msgs") \
             if is_shuffler else None
 
         sink_party = "shuffler" if is_shuffler else "server"
@@ -573,11 +547,9 @@ class ProtocolSession:
             out = ray.get(released)
         except ray.exceptions.RayTaskError as exc:
             if isinstance(exc.as_instanceof_cause(), PrivacyBudgetError):
-                seen = (f"{stats[0]['senders']} distinct senders" if self.declared is None else
-                        f"fewer distinct senders than the {self.declared} holders declared "
-                        "(data.private.holders)")
                 raise PrivacyBudgetError(
-                    f"round refused by the shuffler: {seen}, the target needs "
+                    f"round refused by the shuffler: {stats[0]['senders']} distinct senders, "
+                    "the target needs "
                     f"{mechanism.min_senders()}; no counts were released") from None
             raise
         except ray.exceptions.RayActorError as exc:

@@ -2,14 +2,17 @@
 
 The driver reads the public part (and the evaluation part, when given): it fits the
 featurizer on the public rows, keeps the public ids and, when the public file has the label
-column, its labels (to measure label accuracy only). It never loads private features or
-labels: the private part is scanned in a process of its own (rknn_ray.data.table_scan) and
-read again by each client shard, its own clients only (rknn_ray.data.table_source). Clients
-are the data's holders (``data.private.client``) or one per record. With holders, their
-number is declared (``data.private.holders``): calibration and every published count use
-it, and the count found in the file only splits the work between the shards (each learns
-its own clients where it runs). The per-client record bound is declared; the class list is declared (``data.classes``) or in the public file's
-schema metadata (key ``classes``, a JSON list), never taken from the private labels.
+column, its labels (to measure label accuracy only). It never opens the private part:
+:func:`prepare_table` returns a :class:`~rknn_ray.data.prepared.PendingScan`; the job runs
+the scan (rknn_ray.data.table_scan) where the client shards run and completes it with the
+answer (counts, keyed fingerprints, each shard's keyed digest); each shard then reads its own
+clients' rows (rknn_ray.data.table_source) and checks them against that digest. Clients are
+the data's holders (``data.private.client``) or one per record. Under the job's neighbour
+relation (a record's value replaced; which holders take part and how many records each
+holds are public) the number of holders is read from the data (``data.private.holders``,
+when given, is checked against it). The per-holder record bound is declared; the class list
+is declared (``data.classes``) or in the public file's schema metadata (key ``classes``, a
+JSON list), never taken from the private labels.
 """
 from __future__ import annotations
 
@@ -59,10 +62,8 @@ def prepare_table(cfg, inputs: dict):
     here, the private part only scanned (its own process) and left to the shards."""
     # the registry imports every kind at its first lookup: what only preparing a table
     # needs (prepared data, the scan process, fingerprints) loads when one is prepared
-    from rknn_ray.data.checks import validate_with_data
-    from rknn_ray.data.prepared import PreparedData
-    from rknn_ray.data.splits import Splits
-    from rknn_ray.data.table_scan import run_scan, scan
+    from rknn_ray.data.prepared import PendingScan
+    from rknn_ray.data.table_scan import ScanSpec
     from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     d = cfg.data
     parts = {name: Part.of(name, getattr(d, name)) for name in ("private", "public", "evaluation")}
@@ -113,38 +114,55 @@ def prepare_table(cfg, inputs: dict):
                                                        featurizer, width, classes, priv.label)
     pools += eval_pool
     nears += eval_near
-    priv_cols = cols        # the scan resolves the private part's own ``features`` itself
-    shards = int(cfg.cluster.shards)
-    spec = {"part": priv.__dict__, "columns": priv_cols.__dict__, "classes": [str(c) for c in classes],
-            "shards": shards, "width": width}
-    memory = inputs.get("private")
-    if memory is not None:
-        memory = as_table(memory)
-        found = scan(spec, memory)     # the driver holds these rows already (docs/running.md)
-    else:
-        found = run_scan(spec)         # a process of its own: only counts and fingerprints return
-    m = found["rows"]
-    priv_cols = Columns(**found["columns"])
-    if priv.client and int(priv.holders) > m:     # m is public (replace-one keeps it)
-        raise ConfigError("data.private.holders", f"declares {priv.holders} holders for {m} "
-                          "private records", f"declare at most {m} (each holder holds a record)")
     bound = int(d.max_records_per_client) if priv.client else 1
+    spec = ScanSpec(priv, cols, tuple(str(c) for c in classes), int(cfg.cluster.shards), width,
+                    featurizer, bound)
+    memory = inputs.get("private")
+    public_side = dict(public_x=public_x, public_y=public_y, public_ids=public_ids,
+                       eval_x=eval_x, eval_y=eval_y, classes=tuple(classes),
+                       featurizer=featurizer, pool=np.unique(np.concatenate(pools)),
+                       near=np.unique(np.concatenate(nears)), width=width)
+    handover = _Handover(None if memory is None else as_table(memory))
+    return PendingScan(spec, handover.table, functools.partial(_scanned, cfg, spec, public_side,
+                                                               handover))
+
+
+def _scanned(cfg, spec, public: dict, handover, found: dict):
+    """The job's PreparedData from the scan's answer (rknn_ray.data.table_scan): counts,
+    keyed fingerprints and each shard's keyed digest; never a private row."""
+    from rknn_ray.data.checks import validate_with_data
+    from rknn_ray.data.prepared import PreparedData
+    from rknn_ray.data.splits import Splits
+    d, priv = cfg.data, spec.part
+    m, holders = int(found["rows"]), int(found["holders"])
+    if priv.client and priv.holders is not None and int(priv.holders) != holders:
+        # which holders take part is public under the job's relation: a declared count is a check
+        raise DataError(f"data.private.holders: declares {priv.holders} holders, the private "
+                        f"data holds {holders}. Fix: unset data.private.holders (the count of "
+                        "holders is public under the job's neighbour relation and read from "
+                        "the data), or point data.private.path at the data you meant")
+    priv_cols = Columns(**found["columns"])
+    featurizer = public["featurizer"]
     image_shape = featurizer.output_shape
-    validate_with_data(cfg, len(public_x), m, len(classes), partitioned=False)
+    validate_with_data(cfg, len(public["public_x"]), m, len(public["classes"]),
+                       partitioned=False)
     splits = Splits(d.dataset, "table", cfg.run.seed,
                     np.broadcast_to(np.zeros((), np.float32), (m, *image_shape)),
-                    np.broadcast_to(np.int64(-1), (m,)), public_x, public_y, eval_x, eval_y,
-                    len(classes), image_shape, public_ids=public_ids, class_names=tuple(classes))
-    pool = np.unique(np.concatenate([found["fingerprints"], *pools]))
-    near_pool = np.unique(np.concatenate([found["near"], *nears]))
-    make = functools.partial(_shard_sources, _Handover(memory), priv, priv_cols,
-                             tuple(str(c) for c in classes), featurizer, found["clients"], bound,
-                             int(cfg.run.seed), width, shards)
-    return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(classes), image_shape,
-                        d.dataset, clients=int(priv.holders) if priv.client else m,
-                        holders_declared=bool(priv.client), record_bound=bound,
-                        pool=pool, near_pool=near_pool, private_digest=found["digest"], shard_sources=make,
-                        remote_private=True)
+                    np.broadcast_to(np.int64(-1), (m,)), public["public_x"], public["public_y"],
+                    public["eval_x"], public["eval_y"], len(public["classes"]), image_shape,
+                    public_ids=public["public_ids"], class_names=public["classes"])
+    make = functools.partial(_shard_sources, handover, priv, priv_cols, spec.classes, featurizer,
+                             found["clients"], found["shard_digests"], found["key"], spec.bound,
+                             int(cfg.run.seed), public["width"], spec.shards)
+    facts = {"holders": holders, "records": m, "kept": int(found["kept"]),
+             "largest_holder": int(found["largest_holder"]), "bound": spec.bound,
+             "column": priv.client}
+    return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(public["classes"]),
+                        image_shape, d.dataset, clients=holders if priv.client else m,
+                        record_bound=spec.bound, pool=public["pool"], near_pool=public["near"],
+                        pool_keyed=found["fingerprints"], near_keyed=found["near"],
+                        private_digest=found["digest"], shard_sources=make, remote_private=True,
+                        holders=facts)
 
 
 def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
@@ -180,9 +198,10 @@ class _Handover:
         return table
 
 
-def _shard_sources(handover, part, cols, classes, featurizer, clients, bound, seed, width,
-                   shards, cfg, _requested):
-    """One source per shard that holds a client (rknn_ray.data.table_source)."""
+def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, key, bound,
+                   seed, width, shards, cfg, _requested):
+    """One source per shard that holds a client (rknn_ray.data.table_source), each with the
+    keyed digest of the rows the scan found for it."""
     from rknn_ray.data.table_source import TableShardSource  # in the shard: pyarrow reading
     table = handover.take()
     buckets = None
@@ -195,9 +214,11 @@ def _shard_sources(handover, part, cols, classes, featurizer, clients, bound, se
         rows = None
         if table is not None:
             rows = table.take(np.flatnonzero(buckets == shard)) if buckets is not None \
-                else table.slice(lo, count)
+                else table.slice(sum(int(digests[i][0]) for i in range(shard)),
+                                 int(digests[shard][0]))
         sources.append(TableShardSource(lo, lo + int(count), part, cols, classes, featurizer,
-                                        shard, shards, bound, seed, width, rows))
+                                        shard, shards, bound, seed, width, rows,
+                                        tuple(digests[shard]), key))
         lo += int(count)
     del table
     return sources
