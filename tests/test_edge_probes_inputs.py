@@ -241,13 +241,13 @@ def test_a_header_only_public_csv_holds_no_rows(tmp_path, capsys):
 
 def test_in_memory_data_with_a_missing_label_column_names_the_data_not_a_path(tmp_path):
     from rknn_ray.config import Config
-    from rknn_ray.data.prepared import prepare_data
+    from tests.table_files import prepared_table
     from rknn_ray.errors import DataError
     priv, pub, _ = digits_parts(n_private=200, n_public=100)
     cfg = Config.from_dict(table_config("/nowhere/cfg-folder", evaluation=None))
     cfg = cfg.with_overrides(["data.evaluation=null", "data.private.label=nope"])
     with pytest.raises(DataError) as info:
-        prepare_data(cfg, {"private": priv, "public": pub})
+        prepared_table(cfg, {"private": priv, "public": pub})
     text = str(info.value)
     assert "'nope' not found in the data given in memory" in text and "/nowhere" not in text
 
