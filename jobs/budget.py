@@ -87,11 +87,6 @@ def _run(args) -> int:
             print("error: 'set' needs DATASET and --eps. Fix: rknn-ray budget set <identity> "
                   "--eps <total>", file=sys.stderr)
             return 2
-        if math.isfinite(args.eps) and args.eps > MAX_BUDGET_EPS:
-            print(f"error: --eps {args.eps:g} is above {MAX_BUDGET_EPS:g}: a budget that large "
-                  "limits nothing (eps above ~10 already protects little), likely a typo. Fix: "
-                  f"pass a total eps of at most {MAX_BUDGET_EPS:g}", file=sys.stderr)
-            return 2
         target, moved = store.canonical(args.dataset)
         if moved:
             print(f"{args.dataset} was merged into {target} ({moved}); setting {target}")
@@ -100,6 +95,11 @@ def _run(args) -> int:
         if current is None:
             print(f"error: no dataset {args.dataset!r} in {store.path}. Fix: copy an identity "
                   "from `rknn-ray budget list`", file=sys.stderr)
+            return 2
+        if math.isfinite(args.eps) and args.eps > MAX_BUDGET_EPS:
+            print(f"error: --eps {args.eps:g} is above {MAX_BUDGET_EPS:g}: a budget that large "
+                  "limits nothing (eps above ~10 already protects little), likely a typo. Fix: "
+                  f"pass a total eps of at most {MAX_BUDGET_EPS:g}", file=sys.stderr)
             return 2
         store.set_budget(args.dataset, args.eps, current[1] if args.delta is None else args.delta,
                          allow_lower=args.allow_lower)

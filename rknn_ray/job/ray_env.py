@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 
 import ray
 
@@ -241,8 +243,6 @@ def join_wait_s() -> float:
 def _bounded_join(seconds: float):
     """Raise JoinTimeout in this (the main) thread after ``seconds``; elsewhere, or where a
     timer is already set, no bound."""
-    import signal
-    import threading
     if (threading.current_thread() is not threading.main_thread()
             or not hasattr(signal, "setitimer") or signal.getitimer(signal.ITIMER_REAL)[0]):
         yield

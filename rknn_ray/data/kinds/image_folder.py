@@ -22,7 +22,7 @@ def _first_shape(folder: str) -> list:
 
     from rknn_ray.data.tables import IMAGE_EXTS  # defers pandas, pyarrow
     names = sorted(f for f in os.listdir(folder) if os.path.splitext(f)[1].lower() in IMAGE_EXTS)
-    from rknn_ray.data.tables import _image
+    from rknn_ray.data.tables import _image  # defers pandas, pyarrow
     a = _image(os.path.join(folder, names[0]), Image)   # a file that is no image: one line
     return [1, *a.shape] if a.ndim == 2 else [a.shape[2], a.shape[0], a.shape[1]]
 
