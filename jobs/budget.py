@@ -36,6 +36,11 @@ examples:
   python -m jobs.budget list --json        # the same command, JSON"""
 
 
+#: the largest eps budget `budget set` accepts: above it a budget limits nothing (1e300 was
+#: taken as given: an unlimited budget by accident)
+MAX_BUDGET_EPS = 100.0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rknn-ray budget", description=__doc__.split("\n\n")[0],
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,6 +95,11 @@ def _run(args) -> int:
         if current is None:
             print(f"error: no dataset {args.dataset!r} in {store.path}. Fix: copy an identity "
                   "from `rknn-ray budget list`", file=sys.stderr)
+            return 2
+        if math.isfinite(args.eps) and args.eps > MAX_BUDGET_EPS:
+            print(f"error: --eps {args.eps:g} is above {MAX_BUDGET_EPS:g}: a budget that large "
+                  "limits nothing (eps above ~10 already protects little), likely a typo. Fix: "
+                  f"pass a total eps of at most {MAX_BUDGET_EPS:g}", file=sys.stderr)
             return 2
         store.set_budget(args.dataset, args.eps, current[1] if args.delta is None else args.delta,
                          allow_lower=args.allow_lower)

@@ -72,3 +72,17 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     what a console line, a ledger note or a failed cell's row quotes."""
     text = str(exc).strip()
     return text.splitlines()[0][:limit] if text else ""
+
+
+#: the most characters of a value an error message quotes (a 1,000,000-character label was
+#: printed whole)
+QUOTE_LIMIT = 60
+
+
+def quoted(value, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` cut to about ``limit`` characters (what a message quotes of a value it
+    did not choose: a label, a column name, a path), marked where it was cut."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"

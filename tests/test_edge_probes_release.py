@@ -102,6 +102,29 @@ def test_an_edited_release_is_refused_by_resume_and_nothing_is_deleted(
     assert json.loads((run / "report.json").read_text())["job_id"]
 
 
+def test_a_refused_release_is_not_sent_back_to_resume(saved_release, tmp_path, monkeypatch,
+                                                      capsys):
+    """Issue 49 item 5: an edited (or foreign) release was refused, but the line ended "its
+    release is saved: finish it with --resume RUN" and incomplete.json was rewritten with
+    next_step --resume; random bytes were said with numpy's advice to load with
+    allow_pickle. Now the line and incomplete.json say the file cannot be finished as it is."""
+    run = _copy(saved_release, tmp_path, monkeypatch)
+    release = run / "release.npz"
+    _edit_release(release, counts_0=lambda c: c + 1)
+    for content in (None, os.urandom(4096)):
+        if content is not None:
+            release.write_bytes(content)
+        assert main(["--resume", str(run), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        (line,) = _error_lines(err)
+        assert "Traceback" not in err and "--resume" not in line and "pickle" not in line, line
+        assert "its release cannot be finished as it is" in line
+        marker = json.loads((run / "incomplete.json").read_text())
+        assert "--resume" not in marker["next_step"] and "cannot be finished" in marker["next_step"]
+    assert "not an .npz archive of arrays" in line and "restore the file" in line
+    assert release.exists()                                # never deleted
+
+
 # ---------------------------------------------------------------------- 7. a malformed report.json
 
 def test_a_malformed_report_json_hides_no_unresumed_release(

@@ -25,6 +25,14 @@ cache root, beside the encoders), else ``$XDG_CACHE_HOME/rknn-ray/calibration``,
 ``~/.cache/rknn-ray/calibration``. Files are written to a temporary name and moved into
 place (:func:`rknn_ray.runio.write_json`), so concurrent writers (Ray workers) never leave
 half a file; an unwritable or unreadable folder means no cache, silently.
+
+What is read (issue 49): the folder must be owned by this user and writable by nobody else
+(else the whole cache is ignored, with one line naming the folder and the ``chmod``); an
+entry is read only when it is a regular file (not a FIFO, a device or a symbolic link) owned
+by this user and at most :data:`MAX_ENTRY_BYTES` long (else ignored, one line, and replaced).
+A folder this code makes is made owner-only. The check above limits what an entry can do;
+this keeps another local user from choosing which check-passing eps0 (a smaller one: less
+utility) a job gets.
 """
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ import json
 import math
 import os
 import platform
+import stat
 import sys
 from pathlib import Path
 
@@ -47,6 +56,8 @@ OFF = ("off", "none", "0", "false", "no")
 FORMAT = 1
 _PACKAGE = Path(__file__).resolve().parent
 _warned: set[str] = set()
+#: the largest entry read (an entry is ~1 KB; a symlink to /dev/zero allocated until MemoryError)
+MAX_ENTRY_BYTES = 64 * 1024
 
 
 def cache_dir() -> Path | None:
@@ -126,6 +137,60 @@ def granted(bound, eps0, target_eps: float, n: int, delta: float) -> bool:
     return math.log(max(central, 1e-300)) - math.log(target_eps) <= 0
 
 
+def folder_problem(folder: Path) -> str | None:
+    """Why the cache in ``folder`` must not be used (another owner, writable by others), or
+    None (also when it does not exist yet, or is no folder: then nothing is cached anyway)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by you"
+    if st.st_mode & 0o022:
+        return f"mode {stat.S_IMODE(st.st_mode):o}: others can write to it"
+    return None
+
+
+def read_entry(path: Path):
+    """(the parsed entry or None, why it was not read or None): only a regular file of this
+    user's, at most MAX_ENTRY_BYTES, is opened for reading (never a FIFO: the open does not
+    wait; never through a symbolic link)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None, None
+    except OSError:
+        if os.path.islink(path):
+            return None, "a symbolic link"
+        return None, None                     # unreadable: as if absent, nothing to say
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a regular file"
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            return None, f"owned by uid {st.st_uid}, not by you"
+        data = fh.read(MAX_ENTRY_BYTES + 1)
+    if len(data) > MAX_ENTRY_BYTES:
+        return None, f"larger than {MAX_ENTRY_BYTES // 1024} KiB"
+    try:
+        return json.loads(data.decode()), None
+    except UnicodeDecodeError:
+        return None, "not valid JSON"
+    except ValueError:
+        return None, "not valid JSON"
+
+
+def _warn_folder(folder: Path, why: str) -> None:
+    if str(folder) not in _warned:
+        _warned.add(str(folder))
+        print(f"rknn-ray: ignored the calibration cache {folder} ({why}): calibrating without "
+              f"it. Fix: chmod go-w {folder} (and own it), or set {ENV} to a folder of your own",
+              file=sys.stderr)
+
+
 def _warn(path: Path, why: str) -> None:
     if str(path) not in _warned:
         _warned.add(str(path))
@@ -142,16 +207,12 @@ def cached_local_eps0(bound, target_eps: float, n: int, delta: float, *, rtol: f
     key = calibration_key(bound, target_eps, n, delta, rtol, guess, code) if folder else None
     if key is None:
         return float(bound.local_eps0(target_eps, n, delta, rtol=rtol, guess=guess))
+    unsafe = folder_problem(folder)
+    if unsafe:
+        _warn_folder(folder, unsafe)
+        return float(bound.local_eps0(target_eps, n, delta, rtol=rtol, guess=guess))
     path = entry_path(folder, key)
-    problem = None
-    try:
-        entry = json.loads(path.read_text())
-    except FileNotFoundError:
-        entry = None
-    except (OSError, UnicodeDecodeError):
-        entry = None                          # unreadable: as if absent, nothing to say
-    except ValueError:
-        entry, problem = None, "not valid JSON"
+    entry, problem = read_entry(path)
     if entry is not None:
         if not isinstance(entry, dict) or entry.get("key") != key:
             problem = "its key does not match its name"
@@ -163,6 +224,8 @@ def cached_local_eps0(bound, target_eps: float, n: int, delta: float, *, rtol: f
         _warn(path, problem)
     eps0 = float(bound.local_eps0(target_eps, n, delta, rtol=rtol, guess=guess))
     try:
+        if not folder.exists():
+            os.makedirs(folder, mode=0o700, exist_ok=True)    # owner-only (folder_problem)
         write_json(str(path), {"key": key, "eps0": eps0})
     except OSError:
         pass                                  # read-only or full: no cache, silently

@@ -26,7 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
-from rknn_ray.errors import DataError
+from rknn_ray.data.remote import check_remote
+from rknn_ray.errors import DataError, first_line, quoted
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
            ".feather": "ipc", ".ipc": "ipc"}
@@ -167,6 +168,25 @@ def image_folder(path: str) -> str | None:
     return None
 
 
+def _image(file: str, Image) -> np.ndarray:
+    """One image as float32 in [0, 1] (H, W) or (H, W, C); a file that is not one (empty,
+    damaged, a folder named like an image, beyond PIL's decompression-bomb limit) is a
+    DataError naming it."""
+    try:
+        with Image.open(file) as im:
+            return np.asarray(im.convert("L" if im.mode in ("L", "1", "I;16", "I") else "RGB"),
+                              dtype=np.float32) / 255.0
+    except Image.DecompressionBombError as exc:
+        why = f"too large to decode safely ({first_line(exc).split(', could')[0]})"
+    except IsADirectoryError:
+        why = "a folder, not an image"
+    except (OSError, ValueError, SyntaxError, Image.UnidentifiedImageError) as exc:
+        why = ("an empty file" if os.path.isfile(file) and os.path.getsize(file) == 0
+               else f"not an image PIL can read ({type(exc).__name__})")
+    raise DataError(f"{quoted(file, 200)} is {why}. Fix: remove or replace it (every file "
+                    "named like an image must be one, of the size of the others)")
+
+
 def read_images(path: str, layout: str) -> pa.Table:
     """An image folder as a table: ``pixels`` (float32 in [0, 1], channels first, flattened:
     one fixed-size list) with ``id`` (flat) or ``label`` (class sub-folders). Every image must
@@ -182,9 +202,7 @@ def read_images(path: str, layout: str) -> pa.Table:
                  if os.path.splitext(f)[1].lower() in IMAGE_EXTS]
     pixels, shape = [], None
     for name, _ in files:
-        with Image.open(os.path.join(path, name)) as im:
-            a = np.asarray(im.convert("L" if im.mode in ("L", "1", "I;16", "I") else "RGB"),
-                           dtype=np.float32) / 255.0
+        a = _image(os.path.join(path, name), Image)
         a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
         if shape is None:
             shape = a.shape
@@ -199,13 +217,14 @@ def read_images(path: str, layout: str) -> pa.Table:
     return pa.table({"pixels": column, **other}).replace_schema_metadata(meta)
 
 
-def open_dataset(path: str) -> pads.Dataset:
+def open_dataset(path: str, what: str = "") -> pads.Dataset:
     """A pyarrow dataset over a file, a folder (hive-partitioned sub-folders become columns),
     a glob or a URI (:func:`is_uri`: a file or a folder); an image folder is read whole (rknn_ray.data.tables.read_images). Opening a
     file reads metadata at most, no rows."""
     layout = image_folder(str(path))
     if layout is not None:
         return pads.dataset(read_images(str(path), layout))
+    check_remote(str(path), what or "data path")     # a URI answers within a bounded wait
     target, fmt, fs = _files(str(path))
     try:
         if isinstance(target, str) and fs is None and os.path.isdir(target):   # a local folder
@@ -223,7 +242,7 @@ def open_dataset(path: str) -> pads.Dataset:
 def read(path: str, columns=None, what: str = "") -> pa.Table:
     """The rows of ``path`` (only ``columns``), a file that cannot be parsed a DataError."""
     try:
-        return open_dataset(path).to_table(columns=columns)
+        return open_dataset(path, what).to_table(columns=columns)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
         raise DataError(f"{what or path}: cannot read {path!r}: {str(exc).splitlines()[0][:160]}. "
                         "Fix: check every file of the part has the same columns and types") from None
@@ -232,6 +251,15 @@ def read(path: str, columns=None, what: str = "") -> pa.Table:
 def as_table(data) -> pa.Table:
     """An Arrow table from data given in memory: an Arrow table, a pandas DataFrame, or a
     dict of column -> numpy array (2-D arrays become one fixed-size list column)."""
+    table = _as_table(data)        # marked: a message about it names no file (missing)
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), IN_MEMORY: b"1"})
+
+
+#: schema metadata key :func:`as_table` sets on a table given in memory
+IN_MEMORY = b"rknn_ray.in_memory"
+
+
+def _as_table(data) -> pa.Table:
     if isinstance(data, pa.Table):
         return data
     if hasattr(data, "to_dict") and hasattr(data, "columns"):          # pandas
@@ -266,10 +294,13 @@ def _is_text(t: pa.DataType) -> bool:
 def missing(part: Part, schema: pa.Schema, columns) -> None:
     """DataError naming the first column ``part`` lacks."""
     names = set(schema.names)
+    memory = IN_MEMORY in (schema.metadata or {})
+    where = (f"the data given in memory for {part.name!r}" if memory
+             else quoted(part.path, 200) if part.path else "the data")
     for col in columns:
         if col is not None and col not in names:
-            raise DataError(f"{part.key}: column {col!r} not found in {part.path or 'the data'} "
-                            f"(columns: {', '.join(schema.names[:12])}"
+            raise DataError(f"{part.key}: column {quoted(col)} not found in {where} "
+                            f"(columns: {', '.join(quoted(n, 40) for n in schema.names[:12])}"
                             f"{', ...' if len(schema.names) > 12 else ''}). Fix: name an existing "
                             f"column in {part.key}, or add it to the file")
 
@@ -300,6 +331,14 @@ class Columns:
             raise DataError(f"{part.key}: list column {lists[0]!r} among other feature columns. "
                             f"Fix: set {part.key}.features to the one list column, or to scalar "
                             "columns only")
+        empty = [n for n in names if pa.types.is_null(types[n])]
+        if empty and len(empty) == len(names):
+            raise DataError(f"{part.key}: {quoted(part.path or 'the data', 200)} holds no rows "
+                            "(a header only: every column is empty). Fix: point "
+                            f"{part.key}.path at a file with rows")
+        if empty:
+            raise DataError(f"{part.key}: column {quoted(empty[0])} is empty in every row. Fix: "
+                            f"fill it, or leave it out of {part.key}.features")
         bad = [n for n in names if not (_is_list(types[n]) or _is_text(types[n])
                                         or pa.types.is_integer(types[n])
                                         or pa.types.is_floating(types[n]))]
@@ -333,6 +372,8 @@ def feature_matrix(table: pa.Table, cols: Columns, part: Part, width: int | None
                             f"has {int(lengths[bad])} values, expected {want}). Fix: give every "
                             "record the same number of features")
         values = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float64)
+        if not private:             # the private scan says it without a count (its own check)
+            _finite(values.reshape(n, -1) if n else values, part, cols.names[0])
         return values.reshape(n, -1) if n else np.zeros((0, width or 0))
     out = np.empty((n, len(cols.names)), dtype=object if cols.categorical else np.float64)
     for j, name in enumerate(cols.names):
@@ -344,7 +385,20 @@ def feature_matrix(table: pa.Table, cols: Columns, part: Part, width: int | None
             out[:, j] = np.asarray(col.cast(pa.string()).to_pylist(), dtype=object)
         else:
             out[:, j] = col.to_numpy().astype(np.float64)
+            if not private:
+                _finite(out[:, j], part, name)
     return out
+
+
+def _finite(values: np.ndarray, part: Part, column: str) -> None:
+    """DataError when a feature value is NaN or infinite (before any statistics are fitted
+    on it: an inf made numpy warn four times, and was accepted in the evaluation part)."""
+    values = np.asarray(values, dtype=np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        rows = int(bad.any(axis=1).sum()) if bad.ndim == 2 else int(bad.sum())
+        raise DataError(f"{part.key}: {rows} rows have a NaN or infinite value in "
+                        f"{quoted(column)}. Fix: drop or impute those rows")
 
 
 def raw_numbers(matrix: np.ndarray) -> np.ndarray:
@@ -443,7 +497,7 @@ def label_indices(table: pa.Table, column: str, classes: tuple, part: Part) -> n
     if (y < 0).any():
         # a private label's value is private: only the public parts' are named
         bad = enc.dictionary.to_pylist()[int(np.flatnonzero(lookup < 0)[0])]
-        what = f"label {bad!r} is" if part.name != "private" else \
+        what = f"label {quoted(bad)} is" if part.name != "private" else \
             f"{int((y < 0).sum())} rows have a label that is"
         raise DataError(f"{part.key}: {what} not in data.classes "
                         f"({', '.join(map(str, classes))}). Fix: add it to data.classes or drop "

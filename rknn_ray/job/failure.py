@@ -11,6 +11,7 @@ import json
 import os
 
 from rknn_ray.errors import NO_SPACE, RknnError, first_line
+from rknn_ray.job.release_file import ReleaseRefused
 from rknn_ray.job.rounds import ReleaseNotSaved
 from rknn_ray.job.session import CoverShortfall
 from rknn_ray.runio import INCOMPLETE_MARKER, RELEASE_FILE, mark_incomplete
@@ -51,7 +52,13 @@ def record_incomplete(out: str, message: str, exc: BaseException) -> str:
     returns the rest of the console line. A full disk here costs one clause, not a traceback."""
     released = os.path.exists(os.path.join(out, RELEASE_FILE))
     lost = isinstance(exc, ReleaseNotSaved)
-    if released and not lost:
+    if released and isinstance(exc, ReleaseRefused):    # --resume cannot finish this file
+        next_step, said = ("its release.npz cannot be finished as it is (its budget stays "
+                           "spent): restore the file the job saved (a backup) and resume, or "
+                           "start a new run",
+                           f"run folder {out} is marked incomplete; its release cannot be "
+                           "finished as it is")
+    elif released and not lost:
         next_step, said = (f"python -m jobs.distill --resume {out}",
                            f"run folder {out} is marked incomplete; its release is saved: finish "
                            f"it with --resume {out}")

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 
 import ray
 
@@ -27,6 +29,14 @@ from rknn_ray.job.progress import console_write
 #: how long the check of a RAY_ADDRESS waits for its GCS to answer (Ray itself retries for
 #: minutes, and then exits from inside ray.init)
 RAY_ADDRESS_WAIT_S = 5.0
+#: how long joining a checked RAY_ADDRESS (ray.init) may take before it is given up (Ray
+#: retried for 214 s when something that was not its GCS answered); ``$RKNN_RAY_JOIN_WAIT_S``
+#: overrides it
+RAY_JOIN_WAIT_S = 120.0
+JOIN_WAIT_ENV = "RKNN_RAY_JOIN_WAIT_S"
+# what a gRPC server (Ray's GCS, a Ray Client server) answers first: HTTP/2's client preface
+# and an empty SETTINGS frame in, the server's SETTINGS frame (type 4, no ACK flag) out
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 _ADDRESS_FIX = ("set RAY_ADDRESS to the cluster's GCS address <head ip>:6379 (what `ray start "
                 "--head` printed), or unset it to start a local instance")
 
@@ -147,14 +157,106 @@ def check_ray_address(address: str, wait_s: float = RAY_ADDRESS_WAIT_S) -> str:
                     else f"cannot be used ({first_line(exc)})")
             raise ConfigError("RAY_ADDRESS", f"{address!r} {what}", _ADDRESS_FIX) from None
         host, _, port = target.rpartition(":")
+    via = "" if target == text else f" (Ray joins it as {target})"
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=wait_s)
     except OSError as exc:
-        via = "" if target == text else f" (Ray joins it as {target})"
         why = "no answer" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
         raise ConfigError("RAY_ADDRESS", f"nothing answers at {address!r}{via} ({why}; waited "
                           f"at most {wait_s:g} s): no Ray cluster runs there", _ADDRESS_FIX) from None
+    with sock:
+        why = None if _tls() else _grpc_handshake(sock, wait_s)
+    if why is None and not _tls() and scheme is None:
+        why = _gcs_answers(target, wait_s)
+    if why:
+        raise ConfigError("RAY_ADDRESS", f"something listens at {address!r}{via} but it is not "
+                          f"a Ray cluster ({why}; waited at most {wait_s:g} s)", _ADDRESS_FIX)
     return target
+
+
+def _tls() -> bool:
+    """Whether Ray speaks TLS to its GCS here (then its handshake is TLS's, not checked)."""
+    return os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true", "yes")
+
+
+def _grpc_handshake(sock: socket.socket, wait_s: float) -> str | None:
+    """None when the peer on ``sock`` answers HTTP/2's preface with a SETTINGS frame within
+    ``wait_s`` (as Ray's GCS, a gRPC server, does at once); else why not, in words."""
+    sock.settimeout(wait_s)
+    head = b""
+    try:
+        sock.sendall(_H2_PREFACE)
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                return "it closed the connection at gRPC's handshake"
+            head += chunk
+    except socket.timeout:
+        return "it did not answer gRPC's handshake"
+    except OSError as exc:
+        return f"gRPC's handshake failed: {exc.strerror or exc}"
+    if head[3] != 4 or head[4] & 1:
+        return "it answered gRPC's handshake with something else"
+    return None
+
+
+def _gcs_answers(target: str, wait_s: float) -> str | None:
+    """None when ``target`` answers one call of Ray's GCS (its cluster id) within ``wait_s``,
+    or refuses it for want of the cluster's token (a Ray with token auth); else why it is not
+    a Ray GCS. Unsure (Ray's generated stubs moved): None."""
+    try:
+        # Ray's private API: a Ray that moved it skips only this call
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except Exception:  # noqa: BLE001 - the handshake above is then the check
+        return None
+    with grpc.insecure_channel(target) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=wait_s)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return None                 # a Ray GCS that wants its token: Ray sends it
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return "it did not answer Ray's GCS call"
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                return "a gRPC server without Ray's GCS service"
+            return f"Ray's GCS call failed: {code.name.lower()}"
+    return None
+
+
+class JoinTimeout(BaseException):
+    """Raised by the timer around joining a cluster (not an Exception: Ray's retry loops
+    catch those and try again)."""
+
+
+def join_wait_s() -> float:
+    try:
+        value = float(os.environ.get(JOIN_WAIT_ENV, ""))
+    except ValueError:
+        return RAY_JOIN_WAIT_S
+    return value if 0 < value < float("inf") else RAY_JOIN_WAIT_S
+
+
+@contextlib.contextmanager
+def _bounded_join(seconds: float):
+    """Raise JoinTimeout in this (the main) thread after ``seconds``; elsewhere, or where a
+    timer is already set, no bound."""
+    if (threading.current_thread() is not threading.main_thread()
+            or not hasattr(signal, "setitimer") or signal.getitimer(signal.ITIMER_REAL)[0]):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise JoinTimeout
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
@@ -171,11 +273,17 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         check_ray_address(address)      # one line now, not Ray's traceback or minutes of retries
+        wait = join_wait_s()
         try:
-            ray.init(address=address, log_to_driver=log_to_driver)
+            with _bounded_join(wait):
+                ray.init(address=address, log_to_driver=log_to_driver)
         except ConnectionError as exc:  # something answered there, but not a GCS we may join
             raise ConfigError("RAY_ADDRESS", f"Ray could not join {address!r} ({first_line(exc)})",
                               _ADDRESS_FIX) from None
+        except JoinTimeout:
+            ray.shutdown()
+            raise ConfigError("RAY_ADDRESS", f"joining the cluster at {address!r} did not finish "
+                              f"within {wait:g} s (${JOIN_WAIT_ENV})", _ADDRESS_FIX) from None
         quiet_ray_logs()        # again: init adds the handler that prints forwarded worker lines
         return False
     local_ray_env()

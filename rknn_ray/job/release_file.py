@@ -80,6 +80,12 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
     return path
 
 
+class ReleaseRefused(DataError):
+    """A saved release.npz that cannot be finished as it is (unreadable, untagged, edited or
+    another ledger's): its budget stays spent, and ``--resume`` will not help (failure.py says
+    so instead of pointing there)."""
+
+
 def check_release(run_dir: str, key: bytes) -> None:
     """Refuse (DataError, one line) a release.npz whose tag is missing or does not match
     its contents under ``key``: nothing is changed or deleted."""
@@ -88,15 +94,18 @@ def check_release(run_dir: str, key: bytes) -> None:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in z.files}
     except Exception as exc:  # noqa: BLE001 - any unreadable file is the same refusal
-        raise DataError(f"{path} cannot be read ({type(exc).__name__}: {first_line(exc)}). "
-                        "Fix: restore the file from a backup; its budget stays spent") from None
+        # numpy's own words for a file that is no archive suggest loading it with pickle
+        why = "not an .npz archive of arrays" if "pickle" in str(exc) else \
+            f"{type(exc).__name__}: {first_line(exc, 120)}"
+        raise ReleaseRefused(f"{path} cannot be read ({why}). Fix: restore the file from a "
+                             "backup; its budget stays spent") from None
     if TAG not in arrays:
-        raise DataError(f"{path} carries no authentication tag (saved before release files "
+        raise ReleaseRefused(f"{path} carries no authentication tag (saved before release files "
                         "were tagged, or the tag was removed), so its counts cannot be checked. "
                         "Fix: finish it with the rknn-ray version that saved it, or start a new "
                         "run (its budget stays spent)")
     if not hmac.compare_digest(str(arrays[TAG]), release_tag(key, arrays)):
-        raise DataError(f"{path} fails its authentication tag: it was changed after it was "
+        raise ReleaseRefused(f"{path} fails its authentication tag: it was changed after it was "
                         "saved, or saved under another ledger. Fix: resume with the ledger the "
                         "job ran with (--ledger) and the file as the job saved it; an edited "
                         "release cannot be finished (its budget stays spent)")

@@ -23,9 +23,9 @@ def _first_shape(folder: str) -> list:
 
     from rknn_ray.data.tables import IMAGE_EXTS  # defers pandas, pyarrow
     names = sorted(f for f in os.listdir(folder) if os.path.splitext(f)[1].lower() in IMAGE_EXTS)
-    with Image.open(os.path.join(folder, names[0])) as im:
-        channels = 1 if im.mode in ("L", "1", "I;16", "I") else 3
-        return [channels, im.height, im.width]
+    from rknn_ray.data.tables import _image  # defers pandas, pyarrow
+    a = _image(os.path.join(folder, names[0]), Image)   # a file that is no image: one line
+    return [1, *a.shape] if a.ndim == 2 else [a.shape[2], a.shape[0], a.shape[1]]
 
 
 def prepare_image_folder(cfg, inputs: dict):
