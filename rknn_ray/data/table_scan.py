@@ -202,7 +202,7 @@ def private_batches(part: Part, columns: list, table: pa.Table | None = None):
         yield from table.select(columns).to_batches(max_chunksize=BATCH_ROWS)
         return
     try:
-        dataset = open_dataset(part.path)
+        dataset = open_dataset(part.path, part.key)
         scanner = dataset.scanner(columns=columns, batch_size=BATCH_ROWS)
         batches = iter(scanner.to_batches())
     except RknnError:
@@ -228,7 +228,7 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
                         f"class. Fix: point {part.key}.path at one sub-folder of images per "
                         "class (ImageFolder layout)")
     try:
-        schema = table.schema if table is not None else open_dataset(part.path).schema
+        schema = table.schema if table is not None else open_dataset(part.path, part.key).schema
         missing(part, schema, [part.label, part.client])
         cols = Columns.resolve(part, schema, ()) if part.features else spec.columns
         missing(part, schema, needed_columns(part, cols))
