@@ -47,7 +47,7 @@ def sliced_idx(folder: str, limit: int, data_root: str | None = None) -> str:
 
 
 def table_data(folder: str, max_records: int, holders: int) -> dict:
-    """The ``data`` section that reads the export in ``folder`` (``holders``: declared)."""
+    """The ``data`` section that reads the export in ``folder`` (``holders``: checked on the data)."""
     return {"dataset": "table", "classes": list(FASHION_CLASSES), "shape": [1, 28, 28],
             "max_records_per_client": max_records,
             "private": {"path": os.path.join(folder, "private.parquet"), "label": "label",

@@ -20,8 +20,12 @@ from rknn_ray.errors import DataError
 from rknn_ray.job.placement import check_placement_feasible, party_options
 
 
-def _scan_task(spec, key: bytes) -> dict:
-    return scan_answer_or_error(spec, key)
+class _Scanner:
+    """The scan's process: an actor the job ends itself once it answered (ray.kill), so no
+    reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it."""
+
+    def scan(self, spec, key: bytes) -> dict:
+        return scan_answer_or_error(spec, key)
 
 
 def complete_scan(cfg, data, store, start_ray, progress):
@@ -35,9 +39,13 @@ def complete_scan(cfg, data, store, start_ray, progress):
     start_ray()
     check_placement_feasible(cfg, ["client"])
     with progress.stage("scan", "checking the private rows where the client shards run"):
-        task = ray.remote(_scan_task).options(num_cpus=min(1.0, float(cfg.cluster.shard_cpus)),
-                                              max_retries=0, **party_options(cfg, "client"))
-        answer = ray.get(task.remote(data.spec, key))
+        scanner = ray.remote(_Scanner).options(
+            num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0,
+            **party_options(cfg, "client")).remote()
+        try:
+            answer = ray.get(scanner.scan.remote(data.spec, key))
+        finally:
+            ray.kill(scanner)
     if "error" in answer:
         raise DataError(answer["error"])
     return data.complete({**answer, "key": key})
