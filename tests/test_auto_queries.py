@@ -46,7 +46,7 @@ def test_multi_message_gets_the_capped_noise_rule(name):
     assert "dlap_share" not in choice           # the config fixed it: nothing chosen
     cap, why = multi_message_s_cap(resolved, data, k=resolved.rknn.k)
     assert resolved.queries.s == cap
-    assert "shuffle.max_messages_per_client" in choice["reason"]
+    assert "shuffle.max_messages_per_record" in choice["reason"]
     # every client sends the noise of 1 / honest_fraction clients (default 0.5)
     full = multi_message_s_cap(resolved.with_overrides(["privacy.honest_fraction=1.0"]), data,
                                k=resolved.rknn.k)[0]
@@ -79,7 +79,7 @@ def test_multi_message_chooses_the_dlap_share_with_the_most_queries(name):
 
 def test_the_dlap_share_is_left_alone_unless_it_is_free():
     """s fixed, no message cap, another mechanism, or a share the config set: no choice."""
-    for overrides in (["queries.s=40"], ["shuffle.max_messages_per_client=null"],
+    for overrides in (["queries.s=40"], ["shuffle.max_messages_per_record=null"],
                       ["privacy.options.dlap_share=0.7"]):
         cfg = load_config("jobs/configs/digits_shuffle.yaml",
                           ["privacy.mechanism=multi", *overrides])
@@ -90,3 +90,22 @@ def test_the_dlap_share_is_left_alone_unless_it_is_free():
     data = prepare_data(cfg)
     resolved, choice = resolve_auto(cfg.with_overrides(["queries.s=40"]), data)
     assert "dlap_share" not in (resolved.privacy.options or {}) and choice is None   # nothing auto
+
+
+def test_the_message_cap_grows_with_the_records_a_holder_may_keep():
+    """shuffle.max_messages_per_record: a holder that may keep B records may send B times the
+    messages of a one-record client, so auto s is not cut by its real messages (issue 47);
+    one-record clients keep the cap they had; an absolute per-client cap still applies."""
+    import dataclasses
+
+    from rknn_ray.mechanisms.stage import message_cap
+    cfg = load_config("jobs/configs/digits_shuffle.yaml", ["privacy.mechanism=multi"])
+    data = prepare_data(cfg)
+    assert message_cap(cfg, data)[0] == 64
+    holders = dataclasses.replace(data, record_bound=40)
+    assert message_cap(cfg, holders)[0] == 64 * 40
+    one, _ = multi_message_s_cap(cfg, data)
+    many, why = multi_message_s_cap(cfg, holders)
+    assert "x 40 records" in why and many >= one
+    both = cfg.with_overrides(["shuffle.max_messages_per_client=100"])
+    assert message_cap(both, holders)[0] == 100

@@ -137,7 +137,8 @@ def test_auto_s_caps_multi_message_traffic_per_client():
         params = dataclasses.replace(mechanism_params(capped, data), num_queries=s)
         return build("shuffle", "multi", params).describe()["messages_per_client_expected"]
     assert expected_messages(s_cap) <= 40 < expected_messages(s_cap + 1)
-    free, free_choice = resolve_auto(cfg.with_overrides(["shuffle.max_messages_per_client=null"]),
+    free, free_choice = resolve_auto(cfg.with_overrides(["shuffle.max_messages_per_client=null",
+                                                         "shuffle.max_messages_per_record=null"]),
                                      data)
     assert free.queries.s > s_cap and "capped" not in free_choice["reason"]
     central, c_choice = resolve_auto(cfg.with_overrides(["privacy.model=central",

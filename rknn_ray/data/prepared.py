@@ -8,6 +8,7 @@ again.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,7 @@ class PreparedData:
     pool_keyed: np.ndarray | None = None
     near_keyed: np.ndarray | None = None
     holders: dict | None = None         # a table's holder counts (public under the relation)
+    kept_records: int | None = None     # a table's records kept within the bound (public)
 
     @property
     def num_clients(self) -> int:
@@ -58,6 +60,22 @@ class PreparedData:
         if self.record_bound is not None:
             return int(self.record_bound)
         return int(np.bincount(self.client_ids).max(initial=0))   # hand-built data (tests)
+
+    def records_as_clients(self) -> "PreparedData":
+        """privacy.multi_record=each: every record a client keeps becomes a client of its own
+        (one report each); the number of clients is then the kept records' (public under the
+        relation: each holder's record count is), at most one record each."""
+        if self.shard_sources is not None:     # a table: its shards deal their own (table.py)
+            kept = self.kept_records if self.kept_records is not None else self.num_clients
+            return dataclasses.replace(self, clients=int(kept), record_bound=1)
+        rows = self.held_rows()
+        order = rows[np.argsort(self.client_ids[rows], kind="stable")]
+        ids = np.full(len(self.client_ids), -1, np.int64)
+        ids[order] = np.arange(order.size)
+        held = np.zeros(len(self.client_ids), bool)
+        held[rows] = True
+        return dataclasses.replace(self, client_ids=ids, clients=int(order.size), record_bound=1,
+                                   held=held)
 
     def require_private_rows(self, what: str) -> None:
         """ConfigError when the private rows are not here (a table: only the shards read them)."""
@@ -149,6 +167,8 @@ def partitioned(cfg, splits, num_classes: int, image_shape: tuple, name: str) ->
     client_ids = np.asarray(partition(splits.private_y, clients, scheme=d.partition,
                                       alpha=d.alpha, seed=cfg.run.seed), dtype=np.int64)
     bound = public_record_bound(d.partition, m, clients, d.max_records_per_client)
-    return PreparedData(splits, client_ids, num_classes, image_shape, name, clients=int(clients),
+    data = PreparedData(splits, client_ids, num_classes, image_shape, name, clients=int(clients),
                         record_bound=bound, held=held_within_bound(client_ids, bound, cfg.run.seed,
-                                                          splits.private_x, splits.private_y))
+                                                                   splits.private_x,
+                                                                   splits.private_y))
+    return data.records_as_clients() if cfg.privacy.multi_record == "each" else data

@@ -173,7 +173,9 @@ class _Tally:
             owner[np.searchsorted(distinct, holder)] = shard
             clients = np.bincount(owner, minlength=spec.shards)
             digests = [multiset_digest(hashes[shard == s]) for s in range(spec.shards)]
-            kept = int(np.minimum(per_holder, spec.bound).sum())
+            kept_each = np.minimum(per_holder, spec.bound)
+            kept = int(kept_each.sum())
+            kept_per_shard = np.bincount(owner, weights=kept_each, minlength=spec.shards)
             holders = int(distinct.size)
             largest = int(per_holder.max())
         else:
@@ -181,6 +183,7 @@ class _Tally:
             clients = np.diff(cuts)
             digests = [multiset_digest(hashes[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
             kept, holders, largest = m, m, 1
+            kept_per_shard = clients
         named = {"part": {k: v for k, v in spec.part.__dict__.items() if k != "path"},
                  "columns": spec.columns.__dict__, "classes": list(map(str, spec.classes)),
                  "shards": spec.shards, "width": spec.width}
@@ -190,6 +193,7 @@ class _Tally:
         h.update(json.dumps(digests).encode())
         return {"rows": int(m), "holders": holders, "kept": kept, "largest_holder": largest,
                 "clients": [int(c) for c in clients], "shard_digests": digests,
+                "kept_per_shard": [int(c) for c in kept_per_shard],
                 "digest": h.hexdigest()[:32],
                 "fingerprints": np.unique(np.concatenate(self.exact)),
                 "near": np.unique(np.concatenate(self.near))}

@@ -55,6 +55,7 @@ class TableShardSource:
     rows: pa.Table | None = None        # data given in memory: this shard's rows only
     expect: tuple | None = None         # (rows, keyed multiset digest) the scan found here
     key: bytes = b""                    # the ledger's fingerprint key (keys the digest)
+    each: bool = False                  # privacy.multi_record=each: a client per kept record
 
     def read(self) -> tuple[pa.Table, list]:
         """(this shard's rows, the fragments it opened)."""
@@ -111,11 +112,18 @@ class TableShardSource:
         else:
             ids = np.arange(self.client_lo, self.client_lo + table.num_rows, dtype=np.int64)
             order = ids
+        content = row_hashes(raw, y, keep_key(self.seed))
+        held = kept_within_bound(ids, content, self.bound)
+        if self.each:        # every kept record its own client, in its holder's order
+            rank = np.empty(held.size, np.int64)
+            order_kept = np.flatnonzero(held)[np.lexsort((content[held], ids[held]))]
+            rank[order_kept] = np.arange(order_kept.size)
+            ids = np.where(held, self.client_lo + rank, -1)
+            order = order_kept
         if len(order) != self.client_hi - self.client_lo:
             raise DataError(f"{p.key}: shard {self.shard} found {len(order)} clients where the "
                             f"job's scan found {self.client_hi - self.client_lo}: the private "
                             "data changed after the job checked it. Fix: run the job again")
-        held = kept_within_bound(ids, row_hashes(raw, y, keep_key(self.seed)), self.bound)
         records = ShardRecords(x[held], y[held], ids[held])
         records.opened = opened              # what the shard read (tests, diagnostics)
         return records

@@ -48,7 +48,8 @@ class PrivacyConfig:
                        low=0, high=1, high_open=True)
     noise: str = key("discrete", "central: discrete (exact) or continuous (paper's)", str,
                      choices=owned("rknn_ray.mechanisms.central", "NOISE_KINDS"))
-    multi_record: str = key("sample", "local/shuffle, clients with several records", str,
+    multi_record: str = key("sample", "local/shuffle, clients with several records: sample one, "
+                            "or each (every kept record its own report)", str,
                             choices=owned("rknn_ray.mechanisms.randomized_response",
                                            "MULTI_RECORD"))
     options: FrozenDict = key(None, "mechanism tuning (see below)", free_form=True,
@@ -82,8 +83,13 @@ class ShuffleConfig:
                          high=1, high_open=True)
     distributed_above: int | None = key(5_000_000, "above: a distributed sort", int, low=1,
                                         nullable=True)
-    max_messages_per_client: int | None = key(64, "multi-message + queries.s auto: caps s so a "
-                                              "client sends at most this many (expected)", int,
+    max_messages_per_record: int | None = key(64, "multi-message + queries.s auto: caps s so a "
+                                              "client sends at most this many (expected) per "
+                                              "record it may keep (data.max_records_per_client)",
+                                              int, low=2, nullable=True)
+    max_messages_per_client: int | None = key(None, "multi-message + queries.s auto: caps s so "
+                                              "a client sends at most this many (expected) in "
+                                              "all (null: no cap but the per-record one)", int,
                                               low=2, nullable=True)
 
 
@@ -109,6 +115,11 @@ def check_privacy_relations(cfg: dict) -> None:
     if p["mechanism"] not in names:
         raise ConfigError("privacy.mechanism", f"{p['mechanism']!r} is not a {p['model']} "
                           "mechanism", f"use one of {sorted(names)}")
+    if p["multi_record"] == "each" and (p["model"] == "central" or p["mechanism"] == "multi"):
+        raise ConfigError("privacy.multi_record", f"'each' is for the local randomizers (local "
+                          f"model, single-message shuffle); {p['model']}/{p['mechanism']} "
+                          "already counts every record a client keeps", "unset "
+                          "privacy.multi_record (its default, sample, is not read there)")
 
 
 def check_options(cfg: dict) -> None:

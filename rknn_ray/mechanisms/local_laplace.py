@@ -39,7 +39,7 @@ class LocalLaplace(FlatLocalMechanism):
 
     def __init__(self, params: MechanismParams):
         super().__init__(params)
-        self.discrete = self.multi_record == "sample"
+        self.discrete = self.multi_record in ("sample", "each")
         self.takes_fractional_input = not self.discrete
 
     @property

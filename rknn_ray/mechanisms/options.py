@@ -23,7 +23,7 @@ PRIVACY_OPTIONS = {
                              "split over the rest", float, low=0, high=1, high_open=True),
     "dlap_share": Spec("shuffle multi: the DLap noise's share of the per-cell eps; the rest "
                        "pays for flooding: lower sends fewer messages, with more noise. Unset: "
-                       "with queries.s auto under shuffle.max_messages_per_client, the one of "
+                       "with queries.s auto under a message cap (shuffle.max_messages_per_*), the one of "
                        "0.85, 0.7, 0.55 that allows the most queries; else 0.85",
                        float, low=0, high=1, low_open=True, high_open=True)}
 

@@ -33,6 +33,12 @@ Clients with several records (``options["multi_record"]``):
   fractional input: its only unbiased rounding to a valid (kr-hot) input draws
   a vertex with probability 1/m_i each, i.e. samples a record, so for them
   ``normalize`` is exactly ``sample`` (same report, same accounting, same target).
+* ``each``: every record the client keeps sends its own report at eps (the job deals each
+  kept record to a virtual client of its own: rknn_ray.data.prepared.PreparedData.
+  records_as_clients). One record's value changes one report: eps at record level; a
+  holder of m records is protected at m * eps (composition over its m reports), at most
+  ``data.max_records_per_client`` * eps. The estimate targets the plain sum of every kept
+  record's answers, as the central model's; in the shuffle model n is every report opened.
 """
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ from rknn_ray.mechanisms import register
 from rknn_ray.mechanisms.base import Mechanism, MechanismParams, MessageBatch
 from rknn_ray.mechanisms.exact import COIN_BITS, coin, exp_lower, grid_up
 
-MULTI_RECORD = ("sample", "normalize")
+MULTI_RECORD = ("sample", "normalize", "each")
 CHUNK_ELEMENTS = 1 << 21   # elements of the largest (clients x cells) working array
 # Hash decoding (Collision, Separation, Concatenation) makes several passes over a (reports x
 # cells) uint64 array, in place (collision.hash_every_key); at 2^16 elements (512 KiB) the arrays
@@ -203,6 +209,10 @@ class LocalMechanism(Mechanism):
 
     # ------------------------------------------------------------------ reporting
     def _multi_record_note(self) -> str:
+        if self.multi_record == "each":
+            return ("multi_record=each: every kept record sends its own report at eps: eps-DP "
+                    "at record level; a holder of m records at m*eps (at most the record "
+                    "bound times eps); the estimate targets the sum of every kept record")
         if self.takes_fractional_input and self.multi_record == "normalize":
             return ("multi_record=normalize: each client perturbs A^i/m_i (L1 diameter 2kr), "
                     "so the report is eps-DP at client level and eps/m_i at record level; "

@@ -57,19 +57,37 @@ def noise_std_per_count(cfg, data: "PreparedData", k: int = 1, s: int | None = N
     return math.sqrt(2.0) * eta / math.log(2 * data.num_classes)
 
 
+def message_cap(cfg, data: "PreparedData") -> tuple[int, str] | None:
+    """(the expected messages a client may send, the key that sets it), or None: the smaller
+    of ``shuffle.max_messages_per_client`` and ``shuffle.max_messages_per_record`` times the
+    public record bound, so a holder of many records has the budget of as many one-record
+    clients (public parameters only)."""
+    sh, bound = cfg.shuffle, data.max_records_per_client
+    caps = []
+    if sh.max_messages_per_record is not None:
+        caps.append((int(sh.max_messages_per_record) * bound,
+                     f"shuffle.max_messages_per_record = {sh.max_messages_per_record}"
+                     + (f" x {bound} records" if bound > 1 else "")))
+    if sh.max_messages_per_client is not None:
+        caps.append((int(sh.max_messages_per_client),
+                      f"shuffle.max_messages_per_client = {sh.max_messages_per_client}"))
+    return min(caps) if caps else None
+
+
 def multi_message_s_cap(cfg, data: "PreparedData", k: int = 1) -> tuple[int, str] | None:
-    """The largest s whose multi-message round costs a client at most
-    ``shuffle.max_messages_per_client`` expected messages (its k*r*R real ones plus noise
-    and flooding messages, which grow linearly in the s*|Y| cells), or None when the
-    mechanism is not multi-message or no cap is set. Public parameters only."""
-    cap = cfg.shuffle.max_messages_per_client
-    if cfg.privacy.model != "shuffle" or cfg.privacy.mechanism != "multi" or cap is None:
+    """The largest s whose multi-message round costs a client at most :func:`message_cap`
+    expected messages (its k*r*R real ones per kept record plus noise and flooding
+    messages, which grow linearly in the s*|Y| cells), or None when the mechanism is not
+    multi-message or no cap is set. Public parameters only."""
+    capped = message_cap(cfg, data)
+    if cfg.privacy.model != "shuffle" or cfg.privacy.mechanism != "multi" or capped is None:
         return None
+    cap, why = capped
     mech = mechanism_for(cfg, data, k=k, num_queries=1)
     per_cell = mech.cal.noise_messages_per_client / mech.cal.num_cells
     real = mech.cal.true_messages_per_record * data.max_records_per_client
     s_cap = max(1, int((cap - real) // (per_cell * data.num_classes)))
-    return s_cap, (f"shuffle.max_messages_per_client = {cap}: {real} real + "
+    return s_cap, (f"{why}: {real} real + "
                    f"{per_cell:.4g} noise messages per cell x s x {data.num_classes} classes")
 
 
@@ -84,6 +102,8 @@ def free_dlap_shares(cfg) -> tuple[float, ...]:
     docs/results.md), so the share that allows the most queries is chosen."""
     p = cfg.privacy
     if (p.model != "shuffle" or p.mechanism != "multi" or cfg.queries.s != "auto"
-            or cfg.shuffle.max_messages_per_client is None or "dlap_share" in (p.options or {})):
+            or (cfg.shuffle.max_messages_per_client is None
+                and cfg.shuffle.max_messages_per_record is None)
+            or "dlap_share" in (p.options or {})):
         return ()
     return AUTO_DLAP_SHARES

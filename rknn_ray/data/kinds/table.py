@@ -154,16 +154,20 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
                     public_ids=public["public_ids"], class_names=public["classes"])
     make = functools.partial(_shard_sources, handover, priv, priv_cols, spec.classes, featurizer,
                              found["clients"], found["shard_digests"], found["key"], spec.bound,
-                             int(cfg.run.seed), public["width"], spec.shards)
+                             int(cfg.run.seed), public["width"], spec.shards,
+                             found["kept_per_shard"])
     facts = {"holders": holders, "records": m, "kept": int(found["kept"]),
              "largest_holder": int(found["largest_holder"]), "bound": spec.bound,
              "column": priv.client}
-    return PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(public["classes"]),
+    if cfg.privacy.multi_record == "each" and priv.client:
+        facts["reports"] = "each kept record (privacy.multi_record=each)"
+    data = PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(public["classes"]),
                         image_shape, d.dataset, clients=holders if priv.client else m,
-                        record_bound=spec.bound, pool=public["pool"], near_pool=public["near"],
+                        record_bound=spec.bound, kept_records=int(found["kept"]), pool=public["pool"], near_pool=public["near"],
                         pool_keyed=found["fingerprints"], near_keyed=found["near"],
                         private_digest=found["digest"], shard_sources=make, remote_private=True,
                         holders=facts)
+    return data.records_as_clients() if cfg.privacy.multi_record == "each" else data
 
 
 def _private_table(part: Part, memory) -> pa.Table:
@@ -210,16 +214,18 @@ class _Handover:
 
 
 def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, key, bound,
-                   seed, width, shards, cfg, _requested):
+                   seed, width, shards, kept, cfg, _requested):
     """One source per shard that holds a client (rknn_ray.data.table_source), each with the
-    keyed digest of the rows the scan found for it."""
+    keyed digest of the rows the scan found for it; under privacy.multi_record=each every
+    record a holder keeps is a client of its own (``kept``: per shard)."""
+    each = cfg.privacy.multi_record == "each" and part.client is not None
     from rknn_ray.data.table_source import TableShardSource  # in the shard: pyarrow reading
     table = handover.take()
     buckets = None
     if table is not None and part.client:
         buckets = bucket_of(table.column(part.client), shards)[0]
     sources, lo = [], 0
-    for shard, count in enumerate(clients):
+    for shard, count in enumerate(kept if each else clients):
         if count == 0:
             continue
         rows = None
@@ -229,7 +235,7 @@ def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, 
                                  int(digests[shard][0]))
         sources.append(TableShardSource(lo, lo + int(count), part, cols, classes, featurizer,
                                         shard, shards, bound, seed, width, rows,
-                                        tuple(digests[shard]), key))
+                                        tuple(digests[shard]), key, each))
         lo += int(count)
     del table
     return sources
