@@ -293,3 +293,42 @@ def test_near_fingerprints_keep_table_copies_together_and_unrelated_tables_apart
         other = raw.copy()
         other[:, num] = rng.normal(raw[:, num].mean(0), raw[:, num].std(0), other[:, num].shape)
         assert len(np.intersect1d(near, near_fingerprints(other, table=True))) == 0
+
+
+@pytest.mark.parametrize("multi_record", ["sample", "each"])
+def test_what_the_parties_count_is_the_same_on_neighbouring_tables(multi_record, tmp_path):
+    """Brute force over random holder tables: replacing one record's value leaves every count
+    a party sees unchanged: the clients (senders, reports per round), each shard's clients,
+    the records kept, the holders, and every shard's rows checked by the digest (its count)."""
+    rng = np.random.default_rng(47)
+    for trial in range(25):
+        table = _random_table(rng, holders=int(rng.integers(3, 9)))
+        row = int(rng.integers(table.num_rows))
+        changed = {c: table.column(c).to_pylist() for c in table.column_names}
+        changed["f1"][row] = float(rng.integers(0, 4)) + 0.5
+        changed["label"][row] = 1 - changed["label"][row]
+        views = []
+        for name, t in (("a", table), ("b", pa.table(changed))):
+            folder = tmp_path / f"{name}{trial}"
+            os.makedirs(folder)
+            pq.write_table(t, str(folder / "private.parquet"))
+            pq.write_table(pa.table({"f0": [0.0, 1, 2, 3], "f1": [1.0, 0, 3, 2], "f2": [2.0, 3, 0, 1],
+                                     "row_id": ["r0", "r1", "r2", "r3"]}),
+                           str(folder / "public.parquet"))
+            cfg = Config.from_dict({
+                "data": {"dataset": "table", "classes": [0, 1], "max_records_per_client": 2,
+                         "private": {"path": str(folder / "private.parquet"), "label": "label",
+                                     "client": "holder"},
+                         "public": {"path": str(folder / "public.parquet"), "id": "row_id"}},
+                "privacy": {"model": "local", "mechanism": "rr", "eps": 2.0,
+                            "multi_record": multi_record},
+                "queries": {"s": 2}, "represent": {"encoder": "raw"},
+                "cluster": {"shards": 3}, "run": {"progress": False}})
+            data = prepared_table(cfg)
+            sources = dataset_sources(cfg, data)
+            opened = [src.open() for src in sources]
+            views.append({"clients": data.num_clients, "holders": data.holders,
+                          "counts": data.public_counts(),
+                          "shards": [(s.client_lo, s.client_hi, s.expect[0]) for s in sources],
+                          "opened": [(r.num_clients, len(r.labels)) for r in opened]})
+        assert views[0] == views[1], trial
