@@ -17,6 +17,7 @@ from rknn_ray.job.context import JobContext
 from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_public_labels,
                                       labels_table, measured, public_ids)
 from rknn_ray.job.placement import merge_placements
+from rknn_ray.job.predict import write_predictor
 from rknn_ray.job.release_file import load_selections
 from rknn_ray.job.stages import finish_labels, nonprivate_labels
 from rknn_ray.labeling.stage import connection_plan
@@ -76,6 +77,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         student = fit_student(cfg, data, ctx.encoder, lab, label_info, inputs, out_dir, progress,
                               on_epoch)
+    write_predictor(out_dir, cfg, data, inputs.described)     # RunResult.predict, rknn-ray predict
     accuracy = accuracy_section(sp, lab.label_accuracy, lab.query_accuracy,
                                 student.test_accuracy)
     progress.say(f"student test accuracy {accuracy_words(accuracy, 'student')}")

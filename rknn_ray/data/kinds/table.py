@@ -134,7 +134,9 @@ def prepare_table(cfg, inputs: dict):
     splits = Splits(d.dataset, "table", cfg.run.seed,
                     np.broadcast_to(np.zeros((), np.float32), (m, *image_shape)),
                     np.broadcast_to(np.int64(-1), (m,)), public_x, public_y, eval_x, eval_y,
-                    len(classes), image_shape, public_ids=public_ids, class_names=tuple(classes))
+                    len(classes), image_shape, public_ids=public_ids, class_names=tuple(classes),
+                    table_input={"featurizer": featurizer.to_dict(), "id": pub.id,
+                                 "label": ev.label or priv.label})
     pool = np.unique(np.concatenate([found["fingerprints"], *pools]))
     near_pool = np.unique(np.concatenate([found["near"], *nears]))
     make = functools.partial(_shard_sources, _Handover(memory), priv, priv_cols,
