@@ -64,7 +64,7 @@ def main(argv=None) -> int:
             else:
                 frame.to_parquet(tmp, index=False)
     except (RknnError, OSError) as exc:
-        print(f"error: {first_line(exc)}", file=sys.stderr)
+        print(f"error: {first_line(exc, 400)}", file=sys.stderr)
         return 2
     print(f"{len(frame)} predictions: {args.out}")
     return 0

@@ -93,10 +93,9 @@ class Predictor:
         if spec.get("student_input") == "features":
             enc_path = os.path.join(run_dir, spec.get("encoder_file") or ENCODER_FILE)
             if not allow_pickle:
-                raise DataError(f"this student takes the encoder's features; the encoder is "
-                                f"pickled ({enc_path}) and loading a pickle can run code. Fix: "
-                                "if you trust this run folder, pass allow_pickle=True "
-                                "(rknn-ray predict --allow-pickle)")
+                raise DataError(f"the student takes encoder features; its encoder is a pickle "
+                                f"({os.path.basename(enc_path)}), which can run code. Fix: "
+                                "--allow-pickle (allow_pickle=True) for a folder you trust")
             with open(enc_path, "rb") as fh:
                 encoder = pickle.load(fh)   # noqa: S301 - the caller trusts the folder
         return cls(spec, _load_model(run_dir, spec), encoder)
