@@ -44,3 +44,16 @@ def test_relative_paths_beside_a_users_config_and_from_the_working_folder(tmp_pa
     assert cfg.data.public["path"] == str(mine / "data" / "public.csv")
     assert cfg.data.private["path"] == "private.csv"              # a config written before
     assert cfg.data.evaluation["path"] == "s3://bucket/ev.parquet"
+
+
+def test_student_trainer_auto_chooses_by_size():
+    from rknn_ray.student.config import AUTO_LOCAL_WORK
+    st = load_config(None, ["student.trainer=auto", "student.epochs=10"]).student
+    cnn, mlp = AUTO_LOCAL_WORK["cnn"] // 10, AUTO_LOCAL_WORK["mlp"] // 10
+    assert st.chosen_trainer(cnn, (1, 28, 28))[0] == "local"
+    trainer, why = st.chosen_trainer(cnn + 1, (1, 28, 28))
+    assert trainer == "ray" and why.startswith("auto: ") and "(cnn)" in why
+    assert st.chosen_trainer(cnn + 1, (64,))[0] == "local"        # an MLP: cheaper per sample
+    assert st.chosen_trainer(mlp + 1, (64,))[0] == "ray"
+    ray = load_config(None, ["student.trainer=ray"]).student
+    assert ray.chosen_trainer(10) == ("ray", "configured")
