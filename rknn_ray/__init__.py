@@ -12,10 +12,17 @@ job from Python (rknn_ray/job/api.py), loaded on first use.
 __version__ = "0.1.0"
 
 import importlib
+import logging
 
 from rknn_ray import moved as _moved
 
 _moved.install()        # pickles made before the stage packages still load (rknn_ray/moved.py)
+
+# faiss's loader logs every CPU build it tries at INFO (a ModuleNotFoundError among them):
+# under logging.basicConfig(level=logging.INFO) that is 6-9 lines of noise per process. Left
+# at WARNING unless the application set that logger's level itself.
+if logging.getLogger("faiss.loader").level == logging.NOTSET:
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)
 
 
 # lazy, not a plain import: importing the job layer costs every ``import rknn_ray.<anything>``

@@ -32,3 +32,15 @@ def test_the_student_line_says_where_it_trained():
             "trainer_reason": "auto: 14,360 samples x epochs <= 100,000 (cnn), in this process"}
     line = _sections({**base, "student": auto})["Timings"]["student run"]
     assert line.startswith("40 epochs, in process on cpu, 359 samples (auto: 14,360")
+
+
+def test_faiss_loader_lines_stay_out_of_an_info_log():
+    import os
+    import subprocess
+    import sys
+    code = ("import logging; logging.basicConfig(level=logging.INFO); "
+            "import rknn_ray.labeling.rknn")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert done.returncode == 0 and "faiss.loader" not in done.stderr, done.stderr
