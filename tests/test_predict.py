@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 import rknn_ray
+from rknn_ray.accounting.budget_store import BudgetStore
 from rknn_ray.data.tables import Columns, Featurizer
 from rknn_ray.errors import DataError
 from rknn_ray.job import RunResult
@@ -54,6 +55,7 @@ def table_run(tmp_path_factory):
     write_parts(str(folder), "csv", parts)
     cfg = table_config(str(folder), "csv", classes=NAMES)
     cfg["student"]["epochs"] = 8
+    cfg["data"]["name"] = "digits with names"       # the user's name for the source
     result = rknn_ray.run(cfg, out_dir=str(folder / "run"),
                           ledger=str(folder / "ledger.sqlite"))
     return folder, result
@@ -63,6 +65,9 @@ def test_run_result_predict_reproduces_the_student_accuracy(table_run):
     folder, result = table_run
     # run(..., ledger=...) from Python: the job is recorded in that ledger file
     assert result.report["privacy"]["budget"]["ledger"] == str(folder / "ledger.sqlite")
+    assert result.report["privacy"]["budget"]["description"] == "table: digits with names"
+    (source,) = BudgetStore(str(folder / "ledger.sqlite")).datasets()
+    assert source["description"] == "table: digits with names"
     with open(result.paths["predictor"]) as fh:
         spec = json.load(fh)                       # plain JSON: public facts only
     assert spec["classes"] == NAMES and spec["table"]["id"] == "row_id"
