@@ -233,7 +233,7 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
         m, why = choice.neighbours, choice.reason
     else:
         m = int(cfg.labels.smooth)
-        why = ("labels.smooth = 1; labels.smooth: auto chooses" if m == 1
+        why = ("labels.smooth = 1, the default; labels.smooth: auto chooses" if m == 1
                else f"labels.smooth = {m}")
     lab, sm = smoothed_labels(counts, qs, public_emb, data.splits.public_y, cfg.labels.type, m,
                               noise_std)
