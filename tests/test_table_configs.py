@@ -75,6 +75,8 @@ def test_table_central_runs_end_to_end(ray_session, tmp_path, monkeypatch):
     assert report["student"]["trainer"] == "local"
     assert report["student"]["trainer_configured"] == "auto"
     assert report["student"]["trainer_reason"].startswith("auto: ")
+    # data.name: the config's own name for the records, not derived from them
+    assert report["privacy"]["budget"]["description"] == "table: breast-cancer example"
     public = _rows("public.csv")
     assert report["counts"]["public"] == len(public)
     assert report["counts"]["evaluation"] == len(_rows("evaluation.csv"))
