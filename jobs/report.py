@@ -217,7 +217,7 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                ("rounds", _fmt(len(p.get("rounds") or []) or c.get("rounds")))]
     eps0 = eps0_words(p)
     if eps0 is not None:            # the local randomizer's eps0 the shuffle bound granted
-        privacy.append(("local eps0 (each report)", eps0))
+        privacy.append(("local eps0", f"{eps0} (each client's report)"))
     budget = p.get("budget") or {}
     if budget:
         by = f", composed by {budget['spent_by']}" if budget.get("spent_by") else ""

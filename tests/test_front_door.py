@@ -13,13 +13,13 @@ def test_the_report_page_shows_each_rounds_local_eps0():
     report = {"privacy": {"model": "shuffle", "rounds": [{"event": shuffled}]}, "counts": {},
               "accuracy": {}, "timings_s": {"round_0": 1.0}}
     sections = _sections(report)
-    assert sections["Privacy"]["local eps0 (each report)"] == "2.312"
+    assert sections["Privacy"]["local eps0"] == "2.312 (each client's report)"
     assert sections["Timings"]["round 1"] == "1.0 s"
     two = {"rounds": [{"event": shuffled}, {"event": {**shuffled, "eps0": 1.5}}]}
     assert eps0_words(two) == "2.312 (round 1), 1.5 (round 2)"
     central = {"rounds": [{"event": {"type": "DiscreteLaplaceDpEvent"}}]}
     assert eps0_words(central) is None
-    assert "local eps0 (each report)" not in _sections({**report, "privacy": central})["Privacy"]
+    assert "local eps0" not in _sections({**report, "privacy": central})["Privacy"]
 
 
 def test_the_student_line_says_where_it_trained():
