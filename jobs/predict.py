@@ -32,8 +32,9 @@ def main(argv=None) -> int:
     ap.add_argument("--id", default=None, help="the id column to keep (default: the public "
                     "part's data.public.id, when the input has it)")
     ap.add_argument("--allow-pickle", action="store_true",
-                    help="load the run's pickled encoder (a student on encoder features): only "
-                         "for a run folder you trust")
+                    help="load the run's pickled encoder (a student on simclr encoder features; "
+                         "raw, pca and hog encoders are saved without pickle): only for a run "
+                         "folder you trust")
     args = ap.parse_args(argv)
     # the heavy imports (torch, pyarrow) only once the arguments are good: --help stays fast
     import os

@@ -111,3 +111,18 @@ def test_rknn_ray_predict_writes_ids_classes_and_probabilities(table_run):
                           "--input", str(folder / "public.csv"), "--out", str(folder / "x.csv")],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "no predictor.json" in bad.stderr
+
+
+@pytest.mark.parametrize("name,kwargs", [("raw", {}), ("pca", {"dim": 5}), ("hog", {"dim": 6}),
+                                         ("hog", {"dim": 0})])
+def test_a_fitted_encoder_round_trips_without_pickle(tmp_path, name, kwargs):
+    from rknn_ray.job.predict import encoder_from_state, encoder_state
+    from rknn_ray.representation.represent import make_encoder
+    rng = np.random.default_rng(0)
+    public, new = rng.random((60, 1, 8, 8), np.float32), rng.random((7, 1, 8, 8), np.float32)
+    enc = make_encoder(name, **kwargs).fit(public)
+    meta, arrays = encoder_state(enc)
+    np.savez(tmp_path / "encoder.npz", **arrays)
+    back = encoder_from_state(json.loads(json.dumps(meta)), str(tmp_path / "encoder.npz"))
+    assert back.dim == enc.dim
+    assert np.allclose(back.transform(new), enc.transform(new), atol=1e-6)

@@ -87,7 +87,7 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         student = fit_student(cfg, data, ctx.encoder, lab, label_info, inputs, out_dir, progress,
                               on_epoch)
-    write_predictor(out_dir, cfg, data, inputs.described)     # RunResult.predict, rknn-ray predict
+    write_predictor(out_dir, cfg, data, inputs.described, ctx.encoder)   # RunResult.predict
     accuracy = accuracy_section(sp, lab.label_accuracy, lab.query_accuracy,
                                 student.test_accuracy)
     progress.say(f"student test accuracy {accuracy_words(accuracy, 'student')}")

@@ -7,9 +7,12 @@ the student's input shape, and for a user's table the featurizer fitted on the p
 categories, an image's shape and pixel scale: rknn_ray.data.tables.Featurizer.to_dict) with
 the id and label column names. Loading it runs no code (no pickle); the student's weights
 load with ``torch.load(weights_only=True)``. A student trained on the encoder's features
-(``student.input: features``) also needs the pickled encoder (``encoder.pkl``): loading a
-pickle can run code, so :class:`Predictor` loads it only when asked (``allow_pickle=True``,
-``rknn-ray predict --allow-pickle``) for a run folder one trusts.
+(``student.input: features``) also needs the fitted public encoder: for ``raw``, ``pca`` and
+``hog`` its parameters are saved the same safe way (predictor.json's ``encoder``, its arrays
+in ``encoder.npz``, read with ``allow_pickle=False``); any other encoder only as the pickle
+the run writes (``encoder.pkl``), which can run code when loaded, so :class:`Predictor` loads
+that one only when asked (``allow_pickle=True``, ``rknn-ray predict --allow-pickle``), for a
+run folder one trusts.
 """
 from __future__ import annotations
 
@@ -21,16 +24,19 @@ import numpy as np
 
 from rknn_ray.data.tables import Featurizer, Part, as_table, feature_matrix, missing
 from rknn_ray.errors import DataError
-from rknn_ray.runio import write_json
+from rknn_ray.representation.represent import HOGEncoder, PCAEncoder, RawEncoder
+from rknn_ray.runio import atomic_path, write_json
 
 PREDICTOR_FILE = "predictor.json"
 ENCODER_FILE = "encoder.pkl"
+ENCODER_ARRAYS = "encoder.npz"
 FORMAT = 1
 
-__all__ = ["PREDICTOR_FILE", "Predictor", "predictor_spec", "write_predictor"]
+__all__ = ["PREDICTOR_FILE", "Predictor", "encoder_from_state", "encoder_state",
+           "predictor_spec", "write_predictor"]
 
 
-def predictor_spec(cfg, data, student_input: dict | None) -> dict:
+def predictor_spec(cfg, data, student_input: dict | None, encoder_meta: dict | None = None) -> dict:
     """What predictor.json holds for this job (module docstring): public facts only."""
     sp = data.splits
     names = getattr(sp, "class_names", None) or tuple(range(int(data.num_classes)))
@@ -39,16 +45,83 @@ def predictor_spec(cfg, data, student_input: dict | None) -> dict:
             "classes": [str(c) for c in names],
             "input_shape": [int(s) for s in data.image_shape],
             "student_input": "features" if features else "images",
+            "encoder": encoder_meta if features else None,
             "encoder_file": ENCODER_FILE if features else None,
             "table": getattr(sp, "table_input", None),
             "method": cfg.student.method}
 
 
-def write_predictor(out_dir: str, cfg, data, student_input: dict | None) -> str:
-    """predictor.json into the run folder (atomically); returns its path."""
+def write_predictor(out_dir: str, cfg, data, student_input: dict | None, encoder=None) -> str:
+    """predictor.json (and, for a student on features, encoder.npz: the public encoder's
+    fitted arrays) into the run folder, atomically; returns its path."""
+    meta = None
+    if student_input and student_input.get("input") == "features" and encoder is not None:
+        state = encoder_state(encoder)
+        if state is not None:
+            meta, arrays = state
+            with atomic_path(os.path.join(out_dir, ENCODER_ARRAYS)) as tmp:
+                with open(tmp, "wb") as fh:
+                    np.savez(fh, **arrays)
     path = os.path.join(out_dir, PREDICTOR_FILE)
-    write_json(path, predictor_spec(cfg, data, student_input))
+    write_json(path, predictor_spec(cfg, data, student_input, meta))
     return path
+
+
+def _pca_state(pca, prefix: str) -> tuple[dict, dict]:
+    d_in, d_out, a, b = pca.__getstate__()["matrix"]
+    return ({"dim": int(pca.dim), "whiten": bool(pca.whiten), "d_in": int(d_in),
+             "d_out": int(d_out)}, {f"{prefix}A": np.asarray(a), f"{prefix}b": np.asarray(b)})
+
+
+def _pca_from(meta: dict, arrays, prefix: str):
+    pca = PCAEncoder.__new__(PCAEncoder)
+    pca.__setstate__({"_dim": int(meta["dim"]), "whiten": bool(meta["whiten"]),
+                      "matrix": (int(meta["d_in"]), int(meta["d_out"]),
+                                 np.asarray(arrays[f"{prefix}A"], np.float32),
+                                 np.asarray(arrays[f"{prefix}b"], np.float32))})
+    return pca
+
+
+def encoder_state(encoder) -> tuple[dict, dict] | None:
+    """(JSON parameters, numpy arrays) of a fitted ``raw``, ``pca`` or ``hog`` encoder; None
+    for another kind (its pickle is the only copy)."""
+    name = getattr(encoder, "name", None)
+    if name == "raw":
+        return {"name": "raw", "dim": int(encoder.dim)}, {}
+    if name == "pca" and encoder.matrix is not None:
+        meta, arrays = _pca_state(encoder, "")
+        return {"name": "pca", **meta}, arrays
+    if name == "hog":
+        meta = {"name": "hog", "out_dim": int(encoder.out_dim),
+                "orientations": int(encoder.orientations),
+                "cell": None if encoder.cell is None else int(encoder.cell),
+                "dim": int(encoder.dim), "pca": None}
+        arrays = {}
+        if encoder.pca is not None:
+            meta["pca"], arrays = _pca_state(encoder.pca, "pca_")
+        return meta, arrays
+    return None
+
+
+def encoder_from_state(meta: dict, path: str):
+    """The encoder :func:`encoder_state` saved (``path``: its encoder.npz, read without pickle)."""
+    try:
+        arrays = dict(np.load(path, allow_pickle=False)) if os.path.exists(path) else {}
+        if meta["name"] == "raw":
+            enc = RawEncoder()
+            enc._dim = int(meta["dim"])
+            return enc
+        if meta["name"] == "pca":
+            return _pca_from(meta, arrays, "")
+        if meta["name"] == "hog":
+            enc = HOGEncoder(int(meta["out_dim"]), int(meta["orientations"]), meta["cell"])
+            enc._dim = int(meta["dim"])
+            enc.pca = _pca_from(meta["pca"], arrays, "pca_") if meta["pca"] else None
+            return enc
+    except (KeyError, TypeError, ValueError, OSError) as exc:
+        raise DataError(f"the saved encoder is malformed ({type(exc).__name__}: {exc}). Fix: "
+                        f"use the {PREDICTOR_FILE} and {ENCODER_ARRAYS} the run wrote") from None
+    raise DataError(f"unknown saved encoder {meta.get('name')!r}. Fix: use the files the run wrote")
 
 
 class Predictor:
@@ -90,10 +163,12 @@ class Predictor:
             raise DataError(f"{path}: not a predictor file of format {FORMAT}. Fix: use the "
                             "file the run wrote, unchanged")
         encoder = None
-        if spec.get("student_input") == "features":
+        if spec.get("student_input") == "features" and spec.get("encoder"):     # no pickle
+            encoder = encoder_from_state(spec["encoder"], os.path.join(run_dir, ENCODER_ARRAYS))
+        elif spec.get("student_input") == "features":
             enc_path = os.path.join(run_dir, spec.get("encoder_file") or ENCODER_FILE)
             if not allow_pickle:
-                raise DataError(f"the student takes encoder features; its encoder is a pickle "
+                raise DataError(f"the student takes encoder features; its encoder is only a pickle "
                                 f"({os.path.basename(enc_path)}), which can run code. Fix: "
                                 "--allow-pickle (allow_pickle=True) for a folder you trust")
             with open(enc_path, "rb") as fh:
