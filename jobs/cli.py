@@ -33,6 +33,7 @@ examples:
   rknn-ray run --config digits_central --set privacy.eps=0.5 --out runs/eps05
   rknn-ray run --list-configs
   rknn-ray report runs/eps05
+  rknn-ray predict runs/eps05 --input new_rows.csv --out predictions.csv
   rknn-ray budget list
   rknn-ray COMMAND --help
 
