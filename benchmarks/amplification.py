@@ -47,8 +47,7 @@ import numpy as np
 
 from rknn_ray.accounting import BOUNDS, variation_ratio_bound
 from rknn_ray.accounting.bounds import MechanismLowerBound
-from benchmarks.audit import (audit_binary_rr, audit_from_statistics, bsvs_answers,
-                              shuffled_pair_statistics, simulate_labeling_error)
+# benchmarks.audit (scipy.stats: ~1 s) loads in the functions that audit: --help stays fast
 from rknn_ray.accounting.tight import tight_bound
 from benchmarks import published_amplification as pub
 from rknn_ray.mechanisms.collision import collision_l
@@ -135,6 +134,7 @@ def _labeling(n: int, granted: dict, num_classes: int, rng, sim_max_n: int,
               sim_reports: int) -> dict:
     """Theory vs simulation of the real RR / Collision at the eps0 each bound grants."""
     out = {}
+    from benchmarks.audit import bsvs_answers, simulate_labeling_error  # deferred (scipy)
     answers = bsvs_answers(n, SIM_QUERIES, num_classes) if n <= sim_max_n else None
     trials = int(min(SIM_MAX_TRIALS, max(1, sim_reports // n)))
     for b, e0 in granted.items():
@@ -170,6 +170,7 @@ def _claims(mech, n: int, delta: float) -> dict:
 
 def real_audits(deltas, rng, scale: float = 1.0, points=REAL_AUDITS) -> list[dict]:
     """Audits of the project's RR and Collision (s = |Y| = 2, k = r = 1), see module doc."""
+    from benchmarks.audit import audit_from_statistics, shuffled_pair_statistics  # scipy
     out = []
     for model, n, eps in points:
         for name in MECHS:
@@ -198,6 +199,7 @@ def run_grid(out: str, ns=GRID_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, targets=GR
              seed: int = 0, plots: bool = True, gap: bool = True, published: bool = True) -> dict:
     """The evaluation grid: central eps, granted eps0, labeling error, timings, audits, and
     (``published``) the anchors' published numbers against the project's bounds."""
+    from benchmarks.audit import audit_binary_rr  # deferred (scipy)
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(seed)
     t_start = time.perf_counter()

@@ -120,7 +120,8 @@ def _run(args) -> int:
     for d in rows:
         print(f"\n{d['identity']}  {d['description']}\n  budget eps={d['budget']['eps']:g} "
               f"delta={d['budget']['delta']:g}; spent or reserved eps={d['spent']['eps']:.6g} "
-              f"delta={d['spent']['delta']:.3g} ({d['released']} releases, {d['reserved']} open)")
+              f"delta={d['spent']['delta']:.3g} ({d['released']} release{'' if d['released'] == 1 else 's'}, "
+              f"{d['reserved']} open)")
         if d["budget"]["delta"] > 0 and d["released"] + d["reserved"] > 1:
             print("  (the releases' own costs added up; a job with privacy.accountant=pld is "
                   "checked against their pld composition at the budget's delta, at most this)")

@@ -20,6 +20,7 @@ __all__ = ["COMMANDS", "main", "parser"]
 COMMANDS = {
     "run": ("jobs.distill", "the private job: labels, a student and a run folder"),
     "report": ("jobs.report", "summary and report.html of a run, or one table of a folder of runs"),
+    "predict": ("jobs.predict", "a run's student on new rows: class and probability per row"),
     "budget": ("jobs.budget", "the privacy budgets that last across jobs: list, set, settle"),
     "compare": ("jobs.compare", "reverse k-NN against the baselines at the same eps"),
     "grid": ("jobs.grid", "a sweep of real jobs over eps, s, k, model, encoder, seed"),
@@ -32,6 +33,7 @@ examples:
   rknn-ray run --config digits_central --set privacy.eps=0.5 --out runs/eps05
   rknn-ray run --list-configs
   rknn-ray report runs/eps05
+  rknn-ray predict runs/eps05 --input new_rows.csv --out predictions.csv
   rknn-ray budget list
   rknn-ray COMMAND --help
 

@@ -44,22 +44,13 @@ import os
 import sys
 import uuid
 
-import torch
+from rknn_ray.baselines import BASELINE_NAMES
 
-from jobs.cells import ISOLATED_BUDGET, run_distill
-from jobs.experiments import Job, Runner, cell_row
-from jobs.writers import (accuracy_vs_eps_png, fmt, print_result, rows_markdown, rows_to_csv,
-                          write_tables)
-from rknn_ray.accounting import PrivacyLedger
-from rknn_ray.accounting.budget_store import BudgetStore, mark_started
-from rknn_ray.accounting.source_identity import private_data_digest
-from rknn_ray.job.baselines import prepare_baseline
-from rknn_ray.baselines.registry import BASELINES, run_baseline
-from rknn_ray.config import load_config
-from rknn_ray.runio import write_json, write_text
+# torch, Ray, the baselines and the job layer (~5-10 s) load where they are used, after the
+# arguments are parsed: ``rknn-ray compare --help`` answers in well under a second
 
 RKNN_METHODS = ("rknn_central", "rknn_local", "rknn_shuffle")
-BASELINE_METHODS = tuple(BASELINES)
+BASELINE_METHODS = BASELINE_NAMES
 METHODS = RKNN_METHODS + BASELINE_METHODS
 CONFIG_PREFIX = {"digits": "digits", "fashion_mnist": "fmnist"}
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
@@ -136,6 +127,8 @@ def rknn_config(dataset: str, model: str, eps: float, delta: float, seed: int = 
     """The validated config of one rknn row: the dataset's config with the comparison's
     overrides (isolated budget, driver-trained student; the NOT PRIVATE diagnostics only
     when asked)."""
+    from rknn_ray.config import load_config  # deferred (module comment)
+    from jobs.cells import ISOLATED_BUDGET
     over = _overrides(seed, student_epochs) + [f"privacy.eps={eps}", *ISOLATED_BUDGET,
                                                 "student.num_workers=1", *RKNN_OVERRIDES,
                                                 *(DIAGNOSTICS_OVERRIDES if diagnostics else ()),
@@ -148,6 +141,7 @@ def rknn_config(dataset: str, model: str, eps: float, delta: float, seed: int = 
 def rknn_job(dataset: str, model: str, eps: float, delta: float, seed: int = 0,
              student_epochs: int | None = None, diagnostics: bool = False) -> Job:
     """One rknn row as a runner cell (a full jobs.distill run in runs/<method>-eps<eps>)."""
+    from jobs.experiments import Job  # deferred (module comment)
     method = f"rknn_{model}"
     return Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset, "target_eps": eps},
                cfg=rknn_config(dataset, model, eps, delta, seed, student_epochs, diagnostics))
@@ -157,6 +151,8 @@ def run_rknn(dataset: str, model: str, eps: float, delta: float, out_dir: str, l
              seed: int = 0, student_epochs: int | None = None, diagnostics: bool = False) -> dict:
     """One jobs.distill run outside a runner; returns its comparison row (with the NOT
     PRIVATE ``nonprivate_label_accuracy`` set only when ``diagnostics``)."""
+    from jobs.cells import run_distill  # deferred (module comment)
+    from jobs.experiments import cell_row
     job = rknn_job(dataset, model, eps, delta, seed, student_epochs, diagnostics)
     report, wall = run_distill(job.cfg, out_dir, ledger_path)
     return cell_row(job, report, wall, out_dir)
@@ -168,6 +164,8 @@ def baseline_setup(dataset: str, seed: int = 0, student_epochs: int | None = Non
                    baseline_s: int | None = None):
     """The baselines' shared data (the central config's data, encoder and queries; ``s``
     overridden by ``baseline_s``), with FedMD-NFDP's parties on Ray actors."""
+    from rknn_ray.config import load_config  # deferred (module comment)
+    from rknn_ray.job.baselines import prepare_baseline
     # ray: imported only when a comparison prepares its baselines
     from actors.nfdp_shard import RayParties
     cfg = load_config(config_path(dataset, "central"),
@@ -182,6 +180,9 @@ def baseline_ledger(store, setup, method: str, target_eps: float, delta: float, 
     persistent store (one write per release; a budget line per method: the units and
     neighbour relations of different methods do not compose), reserved for the target
     before the baseline touches private data."""
+    from rknn_ray.accounting import PrivacyLedger  # deferred (module comment)
+    from rknn_ray.accounting.budget_store import mark_started
+    from rknn_ray.accounting.source_identity import private_data_digest
     sp = setup.splits
     identity, described = private_data_digest(setup.cfg, sp.private_x, sp.private_y,
                                               setup.data.client_ids)
@@ -223,6 +224,7 @@ def footnotes(rows: list[dict], meta: dict) -> list[str]:
 
 
 def to_markdown(rows: list[dict], meta: dict) -> str:
+    from jobs.writers import rows_markdown  # deferred (module comment)
     rows = private_rows(rows)
     cols = ("method", "target_eps", "eps", "delta", "unit", "accuracy", "label_accuracy",
             "rounds", "bytes_per_client", "wall_s")
@@ -238,11 +240,13 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
 
 
 def to_csv(rows: list[dict]) -> str:
+    from jobs.writers import rows_to_csv  # deferred (module comment)
     return rows_to_csv(rows, COLUMNS)
 
 
 def plot(rows: list[dict], path: str, dataset: str) -> None:
     """Accuracy vs target eps, a line per method (label DP dashed, NFDP's large delta dotted)."""
+    from jobs.writers import accuracy_vs_eps_png  # deferred (module comment)
     lines = []
     for m in dict.fromkeys(r["method"] for r in rows):
         pts = sorted((r["target_eps"], r["accuracy"]) for r in rows
@@ -263,6 +267,8 @@ def write_diagnostics(out: str, rows: list[dict], baselines: dict | None = None)
     """``out``/diagnostics/ (owner-only, a README that says NOT PRIVATE): each rknn row's
     label accuracy beside the same labels from exact counts, and the baselines' figures read
     from their exact private votes (``baselines``: method@eps -> BaselineRow.diagnostics)."""
+    from jobs.writers import rows_to_csv  # deferred (module comment)
+    from rknn_ray.runio import write_json, write_text
     folder = os.path.join(out, "diagnostics")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
@@ -279,6 +285,7 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict,
                   baseline_diagnostics: dict | None = None) -> None:
     """compare.json/csv/md/png and meta.json, ledgers.json (private results only); with
     ``meta["diagnostics"]`` also the NOT PRIVATE diagnostics/ folder."""
+    from jobs.writers import write_tables  # deferred (module comment)
     if meta.get("diagnostics"):
         write_diagnostics(out, rows, baseline_diagnostics)
     rows = private_rows(rows)
@@ -296,6 +303,11 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
     failed row kept with its error, an rknn row finished before read back); returns the
     rows (also written to ``out`` after every row), without their NOT PRIVATE fields
     (``diagnostics``: those go to ``out``/diagnostics/ only)."""
+    import torch  # deferred (module comment)
+    from jobs.experiments import Job, Runner
+    from jobs.writers import fmt
+    from rknn_ray.accounting.budget_store import BudgetStore
+    from rknn_ray.baselines.registry import run_baseline
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
     torch.set_num_threads(1)
     ledgers: dict = {}
@@ -360,6 +372,7 @@ def _raise(exc: BaseException):
 
 
 def main(argv=None) -> int:
+    from jobs.writers import print_result  # deferred (module comment)
     args = parse_args(argv)
     rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
                    args.student_epochs, baseline_s=args.baseline_s, diagnostics=args.diagnostics)

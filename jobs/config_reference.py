@@ -78,9 +78,15 @@ def render() -> str:
     lines += ["\n`data.private`, `data.public`, `data.evaluation` (`data.dataset: table`; "
               "[running.md](running.md#your-own-data-datadataset-table)):\n",
               "| key | what |", "|---|---|"]
+    where = {"private": "read by the client shards where they run (every node must see it)",
+             "public": "read by the driver", "evaluation": "read by the driver"}
     for part, keys in PART_KEYS.items():
         for key in keys:
-            lines.append(f"| `data.{part}.{key}` | {_cell(PART_KEY_DOCS[key])} |")
+            doc = PART_KEY_DOCS[key]
+            if key == "path":       # who reads it depends on the part
+                doc = (doc.split("; the private path")[0] + f"; {where[part]}; a relative path "
+                       "is read from the config file's folder (else the working folder)")
+            lines.append(f"| `data.{part}.{key}` | {_cell(doc)} |")
     lines += ["\n`cluster.placement` (what a node must offer to host a party; "
               "[running.md](running.md#a-multi-node-cluster)):\n", "| key | accepts |", "|---|---|"]
     for party in C.PLACEMENT_PARTIES:

@@ -17,20 +17,10 @@ import sys
 import time
 
 from jobs import signals
-from jobs.config_files import list_configs, resolve_config
-from rknn_ray.config import load_config
-from rknn_ray.errors import RknnError
-from rknn_ray.job import run as run_job
-from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
-from rknn_ray.job.labels_file import accuracy_words
-from rknn_ray.job.progress import Progress
-from rknn_ray.job.ray_env import check_ray_address, ensure_ray
-from rknn_ray.job.resources import validate_resources
-from rknn_ray.job.resume import resume_config
-from rknn_ray.rng import check_consent
-from rknn_ray.runio import prepare_run_dir, unfinished_release
-from rknn_ray.shard_secrets import check_key_store
-from server.keys import check_key_file
+from jobs.config_files import list_configs
+
+# the job layer (Ray, torch, the accountants: ~2-5 s) is imported where it is used, after the
+# arguments are parsed: --help and --list-configs answer in well under a second
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs", "digits_central.yaml")
 
@@ -81,6 +71,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
         replace_old_run: bool = False) -> dict:
     """The job (:func:`rknn_ray.job.run`) for a validated ``cfg`` into the prepared
     ``out_dir``, with this process's signal handling; returns the report."""
+    from rknn_ray.job import run as run_job         # deferred: Ray, torch (module comment)
     return run_job(cfg, out_dir, key_file=key_file, progress=progress, ledger_path=ledger_path,
                    resume=resume, parties=parties, start_ray=_start_ray,
                    replace_old_run=replace_old_run).report
@@ -88,6 +79,7 @@ def run(cfg, out_dir: str, key_file: str | None = None, progress=None,
 
 def _start_ray() -> bool:
     """ensure_ray, then the job's own SIGINT/SIGTERM handlers again (ray.init installs its own)."""
+    from rknn_ray.job.ray_env import ensure_ray     # deferred: Ray
     try:
         started = ensure_ray()             # one Ray for the whole job, after the budget check
     except SystemExit as exc:              # Ray's own SIGTERM handler, while ray.init runs
@@ -107,6 +99,20 @@ def _main(args) -> int:
     if args.list_configs:
         print(list_configs())
         return 0
+    # deferred (module comment): the job layer loads once the arguments are good
+    from jobs.config_files import resolve_config
+    from rknn_ray.config import load_config
+    from rknn_ray.errors import RknnError
+    from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
+    from rknn_ray.job.labels_file import accuracy_words
+    from rknn_ray.job.progress import Progress
+    from rknn_ray.job.ray_env import check_ray_address
+    from rknn_ray.job.resources import validate_resources
+    from rknn_ray.job.resume import resume_config
+    from rknn_ray.rng import check_consent
+    from rknn_ray.runio import prepare_run_dir, unfinished_release
+    from rknn_ray.shard_secrets import check_key_store
+    from server.keys import check_key_file
     out, owned = None, False            # owned: this invocation may write into ``out``
     created = False
     try:
@@ -161,6 +167,11 @@ def _main(args) -> int:
     print(f"{p['model']}/{p['mechanism']} eps={p['eps']:.4g} delta={p['delta']:.3g} "
           f"({p['unit']}-level, {p['neighbour']}): label accuracy "
           f"{accuracy_words(acc, 'labels')}, student accuracy {accuracy_words(acc, 'student')}")
+    from jobs.report import eps0_words      # the summary's words (a light module)
+    eps0 = eps0_words(p)
+    if eps0 is not None:
+        print(f"each client randomized its report at local eps0 = {eps0} (the amplification "
+              "bound's grant for the central target)")
     if "diagnostics" in report:
         print(f"[diagnostics, NOT private: {out}/diagnostics] non-private label accuracy "
               f"{accuracy_words(report['diagnostics'], 'nonprivate_labels')}")

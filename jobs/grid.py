@@ -51,9 +51,8 @@ from jobs.experiments import Job, Runner, spec_digest
 from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
-from rknn_ray.job.resources import validate_resources
 from rknn_ray.paper_numbers import matching, paper_rows
-from rknn_ray.job.reference import NOT_PRIVATE, nonprivate_reference
+# the job layer (Ray, torch: ~2-5 s) loads where it is used: ``rknn-ray grid --help`` stays fast
 from rknn_ray.rng import NOT_PRIVATE as SEEDED_NOT_PRIVATE
 from rknn_ray.rng import check_consent
 from rknn_ray.runio import write_json
@@ -282,6 +281,7 @@ def run_reference(name: str, digest: str, ref_cfg, out: str,
                 return saved["row"], True
         except (OSError, ValueError):
             pass
+    from rknn_ray.job.reference import NOT_PRIVATE, nonprivate_reference  # deferred (Ray)
     base = {"kind": "reference", "private": False, "warning": NOT_PRIVATE, "name": name,
             "folder": folder, "s": ref_cfg.queries.s, "k": ref_cfg.rknn.k,
             "encoder": ref_cfg.represent.encoder, "seed": ref_cfg.run.seed}
@@ -468,6 +468,7 @@ def grid(spec: GridSpec, out: str, log=None) -> dict:
     check_consent(base, spec.insecure_seeded)       # run.rng=seeded: only when asked, marked
     if not os.environ.get("RAY_ADDRESS"):
         for _, cfg in planned:
+            from rknn_ray.job.resources import validate_resources  # deferred (Ray)
             validate_resources(cfg, float(os.cpu_count() or 1))
     os.makedirs(out, exist_ok=True)
     out = os.path.abspath(out)

@@ -163,6 +163,40 @@ def _seconds(v) -> str:
     return "n/a" if v is None else f"{float(v):.1f} s"
 
 
+def local_eps0(privacy: dict) -> list:
+    """Each round's local eps0 (a shuffle round's randomizer: its event's ``eps0``; None for
+    a round without one: central, multi-message), in round order."""
+    out = []
+    for r in privacy.get("rounds") or []:
+        event = r.get("event") if isinstance(r, dict) else None
+        out.append(event.get("eps0") if isinstance(event, dict) else None)
+    return out
+
+
+def eps0_words(privacy: dict) -> str | None:
+    """'2.31' or '2.31 (round 1), 2.4 (round 2)': the local eps0 each report was randomized
+    at, None when no round had one."""
+    values = local_eps0(privacy)
+    if not any(v is not None for v in values):
+        return None
+    if len(values) == 1:
+        return f"{values[0]:.4g}"
+    return ", ".join(f"{v:.4g} (round {i + 1})" for i, v in enumerate(values) if v is not None)
+
+
+def _round_label(key: str) -> str:
+    """A timing key in words: round_0 -> 'round 1', select_1 -> 'round 2 query selection'
+    (the console counts rounds from 1)."""
+    kind, _, index = key.partition("_")
+    if not index.isdigit():
+        return key
+    return f"round {int(index) + 1}" + (" query selection" if kind == "select" else "")
+
+
+def _plural(n, word: str) -> str:
+    return f"{_fmt(n)} {word}{'' if n == 1 else 's'}"
+
+
 def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     """The summary as (section, [(label, value)]) pairs: one source for text and HTML."""
     rep = run["report"]
@@ -181,6 +215,9 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
                ("guarantee", f"eps = {_fmt(p.get('eps'))}, delta = {_fmt(p.get('delta'))}"),
                ("unit, neighbours", f"{_fmt(p.get('unit'))}-level, {_fmt(p.get('neighbour'))}"),
                ("rounds", _fmt(len(p.get("rounds") or []) or c.get("rounds")))]
+    eps0 = eps0_words(p)
+    if eps0 is not None:            # the local randomizer's eps0 the shuffle bound granted
+        privacy.append(("local eps0", f"{eps0} (each client's report)"))
     budget = p.get("budget") or {}
     if budget:
         by = f", composed by {budget['spent_by']}" if budget.get("spent_by") else ""
@@ -223,7 +260,7 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         counts.append(("connection", ", ".join(conn.get("rules") or []) + chose))
     timings = rep.get("timings_s") or {}
     times = [(k, _seconds(timings[k])) for k in STAGES if k in timings]
-    times += [(k, _seconds(v)) for k, v in sorted(timings.items())
+    times += [(_round_label(k), _seconds(v)) for k, v in sorted(timings.items())
               if k.startswith(("round_", "select_")) and k.count("_") == 1]
     times += [(f"  {k} (all rounds)", _seconds(timings[k])) for k in ROUND_PARTS if timings.get(k)]
     if "job" in timings:          # a run from before the job's wall was recorded: stages only
@@ -232,9 +269,12 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     times.append(("total of the stages", _seconds(stage_seconds(timings))))
     student = rep.get("student") or {}
     if student:
-        times.append(("student run", f"{_fmt(student.get('epochs'))} epochs, "
-                      f"{_fmt(student.get('num_workers'))} workers on {_fmt(student.get('device'))}, "
-                      f"{_fmt(student.get('train_samples'))} samples"))
+        where = ("in process" if student.get("trainer") == "local"
+                 else _plural(student.get("num_workers"), "Ray Train worker"))
+        times.append(("student run", f"{_plural(student.get('epochs'), 'epoch')}, {where} on "
+                      f"{_fmt(student.get('device'))}, {_fmt(student.get('train_samples'))} "
+                      "samples" + (f" ({student['trainer_reason']})"
+                                   if student.get("trainer_configured") == "auto" else "")))
     about = [("folder", run["path"]), ("job id", _fmt(rep.get("job_id"))),
              ("version", _fmt(rep.get("version")))]
     if rep.get("resumed"):

@@ -25,6 +25,7 @@ what the code reads.
 from __future__ import annotations
 
 import copy
+import glob
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -305,6 +306,29 @@ def _read_yaml(path: str) -> dict:
     if not isinstance(loaded, dict):
         raise ConfigError("--config", f"{path} holds a {type(loaded).__name__}, not a mapping of "
                           "sections", "write sections such as 'privacy: {eps: 1.0}'; " + fix)
+    return relative_to(loaded, os.path.dirname(os.path.abspath(path)))
+
+
+#: the config keys that name the user's data files (resolved against the config's folder)
+DATA_PATH_PARTS = ("private", "public", "evaluation")
+
+
+def relative_to(loaded: dict, folder: str) -> dict:
+    """``loaded`` with each relative ``data.<part>.path`` resolved against ``folder`` (the
+    config file's), so a config finds its data from any working folder; a path found only
+    from the working folder (a config written before) is left as given. URIs and absolute
+    paths are left alone."""
+    data = loaded.get("data")
+    if not isinstance(data, dict):
+        return loaded
+    for part in DATA_PATH_PARTS:
+        section = data.get(part)
+        path = section.get("path") if isinstance(section, dict) else None
+        if not isinstance(path, str) or not path or "://" in path or os.path.isabs(path):
+            continue
+        candidate = os.path.join(folder, path)
+        if os.path.exists(candidate) or (any(c in path for c in "*?[") and glob.glob(candidate)):
+            section["path"] = os.path.normpath(candidate)
     return loaded
 
 

@@ -26,7 +26,8 @@ RUN_MARKER = "report.json"
 INCOMPLETE_MARKER = "incomplete.json"
 #: What a run writes: cleared by --overwrite so no file of the old run sits beside the new config.
 RUN_FILES = ("report.json", "ledger.json", "labels.parquet", "release.npz", "summary.png",
-             "student.pt", "history.json", "config.yaml", INCOMPLETE_MARKER, "report.html")
+             "student.pt", "history.json", "config.yaml", INCOMPLETE_MARKER, "report.html",
+             "predictor.json", "encoder.npz")
 RELEASE_FILE = "release.npz"
 #: Ray Train's storage folders (student-<id>/) that a run may leave behind
 TRAIN_STORAGE_PREFIX = "student-"

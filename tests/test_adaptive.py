@@ -155,4 +155,5 @@ def test_rknn_ray_report_names_each_rounds_selection():
     assert counts["round 2 queries"] == ("uncertain/margin: 30 among the 60 least certain "
                                          "(uncertainty 0.8 vs 0.5 over all public)")
     times = dict(sections["Timings"])
-    assert times["select_1"] == "2.0 s" and times["total of the stages"] == "4.0 s"
+    assert times["round 2 query selection"] == "2.0 s" and times["round 1"] == "1.0 s"
+    assert times["total of the stages"] == "4.0 s"

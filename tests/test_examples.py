@@ -50,6 +50,12 @@ def test_notebook_runs(name, monkeypatch, tmp_path, ray_session):
     errors = [out for cell in nb.cells if cell.cell_type == "code"
               for out in cell.outputs if out.output_type == "error"]
     assert not errors
+    # no import noise: tqdm's "IProgress not found", Ray's "Missing packages: ['ipywidgets']",
+    # faiss's loader lines (rknn_ray/__init__.py quiets them)
+    noise = [line for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+             for line in out.get("text", "").splitlines()
+             if any(w in line for w in ("IProgress not found", "Missing packages", "faiss.loader"))]
+    assert not noise, f"{name} printed: {noise}"
     shown = [out for cell in nb.cells[-2:] if cell.cell_type == "code" for out in cell.outputs]
     assert shown, f"{name}'s last cells showed nothing"
     assert not (data_home / "rknn-ray").exists(), f"{name} used the default ledger"

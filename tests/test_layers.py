@@ -94,12 +94,14 @@ ALLOWED = {
     "rknn_ray.baselines": ["rknn_ray.accounting", "rknn_ray.labeling", "rknn_ray.report_row",
                            "rknn_ray.rng", "rknn_ray.student"],
     # config.py composes the sections each package declares (rknn_ray/<package>/config.py)
+    "rknn_ray.config_names": ["rknn_ray.errors"],     # finds jobs/configs by spec, no import
     "rknn_ray.config": ["rknn_ray.data", "rknn_ray.errors", "rknn_ray.keyspec",
                         "rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.representation",
                         "rknn_ray.student"],
     # the job reaches the parties (server, shuffler) through their actors only
     "rknn_ray.job": ["actors", "rknn_ray", "rknn_ray.accounting", "rknn_ray.baselines",
-                     "rknn_ray.client_step", "rknn_ray.config", "rknn_ray.data",
+                     "rknn_ray.client_step", "rknn_ray.config", "rknn_ray.config_names",
+                     "rknn_ray.data",
                      "rknn_ray.errors", "rknn_ray.interrupts", "rknn_ray.labeling",
                      "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.representation",
                      "rknn_ray.rng", "rknn_ray.runio", "rknn_ray.shard_secrets",

@@ -66,11 +66,17 @@ def test_make_example_table_writes_the_shipped_files(tmp_path):
 @needs_table
 def test_table_central_runs_end_to_end(ray_session, tmp_path, monkeypatch):
     from jobs.distill import main
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(tmp_path)        # another folder: the config's paths are its folder's
     out = tmp_path / "central"
-    assert main(["--config", CONFIGS[0], "--out", str(out), "--quiet", "--set",
-                 "student.epochs=5", "--set", "student.trainer=local"]) == 0
+    assert main(["--config", "table_central", "--out", str(out), "--quiet", "--set",
+                 "student.epochs=5"]) == 0
     report = json.loads((out / "report.json").read_text())
+    # student.trainer: auto: 142 samples x 5 epochs train in this process
+    assert report["student"]["trainer"] == "local"
+    assert report["student"]["trainer_configured"] == "auto"
+    assert report["student"]["trainer_reason"].startswith("auto: ")
+    # data.name: the config's own name for the records, not derived from them
+    assert report["privacy"]["budget"]["description"] == "table: breast-cancer example"
     public = _rows("public.csv")
     assert report["counts"]["public"] == len(public)
     assert report["counts"]["evaluation"] == len(_rows("evaluation.csv"))

@@ -533,6 +533,15 @@ class BudgetStore:
         with self._connect() as c:
             return q(c)
 
+    def named(self, identity: str, dataset: str, name: str) -> str:
+        """The source's description with the user's own name for it (``data.name``: given by
+        the user, never derived from the records), written where the datasets list shows it."""
+        description = f"{dataset}: {name}"
+        with self._transaction() as con:
+            con.execute("UPDATE datasets SET description = ? WHERE identity = ?",
+                        (description, identity))
+        return description
+
     def reserve(self, identity: str, description: str, job_id: str, eps: float, delta: float,
                 default_budget: tuple[float, float], accountant: str = "basic",
                 records: int | None = None) -> tuple[float, float]:

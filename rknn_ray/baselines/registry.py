@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rknn_ray.baselines import dpdfd, dpsgd, nfdp, pate, private_knn
+from rknn_ray.baselines import BASELINE_NAMES
 from rknn_ray.baselines.common import BaselineRow, BaselineSetup
 
 Run = Callable[[BaselineSetup, float, float, object], BaselineRow]
@@ -66,3 +67,6 @@ def run_baseline(name: str, setup: BaselineSetup, eps: float, delta: float,
     if name not in BASELINES:
         raise ValueError(f"unknown baseline {name!r}: choose one of {', '.join(BASELINES)}")
     return BASELINES[name](setup, eps, delta, ledger)
+
+
+assert tuple(BASELINES) == BASELINE_NAMES, "rknn_ray.baselines.BASELINE_NAMES lists BASELINES"

@@ -49,6 +49,10 @@ def _shape(value, path, spec):
 class DataConfig:
     dataset: str = key("digits", "digits is embedded; the others read data_root", str,
                        choices=owned("rknn_ray.data.registry", "known"), check=_dataset)
+    name: str | None = key(None, "your name for these records, shown by rknn-ray budget and in "
+                           "report.json beside the source (public: never taken from the data; "
+                           "null: '<dataset>: record pool')", str, nullable=True,
+                           accepts_text="a short name, or null")
     data_root: str | None = key(None, "the dataset's standard files (null: default place)", str,
                                 nullable=True, accepts_text="a folder path, or null",
                                 check=path_or_null("set data.data_root to a folder path, or "

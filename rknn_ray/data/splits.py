@@ -70,6 +70,9 @@ class Splits:
     eval_index: np.ndarray = field(repr=False, default=None)
     public_ids: np.ndarray | None = None     # the user's public row ids (None: row numbers)
     class_names: tuple | None = None         # declared class names, in label-index order
+    #: a user's table: how a raw row becomes a model input (public facts only: the fitted
+    #: Featurizer.to_dict(), the id and label column names); saved as predictor.json
+    table_input: dict | None = field(repr=False, default=None)
 
     def describe(self) -> dict:
         """Sizes and the rule, for report.json."""

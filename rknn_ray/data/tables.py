@@ -455,6 +455,38 @@ class Featurizer:
         width = len(self.mean) + sum(len(c) for c in self.categories.values())
         return (int(width),)
 
+    def to_dict(self) -> dict:
+        """The fitted parameters as plain JSON values (saved with the student as
+        ``predictor.json``; fitted on public rows only). :meth:`from_dict` reads them back:
+        no pickle, so a run folder's file cannot run code when loaded."""
+        return {"columns": {"names": list(self.columns.names),
+                            "list_column": bool(self.columns.list_column),
+                            "categorical": list(self.columns.categorical)},
+                "shape": None if self.shape is None else [int(s) for s in self.shape],
+                "mean": None if self.mean is None else [float(v) for v in self.mean],
+                "std": None if self.std is None else [float(v) for v in self.std],
+                "categories": {n: [str(c) for c in cats] for n, cats in self.categories.items()},
+                "scale": float(self.scale)}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Featurizer":
+        """The featurizer :meth:`to_dict` saved (checked: a malformed file is a DataError)."""
+        try:
+            c = values["columns"]
+            cols = Columns(tuple(str(n) for n in c["names"]), bool(c["list_column"]),
+                           tuple(str(n) for n in c["categorical"]))
+            shape = values.get("shape")
+            mean, std = values.get("mean"), values.get("std")
+            return cls(cols, None if shape is None else tuple(int(s) for s in shape),
+                       None if mean is None else np.asarray(mean, np.float64),
+                       None if std is None else np.asarray(std, np.float64),
+                       {str(n): tuple(str(v) for v in cats)
+                        for n, cats in dict(values.get("categories") or {}).items()},
+                       float(values.get("scale", 1.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"a saved featurizer is malformed ({type(exc).__name__}: {exc}). "
+                            "Fix: use the predictor.json the run wrote, unchanged") from None
+
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         if self.shape is not None:
             x = np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)

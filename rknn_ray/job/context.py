@@ -41,6 +41,12 @@ class JobContext:
     #: (``--resume``), which report.json's ``resumed`` records
     started_at: float = field(default_factory=time.time)
 
+    def __post_init__(self):
+        # data.name: the user's name for the source, shown by `rknn-ray budget` (public)
+        name = getattr(getattr(self.cfg, "data", None), "name", None)
+        if name and hasattr(self.store, "named"):
+            self.described = self.store.named(self.identity, self.cfg.data.dataset, name)
+
     def round_budgets(self) -> list[RoundShare]:
         """Each round's share of privacy.eps and privacy.delta (and, where the rounds are
         calibrated together, its local eps0): rknn_ray.mechanisms.composed_rounds."""

@@ -17,9 +17,11 @@ from rknn_ray.job.context import JobContext
 from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_public_labels,
                                       labels_table, measured, public_ids)
 from rknn_ray.job.placement import merge_placements
+from rknn_ray.job.predict import write_predictor
 from rknn_ray.job.release_file import load_selections
 from rknn_ray.job.stages import finish_labels, nonprivate_labels
 from rknn_ray.labeling.stage import connection_plan
+from rknn_ray.student.config import AUTO_LOCAL_WORK
 from rknn_ray.student.stage import fit_student, student_description, student_inputs
 from rknn_ray.labeling.connection import Connection
 from rknn_ray.labeling.queries import union_of_rounds
@@ -70,12 +72,22 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     inputs = student_inputs(cfg, data, ctx.encoder, lab, all_qs, ctx.public_emb, label_info,
                             out_dir)
     train_x = inputs.train_x
-    how = f"Ray Train, {st.num_workers} workers" if st.trainer == "ray" else "in this process"
+    trainer, why = st.chosen_trainer(len(train_x), inputs.image_shape)   # auto: by size
+    how = (f"Ray Train, {st.num_workers} worker{'s' if st.num_workers != 1 else ''}"
+           if trainer == "ray" else "in this process")
+    if st.trainer == "auto":
+        progress.say(f"student.trainer {why}")
+    elif trainer == "ray" and st.method != "semi" and \
+            len(train_x) * st.epochs <= AUTO_LOCAL_WORK["cnn"] // 5:
+        progress.say(f"student: {len(train_x)} samples x {st.epochs} epochs is small: Ray "
+                     "Train's start-up will take longer than training (student.trainer: auto "
+                     "or local trains it in this process)")
     with progress.stage("student", f"student: {how}, "
                         f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
         student = fit_student(cfg, data, ctx.encoder, lab, label_info, inputs, out_dir, progress,
                               on_epoch)
+    write_predictor(out_dir, cfg, data, inputs.described, ctx.encoder)   # RunResult.predict
     accuracy = accuracy_section(sp, lab.label_accuracy, lab.query_accuracy,
                                 student.test_accuracy)
     progress.say(f"student test accuracy {accuracy_words(accuracy, 'student')}")
@@ -120,7 +132,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                    **({"holders": data.holders} if getattr(data, "holders", None) else {})},
         "split": sp.describe(),
         "student": {"test_accuracy": accuracy["student"], "epochs": student.epochs,
-                    "trainer": st.trainer,
+                    "trainer": trainer, "trainer_configured": st.trainer,
+                    "trainer_reason": why,
                     "num_workers": student.num_workers, "device": student.device,
                     "checkpoint": student.checkpoint_path, "train_samples": int(len(train_x))},
         "timings_s": timings,

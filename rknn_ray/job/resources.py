@@ -22,7 +22,7 @@ def validate_resources(cfg, available_cpus: float) -> None:
     """The protocol's actors and the student's workers must fit the cluster's CPUs (Ray would
     wait for them forever); checked before any budget is reserved."""
     st = cfg.student
-    if st.trainer == "ray" and st.method != "semi" and not st.use_gpu and \
+    if st.trainer in ("ray", "auto") and st.method != "semi" and not st.use_gpu and \
             st.num_workers > available_cpus + 1e-9:
         raise ConfigError("student.num_workers", f"{st.num_workers} Ray Train workers need "
                           f"{st.num_workers} CPUs but the cluster has {available_cpus:g}",

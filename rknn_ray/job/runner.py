@@ -52,7 +52,7 @@ __all__ = ["RUN_FILES", "RunResult", "encoder_trains_on_ray", "run", "run_paths"
 RUN_FILES = {"config": "config.yaml", "release": "release.npz", "ledger": "ledger.json",
              "labels": "labels.parquet", "student": CHECKPOINT_FILE, "history": HISTORY_FILE,
              "summary": "summary.png", "report": "report.json", "diagnostics": "diagnostics",
-             "report_html": "report.html"}
+             "report_html": "report.html", "predictor": "predictor.json"}
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,19 @@ class RunResult:
         if "student" not in self.paths:
             raise DataError(f"{self.out_dir} holds no {CHECKPOINT_FILE}")
         return load_student(self.paths["student"])
+
+    def predict(self, data, allow_pickle: bool = False):
+        """The student's predictions for new rows: a pandas DataFrame with the id column
+        (when ``data`` has the public part's), ``class`` (the class name) and
+        ``probability``. ``data``: a DataFrame / Arrow table / dict with the table's feature
+        columns, or a numpy array (rknn_ray.job.predict.Predictor). ``allow_pickle``: a
+        student on the encoder's features needs its pickled encoder (trust the folder)."""
+        return self.predictor(allow_pickle).predict(data)
+
+    def predictor(self, allow_pickle: bool = False):
+        """The run's rknn_ray.job.predict.Predictor (``predict_proba`` for every class)."""
+        from rknn_ray.job.predict import Predictor  # defers pandas, torch: on use
+        return Predictor.from_run(self.out_dir, allow_pickle=allow_pickle)
 
 
 def run_paths(run_dir: str) -> dict:

@@ -232,7 +232,9 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
                                    n_pub, noise_std, data.num_classes)
         m, why = choice.neighbours, choice.reason
     else:
-        m, why = int(cfg.labels.smooth), "labels.smooth fixed by the config"
+        m = int(cfg.labels.smooth)
+        why = ("labels.smooth = 1, the default; labels.smooth: auto chooses" if m == 1
+               else f"labels.smooth = {m}")
     lab, sm = smoothed_labels(counts, qs, public_emb, data.splits.public_y, cfg.labels.type, m,
                               noise_std)
     q_eff = max(1.0, m * qs.size / n_pub)
@@ -240,7 +242,8 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
     if progress is not None:     # an accuracy only where public rows carry labels to measure
         measured = (f"; label accuracy {lab.label_accuracy:.4f}"
                     if has_public_labels(data.splits) else "")
-        progress.say(f"denoising: {m} public neighbours ({why}){measured}")
+        what = "off" if m == 1 else f"{m} public neighbours"
+        progress.say(f"denoising: {what} ({why}){measured}")
     info = {"noise_std": noise_std, "denoise": {"neighbours": m, "reason": why,
                                                 "post_processing": True},
             "encoder": encoder_info(cfg), "confidence": conf}

@@ -19,7 +19,14 @@ METHODS = ("supervised", "semi")
 TARGETS = ("hard", "soft", "weighted")
 INITS = ("encoder", "scratch")
 INPUTS = ("images", "features")
-TRAINERS = ("ray", "local")
+TRAINERS = ("ray", "local", "auto")
+#: student.trainer: auto trains in this process up to this many sample-epochs (training
+#: samples x epochs), on Ray Train above, by the student's kind: an MLP (a flat input: a table's
+#: features, the encoder's features) or a CNN (an image). Ray Train's start-up (~20 s) is
+#: more than the whole in-process loop below these; measured on 2 CPU cores, the CNN on
+#: 28x28 images at 1,000 sample-epochs/s in process, 2 Train workers ~1.3x that (crossover
+#: ~90,000), the MLP at ~29,000/s (docs/results.md, "student.trainer: auto")
+AUTO_LOCAL_WORK = {"mlp": 1_000_000, "cnn": 100_000}
 #: the student's files in a run folder (here, not beside torch code: the job layer names them)
 CHECKPOINT_FILE = "student.pt"
 HISTORY_FILE = "history.json"
@@ -50,11 +57,27 @@ class StudentSection:
     input: str = key("images", "images | features: an MLP on the (public) encoder's features",
                      str, choices=INPUTS)
     trainer: str = key("ray", "ray (Ray Train, num_workers workers) | local (this process, the "
-                       "same training loop; no Train start-up cost)", str, choices=TRAINERS)
+                       "same training loop; no Train start-up cost) | auto (local up to "
+                       f"{AUTO_LOCAL_WORK['cnn']:,} training samples x epochs for an image "
+                       f"student, {AUTO_LOCAL_WORK['mlp']:,} for features; else ray; "
+                       "report.json says which ran)", str, choices=TRAINERS)
 
     def validate(self):
         """A checked, normalized copy (the same checks and messages as the run config's)."""
         return checked(self, "student")
+
+    def chosen_trainer(self, train_samples: int, input_shape=(1,)) -> tuple[str, str]:
+        """(the trainer that runs: ray | local, why) for ``train_samples`` training samples
+        of ``input_shape``: ``auto`` compares samples x epochs with :data:`AUTO_LOCAL_WORK`
+        (an MLP for a flat input, else a CNN)."""
+        if self.trainer != "auto":
+            return self.trainer, "configured"
+        kind = "mlp" if len(tuple(input_shape)) <= 1 else "cnn"
+        work, limit = int(train_samples) * int(self.epochs), AUTO_LOCAL_WORK[kind]
+        if work <= limit:
+            return "local", (f"auto: {work:,} samples x epochs <= {limit:,} ({kind}), in this "
+                             "process (Ray Train's start-up would cost more than training)")
+        return "ray", f"auto: {work:,} samples x epochs > {limit:,} ({kind}), on Ray Train"
 
 
 @dataclass(frozen=True)

@@ -109,11 +109,12 @@ def student_inputs(cfg, data: "PreparedData", encoder, lab: "Labeling", qs: "Que
 def fit_student(cfg, data: "PreparedData", encoder, lab: "Labeling", info: dict, inputs: StudentInputs,
                 out_dir: str | None, progress=None, on_epoch=None):
     """Train the configured student: Ray Train (``student.trainer: ray``) or the same loop in
-    this process (``local``); ``student.method: semi`` -> train_semi."""
+    this process (``local``; ``auto``: by size, StudentSection.chosen_trainer); ``student.method: semi`` -> train_semi."""
     from rknn_ray.student import train_student, train_student_local     # torch
     if cfg.student.method == "semi":
         return train_semi(cfg, data, encoder, lab, info, out_dir, progress)
-    fit = train_student if cfg.student.trainer == "ray" else train_student_local
+    trainer, _ = cfg.student.chosen_trainer(len(inputs.train_x), inputs.image_shape)  # auto
+    fit = train_student if trainer == "ray" else train_student_local
     return fit(inputs.train_x, inputs.targets, inputs.eval_x, inputs.eval_y,
                inputs.image_shape, data.num_classes, inputs.config,
                storage_path=out_dir, checkpoint_dir=out_dir,

@@ -121,7 +121,9 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
     public_side = dict(public_x=public_x, public_y=public_y, public_ids=public_ids,
                        eval_x=eval_x, eval_y=eval_y, classes=tuple(classes),
                        featurizer=featurizer, pool=np.unique(np.concatenate(pools)),
-                       near=np.unique(np.concatenate(nears)), width=width)
+                       near=np.unique(np.concatenate(nears)), width=width,
+                       table_input={"featurizer": featurizer.to_dict(), "id": pub.id,
+                                    "label": ev.label or priv.label})
     handover = _Handover(None if memory is None else _private_table(priv, memory))
     return PendingScan(spec, handover.table, functools.partial(_scanned, cfg, spec, public_side,
                                                                handover))
@@ -151,7 +153,8 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
                     np.broadcast_to(np.zeros((), np.float32), (m, *image_shape)),
                     np.broadcast_to(np.int64(-1), (m,)), public["public_x"], public["public_y"],
                     public["eval_x"], public["eval_y"], len(public["classes"]), image_shape,
-                    public_ids=public["public_ids"], class_names=public["classes"])
+                    public_ids=public["public_ids"], class_names=public["classes"],
+                    table_input=public["table_input"])
     make = functools.partial(_shard_sources, handover, priv, priv_cols, spec.classes, featurizer,
                              found["clients"], found["shard_digests"], found["key"], spec.bound,
                              int(cfg.run.seed), public["width"], spec.shards,
@@ -163,7 +166,8 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
         facts["reports"] = "each kept record (privacy.multi_record=each)"
     data = PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(public["classes"]),
                         image_shape, d.dataset, clients=holders if priv.client else m,
-                        record_bound=spec.bound, kept_records=int(found["kept"]), pool=public["pool"], near_pool=public["near"],
+                        record_bound=spec.bound, kept_records=int(found["kept"]),
+                        pool=public["pool"], near_pool=public["near"],
                         pool_keyed=found["fingerprints"], near_keyed=found["near"],
                         private_digest=found["digest"], shard_sources=make, remote_private=True,
                         holders=facts)
