@@ -180,9 +180,18 @@ def _views(job) -> dict:
     and accuracies left out), report counts and guarantees, the ledger's entries."""
     rc, console, report, ledger, folder = job
     lines = [re.sub(r"\[\s*[\d.]+s\]\s*", "", line).replace(folder, "FOLDER") for line in console]
-    # a bar's interim lines follow which shard's batch lands first (timing, not data)
     lines = [line for line in lines if not RELEASE_DERIVED.search(line)
-             and not line.startswith("run folder") and not re.search(r"\((\d|[1-9]\d)%\)", line)]
+             and not line.startswith("run folder")]
+    # a progress bar's interim lines follow which shard's batch lands first (timing, not
+    # data): each bar keeps its last line, where its first one stood
+    bars: dict = {}
+    for i, line in enumerate(lines):
+        bar = re.match(r"\s*([a-z ]+): \d+", line)
+        if bar:
+            bars[bar.group(1)] = (bars.get(bar.group(1), (i, None))[0], line)
+    firsts = {i: last for i, last in bars.values()}
+    lines = [firsts.get(i, line) for i, line in enumerate(lines)
+             if i in firsts or not re.match(r"\s*([a-z ]+): \d+", line)]
     view = {"rc": rc, "console": lines}
     if report is not None:
         p = report["privacy"]

@@ -116,7 +116,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                     "details": [r.mechanism for r in rounds],
                     # which source the records were charged to depends on which of them
                     # matched a known one: its name is in the ledger, never in the report
-                    "budget": {"eps": ctx.budget[0], "delta": ctx.budget[1],
+                    "budget": {"description": ctx.described,    # the config's words only
+                               "eps": ctx.budget[0], "delta": ctx.budget[1],
                                **_spent(ctx, cfg.privacy.accountant),
                                "ledger": ctx.store.path},
                     "release_file": "release.npz", **rng_marks(cfg)},
