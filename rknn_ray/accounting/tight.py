@@ -76,7 +76,9 @@ largest of binary RR and the k-RR pairs (every k-RR is eps0-LDP).  Per-bit RR:
 the largest of the exact pair "others all hot on h'" and, with the others hot on a third
 cell h'', the counts of the reports showing (1, 0) vs (0, 1) on (h, h'), with bit h'' = 0
 or whatever it is (:func:`~rknn_ray.accounting.shuffled_rr.bitrr_pairs`); binary RR's pair
-is not one of this randomizer's, so it is left out.
+is not one of this randomizer's, so it is left out.  Up to n = 2e6 the third-cell data set's
+exact divergence of the whole output raises it (:mod:`rknn_ray.accounting.exact_lower`: the
+n-fold sum of one report's loss term, by exact lattice sums, certified from below).
 
 ``dominating_pair(eps0, n)``: the same bucketed pair as explicit distributions, see
 :meth:`TightBound.dominating_pair`.
@@ -90,6 +92,8 @@ import numpy as np
 from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half_pmf_path,
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
+from rknn_ray.accounting.exact_lower import (THIRD_CELL_MAX_N, BitRRThirdCellDelta,
+                                             third_cell_grid)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
 from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
                                              bitrr_flip_probability, bitrr_pairs,
@@ -581,8 +585,13 @@ class TightBound(AmplificationBound):
         """A certified lower bound for the same randomizer (see the module doc)."""
         _check(eps0, n, delta)
         if self.mechanism == "bitrr":
-            return max((eps_for_delta(pd, delta, eps0, upper=False)
+            best = max((eps_for_delta(pd, delta, eps0, upper=False)
                         for pd in bitrr_pairs(eps0, n, self.d)), default=0.0)
+            if self.d >= 3 and 2 <= n <= THIRD_CELL_MAX_N:
+                # the third-cell data set's exact divergence (whole output, not two counts)
+                best = _raise_lower(BitRRThirdCellDelta(eps0, n, grid=third_cell_grid(n)),
+                                    delta, best, eps0)
+            return best
         if self.mechanism == "collision":
             best = max(eps_for_delta(pd, delta, eps0, upper=False)
                        for pd in [collision_pair(eps0, n, self.l)]
@@ -716,7 +725,8 @@ class TightLowerBound(AmplificationBound):
                                       "that single out v or v'); the largest",
                          "bitrr": "exact divergences of shuffled per-bit RR (kr = 1): others "
                                   "all hot on h' (exact), or all on a third cell (counts of two "
-                                  "patterns on the three cells); the largest",
+                                  "patterns on the three cells; the whole output, exactly, up "
+                                  "to n = 2e6); the largest",
                          "generic": "the largest exact divergence of shuffled binary RR and "
                                     "3-/4-RR pairs (each eps0-LDP)"}[upper.mechanism]
 
