@@ -12,7 +12,8 @@ from collections import defaultdict
 
 import pytest
 
-from rknn_ray.accounting.exact_lower import (BitRRThirdCellDelta, bitrr_flip_probability_hi)
+from rknn_ray.accounting.exact_lower import (BitRRThirdCellDelta, CollisionThirdValueExactDelta,
+                                             KRRThirdValueExactDelta, bitrr_flip_probability_hi)
 from rknn_ray.accounting.shuffled_rr import bitrr_flip_probability, bitrr_pairs
 from rknn_ray.accounting.tight import tight_bound
 
@@ -87,3 +88,62 @@ def test_flip_probability_for_the_lower_bound_is_at_least_the_samplers():
         assert bitrr_flip_probability_hi(eps0) >= rr_flip_probability(eps0, 1, 1)
         assert bitrr_flip_probability_hi(eps0) > bitrr_flip_probability(eps0)
         assert bitrr_flip_probability_hi(eps0) <= 1.0 / (math.exp(eps0 / 2) + 1.0) * (1 + 1e-12)
+
+
+def _hist_delta(A, Ap, O, n, eps):
+    """Exact delta of the histogram of n reports over len(O) categories: user 1 with law A
+    (P) or Ap (Q), the other n - 1 with law O."""
+    def add(dist, lw):
+        out = defaultdict(float)
+        for h, pr in dist.items():
+            for j, w in enumerate(lw):
+                if w:
+                    out[tuple(sorted(h + (j,)))] += pr * w
+        return out
+
+    base = {(): 1.0}
+    for _ in range(n - 1):
+        base = add(base, O)
+    P, Q = add(base, A), add(base, Ap)
+    ee = math.exp(eps)
+    return sum(max(P[h] - ee * Q.get(h, 0.0), 0.0) for h in P)
+
+
+@pytest.mark.parametrize("eps0,n,l,eps", [(1.0, 3, 3, 0.1), (2.0, 3, 3, 0.3), (2.0, 2, 4, 0.2)])
+def test_collision_third_value_matches_brute_force_over_every_hash(eps0, n, l, eps):
+    """Each report (its own hash triple (H(v), H(v'), H(v'')) uniform on [l]^3, its cell z):
+    l^4 categories, enumerated; user 1 on v vs v', the others on v''."""
+    pd = CollisionThirdValueExactDelta(eps0, n, l, grid=1 << 12, width=1)
+    p, cats = pd.p, list(itertools.product(range(l), repeat=4))
+    a = 1.0 / (p + l - 1.0)
+    A, Ap, O = ([(p * a if c[3] == c[w] else a) / l ** 3 for c in cats] for w in (0, 1, 2))
+    exact = _hist_delta(A, Ap, O, n, eps)
+    est, _, down = pd.delta(eps)
+    assert exact * 0.999 <= est - down <= exact
+    # and the tight Collision bound sits above it
+    up = tight_bound("collision", l=l, c=1).pair_delta(eps0, n).delta(eps)
+    assert up[0] + up[1] >= exact
+
+
+@pytest.mark.parametrize("eps0,n,k,eps", [(1.0, 4, 3, 0.2), (2.0, 5, 4, 0.3), (3.0, 6, 5, 0.5)])
+def test_krr_third_value_matches_brute_force(eps0, n, k, eps):
+    p = math.exp(eps0)
+    a = 1.0 / (p + k - 1.0)
+    A, Ap, O = ([p * a if y == x else a for y in range(k)] for x in (0, 1, 2))
+    exact = _hist_delta(A, Ap, O, n, eps)
+    est, _, down = KRRThirdValueExactDelta(eps0, n, k, grid=1 << 8, width=1).delta(eps)
+    assert exact * 0.995 <= est - down <= exact
+
+
+@pytest.mark.parametrize("l,eps0,n", [(4, 1.0, 10_000), (8, 2.0, 20_000)])
+def test_collision_lower_bound_rises_and_stays_below_tight(l, eps0, n):
+    """The whole output's divergence certifies more eps than the count pairs (1.165 -> 1.10
+    tight / lower at l = 4, eps0 = 1, n = 1e4), never above the tight bound."""
+    from rknn_ray.accounting.hockey import eps_for_delta
+    from rknn_ray.accounting.shuffled_rr import collision_pair, collision_third_value_pairs
+    delta = 1e-8
+    old = max(eps_for_delta(pd, delta, eps0, upper=False)
+              for pd in [collision_pair(eps0, n, l)] + collision_third_value_pairs(eps0, n, l))
+    b = tight_bound("collision", l=l, c=1)
+    new, up = b.lower(eps0, n, delta), b.central_eps(eps0, n, delta)
+    assert old < new <= up

@@ -83,24 +83,25 @@ def _pmf(n: int, q: float, tail: float):
     return int(lo), w, pmf_rtol(max(abs(lo - n * q), abs(hi - n * q)) + 1)
 
 
-class BitRRThirdCellDelta:
-    """delta(eps) of per-bit RR (kr = 1) shuffled, user 1 hot on h vs h', the other n - 1 hot
-    on a third cell: (estimate, 0, err_down) with estimate - err_down a certified lower
-    bound of the data set's exact divergence (module doc).
+class ThirdCellDelta:
+    """delta(eps) = E[(sum_i V_i)_+] / n for V = p^{-z} (p^y - e^eps p^{y'}) with y, y' ~
+    Bern(q_hit) and z ~ Bern(q_z), all independent: (estimate, 0, err_down), estimate -
+    err_down a certified lower bound (module doc; :class:`BitRRThirdCellDelta`,
+    :class:`CollisionThirdValueExactDelta` name the parameters).
 
     ``grid``: U is rounded to multiples of 1/grid; ``width``: M values per bucket (default:
     about sd(M) / 48, at least 1: exact per M at small n).
     """
 
-    def __init__(self, eps0: float, n: int, grid: int = 2, width: int | None = None,
-                 tail: float = TAIL, q: float | None = None):
-        self.eps0, self.n, self.grid, self.tail = float(eps0), int(n), int(grid), tail
-        self.q = bitrr_flip_probability_hi(eps0) if q is None else float(q)
-        b = (1.0 - self.q) / self.q
-        self.p = b * b
-        sd = math.sqrt(self.n * self.q * (1.0 - self.q))
+    def __init__(self, p: float, q_hit: float, q_z: float, n: int, grid: int = 2,
+                 width: int | None = None, tail: float = TAIL):
+        if not (p > 1.0 and 0.0 < q_hit < 1.0 and 0.0 < q_z < 1.0):
+            raise ValueError("need p > 1 and probabilities in (0, 1)")
+        self.p, self.q, self.q_z = float(p), float(q_hit), float(q_z)
+        self.n, self.grid, self.tail = int(n), int(grid), tail
+        sd = math.sqrt(self.n * self.q_z * (1.0 - self.q_z))
         self.width = max(1, int(sd / 48.0)) if width is None else max(1, int(width))
-        self.m_lo, self.w_m, self.rel_m = _pmf(self.n, 1.0 - self.q, tail)
+        self.m_lo, self.w_m, self.rel_m = _pmf(self.n, self.q_z, tail)
         self._laws = {}
 
     def _law(self, m: int):
@@ -161,8 +162,8 @@ class BitRRThirdCellDelta:
 
     def delta(self, eps: float) -> tuple[float, float, float]:
         ee, p = math.exp(eps), self.p
-        d_up = (1.0 - 1.0 / p) * max(p - ee, 0.0)      # per report moved y'' 0 -> 1
-        d_dn = (1.0 - 1.0 / p) * max(ee * p - 1.0, 0.0)  # per report moved y'' 1 -> 0
+        d_up = (1.0 - 1.0 / p) * max(p - ee, 0.0)      # per report moved z 0 -> 1
+        d_dn = (1.0 - 1.0 / p) * max(ee * p - 1.0, 0.0)  # per report moved z 1 -> 0
         Ms = self.m_lo + np.arange(self.w_m.size, dtype=np.int64)
         # float p, e^eps and the sums' constants err by a few ulps: S is lowered by a margin
         # far above that (|S| terms are at most n p e^eps in size)
@@ -181,3 +182,118 @@ class BitRRThirdCellDelta:
         est = total / self.n
         down = err / self.n + 1e-300
         return est, 0.0, down
+
+
+class BitRRThirdCellDelta(ThirdCellDelta):
+    """Per-bit RR (kr = 1) shuffled, user 1 hot on h vs h', the other n - 1 hot on a third
+    cell h'': y, y' the bits h, h' (Bern(q)), z the bit h'' (Bern(1 - q)), p = ((1-q)/q)^2,
+    at a flip probability q a hair above the sampler's (module doc)."""
+
+    def __init__(self, eps0: float, n: int, grid: int = 2, width: int | None = None,
+                 tail: float = TAIL, q: float | None = None):
+        q = bitrr_flip_probability_hi(eps0) if q is None else float(q)
+        b = (1.0 - q) / q
+        super().__init__(b * b, q, 1.0 - q, n, grid=grid, width=width, tail=tail)
+
+
+class CollisionThirdValueExactDelta(ThirdCellDelta):
+    """Collision (c = 1, Bloom length l), user 1 on v vs v', the other n - 1 all on v''.
+
+    Each report carries its own fresh hash H_i (its seed), from a 3-wise independent family:
+    (H_i(v), H_i(v'), H_i(v'')) is uniform on [l]^3, and z_i is l-RR around H_i(v'') (kept
+    w.p. p a, a = 1/(p + l - 1)).  The likelihood ratio of report i depends on the three
+    hits y = [z_i = H_i(v)], y' = [z_i = H_i(v')], z = [z_i = H_i(v'')] only, independent
+    under the others' law: y, y' ~ Bern(1/l), z ~ Bern(p a), and
+    V = (A - e^eps A') / O = p^{-z} (p^y - e^eps p^{y'}): every hash-match pattern, exactly.
+    p is e^eps0 lowered by 1e-12 relative: at most the sampler's (it rounds its keep
+    probability down, by < 2^-53), and l-RR with a smaller p is a post-processing."""
+
+    def __init__(self, eps0: float, n: int, l: int, grid: int = 2, width: int | None = None,
+                 tail: float = TAIL):
+        if l < 2:
+            raise ValueError("Collision needs l >= 2")
+        p = math.exp(eps0) * (1.0 - 1e-12)
+        super().__init__(p, 1.0 / l, p / (p + l - 1.0), n, grid=grid, width=width, tail=tail)
+
+
+class KRRThirdValueExactDelta:
+    """delta(eps) of shuffled k-RR (k >= 3), user 1 on x vs x', the other n - 1 all on a third
+    value v'': (estimate, 0, err_down), estimate - err_down certified below the data set's
+    exact divergence of the whole histogram (the same data set as
+    :class:`rknn_ray.accounting.shuffled_rr.KRRThirdValueDelta`, there exact at n ~ 1e3-1e4).
+
+    Per report under O (on v''), a = 1/(p + k - 1): x w.p. a (V = p - e^eps), x' w.p. a
+    (1 - e^eps p), v'' w.p. p a ((1 - e^eps)/p), each other value w.p. a (1 - e^eps).  With T
+    the reports not on x / x' (T ~ Bin(n, (p + k - 3) a)), M of them on v'' (Bin(T, p / (p + k
+    - 3))) and X of the n - T others on x (Bin(n - T, 1/2)):
+
+        S = (1 - e)(T - M) + (1 - e) M / p + (1 - e p)(n - T) + (p - 1)(1 + e) X.
+
+    For each T: the law of (e - 1)(1 - 1/p) M + (p - 1)(1 + e) X rounded down to a grid, the
+    positive part from suffix sums of non-negative terms.  T is bucketed: one more report off
+    x / x' changes S by >= -(p - 1), one less by >= -(e p - 1) + (e - 1)/p (a coupling), so
+    each T uses its bucket's law shifted by that bound times the distance (only lowers).
+    """
+
+    def __init__(self, eps0: float, n: int, k: int, grid: int = 1, width: int | None = None,
+                 tail: float = TAIL):
+        if k < 3:
+            raise ValueError("a third value needs k >= 3")
+        self.p, self.n, self.k, self.grid, self.tail = math.exp(eps0), int(n), int(k), int(grid), tail
+        self.a = 1.0 / (self.p + k - 1.0)
+        self.pi_t = (self.p + k - 3.0) * self.a
+        self.rho = self.p / (self.p + k - 3.0)
+        sd = math.sqrt(self.n * self.pi_t * (1.0 - self.pi_t))
+        self.width = max(1, int(sd / 24.0)) if width is None else max(1, int(width))
+        self.t_lo, self.w_t, self.rel_t = _pmf(self.n, self.pi_t, tail)
+
+    def _value(self, t0: int, shifts: np.ndarray, ee: float):
+        p, G, n = self.p, self.grid, self.n
+        alpha = (ee - 1.0) * (1.0 - 1.0 / p)
+        D = (p - 1.0) * (1.0 + ee)
+        m_lo, wm, rm = _pmf(t0, self.rho, self.tail) if self.rho < 1.0 else (t0, np.ones(1), 0.0)
+        x_lo, wx, rx = _pmf(n - t0, 0.5, self.tail)
+        m = np.arange(m_lo, m_lo + wm.size, dtype=np.float64)
+        x = np.arange(x_lo, x_lo + wx.size, dtype=np.float64)
+        jm = np.floor(G * alpha * m * (1.0 - 1e-13)).astype(np.int64)
+        jx = np.floor(G * D * x * (1.0 - 1e-13)).astype(np.int64)
+        pm = np.bincount(jm - jm.min(), weights=wm)
+        px = np.bincount(jx - jx.min(), weights=wx)
+        P = np.convolve(px, pm)
+        j_lo = int(jm.min() + jx.min())
+        S0 = np.cumsum(P[::-1])[::-1]                  # sum_{j >= t} P_j
+        S1 = np.concatenate((np.cumsum(S0[::-1])[::-1][1:], [0.0]))  # sum_{j > t} S0_j
+        c = (1.0 - ee) * t0 + (1.0 - ee * p) * (n - t0)
+        out = np.empty(shifts.size)
+        for s_, sh in enumerate(shifts):
+            C = c - sh
+            t = int(math.floor(-C * G)) + 1 - j_lo      # first index with C + j / G > 0
+            if t >= P.size:
+                out[s_] = 0.0
+            elif t <= 0:
+                # every grid point counts: (C + j_lo / G) may be > 0 with room below; E = C + E[Z]
+                out[s_] = max(0.0, (C + j_lo / G) * S0[0] + S1[0] / G + S0[0] * 0.0)
+            else:
+                out[s_] = max(0.0, (C + (t + j_lo) / G) * S0[t] + S1[t] / G)
+        rel = 2.0 * (rm + rx) + _FLOAT_REL_PER_TERM * (4 * P.size + pm.size + px.size + 8)
+        return out, rel
+
+    def delta(self, eps: float) -> tuple[float, float, float]:
+        ee, p = math.exp(eps), self.p
+        d_up = max(p - 1.0, 0.0)                           # one more report off x / x'
+        d_dn = max(ee * p - 1.0 - (ee - 1.0) / p, 0.0)     # one less
+        safety = 1e-12 * self.n * p * ee
+        Ts = self.t_lo + np.arange(self.w_t.size, dtype=np.int64)
+        total, err = 0.0, 0.0
+        w = self.width
+        for s in range(0, Ts.size, w):
+            block, wb = Ts[s:s + w], self.w_t[s:s + w]
+            t0 = int(block[block.size // 2])
+            kk = block - t0
+            shifts = np.where(kk > 0, kk * d_up, -kk * d_dn).astype(float) + safety
+            vals, rel = self._value(t0, shifts, ee)
+            part = float(np.dot(wb, vals))
+            total += part
+            err += part * (rel + self.rel_t)
+        return total / self.n, 0.0, err / self.n + 1e-300
+

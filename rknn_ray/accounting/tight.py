@@ -78,7 +78,9 @@ cell h'', the counts of the reports showing (1, 0) vs (0, 1) on (h, h'), with bi
 or whatever it is (:func:`~rknn_ray.accounting.shuffled_rr.bitrr_pairs`); binary RR's pair
 is not one of this randomizer's, so it is left out.  Up to n = 2e6 the third-cell data set's
 exact divergence of the whole output raises it (:mod:`rknn_ray.accounting.exact_lower`: the
-n-fold sum of one report's loss term, by exact lattice sums, certified from below).
+n-fold sum of one report's loss term, by exact lattice sums, certified from below); so it
+does for Collision's third-value data set (every hash-match pattern of each report: each
+report carries its own hash) and, where the whole-histogram sum above is too slow, k-RR's.
 
 ``dominating_pair(eps0, n)``: the same bucketed pair as explicit distributions, see
 :meth:`TightBound.dominating_pair`.
@@ -93,7 +95,8 @@ from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
 from rknn_ray.accounting.exact_lower import (THIRD_CELL_MAX_N, BitRRThirdCellDelta,
-                                             third_cell_grid)
+                                             CollisionThirdValueExactDelta,
+                                             KRRThirdValueExactDelta, third_cell_grid)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
 from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
                                              bitrr_flip_probability, bitrr_pairs,
@@ -598,6 +601,11 @@ class TightBound(AmplificationBound):
                        + collision_third_value_pairs(eps0, n, self.l))
             if n >= 2 and CollisionThirdValueDelta.terms(eps0, n, self.l) <= FOUR_COUNT_TERMS:
                 best = _raise_lower(CollisionThirdValueDelta(eps0, n, self.l), delta, best, eps0)
+            if 2 <= n <= THIRD_CELL_MAX_N:
+                # the same data set's exact divergence, every hash-match pattern of each report
+                best = _raise_lower(CollisionThirdValueExactDelta(eps0, n, self.l,
+                                                                  grid=third_cell_grid(n)),
+                                    delta, best, eps0)
             return best
         ks = [self.k] if self.mechanism == "krr" else [2, 3, 4]
         best = RRLowerBound().central_eps(eps0, n, delta) if self.mechanism == "generic" else 0.0
@@ -610,6 +618,9 @@ class TightBound(AmplificationBound):
                 best = max(best, eps_for_delta(pd, delta, eps0, upper=False))
                 if KRRThirdValueDelta.terms(eps0, n, k) <= THREE_COUNT_TERMS:
                     best = _raise_lower(KRRThirdValueDelta(eps0, n, k), delta, best, eps0)
+                elif self.mechanism == "krr" and n <= THIRD_CELL_MAX_N:
+                    # the same data set's whole histogram, exactly, where the above is too slow
+                    best = _raise_lower(KRRThirdValueExactDelta(eps0, n, k), delta, best, eps0)
         return best
 
     def dominating_pair(self, eps0: float, n: int, eps_ref: float | None = None,
@@ -722,7 +733,8 @@ class TightLowerBound(AmplificationBound):
                                 "n is small); the larger",
                          "collision": "exact divergences of shuffled Collision (c=1): others all "
                                       "hold v', or all a third value (counts of the reports "
-                                      "that single out v or v'); the largest",
+                                      "that single out v or v'; the whole output, every "
+                                      "hash pattern, exactly, up to n = 2e6); the largest",
                          "bitrr": "exact divergences of shuffled per-bit RR (kr = 1): others "
                                   "all hot on h' (exact), or all on a third cell (counts of two "
                                   "patterns on the three cells; the whole output, exactly, up "
