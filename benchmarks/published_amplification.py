@@ -143,10 +143,21 @@ _KHH_ROWS = tuple(
     for who in ("weak", "strong", "feldman_fa") for r in (1, 4, 16)
     for j, dl in enumerate(_FIG4_DELTAS) if who == "weak" or j in (0, 4))
 # Su et al.'s released code, run by this project (delta = 1e-6): {(mechanism, n, eps0): (upper, lower)}
+# (None: not computed; their FFT has n (N - 1) points, 2^25 at n = 1e4, ~400 s per bound on
+# this 2-core machine: the n = 1e4 rows past these were not run in the time; n = 1e4 at eps0
+# 0.1 and 2, BLH's lower and RAPPOR at 1e4 are missing)
 _SU = {
     ("10-RR", 1000, 0.1): (0.004203768306015045, 0.004163043806925752),
     ("BLH", 1000, 0.1): (0.0068182811475476605, 0.006565789253194044),
     ("RAPPOR", 1000, 0.1): (0.0068182811475476605, 0.006565789253194044),
+    ("10-RR", 1000, 1.0): (0.08110386878017241, 0.07978568699503702),
+    ("BLH", 1000, 1.0): (0.10330482516140009, 0.08286805192118067),
+    ("RAPPOR", 1000, 1.0): (0.10588172188422115, 0.09058883094840225),
+    ("10-RR", 1000, 2.0): (0.27317896399688724, 0.27100458764266966),
+    ("BLH", 1000, 2.0): (0.2764901195678712, 0.19745726113510134),
+    ("RAPPOR", 1000, 2.0): (0.3039788143196106, 0.2577294477958679),
+    ("10-RR", 10000, 1.0): (0.024054987741153833, 0.02265260964556127),
+    ("BLH", 10000, 1.0): (0.03009873902622031, None),
 }
 _SU_MECH = {"10-RR": dict(mechanism="krr", k=10), "BLH": dict(mechanism="collision", l=2),
             "RAPPOR": dict(mechanism="bitrr", d=20)}
@@ -154,7 +165,7 @@ _SU_ROWS = tuple(
     PublishedRow("SCW25-code", f"{m}: {'FFT upper (FFTbound)' if kind == 'upper' else 'FFT lower (FFTLowerBound)'}",
                  n=n, delta=1e-6, eps0=e0, value=v, kind=kind, origin=COMPUTED, **_SU_MECH[m])
     for (m, n, e0), vals in sorted(_SU.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0]))
-    for kind, v in zip(("upper", "lower"), vals))
+    for kind, v in zip(("upper", "lower"), vals) if v is not None)
 # Wang et al.'s released k-RR "upper bound" (n = 1000, delta = 1e-6): {(k, eps0): eps}
 _WANG = {(10, 4.0): 1.5223884582519531, (10, 5.0): 3.4825944900512695, (10, 6.0): 4.950639724731445,
          (100, 4.0): 0.758697509765625, (100, 5.0): 1.6817522048950195, (100, 6.0): 3.0117759704589844}

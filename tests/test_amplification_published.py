@@ -67,9 +67,13 @@ def test_published_upper_bounds_sit_above_our_lower_bound(results):
 
 
 def test_tight_bound_is_at_least_as_good_as_every_published_bound(results):
+    """(Su et al.'s FFT upper bounds, computed here with their code, round to a grid and then
+    clip and renormalise without an error bound: ours, certified, may sit up to 0.1% above:
+    RAPPOR at n = 1e3, eps0 = 1 is 0.05% above.)"""
     for r in _upper_one_round(results):
+        slack = 1e-3 if r["origin"] == pub.COMPUTED else 0.0
         if r["quantity"] == "eps":
-            assert r["tight"] <= (r["value_hi"] or r["value"]), r
+            assert r["tight"] <= (r["value_hi"] or r["value"]) * (1 + slack), r
             assert r["lower_bound"] <= r["tight"]
         else:
             assert r["tight"] >= r["value"], r
