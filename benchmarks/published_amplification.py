@@ -17,7 +17,8 @@ lower bound (``kind`` "lower": consistent when at or below our tight upper bound
 status "unsound" is an upper bound an explicit data set's exact divergence exceeds: kept,
 flagged, with that data set (``witness``). Balle et al.'s Laplace rows: the project has no
 Laplace randomizer. Su et al.'s and Wang et al.'s papers' own tables were not readable in the
-stored copies: only what their released code prints is here.
+stored copies (issue 39 found only each paper's opening stored): only what their released code
+computes is here, run by this project (the ``origin`` says so).
 """
 from __future__ import annotations
 
