@@ -91,7 +91,11 @@ def mechanism_bounds(mechanism: str = "generic", **params) -> list:
     neighbouring pair, see MechanismLowerBound's citation, printed as "note").
     """
     if mechanism == "generic":
-        return [BOUNDS[name] for name in ORDER]
+        # the strongest generic lower bound the project has: the largest of binary RR's
+        # and the 3-/4-RR pairs' (each eps0-LDP; binary RR's alone is BOUNDS["lower_bound"],
+        # below the 3-/4-RR pairs' at large n: 0.00971 vs 0.01229 at n = 1e6, eps0 = 2)
+        return [tight_bound("generic").lower_bound()] + \
+            [BOUNDS[name] for name in ORDER if name != "lower_bound"]
     if mechanism == "bitrr":                         # no variation-ratio form: tight's alone
         tight = tight_bound("bitrr", kr=1, d=params["d"])
         return [tight.lower_bound(), tight, tight_bound()] + \
@@ -321,6 +325,70 @@ def gap_study(ns=GAP_N, eps0s=GRID_EPS0, deltas=GRID_DELTA, k: int = GAP_K,
                     row["ratio"] = (up / lo) if lo and up else None
                     rows.append(row)
     return rows
+
+
+# ------------------------------------------------------------------ exact lower bounds
+
+#: (mechanism, params, n, eps0) of the exact-lower-bound study (issue 50, item 1), delta 1e-8
+EXACT_LOWER_POINTS = tuple(
+    [("bitrr", {"kr": 1, "d": 20}, n, e0) for n in (10**3, 10**4, 10**5, 10**6) for e0 in (1.0, 2.0, 4.0)]
+    + [("collision", {"l": None, "c": 1}, n, e0) for n in (10**4, 10**5, 10**6)
+       for e0 in (0.5, 1.0, 2.0, 4.0)]
+    + [("krr", {"k": 10}, n, e0) for n in (10**5, 10**6) for e0 in (1.0, 2.0)])
+
+
+def _count_pair_lower(mech: str, params: dict, n: int, e0: float, delta: float) -> float:
+    """The lower bound before issue 50: the larger of the count pairs (no exact sum of the
+    whole output beyond n ~ 1e3-1e4)."""
+    from rknn_ray.accounting.hockey import eps_for_delta
+    from rknn_ray.accounting.shuffled_rr import (bitrr_pairs, collision_pair,
+                                                 collision_third_value_pairs, krr_pair)
+    if mech == "bitrr":
+        pairs = bitrr_pairs(e0, n, params["d"])
+    elif mech == "collision":
+        pairs = [collision_pair(e0, n, params["l"])] + collision_third_value_pairs(e0, n, params["l"])
+    else:
+        from rknn_ray.accounting.bounds import _pair_delta
+        p, k = np.exp(e0), params["k"]
+        a = 1.0 / (p + k - 1.0)
+        pairs = [krr_pair(e0, n, k), _pair_delta(p, a, 1.0 - (p + 1.0) * a, a, n)]
+    return max(eps_for_delta(pd, delta, e0, upper=False) for pd in pairs)
+
+
+def exact_lower_study(points=EXACT_LOWER_POINTS, delta: float = 1e-8) -> list[dict]:
+    """Per point: the tight bound, the count-pair lower bound (before), the lower bound with
+    the exact n-fold sums (after, ``TightBound.lower``), both ratios and the seconds."""
+    rows = []
+    for mech, params, n, e0 in points:
+        params = dict(params)
+        if mech == "collision" and params.get("l") is None:
+            params["l"] = collision_l(e0, 1)
+        b = tight_bound(mech, **params)
+        up, t_up, _ = _one(b.central_eps, e0, n, delta)
+        old, t_old, _ = _one(_count_pair_lower, mech, params, n, e0, delta)
+        new, t_new, _ = _one(b.lower, e0, n, delta)
+        rows.append({"mechanism": mech, **params, "n": n, "eps0": e0, "delta": delta,
+                     "tight": up, "count_pair_lower": old, "lower_bound": new,
+                     "ratio_before": up / old if old else None, "ratio": up / new if new else None,
+                     "tight_seconds": t_up, "lower_seconds": t_new})
+        print(f"{mech:>9} {params.get('k', params.get('l', params.get('d'))):>4} {n:>8} {e0:>4} "
+              f"tight {up:.6g} before {old:.6g} ({up / old:.4f}) after {new:.6g} "
+              f"({up / new:.4f}) {t_new:.1f}s", file=sys.stderr, flush=True)
+    return rows
+
+
+def format_exact_lower_table(rows) -> str:
+    delta = f"{rows[0]['delta']:g}" if rows else "-"
+    lines = ["tight upper / lower bound, before (count pairs) and after (exact n-fold sums); "
+             f"delta {delta}",
+             f"{'mech':>9} {'param':>5} {'n':>8} {'eps0':>4} {'tight':>10} {'before':>10} "
+             f"{'ratio':>7} {'after':>10} {'ratio':>7} {'s':>6}"]
+    for r in rows:
+        par = r.get("d") if r["mechanism"] == "bitrr" else r.get("l", r.get("k"))
+        lines.append(f"{r['mechanism']:>9} {par:>5} {r['n']:>8} {r['eps0']:>4} {r['tight']:>10.6g} "
+                     f"{r['count_pair_lower']:>10.6g} {r['ratio_before']:>7.4f} "
+                     f"{r['lower_bound']:>10.6g} {r['ratio']:>7.4f} {r['lower_seconds']:>6.1f}")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ tight-bound speed
@@ -695,6 +763,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the tight bound at n = 1e8 and 1e9 (k-RR k=10, Collision l=8 and 56, "
                          "generic; eps0 1, 2, 4; delta 1e-8; median of 3): "
                          "amplification-tight-speed.json in --out")
+    ap.add_argument("--exact-lower", action="store_true",
+                    help="the lower bounds' exact n-fold sums against the count pairs they replace "
+                         "(bitrr d=20, Collision, 10-RR; delta 1e-8): "
+                         "amplification-exact-lower.json in --out")
     ap.add_argument("--published", action="store_true",
                     help="compare with the anchors' published numbers: "
                          "amplification-published.{json,md} in --out")
@@ -710,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     try:
-        if args.published or args.speed:
+        if args.published or args.speed or args.exact_lower:
             try:
                 os.makedirs(args.out, exist_ok=True)
                 if not os.access(args.out, os.W_OK):
@@ -721,6 +793,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         if args.published:
             return _published(args.out)
+        if args.exact_lower:
+            rows = exact_lower_study()
+            write_json(os.path.join(args.out, "amplification-exact-lower.json"), rows)
+            print(format_exact_lower_table(rows))
+            return 0
         if args.speed:
             res = speed_study()
             write_json(os.path.join(args.out, "amplification-tight-speed.json"), res)

@@ -53,6 +53,10 @@ def test_cli_mechanism_lists_its_bounds_and_its_own_lower_bound():
     assert list(generic) == list(explicit) == ["lower_bound", "variation_ratio", "clones_numerical",
                                                "fmt_closed_form", "fmt_closed_form_final"]
     assert "note" not in generic["lower_bound"]
+    # the strongest generic lower bound (binary, 3- and 4-RR pairs), as in the gap study:
+    # not binary RR's alone (0.00971 here)
+    assert generic["lower_bound"]["eps"] == pytest.approx(0.012286, rel=1e-3)
+    assert generic["lower_bound"]["eps"] >= BOUNDS["lower_bound"].central_eps(2.0, 10**6, 1e-8)
     for extra, own in ((("--mechanism", "krr", "--k", "10"), "variation_ratio_krr"),
                        (("--mechanism", "collision", "--l", "10"), "variation_ratio_collision")):
         by = run(*extra)

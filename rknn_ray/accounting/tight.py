@@ -76,7 +76,11 @@ largest of binary RR and the k-RR pairs (every k-RR is eps0-LDP).  Per-bit RR:
 the largest of the exact pair "others all hot on h'" and, with the others hot on a third
 cell h'', the counts of the reports showing (1, 0) vs (0, 1) on (h, h'), with bit h'' = 0
 or whatever it is (:func:`~rknn_ray.accounting.shuffled_rr.bitrr_pairs`); binary RR's pair
-is not one of this randomizer's, so it is left out.
+is not one of this randomizer's, so it is left out.  Up to n = 2e6 the third-cell data set's
+exact divergence of the whole output raises it (:mod:`rknn_ray.accounting.exact_lower`: the
+n-fold sum of one report's loss term, by exact lattice sums, certified from below); so it
+does for Collision's third-value data set (every hash-match pattern of each report: each
+report carries its own hash) and, where the whole-histogram sum above is too slow, k-RR's.
 
 ``dominating_pair(eps0, n)``: the same bucketed pair as explicit distributions, see
 :meth:`TightBound.dominating_pair`.
@@ -90,6 +94,9 @@ import numpy as np
 from rknn_ray.accounting.binom_fast import (EXACT_RTOL_PER_M, binom_logpmf, half_pmf_path,
                                             half_sf_exact, half_sf_path, pmf_rtol)
 from rknn_ray.accounting.bounds import (AmplificationBound, RRLowerBound, _check, _pair_delta)
+from rknn_ray.accounting.exact_lower import (THIRD_CELL_MAX_N, BitRRThirdCellDelta,
+                                             CollisionThirdValueExactDelta,
+                                             KRRThirdValueExactDelta, third_cell_grid)
 from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_delta
 from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
                                              bitrr_flip_probability, bitrr_pairs,
@@ -107,6 +114,10 @@ SKIP = 1e-30         # per-s Hoeffding bound below which a term is bounded, not 
 TABLE_MAX = 4_000_000   # cells of the Bin(m, 1/2) pmf / tail band table (small n)
 FOUR_COUNT_TERMS = 6_000_000  # grid of Collision's four-count lower bound (~1 s per eps)
 THREE_COUNT_TERMS = 300_000   # cells of k-RR's whole-histogram third-value bound (~0.1 s per eps)
+# dominating_pair's buckets per count: the most of these whose pair has at most
+# PAIR_ATOM_BUDGET atoms (about a second to build and turn into a PLD), else the last
+PAIR_BUCKETS = (256, 128, 64, 32, 16, 8)
+PAIR_ATOM_BUDGET = 1_500_000
 
 
 class BlanketDelta:
@@ -362,6 +373,34 @@ class BlanketDelta:
         return hi - lo + 1
 
 
+def _pair_atoms(bd: BlanketDelta, n: int, px: float, pr: float, pc: float, wr: int, wc: int,
+                max_buckets: int, tail: float) -> int:
+    """About how many atoms :meth:`TightBound.dominating_pair` builds with ``max_buckets``
+    (the cells of its buckets times each cell's s window times the h window of its
+    largest s: an over-estimate).  Only sizes the buckets; soundness does not depend on it."""
+    atoms = 0
+    rest = 1.0 - pr - pc
+    q = min(1.0, 2.0 * px / rest) if rest > 0 else 1.0
+    qr = pr / (1.0 - pc) if pc < 1 else 0.0
+    for mc, _ in _norm_buckets(bd, n, pc, max(wc, -(-bd._span(n, pc) // max_buckets))):
+        if mc is None:
+            continue
+        for mr, _ in _norm_buckets(bd, n - mc, qr,
+                                   max(wr, -(-bd._span(n - mc, qr) // max_buckets))):
+            if mr is None:
+                continue
+            n2 = n - mc - mr
+            if q < 1.0:
+                lo, hi, _ = _window(n2, q, tail, exact_out=False)
+            else:
+                lo = hi = n2
+            hlo, hhi, _ = _window(max(hi, 1), 0.5, tail, exact_out=False)
+            atoms += (hi - lo + 1) * (max(hhi, hi - hlo) - min(hlo, hi - hhi) + 1)
+            if atoms > 4 * PAIR_ATOM_BUDGET:
+                return atoms
+    return atoms
+
+
 def _bucket_starts(size: int, center: float, sigma: float, width: int) -> np.ndarray:
     """Bucket start indices over a window of ``size`` counts: ``width`` apart up to 3
     sigma above the mean (index ``center``), doubling beyond (little mass there, and a
@@ -549,14 +588,24 @@ class TightBound(AmplificationBound):
         """A certified lower bound for the same randomizer (see the module doc)."""
         _check(eps0, n, delta)
         if self.mechanism == "bitrr":
-            return max((eps_for_delta(pd, delta, eps0, upper=False)
+            best = max((eps_for_delta(pd, delta, eps0, upper=False)
                         for pd in bitrr_pairs(eps0, n, self.d)), default=0.0)
+            if self.d >= 3 and 2 <= n <= THIRD_CELL_MAX_N:
+                # the third-cell data set's exact divergence (whole output, not two counts)
+                best = _raise_lower(BitRRThirdCellDelta(eps0, n, grid=third_cell_grid(n)),
+                                    delta, best, eps0)
+            return best
         if self.mechanism == "collision":
             best = max(eps_for_delta(pd, delta, eps0, upper=False)
                        for pd in [collision_pair(eps0, n, self.l)]
                        + collision_third_value_pairs(eps0, n, self.l))
             if n >= 2 and CollisionThirdValueDelta.terms(eps0, n, self.l) <= FOUR_COUNT_TERMS:
                 best = _raise_lower(CollisionThirdValueDelta(eps0, n, self.l), delta, best, eps0)
+            if 2 <= n <= THIRD_CELL_MAX_N:
+                # the same data set's exact divergence, every hash-match pattern of each report
+                best = _raise_lower(CollisionThirdValueExactDelta(eps0, n, self.l,
+                                                                  grid=third_cell_grid(n)),
+                                    delta, best, eps0)
             return best
         ks = [self.k] if self.mechanism == "krr" else [2, 3, 4]
         best = RRLowerBound().central_eps(eps0, n, delta) if self.mechanism == "generic" else 0.0
@@ -569,18 +618,25 @@ class TightBound(AmplificationBound):
                 best = max(best, eps_for_delta(pd, delta, eps0, upper=False))
                 if KRRThirdValueDelta.terms(eps0, n, k) <= THREE_COUNT_TERMS:
                     best = _raise_lower(KRRThirdValueDelta(eps0, n, k), delta, best, eps0)
+                elif self.mechanism == "krr" and n <= THIRD_CELL_MAX_N:
+                    # the same data set's whole histogram, exactly, where the above is too slow
+                    best = _raise_lower(KRRThirdValueExactDelta(eps0, n, k), delta, best, eps0)
         return best
 
     def dominating_pair(self, eps0: float, n: int, eps_ref: float | None = None,
                         tail: float = 1e-15, max_atoms: int = 5_000_000,
-                        max_buckets: int = 8):
+                        max_buckets: int | None = None):
         """(log_p, log_q): a pair of distributions whose hockey-stick divergence at every
         eps, in both directions, is >= this bound's delta (the bucketed blanket pair).
 
         Atoms: (bucket of m_c, m_r; s; h) with P = P(bucket) Bin(n', q)(s) Bin(s, 1/2)(h)
         (p h + d + m_r + p m_c) / n (Q: h and d swapped), m_c, m_r the bucket's lowest
         counts (at most ``max_buckets`` per count: coarser than
-        :class:`BlanketDelta`'s, still an upper bound).  The
+        :class:`BlanketDelta`'s, still an upper bound; default: the most of
+        PAIR_BUCKETS whose pair has at most PAIR_ATOM_BUDGET atoms, at least the last,
+        so small n gets fine buckets: 4-RR at n = 1000, eps0 = ln 13 composed over 4 and
+        16 rounds is 0.12-0.14% above the one-bucket-per-count pair with 64 buckets per
+        count, 0.9% with 8).  The
         lowest counts make the total mass T <= 1: a zero-loss atom (equal mass on both
         sides) holds 1 - T.  Mass left out of the s / h windows (``tail`` per binomial
         side) and below the bucket windows goes pessimistically to two extra atoms: the
@@ -598,6 +654,12 @@ class TightBound(AmplificationBound):
         scale = min(BUCKET_SHIFT * sd, 0.05 * max(p - ee, 0.0))
         wr = _pow2(scale / (ee - 1.0))
         wc = _pow2(scale / (p * (ee - 1.0)))
+        if max_buckets is None:
+            max_buckets = PAIR_BUCKETS[-1]
+            for mb in PAIR_BUCKETS:
+                if _pair_atoms(bd, n, px, pr, pc, wr, wc, mb, tail) <= PAIR_ATOM_BUDGET:
+                    max_buckets = mb
+                    break
         lp, lq = [], []
         mass_p = mass_q = 0.0
         total = 0.0            # T: the bucketed pair's full mass
@@ -671,10 +733,12 @@ class TightLowerBound(AmplificationBound):
                                 "n is small); the larger",
                          "collision": "exact divergences of shuffled Collision (c=1): others all "
                                       "hold v', or all a third value (counts of the reports "
-                                      "that single out v or v'); the largest",
+                                      "that single out v or v'; the whole output, every "
+                                      "hash pattern, exactly, up to n = 2e6); the largest",
                          "bitrr": "exact divergences of shuffled per-bit RR (kr = 1): others "
                                   "all hot on h' (exact), or all on a third cell (counts of two "
-                                  "patterns on the three cells); the largest",
+                                  "patterns on the three cells; the whole output, exactly, up "
+                                  "to n = 2e6); the largest",
                          "generic": "the largest exact divergence of shuffled binary RR and "
                                     "3-/4-RR pairs (each eps0-LDP)"}[upper.mechanism]
 

@@ -1,0 +1,299 @@
+"""Exact explicit-data-set lower bounds at every n: the n-fold law of one report's loss term.
+
+For a data set where user 1 holds x (P) or x' (Q) and the other n - 1 users all hold the
+same input with report law O, the shuffled output is the histogram of the reports, and
+
+    P(hist) - e^eps Q(hist) = Mult_n(O)(hist) / n * sum_i V(y_i),
+    V(y) = (A(y) - e^eps A'(y)) / O(y),
+
+(A, A' the laws of user 1's report on x, x'), so
+
+    delta(eps) = E[(V_1 + ... + V_n)_+] / n,   V_i i.i.d., y_i ~ O.
+
+This is exact (no post-processing of the output is dropped) and V takes a handful of
+values; the work is the n-fold law of their sum, here by exact lattice sums.
+
+Per-bit RR, one hot cell (``bitrr``), others all hot on a third cell h'', user 1 on h vs
+h': only the bits (y_h, y_h', y_h'') of each report matter (the other bits are i.i.d.
+alike under every input), and with b = (1-q)/q, p = b^2,
+
+    V = p^{-y''} (p^{y} - e^eps p^{y'}),   y, y' ~ Bern(q), y'' ~ Bern(1-q) under O.
+
+Given M, the number of reports with y'' = 1 (M ~ Bin(n, 1-q)), the sum is
+
+    S = (n - M + M/p)(1 - e^eps) + (p - 1) (U - e^eps U'),   U = N + K/p,
+
+with N ~ Bin(n - M, q), K ~ Bin(M, q) (and U' an independent copy): the ones among bit h
+in the y'' = 0 and y'' = 1 reports.  :class:`BitRRThirdCellDelta` computes, for each M,
+the law of U rounded *down* and of U' rounded *up* to a grid (so S only decreases), the
+expectation of the positive part exactly from prefix sums of positive terms, and sums
+over M.  Where M is bucketed, each M in a bucket uses its bucket's law shifted by a
+pointwise bound: moving one report from y'' = 0 to y'' = 1 changes its V by
+W (1/p - 1) >= -(1 - 1/p)(p - e^eps), and back by W (1 - 1/p) >= -(1 - 1/p)(e^eps p - 1)
+(W = p^y - e^eps p^y'), so S_M >= S_{M0} - shift under a coupling, and
+E[(S_M)_+] >= E[(S_{M0} - shift)_+].  Every step only lowers the value: rounding, the
+shifts, mass left out of the windows (dropped), and a relative error bound on the
+binomial pmfs and float sums (all terms are non-negative) taken off: the result is a
+certified lower bound on the data set's exact delta, hence on the shuffled mechanism's.
+
+The flip probability used is a hair *above* the sampler's (``bitrr_flip_probability_hi``):
+more noise is a post-processing (flip again), so its divergence is below the sampler's.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
+from rknn_ray.accounting.hockey import _window
+
+#: mass each binomial window may leave out (dropped: only lowers a lower bound)
+TAIL = 1e-13
+#: floats of per-M laws kept across eps (the eps search re-uses them)
+CACHE_FLOATS = 30_000_000
+#: float error allowance per accumulated term (relative), on top of the pmfs' own
+_FLOAT_REL_PER_TERM = 2.3e-16
+
+
+#: largest n the exact third-cell sum runs at by default (its cost grows ~ n: ~4 s at 1e6)
+THIRD_CELL_MAX_N = 2_000_000
+
+
+def third_cell_grid(n: int) -> int:
+    """Grid cells per unit of U for :class:`BitRRThirdCellDelta` at n (finer where cheap)."""
+    return max(1, min(8, int(2e5 / max(int(n), 1))))
+
+
+def bitrr_flip_probability_hi(eps0: float, kr: int = 1) -> float:
+    """A flip probability at least the ``rr`` sampler's q_s at eps0 (with kr ones): q_s is
+    1/(w + 1) rounded up to a multiple of 2^-53, w a lower bound of e^{eps0/(2 kr)}
+    (rknn_ray.accounting.shuffled_rr.bitrr_flip_probability's doc), so 1/(e^{eps0/(2kr)} + 1)
+    raised by 1e-14 relative and by 2^-52 is above it."""
+    return (1.0 + 1e-14) / (math.exp(float(eps0) / (2.0 * int(kr))) + 1.0) + 2.0 ** -52
+
+
+def _pmf(n: int, q: float, tail: float):
+    """(lo, pmf over lo..hi, relative error bound) of Bin(n, q) (window leaves out <= tail)."""
+    if n == 0:
+        return 0, np.ones(1), 0.0
+    lo, hi, _ = _window(n, q, tail, exact_out=False)
+    k = np.arange(lo, hi + 1, dtype=np.int64)
+    w = np.exp(binom_logpmf(k, n, q))
+    return int(lo), w, pmf_rtol(max(abs(lo - n * q), abs(hi - n * q)) + 1)
+
+
+class ThirdCellDelta:
+    """delta(eps) = E[(sum_i V_i)_+] / n for V = p^{-z} (p^y - e^eps p^{y'}) with y, y' ~
+    Bern(q_hit) and z ~ Bern(q_z), all independent: (estimate, 0, err_down), estimate -
+    err_down a certified lower bound (module doc; :class:`BitRRThirdCellDelta`,
+    :class:`CollisionThirdValueExactDelta` name the parameters).
+
+    ``grid``: U is rounded to multiples of 1/grid; ``width``: M values per bucket (default:
+    about sd(M) / 48, at least 1: exact per M at small n).
+    """
+
+    def __init__(self, p: float, q_hit: float, q_z: float, n: int, grid: int = 2,
+                 width: int | None = None, tail: float = TAIL):
+        if not (p > 1.0 and 0.0 < q_hit < 1.0 and 0.0 < q_z < 1.0):
+            raise ValueError("need p > 1 and probabilities in (0, 1)")
+        self.p, self.q, self.q_z = float(p), float(q_hit), float(q_z)
+        self.n, self.grid, self.tail = int(n), int(grid), tail
+        sd = math.sqrt(self.n * self.q_z * (1.0 - self.q_z))
+        self.width = max(1, int(sd / 48.0)) if width is None else max(1, int(width))
+        self.m_lo, self.w_m, self.rel_m = _pmf(self.n, self.q_z, tail)
+        self._laws = {}
+
+    def _law(self, m: int):
+        """(i_lo, P, i'_lo, F, J, rel, terms): grid indices of U rounded down (pmf P) and of U'
+        rounded up (cdf F, J(t) = sum_{i' <= t} (t - i') P'(i')), for M = m."""
+        if m in self._laws:
+            return self._laws[m]
+        n0, n1, G, p = self.n - m, m, self.grid, self.p
+        a0, w0, r0 = _pmf(n0, self.q, self.tail)
+        a1, w1, r1 = _pmf(n1, self.q, self.tail)
+        k1 = np.arange(a1, a1 + w1.size, dtype=np.int64)
+        up = np.zeros(G * (w0.size - 1) + 1)
+        up[::G] = w0
+        out = []
+        for rnd, fudge in ((np.floor, 1.0 - 1e-13), (np.ceil, 1.0 + 1e-13)):
+            # float G k / p errs by a few ulps: nudged so the rounding errs on the safe side
+            r = rnd(G * k1 / p * fudge).astype(np.int64)
+            pr = np.bincount(r - r.min(), weights=w1)
+            law = np.convolve(up, pr)
+            out.append((G * a0 + int(r.min()), law))
+        (i_lo, P), (j_lo, Pq) = out
+        F = np.cumsum(Pq)
+        J = np.concatenate(([0.0], np.cumsum(F)[:-1]))
+        terms = up.size + pr.size + 2 * F.size
+        rel = 2.0 * (r0 + r1) + _FLOAT_REL_PER_TERM * terms
+        self._cached = getattr(self, "_cached", 0) + P.size + 3 * F.size
+        if self._cached > CACHE_FLOATS:        # the laws do not depend on eps: kept while small
+            self._laws.clear()
+            self._cached = 0
+        self._laws[m] = law_ = (i_lo, P, j_lo, F, J, rel)
+        return law_
+
+    def _value(self, m0: int, shifts: np.ndarray, ee: float):
+        """E[(S_{m0} - shift)_+] (rounded down) for each shift, and its relative error."""
+        i_lo, P, j_lo, F, J, rel = self._law(m0)
+        p, G = self.p, self.grid
+        scale = (p - 1.0) / G
+        c = (self.n - m0 + m0 / p) * (1.0 - ee)
+        i = i_lo + np.arange(P.size, dtype=np.float64)
+        keep = P > 0
+        i, Pi = i[keep], P[keep]
+        out = np.empty(shifts.size)
+        for s_, x in enumerate(shifts):
+            a = (c - x) / scale
+            # S / scale = a + i - ee i' > 0  <=>  i' < (a + i) / ee: t = largest such i'
+            t = np.ceil((a + i) / ee).astype(np.int64) - 1
+            tc = np.minimum(t, j_lo + F.size - 1)
+            live = tc >= j_lo
+            if not np.any(live):
+                out[s_] = 0.0
+                continue
+            idx = tc[live] - j_lo
+            lead = (a + i[live]) - ee * tc[live]
+            # (a + i - ee t) > 0 by the choice of t (float: clip at 0, which only lowers)
+            inner = np.maximum(lead, 0.0) * F[idx] + ee * J[idx]
+            out[s_] = scale * float(np.dot(Pi[live], inner))
+        return out, rel + _FLOAT_REL_PER_TERM * (4 * P.size + 8)
+
+    def delta(self, eps: float) -> tuple[float, float, float]:
+        ee, p = math.exp(eps), self.p
+        d_up = (1.0 - 1.0 / p) * max(p - ee, 0.0)      # per report moved z 0 -> 1
+        d_dn = (1.0 - 1.0 / p) * max(ee * p - 1.0, 0.0)  # per report moved z 1 -> 0
+        Ms = self.m_lo + np.arange(self.w_m.size, dtype=np.int64)
+        # float p, e^eps and the sums' constants err by a few ulps: S is lowered by a margin
+        # far above that (|S| terms are at most n p e^eps in size)
+        safety = 1e-12 * self.n * p * ee
+        total, err = 0.0, 0.0
+        w = self.width
+        for s in range(0, Ms.size, w):
+            block, wb = Ms[s:s + w], self.w_m[s:s + w]
+            m0 = int(block[block.size // 2])
+            k = block - m0
+            shifts = np.where(k > 0, k * d_up, -k * d_dn).astype(float) + safety
+            vals, rel = self._value(m0, shifts, ee)
+            part = float(np.dot(wb, vals))
+            total += part
+            err += part * (rel + self.rel_m)
+        est = total / self.n
+        down = err / self.n + 1e-300
+        return est, 0.0, down
+
+
+class BitRRThirdCellDelta(ThirdCellDelta):
+    """Per-bit RR (kr = 1) shuffled, user 1 hot on h vs h', the other n - 1 hot on a third
+    cell h'': y, y' the bits h, h' (Bern(q)), z the bit h'' (Bern(1 - q)), p = ((1-q)/q)^2,
+    at a flip probability q a hair above the sampler's (module doc)."""
+
+    def __init__(self, eps0: float, n: int, grid: int = 2, width: int | None = None,
+                 tail: float = TAIL, q: float | None = None):
+        q = bitrr_flip_probability_hi(eps0) if q is None else float(q)
+        b = (1.0 - q) / q
+        super().__init__(b * b, q, 1.0 - q, n, grid=grid, width=width, tail=tail)
+
+
+class CollisionThirdValueExactDelta(ThirdCellDelta):
+    """Collision (c = 1, Bloom length l), user 1 on v vs v', the other n - 1 all on v''.
+
+    Each report carries its own fresh hash H_i (its seed), from a 3-wise independent family:
+    (H_i(v), H_i(v'), H_i(v'')) is uniform on [l]^3, and z_i is l-RR around H_i(v'') (kept
+    w.p. p a, a = 1/(p + l - 1)).  The likelihood ratio of report i depends on the three
+    hits y = [z_i = H_i(v)], y' = [z_i = H_i(v')], z = [z_i = H_i(v'')] only, independent
+    under the others' law: y, y' ~ Bern(1/l), z ~ Bern(p a), and
+    V = (A - e^eps A') / O = p^{-z} (p^y - e^eps p^{y'}): every hash-match pattern, exactly.
+    p is e^eps0 lowered by 1e-12 relative: at most the sampler's (it rounds its keep
+    probability down, by < 2^-53), and l-RR with a smaller p is a post-processing."""
+
+    def __init__(self, eps0: float, n: int, l: int, grid: int = 2, width: int | None = None,
+                 tail: float = TAIL):
+        if l < 2:
+            raise ValueError("Collision needs l >= 2")
+        p = math.exp(eps0) * (1.0 - 1e-12)
+        super().__init__(p, 1.0 / l, p / (p + l - 1.0), n, grid=grid, width=width, tail=tail)
+
+
+class KRRThirdValueExactDelta:
+    """delta(eps) of shuffled k-RR (k >= 3), user 1 on x vs x', the other n - 1 all on a third
+    value v'': (estimate, 0, err_down), estimate - err_down certified below the data set's
+    exact divergence of the whole histogram (the same data set as
+    :class:`rknn_ray.accounting.shuffled_rr.KRRThirdValueDelta`, there exact at n ~ 1e3-1e4).
+
+    Per report under O (on v''), a = 1/(p + k - 1): x w.p. a (V = p - e^eps), x' w.p. a
+    (1 - e^eps p), v'' w.p. p a ((1 - e^eps)/p), each other value w.p. a (1 - e^eps).  With T
+    the reports not on x / x' (T ~ Bin(n, (p + k - 3) a)), M of them on v'' (Bin(T, p / (p + k
+    - 3))) and X of the n - T others on x (Bin(n - T, 1/2)):
+
+        S = (1 - e)(T - M) + (1 - e) M / p + (1 - e p)(n - T) + (p - 1)(1 + e) X.
+
+    For each T: the law of (e - 1)(1 - 1/p) M + (p - 1)(1 + e) X rounded down to a grid, the
+    positive part from suffix sums of non-negative terms.  T is bucketed: one more report off
+    x / x' changes S by >= -(p - 1), one less by >= -(e p - 1) + (e - 1)/p (a coupling), so
+    each T uses its bucket's law shifted by that bound times the distance (only lowers).
+    """
+
+    def __init__(self, eps0: float, n: int, k: int, grid: int = 1, width: int | None = None,
+                 tail: float = TAIL):
+        if k < 3:
+            raise ValueError("a third value needs k >= 3")
+        self.p, self.n, self.k, self.grid, self.tail = math.exp(eps0), int(n), int(k), int(grid), tail
+        self.a = 1.0 / (self.p + k - 1.0)
+        self.pi_t = (self.p + k - 3.0) * self.a
+        self.rho = self.p / (self.p + k - 3.0)
+        sd = math.sqrt(self.n * self.pi_t * (1.0 - self.pi_t))
+        self.width = max(1, int(sd / 24.0)) if width is None else max(1, int(width))
+        self.t_lo, self.w_t, self.rel_t = _pmf(self.n, self.pi_t, tail)
+
+    def _value(self, t0: int, shifts: np.ndarray, ee: float):
+        p, G, n = self.p, self.grid, self.n
+        alpha = (ee - 1.0) * (1.0 - 1.0 / p)
+        D = (p - 1.0) * (1.0 + ee)
+        m_lo, wm, rm = _pmf(t0, self.rho, self.tail) if self.rho < 1.0 else (t0, np.ones(1), 0.0)
+        x_lo, wx, rx = _pmf(n - t0, 0.5, self.tail)
+        m = np.arange(m_lo, m_lo + wm.size, dtype=np.float64)
+        x = np.arange(x_lo, x_lo + wx.size, dtype=np.float64)
+        jm = np.floor(G * alpha * m * (1.0 - 1e-13)).astype(np.int64)
+        jx = np.floor(G * D * x * (1.0 - 1e-13)).astype(np.int64)
+        pm = np.bincount(jm - jm.min(), weights=wm)
+        px = np.bincount(jx - jx.min(), weights=wx)
+        P = np.convolve(px, pm)
+        j_lo = int(jm.min() + jx.min())
+        S0 = np.cumsum(P[::-1])[::-1]                  # sum_{j >= t} P_j
+        S1 = np.concatenate((np.cumsum(S0[::-1])[::-1][1:], [0.0]))  # sum_{j > t} S0_j
+        c = (1.0 - ee) * t0 + (1.0 - ee * p) * (n - t0)
+        out = np.empty(shifts.size)
+        for s_, sh in enumerate(shifts):
+            C = c - sh
+            t = int(math.floor(-C * G)) + 1 - j_lo      # first index with C + j / G > 0
+            if t >= P.size:
+                out[s_] = 0.0
+            elif t <= 0:
+                # every grid point counts: (C + j_lo / G) may be > 0 with room below; E = C + E[Z]
+                out[s_] = max(0.0, (C + j_lo / G) * S0[0] + S1[0] / G + S0[0] * 0.0)
+            else:
+                out[s_] = max(0.0, (C + (t + j_lo) / G) * S0[t] + S1[t] / G)
+        rel = 2.0 * (rm + rx) + _FLOAT_REL_PER_TERM * (4 * P.size + pm.size + px.size + 8)
+        return out, rel
+
+    def delta(self, eps: float) -> tuple[float, float, float]:
+        ee, p = math.exp(eps), self.p
+        d_up = max(p - 1.0, 0.0)                           # one more report off x / x'
+        d_dn = max(ee * p - 1.0 - (ee - 1.0) / p, 0.0)     # one less
+        safety = 1e-12 * self.n * p * ee
+        Ts = self.t_lo + np.arange(self.w_t.size, dtype=np.int64)
+        total, err = 0.0, 0.0
+        w = self.width
+        for s in range(0, Ts.size, w):
+            block, wb = Ts[s:s + w], self.w_t[s:s + w]
+            t0 = int(block[block.size // 2])
+            kk = block - t0
+            shifts = np.where(kk > 0, kk * d_up, -kk * d_dn).astype(float) + safety
+            vals, rel = self._value(t0, shifts, ee)
+            part = float(np.dot(wb, vals))
+            total += part
+            err += part * (rel + self.rel_t)
+        return total / self.n, 0.0, err / self.n + 1e-300
+
