@@ -12,9 +12,12 @@ mu/sigma = n*r/(s*sigma(1)) does not depend on k. The released counts are then
 smoothed over up to ``smooth_neighbours`` public neighbours (rknn_ray.labeling.denoise), which
 averages about q = max(1, m*s/N) distinct queries and multiplies the ratio by sqrt(q).
 We take the largest s (finer clusters give purer labels) whose ratio *after*
-smoothing reaches ``target_snr``, clipped to [max(|Y|, 10), number of public samples]; a mechanism whose noise
-dominates even there (single-message Collision on Fashion-MNIST: SNR 0.4 at s = |Y|) gets
-s = |Y|.
+smoothing reaches ``target_snr``, clipped to [max(|Y|, 10), number of public samples]; a
+mechanism whose noise dominates even there gets s = |Y|. A local randomizer's sigma is its
+exact per-report variances summed (rknn_ray.mechanisms.stage.noise_std_per_count), not its
+error bound: Collision's Theorem 2 bound grows with its domain l and, read as a std, had sent
+single-message Collision on Fashion-MNIST to s = |Y| (student 0.61), where the variances give
+s in the hundreds (0.84 with every record reporting, issue 47).
 Then k: each smoothed label should rest on about ``votes`` records so that its majority
 is stable. Smoothing already pools the q = max(1, m*s/N) queries its neighbours belong
 to, so k = ceil(votes*s/(n*r*q)), clipped to [1, max_k] (k > 1 spreads each record's

@@ -53,8 +53,28 @@ def noise_std_per_count(cfg, data: "PreparedData", k: int = 1, s: int | None = N
     the bound at beta = 1/2 read as a Laplace union bound over |Y| cells,
     eta = b*ln(2|Y|), gives the equivalent scale b and std sqrt(2)*b. Public parameters only."""
     mech = mechanism_for(cfg, data, eps=eps, k=k, num_queries=s or len(data.splits.public_y))
+    variances = getattr(mech, "_class_variances", None)
+    if variances is not None:       # a local randomizer: its exact per-report variances
+        return _local_count_std(mech, variances(), data, k, s)
     eta = float(mech.error_bound(0.5, data.num_clients))
     return math.sqrt(2.0) * eta / math.log(2 * data.num_classes)
+
+
+def _local_count_std(mech, V: dict, data, k: int, s: int | None) -> float:
+    """The std of one count of a local randomizer's estimate (RR, Collision, ..., also at a
+    shuffle model's eps0) from its exact per-report variances: a cell holding a query's
+    mu = n*k*r/s votes, the other n - mu reports adding the non-member variance, plus the
+    sampling of one record where clients hold several. The error *bound* (Theorem 2 for
+    Collision, l in its numerator) reads as a std many times this one: it made auto s fall
+    to |Y| on Fashion-MNIST, where s = 100 labels 20 points better (docs/results.md)."""
+    n = max(1, int(data.num_clients))
+    queries = int(s or len(data.splits.public_y))
+    mu = min(n, n * k * mech.params.r / max(1, queries))
+    member, other = (V[1], V[0]) if 1 in V else (V[1, 1], V[0, 0])
+    var = mu * member + (n - mu) * other
+    if not mech.takes_fractional_input and data.max_records_per_client > 1:
+        var += mu                       # which record a client sampled (at most S per cell)
+    return math.sqrt(var)
 
 
 def message_cap(cfg, data: "PreparedData") -> tuple[int, str] | None:
