@@ -67,6 +67,19 @@ class Stages:
     auto: dict | None = None        # resolve_auto's choice, None when nothing was resolved
 
 
+def votes_counted(cfg, data) -> int:
+    """How many records' votes the released counts hold (public): a local randomizer's client
+    that samples one of its records (privacy.multi_record sample / normalize) adds one vote's
+    mass, so the clients; else every record kept within the bound (a table's count, public
+    under its relation), or the private records of a built-in set."""
+    p = cfg.privacy
+    one_per_client = p.model == "local" or (p.model == "shuffle" and p.mechanism != "multi")
+    if one_per_client and p.multi_record != "each" and data.max_records_per_client > 1:
+        return int(data.num_clients)
+    kept = getattr(data, "kept_records", None)
+    return int(kept) if kept is not None else len(data.splits.private_y)
+
+
 def prepare_stages(cfg, data: PreparedData | None = None, *, resolve: bool = False,
                    s: int | None = None, progress=None) -> Stages:
     """prepare -> (``resolve``: auto s and k) -> encoder and queries, the one place this
@@ -179,7 +192,7 @@ def resolve_auto(cfg, data: PreparedData):
         def choose(k_for_cap: int):
             caps = [] if fixed_s is not None else [
                 c for c in (pool_cap, multi_message_s_cap(run_cfg, data, k_for_cap)) if c]
-            return choose_s_k(len(data.splits.private_y), n_pub, data.num_classes, sigma,
+            return choose_s_k(votes_counted(cfg, data), n_pub, data.num_classes, sigma,
                               r=cfg.rknn.r, fixed_s=fixed_s, fixed_k=fixed_k,
                               max_s=min(caps) if caps else None)
         choice = choose(fixed_k or 1)
@@ -228,7 +241,7 @@ def finish_labels(cfg, data: PreparedData, counts: np.ndarray, qs: QuerySet, pub
         noise_std = noise_std_per_count(cfg, data, k=cfg.rknn.k, s=qs.size, eps=eps)
     n_pub = len(data.splits.public_y)
     if cfg.labels.smooth == "auto":
-        choice = choose_neighbours(len(data.splits.private_y), cfg.rknn.k, cfg.rknn.r, qs.size,
+        choice = choose_neighbours(votes_counted(cfg, data), cfg.rknn.k, cfg.rknn.r, qs.size,
                                    n_pub, noise_std, data.num_classes)
         m, why = choice.neighbours, choice.reason
     else:
