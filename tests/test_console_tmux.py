@@ -62,10 +62,13 @@ def test_the_shuffle_jobs_console_at_80_columns_has_no_fragment_lines(tmp_path):
     lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
     assert width == COLUMNS and f"{DONE}0" in lines, screen
     assert lines.index(f"{DONE}0") == len(lines) - 1
-    stdout = lines[-3:-1]          # the job's two lines on stdout (not progress, may be long)
+    # the job's lines on stdout (not progress, may be long): the run folder, the result and,
+    # in the shuffle model, the local eps0 the clients ran at
+    stdout = lines[-4:-1]
     assert stdout[0] == f"run folder: {out}" and stdout[1].startswith("shuffle/"), screen
+    assert stdout[2].startswith("each client randomized its report at local eps0"), screen
     previous = None
-    for line in lines[:-3]:
+    for line in lines[:-4]:
         if FOREIGN.match(line):
             previous = "foreign"
             continue
