@@ -36,8 +36,9 @@ from rknn_ray.data.partition import keep_key, kept_within_bound, row_hashes  # n
 from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_matrix,
                                   label_indices, missing, open_dataset, raw_numbers)
 from rknn_ray.errors import DataError, RknnError
-from rknn_ray.accounting.source_identity import (keyed_fingerprints, near_fingerprints,
-                                                 record_fingerprints)
+from rknn_ray.accounting.source_identity import (blake2b_64, keyed_fingerprints,
+                                                 near_fingerprints, record_fingerprints,
+                                                 sorted_unique)
 
 #: rows per record batch the scan and the shards read at a time
 BATCH_ROWS = 1 << 16
@@ -77,9 +78,18 @@ def multiset_digest(hashes: np.ndarray) -> tuple[int, str]:
 def holder_hashes(ids: list, key: bytes) -> np.ndarray:
     """Keyed 64-bit hashes of holder ids (their text): holders are counted by these, and a
     row's hash covers its holder, without the ids leaving where they are read."""
-    return np.fromiter((int.from_bytes(hashlib.blake2b(str(v).encode(), key=key[:32],
-                                                       digest_size=8).digest(), "little")
-                        for v in ids), dtype=np.uint64, count=len(ids))
+    return blake2b_64([str(v).encode() for v in ids], key=key[:32]).astype(np.uint64)
+
+
+def holder_rows(ids, shards: int, key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's shard as int32, each row's keyed holder hash) of a whole client column:
+    every distinct id hashed once (:func:`bucket_of`, :func:`holder_hashes`)."""
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    enc = arr.cast(pa.string()).dictionary_encode()
+    names = enc.dictionary.to_pylist()
+    index = enc.indices.to_numpy(zero_copy_only=False)
+    buckets = (blake2b_64([v.encode() for v in names]) % np.uint64(shards)).astype(np.int32)
+    return buckets[index], holder_hashes(names, key)[index]
 
 
 # ---------------------------------------------------------------- errors
@@ -109,11 +119,12 @@ def private_read_error(part: Part, exc: BaseException, stage: str) -> DataError:
 class _Tally:
     """What the scan accumulates batch by batch (O(records) words, no rows)."""
 
-    def __init__(self, spec: ScanSpec, key: bytes):
+    def __init__(self, spec: ScanSpec, key: bytes, holders: tuple | None = None):
         self.spec, self.key = spec, key
         self.row_key, self.id_key = derived_key(key, "rows"), derived_key(key, "holders")
-        self.hashes, self.shard, self.holder = [], [], []
-        self.exact, self.near = [], []
+        self.hashes, self.exact, self.near = [], [], []
+        # (each row's shard, each row's keyed holder hash): the client column, read first
+        self.shard, self.holder = holders if holders is not None else (None, None)
         self.rows = 0
 
     def add(self, t: pa.Table) -> None:
@@ -136,19 +147,9 @@ class _Tally:
         y = label_indices(t, part.label, spec.classes, part)
         holder = None
         if part.client:
-            ids = t.column(part.client)
-            if ids.null_count:
-                raise DataError(f"{part.key}: client column {part.client!r} has "
-                                f"{ids.null_count} empty values. Fix: give every row its "
-                                f"holder's id, or unset {part.key}.client (then each record is "
-                                "its own client)")
-            rows, names, _ = bucket_of(ids, spec.shards)
-            enc = ids.combine_chunks().cast(pa.string()).dictionary_encode() \
-                if isinstance(ids, pa.ChunkedArray) else ids.cast(pa.string()).dictionary_encode()
-            holder = holder_hashes(enc.dictionary.to_pylist(), self.id_key)[
-                enc.indices.to_numpy(zero_copy_only=False)]
-            self.shard.append(rows.astype(np.int32))
-            self.holder.append(holder)
+            if self.rows + t.num_rows > len(self.holder):
+                raise DataError(changed_while_read(part))
+            holder = self.holder[self.rows:self.rows + t.num_rows]
         self.hashes.append(row_hashes(raw, y, self.row_key, holder))
         self.exact.append(keyed_fingerprints(self.key, record_fingerprints(raw)))
         self.near.append(keyed_fingerprints(self.key, near_fingerprints(
@@ -163,8 +164,9 @@ class _Tally:
                             f"point {part.key}.path at the private records")
         hashes = np.concatenate(self.hashes)
         if part.client:
-            shard = np.concatenate(self.shard)
-            holder = np.concatenate(self.holder)
+            if m != len(self.holder):
+                raise DataError(changed_while_read(part))
+            shard, holder = self.shard, self.holder
             distinct, per_holder = np.unique(holder, return_counts=True)
             owner = np.zeros(distinct.size, np.int32)
             owner[np.searchsorted(distinct, holder)] = shard
@@ -188,8 +190,8 @@ class _Tally:
         return {"rows": int(m), "holders": holders, "kept": kept, "largest_holder": largest,
                 "clients": [int(c) for c in clients], "shard_digests": digests,
                 "digest": h.hexdigest()[:32],
-                "fingerprints": np.unique(np.concatenate(self.exact)),
-                "near": np.unique(np.concatenate(self.near))}
+                "fingerprints": sorted_unique(np.concatenate(self.exact)),
+                "near": sorted_unique(np.concatenate(self.near))}
 
 
 def private_batches(part: Part, columns: list, table: pa.Table | None = None):
@@ -216,6 +218,21 @@ def private_batches(part: Part, columns: list, table: pa.Table | None = None):
         yield batch
 
 
+def changed_while_read(part: Part) -> str:
+    return (f"{part.key}: the private rows changed while the scan read them. Fix: leave the "
+            "private files as they are while a job runs, and run the job again")
+
+
+def _client_column(part: Part, table: pa.Table | None) -> pa.ChunkedArray:
+    """The private part's client column, every row, in the scan's row order."""
+    batches = list(private_batches(part, [part.client], table))
+    if table is not None:
+        schema = table.select([part.client]).schema
+    else:
+        schema = pa.schema([open_dataset(part.path).schema.field(part.client)])
+    return pa.Table.from_batches(batches, schema=schema).column(0)
+
+
 def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
     """The scan itself (module docstring); ``key``: the ledger's fingerprint key;
     ``table``: the rows, where they were given in memory."""
@@ -227,8 +244,20 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
         missing(part, schema, needed_columns(part, cols))
         spec = ScanSpec(part, cols, spec.classes, spec.shards, spec.width, spec.featurizer,
                         spec.bound)
-        tally = _Tally(spec, key)
-        for batch in private_batches(part, needed_columns(part, cols), table):
+        need = needed_columns(part, cols)
+        holders = None
+        if part.client:               # the ids first: each distinct id is hashed once
+            ids = _client_column(part, table)
+            if ids.null_count:
+                raise DataError(f"{part.key}: client column {part.client!r} has "
+                                f"{ids.null_count} empty values. Fix: give every row its "
+                                f"holder's id, or unset {part.key}.client (then each record is "
+                                "its own client)")
+            holders = holder_rows(ids, spec.shards, derived_key(key, "holders"))
+            del ids
+            need = [c for c in need if c != part.client or c in cols.names]
+        tally = _Tally(spec, key, holders)
+        for batch in private_batches(part, need, table):
             if batch.num_rows:
                 tally.add(pa.Table.from_batches([batch]))
         out = tally.answer()
