@@ -9,7 +9,7 @@ F parquet files (N rows; ``features`` float32 columns f0.., string labels c0.., 
 ids h0..h{H-1} drawn at random), a public part (``--public`` rows, string row ids) and an
 evaluation part; then runs the real job (rknn_ray.job.run: Ray started by the job, a fresh
 ledger, ``student.trainer: local``, 1 epoch) with ``privacy.model`` central (laplace, eps 1)
-or shuffle (``mechanism: collision``, eps 4, the default amplification bound); a holder keeps
+or shuffle (``mechanism: collision``, eps 4, delta below 1/(10 N), the default amplification bound); a holder keeps
 at most ``--bound`` records (default 10). ``--holders 0``: no client column (each record its
 own client).
 
@@ -81,8 +81,9 @@ def write_table(folder: str, records: int, holders: int, features: int = 32, cla
 
 
 def job_config(folder: str, model: str, holders: int, classes: int, queries: int,
-               shards: int, bound: int = 10) -> dict:
-    """The job's config dict (tests/table_files.py's shape)."""
+               shards: int, bound: int = 10, records: int = 1) -> dict:
+    """The job's config dict (tests/table_files.py's shape); shuffle's delta below
+    1/(10 ``records``)."""
     private = {"path": os.path.join(folder, "private"), "label": "label"}
     if holders:
         private["client"] = "holder"
@@ -94,7 +95,8 @@ def job_config(folder: str, model: str, holders: int, classes: int, queries: int
         data["max_records_per_client"] = bound
     privacy = ({"model": "central", "mechanism": "laplace", "eps": 1.0, "budget_eps": 1000.0}
                if model == "central" else
-               {"model": "shuffle", "mechanism": "collision", "eps": 4.0, "delta": 1e-6,
+               {"model": "shuffle", "mechanism": "collision", "eps": 4.0,
+                "delta": 10.0 ** -(len(str(max(1, records))) + 1),
                 "budget_eps": 1000.0, "budget_delta": 0.5})
     cfg = {"data": data, "privacy": privacy, "queries": {"s": queries},
            "represent": {"encoder": "pca", "dim": 16},
@@ -238,7 +240,7 @@ def run(records: int, holders: int, model: str = "central", features: int = 32,
         if os.path.exists(ledger + suffix):
             os.remove(ledger + suffix)
     cfg = Config.from_dict(job_config(folder, model, holders, classes, queries, shards,
-                                      bound))
+                                      bound, records))
     run_dir = prepare_run_dir(os.path.join(out, f"run-{model}-{records}"), overwrite=True) \
         if _takes_overwrite() else os.path.join(out, f"run-{model}-{records}")
     if not _takes_overwrite():
