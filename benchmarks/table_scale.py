@@ -9,7 +9,7 @@ F parquet files (N rows; ``features`` float32 columns f0.., string labels c0.., 
 ids h0..h{H-1} drawn at random), a public part (``--public`` rows, string row ids) and an
 evaluation part; then runs the real job (rknn_ray.job.run: Ray started by the job, a fresh
 ledger, ``student.trainer: local``, 1 epoch) with ``privacy.model`` central (laplace, eps 1)
-or shuffle (``mechanism: collision``, eps 4, delta below 1/(10 N), the default amplification bound); a holder keeps
+or shuffle (``mechanism: collision``, eps 4, delta below 1/(10 N), a budget delta below 1/N, the default amplification bound); a holder keeps
 at most ``--bound`` records (default 10). ``--holders 0``: no client column (each record its
 own client).
 
@@ -97,7 +97,8 @@ def job_config(folder: str, model: str, holders: int, classes: int, queries: int
                if model == "central" else
                {"model": "shuffle", "mechanism": "collision", "eps": 4.0,
                 "delta": 10.0 ** -(len(str(max(1, records))) + 1),
-                "budget_eps": 1000.0, "budget_delta": 0.5})
+                "budget_eps": 1000.0,
+                "budget_delta": 10.0 ** -len(str(max(1, records)))})
     cfg = {"data": data, "privacy": privacy, "queries": {"s": queries},
            "represent": {"encoder": "pca", "dim": 16},
            "student": {"trainer": "local", "epochs": 1}, "cluster": {"shards": shards},

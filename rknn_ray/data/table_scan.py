@@ -261,6 +261,7 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
             if batch.num_rows:
                 tally.add(pa.Table.from_batches([batch]))
         out = tally.answer()
+        pa.default_memory_pool().release_unused()   # the read's buffers: back to the system
     except Exception as exc:  # noqa: BLE001 - one line, no private value
         raise private_read_error(part, exc, "the scan of the private part") from None
     out["columns"] = {"names": list(cols.names), "list_column": cols.list_column,

@@ -148,6 +148,7 @@ class TableShardSource:
         held = np.flatnonzero(kept_within_bound(ids, content, self.bound))
         order = held[np.argsort(ids[held], kind="stable")]      # grouped by client
         records = ShardRecords(_gather(xs, order), _gather(ys, order), ids[order])
+        pa.default_memory_pool().release_unused()   # the read's buffers: back to the system
         records.opened = opened              # what the shard read (tests, diagnostics)
         return records
 
