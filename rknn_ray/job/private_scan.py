@@ -36,9 +36,9 @@ def complete_scan(cfg, data, store, start_ray, progress):
     check_placement_feasible(cfg, ["client"])
     with progress.stage("scan", "checking the private rows where the client shards run"):
         # max_calls=1: the worker exits after the scan, its memory (O(records) words) freed
-        task = ray.remote(_scan_task).options(num_cpus=min(1.0, float(cfg.cluster.shard_cpus)),
-                                              max_retries=0, max_calls=1,
-                                              **party_options(cfg, "client"))
+        task = ray.remote(max_calls=1)(_scan_task).options(
+            num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_retries=0,
+            **party_options(cfg, "client"))
         answer = ray.get(task.remote(data.spec, key))
     if "error" in answer:
         raise DataError(answer["error"])
