@@ -166,15 +166,23 @@ def _changed(p: Part, shard: int) -> str:
 
 
 def _gather(pieces: list, order: np.ndarray) -> np.ndarray:
-    """``np.concatenate(pieces)[order]`` without the concatenation: each piece is copied
-    where it goes and dropped (``pieces`` is emptied)."""
-    offsets = np.cumsum([0] + [len(a) for a in pieces])
-    first = pieces[0]
-    out = np.empty((len(order),) + first.shape[1:], first.dtype)
-    which = np.searchsorted(offsets, order, side="right") - 1
+    """``np.concatenate(pieces)[order]`` in about one copy's memory: the pieces are copied
+    into one array one by one (each dropped once copied; ``pieces`` is emptied), then its
+    first ``len(order)`` rows are put in ``order`` a quarter of its columns at a time (each
+    quarter's gather reads only that quarter's columns, so it can be written back in place)."""
+    first, n = pieces[0], sum(len(a) for a in pieces)
+    out = np.empty((n,) + first.shape[1:], first.dtype)
+    at = 0
     for i in range(len(pieces)):
-        rows = np.flatnonzero(which == i)
-        if rows.size:
-            out[rows] = pieces[i][order[rows] - offsets[i]]
+        out[at:at + len(pieces[i])] = pieces[i]
+        at += len(pieces[i])
         pieces[i] = None
+    if out.size == 0:
+        return out[order]
+    flat, m = out.reshape(n, -1), len(order)
+    step = max(1, -(-flat.shape[1] // 4))
+    for a in range(0, flat.shape[1], step):
+        flat[:m, a:a + step] = flat[order, a:a + step]
+    del flat
+    out.resize((m,) + out.shape[1:], refcheck=False)   # the rows past m given back
     return out
