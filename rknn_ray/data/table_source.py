@@ -17,6 +17,7 @@ keeps at most ``bound`` records, chosen by a keyed hash of each record's own val
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,9 +149,19 @@ class TableShardSource:
         held = np.flatnonzero(kept_within_bound(ids, content, self.bound))
         order = held[np.argsort(ids[held], kind="stable")]      # grouped by client
         records = ShardRecords(_gather(xs, order), _gather(ys, order), ids[order])
-        pa.default_memory_pool().release_unused()   # the read's buffers: back to the system
+        _give_back_memory()
         records.opened = opened              # what the shard read (tests, diagnostics)
         return records
+
+
+def _give_back_memory() -> None:
+    """The read's freed buffers back to the system: Arrow's pool, and glibc's heap (the
+    record batches' arrays sit below its mmap threshold; freed, they stayed resident)."""
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):      # not glibc: nothing to trim
+        pass
 
 
 def _sorted(ids) -> pa.Array | None:
