@@ -194,14 +194,15 @@ class _Tally:
                 "near": sorted_unique(np.concatenate(self.near))}
 
 
-def private_batches(part: Part, columns: list, table: pa.Table | None = None):
+def private_batches(part: Part, columns: list, table: pa.Table | None = None, dataset=None):
     """The private part's rows, ``columns`` only, one record batch at a time (a table given
-    in memory: its batches); faults as :func:`private_read_error`."""
+    in memory: its batches; ``dataset``: the part's, opened already); faults as
+    :func:`private_read_error`."""
     if table is not None:
         yield from table.select(columns).to_batches(max_chunksize=BATCH_ROWS)
         return
     try:
-        dataset = open_dataset(part.path)
+        dataset = dataset if dataset is not None else open_dataset(part.path)
         scanner = dataset.scanner(columns=columns, batch_size=BATCH_ROWS)
         batches = iter(scanner.to_batches())
     except RknnError:
@@ -223,14 +224,10 @@ def changed_while_read(part: Part) -> str:
             "private files as they are while a job runs, and run the job again")
 
 
-def _client_column(part: Part, table: pa.Table | None) -> pa.ChunkedArray:
+def _client_column(part: Part, table: pa.Table | None, dataset, schema) -> pa.ChunkedArray:
     """The private part's client column, every row, in the scan's row order."""
-    batches = list(private_batches(part, [part.client], table))
-    if table is not None:
-        schema = table.select([part.client]).schema
-    else:
-        schema = pa.schema([open_dataset(part.path).schema.field(part.client)])
-    return pa.Table.from_batches(batches, schema=schema).column(0)
+    batches = list(private_batches(part, [part.client], table, dataset))
+    return pa.Table.from_batches(batches, schema=pa.schema([schema.field(part.client)])).column(0)
 
 
 def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
@@ -238,7 +235,8 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
     ``table``: the rows, where they were given in memory."""
     part = spec.part
     try:
-        schema = table.schema if table is not None else open_dataset(part.path).schema
+        dataset = open_dataset(part.path) if table is None else None
+        schema = table.schema if table is not None else dataset.schema
         missing(part, schema, [part.label, part.client])
         cols = Columns.resolve(part, schema, ()) if part.features else spec.columns
         missing(part, schema, needed_columns(part, cols))
@@ -247,7 +245,7 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
         need = needed_columns(part, cols)
         holders = None
         if part.client:               # the ids first: each distinct id is hashed once
-            ids = _client_column(part, table)
+            ids = _client_column(part, table, dataset, schema)
             if ids.null_count:
                 raise DataError(f"{part.key}: client column {part.client!r} has "
                                 f"{ids.null_count} empty values. Fix: give every row its "
@@ -257,7 +255,7 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
             del ids
             need = [c for c in need if c != part.client or c in cols.names]
         tally = _Tally(spec, key, holders)
-        for batch in private_batches(part, need, table):
+        for batch in private_batches(part, need, table, dataset):
             if batch.num_rows:
                 tally.add(pa.Table.from_batches([batch]))
         out = tally.answer()
