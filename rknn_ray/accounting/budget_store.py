@@ -59,7 +59,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile, owner_only
-from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE, keyed_fingerprints
+from rknn_ray.accounting.source_identity import (FINGERPRINT_DTYPE, keyed_fingerprints,
+                                                 sorted_unique)
 from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 RESERVED_NOTE = "reserved before any client randomized"
@@ -303,10 +304,15 @@ class BudgetStore:
         """
         with self._transaction() as con:
             key = self._fingerprint_key(con)
-            fp = np.union1d(_keyed(key, fingerprints),
-                            np.zeros(0, FINGERPRINT_DTYPE) if keyed is None else keyed)
-            nf = np.union1d(_keyed(key, np.zeros(0) if near is None else near),
-                            np.zeros(0, FINGERPRINT_DTYPE) if keyed_near is None else keyed_near)
+            # sorted_unique: np.union1d / np.unique hash 64-bit values slowly (numpy >= 2.3)
+            fp = sorted_unique(np.concatenate([
+                np.asarray(_keyed(key, fingerprints), FINGERPRINT_DTYPE),
+                np.zeros(0, FINGERPRINT_DTYPE) if keyed is None
+                else np.asarray(keyed, FINGERPRINT_DTYPE)]))
+            nf = sorted_unique(np.concatenate([
+                np.asarray(_keyed(key, np.zeros(0) if near is None else near), FINGERPRINT_DTYPE),
+                np.zeros(0, FINGERPRINT_DTYPE) if keyed_near is None
+                else np.asarray(keyed_near, FINGERPRINT_DTYPE)]))
             fp, nf = fp.astype(FINGERPRINT_DTYPE), nf.astype(FINGERPRINT_DTYPE)
             overlapping = []
             for ident, blob, near_blob, created in con.execute(
@@ -321,8 +327,8 @@ class BudgetStore:
             # a new source's name is random: report.json publishes it, and a digest of the
             # records would let anyone who knows all but one of them test guesses for it
             survivor = overlapping[0][1] if overlapping else "pool-" + secrets.token_hex(14)
-            pool = np.unique(np.concatenate([fp] + [t[2] for t in overlapping]))
-            pool_near = np.unique(np.concatenate([nf] + [t[3] for t in overlapping]))
+            pool = sorted_unique(np.concatenate([fp] + [t[2] for t in overlapping]))
+            pool_near = sorted_unique(np.concatenate([nf] + [t[3] for t in overlapping]))
             for _, ident, *_ in overlapping[1:]:
                 self._merge(con, ident, survivor, f"a job on {dataset} touched records of both "
                             "sources: their releases compose on one budget")

@@ -113,6 +113,7 @@ def public_record_bound(scheme: str, num_records: int, num_clients: int,
 
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def _mix(h: np.ndarray) -> np.ndarray:
@@ -128,18 +129,28 @@ def row_hashes(raw: np.ndarray, labels: np.ndarray, key: bytes,
     precision), its label and, where given, its holder's keyed id hash. Vectorized over rows,
     a loop over columns; the per-column multipliers come from ``key``."""
     a = np.ascontiguousarray(np.asarray(raw, dtype="<f4").reshape(len(raw), -1))
-    words = a.view("<u4").astype(np.uint64)
+    words = a.view("<u4")
     extra = [np.asarray(labels, np.int64).astype(np.uint64)]
     if holders is not None:
         extra.append(np.asarray(holders, np.uint64))
     width = words.shape[1] + len(extra)
     mult = np.frombuffer(hashlib.shake_256(key).digest(8 * (width + 1)), "<u8").astype(np.uint64)
     h = np.full(len(a), mult[0], np.uint64)
+    t = np.empty_like(h)
+
+    def step(col, m):           # h = _mix(h ^ (col + m)), in place (no array per operation)
+        np.add(col, m, out=t, casting="unsafe")
+        np.bitwise_xor(h, t, out=h)
+        for shift, mult_by in ((_S30, _M1), (_S27, _M2), (_S31, None)):
+            np.right_shift(h, shift, out=t)
+            np.bitwise_xor(h, t, out=h)
+            if mult_by is not None:
+                np.multiply(h, mult_by, out=h)
     with np.errstate(over="ignore"):
         for j in range(words.shape[1]):
-            h = _mix(h ^ (words[:, j] + mult[j + 1]))
+            step(words[:, j].astype(np.uint64), mult[j + 1])
         for j, col in enumerate(extra, start=words.shape[1]):
-            h = _mix(h ^ (col + mult[j + 1]))
+            step(col, mult[j + 1])
     return h
 
 

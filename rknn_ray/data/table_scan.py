@@ -37,8 +37,9 @@ from rknn_ray.data.partition import keep_key, kept_within_bound, row_hashes  # n
 from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_matrix,
                                   image_folder, label_indices, missing, open_dataset, raw_numbers)
 from rknn_ray.errors import DataError, RknnError
-from rknn_ray.accounting.source_identity import (keyed_fingerprints, near_fingerprints,
-                                                 record_fingerprints)
+from rknn_ray.accounting.source_identity import (blake2b_64, keyed_fingerprints,
+                                                 near_fingerprints, record_fingerprints,
+                                                 sorted_unique)
 
 #: rows per record batch the scan and the shards read at a time
 BATCH_ROWS = 1 << 16
@@ -79,9 +80,18 @@ def multiset_digest(hashes: np.ndarray) -> tuple[int, str]:
 def holder_hashes(ids: list, key: bytes) -> np.ndarray:
     """Keyed 64-bit hashes of holder ids (their text): holders are counted by these, and a
     row's hash covers its holder, without the ids leaving where they are read."""
-    return np.fromiter((int.from_bytes(hashlib.blake2b(str(v).encode(), key=key[:32],
-                                                       digest_size=8).digest(), "little")
-                        for v in ids), dtype=np.uint64, count=len(ids))
+    return blake2b_64([str(v).encode() for v in ids], key=key[:32]).astype(np.uint64)
+
+
+def holder_rows(ids, shards: int, key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's shard as int32, each row's keyed holder hash) of a whole client column:
+    every distinct id hashed once (:func:`bucket_of`, :func:`holder_hashes`)."""
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    enc = arr.cast(pa.string()).dictionary_encode()
+    names = enc.dictionary.to_pylist()
+    index = enc.indices.to_numpy(zero_copy_only=False)
+    buckets = (blake2b_64([v.encode() for v in names]) % np.uint64(shards)).astype(np.int32)
+    return buckets[index], holder_hashes(names, key)[index]
 
 
 # ---------------------------------------------------------------- errors
@@ -112,11 +122,12 @@ def private_read_error(part: Part, exc: BaseException, stage: str,
 class _Tally:
     """What the scan accumulates batch by batch (O(records) words, no rows)."""
 
-    def __init__(self, spec: ScanSpec, key: bytes):
+    def __init__(self, spec: ScanSpec, key: bytes, holders: tuple | None = None):
         self.spec, self.key = spec, key
         self.row_key, self.id_key = derived_key(key, "rows"), derived_key(key, "holders")
-        self.hashes, self.shard, self.holder = [], [], []
-        self.exact, self.near = [], []
+        self.hashes, self.exact, self.near = [], [], []
+        # (each row's shard, each row's keyed holder hash): the client column, read first
+        self.shard, self.holder = holders if holders is not None else (None, None)
         self.rows = 0
 
     def add(self, t: pa.Table) -> None:
@@ -139,19 +150,9 @@ class _Tally:
         y = label_indices(t, part.label, spec.classes, part)
         holder = None
         if part.client:
-            ids = t.column(part.client)
-            if ids.null_count:
-                raise DataError(f"{part.key}: client column {part.client!r} has "
-                                f"{ids.null_count} empty values. Fix: give every row its "
-                                f"holder's id, or unset {part.key}.client (then each record is "
-                                "its own client)")
-            rows, names, _ = bucket_of(ids, spec.shards)
-            enc = ids.combine_chunks().cast(pa.string()).dictionary_encode() \
-                if isinstance(ids, pa.ChunkedArray) else ids.cast(pa.string()).dictionary_encode()
-            holder = holder_hashes(enc.dictionary.to_pylist(), self.id_key)[
-                enc.indices.to_numpy(zero_copy_only=False)]
-            self.shard.append(rows.astype(np.int32))
-            self.holder.append(holder)
+            if self.rows + t.num_rows > len(self.holder):
+                raise DataError(changed_while_read(part))
+            holder = self.holder[self.rows:self.rows + t.num_rows]
         self.hashes.append(row_hashes(raw, y, self.row_key, holder))
         self.exact.append(keyed_fingerprints(self.key, record_fingerprints(raw)))
         self.near.append(keyed_fingerprints(self.key, near_fingerprints(
@@ -166,8 +167,9 @@ class _Tally:
                             f"point {part.key}.path at the private records")
         hashes = np.concatenate(self.hashes)
         if part.client:
-            shard = np.concatenate(self.shard)
-            holder = np.concatenate(self.holder)
+            if m != len(self.holder):
+                raise DataError(changed_while_read(part))
+            shard, holder = self.shard, self.holder
             distinct, per_holder = np.unique(holder, return_counts=True)
             owner = np.zeros(distinct.size, np.int32)
             owner[np.searchsorted(distinct, holder)] = shard
@@ -195,18 +197,19 @@ class _Tally:
                 "clients": [int(c) for c in clients], "shard_digests": digests,
                 "kept_per_shard": [int(c) for c in kept_per_shard],
                 "digest": h.hexdigest()[:32],
-                "fingerprints": np.unique(np.concatenate(self.exact)),
-                "near": np.unique(np.concatenate(self.near))}
+                "fingerprints": sorted_unique(np.concatenate(self.exact)),
+                "near": sorted_unique(np.concatenate(self.near))}
 
 
-def private_batches(part: Part, columns: list, table: pa.Table | None = None):
+def private_batches(part: Part, columns: list, table: pa.Table | None = None, dataset=None):
     """The private part's rows, ``columns`` only, one record batch at a time (a table given
-    in memory: its batches); faults as :func:`private_read_error`."""
+    in memory: its batches; ``dataset``: the part's, opened already); faults as
+    :func:`private_read_error`."""
     if table is not None:
         yield from table.select(columns).to_batches(max_chunksize=BATCH_ROWS)
         return
     try:
-        dataset = open_dataset(part.path, part.key)
+        dataset = dataset if dataset is not None else open_dataset(part.path, part.key)
         scanner = dataset.scanner(columns=columns, batch_size=BATCH_ROWS)
         batches = iter(scanner.to_batches())
     except RknnError:
@@ -223,6 +226,17 @@ def private_batches(part: Part, columns: list, table: pa.Table | None = None):
         yield batch
 
 
+def changed_while_read(part: Part) -> str:
+    return (f"{part.key}: the private rows changed while the scan read them. Fix: leave the "
+            "private files as they are while a job runs, and run the job again")
+
+
+def _client_column(part: Part, table: pa.Table | None, dataset, schema) -> pa.ChunkedArray:
+    """The private part's client column, every row, in the scan's row order."""
+    batches = list(private_batches(part, [part.client], table, dataset))
+    return pa.Table.from_batches(batches, schema=pa.schema([schema.field(part.client)])).column(0)
+
+
 def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
     """The scan itself (module docstring); ``key``: the ledger's fingerprint key;
     ``table``: the rows, where they were given in memory."""
@@ -232,17 +246,31 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
                         f"class. Fix: point {part.key}.path at one sub-folder of images per "
                         "class (ImageFolder layout)")
     try:
-        schema = table.schema if table is not None else open_dataset(part.path, part.key).schema
+        dataset = open_dataset(part.path, part.key) if table is None else None
+        schema = table.schema if table is not None else dataset.schema
         missing(part, schema, [part.label, part.client])
         cols = Columns.resolve(part, schema, ()) if part.features else spec.columns
         missing(part, schema, needed_columns(part, cols))
         spec = ScanSpec(part, cols, spec.classes, spec.shards, spec.width, spec.featurizer,
                         spec.bound, spec.layout)
-        tally = _Tally(spec, key)
-        for batch in private_batches(part, needed_columns(part, cols), table):
+        need = needed_columns(part, cols)
+        holders = None
+        if part.client:               # the ids first: each distinct id is hashed once
+            ids = _client_column(part, table, dataset, schema)
+            if ids.null_count:
+                raise DataError(f"{part.key}: client column {part.client!r} has "
+                                f"{ids.null_count} empty values. Fix: give every row its "
+                                f"holder's id, or unset {part.key}.client (then each record is "
+                                "its own client)")
+            holders = holder_rows(ids, spec.shards, derived_key(key, "holders"))
+            del ids
+            need = [c for c in need if c != part.client or c in cols.names]
+        tally = _Tally(spec, key, holders)
+        for batch in private_batches(part, need, table, dataset):
             if batch.num_rows:
                 tally.add(pa.Table.from_batches([batch]))
         out = tally.answer()
+        pa.default_memory_pool().release_unused()   # the read's buffers: back to the system
     except Exception as exc:  # noqa: BLE001 - one line, no private value
         raise private_read_error(part, exc, "the scan of the private part") from None
     out["columns"] = {"names": list(cols.names), "list_column": cols.list_column,

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
+from rknn_ray.accounting.source_identity import blake2b_64
 from rknn_ray.data.remote import check_remote
 from rknn_ray.errors import DataError, first_line, quoted
 
@@ -543,7 +544,6 @@ def bucket_of(values: pa.ChunkedArray | pa.Array, shards: int) -> tuple[np.ndarr
     arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
     enc = arr.cast(pa.string()).dictionary_encode()
     ids = enc.dictionary.to_pylist()
-    buckets = np.array([int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8).digest(),
-                                       "little") % shards for v in ids], dtype=np.int64)
+    buckets = (blake2b_64([v.encode() for v in ids]) % np.uint64(shards)).astype(np.int64)
     rows = buckets[enc.indices.to_numpy(zero_copy_only=False)] if len(ids) else np.zeros(0, np.int64)
     return rows, ids, buckets

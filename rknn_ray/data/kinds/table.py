@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rknn_ray.accounting.source_identity import sorted_unique
 from rknn_ray.data.registry import register_dataset
 from rknn_ray.data.tables import (Columns, Featurizer, Part, as_table, bucket_of,
                                   feature_matrix, label_indices, missing, pixel_scale, raw_numbers,
@@ -120,8 +121,8 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
     memory = inputs.get("private")
     public_side = dict(public_x=public_x, public_y=public_y, public_ids=public_ids,
                        eval_x=eval_x, eval_y=eval_y, classes=tuple(classes),
-                       featurizer=featurizer, pool=np.unique(np.concatenate(pools)),
-                       near=np.unique(np.concatenate(nears)), width=width,
+                       featurizer=featurizer, pool=sorted_unique(np.concatenate(pools)),
+                       near=sorted_unique(np.concatenate(nears)), width=width,
                        table_input={"featurizer": featurizer.to_dict(), "id": pub.id,
                                     "label": ev.label or priv.label})
     handover = _Handover(None if memory is None else _private_table(priv, memory))
