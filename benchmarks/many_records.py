@@ -14,7 +14,7 @@ with Dirichlet-skewed labels, string labels and ids) once, then runs each varian
 * ``local`` / ``local_each``: fmnist_local.yaml (Collision) at the same eps.
 
 Prints student and label accuracy per variant and seed with their medians; writes JSON to
-benchmarks/results/many-records-<date>.json. Budgets live in DIR/ledger.sqlite (an
+benchmarks/results/many-records-<date>-<time>.json. Budgets live in DIR/ledger.sqlite (an
 experiment's, large).
 """
 from __future__ import annotations
@@ -94,7 +94,8 @@ def main(argv=None) -> int:
               "date": time.strftime("%Y-%m-%d"), "eps": args.eps, "holders": args.holders,
               "max_records": args.max_records, "rows": rows, "summary": summary}
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, f"many-records-{time.strftime('%Y-%m-%d')}.json"), "w") as fh:
+    stamp = time.strftime("%Y-%m-%d-%H%M")     # one file per run: runs of a day do not overwrite
+    with open(os.path.join(RESULTS, f"many-records-{stamp}.json"), "w") as fh:
         json.dump(result, fh, indent=1, default=str)
     if args.json:
         print(json.dumps(result, default=str))
