@@ -31,11 +31,11 @@ import os
 import re
 import shutil
 import sys
-import threading
 import time
 
 import numpy as np
 
+from benchmarks.scale import Sampler
 from rknn_ray.runio import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -139,16 +139,15 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-class JobMemory:
+class JobMemory(Sampler):
     """Peak of the RSS summed over the job's processes (module docstring), every ``period`` s
-    in a thread; ``session``: Ray's session name once the job started Ray (a Ray process of
-    another session on a shared machine is not counted)."""
+    in a thread (benchmarks.scale.Sampler); ``session``: Ray's session name once the job
+    started Ray (a Ray process of another session on a shared machine is not counted)."""
 
     def __init__(self, period: float = 0.2):
-        self.period, self.peak, self.peak_by = period, 0, {}
+        super().__init__(period)
+        self.peak, self.peak_by = 0, {}
         self.me = os.getpid()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
         self._ours: set = set()
         self._names: dict = {}
 
@@ -202,19 +201,6 @@ class JobMemory:
             if w in cmd:
                 return w
         return os.path.basename(cmd.split()[0])[:40]
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period):
-            self.sample()
-
-    def __enter__(self):
-        self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
     def largest(self, n: int = 5) -> list:
         """The ``n`` largest processes at the peak: [name, MB]."""
