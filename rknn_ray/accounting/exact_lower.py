@@ -164,24 +164,32 @@ class ThirdCellDelta:
         ee, p = math.exp(eps), self.p
         d_up = (1.0 - 1.0 / p) * max(p - ee, 0.0)      # per report moved z 0 -> 1
         d_dn = (1.0 - 1.0 / p) * max(ee * p - 1.0, 0.0)  # per report moved z 1 -> 0
-        Ms = self.m_lo + np.arange(self.w_m.size, dtype=np.int64)
         # float p, e^eps and the sums' constants err by a few ulps: S is lowered by a margin
         # far above that (|S| terms are at most n p e^eps in size)
-        safety = 1e-12 * self.n * p * ee
-        total, err = 0.0, 0.0
-        w = self.width
-        for s in range(0, Ms.size, w):
-            block, wb = Ms[s:s + w], self.w_m[s:s + w]
-            m0 = int(block[block.size // 2])
-            k = block - m0
-            shifts = np.where(k > 0, k * d_up, -k * d_dn).astype(float) + safety
-            vals, rel = self._value(m0, shifts, ee)
-            part = float(np.dot(wb, vals))
-            total += part
-            err += part * (rel + self.rel_m)
-        est = total / self.n
-        down = err / self.n + 1e-300
-        return est, 0.0, down
+        total, err = _blocked_sum(self._value, self.m_lo, self.w_m, self.width, d_up, d_dn,
+                                  1e-12 * self.n * p * ee, ee, self.rel_m)
+        return total / self.n, 0.0, err / self.n + 1e-300
+
+
+def _blocked_sum(value, lo: int, weights: np.ndarray, width: int, d_up: float, d_dn: float,
+                 safety: float, ee: float, rel_weights: float) -> tuple[float, float]:
+    """(sum, its error bound) of ``weights[i] * value(lo + i)`` over blocks of ``width``
+    counts: each block's values come from one ``value(centre, shifts, ee)`` call, a count k
+    away from the centre entering as a shift of k * d_up (k > 0) or -k * d_dn, plus
+    ``safety`` (only lowering the sum); the error adds each block's relative error and the
+    weights' own (``rel_weights``)."""
+    counts = lo + np.arange(weights.size, dtype=np.int64)
+    total, err = 0.0, 0.0
+    for s in range(0, counts.size, width):
+        block, wb = counts[s:s + width], weights[s:s + width]
+        centre = int(block[block.size // 2])
+        k = block - centre
+        shifts = np.where(k > 0, k * d_up, -k * d_dn).astype(float) + safety
+        vals, rel = value(centre, shifts, ee)
+        part = float(np.dot(wb, vals))
+        total += part
+        err += part * (rel + rel_weights)
+    return total, err
 
 
 class BitRRThirdCellDelta(ThirdCellDelta):
@@ -282,18 +290,7 @@ class KRRThirdValueExactDelta:
         ee, p = math.exp(eps), self.p
         d_up = max(p - 1.0, 0.0)                           # one more report off x / x'
         d_dn = max(ee * p - 1.0 - (ee - 1.0) / p, 0.0)     # one less
-        safety = 1e-12 * self.n * p * ee
-        Ts = self.t_lo + np.arange(self.w_t.size, dtype=np.int64)
-        total, err = 0.0, 0.0
-        w = self.width
-        for s in range(0, Ts.size, w):
-            block, wb = Ts[s:s + w], self.w_t[s:s + w]
-            t0 = int(block[block.size // 2])
-            kk = block - t0
-            shifts = np.where(kk > 0, kk * d_up, -kk * d_dn).astype(float) + safety
-            vals, rel = self._value(t0, shifts, ee)
-            part = float(np.dot(wb, vals))
-            total += part
-            err += part * (rel + self.rel_t)
+        total, err = _blocked_sum(self._value, self.t_lo, self.w_t, self.width, d_up, d_dn,
+                                  1e-12 * self.n * p * ee, ee, self.rel_t)
         return total / self.n, 0.0, err / self.n + 1e-300
 
