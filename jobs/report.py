@@ -219,11 +219,10 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     if eps0 is not None:            # the local randomizer's eps0 the shuffle bound granted
         privacy.append(("local eps0", f"{eps0} (each client's report)"))
     budget = p.get("budget") or {}
-    if budget:
-        by = f", composed by {budget['spent_by']}" if budget.get("spent_by") else ""
-        privacy.append(("dataset budget", f"eps = {_fmt(budget.get('eps'))} "
-                        f"(spent {_fmt(budget.get('spent_eps'))} after this job{by}) on "
-                        f"{_fmt(budget.get('description', 'the source of these records: rknn-ray budget names it'))}"))
+    if budget:          # the source's budget and spend are its history: the ledger's views
+        privacy.append(("dataset budget", f"{_fmt(budget.get('description'))}: charged to "
+                        f"the ledger {_fmt(budget.get('ledger'))}; `rknn-ray budget` shows "
+                        "its budget and spend"))
     privacy.append(("randomness", _fmt(rep.get("rng"))))
     accuracy = [("label accuracy (public set)", _acc(acc, "labels")),
                 ("student accuracy (evaluation set)", _acc(acc, "student")),

@@ -69,8 +69,7 @@ def test_second_job_over_the_budget_exits_2_before_ray_starts(digits_runs, tmp_p
               "--set", "queries.restarts=1"]
     shutil.copyfile(digits_runs / "digits_central.ledger.sqlite", isolated_privacy_ledger)
     report = json.loads((digits_runs / "digits_central" / "report.json").read_text())
-    assert report["privacy"]["budget"]["eps"] == 1.5
-    assert report["privacy"]["budget"]["spent_eps"] == pytest.approx(1.0)
+    assert "eps" not in report["privacy"]["budget"]       # the source's history: the ledger's
     # the same records split, partitioned and dealt otherwise: the same budget (issue 18)
     other_split = ["--set", "run.seed=1", "--set", "data.partition=dirichlet",
                    "--set", "data.max_records_per_client=200",

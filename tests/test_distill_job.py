@@ -39,7 +39,11 @@ def test_digits_central_run_folder(digits_runs, tmp_path):
     assert sum(counts["rejected"].values()) == 0
     assert report["rng"] == "secure" and report["version"]
     assert report["resumed"] is None                     # finished in one go
-    assert priv["budget"]["eps"] == 1.5 and priv["budget"]["spent_eps"] == pytest.approx(1.0)
+    # the source's budget and spend are its history: in the ledger, not in the report
+    assert set(priv["budget"]) == {"description", "ledger", "shown_by"}
+    from rknn_ray.accounting.budget_store import BudgetStore
+    (source,) = BudgetStore(priv["budget"]["ledger"]).datasets()
+    assert source["budget"]["eps"] == 1.5 and source["spent"]["eps"] == pytest.approx(1.0)
     for stage in ("data", "queries", "clients", "server_open", "student"):
         assert report["timings_s"][stage] >= 0
     table = pq.read_table(out / "labels.parquet")

@@ -39,7 +39,8 @@ folder without it.
 
 
 def _spent(ctx, accountant: str) -> dict:
-    """The dataset's spend after this job, composed as the budget store checks it: by the
+    """The matched source's spend after this job (its history: the console's, never the
+    report's), composed as the budget store checks it: by the
     job's accountant at the budget's delta (a pld job's rounds calibrated together have own
     eps adding up to more than the job's eps; their sum is not what the budget holds)."""
     eps, delta = ctx.store.composed(ctx.identity, accountant)
@@ -99,6 +100,10 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     truth_q = sp.public_y[all_qs.public_index[plotted]]
     g = rounds[-1].guarantee
     eps_spent, delta_spent = ledger.spent()
+    source = _spent(ctx, cfg.privacy.accountant)      # the operator's view: the console only
+    progress.say(f"budget of {ctx.described}: eps={ctx.budget[0]:g}, spent "
+                 f"eps={source['spent_eps']:.6g} after this job (composed by "
+                 f"{source['spent_by']}; `rknn-ray budget` shows it, report.json does not)")
     timings = dict(progress.timings)
     for stage in ("clients", "shuffle", "server_open"):
         timings[stage] = sum(r.timings.get(stage, 0.0) for r in rounds)
@@ -115,11 +120,11 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                     "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
                     "details": [r.mechanism for r in rounds],
                     # which source the records were charged to depends on which of them
-                    # matched a known one: its name is in the ledger, never in the report
+                    # matched a known one: its name, its budget and its spend (its history)
+                    # are in the ledger and the operator's views, never in the report
                     "budget": {"description": ctx.described,    # the config's words only
-                               "eps": ctx.budget[0], "delta": ctx.budget[1],
-                               **_spent(ctx, cfg.privacy.accountant),
-                               "ledger": ctx.store.path},
+                               "ledger": ctx.store.path,
+                               "shown_by": f"rknn-ray budget --ledger {ctx.store.path}"},
                     "release_file": "release.npz", **rng_marks(cfg)},
         "counts": {**data.public_counts(), "queries": all_qs.size,
                    "messages": _total(r.messages for r in rounds),
