@@ -207,6 +207,20 @@ def test_a_bad_site_is_one_line_exit_2_before_any_reservation(case, ray_session,
     assert not (tmp_path / "run").exists()
 
 
+# ------------------------------------------------------------------ rknn-ray cluster's nodes
+def test_a_cluster_node_takes_a_site_label_or_resource_and_bad_ones_exit_2():
+    from jobs.local_cluster import parse_node
+    assert parse_node("server+shuffler+client:site=a") == (("server", "shuffler", "client"),
+                                                           {"site": "a"}, {})
+    assert parse_node("client:@site_b=1,zone=x") == (("client",), {"zone": "x"},
+                                                      {"site_b": 1.0})
+    for spec, words in (("client:site", "not key=value"), ("client:@site_b=0", "positive"),
+                        ("client:rknn-party=x", "set by the roles"), (":site=a", "at least one role")):
+        done = subprocess.run([sys.executable, "-m", "jobs.local_cluster", "--node", spec, "--",
+                               "true"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and words in done.stderr, (spec, done.stderr[-500:])
+
+
 # ------------------------------------------------------------------ three real nodes
 def _ptrace_works() -> bool:
     if shutil.which("strace") is None:
@@ -269,3 +283,37 @@ def test_three_nodes_each_read_their_own_site_and_the_driver_opens_none(tmp_path
     for name, path in where.items():
         assert path not in text, f"the driver touched site {name}'s folder"
     assert not re.search(r'execve\("[^"]*(raylet|gcs_server)', text), "the driver started Ray"
+
+
+def test_neighbours_on_sites_show_every_party_the_same(ray_session, tmp_path, capsys):
+    """D and D' (one record's value on site b replaced, its holder and site unchanged), the
+    same seeds: exit code, console (the per-site counts included), report counts, guarantees
+    and ledger are equal (tests/test_table_holders.py's views); only the release differs."""
+    from rknn_ray.accounting.budget_store import BudgetStore
+    from tests.test_table_holders import _views
+    label = _node_label(ray_session)
+    jobs = []
+    for name in ("d", "d2"):
+        folder = str(tmp_path / name)
+        where = _write_sites(folder, holders=30, n_private=300)
+        if name == "d2":
+            part = pq.read_table(f"{where['b']}/part.parquet")
+            p0 = part.column("p10").to_numpy().copy()
+            p0[3] = p0[3] + 7.0                        # one record's value, nothing else
+            pq.write_table(part.set_column(part.schema.get_field_index("p10"), "p10",
+                                           pa.array(p0)), f"{where['b']}/part.parquet")
+        sites = {n: {"path": p, "labels": label} for n, p in where.items()}
+        cfg = _config(folder, sites, run={"progress": True, "seed": 3})
+        path, ledger = os.path.join(folder, "job.yaml"), os.path.join(folder, "l.sqlite")
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f)
+        from jobs.distill import main
+        rc = main(["--config", path, "--out", os.path.join(folder, "run"), "--ledger", ledger])
+        out = capsys.readouterr()
+        report = json.load(open(os.path.join(folder, "run", "report.json"))) if rc == 0 else None
+        jobs.append((rc, (out.out + out.err).splitlines(), report,
+                     BudgetStore(ledger).datasets(), folder))
+    assert jobs[0][0] == 0, "\n".join(jobs[0][1][-20:])
+    a, b = _views(jobs[0]), _views(jobs[1])
+    assert a == b
+    assert any("site b:" in line for line in a["console"]), a["console"]
