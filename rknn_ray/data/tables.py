@@ -18,7 +18,7 @@ import glob
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -107,7 +107,6 @@ class Part:
     def at_site(self, site: Site) -> "Part":
         """This part as one site holds it: that site's path, named ``data.private.sites.X``
         (so every message about its rows names the site)."""
-        from dataclasses import replace
         return replace(self, name=f"private.sites.{site.name}", path=site.path)
 
 
