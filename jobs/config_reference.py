@@ -78,8 +78,17 @@ def render() -> str:
     lines += ["\n`data.private`, `data.public`, `data.evaluation` (`data.dataset: table`; "
               "[running.md](running.md#your-own-data-datadataset-table)):\n",
               "| key | what |", "|---|---|"]
-    where = {"private": "read by the client shards where they run (every node must see it)",
+    where = {"private": "read by the client shards where they run (every node must see it; "
+                        "a part per node: data.private.sites)",
              "public": "read by the driver", "evaluation": "read by the driver"}
+    site_docs = {"path": "the site's file, folder or glob on its own node(s): an absolute path "
+                         "or a URI, read only there (never by the driver)",
+                 "labels": "mapping: node label -> value a node must have to hold the site "
+                           "(`ray start --labels`)",
+                 "resources": "mapping: custom resource -> amount > 0 a node must offer "
+                              "(`ray start --resources`); labels and/or resources: at least one",
+                 "shards": "client shards reading the site's part on its nodes (default 1)"}
+    from rknn_ray.data.config import SITE_KEYS
     for part, keys in PART_KEYS.items():
         for key in keys:
             doc = PART_KEY_DOCS[key]
@@ -87,6 +96,9 @@ def render() -> str:
                 doc = (doc.split("; the private path")[0] + f"; {where[part]}; a relative path "
                        "is read from the config file's folder (else the working folder)")
             lines.append(f"| `data.{part}.{key}` | {_cell(doc)} |")
+            if key == "sites":
+                lines += [f"| `data.private.sites.<site>.{k}` | {_cell(site_docs[k])} |"
+                          for k in SITE_KEYS]
     lines += ["\n`cluster.placement` (what a node must offer to host a party; "
               "[running.md](running.md#a-multi-node-cluster)):\n", "| key | accepts |", "|---|---|"]
     for party in C.PLACEMENT_PARTIES:

@@ -4,6 +4,11 @@
         [--cpus 1] [--nodes-json FILE] -- python -m jobs.distill --config ... \\
         --set 'cluster.placement={client: {resources: {client: 1}}, ...}'
 
+A node may carry more than its roles: ``--node 'client:site=b'`` gives it the node label
+``site=b`` and ``--node 'client:@site_b=1'`` the custom resource ``site_b`` (both as ``ray
+start --labels`` / ``--resources`` would), so a ``data.private.sites`` entry can name it
+(private data on its holders' own nodes, docs/running.md).
+
 runs the command against a fresh cluster (``RAY_ADDRESS`` and a fresh auth token in its
 environment) and takes the cluster down when the command ends, fails or is interrupted.
 ``--dashboard`` gives the head Ray's dashboard on 127.0.0.1 (the Jobs API ``ray job submit``
@@ -58,6 +63,35 @@ def roles_for(nodes: int) -> list[tuple[str, ...]]:
     return [("server",), ("shuffler",)] + [("client",)] * (nodes - 2)
 
 
+def parse_node(spec: str) -> tuple[tuple[str, ...], dict, dict]:
+    """``ROLES[:EXTRA,...]`` -> (roles, node labels, custom resources): ROLES joined by +;
+    an EXTRA ``key=value`` is a node label, ``@name=N`` a custom resource of N. ValueError
+    (the CLI's exit 2) names what is wrong."""
+    head, _, tail = spec.partition(":")
+    roles = tuple(r for r in head.split("+") if r)
+    labels, resources = {}, {}
+    for item in filter(None, (x.strip() for x in tail.split(","))):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip("@") or not value:
+            raise ValueError(f"{item!r} in --node {spec!r} is not key=value (a label) or "
+                             "@name=N (a resource)")
+        if name.startswith("@"):
+            try:
+                amount = float(value)
+            except ValueError:
+                raise ValueError(f"resource {name[1:]!r} in --node {spec!r}: {value!r} is not a "
+                                 "number") from None
+            if amount <= 0 or name[1:] in PARTIES or name[1:] in ("CPU", "GPU", "memory"):
+                raise ValueError(f"resource {name[1:]!r} in --node {spec!r}: give a custom "
+                                 "resource (not a role or CPU/GPU/memory) a positive amount")
+            resources[name[1:]] = amount
+        elif name == ROLE_LABEL or name.startswith("ray.io/"):
+            raise ValueError(f"label {name!r} in --node {spec!r} is set by the roles / by Ray")
+        else:
+            labels[name] = value
+    return roles, labels, resources
+
+
 def placement_overrides(roles: list[tuple[str, ...]]) -> list[str]:
     """``--set`` overrides that put each party on the nodes holding its role's resource."""
     present = {r for node in roles for r in node}
@@ -75,8 +109,10 @@ class LocalCluster:
 
     def __init__(self, roles: list[tuple[str, ...]], cpus: float = 1.0,
                  object_store_mb: int = 150, temp_dir: str | None = None,
-                 dashboard: bool = False):
+                 dashboard: bool = False, extras: list[tuple[dict, dict]] | None = None):
         self.roles, self.cpus, self.object_store_mb = roles, cpus, object_store_mb
+        # per node: (its extra node labels, its extra custom resources), e.g. a site's
+        self.extras = extras or [({}, {})] * len(roles)
         self.dashboard, self.dashboard_port = dashboard, None
         self._own_temp = temp_dir is None
         self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rkc", dir="/tmp")   # short: socket paths
@@ -109,7 +145,8 @@ class LocalCluster:
                 self.cluster.add_node(     # the head first; the workers then start together
                     wait=i == 0, num_cpus=self.cpus,
                     object_store_memory=self.object_store_mb * 2 ** 20,
-                    resources={r: ROLE_SLOTS for r in roles}, labels={ROLE_LABEL: "+".join(roles)},
+                    resources={**{r: ROLE_SLOTS for r in roles}, **self.extras[i][1]},
+                    labels={**self.extras[i][0], ROLE_LABEL: "+".join(roles)},
                     temp_dir=self._node_temp_dir(i), **head)
             self.cluster.wait_for_nodes(timeout=START_TIMEOUT_S)
             # a job submitted to the head finds "its" cluster through the record in the head's
@@ -150,6 +187,11 @@ class LocalCluster:
         nodes = [self.cluster.head_node, *self.cluster.worker_nodes]
         return {n.node_id: [r for r in PARTIES if r in n._ray_params.resources] for n in nodes}
 
+    def node_labels(self) -> dict[str, dict[str, str]]:
+        """Ray node id -> the labels that node was started with (its roles' and its own)."""
+        nodes = [self.cluster.head_node, *self.cluster.worker_nodes]
+        return {n.node_id: dict(n._ray_params.labels or {}) for n in nodes}
+
     def stop(self) -> None:
         """Stop every node this object started (their own processes only; never `ray stop`)."""
         try:
@@ -185,7 +227,9 @@ examples:
   rknn-ray cluster -- python -m jobs.distill --config digits_central
   rknn-ray cluster --node server --node shuffler+client -- \\
       python -m jobs.distill --config digits_shuffle
-  python -m jobs.local_cluster -- ray status     # the same command"""
+  python -m jobs.local_cluster -- ray status     # the same command
+  rknn-ray cluster --node server+shuffler+client:site=a --node client:site=b \\
+      --node client:site=c -- python -m jobs.distill --config my_sites.yaml"""
 
 
 def main(argv=None) -> int:
@@ -193,11 +237,15 @@ def main(argv=None) -> int:
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--node", action="append", default=[], metavar="ROLES",
                     help="one node per flag: its roles, e.g. server or server+shuffler "
-                         f"(from {list(PARTIES)}); default: server, shuffler, client")
+                         f"(from {list(PARTIES)}), then optionally :key=value (a node label) "
+                         "or :@name=N (a custom resource), comma-separated, e.g. "
+                         "client:site=b; default: server, shuffler, client")
     ap.add_argument("--cpus", type=float, default=1.0, help="Ray CPUs per node")
     ap.add_argument("--object-store-mb", type=int, default=150, help="object store per node (MB)")
     ap.add_argument("--nodes-json", default=None,
                     help="write {node id: roles} here once the cluster is up")
+    ap.add_argument("--labels-json", default=None,
+                    help="write {node id: {label: value}} here once the cluster is up")
     ap.add_argument("--dashboard", action="store_true",
                     help="start Ray's dashboard on 127.0.0.1 (the Jobs API: ray job submit); "
                          "on by itself for --serve and for a command starting with `ray job`")
@@ -213,15 +261,25 @@ def main(argv=None) -> int:
                  "-- python -m jobs.distill --config jobs/configs/digits_shuffle.yaml "
                  "(or --serve to keep the cluster up)")
     dashboard = args.dashboard or args.serve or _submits_a_job(command)
-    roles = [tuple(n.split("+")) for n in args.node] or [("server",), ("shuffler",), ("client",)]
+    try:
+        nodes = [parse_node(n) for n in args.node]
+    except ValueError as exc:
+        ap.error(str(exc))
+    roles = [n[0] for n in nodes] or [("server",), ("shuffler",), ("client",)]
+    extras = [(n[1], n[2]) for n in nodes] or None
+    if any(not r for r in roles):
+        ap.error("a --node needs at least one role before its labels, e.g. client:site=b")
     bad = sorted({r for node in roles for r in node} - set(PARTIES))
     if bad:
         ap.error(f"unknown role(s) {bad}: use {list(PARTIES)}, joined by + for a shared node")
     # SIGTERM (a test's timeout, `kill`) must take the nodes down too: make it an exception
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with LocalCluster(roles, args.cpus, args.object_store_mb, dashboard=dashboard) as cluster:
+    with LocalCluster(roles, args.cpus, args.object_store_mb, dashboard=dashboard,
+                      extras=extras) as cluster:
         if args.nodes_json:
             write_json(args.nodes_json, cluster.node_roles())
+        if args.labels_json:
+            write_json(args.labels_json, cluster.node_labels())
         print(f"local cluster up: {len(roles)} nodes at {cluster.address}; placement: "
               + " ".join(f"--set '{o}'" for o in placement_overrides(roles)), file=sys.stderr)
         if cluster.dashboard_url:

@@ -32,6 +32,7 @@ LONGEST_FIRST = [
     "test_progress_demo_console.py",
     "test_table_jobs.py",
     "test_table_holders.py",
+    "test_table_sites.py",              # three nodes under strace, neighbours, refusals
     "test_accounting_tight.py",
     "clean_shuffle_round",
     "digits_runs",

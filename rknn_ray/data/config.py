@@ -172,6 +172,8 @@ def check_table(cfg: dict) -> None:
             path = f"data.{part}.{k}"
             if k not in keys:
                 raise unknown_key(path, [f"data.{part}.{x}" for x in keys], f"known keys: {list(keys)}")
+            if k == "sites":
+                continue                        # checked below (check_sites)
             if k == "holders":
                 if v is None:                   # unset
                     continue
@@ -195,8 +197,13 @@ def check_table(cfg: dict) -> None:
         if d[k] is not None and not table:
             raise ConfigError(f"data.{k}", f"is only read for data.dataset=table, not "
                               f"{d['dataset']!r}", f"set data.{k}=null or data.dataset=table")
+    if d["private"].get("sites") is not None and d["dataset"] != "table":
+        raise ConfigError("data.private.sites", f"is only read for data.dataset=table, not "
+                          f"{d['dataset']!r}", "give the private part one path "
+                          "(data.private.path), or set data.dataset=table")
     if not table:
         return
+    check_sites(d["private"])
     if d["private"].get("holders") is not None and not d["private"].get("client"):
         raise ConfigError("data.private.holders", "is read only with data.private.client "
                           "(without it each record is a client and n is the record count)",
@@ -211,6 +218,81 @@ def check_table(cfg: dict) -> None:
     if cfg["run"]["diagnostics"]:
         raise ConfigError("run.diagnostics", "needs the private rows in the driver, which "
                           "data.dataset=table never loads", "set run.diagnostics=false")
+
+
+#: keys of one site of data.private.sites (docs/running.md, "Private data on its holders' nodes")
+SITE_KEYS = ("path", "labels", "resources", "shards")
+#: resources with their own keys or that Ray manages itself (as cluster.placement's)
+_RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_sites(private: dict) -> None:
+    """data.private.sites: site name -> {path, labels, resources, shards}, instead of one
+    data.private.path; normalized in place (labels as text, resources as numbers)."""
+    sites = private.get("sites")
+    if sites is None:
+        return
+    example = ("e.g. data.private.sites={a: {path: /data/private, labels: {site: a}}} (the node "
+               "joins with `ray start --address=<head> --labels site=a`)")
+    if not isinstance(sites, dict) or not sites:
+        raise ConfigError("data.private.sites", f"{sites!r} is not a mapping of site names",
+                          f"write {example}")
+    if private.get("path") is not None:
+        raise ConfigError("data.private.path", "is set beside data.private.sites (one path "
+                          "every client node reads, or a path per site, not both)",
+                          "unset data.private.path, or data.private.sites")
+    if not private.get("client"):
+        raise ConfigError("data.private.client", "is not set, and data.private.sites needs it "
+                          "(a site holds its holders' records; each holder is one client)",
+                          "set data.private.client to the holder id column")
+    for name, site in sites.items():
+        path = f"data.private.sites.{name}"
+        if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(path, "is not a site name (letters, digits, - and _)",
+                              f"name the site in those characters, {example}")
+        if not isinstance(site, dict) or set(site) - set(SITE_KEYS):
+            extra = sorted(set(site) - set(SITE_KEYS)) if isinstance(site, dict) else None
+            raise ConfigError(f"{path}.{extra[0]}" if extra else path,
+                              "is not a key of a site" if extra else f"{site!r} is not a "
+                              f"mapping of {list(SITE_KEYS)}", f"a site's keys are "
+                              f"{list(SITE_KEYS)}, {example}")
+        where = site.get("path")
+        if not isinstance(where, str) or not where.strip():
+            raise ConfigError(f"{path}.path", f"{where!r} is not a path", "give the site's "
+                              "file, folder or glob on its own node")
+        if "://" not in where and not os.path.isabs(where):
+            raise ConfigError(f"{path}.path", f"{where!r} is relative (it is read on the site's "
+                              "own node, never here)", "give an absolute path on that node, "
+                              "or a URI")
+        for part in ("labels", "resources"):
+            if not isinstance(site.get(part) or {}, dict):
+                raise ConfigError(f"{path}.{part}", f"{site[part]!r} is not a mapping",
+                                  f"write {part} as name: value pairs, {example}")
+        resources = dict(site.get("resources") or {})
+        for res in list(resources):
+            if not isinstance(res, str) or res in _RESERVED_RESOURCES or res.startswith("node:"):
+                raise ConfigError(f"{path}.resources.{res}", "is not a custom resource name",
+                                  "name a resource the site's node was started with "
+                                  "(`ray start --resources '{\"site_a\": 1}'`)")
+            resources[res] = check_number(resources[res], f"{path}.resources.{res}", float, 0,
+                                          None, low_open=True)
+        labels = dict(site.get("labels") or {})
+        for label, value in labels.items():
+            if not isinstance(label, str) or not isinstance(value, (str, int)) \
+                    or isinstance(value, bool):
+                raise ConfigError(f"{path}.labels.{label}", f"{value!r} is not a label value",
+                                  "write labels as key: value strings, e.g. {site: a}")
+            labels[label] = str(value)
+        if not resources and not labels:
+            raise ConfigError(path, "names no node labels or resources: its shards could run "
+                              "on any node, where its path is not its part",
+                              f"name the node(s) the site's files live on, {example}")
+        shards = site.get("shards", 1)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ConfigError(f"{path}.shards", f"{shards!r} is not a number of shards",
+                              "give a positive integer (default 1)")
+        sites[name] = {"path": where, "labels": labels, "resources": resources,
+                       "shards": shards}
 
 
 def check_declared_public_size(cfg: dict) -> None:

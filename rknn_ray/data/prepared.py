@@ -44,6 +44,7 @@ class PreparedData:
     near_keyed: np.ndarray | None = None
     holders: dict | None = None         # a table's holder counts (public under the relation)
     kept_records: int | None = None     # a table's records kept within the bound (public)
+    scan_nodes: dict | None = None      # data.private.sites: site -> the node its scan ran on
 
     @property
     def num_clients(self) -> int:
@@ -112,6 +113,9 @@ class PendingScan:
     spec: object                        # rknn_ray.data.table_scan.ScanSpec
     memory: object                      # a pyarrow Table, or None: read from spec.part.path
     complete: object                    # (scan answer + "key") -> PreparedData
+    # data.private.sites: (rknn_ray.data.tables.Site, ...): one scan per site, on the site's
+    # node (rknn_ray/job/private_scan.py); (): one path every client node reads
+    sites: tuple = ()
 
     def scan_here(self, key: bytes) -> PreparedData:
         """Scan in this process (data given in memory; tests): the answer, completed."""

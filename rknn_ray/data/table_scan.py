@@ -193,12 +193,15 @@ class _Tally:
                                                                  default=str).encode(),
                      hashlib.sha256)
         h.update(json.dumps(digests).encode())
-        return {"rows": int(m), "holders": holders, "kept": kept, "largest_holder": largest,
+        out = {"rows": int(m), "holders": holders, "kept": kept, "largest_holder": largest,
                 "clients": [int(c) for c in clients], "shard_digests": digests,
                 "kept_per_shard": [int(c) for c in kept_per_shard],
                 "digest": h.hexdigest()[:32],
                 "fingerprints": sorted_unique(np.concatenate(self.exact)),
                 "near": sorted_unique(np.concatenate(self.near))}
+        if part.client:     # keyed holder hashes (holders are public): sites are compared by them
+            out["holder_keys"] = distinct
+        return out
 
 
 def private_batches(part: Part, columns: list, table: pa.Table | None = None, dataset=None):

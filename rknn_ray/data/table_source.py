@@ -57,6 +57,9 @@ class TableShardSource:
     expect: tuple | None = None         # (rows, keyed multiset digest) the scan found here
     key: bytes = b""                    # the ledger's fingerprint key (keys the digest)
     each: bool = False                  # privacy.multi_record=each: a client per kept record
+    # data.private.sites: the site (rknn_ray.data.tables.Site) whose part this shard reads;
+    # its actor is placed on the site's nodes (rknn_ray.job.placement.shard_options)
+    site: object = None
 
     def pieces(self) -> tuple:
         """(this shard's rows as an iterator of tables, one per fragment it opens; the

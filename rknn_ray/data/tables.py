@@ -18,7 +18,7 @@ import glob
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +32,7 @@ from rknn_ray.errors import DataError, first_line, quoted
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
            ".feather": "ipc", ".ipc": "ipc"}
-PART_KEYS = {"private": ("path", "label", "client", "holders", "features"),
+PART_KEYS = {"private": ("path", "label", "client", "holders", "features", "sites"),
              "public": ("path", "id", "features"),
              "evaluation": ("path", "label", "features")}
 PART_KEY_DOCS = {
@@ -45,8 +45,34 @@ PART_KEY_DOCS = {
                "any budget is reserved",
     "id": "the public row id column (labels are keyed by it; unset: row numbers)",
     "features": "a list of columns, or one list-typed column (unset: every column that is not "
-                "the label, client or id)"}
+                "the label, client or id)",
+    "sites": "instead of path, private data that lives on its holders' own nodes: site name -> "
+             "{path, labels, resources, shards}; each site's part is read only on a node with "
+             "those Ray node labels / custom resources, by its own scan and its own shards "
+             "(shards: default 1); a holder id on two sites is refused (running.md, 'Private "
+             "data on its holders' nodes')"}
 CLASSES_METADATA = b"classes"       # public file schema metadata: a JSON list of class names
+
+
+@dataclass(frozen=True)
+class Site:
+    """One site of ``data.private.sites``: its part's path on its own nodes, what a node must
+    offer to hold it (Ray node labels and/or custom resources, as ``cluster.placement``), and
+    how many client shards read it there."""
+    name: str
+    path: str
+    labels: tuple = ()                  # ((label, value), ...)
+    resources: tuple = ()               # ((resource, amount), ...)
+    shards: int = 1
+
+    @property
+    def key(self) -> str:
+        return f"data.private.sites.{self.name}"
+
+    @property
+    def need(self) -> dict:
+        """What a node must offer, as a checked ``cluster.placement`` entry."""
+        return {"resources": dict(self.resources), "labels": dict(self.labels)}
 
 
 @dataclass(frozen=True)
@@ -72,6 +98,27 @@ class Part:
     @property
     def key(self) -> str:
         return f"data.{self.name}"
+
+    @property
+    def is_private(self) -> bool:
+        """The private part, or one site's share of it (its values are never named)."""
+        return self.name.split(".")[0] == "private"
+
+    def at_site(self, site: Site) -> "Part":
+        """This part as one site holds it: that site's path, named ``data.private.sites.X``
+        (so every message about its rows names the site)."""
+        return replace(self, name=f"private.sites.{site.name}", path=site.path)
+
+
+def sites_of(section) -> tuple:
+    """``data.private.sites`` (checked by rknn_ray.data.config) as (Site, ...), in the
+    config's order; () when the private part is one path."""
+    return tuple(Site(str(n), str(v["path"]),
+                      tuple(sorted((str(k), str(x)) for k, x in dict(v.get("labels") or {}).items())),
+                      tuple(sorted((str(k), float(x)) for k, x in
+                                   dict(v.get("resources") or {}).items())),
+                      int(v.get("shards") or 1))
+                 for n, v in dict(dict(section or {}).get("sites") or {}).items())
 
 
 def is_uri(path: str) -> bool:
@@ -530,7 +577,7 @@ def label_indices(table: pa.Table, column: str, classes: tuple, part: Part) -> n
     if (y < 0).any():
         # a private label's value is private: only the public parts' are named
         bad = enc.dictionary.to_pylist()[int(np.flatnonzero(lookup < 0)[0])]
-        what = f"label {quoted(bad)} is" if part.name != "private" else \
+        what = f"label {quoted(bad)} is" if not part.is_private else \
             f"{int((y < 0).sum())} rows have a label that is"
         raise DataError(f"{part.key}: {what} not in data.classes "
                         f"({', '.join(map(str, classes))}). Fix: add it to data.classes or drop "

@@ -154,7 +154,9 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     }
     if any(r.shuffler is not None for r in rounds):
         report["shuffler"] = [r.shuffler for r in rounds]
-    report["placement"] = merge_placements(r.placement for r in rounds)  # party -> its Ray nodes
+    scans = {f"scan@{site}": [node] for site, node in (getattr(data, "scan_nodes", None)
+                                                       or {}).items()}   # data.private.sites
+    report["placement"] = merge_placements([*(r.placement for r in rounds), scans])  # party -> its Ray nodes
     write_parquet(os.path.join(out_dir, "labels.parquet"),
                   labels_table(sp, data.num_classes, counts, all_qs, lab))
     write_json(os.path.join(out_dir, "ledger.json"), ledger.to_dict())
@@ -293,7 +295,9 @@ def neighbour_relation(data) -> str:
     if holders and holders.get("column"):
         return ("replace-one record: one record's value (features and label) replaced; which "
                 "holders take part and how many records each holds are public (each holder "
-                f"keeps at most {holders['bound']} records, chosen by their own values)")
+                f"keeps at most {holders['bound']} records, chosen by their own values)"
+                + ("; which site holds each holder is public (data.private.sites)"
+                   if holders.get("sites") else ""))
     return ("replace-one record: one record's value (features and label) replaced; the "
             "assignment of records to clients is public")
 

@@ -32,16 +32,64 @@ def check_placement_feasible(cfg, parties) -> None:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     for party in parties:
         need = cfg.cluster.placement.get(party)
-        if not need or any(_satisfies(n, need) for n in nodes):
-            continue
-        res, labels = dict(need["resources"]), dict(need["labels"])
-        flags = ([f"--resources '{json.dumps(res)}'"] if res else []) + (
-            [f"--labels {','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else [])
-        raise ConfigError(f"cluster.placement.{party}",
-                          f"no live node of this Ray cluster has {_wants(res, labels)} (nodes: "
-                          f"{'; '.join(_describe(n) for n in nodes)})",
-                          f"start one with `ray start --address=<head> {' '.join(flags)}`, "
-                          f"or remove cluster.placement.{party}")
+        if need:
+            _refuse_unless_a_node_has(f"cluster.placement.{party}", need, nodes,
+                                      f"or remove cluster.placement.{party}")
+
+
+def _refuse_unless_a_node_has(key: str, need, nodes: list, other_fix: str) -> None:
+    if any(_satisfies(n, need) for n in nodes):
+        return
+    res, labels = dict(need["resources"]), dict(need["labels"])
+    flags = ([f"--resources '{json.dumps(res)}'"] if res else []) + (
+        [f"--labels {','.join(f'{k}={v}' for k, v in labels.items())}"] if labels else [])
+    raise ConfigError(key, f"no live node of this Ray cluster has {_wants(res, labels)} (nodes: "
+                      f"{'; '.join(_describe(n) for n in nodes)})",
+                      f"start one with `ray start --address=<head> {' '.join(flags)}`, "
+                      f"{other_fix}")
+
+
+# ---------------------------------------------------------------- data.private.sites
+def site_need(cfg, site) -> dict:
+    """What a node must offer to host ``site``'s scan and shards: what
+    ``cluster.placement.client`` asks of every client node, and what the site asks
+    (rknn_ray.data.tables.Site: its labels and resources; the site's value wins a clash)."""
+    client = cfg.cluster.placement.get("client") or {"resources": {}, "labels": {}}
+    own = site.need
+    return {"resources": {**dict(client["resources"]), **own["resources"]},
+            "labels": {**dict(client["labels"]), **own["labels"]}}
+
+
+def _need_options(need: dict) -> dict:
+    options = {}
+    if need["resources"]:
+        options["resources"] = dict(need["resources"])
+    if need["labels"]:
+        options["label_selector"] = dict(need["labels"])
+    return options
+
+
+def site_options(cfg, site) -> dict:
+    """Ray actor options that put an actor on one of ``site``'s nodes (:func:`site_need`)."""
+    return _need_options(site_need(cfg, site))
+
+
+def shard_options(cfg, source) -> dict:
+    """A client shard's placement options: its site's nodes when its source reads one site's
+    part (data.private.sites), else ``cluster.placement.client``'s."""
+    site = getattr(source, "site", None)
+    return site_options(cfg, site) if site is not None else party_options(cfg, "client")
+
+
+def check_sites_feasible(cfg, sites) -> None:
+    """Refuse a site no live node can host (its labels / resources together with
+    ``cluster.placement.client``'s) before any actor is made: ConfigError naming the site and
+    the ``ray start`` flags of the node that is missing."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    for site in sites:
+        _refuse_unless_a_node_has(site.key, site_need(cfg, site), nodes,
+                                  f"on the machine that holds site {site.name}'s files "
+                                  f"({site.path}), or correct {site.key}")
 
 
 def _satisfies(node: dict, need) -> bool:

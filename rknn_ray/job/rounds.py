@@ -26,6 +26,7 @@ from rknn_ray.data.sources import dataset_sources
 from rknn_ray.errors import ConfigError, RknnError, first_line
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.release_file import release_tag_key, save_release
+from rknn_ray.job.resources import shard_count
 from rknn_ray.job.session import CoverShortfall, ProtocolSession
 from rknn_ray.labeling.adaptive import interim_student_probs, select_uncertain
 from rknn_ray.labeling.connection import Connection
@@ -211,7 +212,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     tag_key = release_tag_key(store)           # release.npz is tagged under the ledger's key
     try:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
-        with progress.stage("actors", f"starting {cfg.cluster.shards} client shards and the server"):
+        with progress.stage("actors", f"starting {shard_count(cfg)} client shards and the server"):
             session = ProtocolSession(cfg, dataset_sources(cfg, ctx.data), ctx.job_id,
                                       ctx.key_file, progress, ctx.parties)
         with session:

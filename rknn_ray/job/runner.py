@@ -247,6 +247,9 @@ def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None
         progress.say(f"private part: {h['records']} records of {h['holders']} holders (at "
                      f"most {h['bound']} kept each: {h['kept']} records report; holders and "
                      "their record counts are public under the job's relation)")
+        for name, site in (h.get("sites") or {}).items():     # public: which site holds whom
+            progress.say(f"  site {name}: {site['records']} records of {site['holders']} "
+                         f"holders, {site['shards']} shard(s) on its own nodes")
     cfg, auto_choice = stages.resolve_auto(cfg, data)       # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "

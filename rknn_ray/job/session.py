@@ -53,7 +53,8 @@ from actors import shuffler as shuffler_actors
 from actors.client_shard import ClientShardImpl
 from actors.server import ServerImpl
 from actors.shuffler import ShufflerImpl
-from rknn_ray.job.placement import check_placement_feasible, party_options, placement_of
+from rknn_ray.job.placement import (check_placement_feasible, party_options, placement_of,
+                                    shard_options)
 from rknn_ray.job.progress import PolledBar, bar_for
 from rknn_ray.client_step import RoundSpec, piece_clients, sealed_width
 from rknn_ray.errors import PrivacyBudgetError, RknnError, first_line
@@ -194,10 +195,12 @@ class ProtocolSession:
         # lives and handed with every call that needs them ([ref]: the shard fetches it), so a
         # restarted shard gets them again with its next call (ClientShardImpl._records)
         self._sources = [[ray.put(src)] for src in sources]
+        # data.private.sites: each shard's site name (None: not a site's shard), for placement
+        self._sites = [getattr(getattr(src, "site", None), "name", None) for src in sources]
         for i in range(len(sources)):
             self.shards.append(parties.shard_actor(i).options(   # SPREAD: shards share out the client nodes
-                num_cpus=cl.shard_cpus, scheduling_strategy="SPREAD",
-                **party_options(cfg, "client")).remote(
+                num_cpus=cl.shard_cpus, scheduling_strategy="SPREAD",   # (a site's: its nodes)
+                **shard_options(cfg, sources[i])).remote(
                 i, None, self.secrets, issuer.shard_credential(i, *ranges[i])))
         self.hops: list = []
         self._fixed_nodes: dict | None = None   # where the Server and shufflers run (asked once)
@@ -252,16 +255,23 @@ class ProtocolSession:
         parties = {"client": self.shards, "shuffler": self.hops, "server": [self.server]}
         return placement_of(parties)
 
-    def _round_placement(self, shard_nodes: list[str]) -> dict[str, list[str]]:
-        """:meth:`placement` with the shards' nodes as they reported them this round; the
-        Server and the shufflers are never restarted (no ``max_restarts``), so where they
-        run is asked once per job."""
+    def _round_placement(self, shard_nodes: list[tuple]) -> dict[str, list[str]]:
+        """:meth:`placement` with the shards' nodes as they reported them this round
+        (``shard_nodes``: (site name or None, node id) per shard that answered; a site's
+        shards are also listed under ``client@<site>``); the Server and the shufflers are
+        never restarted (no ``max_restarts``), so where they run is asked once per job."""
+        clients: dict[str, set] = {}
+        for site, node in shard_nodes:
+            clients.setdefault("client", set()).add(node)
+            if site is not None:
+                clients.setdefault(f"client@{site}", set()).add(node)
+        clients = {k: sorted(v) for k, v in clients.items()}
         if self._fixed_nodes is None:
             fixed = placement_of({"shuffler": self.hops, "server": [self.server]})
             if "server" not in fixed or (self.hops and "shuffler" not in fixed):
-                return {**({"client": sorted(set(shard_nodes))} if shard_nodes else {}), **fixed}
+                return {**clients, **fixed}
             self._fixed_nodes = fixed
-        return {**({"client": sorted(set(shard_nodes))} if shard_nodes else {}), **self._fixed_nodes}
+        return {**clients, **self._fixed_nodes}
 
     def _shufflers(self, floor: int) -> list:
         """The shuffler chain (made once per job, reused by every round)."""
@@ -410,12 +420,12 @@ class ProtocolSession:
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         shard_nodes, ahead = [], 0
-        for ref in infos:
+        for i, ref in enumerate(infos):
             try:
                 info = ray.get(ref, timeout=60)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
                 continue            # never fails a released round (placement leaves it out)
-            shard_nodes.append(info["node"])
+            shard_nodes.append((self._sites[i], info["node"]))
             ahead += int(info.get("keys_made_ahead", 0))
             for key, v in info["timings"].items():
                 timings[f"shards_{key}_cpu"] = timings.get(f"shards_{key}_cpu", 0.0) + v

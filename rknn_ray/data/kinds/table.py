@@ -27,7 +27,7 @@ from rknn_ray.accounting.source_identity import sorted_unique
 from rknn_ray.data.registry import register_dataset
 from rknn_ray.data.tables import (Columns, Featurizer, Part, as_table, bucket_of,
                                   feature_matrix, label_indices, missing, pixel_scale, raw_numbers,
-                                  read)
+                                  read, sites_of)
 from rknn_ray.errors import ConfigError, DataError
 
 
@@ -72,9 +72,14 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
     if priv.label is None:
         raise ConfigError("data.private.label", "is not set", "name the private label column, "
                           "e.g. data.private.label=label")
-    if priv.path is None and inputs.get("private") is None:
+    sites = sites_of(d.private)
+    if priv.path is None and inputs.get("private") is None and not sites:
         raise ConfigError("data.private.path", "is not set", "set data.private.path to the "
                           "private records' file, folder or glob")
+    if sites and inputs.get("private") is not None:
+        raise ConfigError("data.private.sites", "is set and private rows are given in memory "
+                          "(they are in this process, on no site)", "unset data.private.sites, "
+                          "or give the rows on their sites' nodes instead of in memory")
     public = _read(pub, inputs.get("public"))
     labelled = priv.label in public.schema.names
     if labelled and pub.id is None:
@@ -127,7 +132,7 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
                                     "label": ev.label or priv.label})
     handover = _Handover(None if memory is None else _private_table(priv, memory))
     return PendingScan(spec, handover.table, functools.partial(_scanned, cfg, spec, public_side,
-                                                               handover))
+                                                               handover), sites)
 
 
 def _scanned(cfg, spec, public: dict, handover, found: dict):
@@ -159,10 +164,12 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
     make = functools.partial(_shard_sources, handover, priv, priv_cols, spec.classes, featurizer,
                              found["clients"], found["shard_digests"], found["key"], spec.bound,
                              int(cfg.run.seed), public["width"], spec.shards,
-                             found["kept_per_shard"])
+                             found["kept_per_shard"], found.get("shard_sites"))
     facts = {"holders": holders, "records": m, "kept": int(found["kept"]),
              "largest_holder": int(found["largest_holder"]), "bound": spec.bound,
              "column": priv.client}
+    if found.get("sites"):       # per site: public under the relation (docs/threat-model.md)
+        facts["sites"] = found["sites"]
     if cfg.privacy.multi_record == "each" and priv.client:
         facts["reports"] = "each kept record (privacy.multi_record=each)"
     data = PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(public["classes"]),
@@ -171,7 +178,7 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
                         pool=public["pool"], near_pool=public["near"],
                         pool_keyed=found["fingerprints"], near_keyed=found["near"],
                         private_digest=found["digest"], shard_sources=make, remote_private=True,
-                        holders=facts)
+                        holders=facts, scan_nodes=found.get("scan_nodes"))
     return data.records_as_clients() if cfg.privacy.multi_record == "each" else data
 
 
@@ -219,10 +226,12 @@ class _Handover:
 
 
 def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, key, bound,
-                   seed, width, shards, kept, cfg, _requested):
+                   seed, width, shards, kept, shard_sites, cfg, _requested):
     """One source per shard that holds a client (rknn_ray.data.table_source), each with the
     keyed digest of the rows the scan found for it; under privacy.multi_record=each every
-    record a holder keeps is a client of its own (``kept``: per shard)."""
+    record a holder keeps is a client of its own (``kept``: per shard). ``shard_sites``
+    (data.private.sites): per shard (its site, its index and count within the site): the
+    shard reads its site's part, placed on the site's nodes."""
     each = cfg.privacy.multi_record == "each" and part.client is not None
     from rknn_ray.data.table_source import TableShardSource  # in the shard: pyarrow reading
     table = handover.take()
@@ -238,9 +247,13 @@ def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, 
             rows = table.take(np.flatnonzero(buckets == shard)) if buckets is not None \
                 else table.slice(sum(int(digests[i][0]) for i in range(shard)),
                                  int(digests[shard][0]))
-        sources.append(TableShardSource(lo, lo + int(count), part, cols, classes, featurizer,
-                                        shard, shards, bound, seed, width, rows,
-                                        tuple(digests[shard]), key, each))
+        own_part, own_shard, own_shards, site = part, shard, shards, None
+        if shard_sites:              # a site's shard: its site's part, its index there
+            site, own_shard, own_shards = shard_sites[shard]
+            own_part = part.at_site(site)
+        sources.append(TableShardSource(lo, lo + int(count), own_part, cols, classes, featurizer,
+                                        own_shard, own_shards, bound, seed, width, rows,
+                                        tuple(digests[shard]), key, each, site))
         lo += int(count)
     del table
     return sources
