@@ -1,5 +1,7 @@
 """Issue 48's wording on the report page and the console: the local eps0 a shuffle round ran
-at, rounds counted from 1, "1 worker", the student's trainer (no job run here: fast)."""
+at, rounds counted from 1, "1 worker", the student's trainer (no job run here: fast); and rknn_ray.run's refusal of
+shards beyond the CPUs of the Ray it starts (a job run to that refusal)."""
+import os
 from jobs.report import eps0_words, run_sections
 
 
@@ -44,3 +46,29 @@ def test_faiss_loader_lines_stay_out_of_an_info_log():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": root}, timeout=120)
     assert done.returncode == 0 and "faiss.loader" not in done.stderr, done.stderr
+
+
+def test_rknn_ray_run_refuses_shards_beyond_the_cpus_of_the_ray_it_starts(tmp_path):
+    """rknn_ray.run on a machine without Ray starts a local Ray of this machine's CPUs; shards
+    that need more used to wait for them forever. Now a ConfigError naming cluster.shards,
+    and the reservation made before Ray started is returned (nothing spent)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ledger = tmp_path / "ledger.sqlite"
+    code = ("import os, rknn_ray\n"
+            "from rknn_ray.errors import ConfigError\n"
+            "try:\n"
+            f"    rknn_ray.run('digits_central', out_dir={str(tmp_path / 'run')!r}, "
+            f"ledger={str(ledger)!r}, cluster={{'shards': 4 * (os.cpu_count() or 1)}})\n"
+            "except ConfigError as exc:\n"
+            "    print('REFUSED', exc)\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONPATH=root)
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert "REFUSED" in done.stdout, (done.stdout + done.stderr)[-3000:]
+    assert "cluster.shards" in done.stdout and "CPUs" in done.stdout
+    from rknn_ray.accounting.budget_store import BudgetStore
+    for source in BudgetStore(str(ledger)).datasets():
+        assert source["spent"]["eps"] == 0 and source["reserved"] == 0

@@ -35,6 +35,7 @@ from rknn_ray.job.finish import finish
 from rknn_ray.job.private_scan import complete_scan
 from rknn_ray.job.progress import Progress
 from rknn_ray.job.ray_env import ensure_ray
+from rknn_ray.job.resources import validate_resources
 from rknn_ray.job.release_file import check_release, load_release, release_tag_key
 from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
@@ -170,7 +171,7 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
 
     cfg = validated(cfg)
     progress = progress or Progress.for_library(cfg.run.progress)
-    ray_up = _RayStart(start_ray, progress)
+    ray_up = _RayStart(start_ray, progress, cfg)
     try:
         ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs, ray_up)
     except BaseException:
@@ -217,8 +218,9 @@ class _RayStart:
     it (then the job shuts it down). A start is a stage of its own (``ray_start``): a local
     Ray takes 10-30 s, which the console otherwise spent without a line."""
 
-    def __init__(self, start_ray: Callable[[], bool], progress: Progress | None = None):
-        self.start_ray, self.progress = start_ray, progress
+    def __init__(self, start_ray: Callable[[], bool], progress: Progress | None = None,
+                 cfg=None):
+        self.start_ray, self.progress, self.cfg = start_ray, progress, cfg
         self.up = self.started = False
 
     def __call__(self) -> None:
@@ -232,6 +234,10 @@ class _RayStart:
                                      else "starting Ray"):
                 self.started = bool(self.start_ray())
         self.up = True
+        if self.started and self.cfg is not None:
+            # a Ray this job started has no autoscaler: actors beyond its CPUs would wait
+            # forever (the CLI checks os.cpu_count() before Ray; rknn_ray.run did not)
+            validate_resources(self.cfg, float(ray.cluster_resources().get("CPU", 0)))
 
 
 def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None,
