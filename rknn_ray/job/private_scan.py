@@ -15,17 +15,81 @@ from __future__ import annotations
 import ray
 
 from rknn_ray.data.prepared import PendingScan
-from rknn_ray.data.table_scan import scan_answer_or_error
+from rknn_ray.data.table_scan import scan_parts_or_error
 from rknn_ray.errors import DataError
 from rknn_ray.job.placement import check_placement_feasible, party_options
 
 
 class _Scanner:
     """The scan's process: an actor the job ends itself once it answered (ray.kill), so no
-    reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it."""
+    reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it. Its
+    :meth:`scan` is a streaming generator: per group of rows, one part per shard (in shard
+    order: the count depends on the public row count only), then the answer; the parts are
+    Ray objects owned by the caller, so they outlive this actor."""
 
-    def scan(self, spec, key: bytes) -> dict:
-        return scan_answer_or_error(spec, key)
+    def scan(self, spec, key: bytes):
+        for item in scan_parts_or_error(spec, key):
+            if isinstance(item, dict):
+                yield item
+            else:
+                for part in item:       # a plain loop: Ray drives generators with send()
+                    yield part
+
+
+class _Parts:
+    """Holds the shards' parts (ObjectRefs it never resolves: no private row enters it) until
+    each shard takes its own, once; a part is freed when its shard has read it."""
+
+    def __init__(self):
+        self.parts: dict = {}
+
+    def keep(self, parts: list) -> int:
+        self.parts = dict(enumerate(parts))
+        return len(parts)
+
+    def take(self, shard: int):
+        return self.parts.pop(shard, None)
+
+
+class ScannedParts:
+    """What a :class:`~rknn_ray.data.table_source.TableShardSource` takes its rows from:
+    ``take(shard)`` fetches the shard's parts one at a time (each dropped once yielded)."""
+
+    def __init__(self, holder):
+        self.holder = holder
+
+    def take(self, shard: int):
+        refs = ray.get(self.holder.take.remote(int(shard)))
+        return None if refs is None else _one_by_one(refs)
+
+
+def _one_by_one(refs: list):
+    while refs:
+        part = ray.get(refs[0])
+        refs[0] = None
+        del refs[0]
+        if part is not None:
+            yield part
+        del part
+
+
+def scan_where_shards_run(cfg, spec, key: bytes, options: dict) -> dict:
+    """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
+    a :class:`ScannedParts` holding each shard's rows, read by the shards only."""
+    scanner = ray.remote(_Scanner).options(
+        num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0, **options).remote()
+    try:
+        refs = list(scanner.scan.options(num_returns="streaming").remote(spec, key))
+        answer = ray.get(refs.pop())
+    finally:
+        ray.kill(scanner)
+    if "error" in answer:
+        return answer
+    shards = int(spec.shards)
+    holder = ray.remote(_Parts).options(num_cpus=0, max_restarts=0).remote()
+    ray.get(holder.keep.remote([refs[s::shards] for s in range(shards)]))
+    del refs                                  # the holder's now: freed as the shards read them
+    return {**answer, "parts": ScannedParts(holder)}
 
 
 def complete_scan(cfg, data, store, start_ray, progress):
@@ -39,13 +103,7 @@ def complete_scan(cfg, data, store, start_ray, progress):
     start_ray()
     check_placement_feasible(cfg, ["client"])
     with progress.stage("scan", "checking the private rows where the client shards run"):
-        scanner = ray.remote(_Scanner).options(
-            num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0,
-            **party_options(cfg, "client")).remote()
-        try:
-            answer = ray.get(scanner.scan.remote(data.spec, key))
-        finally:
-            ray.kill(scanner)
+        answer = scan_where_shards_run(cfg, data.spec, key, party_options(cfg, "client"))
     if "error" in answer:
         raise DataError(answer["error"])
     return data.complete({**answer, "key": key})

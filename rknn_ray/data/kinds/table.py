@@ -159,7 +159,7 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
     make = functools.partial(_shard_sources, handover, priv, priv_cols, spec.classes, featurizer,
                              found["clients"], found["shard_digests"], found["key"], spec.bound,
                              int(cfg.run.seed), public["width"], spec.shards,
-                             found["kept_per_shard"])
+                             found["kept_per_shard"], found.get("parts"))
     facts = {"holders": holders, "records": m, "kept": int(found["kept"]),
              "largest_holder": int(found["largest_holder"]), "bound": spec.bound,
              "column": priv.client}
@@ -219,10 +219,12 @@ class _Handover:
 
 
 def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, key, bound,
-                   seed, width, shards, kept, cfg, _requested):
+                   seed, width, shards, kept, parts, cfg, _requested):
     """One source per shard that holds a client (rknn_ray.data.table_source), each with the
-    keyed digest of the rows the scan found for it; under privacy.multi_record=each every
-    record a holder keeps is a client of its own (``kept``: per shard)."""
+    keyed digest of the rows the scan found for it and ``parts``, where the scan left each
+    shard's rows (``.take(shard)``; rows given in memory are dealt here); under
+    privacy.multi_record=each every record a holder keeps is a client of its own (``kept``:
+    per shard)."""
     each = cfg.privacy.multi_record == "each" and part.client is not None
     from rknn_ray.data.table_source import TableShardSource  # in the shard: pyarrow reading
     table = handover.take()
@@ -240,7 +242,8 @@ def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, 
                                  int(digests[shard][0]))
         sources.append(TableShardSource(lo, lo + int(count), part, cols, classes, featurizer,
                                         shard, shards, bound, seed, width, rows,
-                                        tuple(digests[shard]), key, each))
+                                        tuple(digests[shard]), key, each,
+                                        None if table is not None else parts))
         lo += int(count)
     del table
     return sources
