@@ -17,6 +17,7 @@ import ray
 from rknn_ray.data.prepared import PendingScan
 from rknn_ray.data.table_scan import scan_parts_or_error
 from rknn_ray.errors import DataError
+from actors.parts_holder import PartsHolder, ScannedParts
 from rknn_ray.job.placement import check_placement_feasible, party_options
 
 
@@ -36,43 +37,6 @@ class _Scanner:
                     yield part
 
 
-class _Parts:
-    """Holds the shards' parts (ObjectRefs it never resolves: no private row enters it) until
-    each shard takes its own, once; a part is freed when its shard has read it."""
-
-    def __init__(self):
-        self.parts: dict = {}
-
-    def keep(self, parts: list) -> int:
-        self.parts = dict(enumerate(parts))
-        return len(parts)
-
-    def take(self, shard: int):
-        return self.parts.pop(shard, None)
-
-
-class ScannedParts:
-    """What a :class:`~rknn_ray.data.table_source.TableShardSource` takes its rows from:
-    ``take(shard)`` fetches the shard's parts one at a time (each dropped once yielded)."""
-
-    def __init__(self, holder):
-        self.holder = holder
-
-    def take(self, shard: int):
-        refs = ray.get(self.holder.take.remote(int(shard)))
-        return None if refs is None else _one_by_one(refs)
-
-
-def _one_by_one(refs: list):
-    while refs:
-        part = ray.get(refs[0])
-        refs[0] = None
-        del refs[0]
-        if part is not None:
-            yield part
-        del part
-
-
 def scan_where_shards_run(cfg, spec, key: bytes, options: dict) -> dict:
     """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
     a :class:`ScannedParts` holding each shard's rows, read by the shards only."""
@@ -86,7 +50,7 @@ def scan_where_shards_run(cfg, spec, key: bytes, options: dict) -> dict:
     if "error" in answer:
         return answer
     shards = int(spec.shards)
-    holder = ray.remote(_Parts).options(num_cpus=0, max_restarts=0).remote()
+    holder = ray.remote(PartsHolder).options(num_cpus=0, max_restarts=0).remote()
     ray.get(holder.keep.remote([refs[s::shards] for s in range(shards)]))
     del refs                                  # the holder's now: freed as the shards read them
     return {**answer, "parts": ScannedParts(holder)}
