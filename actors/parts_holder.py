@@ -1,9 +1,11 @@
-"""The holder of the shards' parts between the private scan and the shards' first read.
+"""The owner of the shards' parts between the private scan and the shards' first read.
 
-A tiny actor (no CPU, nothing but Ray imported) that keeps the ObjectRefs of each shard's
-parts (rknn_ray/job/private_scan.py) and never resolves one, so no private row enters it;
-each shard takes its own list once, and a part is freed from the object store once its shard
-has read it.
+:class:`PartsHolder` is a tiny actor (no CPU; nothing but Ray imported) placed on the scan's
+node (rknn_ray/job/private_scan.py). It drives the scan's streaming generator itself, so it
+owns the parts: a small part (Ray keeps objects under 100 KB in its owner's memory, not in
+the object store) stays in this process on the scan's node, never in the driver, which gets
+only a reference to the scan's answer. It never deserializes a part. Each shard takes its
+own list of references once; a part is freed once its shard has read it.
 """
 from __future__ import annotations
 
@@ -14,9 +16,13 @@ class PartsHolder:
     def __init__(self):
         self.parts: dict = {}
 
-    def keep(self, parts: list) -> int:
-        self.parts = dict(enumerate(parts))
-        return len(parts)
+    def collect(self, scanner, spec: list, key: bytes, shards: int) -> list:
+        """Run ``scanner.scan`` (``spec``: ``[ObjectRef]`` of the scan's spec, resolved in the
+        scanner only); keep each shard's parts; ``[a reference to the answer]``."""
+        refs = list(scanner.scan.options(num_returns="streaming").remote(spec[0], key))
+        answer = refs.pop()
+        self.parts = {s: refs[s::shards] for s in range(shards)}
+        return [answer]
 
     def take(self, shard: int):
         return self.parts.pop(shard, None)

@@ -13,6 +13,7 @@ a table job (docs/running.md).
 from __future__ import annotations
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rknn_ray.data.prepared import PendingScan
 from rknn_ray.data.table_scan import scan_parts_or_error
@@ -26,7 +27,10 @@ class _Scanner:
     reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it. Its
     :meth:`scan` is a streaming generator: per group of rows, one part per shard (in shard
     order: the count depends on the public row count only), then the answer; the parts are
-    Ray objects owned by the caller, so they outlive this actor."""
+    Ray objects owned by the caller (actors/parts_holder.py), so they outlive this actor."""
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     def scan(self, spec, key: bytes):
         for item in scan_parts_or_error(spec, key):
@@ -39,20 +43,27 @@ class _Scanner:
 
 def scan_where_shards_run(cfg, spec, key: bytes, options: dict) -> dict:
     """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
-    a :class:`ScannedParts` holding each shard's rows, read by the shards only."""
+    a :class:`~actors.parts_holder.ScannedParts` whose holder, on the scan's node, owns each
+    shard's parts until the shard reads them (the driver never holds one)."""
     scanner = ray.remote(_Scanner).options(
         num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0, **options).remote()
+    holder = None
     try:
-        refs = list(scanner.scan.options(num_returns="streaming").remote(spec, key))
-        answer = ray.get(refs.pop())
+        node = ray.get(scanner.node.remote())
+        holder = ray.remote(PartsHolder).options(
+            num_cpus=0, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+        (ref,) = ray.get(holder.collect.remote(scanner, [ray.put(spec)], key, int(spec.shards)))
+        answer = ray.get(ref)
+    except BaseException:
+        if holder is not None:
+            ray.kill(holder)
+        raise
     finally:
         ray.kill(scanner)
     if "error" in answer:
+        ray.kill(holder)                      # the parts go with it
         return answer
-    shards = int(spec.shards)
-    holder = ray.remote(PartsHolder).options(num_cpus=0, max_restarts=0).remote()
-    ray.get(holder.keep.remote([refs[s::shards] for s in range(shards)]))
-    del refs                                  # the holder's now: freed as the shards read them
     return {**answer, "parts": ScannedParts(holder)}
 
 
