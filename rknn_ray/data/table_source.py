@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from rknn_ray.data.sources import ShardRecords
 from rknn_ray.data.table_scan import (BATCH_ROWS, derived_key, holder_hashes, keep_key,
-                                      kept_within_bound, multiset_digest, needed_columns,
+                                      kept_within_bound, needed_columns,
                                       private_read_error, row_hashes)
 from rknn_ray.data.tables import (Columns, Featurizer, Part, feature_matrix, label_indices,
                                   raw_numbers)
@@ -86,12 +86,12 @@ class TableShardSource:
         is the featurized float32 records, their labels and a few words per row (the check
         of the scan's digest and the bound need every row first)."""
         p = self.part
-        xs, ys, ids, digest, content = [], [], [], [], []
+        xs, ys, ids, content = [], [], [], []
         row_key, keep = derived_key(self.key, "rows"), keep_key(self.seed)
-        at, ranks = 0, 0
+        at, ranks, total = 0, 0, np.uint64(0)    # rows, clients seen, sum of the row hashes
         try:
             parts, opened = self.pieces()
-            for table, rank, holder in parts:
+            for table, rank, holder in _slices(parts):
                 matrix = feature_matrix(table, self.columns, p, self.width, private=True)
                 raw = raw_numbers(matrix)
                 y = label_indices(table, p.label, self.classes, p)
@@ -99,13 +99,13 @@ class TableShardSource:
                 if p.client:
                     if len(rank) != len(y) or len(holder) != len(y):
                         raise DataError(_changed(p, self.shard))
-                    ids.append(self.client_lo + rank.astype(np.int64))
+                    ids.append(np.asarray(rank, np.int32))
                     ranks = max(ranks, int(rank.max(initial=-1)) + 1)
                 else:
-                    ids.append(np.arange(self.client_lo + at, self.client_lo + at + len(y),
-                                         dtype=np.int64))
+                    ids.append(np.arange(at, at + len(y), dtype=np.int64))
                 at += len(y)
-                digest.append(row_hashes(raw, y, row_key, holder))
+                with np.errstate(over="ignore"):
+                    total += np.add.reduce(row_hashes(raw, y, row_key, holder), dtype=np.uint64)
                 content.append(row_hashes(raw, y, keep))
                 xs.append(self.featurizer(matrix))
                 ys.append(y)
@@ -114,14 +114,11 @@ class TableShardSource:
             raise private_read_error(p, exc, f"shard {self.shard} reading its rows") from None
         if not xs:
             raise DataError(_changed(p, self.shard))
-        ids, content = np.concatenate(ids), np.concatenate(content)
-        if self.expect is not None:
-            got = multiset_digest(np.concatenate(digest))
-            if got != tuple(self.expect):
-                raise DataError(_changed(p, self.shard))
-        del digest
-        clients = int(np.count_nonzero(np.bincount(ids - self.client_lo, minlength=ranks))) \
-            if p.client else at
+        ids = np.concatenate(ids)           # ranks from 0 (client_lo added at the end)
+        content = np.concatenate(content)
+        if self.expect is not None and (at, f"{int(total):016x}") != tuple(self.expect):
+            raise DataError(_changed(p, self.shard))
+        clients = int(np.count_nonzero(np.bincount(ids, minlength=ranks))) if p.client else at
         if not self.each and (clients != self.client_hi - self.client_lo or
                               (p.client and ranks > clients)):
             raise DataError(f"{p.key}: shard {self.shard} found {clients} clients where the "
@@ -136,10 +133,25 @@ class TableShardSource:
             records = ShardRecords(_gather(xs, order), _gather(ys, order), ids)
         else:
             order = held[np.argsort(ids[held], kind="stable")]      # grouped by client
-            records = ShardRecords(_gather(xs, order), _gather(ys, order), ids[order])
+            ids = ids[order].astype(np.int64) + self.client_lo
+            records = ShardRecords(_gather(xs, order), _gather(ys, order), ids)
         _give_back_memory()
         records.opened = opened              # what the shard opened (tests, diagnostics)
         return records
+
+
+#: rows a shard featurizes at a time (its transient arrays: a few times this x the row width)
+SLICE_ROWS = 1 << 14
+
+
+def _slices(parts):
+    """Each part ``(rows, ranks, hashes)`` in slices of SLICE_ROWS rows (a part is dropped
+    once sliced through)."""
+    for table, rank, holder in parts:
+        for a in range(0, max(table.num_rows, 1), SLICE_ROWS):
+            yield (table.slice(a, SLICE_ROWS), None if rank is None else rank[a:a + SLICE_ROWS],
+                   None if holder is None else holder[a:a + SLICE_ROWS])
+        del table, rank, holder
 
 
 def _give_back_memory() -> None:
