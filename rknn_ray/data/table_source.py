@@ -86,7 +86,8 @@ class TableShardSource:
         is the featurized float32 records, their labels and a few words per row (the check
         of the scan's digest and the bound need every row first)."""
         p = self.part
-        xs, ys, ids, content = [], [], [], []
+        n = int(self.expect[0]) if self.expect is not None else 0    # rows the scan found
+        xs, ys, ids, content = _Filled(n), _Filled(n), _Filled(n), _Filled(n)
         row_key, keep = derived_key(self.key, "rows"), keep_key(self.seed)
         at, ranks, total = 0, 0, np.uint64(0)    # rows, clients seen, sum of the row hashes
         try:
@@ -99,23 +100,23 @@ class TableShardSource:
                 if p.client:
                     if len(rank) != len(y) or len(holder) != len(y):
                         raise DataError(_changed(p, self.shard))
-                    ids.append(np.asarray(rank, np.int32))
+                    ids.add(np.asarray(rank, np.int32))
                     ranks = max(ranks, int(rank.max(initial=-1)) + 1)
                 else:
-                    ids.append(np.arange(at, at + len(y), dtype=np.int64))
+                    ids.add(np.arange(at, at + len(y), dtype=np.int64))
                 at += len(y)
                 with np.errstate(over="ignore"):
                     total += np.add.reduce(row_hashes(raw, y, row_key, holder), dtype=np.uint64)
-                content.append(row_hashes(raw, y, keep))
-                xs.append(self.featurizer(matrix))
-                ys.append(y)
+                content.add(row_hashes(raw, y, keep))
+                xs.add(self.featurizer(matrix))
+                ys.add(y)
                 del matrix, raw, rank, holder
         except Exception as exc:  # noqa: BLE001 - one line, no private value
             raise private_read_error(p, exc, f"shard {self.shard} reading its rows") from None
-        if not xs:
+        if not at and xs.array is None:
             raise DataError(_changed(p, self.shard))
-        ids = np.concatenate(ids)           # ranks from 0 (client_lo added at the end)
-        content = np.concatenate(content)
+        ids, content = ids.done(), content.done()    # ranks from 0 (client_lo added at the end)
+        xs, ys = [xs.done()], [ys.done()]
         if self.expect is not None and (at, f"{int(total):016x}") != tuple(self.expect):
             raise DataError(_changed(p, self.shard))
         clients = int(np.count_nonzero(np.bincount(ids, minlength=ranks))) if p.client else at
@@ -138,6 +139,32 @@ class TableShardSource:
         _give_back_memory()
         records.opened = opened              # what the shard opened (tests, diagnostics)
         return records
+
+
+class _Filled:
+    """An array filled slice by slice into one allocation of the rows the scan found (no list
+    of pieces, no concatenation: the open's memory is one copy of each column); more rows
+    than expected (refused later by the digest) grow it."""
+
+    def __init__(self, rows: int):
+        self.rows, self.at, self.array = rows, 0, None
+
+    def add(self, v: np.ndarray) -> None:
+        if self.array is None:
+            self.array = np.empty((max(self.rows, len(v)),) + v.shape[1:], v.dtype)
+        elif self.at + len(v) > len(self.array):
+            grown = np.empty((2 * (self.at + len(v)),) + v.shape[1:], v.dtype)
+            grown[:self.at] = self.array[:self.at]
+            self.array = grown
+        self.array[self.at:self.at + len(v)] = v
+        self.at += len(v)
+
+    def done(self) -> np.ndarray:
+        """The filled rows: the allocation itself when exactly full (then it owns its data)."""
+        a, self.array = self.array, None
+        if a is None:
+            return np.zeros(0)
+        return a if self.at == len(a) else a[:self.at].copy()
 
 
 #: rows a shard featurizes at a time (its transient arrays: a few times this x the row width)
@@ -182,12 +209,16 @@ def _gather(pieces: list, order: np.ndarray) -> np.ndarray:
     first ``len(order)`` rows are put in ``order`` a quarter of its columns at a time (each
     quarter's gather reads only that quarter's columns, so it can be written back in place)."""
     first, n = pieces[0], sum(len(a) for a in pieces)
-    out = np.empty((n,) + first.shape[1:], first.dtype)
-    at = 0
-    for i in range(len(pieces)):
-        out[at:at + len(pieces[i])] = pieces[i]
-        at += len(pieces[i])
-        pieces[i] = None
+    if len(pieces) == 1 and first.base is None and first.flags.c_contiguous:
+        out = first                          # one array of its own: gathered in place
+        pieces[0] = None
+    else:
+        out = np.empty((n,) + first.shape[1:], first.dtype)
+        at = 0
+        for i in range(len(pieces)):
+            out[at:at + len(pieces[i])] = pieces[i]
+            at += len(pieces[i])
+            pieces[i] = None
     if out.size == 0:
         return out[order]
     flat, m = out.reshape(n, -1), len(order)
