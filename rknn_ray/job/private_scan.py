@@ -45,14 +45,18 @@ def scan_where_shards_run(cfg, spec, key: bytes, options: dict) -> dict:
     """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
     a :class:`~actors.parts_holder.ScannedParts` whose holder, on the scan's node, owns each
     shard's parts until the shard reads them (the driver never holds one)."""
-    scanner = ray.remote(_Scanner).options(
-        num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0, **options).remote()
-    holder = None
-    try:
-        node = ray.get(scanner.node.remote())
-        holder = ray.remote(PartsHolder).options(
+    def holder_on(node: str):
+        return ray.remote(PartsHolder).options(
             num_cpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    scanner = ray.remote(_Scanner).options(
+        num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0, **options).remote()
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    # one node: the scanner's is known, so both processes start at once
+    holder = holder_on(nodes[0]) if len(nodes) == 1 else None
+    try:
+        if holder is None:
+            holder = holder_on(ray.get(scanner.node.remote()))
         (ref,) = ray.get(holder.collect.remote(scanner, [ray.put(spec)], key, int(spec.shards)))
         answer = ray.get(ref)
     except BaseException:
