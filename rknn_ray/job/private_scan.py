@@ -2,12 +2,14 @@
 
 A user's table (rknn_ray/data/kinds/table.py) comes out of ``prepare_data`` as a
 :class:`~rknn_ray.data.prepared.PendingScan`: the public side is ready, the private rows
-unread. :func:`complete_scan` runs the scan (rknn_ray.data.table_scan) as one Ray task
+unread. :func:`complete_scan` runs the scan (rknn_ray.data.table_scan) in one Ray actor
 placed as the client shards are (``cluster.placement.client``), so the driver's process never
 opens a private path; rows given in memory are already in the driver and are scanned there.
 What comes back is counts, fingerprints keyed under the ledger's key and each shard's keyed
-digest: the job reserves its budget for exactly those rows, and each shard checks it reads
-the same rows before any client randomizes. Ray therefore starts before the reservation for
+digest: the job reserves its budget for exactly those rows. The same pass splits the rows
+into each shard's parts, Ray objects owned by a small holder on the scan's node
+(actors/parts_holder.py) that the driver never fetches; each shard takes its own once and
+checks their digest before any client randomizes (scan_where_shards_run). Ray therefore starts before the reservation for
 a table job (docs/running.md).
 """
 from __future__ import annotations

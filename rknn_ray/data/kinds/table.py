@@ -5,8 +5,9 @@ featurizer on the public rows, keeps the public ids and, when the public file ha
 column, its labels (to measure label accuracy only). It never opens the private part:
 :func:`prepare_table` returns a :class:`~rknn_ray.data.prepared.PendingScan`; the job runs
 the scan (rknn_ray.data.table_scan) where the client shards run and completes it with the
-answer (counts, keyed fingerprints, each shard's keyed digest); each shard then reads its own
-clients' rows (rknn_ray.data.table_source) and checks them against that digest. Clients are
+answer (counts, keyed fingerprints, each shard's keyed digest, and where the scan left each
+shard's rows); each shard then reads its own clients' rows from there, never the file
+(rknn_ray.data.table_source), and checks them against that digest. Clients are
 the data's holders (``data.private.client``) or one per record. Under the job's neighbour
 relation (a record's value replaced; which holders take part and how many records each
 holds are public) the number of holders is read from the data (``data.private.holders``,
