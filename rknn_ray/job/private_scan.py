@@ -63,14 +63,20 @@ def scan_where_shards_run(cfg, spec, key: bytes, options: dict) -> dict:
         answer = ray.get(ref)
     except BaseException:
         if holder is not None:
-            ray.kill(holder)
+            _end(holder)
         raise
     finally:
         ray.kill(scanner)
     if "error" in answer:
-        ray.kill(holder)                      # the parts go with it
+        _end(holder)                          # the parts go with it
         return answer
     return {**answer, "parts": ScannedParts(holder)}
+
+
+def _end(holder) -> None:
+    """End the holder once its calls are done (a graceful exit: ray.kill of it right after it
+    answered once aborted its process under load, printing a native stack on the console)."""
+    holder.__ray_terminate__.remote()
 
 
 def complete_scan(cfg, data, store, start_ray, progress):
