@@ -91,7 +91,11 @@ def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
         data.require_private_rows("the non-private reference")
 
 
-def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
+def test_each_shard_reads_only_the_rows_the_scan_handed_it_never_the_file(tmp_path):
+    """The scan reads the part once and hands each shard its own holders' rows: a shard opens
+    no file (the private folder is gone once the scan answered), and reads no other row."""
+    import shutil
+    from rknn_ray.data.tables import bucket_of
     priv, _, _ = digits_parts(holders=12)
     # a folder partitioned by holder: one sub-folder (fragment) per holder
     pq.write_to_dataset(priv, str(tmp_path / "private"), partition_cols=["holder"])
@@ -100,14 +104,16 @@ def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
     cfg = cfg.with_overrides([f"data.private.path={tmp_path / 'private'}",
                               "data.evaluation=null"])
     data = prepared_table(cfg)
+    shutil.rmtree(tmp_path / "private")             # a shard never opens the private path
     sources = dataset_sources(cfg, data)
     holders = np.array(priv.column("holder").to_pylist())
     labels = np.array(priv.column("label").to_pylist())
+    shard_of = dict(zip(*bucket_of(pa.array(holders), 3)[1:]))
     seen, lo = set(), 0
     for src in sources:
         records = src.open()
-        mine = {os.path.basename(os.path.dirname(f)).split("=")[1] for f in records.opened}
-        assert all(f.startswith(str(tmp_path / "private")) for f in records.opened)
+        assert records.opened == []
+        mine = {h for h, s in shard_of.items() if s == src.shard}
         assert mine.isdisjoint(seen) and len(mine) == src.client_hi - src.client_lo
         seen |= mine
         # exactly the rows of its holders (at most the bound each), no other row
@@ -118,7 +124,9 @@ def test_each_shard_opens_only_its_own_fragments_and_rows(tmp_path):
         assert src.client_lo == lo
         lo = src.client_hi
         assert set(records.labels.tolist()) <= set(labels[rows].tolist())
-    assert seen == set(holders.tolist()) and lo == 12      # the shards' own count
+        with pytest.raises(DataError, match="took them already"):      # handed over once
+            src.open()
+    assert seen == set(holders.tolist())
 
 
 def test_without_a_client_column_each_record_is_a_client_and_shards_read_row_ranges(tmp_path):
@@ -202,9 +210,7 @@ def test_parts_given_as_file_uris_are_read_through_pyarrow_file_systems(tmp_path
     assert sum(len(r.labels) for r in got) == sum(
         min(10, c) for c in np.unique(parts[0].column("holder").to_numpy(zero_copy_only=False),
                                       return_counts=True)[1])
-    for r in got:       # each shard opened its own holders' sub-folders only
-        assert r.opened and all("holder=" in f for f in r.opened)
-    assert sum(len(r.opened) for r in got) == len(set(parts[0].column("holder").to_pylist()))
+    assert all(r.opened == [] for r in got)   # the scan read the URI; the shards no file
     with pytest.raises(DataError, match="globs work on local paths only"):
         prepared_table(Config.from_dict(table_config(str(tmp_path / "local"), private={
             "path": (tmp_path / "local").as_uri() + "/*.parquet"})))

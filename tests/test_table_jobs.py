@@ -110,12 +110,14 @@ def test_the_driver_never_holds_a_private_row(tmp_path):
             driver.wait()
 
 
-def test_private_rows_that_change_after_the_scan_fail_in_the_shards_with_the_reservation_returned(
+def test_rows_that_differ_from_the_scans_fail_in_the_shards_with_the_reservation_returned(
         tmp_path, monkeypatch):
-    """The budget is charged for the rows read: the file is replaced after the scan (where the
-    reservation was made for its rows) and before the shards read it; each shard checks the
-    keyed digest of what it read against the scan's, so the job stops before any client
-    randomizes, the reservation returned, and nothing was charged for rows no job read."""
+    """The budget is charged for the rows read: each shard checks the keyed digest of the
+    rows it was handed against the scan's (here the scan's digest for shard 0 is altered after
+    the reservation, as if its rows had changed on the way), so the job stops before any
+    client randomizes, the reservation returned, and nothing was charged for rows no job read.
+    The private file itself may change after the scan: the shards never open it."""
+    import dataclasses
     from rknn_ray.errors import DataError
     from rknn_ray.job import runner
     ledger = tmp_path / "ledger.sqlite"
@@ -123,14 +125,18 @@ def test_private_rows_that_change_after_the_scan_fail_in_the_shards_with_the_res
     priv, _, _ = write_parts(str(tmp_path))
     real = runner.complete_scan
 
-    def scan_then_change(*args):
-        data = real(*args)              # scanned where the shards run; now one value changes
-        pixel = priv.column("p20").to_pylist()
-        pixel[5] = pixel[5] + 1.0
-        pq.write_table(priv.set_column(priv.column_names.index("p20"), "p20", pa.array(pixel)),
-                       str(tmp_path / "private.parquet"))
-        return data
-    monkeypatch.setattr(runner, "complete_scan", scan_then_change)
+    def scan_then_alter(*args):
+        data = real(*args)              # scanned where the shards run; the file goes away
+        os.remove(tmp_path / "private.parquet")
+        make = data.shard_sources
+
+        def altered(*a):
+            sources = make(*a)
+            n, digest = sources[0].expect
+            bad = f"{(int(digest, 16) + 1) % 2 ** 64:016x}"
+            return [dataclasses.replace(sources[0], expect=(n, bad))] + sources[1:]
+        return dataclasses.replace(data, shard_sources=altered)
+    monkeypatch.setattr(runner, "complete_scan", scan_then_alter)
     with pytest.raises(DataError, match="read other rows than the job's scan"):
         rknn_ray.run(table_config(str(tmp_path)), out_dir=str(tmp_path / "run"))
     (source,) = BudgetStore(str(ledger)).datasets()

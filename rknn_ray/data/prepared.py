@@ -119,8 +119,10 @@ class PendingScan:
 
     def scan_here(self, key: bytes) -> PreparedData:
         """Scan in this process (data given in memory; tests): the answer, completed."""
-        from rknn_ray.data.table_scan import scan   # pyarrow reading: only for tables
-        return self.complete({**scan(self.spec, key, self.memory), "key": key})
+        from rknn_ray.data.table_scan import HeldParts, scan   # pyarrow: only for tables
+        parts = [] if self.memory is None else None      # read from files: the shards' parts
+        found = scan(self.spec, key, self.memory, parts)
+        return self.complete({**found, "key": key, "parts": HeldParts(parts or [])})
 
     def require_private_rows(self, what: str) -> None:
         raise ConfigError("data.dataset", f"{what} needs the private rows in this process, "

@@ -77,4 +77,6 @@ def join_site_answers(sites, answers: list, key: bytes) -> dict:
             "digest": h.hexdigest()[:32],
             "fingerprints": sorted_unique(np.concatenate([a["fingerprints"] for a in answers])),
             "near": sorted_unique(np.concatenate([a["near"] for a in answers])),
-            "columns": first, "shard_sites": shard_sites, "sites": per_site}
+            "columns": first, "shard_sites": shard_sites, "sites": per_site,
+            # each site's parts (actors/parts_holder.py), taken by the site's own shards
+            "parts": {site.name: answer.get("parts") for site, answer in zip(sites, answers)}}

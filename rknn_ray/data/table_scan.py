@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rknn_ray.data.partition import keep_key, kept_within_bound, row_hashes  # noqa: F401
 from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_matrix,
@@ -119,18 +120,56 @@ def private_read_error(part: Part, exc: BaseException, stage: str,
 
 
 # ---------------------------------------------------------------- the scan
-class _Tally:
-    """What the scan accumulates batch by batch (O(records) words, no rows)."""
+#: rows of one group: the scan splits the rows into the shards' parts a group at a time (a
+#: group's row boundaries depend on the row count only, so the number of parts handed over,
+#: groups x shards, is a function of the public row count)
+GROUP_ROWS = 4 * BATCH_ROWS
 
-    def __init__(self, spec: ScanSpec, key: bytes, holders: tuple | None = None):
+
+class Holders:
+    """The private part's client column, read once: each row's index into the distinct ids,
+    and per distinct id its shard (:func:`bucket_of`'s hash), its keyed hash and its rank among
+    its shard's ids in the sort order of their text (a shard's client ids are ``lo + rank``)."""
+
+    def __init__(self, ids, shards: int, key: bytes):
+        arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        enc = arr.cast(pa.string()).dictionary_encode()
+        names = enc.dictionary
+        del arr
+        self.index = enc.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        del enc
+        raw = [v.encode() for v in names.to_pylist()]
+        self.bucket = (blake2b_64(raw) % np.uint64(shards)).astype(np.int32)
+        self.hash = holder_hashes_bytes(raw, key)
+        del raw
+        order = np.asarray(pc.array_sort_indices(names))       # UTF-8 byte order
+        by_shard = order[np.argsort(self.bucket[order], kind="stable")]
+        counts = np.bincount(self.bucket, minlength=shards)
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        self.rank = np.empty(len(names), np.int32)
+        self.rank[by_shard] = np.arange(len(names), dtype=np.int64) - starts
+        self.per_holder = np.bincount(self.index, minlength=len(names))
+
+
+class _Tally:
+    """What the scan accumulates group by group (O(records) words, no rows): the keyed
+    fingerprints, and per shard the row count and the sum of the keyed row hashes."""
+
+    def __init__(self, spec: ScanSpec, key: bytes, holders: Holders | None, total: int | None):
         self.spec, self.key = spec, key
-        self.row_key, self.id_key = derived_key(key, "rows"), derived_key(key, "holders")
-        self.hashes, self.exact, self.near = [], [], []
-        # (each row's shard, each row's keyed holder hash): the client column, read first
-        self.shard, self.holder = holders if holders is not None else (None, None)
+        self.row_key = derived_key(key, "rows")
+        self.exact, self.near = [], []
+        self.holders = holders
+        # without a client column: each shard a contiguous range of the (counted) rows
+        self.cuts = None if total is None else \
+            np.linspace(0, total, min(spec.shards, total) + 1).astype(np.int64)
+        self.count = np.zeros(spec.shards, np.int64)
+        self.sums = np.zeros(spec.shards, np.uint64)
         self.rows = 0
 
-    def add(self, t: pa.Table) -> None:
+    def add(self, t: pa.Table):
+        """Check and tally one group; (each row's shard, its keyed holder hash or None, its
+        client rank or None, the rows' matrix)."""
         spec, part = self.spec, self.spec.part
         matrix = feature_matrix(t, spec.columns, part, spec.width, private=True)
         raw = raw_numbers(matrix)
@@ -147,17 +186,35 @@ class _Tally:
             raise DataError(f"{part.key}: a value is finite in the file but not once "
                             f"standardized with the public rows' statistics (model input "
                             f"{col}): it is too large. Fix: rescale or clip that column")
+        del x
         y = label_indices(t, part.label, spec.classes, part)
-        holder = None
+        at, n = self.rows, t.num_rows
+        holder = rank = None
         if part.client:
-            if self.rows + t.num_rows > len(self.holder):
+            if at + n > len(self.holders.index):
                 raise DataError(changed_while_read(part))
-            holder = self.holder[self.rows:self.rows + t.num_rows]
-        self.hashes.append(row_hashes(raw, y, self.row_key, holder))
+            index = self.holders.index[at:at + n]
+            shard = self.holders.bucket[index]
+            holder, rank = self.holders.hash[index], self.holders.rank[index]
+        else:
+            if at + n > self.cuts[-1]:
+                raise DataError(changed_while_read(part))
+            shard = (np.searchsorted(self.cuts, np.arange(at, at + n), side="right") - 1
+                     ).astype(np.int32)
+        hashes = row_hashes(raw, y, self.row_key, holder)
+        order = np.argsort(shard, kind="stable")
+        counts = np.bincount(shard, minlength=spec.shards)
+        nonzero = np.flatnonzero(counts)
+        if len(order):
+            starts = (np.cumsum(counts) - counts)[nonzero]
+            with np.errstate(over="ignore"):
+                self.sums[nonzero] += np.add.reduceat(hashes[order], starts, dtype=np.uint64)
+        self.count += counts
         self.exact.append(keyed_fingerprints(self.key, record_fingerprints(raw)))
         self.near.append(keyed_fingerprints(self.key, near_fingerprints(
             raw, table=spec.featurizer.shape is None)))
-        self.rows += t.num_rows
+        self.rows += n
+        return order, counts, holder, rank
 
     def answer(self) -> dict:
         spec, part = self.spec, self.spec.part
@@ -165,27 +222,24 @@ class _Tally:
         if m == 0:
             raise DataError(f"{part.key}: {part.path or 'the private data'} holds no rows. Fix: "
                             f"point {part.key}.path at the private records")
-        hashes = np.concatenate(self.hashes)
         if part.client:
-            if m != len(self.holder):
+            h = self.holders
+            if m != len(h.index):
                 raise DataError(changed_while_read(part))
-            shard, holder = self.shard, self.holder
-            distinct, per_holder = np.unique(holder, return_counts=True)
-            owner = np.zeros(distinct.size, np.int32)
-            owner[np.searchsorted(distinct, holder)] = shard
-            clients = np.bincount(owner, minlength=spec.shards)
-            digests = [multiset_digest(hashes[shard == s]) for s in range(spec.shards)]
-            kept_each = np.minimum(per_holder, spec.bound)
+            clients = np.bincount(h.bucket, minlength=spec.shards)
+            kept_each = np.minimum(h.per_holder, spec.bound)
             kept = int(kept_each.sum())
-            kept_per_shard = np.bincount(owner, weights=kept_each, minlength=spec.shards)
-            holders = int(distinct.size)
-            largest = int(per_holder.max())
+            kept_per_shard = np.bincount(h.bucket, weights=kept_each, minlength=spec.shards)
+            holders, largest = int(len(h.per_holder)), int(h.per_holder.max())
+            shards = spec.shards
         else:
-            cuts = np.linspace(0, m, min(spec.shards, m) + 1).astype(np.int64)
-            clients = np.diff(cuts)
-            digests = [multiset_digest(hashes[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+            if m != self.cuts[-1]:
+                raise DataError(changed_while_read(part))
+            clients = np.diff(self.cuts)
             kept, holders, largest = m, m, 1
             kept_per_shard = clients
+            shards = len(clients)
+        digests = [(int(self.count[s]), f"{int(self.sums[s]):016x}") for s in range(shards)]
         named = {"part": {k: v for k, v in spec.part.__dict__.items() if k != "path"},
                  "columns": spec.columns.__dict__, "classes": list(map(str, spec.classes)),
                  "shards": spec.shards, "width": spec.width}
@@ -193,15 +247,23 @@ class _Tally:
                                                                  default=str).encode(),
                      hashlib.sha256)
         h.update(json.dumps(digests).encode())
+        exact, self.exact = self.exact, []
+        fingerprints = sorted_unique(np.concatenate(exact))
+        del exact
+        near, self.near = self.near, []
         out = {"rows": int(m), "holders": holders, "kept": kept, "largest_holder": largest,
-                "clients": [int(c) for c in clients], "shard_digests": digests,
-                "kept_per_shard": [int(c) for c in kept_per_shard],
-                "digest": h.hexdigest()[:32],
-                "fingerprints": sorted_unique(np.concatenate(self.exact)),
-                "near": sorted_unique(np.concatenate(self.near))}
+               "clients": [int(c) for c in clients], "shard_digests": digests,
+               "kept_per_shard": [int(c) for c in kept_per_shard],
+               "digest": h.hexdigest()[:32], "fingerprints": fingerprints,
+               "near": sorted_unique(np.concatenate(near))}
         if part.client:     # keyed holder hashes (holders are public): sites are compared by them
-            out["holder_keys"] = distinct
+            out["holder_keys"] = np.sort(self.holders.hash)
         return out
+
+
+def holder_hashes_bytes(raw: list, key: bytes) -> np.ndarray:
+    """:func:`holder_hashes` of ids already encoded as UTF-8."""
+    return blake2b_64(raw, key=key[:32]).astype(np.uint64)
 
 
 def private_batches(part: Part, columns: list, table: pa.Table | None = None, dataset=None):
@@ -240,9 +302,30 @@ def _client_column(part: Part, table: pa.Table | None, dataset, schema) -> pa.Ch
     return pa.Table.from_batches(batches, schema=pa.schema([schema.field(part.client)])).column(0)
 
 
-def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
-    """The scan itself (module docstring); ``key``: the ledger's fingerprint key;
-    ``table``: the rows, where they were given in memory."""
+def _groups(batches, schema: pa.Schema):
+    """The record batches re-cut into tables of GROUP_ROWS rows (the last one shorter)."""
+    held, rows = [], 0
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        held.append(batch)
+        rows += batch.num_rows
+        while rows >= GROUP_ROWS:
+            t = pa.Table.from_batches(held, schema=schema)
+            yield t.slice(0, GROUP_ROWS)
+            rest = t.slice(GROUP_ROWS)
+            held, rows = rest.to_batches(), rest.num_rows
+    if rows:
+        yield pa.Table.from_batches(held, schema=schema)
+
+
+def scan_parts(spec: ScanSpec, key: bytes, table: pa.Table | None = None):
+    """The scan (module docstring) as a generator: per group of GROUP_ROWS rows, a list of
+    ``spec.shards`` parts in shard order, each ``(rows, client ranks, keyed holder hashes)``
+    (the rows: the columns a shard needs; ranks and hashes None without a client column) or
+    None where the group holds no row of that shard; then the answer (a dict). ``key``: the
+    ledger's fingerprint key; ``table``: the rows, where they were given in memory. Faults:
+    one line (:func:`private_read_error`)."""
     part = spec.part
     if spec.layout and table is None and image_folder(str(part.path)) != spec.layout:
         raise DataError(f"{part.key}.path: {part.path!r} is not one sub-folder of images per "
@@ -257,7 +340,7 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
         spec = ScanSpec(part, cols, spec.classes, spec.shards, spec.width, spec.featurizer,
                         spec.bound, spec.layout)
         need = needed_columns(part, cols)
-        holders = None
+        holders, total = None, None
         if part.client:               # the ids first: each distinct id is hashed once
             ids = _client_column(part, table, dataset, schema)
             if ids.null_count:
@@ -265,20 +348,67 @@ def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None) -> dict:
                                 f"{ids.null_count} empty values. Fix: give every row its "
                                 f"holder's id, or unset {part.key}.client (then each record is "
                                 "its own client)")
-            holders = holder_rows(ids, spec.shards, derived_key(key, "holders"))
+            holders = Holders(ids, spec.shards, derived_key(key, "holders"))
             del ids
             need = [c for c in need if c != part.client or c in cols.names]
-        tally = _Tally(spec, key, holders)
-        for batch in private_batches(part, need, table, dataset):
-            if batch.num_rows:
-                tally.add(pa.Table.from_batches([batch]))
+        else:                         # each shard a range of rows: the count first
+            total = table.num_rows if table is not None else dataset.count_rows()
+        tally = _Tally(spec, key, holders, total)
+        read_schema = pa.schema([schema.field(c) for c in need])
+        for t in _groups(private_batches(part, need, table, dataset), read_schema):
+            order, counts, holder, rank = tally.add(t)
+            rows = t.take(order)
+            del t
+            at, out = 0, []
+            for s in range(spec.shards):
+                n = int(counts[s])
+                if n == 0:
+                    out.append(None)
+                    continue
+                mine = order[at:at + n]
+                out.append((rows.slice(at, n), None if rank is None else rank[mine],
+                            None if holder is None else holder[mine]))
+                at += n
+            del rows
+            yield out
         out = tally.answer()
         pa.default_memory_pool().release_unused()   # the read's buffers: back to the system
     except Exception as exc:  # noqa: BLE001 - one line, no private value
         raise private_read_error(part, exc, "the scan of the private part") from None
     out["columns"] = {"names": list(cols.names), "list_column": cols.list_column,
                       "categorical": list(cols.categorical)}
-    return out
+    yield out
+
+
+def scan(spec: ScanSpec, key: bytes, table: pa.Table | None = None,
+         parts: list | None = None) -> dict:
+    """The scan's answer (:func:`scan_parts`); ``parts``: when given, a list that receives
+    the shards' parts (one list per shard), for :class:`HeldParts`."""
+    answer = None
+    for item in scan_parts(spec, key, table):
+        if isinstance(item, dict):
+            answer = item
+        elif parts is not None:
+            while len(parts) < len(item):
+                parts.append([])
+            for s, piece in enumerate(item):
+                if piece is not None:
+                    parts[s].append(piece)
+    return answer
+
+
+class HeldParts:
+    """Each shard's parts held in this process (a scan run here: tests, data in memory):
+    :meth:`take` hands a shard its parts once."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def take(self, shard: int):
+        if shard >= len(self.parts) or self.parts[shard] is None:
+            return None
+        mine, self.parts[shard] = self.parts[shard], None
+        return iter(mine)
 
 
 def scan_answer_or_error(spec: ScanSpec, key: bytes) -> dict:
@@ -288,3 +418,12 @@ def scan_answer_or_error(spec: ScanSpec, key: bytes) -> dict:
         return scan(spec, key)
     except RknnError as exc:
         return {"error": str(exc).splitlines()[0]}
+
+
+def scan_parts_or_error(spec: ScanSpec, key: bytes):
+    """:func:`scan_parts` for a remote streaming generator: its items, the last one the answer
+    or ``{"error": one line}`` (parts yielded before an error are dropped by the caller)."""
+    try:
+        yield from scan_parts(spec, key)
+    except RknnError as exc:
+        yield {"error": str(exc).splitlines()[0]}

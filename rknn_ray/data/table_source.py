@@ -1,19 +1,22 @@
-"""A client shard's own rows of the user's private table, read where the shard runs.
+"""A client shard's own rows of the user's private table, handed over by the job's scan.
 
 :class:`TableShardSource` is the small spec a shard is started with (rknn_ray.data.sources
-has the others): the part's path, columns and class list, the public featurizer, which
-clients are the shard's, and the keyed digest of the rows the job's scan found for it
-(rknn_ray.data.table_scan). With a client column a client's shard is a hash of its id modulo
-the shard count (rknn_ray.data.tables.bucket_of): the shard reads the id column, keeps its
-own ids, and opens only the fragments and rows that hold them (a folder partitioned by
-client, ``holder=.../part.parquet``, is pruned to the shard's sub-folders). Without one each
-record is a client, and a shard reads its range of rows. The driver never opens the file;
-on a cluster the path is read on the shard's node.
+has the others): the part's columns and class list, the public featurizer, which clients are
+the shard's, the keyed digest of the rows the job's scan found for it, and where its rows
+are. The scan (rknn_ray.data.table_scan) reads the private part once, where the shards run,
+and splits it into each shard's parts as it goes (a client's shard is a hash of its id modulo
+the shard count, rknn_ray.data.tables.bucket_of; without a client column each record is a
+client and a shard holds a range of rows); each part carries the shard's columns, each row's
+client rank and its holder's keyed hash, never the ids. The shard takes its parts once
+(``parts.take(shard)``: Ray objects on a cluster, rknn_ray/job/private_scan.py; a list in
+this process after a scan run here) and reads them one at a time; it never opens the private
+path, and reading costs the job O(rows), not O(shards x rows). Rows given in memory are dealt
+to the shards by the driver, which holds them already (``rows``).
 
-The shard recomputes the keyed digest of what it read and refuses rows that differ from what
-the scan found (the budget was reserved for those) before any client randomizes. Each holder
-keeps at most ``bound`` records, chosen by a keyed hash of each record's own value
-(rknn_ray.data.table_scan.kept_within_bound): never by row positions or other holders.
+The shard recomputes the keyed digest of the rows it was handed and refuses rows that differ
+from what the scan found (the budget was reserved for those) before any client randomizes.
+Each holder keeps at most ``bound`` records, chosen by a keyed hash of each record's own
+value (rknn_ray.data.table_scan.kept_within_bound): never by row positions or other holders.
 """
 from __future__ import annotations
 
@@ -23,19 +26,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from rknn_ray.data.sources import ShardRecords
 from rknn_ray.data.table_scan import (BATCH_ROWS, derived_key, holder_hashes, keep_key,
-                                      kept_within_bound, multiset_digest, needed_columns,
+                                      kept_within_bound, needed_columns,
                                       private_read_error, row_hashes)
-from rknn_ray.data.tables import (Columns, Featurizer, Part, bucket_of, feature_matrix,
-                                  label_indices, open_dataset, raw_numbers, read)
+from rknn_ray.data.tables import (Columns, Featurizer, Part, feature_matrix, label_indices,
+                                  raw_numbers)
 from rknn_ray.errors import DataError
-
-
-def _empty(dataset, names) -> pa.Table:
-    return pa.schema([dataset.schema.field(n) for n in names]).empty_table()
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,93 +58,73 @@ class TableShardSource:
     # data.private.sites: the site (rknn_ray.data.tables.Site) whose part this shard reads;
     # its actor is placed on the site's nodes (rknn_ray.job.placement.shard_options)
     site: object = None
+    parts: object = None                # .take(shard): this shard's parts, handed over once
 
-    def pieces(self) -> tuple:
-        """(this shard's rows as an iterator of tables, one per fragment it opens; the
-        fragments it opens; the shard's holder ids as sorted text, or None without a client
-        column)."""
-        p, need = self.part, needed_columns(self.part, self.columns)
+    def pieces(self):
+        """(this shard's parts, one at a time, each ``(rows, client ranks or None, keyed holder
+        hashes or None)``; what the shard opened: ``["memory"]`` for rows given in memory,
+        else nothing)."""
+        p = self.part
         if self.rows is not None:
-            rows = self.rows.select(need)
-            mine = pc.unique(rows.column(p.client).cast(pa.string())) if p.client else None
-            return iter([rows]), ["memory"], _sorted(mine)
-        dataset = open_dataset(p.path)
-        if not p.client:                     # one record per client: rows [lo, hi)
-            pieces, at = [], 0
-            for batch in dataset.to_batches(columns=need):
-                lo, hi = max(self.client_lo - at, 0), min(self.client_hi - at, batch.num_rows)
-                if hi > lo:
-                    pieces.append(batch.slice(lo, hi - lo))
-                at += batch.num_rows
-            table = pa.Table.from_batches(pieces) if pieces else _empty(dataset, need)
-            return iter([table]), [p.path], None
-        holders = read(p.path, [p.client], p.key).column(p.client)
-        _, ids, id_bucket = bucket_of(holders, self.shards)
-        mine = pa.array(ids, pa.string()).filter(pa.array(id_bucket == self.shard))
-        expr = pads.field(p.client).isin(mine.cast(holders.type))
-        del holders, ids
-        fragments = list(dataset.get_fragments(filter=expr))
-
-        def tables():
-            for f in fragments:
-                yield pads.FileSystemDataset([f], dataset.schema, dataset.format,
-                                             f.filesystem).to_table(columns=need, filter=expr)
-            if not fragments:
-                yield _empty(dataset, need)
-        return tables(), [f.path for f in fragments], _sorted(mine)
-
-    def read(self) -> tuple[pa.Table, list]:
-        """(this shard's rows, the fragments it opened)."""
-        tables, opened, _ = self.pieces()
-        return pa.concat_tables(list(tables)), opened
+            rows = self.rows.select(needed_columns(p, self.columns))
+            cuts = range(0, max(rows.num_rows, 1), BATCH_ROWS)
+            if not p.client:
+                return ((rows.slice(a, BATCH_ROWS), None, None) for a in cuts), ["memory"]
+            mine = _sorted(pc.unique(rows.column(p.client).cast(pa.string())))
+            rank = pc.index_in(rows.column(p.client).cast(pa.string()), value_set=mine)
+            rank = rank.to_numpy(zero_copy_only=False).astype(np.int32)
+            holder = holder_hashes(mine.to_pylist(), derived_key(self.key, "holders"))[rank]
+            return ((rows.slice(a, BATCH_ROWS), rank[a:a + BATCH_ROWS],
+                     holder[a:a + BATCH_ROWS]) for a in cuts), ["memory"]
+        got = None if self.parts is None else self.parts.take(self.shard)
+        if got is None:
+            raise DataError(f"{p.key}: shard {self.shard} has no rows to read: the job's scan "
+                            "handed each shard its rows once, and this shard took them already "
+                            "(a shard restarted after it read them) or none were handed over. "
+                            "No client randomized. Fix: run the job again")
+        return got, []
 
     def open(self) -> ShardRecords:
-        """The shard's records, read one fragment and one record batch at a time: what stays
+        """The shard's records, read one part at a time (each dropped once read): what stays
         is the featurized float32 records, their labels and a few words per row (the check
         of the scan's digest and the bound need every row first)."""
         p = self.part
-        xs, ys, ids, digest, content = [], [], [], [], []
+        n = int(self.expect[0]) if self.expect is not None else 0    # rows the scan found
+        xs, ys, ids, content = _Filled(n), _Filled(n), _Filled(n), _Filled(n)
         row_key, keep = derived_key(self.key, "rows"), keep_key(self.seed)
+        at, ranks, total = 0, 0, np.uint64(0)    # rows, clients seen, sum of the row hashes
         try:
-            tables, opened, mine = self.pieces()
-            id_hash = holder_hashes(mine.to_pylist(), derived_key(self.key, "holders")) \
-                if p.client else None
-            at = 0
-            for table in tables:
-                for start in range(0, max(table.num_rows, 1), BATCH_ROWS):
-                    t = table.slice(start, BATCH_ROWS)
-                    matrix = feature_matrix(t, self.columns, p, self.width, private=True)
-                    raw = raw_numbers(matrix)
-                    y = label_indices(t, p.label, self.classes, p)
-                    holder = None
-                    if p.client:
-                        found = pc.index_in(t.column(p.client).cast(pa.string()),
-                                            value_set=mine)
-                        if found.null_count:         # an id of another shard: changed
-                            raise DataError(_changed(p, self.shard))
-                        rank = found.to_numpy(zero_copy_only=False).astype(np.int64)
-                        holder = id_hash[rank]
-                        ids.append(self.client_lo + rank)
-                    else:
-                        ids.append(np.arange(self.client_lo + at, self.client_lo + at + len(y),
-                                             dtype=np.int64))
-                    at += len(y)
-                    digest.append(row_hashes(raw, y, row_key, holder))
-                    content.append(row_hashes(raw, y, keep))
-                    xs.append(self.featurizer(matrix))
-                    ys.append(y)
+            parts, opened = self.pieces()
+            for table, rank, holder in _slices(parts):
+                matrix = feature_matrix(table, self.columns, p, self.width, private=True)
+                raw = raw_numbers(matrix)
+                y = label_indices(table, p.label, self.classes, p)
                 del table
+                if p.client:
+                    if len(rank) != len(y) or len(holder) != len(y):
+                        raise DataError(_changed(p, self.shard))
+                    ids.add(np.asarray(rank, np.int32))
+                    ranks = max(ranks, int(rank.max(initial=-1)) + 1)
+                else:
+                    ids.add(np.arange(at, at + len(y), dtype=np.int64))
+                at += len(y)
+                with np.errstate(over="ignore"):
+                    total += np.add.reduce(row_hashes(raw, y, row_key, holder), dtype=np.uint64)
+                content.add(row_hashes(raw, y, keep))
+                xs.add(self.featurizer(matrix))
+                ys.add(y)
+                del matrix, raw, rank, holder
         except Exception as exc:  # noqa: BLE001 - one line, no private value
             raise private_read_error(p, exc, f"shard {self.shard} reading its rows") from None
-        ids, content = np.concatenate(ids), np.concatenate(content)
-        if self.expect is not None:
-            got = multiset_digest(np.concatenate(digest))
-            if got != tuple(self.expect):
-                raise DataError(_changed(p, self.shard))
-        del digest
-        clients = int(np.count_nonzero(np.bincount(ids - self.client_lo))) if p.client and \
-            len(ids) else at
-        if not self.each and clients != self.client_hi - self.client_lo:
+        if not at and xs.array is None:
+            raise DataError(_changed(p, self.shard))
+        ids, content = ids.done(), content.done()    # ranks from 0 (client_lo added at the end)
+        xs, ys = [xs.done()], [ys.done()]
+        if self.expect is not None and (at, f"{int(total):016x}") != tuple(self.expect):
+            raise DataError(_changed(p, self.shard))
+        clients = int(np.count_nonzero(np.bincount(ids, minlength=ranks))) if p.client else at
+        if not self.each and (clients != self.client_hi - self.client_lo or
+                              (p.client and ranks > clients)):
             raise DataError(f"{p.key}: shard {self.shard} found {clients} clients where the "
                             f"job's scan found {self.client_hi - self.client_lo}: the private "
                             "data changed after the job checked it. Fix: run the job again")
@@ -159,10 +137,51 @@ class TableShardSource:
             records = ShardRecords(_gather(xs, order), _gather(ys, order), ids)
         else:
             order = held[np.argsort(ids[held], kind="stable")]      # grouped by client
-            records = ShardRecords(_gather(xs, order), _gather(ys, order), ids[order])
+            ids = ids[order].astype(np.int64) + self.client_lo
+            records = ShardRecords(_gather(xs, order), _gather(ys, order), ids)
         _give_back_memory()
-        records.opened = opened              # what the shard read (tests, diagnostics)
+        records.opened = opened              # what the shard opened (tests, diagnostics)
         return records
+
+
+class _Filled:
+    """An array filled slice by slice into one allocation of the rows the scan found (no list
+    of pieces, no concatenation: the open's memory is one copy of each column); more rows
+    than expected (refused later by the digest) grow it."""
+
+    def __init__(self, rows: int):
+        self.rows, self.at, self.array = rows, 0, None
+
+    def add(self, v: np.ndarray) -> None:
+        if self.array is None:
+            self.array = np.empty((max(self.rows, len(v)),) + v.shape[1:], v.dtype)
+        elif self.at + len(v) > len(self.array):
+            grown = np.empty((2 * (self.at + len(v)),) + v.shape[1:], v.dtype)
+            grown[:self.at] = self.array[:self.at]
+            self.array = grown
+        self.array[self.at:self.at + len(v)] = v
+        self.at += len(v)
+
+    def done(self) -> np.ndarray:
+        """The filled rows: the allocation itself when exactly full (then it owns its data)."""
+        a, self.array = self.array, None
+        if a is None:
+            return np.zeros(0)
+        return a if self.at == len(a) else a[:self.at].copy()
+
+
+#: rows a shard featurizes at a time (its transient arrays: a few times this x the row width)
+SLICE_ROWS = 1 << 14
+
+
+def _slices(parts):
+    """Each part ``(rows, ranks, hashes)`` in slices of SLICE_ROWS rows (a part is dropped
+    once sliced through)."""
+    for table, rank, holder in parts:
+        for a in range(0, max(table.num_rows, 1), SLICE_ROWS):
+            yield (table.slice(a, SLICE_ROWS), None if rank is None else rank[a:a + SLICE_ROWS],
+                   None if holder is None else holder[a:a + SLICE_ROWS])
+        del table, rank, holder
 
 
 def _give_back_memory() -> None:
@@ -193,12 +212,16 @@ def _gather(pieces: list, order: np.ndarray) -> np.ndarray:
     first ``len(order)`` rows are put in ``order`` a quarter of its columns at a time (each
     quarter's gather reads only that quarter's columns, so it can be written back in place)."""
     first, n = pieces[0], sum(len(a) for a in pieces)
-    out = np.empty((n,) + first.shape[1:], first.dtype)
-    at = 0
-    for i in range(len(pieces)):
-        out[at:at + len(pieces[i])] = pieces[i]
-        at += len(pieces[i])
-        pieces[i] = None
+    if len(pieces) == 1 and first.base is None and first.flags.c_contiguous:
+        out = first                          # one array of its own: gathered in place
+        pieces[0] = None
+    else:
+        out = np.empty((n,) + first.shape[1:], first.dtype)
+        at = 0
+        for i in range(len(pieces)):
+            out[at:at + len(pieces[i])] = pieces[i]
+            at += len(pieces[i])
+            pieces[i] = None
     if out.size == 0:
         return out[order]
     flat, m = out.reshape(n, -1), len(order)

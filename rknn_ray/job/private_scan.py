@@ -2,12 +2,14 @@
 
 A user's table (rknn_ray/data/kinds/table.py) comes out of ``prepare_data`` as a
 :class:`~rknn_ray.data.prepared.PendingScan`: the public side is ready, the private rows
-unread. :func:`complete_scan` runs the scan (rknn_ray.data.table_scan) as one Ray task
+unread. :func:`complete_scan` runs the scan (rknn_ray.data.table_scan) in one Ray actor
 placed as the client shards are (``cluster.placement.client``), so the driver's process never
 opens a private path; rows given in memory are already in the driver and are scanned there.
 What comes back is counts, fingerprints keyed under the ledger's key and each shard's keyed
-digest: the job reserves its budget for exactly those rows, and each shard checks it reads
-the same rows before any client randomizes. Ray therefore starts before the reservation for
+digest: the job reserves its budget for exactly those rows. The same pass splits the rows
+into each shard's parts, Ray objects owned by a small holder on the scan's node
+(actors/parts_holder.py) that the driver never fetches; each shard takes its own once and
+checks their digest before any client randomizes (scan_where_shards_run). Ray therefore starts before the reservation for
 a table job (docs/running.md).
 
 With ``data.private.sites`` (private data on its holders' own nodes) there is one scan per
@@ -22,20 +24,76 @@ import dataclasses
 import os
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rknn_ray.data.prepared import PendingScan
-from rknn_ray.data.table_scan import scan_answer_or_error
+from rknn_ray.data.table_scan import scan_parts_or_error
 from rknn_ray.errors import DataError
+from actors.parts_holder import PartsHolder, ScannedParts
 from rknn_ray.job.placement import (check_placement_feasible, check_sites_feasible,
                                     party_options, site_options)
 
 
 class _Scanner:
     """The scan's process: an actor the job ends itself once it answered (ray.kill), so no
-    reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it."""
+    reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it. Its
+    :meth:`scan` is a streaming generator: per group of rows, one part per shard (in shard
+    order: the count depends on the public row count only), then the answer; the parts are
+    Ray objects owned by the caller (actors/parts_holder.py), so they outlive this actor."""
 
-    def scan(self, spec, key: bytes) -> dict:
-        return scan_answer_or_error(spec, key)
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def scan(self, spec, key: bytes):
+        for item in scan_parts_or_error(spec, key):
+            if isinstance(item, dict):
+                yield item
+            else:
+                for part in item:       # a plain loop: Ray drives generators with send()
+                    yield part
+
+
+def scan_where_shards_run(cfg, spec, key: bytes, options: dict, before=None) -> dict:
+    """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
+    a :class:`~actors.parts_holder.ScannedParts` whose holder, on the scan's node, owns each
+    shard's parts until the shard reads them (the driver never holds one). ``before(scanner)``
+    (data.private.sites): a check run in the scanner before its scan; a message it returns is
+    the answer's error (nothing scanned)."""
+    def holder_on(node: str):
+        return ray.remote(PartsHolder).options(
+            num_cpus=0, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    scanner = ray.remote(_Scanner).options(
+        num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0, **options).remote()
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    # one node: the scanner's is known, so both processes start at once
+    holder = holder_on(nodes[0]) if len(nodes) == 1 else None
+    try:
+        problem = before(scanner) if before is not None else None
+        if problem:
+            if holder is not None:
+                _end(holder)
+            return {"error": problem}
+        if holder is None:
+            holder = holder_on(ray.get(scanner.node.remote()))
+        (ref,) = ray.get(holder.collect.remote(scanner, [ray.put(spec)], key, int(spec.shards)))
+        answer = ray.get(ref)
+    except BaseException:
+        if holder is not None:
+            _end(holder)
+        raise
+    finally:
+        ray.kill(scanner)
+    if "error" in answer:
+        _end(holder)                          # the parts go with it
+        return answer
+    return {**answer, "parts": ScannedParts(holder)}
+
+
+def _end(holder) -> None:
+    """End the holder once its calls are done (a graceful exit: ray.kill of it right after it
+    answered once aborted its process under load, printing a native stack on the console)."""
+    holder.__ray_terminate__.remote()
 
 
 def complete_scan(cfg, data, store, start_ray, progress):
@@ -51,13 +109,7 @@ def complete_scan(cfg, data, store, start_ray, progress):
     if data.sites:
         return _scan_sites(cfg, data, key, progress)
     with progress.stage("scan", "checking the private rows where the client shards run"):
-        scanner = ray.remote(_Scanner).options(
-            num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0,
-            **party_options(cfg, "client")).remote()
-        try:
-            answer = ray.get(scanner.scan.remote(data.spec, key))
-        finally:
-            ray.kill(scanner)
+        answer = scan_where_shards_run(cfg, data.spec, key, party_options(cfg, "client"))
     if "error" in answer:
         raise DataError(answer["error"])
     return data.complete({**answer, "key": key})
@@ -72,32 +124,32 @@ def _site_here(_actor, path: str) -> tuple[str, bool]:
 
 
 def _scan_sites(cfg, data: PendingScan, key: bytes, progress):
-    """One scan per site on the site's nodes, side by side; the answers joined."""
+    """One scan per site on the site's nodes, one after another (each site's parts stay on
+    its node with their holder); the answers joined."""
     from rknn_ray.data.sites import join_site_answers   # numpy, hashing: only with sites
     sites = data.sites
     check_sites_feasible(cfg, sites)
+    answers, where = [], []
     with progress.stage("scan", f"checking the private rows on {len(sites)} sites' own nodes"):
-        scanners = [ray.remote(_Scanner).options(
-            num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0,
-            **site_options(cfg, site)).remote() for site in sites]
-        try:
-            where = ray.get([s.__ray_call__.remote(_site_here, site.path)
-                             for s, site in zip(scanners, sites)])
-            for site, (node, exists) in zip(sites, where):
+        for site in sites:
+            def before(scanner, site=site):
+                node, exists = ray.get(scanner.__ray_call__.remote(_site_here, site.path))
+                where.append((node, exists))
                 if not exists:
-                    raise DataError(f"{site.key}.path: {site.path!r} does not exist on the "
-                                    f"site's node ({node[:8]}). Fix: put site {site.name}'s "
-                                    f"files there on that node, or correct {site.key}.path")
-            answers = ray.get([s.scan.remote(dataclasses.replace(
-                data.spec, part=data.spec.part.at_site(site), shards=site.shards), key)
-                for s, site in zip(scanners, sites)])
-        finally:
-            for s in scanners:
-                ray.kill(s)
-    for site, answer in zip(sites, answers):
-        if "error" in answer:
-            error = answer["error"]
-            raise DataError(error if site.key in error else f"{site.key}: {error}")
+                    return (f"{site.key}.path: {site.path!r} does not exist on the site's node "
+                            f"({node[:8]}). Fix: put site {site.name}'s files there on that "
+                            f"node, or correct {site.key}.path")
+                return None
+            answer = scan_where_shards_run(cfg, dataclasses.replace(
+                data.spec, part=data.spec.part.at_site(site), shards=site.shards), key,
+                site_options(cfg, site), before)
+            if "error" in answer:
+                for earlier in answers:      # the sites scanned before: their parts go
+                    if earlier.get("parts") is not None:
+                        _end(earlier["parts"].holder)
+                error = answer["error"]
+                raise DataError(error if site.key in error else f"{site.key}: {error}")
+            answers.append(answer)
     joined = join_site_answers(sites, answers, key)
     joined["scan_nodes"] = {site.name: node for site, (node, _) in zip(sites, where)}
     return data.complete({**joined, "key": key})

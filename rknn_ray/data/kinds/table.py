@@ -5,8 +5,9 @@ featurizer on the public rows, keeps the public ids and, when the public file ha
 column, its labels (to measure label accuracy only). It never opens the private part:
 :func:`prepare_table` returns a :class:`~rknn_ray.data.prepared.PendingScan`; the job runs
 the scan (rknn_ray.data.table_scan) where the client shards run and completes it with the
-answer (counts, keyed fingerprints, each shard's keyed digest); each shard then reads its own
-clients' rows (rknn_ray.data.table_source) and checks them against that digest. Clients are
+answer (counts, keyed fingerprints, each shard's keyed digest, and where the scan left each
+shard's rows); each shard then reads its own clients' rows from there, never the file
+(rknn_ray.data.table_source), and checks them against that digest. Clients are
 the data's holders (``data.private.client``) or one per record. Under the job's neighbour
 relation (a record's value replaced; which holders take part and how many records each
 holds are public) the number of holders is read from the data (``data.private.holders``,
@@ -164,7 +165,8 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
     make = functools.partial(_shard_sources, handover, priv, priv_cols, spec.classes, featurizer,
                              found["clients"], found["shard_digests"], found["key"], spec.bound,
                              int(cfg.run.seed), public["width"], spec.shards,
-                             found["kept_per_shard"], found.get("shard_sites"))
+                             found["kept_per_shard"], found.get("shard_sites"),
+                             found.get("parts"))
     facts = {"holders": holders, "records": m, "kept": int(found["kept"]),
              "largest_holder": int(found["largest_holder"]), "bound": spec.bound,
              "column": priv.client}
@@ -226,12 +228,14 @@ class _Handover:
 
 
 def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, key, bound,
-                   seed, width, shards, kept, shard_sites, cfg, _requested):
+                   seed, width, shards, kept, shard_sites, parts, cfg, _requested):
     """One source per shard that holds a client (rknn_ray.data.table_source), each with the
-    keyed digest of the rows the scan found for it; under privacy.multi_record=each every
-    record a holder keeps is a client of its own (``kept``: per shard). ``shard_sites``
-    (data.private.sites): per shard (its site, its index and count within the site): the
-    shard reads its site's part, placed on the site's nodes."""
+    keyed digest of the rows the scan found for it and ``parts``, where the scan left each
+    shard's rows (``.take(shard)``; rows given in memory are dealt here); under
+    privacy.multi_record=each every record a holder keeps is a client of its own (``kept``:
+    per shard). ``shard_sites`` (data.private.sites): per shard (its site, its index and count
+    within the site): the shard takes its site's parts (``parts``: site name -> parts) by
+    its index there, placed on the site's nodes."""
     each = cfg.privacy.multi_record == "each" and part.client is not None
     from rknn_ray.data.table_source import TableShardSource  # in the shard: pyarrow reading
     table = handover.take()
@@ -247,13 +251,14 @@ def _shard_sources(handover, part, cols, classes, featurizer, clients, digests, 
             rows = table.take(np.flatnonzero(buckets == shard)) if buckets is not None \
                 else table.slice(sum(int(digests[i][0]) for i in range(shard)),
                                  int(digests[shard][0]))
-        own_part, own_shard, own_shards, site = part, shard, shards, None
-        if shard_sites:              # a site's shard: its site's part, its index there
+        own_part, own_shard, own_shards, site, own_parts = part, shard, shards, None, parts
+        if shard_sites:              # a site's shard: its site's part and parts, its index there
             site, own_shard, own_shards = shard_sites[shard]
-            own_part = part.at_site(site)
+            own_part, own_parts = part.at_site(site), parts[site.name]
         sources.append(TableShardSource(lo, lo + int(count), own_part, cols, classes, featurizer,
                                         own_shard, own_shards, bound, seed, width, rows,
-                                        tuple(digests[shard]), key, each, site))
+                                        tuple(digests[shard]), key, each, site,
+                                        None if table is not None else own_parts))
         lo += int(count)
     del table
     return sources
