@@ -342,14 +342,14 @@ def _count_pair_lower(mech: str, params: dict, n: int, e0: float, delta: float) 
     whole output beyond n ~ 1e3-1e4)."""
     from rknn_ray.accounting.hockey import eps_for_delta
     from rknn_ray.accounting.shuffled_rr import (bitrr_pairs, collision_pair,
-                                                 collision_third_value_pairs, krr_pair)
+                                                 collision_third_value_pairs, exp_lo, krr_pair)
     if mech == "bitrr":
         pairs = bitrr_pairs(e0, n, params["d"])
     elif mech == "collision":
         pairs = [collision_pair(e0, n, params["l"])] + collision_third_value_pairs(e0, n, params["l"])
     else:
         from rknn_ray.accounting.bounds import _pair_delta
-        p, k = np.exp(e0), params["k"]
+        p, k = exp_lo(e0), params["k"]
         a = 1.0 / (p + k - 1.0)
         pairs = [krr_pair(e0, n, k), _pair_delta(p, a, 1.0 - (p + 1.0) * a, a, n)]
     return max(eps_for_delta(pd, delta, e0, upper=False) for pd in pairs)

@@ -242,8 +242,8 @@ def _lower_pairs(mechanism: str, k: int | None, eps0: float, n: int) -> list:
     """Explicit data sets' exact delta(eps) (estimate, up, down) objects: the pairs of the
     tight bound's lower bound (generic: binary RR and the 3-/4-RR pairs; k-RR: its own)."""
     from rknn_ray.accounting.bounds import _RRCountDelta, _pair_delta
-    from rknn_ray.accounting.shuffled_rr import KRRThirdValueDelta, krr_pair
-    p = math.exp(eps0)
+    from rknn_ray.accounting.shuffled_rr import KRRThirdValueDelta, exp_lo, krr_pair
+    p = exp_lo(eps0)        # at most e^eps0: the lower bound's side
     pairs = [_RRCountDelta(p, n)] if mechanism == "generic" else []
     for kk in ([3, 4] if mechanism == "generic" else [k]):
         a = 1.0 / (p + kk - 1.0)
@@ -259,13 +259,14 @@ def _plds(mechanism: str, k: int | None, eps0: float, n: int):
     data set's pair: binary RR / k-RR with the others on x'): one round each, to compose."""
     from rknn_ray.accounting.shuffle_pld import (histogram_lower_pair, pld_from_pair,
                                                  round_pld, rr_lower_pair)
-    from rknn_ray.accounting.shuffled_rr import krr_pair
+    from rknn_ray.accounting.shuffled_rr import exp_lo
     tight, _ = _bounds(mechanism, k)
     if mechanism == "generic":
         lp, lq = rr_lower_pair(eps0, n)
     else:
-        a = 1.0 / (math.exp(eps0) + k - 1.0)
-        lp, lq = histogram_lower_pair(math.exp(eps0), n, a, math.exp(eps0) * a)
+        p = exp_lo(eps0)    # at most e^eps0: the lower bound's side
+        a = 1.0 / (p + k - 1.0)
+        lp, lq = histogram_lower_pair(p, n, a, p * a)
     return round_pld(tight, eps0, n), pld_from_pair(lp, lq, pessimistic=False)
 
 

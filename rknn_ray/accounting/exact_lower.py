@@ -36,17 +36,29 @@ shifts, mass left out of the windows (dropped), and a relative error bound on th
 binomial pmfs and float sums (all terms are non-negative) taken off: the result is a
 certified lower bound on the data set's exact delta, hence on the shuffled mechanism's.
 
-The flip probability used is a hair *above* the sampler's (``bitrr_flip_probability_hi``):
-more noise is a post-processing (flip again), so its divergence is below the sampler's.
+The flip probability used is a hair *above* the sampler's (``bitrr_flip_probability_hi``, a
+multiple of 2^-53, so q and 1 - q are exact floats): more noise is a post-processing (flip
+again), so its divergence is below the sampler's.  Collision's ratio is
+``collision_ratio_lo`` (at most the sampler's), k-RR's ``exp_lo`` (at most e^eps0).
+
+Float parameters.  Where a binomial's parameter is a float computed from the model's exact
+ones (Collision's 1/l and p a, k-RR's rates), |q~ - q| <= u min(q, 1 - q) with u = r 2^-53
+max(1, q / (1 - q)) for r roundings, and the pmf's ratio is
+exp(k log(q~/q) + (n - k) log((1-q~)/(1-q))) = exp(delta (k - n q)/(q(1-q)) + R), |R| <= n u^2,
+so its relative error is at most expm1(2 u (|k - n q~| + 1) + 3 n u^2) (``_param_rtol``),
+added to the pmf's own.  p enters only the loss terms V: its few ulps are far inside the
+1e-12 n p e^eps margin taken off the sum.
 """
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import _window
+from rknn_ray.accounting.shuffled_rr import bitrr_flip_probability_hi, collision_ratio_lo, exp_lo
 
 #: mass each binomial window may leave out (dropped: only lowers a lower bound)
 TAIL = 1e-13
@@ -65,22 +77,28 @@ def third_cell_grid(n: int) -> int:
     return max(1, min(8, int(2e5 / max(int(n), 1))))
 
 
-def bitrr_flip_probability_hi(eps0: float, kr: int = 1) -> float:
-    """A flip probability at least the ``rr`` sampler's q_s at eps0 (with kr ones): q_s is
-    1/(w + 1) rounded up to a multiple of 2^-53, w a lower bound of e^{eps0/(2 kr)}
-    (rknn_ray.accounting.shuffled_rr.bitrr_flip_probability's doc), so 1/(e^{eps0/(2kr)} + 1)
-    raised by 1e-14 relative and by 2^-52 is above it."""
-    return (1.0 + 1e-14) / (math.exp(float(eps0) / (2.0 * int(kr))) + 1.0) + 2.0 ** -52
+def _param_u(q: float, roundings: int) -> float:
+    """u of the module doc for a float q computed by ``roundings`` roundings (0: exact)."""
+    return roundings * 2.0 ** -53 * max(1.0, q / (1.0 - q))
 
 
-def _pmf(n: int, q: float, tail: float):
-    """(lo, pmf over lo..hi, relative error bound) of Bin(n, q) (window leaves out <= tail)."""
+def _param_rtol(offset: float, n: int, u: float) -> float:
+    """Relative error of Bin(n, q~)'s pmf as Bin(n, q)'s, |k - n q~| <= offset (module doc)."""
+    if u == 0.0:
+        return 0.0
+    return math.expm1(2.0 * u * (offset + 1.0) + 3.0 * n * u * u)
+
+
+def _pmf(n: int, q: float, tail: float, roundings: int = 0):
+    """(lo, pmf over lo..hi, relative error bound) of Bin(n, q) (window leaves out <= tail);
+    ``roundings``: how many float roundings q is from the model's exact parameter."""
     if n == 0:
         return 0, np.ones(1), 0.0
     lo, hi, _ = _window(n, q, tail, exact_out=False)
     k = np.arange(lo, hi + 1, dtype=np.int64)
     w = np.exp(binom_logpmf(k, n, q))
-    return int(lo), w, pmf_rtol(max(abs(lo - n * q), abs(hi - n * q)) + 1)
+    off = max(abs(lo - n * q), abs(hi - n * q)) + 1
+    return int(lo), w, pmf_rtol(off) + _param_rtol(off, n, _param_u(q, roundings))
 
 
 class ThirdCellDelta:
@@ -94,14 +112,15 @@ class ThirdCellDelta:
     """
 
     def __init__(self, p: float, q_hit: float, q_z: float, n: int, grid: int = 2,
-                 width: int | None = None, tail: float = TAIL):
+                 width: int | None = None, tail: float = TAIL, roundings: tuple = (0, 0)):
         if not (p > 1.0 and 0.0 < q_hit < 1.0 and 0.0 < q_z < 1.0):
             raise ValueError("need p > 1 and probabilities in (0, 1)")
         self.p, self.q, self.q_z = float(p), float(q_hit), float(q_z)
         self.n, self.grid, self.tail = int(n), int(grid), tail
         sd = math.sqrt(self.n * self.q_z * (1.0 - self.q_z))
         self.width = max(1, int(sd / 48.0)) if width is None else max(1, int(width))
-        self.m_lo, self.w_m, self.rel_m = _pmf(self.n, self.q_z, tail)
+        self.r_hit, self.r_z = roundings     # float roundings of q_hit, q_z (module doc)
+        self.m_lo, self.w_m, self.rel_m = _pmf(self.n, self.q_z, tail, self.r_z)
         self._laws = {}
 
     def _law(self, m: int):
@@ -110,8 +129,8 @@ class ThirdCellDelta:
         if m in self._laws:
             return self._laws[m]
         n0, n1, G, p = self.n - m, m, self.grid, self.p
-        a0, w0, r0 = _pmf(n0, self.q, self.tail)
-        a1, w1, r1 = _pmf(n1, self.q, self.tail)
+        a0, w0, r0 = _pmf(n0, self.q, self.tail, self.r_hit)
+        a1, w1, r1 = _pmf(n1, self.q, self.tail, self.r_hit)
         k1 = np.arange(a1, a1 + w1.size, dtype=np.int64)
         up = np.zeros(G * (w0.size - 1) + 1)
         up[::G] = w0
@@ -201,7 +220,11 @@ class BitRRThirdCellDelta(ThirdCellDelta):
                  tail: float = TAIL, q: float | None = None):
         q = bitrr_flip_probability_hi(eps0) if q is None else float(q)
         b = (1.0 - q) / q
-        super().__init__(b * b, q, 1.0 - q, n, grid=grid, width=width, tail=tail)
+        # q is the model's parameter (exact); 1 - q is exact for a multiple of 2^-53 (the
+        # default q), else one rounding
+        exact = Fraction(1) - Fraction(q) == Fraction(1.0 - q)
+        super().__init__(b * b, q, 1.0 - q, n, grid=grid, width=width, tail=tail,
+                         roundings=(0, 0 if exact else 1))
 
 
 class CollisionThirdValueExactDelta(ThirdCellDelta):
@@ -213,15 +236,20 @@ class CollisionThirdValueExactDelta(ThirdCellDelta):
     hits y = [z_i = H_i(v)], y' = [z_i = H_i(v')], z = [z_i = H_i(v'')] only, independent
     under the others' law: y, y' ~ Bern(1/l), z ~ Bern(p a), and
     V = (A - e^eps A') / O = p^{-z} (p^y - e^eps p^{y'}): every hash-match pattern, exactly.
-    p is e^eps0 lowered by 1e-12 relative: at most the sampler's (it rounds its keep
-    probability down, by < 2^-53), and l-RR with a smaller p is a post-processing."""
+    p is :func:`~rknn_ray.accounting.shuffled_rr.collision_ratio_lo`: at most the sampler's
+    ratio (it rounds its keep probability down, by < 2^-53; the margin is proved there), and
+    l-RR with a smaller p is a post-processing.  (It was e^eps0 lowered by 1e-12 relative, which
+    is not below the sampler's ratio where its keep probability is near 0 or 1, e.g. l = 2 at
+    eps0 >= 10.)"""
 
     def __init__(self, eps0: float, n: int, l: int, grid: int = 2, width: int | None = None,
                  tail: float = TAIL):
         if l < 2:
             raise ValueError("Collision needs l >= 2")
-        p = math.exp(eps0) * (1.0 - 1e-12)
-        super().__init__(p, 1.0 / l, p / (p + l - 1.0), n, grid=grid, width=width, tail=tail)
+        p = collision_ratio_lo(eps0, l)
+        # 1/l: one rounding; p / (p + l - 1): two (three allowed for each)
+        super().__init__(p, 1.0 / l, p / (p + l - 1.0), n, grid=grid, width=width, tail=tail,
+                         roundings=(3, 3))
 
 
 class KRRThirdValueExactDelta:
@@ -247,19 +275,21 @@ class KRRThirdValueExactDelta:
                  tail: float = TAIL):
         if k < 3:
             raise ValueError("a third value needs k >= 3")
-        self.p, self.n, self.k, self.grid, self.tail = math.exp(eps0), int(n), int(k), int(grid), tail
+        # k-RR's ratio at most e^eps0 (exp_lo): a post-processing of k-RR at eps0
+        self.p, self.n, self.k, self.grid, self.tail = exp_lo(eps0), int(n), int(k), int(grid), tail
         self.a = 1.0 / (self.p + k - 1.0)
         self.pi_t = (self.p + k - 3.0) * self.a
         self.rho = self.p / (self.p + k - 3.0)
         sd = math.sqrt(self.n * self.pi_t * (1.0 - self.pi_t))
         self.width = max(1, int(sd / 24.0)) if width is None else max(1, int(width))
-        self.t_lo, self.w_t, self.rel_t = _pmf(self.n, self.pi_t, tail)
+        self.t_lo, self.w_t, self.rel_t = _pmf(self.n, self.pi_t, tail, 5)   # 4 roundings
 
     def _value(self, t0: int, shifts: np.ndarray, ee: float):
         p, G, n = self.p, self.grid, self.n
         alpha = (ee - 1.0) * (1.0 - 1.0 / p)
         D = (p - 1.0) * (1.0 + ee)
-        m_lo, wm, rm = _pmf(t0, self.rho, self.tail) if self.rho < 1.0 else (t0, np.ones(1), 0.0)
+        m_lo, wm, rm = (_pmf(t0, self.rho, self.tail, 3) if self.rho < 1.0     # 2 roundings
+                        else (t0, np.ones(1), 0.0))
         x_lo, wx, rx = _pmf(n - t0, 0.5, self.tail)
         m = np.arange(m_lo, m_lo + wm.size, dtype=np.float64)
         x = np.arange(x_lo, x_lo + wx.size, dtype=np.float64)

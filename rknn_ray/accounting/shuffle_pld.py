@@ -106,7 +106,8 @@ def rr_lower_pair(eps0: float, n: int, tail: float = 1e-15) -> tuple[np.ndarray,
     The count of "0" reports is I + Bin(n-1, 1/(p+1)), I ~ Bern(p/(p+1)) vs Bern(1/(p+1))
     (a sufficient statistic). The window drops up to ``tail`` of mass: fine for a lower bound.
     """
-    p = math.exp(eps0)
+    from rknn_ray.accounting.shuffled_rr import exp_lo
+    p = exp_lo(eps0)        # at most e^eps0: the lower bound's side
     q = 1.0 / (p + 1.0)
     if n <= 1:
         return np.log([q, 1 - q]), np.log([1 - q, q])

@@ -101,7 +101,7 @@ from rknn_ray.accounting.hockey import FLOAT_SLACK_PER_TERM, _window, eps_for_de
 from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, KRRThirdValueDelta,
                                              bitrr_flip_probability, bitrr_pairs,
                                              collision_pair, collision_third_value_pairs,
-                                             krr_pair)
+                                             exp_lo, krr_pair)
 from rknn_ray.errors import ConfigError
 
 TAIL = 1e-20          # binomial mass left out of each window (added back, times p)
@@ -609,7 +609,7 @@ class TightBound(AmplificationBound):
             return best
         ks = [self.k] if self.mechanism == "krr" else [2, 3, 4]
         best = RRLowerBound().central_eps(eps0, n, delta) if self.mechanism == "generic" else 0.0
-        p = math.exp(eps0)
+        p = exp_lo(eps0)        # at most e^eps0: k-RR at this ratio is a post-processing
         for k in ks:
             best = max(best, eps_for_delta(krr_pair(eps0, n, k), delta, eps0, upper=False))
             if k >= 3 and n >= 2:
