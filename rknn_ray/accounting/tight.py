@@ -493,23 +493,54 @@ def solve_upper(pd, delta: float, eps_hi: float, guess: float, rtol: float = 1e-
     return e
 
 
-def _raise_lower(pd, delta: float, start: float, eps_hi: float, steps: int = 5) -> float:
+def _raise_lower(pd, delta: float, start: float, eps_hi: float, rtol: float = 2e-4,
+                 max_evals: int = 8) -> float:
     """The largest eps >= ``start`` found with est - err_down > delta (a certified lower
-    bound), ``start`` if none: geometric steps of 2% up from ``start`` (an eps a cheaper
-    pair certified), then ``steps`` bisections; each answer is an evaluated point."""
-    def exceeds(e: float) -> bool:
+    bound), ``start`` if none: every answer is an evaluated point.  From ``start`` (an eps a
+    cheaper pair certified) and 2% above it, secant steps on log(est - err_down) (nearly
+    linear in eps over a few percent), aimed a hair below the predicted crossing and kept
+    inside the bracket, until the bracket is ``rtol`` wide or ``max_evals`` evaluations
+    (the exact sums cost ~0.3 s each at n = 1e6: 4-5 evaluations instead of 2% steps and
+    five bisections)."""
+    def h(e: float) -> float:
         est, _, down = pd.delta(e)
-        return est - down > delta
+        v = est - down
+        return math.log(v) - math.log(delta) if v > 0.0 else -math.inf
 
     lo = start
-    if lo <= 0.0 or not exceeds(lo):
+    if lo <= 0.0:
         return start
-    hi = min(eps_hi, lo * 1.02)
-    while hi < eps_hi and exceeds(hi):
-        lo, hi = hi, min(eps_hi, hi * 1.02)
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if exceeds(mid) else (lo, mid)
+    h_lo = h(lo)
+    if not h_lo > 0.0:
+        return start
+    hi, h_hi = None, None
+    prev = (lo, h_lo)
+    e = min(eps_hi, lo * 1.02)
+    for _ in range(max_evals - 1):
+        if e <= lo or (hi is not None and e >= hi):
+            break
+        he = h(e)
+        if he > 0.0:
+            prev, lo, h_lo = (lo, h_lo), e, he
+        else:
+            hi, h_hi = e, he
+        if hi is not None and hi - lo <= rtol * lo:
+            break
+        if hi is None:
+            # both points above delta: extrapolate the secant through the last two
+            (e0, h0), (e1, h1) = prev, (lo, h_lo)
+            slope = (h1 - h0) / (e1 - e0) if e1 != e0 else 0.0
+            guess = e1 - h1 / slope if slope < 0.0 else e1 * 1.02
+            e = min(eps_hi, max(min(guess * (1.0 + rtol / 4), e1 * 1.10), e1 * (1.0 + rtol)))
+        else:
+            if math.isfinite(h_hi):
+                guess = lo - h_lo * (hi - lo) / (h_hi - h_lo)
+                # aim just below the crossing (an evaluated point above delta is the answer),
+                # inside the bracket's middle 90%
+                guess *= 1.0 - rtol / 4
+            else:
+                guess = 0.5 * (lo + hi)
+            e = min(max(guess, lo + 0.05 * (hi - lo)), hi - 0.05 * (hi - lo))
     return lo
 
 
