@@ -82,7 +82,10 @@ class ShuffledRRPairDelta:
         b0 = 1.0 + (p - 1.0) * h0f / n
         Nm1 = np.maximum(N - 1, 0)
         # P0 vs P1: LR - ee > 0  <=>  h1 < (b0 - ee) / c1: h1 <= u
-        u = np.ceil((b0 - ee) / c1).astype(np.int64) - 1
+        # clipped to [-2, n + 2] before the cast: beyond int64 (e^eps n ~ 1e22 at eps0 = 30,
+        # n = 1e9) the cast is undefined (numpy warns and wraps); outside [0, N] the
+        # tails below are 0 or 1 anyway
+        u = np.ceil(np.clip((b0 - ee) / c1, -2.0, n + 2.0)).astype(np.int64) - 1
         # one CDF per h0; the other by P[Bin(N) <= u] = P[Bin(N-1) <= u-1] + (1-rho) pmf_(N-1)(u)
         # (a sum of nonnegative terms: no cancellation)
         F1 = self._cdf(u - 1, Nm1)
@@ -91,7 +94,7 @@ class ShuffledRRPairDelta:
         t01 = (b0 - ee) * F - c1 * m1
         mag01 = np.abs(b0 - ee) * F + c1 * m1
         # P1 vs P0: 1 - ee LR > 0  <=>  h1 > (b0 - 1/ee) / c1: h1 >= v
-        v = np.floor((b0 - 1.0 / ee) / c1).astype(np.int64) + 1
+        v = np.floor(np.clip((b0 - 1.0 / ee) / c1, -2.0, n + 2.0)).astype(np.int64) + 1
         # P[Bin(N-1) >= v-1] = P[Bin(N) >= v] + (1-rho) pmf_(N-1)(v-1), again a sum
         S = self._sf(v, N)
         S1 = np.where(v <= 1, 1.0, S + (1.0 - rho) * self._pmf(v - 1, Nm1))
