@@ -144,9 +144,10 @@ _KHH_ROWS = tuple(
     for who in ("weak", "strong", "feldman_fa") for r in (1, 4, 16)
     for j, dl in enumerate(_FIG4_DELTAS) if who == "weak" or j in (0, 4))
 # Su et al.'s released code, run by this project (delta = 1e-6): {(mechanism, n, eps0): (upper, lower)}
-# (None: not computed; their FFT has n (N - 1) points, 2^25 at n = 1e4, ~400 s per bound on
-# this 2-core machine: the n = 1e4 rows past these were not run in the time; n = 1e4 at eps0
-# 0.1 and 2, BLH's lower and RAPPOR at 1e4 are missing)
+# (None: not computed; their FFT has n (N - 1) points, 2^25 at n = 1e4, ~400-800 s per bound
+# on this 2-core machine: the n = 1e4 rows past these were not run in the time. Missing at
+# n = 1e4: RAPPOR at eps0 0.1 / 1 / 2, BLH and 10-RR at eps0 0.1 and 2, both sides; BLH's
+# lower at eps0 = 1 was added in a second session, 777 s niced at load ~14)
 _SU = {
     ("10-RR", 1000, 0.1): (0.004203768306015045, 0.004163043806925752),
     ("BLH", 1000, 0.1): (0.0068182811475476605, 0.006565789253194044),
@@ -158,7 +159,7 @@ _SU = {
     ("BLH", 1000, 2.0): (0.2764901195678712, 0.19745726113510134),
     ("RAPPOR", 1000, 2.0): (0.3039788143196106, 0.2577294477958679),
     ("10-RR", 10000, 1.0): (0.024054987741153833, 0.02265260964556127),
-    ("BLH", 10000, 1.0): (0.03009873902622031, None),
+    ("BLH", 10000, 1.0): (0.03009873902622031, 0.023428544733985583),
 }
 _SU_MECH = {"10-RR": dict(mechanism="krr", k=10), "BLH": dict(mechanism="collision", l=2),
             "RAPPOR": dict(mechanism="bitrr", d=20)}

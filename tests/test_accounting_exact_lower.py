@@ -212,3 +212,28 @@ def test_krr_lower_bounds_use_a_ratio_at_most_e_eps0(eps0):
     assert Fraction(exp_lo(eps0)) < lo
     assert Fraction(krr_pair(eps0, 50, 4).p) < lo
     assert Fraction(KRRThirdValueExactDelta(eps0, 10, 4).p) < lo
+
+
+@pytest.mark.parametrize("eps0,n,eps", [(2.0, 6, 0.05), (1.0, 5, 0.2), (4.0, 6, 1.0), (2.0, 6, 0.5)])
+def test_bucketed_third_cell_sum_stays_below_brute_force(eps0, n, eps):
+    """Buckets of M (the averaged coupling's shifts, raised to levels) against the histogram's
+    exact divergence: never above it."""
+    exact = brute_delta(BitRRThirdCellDelta(eps0, n).q, n, eps)
+    for w in (2, 3, n + 1):
+        est, _, down = BitRRThirdCellDelta(eps0, n, grid=1 << 12, width=w).delta(eps)
+        assert est - down <= exact
+
+
+@pytest.mark.parametrize("eps0,n,l,epss", [(2.0, 2000, 8, (0.1, 0.2)), (0.5, 3000, 3, (0.04, 0.08))])
+def test_collision_buckets_only_lower_the_value(eps0, n, l, epss):
+    """Collision's exact sum with wide buckets of M (up to two sd) is at most the per-count sum,
+    and close to it at the default width."""
+    per_count = CollisionThirdValueExactDelta(eps0, n, l, width=1)
+    default = CollisionThirdValueExactDelta(eps0, n, l)
+    sd = math.sqrt(n * per_count.q_z * (1 - per_count.q_z))
+    for eps in epss:
+        ref = per_count.delta(eps)[0]
+        for w in (max(2, int(sd / 4)), int(2 * sd)):
+            v = CollisionThirdValueExactDelta(eps0, n, l, width=w).delta(eps)[0]
+            assert v <= ref * (1 + 1e-12) and v >= 0.5 * ref
+        assert default.delta(eps)[0] >= 0.97 * ref

@@ -27,11 +27,12 @@ with N ~ Bin(n - M, q), K ~ Bin(M, q) (and U' an independent copy): the ones amo
 in the y'' = 0 and y'' = 1 reports.  :class:`BitRRThirdCellDelta` computes, for each M,
 the law of U rounded *down* and of U' rounded *up* to a grid (so S only decreases), the
 expectation of the positive part exactly from prefix sums of positive terms, and sums
-over M.  Where M is bucketed, each M in a bucket uses its bucket's law shifted by a
-pointwise bound: moving one report from y'' = 0 to y'' = 1 changes its V by
-W (1/p - 1) >= -(1 - 1/p)(p - e^eps), and back by W (1 - 1/p) >= -(1 - 1/p)(e^eps p - 1)
-(W = p^y - e^eps p^y'), so S_M >= S_{M0} - shift under a coupling, and
-E[(S_M)_+] >= E[(S_{M0} - shift)_+].  Every step only lowers the value: rounding, the
+over M.  Where M is bucketed, each M in a bucket uses its bucket's law shifted: moving one
+report from y'' = 0 to y'' = 1 changes its V by W (1/p - 1) (W = p^y - e^eps p^y'), and
+under a coupling (the moved reports chosen uniformly) E[(S_M)_+] >= E[(S_{M0} - shift)_+],
+the shift bounding the moved reports' *average* W over the law's support (Jensen;
+:meth:`ThirdCellDelta._rates`), at most the worst case W <= p - e^eps per report (and
+-(1 - 1/p)(e^eps p - 1) back).  Every step only lowers the value: rounding, the
 shifts, mass left out of the windows (dropped), and a relative error bound on the
 binomial pmfs and float sums (all terms are non-negative) taken off: the result is a
 certified lower bound on the data set's exact delta, hence on the shuffled mechanism's.
