@@ -146,9 +146,9 @@ _KHH_ROWS = tuple(
 # Su et al.'s released code, run by this project (delta = 1e-6): {(mechanism, n, eps0): (upper, lower)}
 # (None: not computed; their FFT has n (N - 1) points, 2^25 at n = 1e4, ~400-800 s per bound
 # on this 2-core machine: the n = 1e4 rows past these were not run in the time. Missing at
-# n = 1e4: RAPPOR's lower at eps0 = 1, RAPPOR at eps0 0.1 and 2, BLH and 10-RR at eps0 0.1
-# and 2, both sides; BLH's lower and RAPPOR's upper at eps0 = 1 were added in a second
-# session, 777 s and 2619 s niced at a load average of ~14)
+# n = 1e4: RAPPOR, BLH and 10-RR at eps0 0.1 and 2, both sides; BLH's lower and RAPPOR's
+# upper and lower at eps0 = 1 were added in a second session, 777 s, 2619 s and ~1600 s
+# niced at a load average of ~14)
 _SU = {
     ("10-RR", 1000, 0.1): (0.004203768306015045, 0.004163043806925752),
     ("BLH", 1000, 0.1): (0.0068182811475476605, 0.006565789253194044),
@@ -161,7 +161,7 @@ _SU = {
     ("RAPPOR", 1000, 2.0): (0.3039788143196106, 0.2577294477958679),
     ("10-RR", 10000, 1.0): (0.024054987741153833, 0.02265260964556127),
     ("BLH", 10000, 1.0): (0.03009873902622031, 0.023428544733985583),
-    ("RAPPOR", 10000, 1.0): (0.031017047525364688, None),
+    ("RAPPOR", 10000, 1.0): (0.031017047525364688, 0.025485840518890423),
 }
 _SU_MECH = {"10-RR": dict(mechanism="krr", k=10), "BLH": dict(mechanism="collision", l=2),
             "RAPPOR": dict(mechanism="bitrr", d=20)}
