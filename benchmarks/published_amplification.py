@@ -144,9 +144,11 @@ _KHH_ROWS = tuple(
     for who in ("weak", "strong", "feldman_fa") for r in (1, 4, 16)
     for j, dl in enumerate(_FIG4_DELTAS) if who == "weak" or j in (0, 4))
 # Su et al.'s released code, run by this project (delta = 1e-6): {(mechanism, n, eps0): (upper, lower)}
-# (None: not computed; their FFT has n (N - 1) points, 2^25 at n = 1e4, ~400 s per bound on
-# this 2-core machine: the n = 1e4 rows past these were not run in the time; n = 1e4 at eps0
-# 0.1 and 2, BLH's lower and RAPPOR at 1e4 are missing)
+# (None: not computed; their FFT has n (N - 1) points, 2^25 at n = 1e4, ~400-800 s per bound
+# on this 2-core machine: the n = 1e4 rows past these were not run in the time. Missing at
+# n = 1e4: RAPPOR, BLH and 10-RR at eps0 0.1 and 2, both sides; BLH's lower and RAPPOR's
+# upper and lower at eps0 = 1 were added in a second session, 777 s, 2619 s and ~1600 s
+# niced at a load average of ~14)
 _SU = {
     ("10-RR", 1000, 0.1): (0.004203768306015045, 0.004163043806925752),
     ("BLH", 1000, 0.1): (0.0068182811475476605, 0.006565789253194044),
@@ -158,7 +160,8 @@ _SU = {
     ("BLH", 1000, 2.0): (0.2764901195678712, 0.19745726113510134),
     ("RAPPOR", 1000, 2.0): (0.3039788143196106, 0.2577294477958679),
     ("10-RR", 10000, 1.0): (0.024054987741153833, 0.02265260964556127),
-    ("BLH", 10000, 1.0): (0.03009873902622031, None),
+    ("BLH", 10000, 1.0): (0.03009873902622031, 0.023428544733985583),
+    ("RAPPOR", 10000, 1.0): (0.031017047525364688, 0.025485840518890423),
 }
 _SU_MECH = {"10-RR": dict(mechanism="krr", k=10), "BLH": dict(mechanism="collision", l=2),
             "RAPPOR": dict(mechanism="bitrr", d=20)}
@@ -242,8 +245,8 @@ def _lower_pairs(mechanism: str, k: int | None, eps0: float, n: int) -> list:
     """Explicit data sets' exact delta(eps) (estimate, up, down) objects: the pairs of the
     tight bound's lower bound (generic: binary RR and the 3-/4-RR pairs; k-RR: its own)."""
     from rknn_ray.accounting.bounds import _RRCountDelta, _pair_delta
-    from rknn_ray.accounting.shuffled_rr import KRRThirdValueDelta, krr_pair
-    p = math.exp(eps0)
+    from rknn_ray.accounting.shuffled_rr import KRRThirdValueDelta, exp_lo, krr_pair
+    p = exp_lo(eps0)        # at most e^eps0: the lower bound's side
     pairs = [_RRCountDelta(p, n)] if mechanism == "generic" else []
     for kk in ([3, 4] if mechanism == "generic" else [k]):
         a = 1.0 / (p + kk - 1.0)
@@ -259,13 +262,14 @@ def _plds(mechanism: str, k: int | None, eps0: float, n: int):
     data set's pair: binary RR / k-RR with the others on x'): one round each, to compose."""
     from rknn_ray.accounting.shuffle_pld import (histogram_lower_pair, pld_from_pair,
                                                  round_pld, rr_lower_pair)
-    from rknn_ray.accounting.shuffled_rr import krr_pair
+    from rknn_ray.accounting.shuffled_rr import exp_lo
     tight, _ = _bounds(mechanism, k)
     if mechanism == "generic":
         lp, lq = rr_lower_pair(eps0, n)
     else:
-        a = 1.0 / (math.exp(eps0) + k - 1.0)
-        lp, lq = histogram_lower_pair(math.exp(eps0), n, a, math.exp(eps0) * a)
+        p = exp_lo(eps0)    # at most e^eps0: the lower bound's side
+        a = 1.0 / (p + k - 1.0)
+        lp, lq = histogram_lower_pair(p, n, a, p * a)
     return round_pld(tight, eps0, n), pld_from_pair(lp, lq, pessimistic=False)
 
 

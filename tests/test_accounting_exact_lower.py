@@ -147,3 +147,93 @@ def test_collision_lower_bound_rises_and_stays_below_tight(l, eps0, n):
     b = tight_bound("collision", l=l, c=1)
     new, up = b.lower(eps0, n, delta), b.central_eps(eps0, n, delta)
     assert old < new <= up
+
+
+# ---------------------------------------------------------------- parameters of the lower bounds
+# A lower bound holds for the sampler only if its mechanism is a post-processing of the
+# sampler's: a flip probability at least the sampler's, a ratio at most the sampler's.
+
+def _sampler_bitrr_ratio(eps0):
+    from fractions import Fraction
+    from rknn_ray.mechanisms.randomized_response import rr_flip_probability
+    q = Fraction(rr_flip_probability(eps0, 1, 1))
+    return ((1 - q) / q) ** 2
+
+
+def _sampler_collision_ratio(eps0, l):
+    from fractions import Fraction
+    from rknn_ray.mechanisms.collision import collision_member_threshold
+    pi = Fraction(collision_member_threshold(eps0, l, 1), 1 << 53)
+    return pi * (l - 1) / (1 - pi)
+
+
+@pytest.mark.parametrize("eps0", [0.1, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0])
+def test_bitrr_count_pairs_use_at_most_the_samplers_ratio(eps0):
+    """bitrr_pairs used a flip probability 1e-15 *below* the sampler's (a ratio ~3e-15 above
+    it): the unsafe direction for a lower bound. Every pair's p must be at most the sampler's
+    ((1 - q_s)/q_s)^2, exactly; the third-cell sum's q at least q_s."""
+    from fractions import Fraction
+    from rknn_ray.mechanisms.randomized_response import rr_flip_probability
+    ratio = _sampler_bitrr_ratio(eps0)
+    pairs = bitrr_pairs(eps0, 100, 20)
+    ps = [pairs[0].p] + [pd.pair.p for pd in pairs[1:]]
+    assert all(Fraction(p) <= ratio for p in ps), [float(Fraction(p) / ratio - 1) for p in ps]
+    third = BitRRThirdCellDelta(eps0, 10)
+    assert Fraction(third.q) >= Fraction(rr_flip_probability(eps0, 1, 1))
+    assert third.r_z == 0 and third.r_hit == 0          # q and 1 - q exact
+
+
+@pytest.mark.parametrize("eps0,l", [(0.5, 3), (1.0, 4), (2.0, 8), (2.0, 2), (4.0, 56), (6.0, 404),
+                                    (10.0, 2), (12.0, 2), (1.0, 10_000), (0.05, 2)])
+def test_collision_lower_bounds_use_at_most_the_samplers_ratio(eps0, l):
+    """The count pairs used e^eps0 (above the sampler's ratio: it rounds its keep probability
+    down), and the exact third-value sum e^eps0 (1 - 1e-12), which is above it where the keep
+    probability is near 1 (l = 2, eps0 >= 10)."""
+    from fractions import Fraction
+    from rknn_ray.accounting.shuffled_rr import (CollisionThirdValueDelta, collision_pair,
+                                                 collision_ratio_lo)
+    ratio = _sampler_collision_ratio(eps0, l)
+    assert Fraction(collision_ratio_lo(eps0, l)) <= ratio
+    assert Fraction(collision_pair(eps0, 50, l).p) <= ratio
+    assert Fraction(CollisionThirdValueExactDelta(eps0, 10, l).p) <= ratio
+    assert Fraction(CollisionThirdValueDelta(eps0, 10, l).p) <= ratio
+    # and not needlessly far below it
+    assert collision_ratio_lo(eps0, l) >= float(ratio) * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("eps0", [0.01, 0.3, 1.0, 2.0, math.log(13.0), 6.0, 20.0])
+def test_krr_lower_bounds_use_a_ratio_at_most_e_eps0(eps0):
+    """k-RR's lower bounds are for k-RR at eps0 (exact arithmetic): their ratio must not exceed
+    e^eps0 (math.exp may round up). exp_lower is a lower bound of e^eps0 within 2^-150."""
+    from fractions import Fraction
+    from rknn_ray.accounting.shuffled_rr import exp_lo, krr_pair
+    from rknn_ray.mechanisms.exact import exp_lower
+    lo = exp_lower(Fraction(eps0))
+    assert Fraction(exp_lo(eps0)) < lo
+    assert Fraction(krr_pair(eps0, 50, 4).p) < lo
+    assert Fraction(KRRThirdValueExactDelta(eps0, 10, 4).p) < lo
+
+
+@pytest.mark.parametrize("eps0,n,eps", [(2.0, 6, 0.05), (1.0, 5, 0.2), (4.0, 6, 1.0), (2.0, 6, 0.5)])
+def test_bucketed_third_cell_sum_stays_below_brute_force(eps0, n, eps):
+    """Buckets of M (the averaged coupling's shifts, raised to levels) against the histogram's
+    exact divergence: never above it."""
+    exact = brute_delta(BitRRThirdCellDelta(eps0, n).q, n, eps)
+    for w in (2, 3, n + 1):
+        est, _, down = BitRRThirdCellDelta(eps0, n, grid=1 << 12, width=w).delta(eps)
+        assert est - down <= exact
+
+
+@pytest.mark.parametrize("eps0,n,l,epss", [(2.0, 2000, 8, (0.1, 0.2)), (0.5, 3000, 3, (0.04, 0.08))])
+def test_collision_buckets_only_lower_the_value(eps0, n, l, epss):
+    """Collision's exact sum with wide buckets of M (up to two sd) is at most the per-count sum,
+    and close to it at the default width."""
+    per_count = CollisionThirdValueExactDelta(eps0, n, l, width=1)
+    default = CollisionThirdValueExactDelta(eps0, n, l)
+    sd = math.sqrt(n * per_count.q_z * (1 - per_count.q_z))
+    for eps in epss:
+        ref = per_count.delta(eps)[0]
+        for w in (max(2, int(sd / 4)), int(2 * sd)):
+            v = CollisionThirdValueExactDelta(eps0, n, l, width=w).delta(eps)[0]
+            assert v <= ref * (1 + 1e-12) and v >= 0.5 * ref
+        assert default.delta(eps)[0] >= 0.97 * ref

@@ -60,7 +60,8 @@ from rknn_ray.accounting.hockey import (MIN_DELTA, BlanketPair, PairDelta, FLOAT
                                         TAIL_MASS, _window, eps_for_delta)
 from rknn_ray.accounting.calibration import guided_edge
 from rknn_ray.accounting.shuffle_pld import blanket_pair_chunks
-from rknn_ray.accounting.shuffled_rr import collision_pair, collision_third_value_pairs, krr_pair
+from rknn_ray.accounting.shuffled_rr import (collision_pair, collision_third_value_pairs, exp_lo,
+                                             krr_pair)
 from rknn_ray.errors import ConfigError
 
 EPS0_MAX = 30.0   # beyond this e^eps0 overflows the useful range of every bound
@@ -355,7 +356,7 @@ class VariationRatioBound(_BlanketPairBound):
         k = self.params["k"]
         best = eps_for_delta(krr_pair(eps0, n, k), delta, eps0, upper=False)
         if k >= 3 and n >= 2:
-            p = math.exp(eps0)
+            p = exp_lo(eps0)        # at most e^eps0 (a lower bound's side)
             a = 1.0 / (p + k - 1.0)
             pd = _pair_delta(p, a, 1.0 - (p + 1.0) * a, a, n)
             best = max(best, eps_for_delta(pd, delta, eps0, upper=False))
@@ -413,7 +414,8 @@ class RRLowerBound(AmplificationBound):
 
     def central_eps(self, eps0: float, n: int, delta: float) -> float:
         _check(eps0, n, delta)
-        return eps_for_delta(_RRCountDelta(math.exp(eps0), n), delta, eps0, upper=False)
+        # binary RR at a ratio at most e^eps0 (exp_lo): a post-processing of RR at eps0
+        return eps_for_delta(_RRCountDelta(exp_lo(eps0), n), delta, eps0, upper=False)
 
 
 class MechanismLowerBound(AmplificationBound):

@@ -27,26 +27,39 @@ with N ~ Bin(n - M, q), K ~ Bin(M, q) (and U' an independent copy): the ones amo
 in the y'' = 0 and y'' = 1 reports.  :class:`BitRRThirdCellDelta` computes, for each M,
 the law of U rounded *down* and of U' rounded *up* to a grid (so S only decreases), the
 expectation of the positive part exactly from prefix sums of positive terms, and sums
-over M.  Where M is bucketed, each M in a bucket uses its bucket's law shifted by a
-pointwise bound: moving one report from y'' = 0 to y'' = 1 changes its V by
-W (1/p - 1) >= -(1 - 1/p)(p - e^eps), and back by W (1 - 1/p) >= -(1 - 1/p)(e^eps p - 1)
-(W = p^y - e^eps p^y'), so S_M >= S_{M0} - shift under a coupling, and
-E[(S_M)_+] >= E[(S_{M0} - shift)_+].  Every step only lowers the value: rounding, the
+over M.  Where M is bucketed, each M in a bucket uses its bucket's law shifted: moving one
+report from y'' = 0 to y'' = 1 changes its V by W (1/p - 1) (W = p^y - e^eps p^y'), and
+under a coupling (the moved reports chosen uniformly) E[(S_M)_+] >= E[(S_{M0} - shift)_+],
+the shift bounding the moved reports' *average* W over the law's support (Jensen;
+:meth:`ThirdCellDelta._rates`), at most the worst case W <= p - e^eps per report (and
+-(1 - 1/p)(e^eps p - 1) back).  Every step only lowers the value: rounding, the
 shifts, mass left out of the windows (dropped), and a relative error bound on the
 binomial pmfs and float sums (all terms are non-negative) taken off: the result is a
 certified lower bound on the data set's exact delta, hence on the shuffled mechanism's.
 
-The flip probability used is a hair *above* the sampler's (``bitrr_flip_probability_hi``):
-more noise is a post-processing (flip again), so its divergence is below the sampler's.
+The flip probability used is a hair *above* the sampler's (``bitrr_flip_probability_hi``, a
+multiple of 2^-53, so q and 1 - q are exact floats): more noise is a post-processing (flip
+again), so its divergence is below the sampler's.  Collision's ratio is
+``collision_ratio_lo`` (at most the sampler's), k-RR's ``exp_lo`` (at most e^eps0).
+
+Float parameters.  Where a binomial's parameter is a float computed from the model's exact
+ones (Collision's 1/l and p a, k-RR's rates), |q~ - q| <= u min(q, 1 - q) with u = r 2^-53
+max(1, q / (1 - q)) for r roundings, and the pmf's ratio is
+exp(k log(q~/q) + (n - k) log((1-q~)/(1-q))) = exp(delta (k - n q)/(q(1-q)) + R), |R| <= n u^2,
+so its relative error is at most expm1(2 u (|k - n q~| + 1) + 3 n u^2) (``_param_rtol``),
+added to the pmf's own.  p enters only the loss terms V: its few ulps are far inside the
+1e-12 n p e^eps margin taken off the sum.
 """
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import _window
+from rknn_ray.accounting.shuffled_rr import bitrr_flip_probability_hi, collision_ratio_lo, exp_lo
 
 #: mass each binomial window may leave out (dropped: only lowers a lower bound)
 TAIL = 1e-13
@@ -55,6 +68,11 @@ CACHE_FLOATS = 30_000_000
 #: float error allowance per accumulated term (relative), on top of the pmfs' own
 _FLOAT_REL_PER_TERM = 2.3e-16
 
+
+#: default bucket width of M in sd(M) units (:class:`ThirdCellDelta`)
+WIDTH_SD = 16.0
+#: a bucket's shifts are raised to at most this many levels (one evaluation each)
+SHIFT_LEVELS = 9
 
 #: largest n the exact third-cell sum runs at by default (its cost grows ~ n: ~4 s at 1e6)
 THIRD_CELL_MAX_N = 2_000_000
@@ -65,22 +83,28 @@ def third_cell_grid(n: int) -> int:
     return max(1, min(8, int(2e5 / max(int(n), 1))))
 
 
-def bitrr_flip_probability_hi(eps0: float, kr: int = 1) -> float:
-    """A flip probability at least the ``rr`` sampler's q_s at eps0 (with kr ones): q_s is
-    1/(w + 1) rounded up to a multiple of 2^-53, w a lower bound of e^{eps0/(2 kr)}
-    (rknn_ray.accounting.shuffled_rr.bitrr_flip_probability's doc), so 1/(e^{eps0/(2kr)} + 1)
-    raised by 1e-14 relative and by 2^-52 is above it."""
-    return (1.0 + 1e-14) / (math.exp(float(eps0) / (2.0 * int(kr))) + 1.0) + 2.0 ** -52
+def _param_u(q: float, roundings: int) -> float:
+    """u of the module doc for a float q computed by ``roundings`` roundings (0: exact)."""
+    return roundings * 2.0 ** -53 * max(1.0, q / (1.0 - q))
 
 
-def _pmf(n: int, q: float, tail: float):
-    """(lo, pmf over lo..hi, relative error bound) of Bin(n, q) (window leaves out <= tail)."""
+def _param_rtol(offset: float, n: int, u: float) -> float:
+    """Relative error of Bin(n, q~)'s pmf as Bin(n, q)'s, |k - n q~| <= offset (module doc)."""
+    if u == 0.0:
+        return 0.0
+    return math.expm1(2.0 * u * (offset + 1.0) + 3.0 * n * u * u)
+
+
+def _pmf(n: int, q: float, tail: float, roundings: int = 0):
+    """(lo, pmf over lo..hi, relative error bound) of Bin(n, q) (window leaves out <= tail);
+    ``roundings``: how many float roundings q is from the model's exact parameter."""
     if n == 0:
         return 0, np.ones(1), 0.0
     lo, hi, _ = _window(n, q, tail, exact_out=False)
     k = np.arange(lo, hi + 1, dtype=np.int64)
     w = np.exp(binom_logpmf(k, n, q))
-    return int(lo), w, pmf_rtol(max(abs(lo - n * q), abs(hi - n * q)) + 1)
+    off = max(abs(lo - n * q), abs(hi - n * q)) + 1
+    return int(lo), w, pmf_rtol(off) + _param_rtol(off, n, _param_u(q, roundings))
 
 
 class ThirdCellDelta:
@@ -90,18 +114,21 @@ class ThirdCellDelta:
     :class:`CollisionThirdValueExactDelta` name the parameters).
 
     ``grid``: U is rounded to multiples of 1/grid; ``width``: M values per bucket (default:
-    about sd(M) / 48, at least 1: exact per M at small n).
+    about sd(M) / 16, at least 1: exact per M at small n).  A bucket's M values use its centre's
+    law shifted by :meth:`_rates` per report moved (the coupling's average, not its worst
+    case: about 1% of the worst case at n = 1e6), so wide buckets cost little.
     """
 
     def __init__(self, p: float, q_hit: float, q_z: float, n: int, grid: int = 2,
-                 width: int | None = None, tail: float = TAIL):
+                 width: int | None = None, tail: float = TAIL, roundings: tuple = (0, 0)):
         if not (p > 1.0 and 0.0 < q_hit < 1.0 and 0.0 < q_z < 1.0):
             raise ValueError("need p > 1 and probabilities in (0, 1)")
         self.p, self.q, self.q_z = float(p), float(q_hit), float(q_z)
         self.n, self.grid, self.tail = int(n), int(grid), tail
         sd = math.sqrt(self.n * self.q_z * (1.0 - self.q_z))
-        self.width = max(1, int(sd / 48.0)) if width is None else max(1, int(width))
-        self.m_lo, self.w_m, self.rel_m = _pmf(self.n, self.q_z, tail)
+        self.width = max(1, int(sd / WIDTH_SD)) if width is None else max(1, int(width))
+        self.r_hit, self.r_z = roundings     # float roundings of q_hit, q_z (module doc)
+        self.m_lo, self.w_m, self.rel_m = _pmf(self.n, self.q_z, tail, self.r_z)
         self._laws = {}
 
     def _law(self, m: int):
@@ -110,8 +137,8 @@ class ThirdCellDelta:
         if m in self._laws:
             return self._laws[m]
         n0, n1, G, p = self.n - m, m, self.grid, self.p
-        a0, w0, r0 = _pmf(n0, self.q, self.tail)
-        a1, w1, r1 = _pmf(n1, self.q, self.tail)
+        a0, w0, r0 = _pmf(n0, self.q, self.tail, self.r_hit)
+        a1, w1, r1 = _pmf(n1, self.q, self.tail, self.r_hit)
         k1 = np.arange(a1, a1 + w1.size, dtype=np.int64)
         up = np.zeros(G * (w0.size - 1) + 1)
         up[::G] = w0
@@ -131,12 +158,40 @@ class ThirdCellDelta:
         if self._cached > CACHE_FLOATS:        # the laws do not depend on eps: kept while small
             self._laws.clear()
             self._cached = 0
-        self._laws[m] = law_ = (i_lo, P, j_lo, F, J, rel)
+        # the windows of N (ones at h among the z = 0 reports) and K (among z = 1): the law's
+        # support, over which :meth:`_rates` bounds the coupling's average
+        wins = (a0, a0 + w0.size - 1, a1, a1 + w1.size - 1)
+        self._laws[m] = law_ = (i_lo, P, j_lo, F, J, rel, wins)
         return law_
+
+    def _rates(self, m0: int, ee: float) -> tuple[float, float]:
+        """(d_up, d_dn): S_M >= S_{m0} - k d_up (M = m0 + k, k > 0) or - |k| d_dn (k < 0), in
+        expectation's positive part, over the computed support of m0's law.
+
+        Coupling: M = m0 + k arises from m0's configuration by moving k of its z = 0 reports,
+        chosen uniformly, to z = 1 (z is independent of (y, y'), so this is M's exact
+        conditional law); each moved report's term W = p^y - e^eps p^{y'} becomes W / p, so
+        S_M = S_{m0} - (1 - 1/p) sum_moved W, and given the configuration the moved reports'
+        mean W is T0 / (n - m0), T0 = sum over the z = 0 reports of W = (n - m0)(1 - e^eps) +
+        (p - 1)(N - e^eps N').  By Jensen (x -> x_+ convex) E[(S_M)_+] >= E[(S_{m0} - (1 - 1/p)
+        k T0 / (n - m0))_+], and on the support N <= N_hi, N' >= N_lo.  Back (k < 0): |k| of
+        the z = 1 reports move to z = 0, S rises by (1 - 1/p) |k| T1 / m0, T1 = m0 (1 - e^eps)
+        + (p - 1)(K - e^eps K') >= its value at K_lo, K'_hi.  Each rate is also at most the
+        worst case per report ((1 - 1/p)(p - e^eps) and (1 - 1/p)(e^eps p - 1)) and >= 0."""
+        p = self.p
+        n_lo, n_hi, k_lo, k_hi = self._law(m0)[6]
+        worst_up = (1.0 - 1.0 / p) * max(p - ee, 0.0)
+        worst_dn = (1.0 - 1.0 / p) * max(ee * p - 1.0, 0.0)
+        n0 = self.n - m0
+        up = worst_up if n0 <= 0 else min(worst_up, max(0.0, (1.0 - 1.0 / p) * (
+            (1.0 - ee) + (p - 1.0) * (n_hi - ee * n_lo) / n0)))
+        dn = worst_dn if m0 <= 0 else min(worst_dn, max(0.0, (1.0 - 1.0 / p) * (
+            (ee - 1.0) + (p - 1.0) * (ee * k_hi - k_lo) / m0)))
+        return up, dn
 
     def _value(self, m0: int, shifts: np.ndarray, ee: float):
         """E[(S_{m0} - shift)_+] (rounded down) for each shift, and its relative error."""
-        i_lo, P, j_lo, F, J, rel = self._law(m0)
+        i_lo, P, j_lo, F, J, rel, _ = self._law(m0)
         p, G = self.p, self.grid
         scale = (p - 1.0) / G
         c = (self.n - m0 + m0 / p) * (1.0 - ee)
@@ -162,30 +217,39 @@ class ThirdCellDelta:
 
     def delta(self, eps: float) -> tuple[float, float, float]:
         ee, p = math.exp(eps), self.p
-        d_up = (1.0 - 1.0 / p) * max(p - ee, 0.0)      # per report moved z 0 -> 1
-        d_dn = (1.0 - 1.0 / p) * max(ee * p - 1.0, 0.0)  # per report moved z 1 -> 0
         # float p, e^eps and the sums' constants err by a few ulps: S is lowered by a margin
-        # far above that (|S| terms are at most n p e^eps in size)
-        total, err = _blocked_sum(self._value, self.m_lo, self.w_m, self.width, d_up, d_dn,
-                                  1e-12 * self.n * p * ee, ee, self.rel_m)
+        # far above that (|S| terms are at most n p e^eps in size); the per-report shifts come
+        # from :meth:`_rates` (they are 0.5% of this margin's size or more at every n here)
+        total, err = _blocked_sum(self._value, self.m_lo, self.w_m, self.width, 0.0, 0.0,
+                                  1e-12 * self.n * p * ee, ee, self.rel_m, rates=self._rates)
         return total / self.n, 0.0, err / self.n + 1e-300
 
 
 def _blocked_sum(value, lo: int, weights: np.ndarray, width: int, d_up: float, d_dn: float,
-                 safety: float, ee: float, rel_weights: float) -> tuple[float, float]:
+                 safety: float, ee: float, rel_weights: float, rates=None) -> tuple[float, float]:
     """(sum, its error bound) of ``weights[i] * value(lo + i)`` over blocks of ``width``
     counts: each block's values come from one ``value(centre, shifts, ee)`` call, a count k
-    away from the centre entering as a shift of k * d_up (k > 0) or -k * d_dn, plus
-    ``safety`` (only lowering the sum); the error adds each block's relative error and the
-    weights' own (``rel_weights``)."""
+    away from the centre entering as a shift of k * d_up (k > 0) or -k * d_dn (``rates(centre,
+    ee)`` gives (d_up, d_dn) per block where set), plus ``safety`` (only lowering the sum).
+    ``value`` is non-increasing in the shift, so more than SHIFT_LEVELS shifts are raised to
+    SHIFT_LEVELS evenly spaced levels (each to the smallest level >= it: only lowers). The
+    error adds each block's relative error and the weights' own (``rel_weights``)."""
     counts = lo + np.arange(weights.size, dtype=np.int64)
     total, err = 0.0, 0.0
     for s in range(0, counts.size, width):
         block, wb = counts[s:s + width], weights[s:s + width]
         centre = int(block[block.size // 2])
         k = block - centre
-        shifts = np.where(k > 0, k * d_up, -k * d_dn).astype(float) + safety
-        vals, rel = value(centre, shifts, ee)
+        up, dn = (d_up, d_dn) if rates is None else rates(centre, ee)
+        shifts = np.where(k > 0, k * up, -k * dn).astype(float) + safety
+        if shifts.size > SHIFT_LEVELS:
+            levels = np.linspace(shifts.min(), shifts.max(), SHIFT_LEVELS)
+            at = np.minimum(np.searchsorted(levels, shifts, side="left"), SHIFT_LEVELS - 1)
+            at = np.where(levels[at] >= shifts, at, SHIFT_LEVELS - 1)   # float guard
+            lv, rel = value(centre, levels, ee)
+            vals = np.where(levels[at] >= shifts, lv[at], 0.0)
+        else:
+            vals, rel = value(centre, shifts, ee)
         part = float(np.dot(wb, vals))
         total += part
         err += part * (rel + rel_weights)
@@ -201,7 +265,11 @@ class BitRRThirdCellDelta(ThirdCellDelta):
                  tail: float = TAIL, q: float | None = None):
         q = bitrr_flip_probability_hi(eps0) if q is None else float(q)
         b = (1.0 - q) / q
-        super().__init__(b * b, q, 1.0 - q, n, grid=grid, width=width, tail=tail)
+        # q is the model's parameter (exact); 1 - q is exact for a multiple of 2^-53 (the
+        # default q), else one rounding
+        exact = Fraction(1) - Fraction(q) == Fraction(1.0 - q)
+        super().__init__(b * b, q, 1.0 - q, n, grid=grid, width=width, tail=tail,
+                         roundings=(0, 0 if exact else 1))
 
 
 class CollisionThirdValueExactDelta(ThirdCellDelta):
@@ -213,15 +281,20 @@ class CollisionThirdValueExactDelta(ThirdCellDelta):
     hits y = [z_i = H_i(v)], y' = [z_i = H_i(v')], z = [z_i = H_i(v'')] only, independent
     under the others' law: y, y' ~ Bern(1/l), z ~ Bern(p a), and
     V = (A - e^eps A') / O = p^{-z} (p^y - e^eps p^{y'}): every hash-match pattern, exactly.
-    p is e^eps0 lowered by 1e-12 relative: at most the sampler's (it rounds its keep
-    probability down, by < 2^-53), and l-RR with a smaller p is a post-processing."""
+    p is :func:`~rknn_ray.accounting.shuffled_rr.collision_ratio_lo`: at most the sampler's
+    ratio (it rounds its keep probability down, by < 2^-53; the margin is proved there), and
+    l-RR with a smaller p is a post-processing.  (It was e^eps0 lowered by 1e-12 relative, which
+    is not below the sampler's ratio where its keep probability is near 0 or 1, e.g. l = 2 at
+    eps0 >= 10.)"""
 
     def __init__(self, eps0: float, n: int, l: int, grid: int = 2, width: int | None = None,
                  tail: float = TAIL):
         if l < 2:
             raise ValueError("Collision needs l >= 2")
-        p = math.exp(eps0) * (1.0 - 1e-12)
-        super().__init__(p, 1.0 / l, p / (p + l - 1.0), n, grid=grid, width=width, tail=tail)
+        p = collision_ratio_lo(eps0, l)
+        # 1/l: one rounding; p / (p + l - 1): two (three allowed for each)
+        super().__init__(p, 1.0 / l, p / (p + l - 1.0), n, grid=grid, width=width, tail=tail,
+                         roundings=(3, 3))
 
 
 class KRRThirdValueExactDelta:
@@ -247,19 +320,21 @@ class KRRThirdValueExactDelta:
                  tail: float = TAIL):
         if k < 3:
             raise ValueError("a third value needs k >= 3")
-        self.p, self.n, self.k, self.grid, self.tail = math.exp(eps0), int(n), int(k), int(grid), tail
+        # k-RR's ratio at most e^eps0 (exp_lo): a post-processing of k-RR at eps0
+        self.p, self.n, self.k, self.grid, self.tail = exp_lo(eps0), int(n), int(k), int(grid), tail
         self.a = 1.0 / (self.p + k - 1.0)
         self.pi_t = (self.p + k - 3.0) * self.a
         self.rho = self.p / (self.p + k - 3.0)
         sd = math.sqrt(self.n * self.pi_t * (1.0 - self.pi_t))
         self.width = max(1, int(sd / 24.0)) if width is None else max(1, int(width))
-        self.t_lo, self.w_t, self.rel_t = _pmf(self.n, self.pi_t, tail)
+        self.t_lo, self.w_t, self.rel_t = _pmf(self.n, self.pi_t, tail, 5)   # 4 roundings
 
     def _value(self, t0: int, shifts: np.ndarray, ee: float):
         p, G, n = self.p, self.grid, self.n
         alpha = (ee - 1.0) * (1.0 - 1.0 / p)
         D = (p - 1.0) * (1.0 + ee)
-        m_lo, wm, rm = _pmf(t0, self.rho, self.tail) if self.rho < 1.0 else (t0, np.ones(1), 0.0)
+        m_lo, wm, rm = (_pmf(t0, self.rho, self.tail, 3) if self.rho < 1.0     # 2 roundings
+                        else (t0, np.ones(1), 0.0))
         x_lo, wx, rx = _pmf(n - t0, 0.5, self.tail)
         m = np.arange(m_lo, m_lo + wm.size, dtype=np.float64)
         x = np.arange(x_lo, x_lo + wx.size, dtype=np.float64)

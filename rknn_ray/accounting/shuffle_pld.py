@@ -37,6 +37,7 @@ import numpy as np
 
 from rknn_ray.accounting.binom_fast import binom_logpmf, pmf_rtol
 from rknn_ray.accounting.hockey import TAIL_MASS, _window
+from rknn_ray.accounting.shuffled_rr import exp_lo
 
 #: the loss grid of the project's PLDs (rknn_ray.accounting.accountants uses the same)
 PLD_DISCRETIZATION = 1e-4
@@ -106,7 +107,7 @@ def rr_lower_pair(eps0: float, n: int, tail: float = 1e-15) -> tuple[np.ndarray,
     The count of "0" reports is I + Bin(n-1, 1/(p+1)), I ~ Bern(p/(p+1)) vs Bern(1/(p+1))
     (a sufficient statistic). The window drops up to ``tail`` of mass: fine for a lower bound.
     """
-    p = math.exp(eps0)
+    p = exp_lo(eps0)        # at most e^eps0: the lower bound's side
     q = 1.0 / (p + 1.0)
     if n <= 1:
         return np.log([q, 1 - q]), np.log([1 - q, q])

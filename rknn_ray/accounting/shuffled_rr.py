@@ -82,7 +82,10 @@ class ShuffledRRPairDelta:
         b0 = 1.0 + (p - 1.0) * h0f / n
         Nm1 = np.maximum(N - 1, 0)
         # P0 vs P1: LR - ee > 0  <=>  h1 < (b0 - ee) / c1: h1 <= u
-        u = np.ceil((b0 - ee) / c1).astype(np.int64) - 1
+        # clipped to [-2, n + 2] before the cast: beyond int64 (e^eps n ~ 1e22 at eps0 = 30,
+        # n = 1e9) the cast is undefined (numpy warns and wraps); outside [0, N] the
+        # tails below are 0 or 1 anyway
+        u = np.ceil(np.clip((b0 - ee) / c1, -2.0, n + 2.0)).astype(np.int64) - 1
         # one CDF per h0; the other by P[Bin(N) <= u] = P[Bin(N-1) <= u-1] + (1-rho) pmf_(N-1)(u)
         # (a sum of nonnegative terms: no cancellation)
         F1 = self._cdf(u - 1, Nm1)
@@ -91,7 +94,7 @@ class ShuffledRRPairDelta:
         t01 = (b0 - ee) * F - c1 * m1
         mag01 = np.abs(b0 - ee) * F + c1 * m1
         # P1 vs P0: 1 - ee LR > 0  <=>  h1 > (b0 - 1/ee) / c1: h1 >= v
-        v = np.floor((b0 - 1.0 / ee) / c1).astype(np.int64) + 1
+        v = np.floor(np.clip((b0 - 1.0 / ee) / c1, -2.0, n + 2.0)).astype(np.int64) + 1
         # P[Bin(N-1) >= v-1] = P[Bin(N) >= v] + (1-rho) pmf_(N-1)(v-1), again a sum
         S = self._sf(v, N)
         S1 = np.where(v <= 1, 1.0, S + (1.0 - rho) * self._pmf(v - 1, Nm1))
@@ -107,16 +110,44 @@ class ShuffledRRPairDelta:
         return best, self.slack + err, self.slack + err
 
 
+def exp_lo(x: float) -> float:
+    """A float at most e^x (x >= 0): math.exp errs by < 1 ulp, lowered by 4 ulps (2^-50
+    relative). The lower bounds of k-RR (an eps0-LDP randomizer in exact arithmetic) use it:
+    k-RR with a smaller ratio is a post-processing (mixing with the uniform draw), so its
+    divergence is at most k-RR's at eps0; with the float e^eps0 (possibly a hair above) it
+    would not be."""
+    return math.exp(float(x)) * (1.0 - 2.0 ** -50)
+
+
+def collision_ratio_lo(eps0: float, l: int) -> float:
+    """A float ratio p at most the one the project's Collision sampler (c = 1) realises at eps0.
+
+    The sampler keeps the hashed cell with pi_s = a multiple of 2^-53 at least
+    w / (w + l - 1) - 2^-53, w an exact lower bound of e^eps0 within 2^-149 relative
+    (rknn_ray.mechanisms.collision.collision_member_threshold), and spreads 1 - pi_s evenly:
+    ratio r(pi_s) = pi_s (l - 1) / (1 - pi_s), convex and increasing in pi, with r(pi*) = w at
+    pi* = w / (w + l - 1), so r(pi_s) >= w - 2^-53 (w + l - 1)^2 / (l - 1).  This returns
+    e^eps0 lowered by 1e-12 relative (which covers w's and math.exp's errors) and by twice
+    that second term, in floats lowered once more by 1e-15 relative; an l-RR with a smaller
+    ratio is a post-processing of the sampler's, so its divergence is a lower bound.
+    (e^eps0 itself, as the count pairs used before, can be above the sampler's ratio: the
+    unsafe direction for a lower bound.)"""
+    e = math.exp(float(eps0))
+    l = int(l)
+    return (e * (1.0 - 1e-12) - 2.0 ** -52 * (e + l - 1.0) ** 2 / (l - 1.0)) * (1.0 - 1e-15)
+
+
 def krr_pair(eps0: float, n: int, k: int) -> ShuffledRRPairDelta:
-    """k-RR, user 1 holds value 0 vs 1, the other n-1 users hold 1."""
-    p = math.exp(eps0)
+    """k-RR, user 1 holds value 0 vs 1, the other n-1 users hold 1 (ratio :func:`exp_lo`)."""
+    p = exp_lo(eps0)
     a = 1.0 / (p + k - 1.0)
     return ShuffledRRPairDelta(p, n, a, p * a)
 
 
 def collision_pair(eps0: float, n: int, l: int) -> ShuffledRRPairDelta:
-    """Collision with c = 1 and Bloom length l, user 1 holds cell v vs v', the others v'."""
-    p = math.exp(eps0)
+    """Collision with c = 1 and Bloom length l, user 1 holds cell v vs v', the others v'
+    (ratio :func:`collision_ratio_lo`, at most the sampler's)."""
+    p = collision_ratio_lo(eps0, l)
     a = 1.0 / (p + l - 1.0)
     keep = 1.0 - 1.0 / l
     return ShuffledRRPairDelta(p, n, a * keep, p * a * keep)
@@ -139,11 +170,11 @@ def collision_third_value_pairs(eps0: float, n: int, l: int) -> list[PairDelta]:
     the counts of A and B (b = r = u), and of A+C and B+D (b = (1-kappa) a, r = u +
     kappa (1-kappa) p a).  Each count pair is a post-processing of the shuffled output of
     this dataset, so its exact divergence is a lower bound (A/B wins at large l, A+C/B+D
-    at small l and eps0).  Empty for n < 2.
+    at small l and eps0).  Empty for n < 2.  p: :func:`collision_ratio_lo`.
     """
     if n < 2:
         return []
-    p = math.exp(eps0)
+    p = collision_ratio_lo(eps0, l)
     a = 1.0 / (p + l - 1.0)
     kappa = 1.0 / l
     u = (1.0 - kappa) ** 2 * a
@@ -166,10 +197,25 @@ def bitrr_flip_probability(eps0: float, kr: int = 1) -> float:
     package needs nothing from the mechanisms one, which imports it)."""
     return (1.0 - 1e-15) / (math.exp(float(eps0) / (2.0 * int(kr))) + 1.0)
 
+
+def bitrr_flip_probability_hi(eps0: float, kr: int = 1) -> float:
+    """A flip probability at least the ``rr`` sampler's q_s at eps0 (with kr ones), for the
+    per-bit RR *lower* bounds: q_s is 1/(w + 1) rounded up to a multiple of 2^-53, w an exact
+    lower bound of e^{eps0/(2kr)} (:func:`bitrr_flip_probability`'s doc), so
+    1/(e^{eps0/(2kr)} + 1) raised by 1e-14 relative and by 2^-52 is above it; that is rounded
+    up to a multiple of 2^-53, so q and 1 - q are exact floats (the binomials of the lower
+    bounds then have exact parameters). More noise is a post-processing (flip again), so the
+    divergence at this q is at most the sampler's."""
+    q = (1.0 + 1e-14) / (math.exp(float(eps0) / (2.0 * int(kr))) + 1.0) + 2.0 ** -52
+    return math.ceil(q * 2.0 ** 53) / 2.0 ** 53
+
 def bitrr_pairs(eps0: float, n: int, d: int) -> list:
-    """The project's per-bit RR with one hot cell (kr = 1) on d cells, at the sampler's own
-    flip probability q (p = ((1-q)/q)^2 <= e^eps0): pairs whose exact divergences are lower
-    bounds for its shuffled output, user 1 hot on h vs h'.
+    """The project's per-bit RR with one hot cell (kr = 1) on d cells, at a flip probability q
+    at least the sampler's (:func:`bitrr_flip_probability_hi`; p = ((1-q)/q)^2 is then at most
+    the sampler's ratio): pairs whose exact divergences are lower bounds for its shuffled
+    output, user 1 hot on h vs h'. (Before issue 50's fix they used
+    :func:`bitrr_flip_probability`, 1e-15 *below* the sampler's q: less noise, the unsafe
+    direction for a lower bound.)
 
     * The others all hot on h': only (y_h, y_h') differs in law, with
       L = p on (1, 0), 1/p on (0, 1), 1 elsewhere, so the counts of (1, 0) and (0, 1) are
@@ -185,7 +231,7 @@ def bitrr_pairs(eps0: float, n: int, d: int) -> list:
     """
     if n < 2:
         return []
-    q = bitrr_flip_probability(eps0, 1)
+    q = bitrr_flip_probability_hi(eps0, 1)
     b = (1.0 - q) / q
     p = b * b
     pairs: list = [ShuffledRRPairDelta(p, n, q * q, (1.0 - q) ** 2)]
@@ -216,7 +262,7 @@ class CollisionThirdValueDelta:
 
     @staticmethod
     def terms(eps0: float, n: int, l: int, tail: float = 1e-11) -> int:
-        p = math.exp(eps0)
+        p = collision_ratio_lo(eps0, l)
         a = 1.0 / (p + l - 1.0)
         w = (1.0 - 1.0 / l) / l * p * a
         u = (1.0 - 1.0 / l) ** 2 * a
@@ -227,7 +273,7 @@ class CollisionThirdValueDelta:
         return (hi - lo + 1) * (jh - jl + 1) * (mh - ml + 1)
 
     def __init__(self, eps0: float, n: int, l: int, tail: float = 1e-11):
-        p = math.exp(eps0)
+        p = collision_ratio_lo(eps0, l)     # at most the sampler's ratio (a lower bound)
         a = 1.0 / (p + l - 1.0)
         kappa = 1.0 / l
         u, w = (1.0 - kappa) ** 2 * a, kappa * (1.0 - kappa) * p * a
@@ -320,14 +366,14 @@ class KRRThirdValueDelta:
     @staticmethod
     def terms(eps0: float, n: int, k: int, tail: float = 1e-13) -> int:
         """(N_x, N_x') cells summed: callers keep the cost bounded."""
-        a = 1.0 / (math.exp(eps0) + k - 1.0)
+        a = 1.0 / (exp_lo(eps0) + k - 1.0)
         lo, hi, _ = _window(int(n), a, tail, exact_out=False)
         return (hi - lo + 1) ** 2
 
     def __init__(self, eps0: float, n: int, k: int, tail: float = 1e-13):
         if k < 3 or n < 2:
             raise ValueError("the third-value pair needs k >= 3 and n >= 2")
-        p = math.exp(eps0)
+        p = exp_lo(eps0)                               # at most e^eps0: a lower bound
         a = 1.0 / (p + k - 1.0)
         self.p, self.n = p, int(n)
         self.qy = a / (1.0 - a)                        # x' among reports that are not x
