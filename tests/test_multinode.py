@@ -21,11 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CLIENTS, BATCH = 2000, 500          # 4 sealed batches per round cross from node to node
 
 
-def _run_in_own_group(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+def _run_in_own_group(cmd: list[str], timeout: float,
+                      extra_env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` in a process group of its own and end that whole group afterwards: the
     nodes a local cluster starts are its children there, so they go too, even on a timeout."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env.update(extra_env or {})
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

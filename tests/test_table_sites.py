@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -22,6 +21,7 @@ import yaml
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, DataError
 from tests.table_files import digits_parts, write
+from tests.test_multinode import _run_in_own_group
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SITES = ("a", "b", "c")
@@ -245,28 +245,15 @@ def test_three_nodes_each_read_their_own_site_and_the_driver_opens_none(tmp_path
                                                         "server": {"resources": {"server": 1}}}})
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
     trace, labels = tmp_path / "driver.trace", tmp_path / "labels.json"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    env["RKNN_RAY_LEDGER"] = str(tmp_path / "ledger.sqlite")
     cmd = [sys.executable, "-m", "jobs.local_cluster", "--node", "server+shuffler+client:site=a",
            "--node", "client:site=b", "--node", "client:site=c", "--labels-json", str(labels),
            "--", "strace", "-f", "-qq", "-e", "trace=%file", "-o", str(trace),
            sys.executable, "-m", "jobs.distill", "--config", str(tmp_path / "job.yaml"),
            "--out", str(tmp_path / "run"), "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the cluster job did not finish in 240 s: {err[-2000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)      # anything of the cluster still exiting
-        except ProcessLookupError:
-            pass
-    assert proc.returncode == 0, err[-4000:]
+    done = _run_in_own_group(cmd, timeout=240,
+                             extra_env={"RKNN_RAY_LEDGER": str(tmp_path / "ledger.sqlite")})
+    err = done.stderr
+    assert done.returncode == 0, err[-4000:]
     report = json.load(open(tmp_path / "run" / "report.json"))
     site_of = {node: lab.get("site") for node, lab in json.load(open(labels)).items()}
     assert sorted(site_of.values()) == sorted(SITES)
