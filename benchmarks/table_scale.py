@@ -21,7 +21,9 @@ rounds, labels and student: what reading the table costs), the table's size on d
 one, its descendants, and every process whose command line names ray, raylet, gcs or
 default_worker and the job's Ray session), sampled from /proc every 0.2 s in a thread.
 Shared pages (Ray's object store) count once per process that maps them, so the sum is an
-upper bound. The written table is deleted afterwards unless ``--keep`` (``--reuse``: run on
+upper bound; ``peak_rss_kinds_mb`` splits the largest processes' RSS at the peak into
+anonymous, file-backed and shared-memory MB, and ``own_peaks_mb`` gives each process's own
+peak (at whatever time). The written table is deleted afterwards unless ``--keep`` (``--reuse``: run on
 the table an earlier ``--keep`` run wrote with the same shape, and keep it).
 """
 from __future__ import annotations
@@ -132,6 +134,21 @@ def _rss(pid: int) -> int:
         return 0
 
 
+def _rss_parts(pid: int) -> list:
+    """[anonymous, file-backed, shared-memory] resident MB of ``pid`` (/proc/pid/status):
+    which kind of page a process's RSS is (Ray's object store is shared memory)."""
+    parts = {}
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith((b"RssAnon:", b"RssFile:", b"RssShmem:")):
+                    name, kb = line.split()[:2]
+                    parts[name] = round(int(kb) / 1024)
+    except (OSError, ValueError):
+        pass
+    return [parts.get(k, 0) for k in (b"RssAnon:", b"RssFile:", b"RssShmem:")]
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -151,6 +168,8 @@ class JobMemory(Sampler):
         self.me = os.getpid()
         self._ours: set = set()
         self._names: dict = {}
+        self.peak_parts: dict = {}          # pid -> [anon, file, shmem] MB at the peak
+        self.own_peak: dict = {}            # pid -> (its own peak RSS, its name then)
 
     def _session(self) -> str | None:
         try:
@@ -184,9 +203,14 @@ class JobMemory(Sampler):
         pids = tree | (self._ours & set(parents))
         by = {pid: _rss(pid) for pid in pids}
         total = sum(by.values())
+        for pid, rss in by.items():
+            if rss > self.own_peak.get(pid, (0, ""))[0]:
+                self.own_peak[pid] = (rss, self._name(pid))
         if total > self.peak:
             self.peak = total
             self.peak_by = by
+            top = sorted(by, key=lambda p: -by[p])[:5]
+            self.peak_parts = {pid: _rss_parts(pid) for pid in top}
             for pid in by:
                 if pid not in self._names:
                     self._names[pid] = self._name(pid)
@@ -207,6 +231,17 @@ class JobMemory(Sampler):
         """The ``n`` largest processes at the peak: [name, MB]."""
         top = sorted(self.peak_by.items(), key=lambda kv: -kv[1])[:n]
         return [[self._names.get(pid, "?"), round(rss / 2 ** 20)] for pid, rss in top]
+
+    def largest_parts(self, n: int = 5) -> list:
+        """The ``n`` largest processes at the peak: [name, MB, anonymous, file, shared MB]."""
+        top = sorted(self.peak_by.items(), key=lambda kv: -kv[1])[:n]
+        return [[self._names.get(pid, "?"), round(rss / 2 ** 20),
+                 *self.peak_parts.get(pid, [None] * 3)] for pid, rss in top]
+
+    def own_peaks(self, n: int = 6) -> list:
+        """The ``n`` processes with the largest peaks of their own (at any time): [name, MB]."""
+        top = sorted(self.own_peak.values(), key=lambda v: -v[0])[:n]
+        return [[name, round(rss / 2 ** 20)] for rss, name in top]
 
 
 # ---------------------------------------------------------------- the run
@@ -260,6 +295,7 @@ def run(records: int, holders: int, model: str = "central", features: int = 32,
             "wall_s": round(wall, 2), "round_s": round(rounds, 2),
             "data_path_s": round(wall - rounds - other, 2),
             "peak_rss_mb": round(mem.peak / 2 ** 20), "peak_rss_largest_mb": mem.largest(),
+            "peak_rss_kinds_mb": mem.largest_parts(), "own_peaks_mb": mem.own_peaks(),
             "clients": counts.get("clients"), "student_accuracy":
                 res.report.get("accuracy", {}).get("student"),
             "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
