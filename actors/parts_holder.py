@@ -1,49 +1,112 @@
-"""The owner of the shards' parts between the private scan and the shards' first read.
+"""The keeper of the shards' parts between the private scan and the shards' first read.
 
-:class:`PartsHolder` is a tiny actor (no CPU; nothing but Ray imported) placed on the scan's
-node (rknn_ray/job/private_scan.py). It drives the scan's streaming generator itself, so it
-owns the parts: a small part (Ray keeps objects under 100 KB in its owner's memory, not in
-the object store) stays in this process on the scan's node, never in the driver, which gets
-only a reference to the scan's answer. It never deserializes a part. Each shard takes its
-own list of references once; a part is freed once its shard has read it.
+:class:`PartsHolder` is a tiny actor (no CPU; Ray and pyarrow imported) placed on the scan's
+node (rknn_ray/job/private_scan.py). It makes an owner-only folder there; the scan writes each
+shard's parts into it as one file (rknn_ray/data/part_files.py), so they wait on disk, not in
+the object store. Once the scan answered, the holder opens every file and unlinks it: from
+then on the rows exist only as its open files, gone when it ends, however it ends. Each shard
+takes its own file once and reads it back through a streaming call with a window of two
+parts (the object store holds a few parts at a time, never the table); the driver only ever
+gets a reference to the scan's answer. A small part (Ray keeps objects under 100 KB in its
+owner's memory) is owned by the shard that reads it, never by the driver.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import ray
+
+#: parts in flight per shard while it reads (the holder reads ahead of the shard by this much)
+WINDOW = 2
+
+_EMPTY = "empty"          # a shard the scan gave no row: it reads nothing
+
+
+def _private_folder() -> str:
+    """An owner-only folder in Ray's session folder on this node (else the system's temp)."""
+    base = None
+    try:
+        base = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - outside a Ray worker: the system's temp folder
+        base = None
+    if not base or not os.path.isdir(base):
+        base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="rknn-scan-parts-", dir=base)    # mode 0700
 
 
 class PartsHolder:
     def __init__(self):
-        self.parts: dict = {}
+        self.folder = _private_folder()
+        self.files: dict = {}
+        self.reading: dict = {}
+        atexit.register(shutil.rmtree, self.folder, True)
+
+    def where(self) -> str:
+        """The folder the scan writes its parts into (on this node)."""
+        return self.folder
 
     def collect(self, scanner, spec: list, key: bytes, shards: int) -> list:
         """Run ``scanner.scan`` (``spec``: ``[ObjectRef]`` of the scan's spec, resolved in the
-        scanner only); keep each shard's parts; ``[a reference to the answer]``."""
-        refs = list(scanner.scan.options(num_returns="streaming").remote(spec[0], key))
-        answer = refs.pop()
-        self.parts = {s: refs[s::shards] for s in range(shards)}
-        return [answer]
+        scanner only) into this holder's folder; once it answered, open each shard's file and
+        unlink it (the folder goes too); ``[a reference to the answer]`` (never fetched here)."""
+        import pyarrow as pa  # defers pyarrow: in this actor only
+        from rknn_ray.data.part_files import part_path  # defers pyarrow
+        ref = scanner.scan.remote(spec[0], key, self.folder)
+        ray.wait([ref], fetch_local=False)
+        for s in range(int(shards)):
+            path = part_path(self.folder, s)
+            if os.path.exists(path):
+                self.files[s] = pa.OSFile(path, "rb")
+                os.unlink(path)
+            else:
+                self.files[s] = _EMPTY
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return [ref]
 
-    def take(self, shard: int):
-        return self.parts.pop(shard, None)
+    def take(self, shard: int) -> bool:
+        """Whether ``shard`` may read its parts (once: False after it took them)."""
+        got = self.files.pop(int(shard), None)
+        if got is None:
+            return False
+        self.reading[int(shard)] = got
+        return True
+
+    def read(self, shard: int):
+        """The shard's parts, one at a time (a streaming call; see :class:`ScannedParts`)."""
+        from rknn_ray.data.part_files import read_parts  # defers pyarrow
+        source = self.reading.pop(int(shard), _EMPTY)
+        if source is _EMPTY:
+            return
+        try:
+            for part in read_parts(source):
+                yield part
+                del part
+        finally:
+            source.close()
 
 
 class ScannedParts:
     """What a :class:`~rknn_ray.data.table_source.TableShardSource` takes its rows from:
-    ``take(shard)`` fetches the shard's parts one at a time (each dropped once yielded)."""
+    ``take(shard)`` streams the shard's parts one at a time (each dropped once yielded)."""
 
     def __init__(self, holder):
         self.holder = holder
 
     def take(self, shard: int):
-        refs = ray.get(self.holder.take.remote(int(shard)))
-        return None if refs is None else _one_by_one(refs)
+        if not ray.get(self.holder.take.remote(int(shard))):
+            return None
+        refs = self.holder.read.options(
+            num_returns="streaming", _generator_backpressure_num_objects=WINDOW
+        ).remote(int(shard))
+        return _one_by_one(refs)
 
 
-def _one_by_one(refs: list):
-    refs.reverse()
-    while refs:
-        part = ray.get(refs.pop())
-        if part is not None:
-            yield part
+def _one_by_one(refs):
+    for ref in refs:
+        part = ray.get(ref)
+        del ref
+        yield part
         del part

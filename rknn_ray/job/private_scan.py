@@ -7,14 +7,15 @@ placed as the client shards are (``cluster.placement.client``), so the driver's 
 opens a private path; rows given in memory are already in the driver and are scanned there.
 What comes back is counts, fingerprints keyed under the ledger's key and each shard's keyed
 digest: the job reserves its budget for exactly those rows. The same pass splits the rows
-into each shard's parts, Ray objects owned by a small holder on the scan's node
-(actors/parts_holder.py) that the driver never fetches; each shard takes its own once and
-checks their digest before any client randomizes (scan_where_shards_run). Ray therefore starts before the reservation for
+into each shard's parts, written to files in an owner-only folder on the scan's node and kept
+there, open and unlinked, by a small holder (actors/parts_holder.py); the driver never reads
+one. Each shard takes its own once, streamed a few parts at a time, and checks their digest
+before any client randomizes (scan_where_shards_run). Ray therefore starts before the reservation for
 a table job (docs/running.md).
 
 With ``data.private.sites`` (private data on its holders' own nodes) there is one scan per
-site, each placed on the site's nodes (rknn_ray.job.placement.site_options) and run side by
-side; each first checks the site's path exists on its node; their answers are joined
+site, each placed on the site's nodes (rknn_ray.job.placement.site_options), one after
+another (each site's parts stay on its node); each first checks the site's path exists on its node; their answers are joined
 (rknn_ray.data.sites: a holder on two sites is refused). Every refusal comes before the
 reservation, as one line naming the site.
 """
@@ -37,31 +38,39 @@ from rknn_ray.job.placement import (check_placement_feasible, check_sites_feasib
 class _Scanner:
     """The scan's process: an actor the job ends itself once it answered (ray.kill), so no
     reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it. Its
-    :meth:`scan` is a streaming generator: per group of rows, one part per shard (in shard
-    order: the count depends on the public row count only), then the answer; the parts are
-    Ray objects owned by the caller (actors/parts_holder.py), so they outlive this actor."""
+    :meth:`scan` writes each shard's parts into the holder's folder on this node
+    (rknn_ray/data/part_files.py; actors/parts_holder.py keeps them), then answers."""
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def scan(self, spec, key: bytes):
-        for item in scan_parts_or_error(spec, key):
-            if isinstance(item, dict):
-                yield item
-            else:
-                for part in item:       # a plain loop: Ray drives generators with send()
-                    yield part
+    def scan(self, spec, key: bytes, folder: str) -> dict:
+        from rknn_ray.data.part_files import PartWriter   # defers pyarrow: the scan's actor
+        writer, answer = PartWriter(folder), None
+        try:
+            for item in scan_parts_or_error(spec, key):
+                if isinstance(item, dict):
+                    answer = item
+                else:
+                    writer.add(item)
+            writer.close()
+        except OSError as exc:        # the parts' folder: no private value in the message
+            return {"error": f"{spec.part.key}: writing the scan's parts to {folder} on the "
+                             f"scan's node failed ({exc.strerror or type(exc).__name__}). Fix: "
+                             "free disk space in Ray's session folder on that node (the "
+                             "parts take about the private files' size uncompressed)"}
+        return answer
 
 
 def scan_where_shards_run(cfg, spec, key: bytes, options: dict, before=None) -> dict:
     """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
-    a :class:`~actors.parts_holder.ScannedParts` whose holder, on the scan's node, owns each
-    shard's parts until the shard reads them (the driver never holds one). ``before(scanner)``
+    a :class:`~actors.parts_holder.ScannedParts` whose holder, on the scan's node, keeps each
+    shard's parts (in files) until the shard reads them (the driver never holds one). ``before(scanner)``
     (data.private.sites): a check run in the scanner before its scan; a message it returns is
     the answer's error (nothing scanned)."""
     def holder_on(node: str):
         return ray.remote(PartsHolder).options(
-            num_cpus=0, max_restarts=0,
+            num_cpus=0, max_restarts=0, max_concurrency=int(spec.shards) + 2,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
     scanner = ray.remote(_Scanner).options(
         num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0, **options).remote()
