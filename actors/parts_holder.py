@@ -1,10 +1,11 @@
 """The keeper of the shards' parts between the private scan and the shards' first read.
 
 :class:`PartsHolder` is a tiny actor (no CPU; Ray and pyarrow imported) placed on the scan's
-node (rknn_ray/job/private_scan.py). It makes an owner-only folder there; the scan writes each
-shard's parts into it as one file (rknn_ray/data/part_files.py), so they wait on disk, not in
-the object store. Once the scan answered, the holder opens every file and unlinks it: from
-then on the rows exist only as its open files, gone when it ends, however it ends. Each shard
+node (rknn_ray/job/private_scan.py). It makes one empty file per shard in an owner-only
+folder there and opens each; the scan opens them too, unlinks them and the folder, and only
+then writes each shard's parts into its file (rknn_ray/data/part_files.py). So the parts wait
+on disk, not in the object store, and no private row is ever in a file with a name: the rows
+exist only as the two processes' open files, gone when they end, however they end. Each shard
 takes its own file once and reads it back through a streaming call with a window of two
 parts (the object store holds a few parts at a time, never the table); the driver only ever
 gets a reference to the scan's answer. A small part (Ray keeps objects under 100 KB in its
@@ -21,9 +22,6 @@ import ray
 
 #: parts in flight per shard while it reads (the holder reads ahead of the shard by this much)
 WINDOW = 2
-
-_EMPTY = "empty"          # a shard the scan gave no row: it reads nothing
-
 
 def _private_folder() -> str:
     """An owner-only folder in Ray's session folder on this node (else the system's temp)."""
@@ -49,21 +47,14 @@ class PartsHolder:
         return self.folder
 
     def collect(self, scanner, spec: list, key: bytes, shards: int) -> list:
-        """Run ``scanner.scan`` (``spec``: ``[ObjectRef]`` of the scan's spec, resolved in the
-        scanner only) into this holder's folder; once it answered, open each shard's file and
-        unlink it (the folder goes too); ``[a reference to the answer]`` (never fetched here)."""
-        import pyarrow as pa  # defers pyarrow: in this actor only
-        from rknn_ray.data.part_files import part_path  # defers pyarrow
-        ref = scanner.scan.remote(spec[0], key, self.folder)
+        """Make and open each shard's file, then run ``scanner.scan`` (``spec``: ``[ObjectRef]``
+        of the scan's spec, resolved in the scanner only), which unlinks them before writing;
+        ``[a reference to the answer]`` (never fetched here)."""
+        from rknn_ray.data.part_files import make_part_files  # defers pyarrow
+        self.files = dict(enumerate(make_part_files(self.folder, shards)))
+        ref = scanner.scan.remote(spec[0], key, self.folder, int(shards))
         ray.wait([ref], fetch_local=False)
-        for s in range(int(shards)):
-            path = part_path(self.folder, s)
-            if os.path.exists(path):
-                self.files[s] = pa.OSFile(path, "rb")
-                os.unlink(path)
-            else:
-                self.files[s] = _EMPTY
-        shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)     # the scan removed it (or failed)
         return [ref]
 
     def take(self, shard: int) -> bool:
@@ -77,9 +68,7 @@ class PartsHolder:
     def read(self, shard: int):
         """The shard's parts, one at a time (a streaming call; see :class:`ScannedParts`)."""
         from rknn_ray.data.part_files import read_parts  # defers pyarrow
-        source = self.reading.pop(int(shard), _EMPTY)
-        if source is _EMPTY:
-            return
+        source = self.reading.pop(int(shard))
         try:
             for part in read_parts(source):
                 yield part

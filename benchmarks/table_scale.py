@@ -209,7 +209,7 @@ class JobMemory(Sampler):
         if total > self.peak:
             self.peak = total
             self.peak_by = by
-            top = sorted(by, key=lambda p: -by[p])[:5]
+            top = sorted(by, key=lambda p: -by[p])[:12]
             self.peak_parts = {pid: _rss_parts(pid) for pid in top}
             for pid in by:
                 if pid not in self._names:
@@ -232,7 +232,7 @@ class JobMemory(Sampler):
         top = sorted(self.peak_by.items(), key=lambda kv: -kv[1])[:n]
         return [[self._names.get(pid, "?"), round(rss / 2 ** 20)] for pid, rss in top]
 
-    def largest_parts(self, n: int = 5) -> list:
+    def largest_parts(self, n: int = 12) -> list:
         """The ``n`` largest processes at the peak: [name, MB, anonymous, file, shared MB]."""
         top = sorted(self.peak_by.items(), key=lambda kv: -kv[1])[:n]
         return [[self._names.get(pid, "?"), round(rss / 2 ** 20),

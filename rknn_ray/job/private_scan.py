@@ -7,9 +7,8 @@ placed as the client shards are (``cluster.placement.client``), so the driver's 
 opens a private path; rows given in memory are already in the driver and are scanned there.
 What comes back is counts, fingerprints keyed under the ledger's key and each shard's keyed
 digest: the job reserves its budget for exactly those rows. The same pass splits the rows
-into each shard's parts, written to files in an owner-only folder on the scan's node and kept
-there, open and unlinked, by a small holder (actors/parts_holder.py); the driver never reads
-one. Each shard takes its own once, streamed a few parts at a time, and checks their digest
+into each shard's parts, written to files on the scan's node that have no name by then, kept
+open by a small holder (actors/parts_holder.py); the driver never reads one. Each shard takes its own once, streamed a few parts at a time, and checks their digest
 before any client randomizes (scan_where_shards_run). Ray therefore starts before the reservation for
 a table job (docs/running.md).
 
@@ -44,10 +43,11 @@ class _Scanner:
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def scan(self, spec, key: bytes, folder: str) -> dict:
+    def scan(self, spec, key: bytes, folder: str, shards: int) -> dict:
         from rknn_ray.data.part_files import PartWriter   # defers pyarrow: the scan's actor
-        writer, answer = PartWriter(folder), None
+        answer = None
         try:
+            writer = PartWriter(folder, shards)
             for item in scan_parts_or_error(spec, key):
                 if isinstance(item, dict):
                     answer = item
