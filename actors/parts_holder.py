@@ -6,10 +6,10 @@ folder there and opens each; the scan opens them too, unlinks them and the folde
 then writes each shard's parts into its file (rknn_ray/data/part_files.py). So the parts wait
 on disk, not in the object store, and no private row is ever in a file with a name: the rows
 exist only as the two processes' open files, gone when they end, however they end. Each shard
-takes its own file once and reads it back through a streaming call with a window of two
-parts (the object store holds a few parts at a time, never the table); the driver only ever
-gets a reference to the scan's answer. A small part (Ray keeps objects under 100 KB in its
-owner's memory) is owned by the shard that reads it, never by the driver.
+takes its own file once: on this node it opens the holder's descriptor itself; elsewhere it
+reads it back through a streaming call with a window of two parts (the object store holds a
+few parts at a time, never the table). The driver only ever gets a reference to the scan's
+answer.
 """
 from __future__ import annotations
 
@@ -57,13 +57,22 @@ class PartsHolder:
         shutil.rmtree(self.folder, ignore_errors=True)     # the scan removed it (or failed)
         return [ref]
 
-    def take(self, shard: int) -> bool:
-        """Whether ``shard`` may read its parts (once: False after it took them)."""
+    def take(self, shard: int) -> dict | None:
+        """Where ``shard``'s file is open (this node, process and descriptor), once: None after
+        it took it. The shard opens its own copy of the descriptor where it runs on this
+        node (:class:`ScannedParts`), else it streams the file through :meth:`read`."""
         got = self.files.pop(int(shard), None)
         if got is None:
-            return False
+            return None
         self.reading[int(shard)] = got
-        return True
+        return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "fd": got.fileno()}
+
+    def close(self, shard: int) -> None:
+        """Drop this holder's handle of ``shard``'s file (the shard holds its own)."""
+        got = self.reading.pop(int(shard), None)
+        if got is not None:
+            got.close()
 
     def read(self, shard: int):
         """The shard's parts, one at a time (a streaming call; see :class:`ScannedParts`)."""
@@ -79,18 +88,46 @@ class PartsHolder:
 
 class ScannedParts:
     """What a :class:`~rknn_ray.data.table_source.TableShardSource` takes its rows from:
-    ``take(shard)`` streams the shard's parts one at a time (each dropped once yielded)."""
+    ``take(shard)`` yields the shard's parts one at a time (each dropped once yielded). On the
+    holder's node the shard reads the file itself, through the holder's descriptor
+    (``/proc/<pid>/fd/<n>``: a process of the same user on the same node): the rows never
+    enter the object store. Elsewhere the holder streams them to it through Ray, WINDOW parts
+    at a time."""
 
     def __init__(self, holder):
         self.holder = holder
 
     def take(self, shard: int):
-        if not ray.get(self.holder.take.remote(int(shard))):
+        where = ray.get(self.holder.take.remote(int(shard)))
+        if not where:
             return None
+        own = _open_here(where)
+        if own is not None:
+            ray.get(self.holder.close.remote(int(shard)))
+            return _from_file(own)
         refs = self.holder.read.options(
             num_returns="streaming", _generator_backpressure_num_objects=WINDOW
         ).remote(int(shard))
         return _one_by_one(refs)
+
+
+def _open_here(where: dict):
+    """The holder's open file, opened anew in this process, where this is its node (None:
+    another node, or the system refused: then the parts come through Ray)."""
+    if ray.get_runtime_context().get_node_id() != where["node"]:
+        return None
+    try:
+        return open(f"/proc/{int(where['pid'])}/fd/{int(where['fd'])}", "rb")  # noqa: SIM115
+    except OSError:
+        return None
+
+
+def _from_file(source):
+    from rknn_ray.data.part_files import read_parts  # defers pyarrow
+    try:
+        yield from read_parts(source)
+    finally:
+        source.close()
 
 
 def _one_by_one(refs):

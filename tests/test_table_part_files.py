@@ -65,8 +65,21 @@ def _session_dir(ray) -> str:
     return ray._private.worker._global_node.get_session_dir_path()   # noqa: SLF001
 
 
-def test_each_shard_reads_the_scans_parts_once_and_no_file_keeps_a_name(tmp_path, ray_session):
+@pytest.mark.parametrize("path", ["own descriptor", "through Ray"])
+def test_each_shard_reads_the_scans_parts_once_and_no_file_keeps_a_name(tmp_path, ray_session,
+                                                                        monkeypatch, path):
+    """On the holder's node a shard opens the holder's descriptor; elsewhere (forced here) the
+    holder streams the parts: the same parts either way, once."""
+    import actors.parts_holder as holder_module
     from rknn_ray.data.table_scan import scan
+    opened = []
+    real = holder_module._open_here
+
+    def open_here(where):
+        got = None if path == "through Ray" else real(where)
+        opened.append(got is not None)
+        return got
+    monkeypatch.setattr(holder_module, "_open_here", open_here)
     from rknn_ray.job.placement import party_options
     from rknn_ray.job.private_scan import _end, scan_where_shards_run
     cfg, pending = _pending(tmp_path)
@@ -86,6 +99,7 @@ def test_each_shard_reads_the_scans_parts_once_and_no_file_keeps_a_name(tmp_path
             np.testing.assert_array_equal(np.concatenate([h for _, _, h in got]),
                                           np.concatenate([h for _, _, h in want]))
             assert answer["parts"].take(shard) is None     # once: a restarted shard gets none
+        assert opened == [path == "own descriptor"] * 3
     finally:
         _end(answer["parts"].holder)
 
