@@ -144,11 +144,9 @@ _KHH_ROWS = tuple(
     for who in ("weak", "strong", "feldman_fa") for r in (1, 4, 16)
     for j, dl in enumerate(_FIG4_DELTAS) if who == "weak" or j in (0, 4))
 # Su et al.'s released code, run by this project (delta = 1e-6): {(mechanism, n, eps0): (upper, lower)}
-# (None: not computed; their FFT has n (N - 1) points, 2^25 at n = 1e4, ~400-800 s per bound
-# on this 2-core machine: the n = 1e4 rows past these were not run in the time. Missing at
-# n = 1e4: RAPPOR, BLH and 10-RR at eps0 0.1 and 2, both sides; BLH's lower and RAPPOR's
-# upper and lower at eps0 = 1 were added in a second session, 777 s, 2619 s and ~1600 s
-# niced at a load average of ~14)
+# (their FFT has n (N - 1) points, 2^25 at n = 1e4: 90-2619 s per bound on this 2-core machine,
+# niced beside other work; every cell of the issue's grid is filled: eps0 0.1 / 1 / 2, n = 1e3 / 1e4;
+# the raw output with seconds per bound: benchmarks/results/su-code-n1e4.json)
 _SU = {
     ("10-RR", 1000, 0.1): (0.004203768306015045, 0.004163043806925752),
     ("BLH", 1000, 0.1): (0.0068182811475476605, 0.006565789253194044),
@@ -159,9 +157,15 @@ _SU = {
     ("10-RR", 1000, 2.0): (0.27317896399688724, 0.27100458764266966),
     ("BLH", 1000, 2.0): (0.2764901195678712, 0.19745726113510134),
     ("RAPPOR", 1000, 2.0): (0.3039788143196106, 0.2577294477958679),
+    ("10-RR", 10000, 0.1): (0.0012346443916957102, 0.001144597355805512),
+    ("BLH", 10000, 0.1): (0.0019280065680502328, 0.0018289548285710154),
+    ("RAPPOR", 10000, 0.1): (0.0019280065680502328, 0.0018289548285710154),
     ("10-RR", 10000, 1.0): (0.024054987741153833, 0.02265260964556127),
     ("BLH", 10000, 1.0): (0.03009873902622031, 0.023428544733985583),
     ("RAPPOR", 10000, 1.0): (0.031017047525364688, 0.025485840518890423),
+    ("10-RR", 10000, 2.0): (0.0817577515109004, 0.07683668849246042),
+    ("BLH", 10000, 2.0): (0.07961676954833238, 0.05489162337613804),
+    ("RAPPOR", 10000, 2.0): (0.0882286298306023, 0.07485548130321837),
 }
 _SU_MECH = {"10-RR": dict(mechanism="krr", k=10), "BLH": dict(mechanism="collision", l=2),
             "RAPPOR": dict(mechanism="bitrr", d=20)}

@@ -171,9 +171,19 @@ def kept_within_bound(holder: np.ndarray, content: np.ndarray, bound: int) -> np
         return keep
     order = np.lexsort((np.asarray(content, np.uint64), holder))
     h = holder[order]
-    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
-    rank = np.arange(h.size) - np.repeat(starts, np.diff(np.r_[starts, h.size]))
-    keep[order[rank >= bound]] = False
+    first = np.empty(h.size, bool)          # where each holder's run starts, in sorted order
+    first[0] = True
+    np.not_equal(h[1:], h[:-1], out=first[1:])
+    del h
+    # each record's rank within its holder (positions minus their run's start), in the
+    # smallest integer type that holds them: a shard's open peaks here (issue 46)
+    pos = np.arange(first.size, dtype=np.int32 if first.size < 2 ** 31 else np.int64)
+    start = np.where(first, pos, 0)
+    del first
+    np.maximum.accumulate(start, out=start)
+    pos -= start
+    del start
+    keep[order[pos >= bound]] = False
     return keep
 
 

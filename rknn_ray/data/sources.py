@@ -41,12 +41,17 @@ class ShardRecords:
     client_ids: np.ndarray
 
     def __post_init__(self):
-        order = np.argsort(self.client_ids, kind="stable")
-        if np.any(order != np.arange(order.size)):
+        ids = np.asarray(self.client_ids)
+        if ids.size and not bool(np.all(ids[1:] >= ids[:-1])):      # sorted already: no copy
+            order = np.argsort(ids, kind="stable")
             self.features, self.labels = self.features[order], self.labels[order]
-            self.client_ids = self.client_ids[order]
-        self.client_ids = np.asarray(self.client_ids, np.int64)
-        self._ids, self._start = np.unique(self.client_ids, return_index=True)
+            ids = ids[order]
+        self.client_ids = ids = np.asarray(ids, np.int64)
+        # np.unique(ids, return_index=True) of sorted ids, without its sorted copies (a
+        # shard's open peaks here at 1e7 records, issue 46)
+        self._start = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]]) if ids.size else \
+            np.zeros(0, np.int64)
+        self._ids = ids[self._start]
 
     @property
     def num_clients(self) -> int:
