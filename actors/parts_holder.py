@@ -98,7 +98,10 @@ class ScannedParts:
         self.holder = holder
 
     def take(self, shard: int):
-        where = ray.get(self.holder.take.remote(int(shard)))
+        try:
+            where = ray.get(self.holder.take.remote(int(shard)))
+        except ray.exceptions.RayActorError:     # ended once every shard read its parts
+            return None
         if not where:
             return None
         own = _open_here(where)
@@ -109,6 +112,12 @@ class ScannedParts:
             num_returns="streaming", _generator_backpressure_num_objects=WINDOW
         ).remote(int(shard))
         return _one_by_one(refs)
+
+
+    def end(self) -> None:
+        """End the holder (every shard has read its parts: the job calls this once all shards
+        opened their records); a shard restarted later is told to run the job again."""
+        self.holder.__ray_terminate__.remote()
 
 
 def _open_here(where: dict):

@@ -100,6 +100,16 @@ def test_each_shard_reads_the_scans_parts_once_and_no_file_keeps_a_name(tmp_path
                                           np.concatenate([h for _, _, h in want]))
             assert answer["parts"].take(shard) is None     # once: a restarted shard gets none
         assert opened == [path == "own descriptor"] * 3
+        answer["parts"].end()                          # the job ends it once shards opened
+        for _ in range(100):                           # a shard restarted later: told "none"
+            got = answer["parts"].take(0)
+            assert got is None
+            try:
+                ray_session.get(answer["parts"].holder.take.remote(0), timeout=1)
+            except ray_session.exceptions.RayActorError:
+                break
+        else:
+            pytest.fail("the holder did not end")
     finally:
         _end(answer["parts"].holder)
 
