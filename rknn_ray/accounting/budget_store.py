@@ -132,6 +132,19 @@ def _plain(value):
 _keyed = keyed_fingerprints
 
 
+def _union(arrays: list) -> np.ndarray:
+    """Sorted distinct values of ``arrays`` (None: none) as FINGERPRINT_DTYPE, contiguous; one
+    array that is sorted distinct already is used as it is (a 1e8-record source's fingerprints
+    are 0.8 GB a kind: every needless copy is one more of those in the driver, issue 46)."""
+    parts = [np.asarray(a, FINGERPRINT_DTYPE).ravel() for a in arrays
+             if a is not None and np.size(a)]
+    if not parts:
+        return np.zeros(0, FINGERPRINT_DTYPE)
+    if len(parts) == 1 and bool(np.all(parts[0][1:] > parts[0][:-1])):
+        return np.ascontiguousarray(parts[0])
+    return np.ascontiguousarray(sorted_unique(np.concatenate(parts)), FINGERPRINT_DTYPE)
+
+
 @dataclass
 class Spend:
     eps: float
@@ -305,15 +318,8 @@ class BudgetStore:
         with self._transaction() as con:
             key = self._fingerprint_key(con)
             # sorted_unique: np.union1d / np.unique hash 64-bit values slowly (numpy >= 2.3)
-            fp = sorted_unique(np.concatenate([
-                np.asarray(_keyed(key, fingerprints), FINGERPRINT_DTYPE),
-                np.zeros(0, FINGERPRINT_DTYPE) if keyed is None
-                else np.asarray(keyed, FINGERPRINT_DTYPE)]))
-            nf = sorted_unique(np.concatenate([
-                np.asarray(_keyed(key, np.zeros(0) if near is None else near), FINGERPRINT_DTYPE),
-                np.zeros(0, FINGERPRINT_DTYPE) if keyed_near is None
-                else np.asarray(keyed_near, FINGERPRINT_DTYPE)]))
-            fp, nf = fp.astype(FINGERPRINT_DTYPE), nf.astype(FINGERPRINT_DTYPE)
+            fp = _union([_keyed(key, fingerprints), keyed])
+            nf = _union([_keyed(key, np.zeros(0) if near is None else near), keyed_near])
             overlapping = []
             for ident, blob, near_blob, created in con.execute(
                     "SELECT s.identity, s.fingerprints, s.near, COALESCE(d.created, 0) FROM "
@@ -327,8 +333,9 @@ class BudgetStore:
             # a new source's name is random: report.json publishes it, and a digest of the
             # records would let anyone who knows all but one of them test guesses for it
             survivor = overlapping[0][1] if overlapping else "pool-" + secrets.token_hex(14)
-            pool = sorted_unique(np.concatenate([fp] + [t[2] for t in overlapping]))
-            pool_near = sorted_unique(np.concatenate([nf] + [t[3] for t in overlapping]))
+            pool = _union([fp] + [t[2] for t in overlapping])
+            pool_near = _union([nf] + [t[3] for t in overlapping])
+            del fp, nf
             for _, ident, *_ in overlapping[1:]:
                 self._merge(con, ident, survivor, f"a job on {dataset} touched records of both "
                             "sources: their releases compose on one budget")
@@ -344,8 +351,7 @@ class BudgetStore:
                         "near) VALUES (?, ?, ?, NULL, ?, ?) ON CONFLICT(identity) DO UPDATE SET "
                         "records = excluded.records, fingerprints = excluded.fingerprints, "
                         "near = excluded.near",
-                        (survivor, dataset, len(pool), pool.astype(FINGERPRINT_DTYPE).tobytes(),
-                         pool_near.astype(FINGERPRINT_DTYPE).tobytes()))
+                        (survivor, dataset, len(pool), memoryview(pool), memoryview(pool_near)))
             con.execute("UPDATE datasets SET description = ? WHERE identity = ?",
                         (description, survivor))
         return survivor, description
