@@ -65,7 +65,12 @@ from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 RESERVED_NOTE = "reserved before any client randomized"
 SLACK = 1e-9           # relative: float sums of fractions of eps must not refuse an exact fit
-SCHEMA_VERSION = 3     # 3: keyed fingerprints; 2: record-pool sources; 0/1: manifest identities
+SCHEMA_VERSION = 4     # 4: large pools in chunks; 3: keyed fingerprints; 2: record-pool sources;
+                       # 0/1: manifest identities
+#: fingerprints a source keeps in its own row per kind; beyond it, the rest in source_chunks
+#: rows of this many each (64 MB: SQLite refuses a row above 1e9 bytes, and 1e8 records'
+#: two kinds are 1.6 GB)
+CHUNK = 1 << 23
 DEFAULT_DELTA_SHARE = 0.1   # a new source's default delta budget: 1/(10 n)
 
 TABLES = (
@@ -85,6 +90,11 @@ TABLES = (
     """CREATE TABLE IF NOT EXISTS sources (
     identity TEXT PRIMARY KEY, dataset TEXT NOT NULL, records INTEGER NOT NULL,
     min_private INTEGER, fingerprints BLOB NOT NULL, near BLOB)""",
+    # v4: a pool beyond CHUNK fingerprints: its first CHUNK stay in the source's row, the
+    # rest here in order (seq 1, 2, ...), per kind ('exact' = sources.fingerprints, 'near')
+    """CREATE TABLE IF NOT EXISTS source_chunks (
+    identity TEXT NOT NULL, kind TEXT NOT NULL CHECK (kind IN ('exact', 'near')),
+    seq INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (identity, kind, seq))""",
     # v2: an identity that no longer exists, and the source its releases moved to
     """CREATE TABLE IF NOT EXISTS aliases (
     old TEXT PRIMARY KEY, new TEXT NOT NULL, reason TEXT NOT NULL, created REAL NOT NULL)""",
@@ -130,6 +140,23 @@ def _plain(value):
 
 
 _keyed = keyed_fingerprints
+
+
+def _pool(con, identity: str, kind: str, blob) -> np.ndarray:
+    """A source's stored fingerprints of ``kind``: its row's ``blob``, then its chunks."""
+    head = np.frombuffer(blob or b"", dtype=FINGERPRINT_DTYPE)
+    rest = [np.frombuffer(data, dtype=FINGERPRINT_DTYPE) for (data,) in con.execute(
+        "SELECT data FROM source_chunks WHERE identity = ? AND kind = ? ORDER BY seq",
+        (identity, kind))]
+    return np.concatenate([head] + rest) if rest else head
+
+
+def _store_chunks(con, identity: str, kind: str, pool: np.ndarray) -> None:
+    """``pool`` past its first CHUNK values as source_chunks rows (none: a small pool)."""
+    con.execute("DELETE FROM source_chunks WHERE identity = ? AND kind = ?", (identity, kind))
+    for seq, at in enumerate(range(CHUNK, len(pool), CHUNK), start=1):
+        con.execute("INSERT INTO source_chunks VALUES (?, ?, ?, ?)",
+                    (identity, kind, seq, memoryview(pool[at:at + CHUNK])))
 
 
 def _union(arrays: list) -> np.ndarray:
@@ -324,8 +351,8 @@ class BudgetStore:
             for ident, blob, near_blob, created in con.execute(
                     "SELECT s.identity, s.fingerprints, s.near, COALESCE(d.created, 0) FROM "
                     "sources s LEFT JOIN datasets d ON d.identity = s.identity"):
-                known = np.frombuffer(blob, dtype=FINGERPRINT_DTYPE)
-                known_near = np.frombuffer(near_blob or b"", dtype=FINGERPRINT_DTYPE)
+                known = _pool(con, ident, "exact", blob)
+                known_near = _pool(con, ident, "near", near_blob)
                 if (np.isin(fp, known, assume_unique=True).any()
                         or np.isin(nf, known_near, assume_unique=True).any()):
                     overlapping.append((created, ident, known, known_near))
@@ -351,7 +378,10 @@ class BudgetStore:
                         "near) VALUES (?, ?, ?, NULL, ?, ?) ON CONFLICT(identity) DO UPDATE SET "
                         "records = excluded.records, fingerprints = excluded.fingerprints, "
                         "near = excluded.near",
-                        (survivor, dataset, len(pool), memoryview(pool), memoryview(pool_near)))
+                        (survivor, dataset, len(pool), memoryview(pool[:CHUNK]),
+                         memoryview(pool_near[:CHUNK])))
+            _store_chunks(con, survivor, "exact", pool)
+            _store_chunks(con, survivor, "near", pool_near)
             con.execute("UPDATE datasets SET description = ? WHERE identity = ?",
                         (description, survivor))
         return survivor, description
@@ -381,6 +411,7 @@ class BudgetStore:
             con.execute("UPDATE sources SET min_private = MIN(COALESCE(min_private, ?), ?) "
                         "WHERE identity = ?", (src[0], src[0], new))
         con.execute("DELETE FROM sources WHERE identity = ?", (old,))
+        con.execute("DELETE FROM source_chunks WHERE identity = ?", (old,))
         con.execute("DELETE FROM legacy WHERE identity = ?", (old,))
         con.execute("UPDATE aliases SET new = ? WHERE new = ?", (new, old))
         con.execute("INSERT OR REPLACE INTO aliases VALUES (?, ?, ?, ?)", (old, new, reason, time.time()))
