@@ -23,9 +23,9 @@ import ray
 #: parts in flight per shard while it reads (the holder reads ahead of the shard by this much)
 WINDOW = 2
 
+
 def _private_folder() -> str:
     """An owner-only folder in Ray's session folder on this node (else the system's temp)."""
-    base = None
     try:
         base = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001
     except Exception:  # noqa: BLE001 - outside a Ray worker: the system's temp folder
@@ -41,10 +41,6 @@ class PartsHolder:
         self.files: dict = {}
         self.reading: dict = {}
         atexit.register(shutil.rmtree, self.folder, True)
-
-    def where(self) -> str:
-        """The folder the scan writes its parts into (on this node)."""
-        return self.folder
 
     def collect(self, scanner, spec: list, key: bytes, shards: int) -> list:
         """Make and open each shard's file, then run ``scanner.scan`` (``spec``: ``[ObjectRef]``
@@ -112,7 +108,6 @@ class ScannedParts:
             num_returns="streaming", _generator_backpressure_num_objects=WINDOW
         ).remote(int(shard))
         return _one_by_one(refs)
-
 
     def end(self) -> None:
         """End the holder (every shard has read its parts: the job calls this once all shards

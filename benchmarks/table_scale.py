@@ -23,8 +23,9 @@ default_worker and the job's Ray session), sampled from /proc every 0.2 s in a t
 Shared pages (Ray's object store) count once per process that maps them, so the sum is an
 upper bound; ``peak_rss_kinds_mb`` splits the largest processes' RSS at the peak into
 anonymous, file-backed and shared-memory MB, and ``own_peaks_mb`` gives each process's own
-peak (at whatever time). The written table is deleted afterwards unless ``--keep`` (``--reuse``: run on
-the table an earlier ``--keep`` run wrote with the same shape, and keep it).
+peak (at whatever time). The written table is deleted afterwards unless ``--keep``
+(``--reuse``: run on the table an earlier ``--keep`` run wrote with the same shape, and keep
+it).
 """
 from __future__ import annotations
 

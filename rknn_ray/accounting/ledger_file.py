@@ -166,7 +166,7 @@ class LedgerFile:
                 f"{self.timeout:g} s (${ENV_TIMEOUT}) and changed nothing. Fix: let the other job "
                 f"or `rknn-ray budget` command finish and run this again (`fuser {self.path}` "
                 f"names the holder), or wait longer: {ENV_TIMEOUT}=60")
-        if "too big" in text or "full" in text:
+        if "too big" in text or "disk is full" in text:
             # not damage: a value above SQLite's limits, or no room on the disk
             return LedgerError(
                 f"the privacy ledger {self.path} could not take this job's entry (SQLite says "

@@ -8,15 +8,16 @@ opens a private path; rows given in memory are already in the driver and are sca
 What comes back is counts, fingerprints keyed under the ledger's key and each shard's keyed
 digest: the job reserves its budget for exactly those rows. The same pass splits the rows
 into each shard's parts, written to files on the scan's node that have no name by then, kept
-open by a small holder (actors/parts_holder.py); the driver never reads one. Each shard takes its own once, streamed a few parts at a time, and checks their digest
-before any client randomizes (scan_where_shards_run). Ray therefore starts before the reservation for
-a table job (docs/running.md).
+open by a small holder (actors/parts_holder.py); the driver never reads one. Each shard
+takes its own once and checks their digest before any client randomizes
+(scan_where_shards_run). Ray therefore starts before the reservation for a table job
+(docs/running.md).
 
 With ``data.private.sites`` (private data on its holders' own nodes) there is one scan per
 site, each placed on the site's nodes (rknn_ray.job.placement.site_options), one after
-another (each site's parts stay on its node); each first checks the site's path exists on its node; their answers are joined
-(rknn_ray.data.sites: a holder on two sites is refused). Every refusal comes before the
-reservation, as one line naming the site.
+another (each site's parts stay on its node); each first checks the site's path exists on
+its node; their answers are joined (rknn_ray.data.sites: a holder on two sites is refused).
+Every refusal comes before the reservation, as one line naming the site.
 """
 from __future__ import annotations
 
@@ -65,8 +66,8 @@ class _Scanner:
 def scan_where_shards_run(cfg, spec, key: bytes, options: dict, before=None) -> dict:
     """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
     a :class:`~actors.parts_holder.ScannedParts` whose holder, on the scan's node, keeps each
-    shard's parts (in files) until the shard reads them (the driver never holds one). ``before(scanner)``
-    (data.private.sites): a check run in the scanner before its scan; a message it returns is
+    shard's parts (in files) until the shard reads them (the driver never holds one).
+    ``before(scanner)`` (data.private.sites): a check run in the scanner before its scan; a message it returns is
     the answer's error (nothing scanned)."""
     def holder_on(node: str):
         return ray.remote(PartsHolder).options(
