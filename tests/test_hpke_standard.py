@@ -117,6 +117,17 @@ def test_a_deterministic_pyhpke_report_opens_at_the_server():
     assert sum(out.rejects.values()) == 0
 
 
+def test_the_documented_example_is_this_report():
+    """docs/wire-format.md's worked example is what pyhpke builds, and it opens here."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "wire-format.md").read_text()
+    block = text.split("<!-- example-report -->", 1)[1].split("```")[1]
+    documented = bytes.fromhex("".join(block.split()))
+    payload = b"\x01\x00\x00\x01\x00\x00\x00"
+    assert documented == pyhpke_layer(H(VECTOR["pkRm"]), payload, 0, eks=vector_ephemeral())
+    out = HpkeReportOpener(vector_server(), SPEC, len(payload)).open_batch([documented])
+    assert out.plaintexts.tobytes() == payload and out.report_ids.tolist() == [RID]
+
+
 def test_pyhpke_onion_report_peels_and_opens():
     """Two layers sealed by pyhpke (server, then shuffler): the hop peels, the server opens."""
     server, hop = ServerKeyPair.generate(), LayerKeyPair.generate(1)

@@ -62,6 +62,14 @@ def test_layout_is_magic_length_json_arrays():
     assert spec.content_hash() == hashlib.sha256(raw).digest()
 
 
+def test_the_documented_example_json_is_make_spec():
+    text = (ROOT / "docs" / "wire-format.md").read_text()
+    example = text.split("Example (the JSON text of", 1)[1].split("```")[1].strip()
+    raw = make_spec().to_bytes()
+    (jlen,) = struct.unpack_from("<I", raw, 8)
+    assert example == raw[12:12 + jlen].decode("ascii")
+
+
 def test_hash_is_stable():
     """The same content always hashes the same: pinned, and independent of the caller's
     array layout, byte order, int-vs-float numbers and dict order."""
