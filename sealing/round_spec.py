@@ -210,8 +210,9 @@ class RoundSpec:
         missing = sorted(known - set(doc))
         if unknown or missing:
             raise SpecError(f"round specification fields: unknown {unknown}, missing {missing}")
+        descs = doc["arrays"] if isinstance(doc["arrays"], list) else [doc["arrays"]]
         arrays, offset = {}, 0
-        for desc in doc["arrays"] if isinstance(doc["arrays"], list) else [None]:
+        for desc in descs:
             if (not isinstance(desc, dict) or set(desc) != {"name", "dtype", "shape"}
                     or desc["name"] not in ("queries", "connection_prices") or desc["name"] in arrays
                     or desc["dtype"] not in ARRAY_DTYPES or not isinstance(desc["shape"], list)

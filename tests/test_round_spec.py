@@ -229,3 +229,20 @@ def test_no_pickle_on_the_way_in_or_out():
     calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
     assert not {c for c in calls if c.endswith(("np.load", "loads")) and c != "json.loads"}
 
+
+
+def test_mutated_bytes_raise_only_spec_errors():
+    """Whatever bytes arrive (a flipped byte anywhere, a truncation), reading fails with a
+    one-line SpecError and nothing else."""
+    raw = make_spec(connection_prices=np.ones(4)).to_bytes()
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        data = bytearray(raw)
+        i = int(rng.integers(len(data)))
+        data[i] = int(rng.integers(256)) if data[i] else 1
+        if rng.random() < 0.2:
+            data = data[:int(rng.integers(len(data)))]
+        try:
+            RoundSpec.from_bytes(bytes(data))
+        except SpecError as exc:
+            assert "\n" not in str(exc)
