@@ -220,8 +220,9 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         privacy.append(("local eps0", f"{eps0} (each client's report)"))
     budget = p.get("budget") or {}
     if budget:          # the source's budget and spend are its history: the ledger's views
+        shown_by = budget.get("shown_by") or "rknn-ray budget"     # with its --ledger
         privacy.append(("dataset budget", f"{_fmt(budget.get('description'))}: charged to "
-                        f"the ledger {_fmt(budget.get('ledger'))}; `rknn-ray budget` shows "
+                        f"the ledger {_fmt(budget.get('ledger'))}; `{shown_by}` shows "
                         "its budget and spend"))
     privacy.append(("randomness", _fmt(rep.get("rng"))))
     accuracy = [("label accuracy (public set)", _acc(acc, "labels")),
