@@ -167,7 +167,7 @@ def test_resume_with_a_ledger_copied_without_its_key_names_the_key_before_any_wo
     assert len(lines) == 1, lines                 # no "loading", no "starting Ray" line
     (line,) = lines
     print(f"--resume refused in {took:.1f} s: {line}")
-    assert rc == 2 and line.startswith("error: ") and took < 15, (took, line)
+    assert rc == 2 and line.startswith("error: ") and took < 10, (took, line)
     assert f"the ledger's release key {key} is missing: copy it beside the ledger" in line
     assert not os.path.exists(key) and _ledger_rows(copied) == before
     assert not (run / "report.json").exists() and (run / "release.npz").exists()

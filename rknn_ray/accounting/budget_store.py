@@ -320,14 +320,16 @@ class BudgetStore:
         with self._transaction() as con:
             row = con.execute("SELECT value FROM meta WHERE key = ?", (KEY_CHECK,)).fetchone()
             if not exists:
-                if row is not None or con.execute(
-                        "SELECT 1 FROM releases WHERE status = 'released' LIMIT 1").fetchone():
+                released = con.execute(
+                    "SELECT 1 FROM releases WHERE status = 'released' LIMIT 1").fetchone()
+                if row is not None or released:
+                    why = "had one" if row is not None else "has recorded releases"
                     raise LedgerError(
-                        f"the ledger's release key {path} is missing: copy it beside the ledger "
-                        f"(from where {os.path.basename(self.path)} was copied). Fix: restore "
-                        f"{os.path.basename(path)} next to {self.path}; this ledger has "
-                        "recorded releases, so no new key is made (its saved releases could "
-                        "never be resumed under one)")
+                        f"the ledger's release key {path} is missing: copy it beside the ledger. "
+                        f"Fix: copy {os.path.basename(path)} from where "
+                        f"{os.path.basename(self.path)} came from (or a backup) to {path}; "
+                        f"this ledger {why}, so no new key is made in its place (its saved "
+                        "releases could never be resumed under it)")
                 try:
                     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
                 except FileExistsError:
