@@ -224,3 +224,17 @@ def test_a_new_key_is_made_for_a_ledger_that_never_had_one_only(tmp_path):
     con.close()
     BudgetStore(old).side_key("release.npz")                  # no release: a key is made
     assert os.path.isfile(old + ".key")
+
+
+def test_a_refusal_never_suggests_a_budget_above_the_cap(tmp_path):
+    """A job whose total eps is above the cap is told to lower privacy.eps: the `rknn-ray
+    budget set` command a refusal otherwise quotes would itself be refused."""
+    from rknn_ray.errors import PrivacyBudgetError
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"))
+    store.reserve("pool-a", "digits: record pool", "job-1", 1.0, 0.0, (20.0, 1e-6))
+    with pytest.raises(PrivacyBudgetError) as refused:
+        store.reserve("pool-a", "digits: record pool", "job-2", 150.0, 0.0, (20.0, 1e-6))
+    assert f"Fix: lower privacy.eps: the total eps=151 is above {MAX_BUDGET_EPS:g}" \
+        in str(refused.value) and "budget set pool-a" not in str(refused.value)
+    with pytest.raises(PrivacyBudgetError, match="budget set pool-a --eps 31"):
+        store.reserve("pool-a", "digits: record pool", "job-3", 30.0, 0.0, (20.0, 1e-6))
