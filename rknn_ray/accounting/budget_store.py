@@ -59,9 +59,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile, owner_only, regular_file
-from rknn_ray.accounting.units import MAX_BUDGET_EPS
 from rknn_ray.accounting.source_identity import (FINGERPRINT_DTYPE, keyed_fingerprints,
                                                  sorted_unique)
+from rknn_ray.accounting.units import MAX_BUDGET_EPS
 from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 RESERVED_NOTE = "reserved before any client randomized"
@@ -692,8 +692,9 @@ class BudgetStore:
         command = (f"rknn-ray budget set {identity} --eps {_up(max(b_eps, t_eps))} "
                    f"--delta {_up(max(b_delta, t_delta))}")
         if over_eps and float(_up(t_eps)) > MAX_BUDGET_EPS:   # no `budget set` admits it
-            fix = (f"lower privacy.eps: the total eps={t_eps:.6g} is above {MAX_BUDGET_EPS:g}, "
-                   "the largest budget `rknn-ray budget set` takes")
+            fix = (f"lower privacy.eps{' and privacy.delta' if over_delta else ''}: the total "
+                   f"eps={t_eps:.6g} is above {MAX_BUDGET_EPS:g}, the largest budget `rknn-ray "
+                   "budget set` takes")
         elif over_eps and not over_delta:
             fix = f"lower privacy.eps, or raise the budget explicitly: {command}"
         elif over_delta and not over_eps:
