@@ -172,9 +172,15 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
 
     cfg = validated(cfg)
     progress = progress or Progress.for_library(cfg.run.progress)
+    # the ledger (a regular file) and its release key, before the data, Ray and the scan: a
+    # missing key is named, never replaced; --resume checks its release's tag here too
+    store = BudgetStore(ledger_path)
+    tag_key = release_tag_key(store)
+    if resume:
+        check_release(out_dir, tag_key)          # unchanged since it was saved, this ledger's
     ray_up = _RayStart(start_ray, progress, cfg)
     try:
-        ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs, ray_up)
+        ctx = _context(cfg, out_dir, progress, store, key_file, parties, inputs, ray_up)
     except BaseException:
         if ray_up.started:         # a table's scan started Ray, then refused the private rows
             ray.shutdown()
@@ -241,12 +247,11 @@ class _RayStart:
             validate_resources(self.cfg, float(ray.cluster_resources().get("CPU", 0)))
 
 
-def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None,
+def _context(cfg, out_dir, progress, store, key_file, parties, inputs=None,
              ray_up=None) -> JobContext:
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         # fails fast on missing files / bad data, writes nothing
         data = prepared.prepare_data(cfg, inputs) if inputs else prepared.prepare_data(cfg)
-    store = BudgetStore(ledger_path)
     # a user's table: its private rows are scanned where the shards run (Ray starts for it)
     data = complete_scan(cfg, data, store, ray_up or (lambda: None), progress)
     if getattr(data, "holders", None) and data.holders.get("column"):
@@ -270,8 +275,7 @@ def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None
 
 def _saved_rounds(ctx: JobContext) -> tuple:
     """--resume: the rounds saved in release.npz (no private round, no budget spent)."""
-    cfg = ctx.cfg
-    check_release(ctx.out_dir, release_tag_key(ctx.store))     # unchanged since it was saved
+    cfg = ctx.cfg        # the release's tag was checked before any work (run)
     ctx.encoder, ctx.public_emb, _ = stages.fit_queries(cfg, ctx.data, ctx.say)  # public, deterministic
     job_id, saved_identity, rounds, query_sets = load_release(ctx.out_dir, ctx.public_emb)
     # run folders from before keyed names hold the bare digest: still recognized
