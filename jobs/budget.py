@@ -175,6 +175,10 @@ def job_lines(releases: list[dict]) -> list[str]:
         for r in rounds:
             event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""
             extra = "" if r["note"] in (None, "", "released") else f"  {r['note']}"
+            per_holder = (r.get("extra") or {}).get("holder_records")
+            if per_holder:          # multi_record each: one report per kept record
+                extra += (f"  (per record; a holder of m kept records at m x eps, at most "
+                          f"{per_holder} x {r['eps']:.4g} = {per_holder * r['eps']:.4g})")
             lines.append(f"      round {r['round'] + 1}: released "
                          f"{_amount((r['eps'], r['delta']), with_delta)}  {event}{extra}".rstrip())
     return lines

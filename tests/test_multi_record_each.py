@@ -86,6 +86,12 @@ def test_a_shuffle_job_with_each_opens_a_report_per_kept_record(tmp_path):
     assert counts["messages"] == counts["clients"] == 342 and counts["holders"]["holders"] == 74
     assert g["n"] == 342 and g["eps"] <= 4.0 * (1 + 1e-9)
     assert "m*eps" in report["privacy"]["details"][0]["multi_record_accounting"]
+    # the holder-level cost where the operator reads the budget (issue 57)
+    listed = subprocess.run([sys.executable, "-m", "jobs.cli", "budget", "--ledger",
+                             str(tmp_path / "ledger.sqlite")], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert f"(per record; a holder of m kept records at m x eps, at most 8 x {g['eps']:.4g}" \
+        in listed.stdout, listed.stdout + listed.stderr
 
 
 def test_the_console_states_the_holder_level_cost_and_suggests_each_from_public_counts(

@@ -497,7 +497,7 @@ class BudgetStore:
                                   (identity,)).fetchone()
                 cost = {row[0]: c for row, c in self._costs(con, identity)}
                 rel = con.execute("SELECT id, job_id, round, status, eps, delta, event, note, "
-                                  "updated FROM releases WHERE identity = ? ORDER BY id",
+                                  "updated, meta FROM releases WHERE identity = ? ORDER BY id",
                                   (identity,))
                 out.append({"identity": identity, "description": desc,
                             "budget": {"eps": b_eps, "delta": b_delta},
@@ -513,8 +513,9 @@ class BudgetStore:
                                           "eps": cost.get(i, (e, dl))[0],
                                           "delta": cost.get(i, (e, dl))[1],
                                           "event": json.loads(ev) if ev else None,
-                                          "note": n, "updated": u}
-                                         for i, j, r, st, e, dl, ev, n, u in rel.fetchall()]})
+                                          "note": n, "updated": u,
+                                          "extra": (json.loads(m) if m else {}).get("extra")}
+                                         for i, j, r, st, e, dl, ev, n, u, m in rel.fetchall()]})
         return out
 
     # ------------------------------------------------------------------ writing

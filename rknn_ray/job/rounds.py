@@ -123,6 +123,16 @@ def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_e
 
 
 
+def holder_records(cfg, data) -> dict:
+    """The ledger's note of a holder's reports under privacy.multi_record=each: at most
+    ``holder_records`` reports per holder (the public bound), so a holder of m kept records
+    is protected at m x the round's eps (``rknn-ray budget`` says so beside the round)."""
+    holders = getattr(data, "holders", None) or {}
+    if cfg.privacy.multi_record == "each" and holders.get("column"):
+        return {"holder_records": int(holders["bound"])}
+    return {}
+
+
 @dataclass
 class RoundPlan:
     """One round as the loop plans it: its share of the budget, its new queries and how
@@ -245,7 +255,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 done = rounds[-1]       # the round's one ledger write, into the reservation
                 ledger.record_spent(done.guarantee, round_id=t, note=note,
                                     messages=done.messages, clients=done.clients,
-                                    reserve_left=reservation_after(cfg, ctx.data, t))
+                                    reserve_left=reservation_after(cfg, ctx.data, t),
+                                    **holder_records(cfg, ctx.data))
                 in_round = None
                 if lost is None and t + 1 < count:
                     session.prepare_next_round()    # the shards' keys, while queries are picked
