@@ -177,7 +177,8 @@ def test_sites_release_what_the_same_rows_in_one_file_release(ray_session, tmp_p
     assert all(rs["placement"][f"{p}@{n}"] == [node] for n in SITES for p in ("scan", "client"))
 
 
-@pytest.mark.parametrize("case", ["no node", "missing path", "empty site", "holder on two sites"])
+@pytest.mark.parametrize("case", ["no node", "missing path", "empty site", "holder on two sites",
+                                  "strings at a site", "integers at a site"])
 def test_a_bad_site_is_one_line_exit_2_before_any_reservation(case, ray_session, tmp_path,
                                                               capsys):
     from rknn_ray.accounting.budget_store import BudgetStore
@@ -192,6 +193,12 @@ def test_a_bad_site_is_one_line_exit_2_before_any_reservation(case, ray_session,
     elif case == "empty site":
         part = pq.read_table(f"{where['b']}/part.parquet")
         pq.write_table(part.slice(0, 0), f"{where['b']}/part.parquet")
+    elif case in ("strings at a site", "integers at a site"):     # issue 57: they ran to the end
+        part = pq.read_table(f"{where['b']}/part.parquet")
+        column = part.column_names[0]
+        to = pa.string() if case == "strings at a site" else pa.int64()
+        part = part.set_column(0, column, part.column(0).cast(to))
+        pq.write_table(part, f"{where['b']}/part.parquet")
     else:                           # site c also holds some of site a's holders
         a = pq.read_table(f"{where['a']}/part.parquet")
         pq.write_table(a.slice(0, 10), f"{where['c']}/extra.parquet")
@@ -200,7 +207,11 @@ def test_a_bad_site_is_one_line_exit_2_before_any_reservation(case, ray_session,
     words = {"no node": ("data.private.sites.b", "ray start --address=<head> --labels site=b"),
              "missing path": ("data.private.sites.b.path", "does not exist on the site's node"),
              "empty site": ("data.private.sites.b", "holds no rows"),
-             "holder on two sites": ("sites 'a' and 'c' both hold", "Fix:")}[case]
+             "holder on two sites": ("sites 'a' and 'c' both hold", "Fix:"),
+             "strings at a site": ("data.private.sites.b", "string (site 'a': double)",
+                                   "same columns and types"),
+             "integers at a site": ("data.private.sites.b", "int64 (site 'a': double)",
+                                    "same columns and types")}[case]
     assert all(w in err for w in words), err
     assert not re.search(r"\brow \d", err) and not re.search(r"\bh\d+\b", err), err
     assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []
