@@ -175,7 +175,22 @@ def _main(args) -> int:
     if "diagnostics" in report:
         print(f"[diagnostics, NOT private: {out}/diagnostics] non-private label accuracy "
               f"{accuracy_words(report['diagnostics'], 'nonprivate_labels')}")
+    for line in site_lines(report):
+        print(line)
     return 0
+
+
+def site_lines(report: dict) -> list[str]:
+    """data.private.sites: each site's public counts and the node its scan and clients ran on
+    (report.json's counts.holders.sites and placement), in the summary as in the report."""
+    sites = ((report.get("counts") or {}).get("holders") or {}).get("sites") or {}
+    placement = report.get("placement") or {}
+    lines = []
+    for name, site in sorted(sites.items()):
+        nodes = sorted({n[:12] for p in ("scan", "client") for n in placement.get(f"{p}@{name}", [])})
+        lines.append(f"site {name}: {site.get('records')} records of {site.get('holders')} "
+                     f"holders, read on node {', '.join(nodes) or 'unknown'}")
+    return lines
 
 
 if __name__ == "__main__":

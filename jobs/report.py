@@ -237,6 +237,7 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
               ("public / evaluation", f"{_fmt(c.get('public'))} / {_fmt(c.get('evaluation'))}"),
               ("messages accepted", _fmt(c.get("messages"))),
               ("reports received", _fmt(c.get("received")))]
+    counts[2:2] = holder_rows(c.get("holders"))
     rejected = {k: v for k, v in (c.get("rejected") or {}).items() if v}
     counts.append(("reports rejected", ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(rejected.items()))
                    if rejected else "none"))
@@ -282,8 +283,27 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     if run.get("diagnostics"):
         about.append(("diagnostics/", "present: NOT private, do not share (not embedded here)"
                       if not run.get("include_diagnostics") else "embedded below: NOT private"))
-    return [("Privacy", privacy), ("Accuracy", accuracy), ("Counts", counts),
-            ("Timings", times), ("Run", about)]
+    sections = [("Privacy", privacy), ("Accuracy", accuracy), ("Counts", counts),
+                ("Timings", times), ("Run", about)]
+    placement = rep.get("placement") or {}
+    if placement:            # which Ray node ran each party (and, with sites, each site's)
+        sections.insert(4, ("Placement", [(party, ", ".join(n[:12] for n in nodes))
+                                          for party, nodes in sorted(placement.items())]))
+    return sections
+
+
+def holder_rows(holders) -> list:
+    """The Counts rows of a table's holders (public under the job's relation): how many, the
+    records they keep, and per site (data.private.sites) its holders and records."""
+    if not isinstance(holders, dict):
+        return []
+    rows = [("holders", f"{_fmt(holders.get('holders'))} ({_fmt(holders.get('kept'))} records "
+             f"kept, at most {_fmt(holders.get('bound'))} each)")]
+    for name, site in sorted((holders.get("sites") or {}).items()):
+        rows.append((f"  site {name}", f"{_fmt(site.get('records'))} records of "
+                     f"{_fmt(site.get('holders'))} holders, {_fmt(site.get('shards'))} "
+                     "shard(s) on its own nodes"))
+    return rows
 
 
 def resumed_words(resumed) -> str:

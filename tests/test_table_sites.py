@@ -147,7 +147,9 @@ def _main(tmp_path, cfg, name, capsys, extra=()):
 def test_sites_release_what_the_same_rows_in_one_file_release(ray_session, tmp_path, capsys):
     """Seeded, central: three sites on their node release exactly the counts of the same rows
     given as one path (the sum does not depend on how holders are dealt to shards); the
-    counts the report shows are the sums over the sites, each site's shown too."""
+    counts the report shows are the sums over the sites, each site's shown too. Every record
+    is kept (the bound above the largest holder): which records a holder above the bound
+    keeps is drawn from its shard's secret, and the shards differ between the two layouts."""
     folder = str(tmp_path)
     where = _write_sites(folder)
     label = _node_label(ray_session)
@@ -157,6 +159,7 @@ def test_sites_release_what_the_same_rows_in_one_file_release(ray_session, tmp_p
                           ("one", {"sites": None, "path": f"{folder}/private.parquet"})):
         cfg = _config(folder, sites, run={"progress": False, "rng": "seeded"})
         cfg["data"]["private"] = {**cfg["data"]["private"], **private}
+        cfg["data"]["max_records_per_client"] = 600
         rc, err, _ = _main(tmp_path, cfg, name, capsys, ["--insecure-seeded"])
         assert rc == 0, err
         runs[name] = (json.load(open(tmp_path / name / "report.json")),
@@ -175,6 +178,17 @@ def test_sites_release_what_the_same_rows_in_one_file_release(ray_session, tmp_p
         np.testing.assert_array_equal(zs[k], z1[k])
     node = label["ray.io/node-id"]
     assert all(rs["placement"][f"{p}@{n}"] == [node] for n in SITES for p in ("scan", "client"))
+    # the console's summary and the report page show each site's counts and node (issue 57)
+    from jobs.distill import site_lines
+    from jobs.report import main as report_main
+    assert site_lines(rs) == [f"site {n}: {per_site[n]['records']} records of "
+                              f"{per_site[n]['holders']} holders, read on node {node[:12]}"
+                              for n in sorted(SITES)]
+    capsys.readouterr()
+    assert report_main([str(tmp_path / "sites")]) == 0
+    page = capsys.readouterr().out
+    assert all(f"  site {n}  " in page for n in SITES) and "Placement:" in page
+    assert f"scan@{sorted(SITES)[0]}" in page and node[:12] in page
 
 
 @pytest.mark.parametrize("case", ["no node", "missing path", "empty site", "holder on two sites",
