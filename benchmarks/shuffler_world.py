@@ -28,7 +28,7 @@ from shuffler.service_files import save_layer_key
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("ray", "server")
-BLOCK_SHIM = """
+BLOCK_FINDER = """
 import os, sys
 class _Blocked:
     def find_spec(self, name, path=None, target=None):
@@ -38,9 +38,8 @@ class _Blocked:
             raise ImportError(name + ' is unimportable in the shuffler service process')
         return None
 sys.meta_path.insert(0, _Blocked())
-from jobs.cli import main
-sys.exit(main(sys.argv[1:]))
 """ % (BLOCKED,)
+BLOCK_SHIM = BLOCK_FINDER + "from jobs.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
 @dataclass
@@ -98,6 +97,18 @@ def make_world(folder: str | Path, *, holders: int = 4, registered: int | None =
     certs = make_certs(folder / "tls")
     return World(folder, spec, spec_file, operator, server, holder_keys, certs, key_file,
                  holders_file, operator_file)
+
+
+def write_holder_keys(world: World) -> list[Path]:
+    """Each holder's private key as 64 hex digits in a 0600 file (for client processes)."""
+    paths = []
+    for i, key in enumerate(world.holders):
+        path = world.folder / f"holder{i}.key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(key.private_bytes_raw().hex())
+        paths.append(path)
+    return paths
 
 
 def serve_args(world: World, store: Path, port: int = 0) -> list[str]:

@@ -95,6 +95,10 @@ def _serve(args) -> int:
                          "this service serves specifications with shuffler_keys")
     holders = read_holders(args.holders)
     keypair = load_layer_key(args.key)
+    if keypair.public_bytes() != spec.shuffler_keys[0]:
+        raise ValueError(f"--key: {args.key} is not the specification's first shuffler key "
+                         "(shuffler_keys[0]): start with the key whose public half the operator "
+                         "published, or have the operator publish this one")
     ctx = tls_context(args.cert, args.cert_key)
     store = ReportStore(args.store, spec.content_hash())
     intake = Intake(spec, holders, keypair, store)

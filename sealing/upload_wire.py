@@ -71,6 +71,9 @@ def encode_upload(entries: list[Entry]) -> bytes:
         raise WireError(f"an upload carries 1..{MAX_ENTRIES} reports, got {len(entries)}")
     parts = [UPLOAD_MAGIC, bytes([PROTOCOL_VERSION]), struct.pack("<I", len(entries))]
     for e in entries:
+        if len(e.key_id) != KEY_ID_LEN or len(e.signature) != SIGNATURE_LEN:
+            raise WireError(f"a key id is {KEY_ID_LEN} bytes and a signature {SIGNATURE_LEN}, "
+                            f"got {len(e.key_id)} and {len(e.signature)}")
         parts += [e.key_id, e.signature, struct.pack("<I", len(e.report)), e.report]
     return b"".join(parts)
 
