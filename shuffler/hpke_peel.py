@@ -52,5 +52,7 @@ class HpkeLayerPeeler:
     def _inner_matches(self, inner: bytes, report_id: bytes) -> bool:
         """The inner record is the next layer of the same report: version, layer, spec, id."""
         head = unpack_header(inner)
+        # an 'S16' array element drops trailing zero bytes: pad back before comparing
+        report_id = bytes(report_id).ljust(REPORT_ID_LEN, b"\x00")
         return (head.version == VERSION and head.layer == self.keypair.layer - 1
                 and head.spec_hash == self.spec_hash and head.report_id == report_id)

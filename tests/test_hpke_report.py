@@ -140,6 +140,18 @@ def test_peeler_collapses_a_retried_report_id(keys):
     assert kept.tolist() == [] and peeler.totals["replayed"] == 3
 
 
+def test_peeler_keeps_report_ids_that_end_in_zero_bytes(keys):
+    """NumPy's 'S16' drops trailing zero bytes from an element; an id ending in 0x00 (1 in
+    256 random ids) must still match its inner record (the shuffler service once refused
+    such reports as tampered)."""
+    server, hop = keys
+    ids = [b"\x05" * 15 + b"\x00", b"\x06" * 8 + b"\x00" * 8, b"\x00" * 16]
+    rows = [seal_report(server.public_bytes(), b"hello", SPEC, rid, [hop.public_bytes()]) for rid in ids]
+    inner, kept, rejects = HpkeLayerPeeler(hop, SPEC, record_len(5)).peel(rows)
+    assert kept.tolist() == [0, 1, 2] and sum(rejects.values()) == 0
+    assert [unpack_header(r.tobytes()).report_id for r in inner] == ids
+
+
 def test_peeler_refuses_an_inner_record_of_another_report(keys):
     """The inner header must repeat the outer spec hash and id, at the layer below."""
     server, hop = keys
