@@ -31,7 +31,7 @@ ENTRY_HEAD = KEY_ID_LEN + SIGNATURE_LEN + 4                     # key id | signa
 BATCH_HEAD = len(BATCH_MAGIC) + 1 + SPEC_HASH_LEN + 1 + 4 + 8   # 54
 BATCH_SKEW_S = 300                 # a batch request's time may differ this much from the service's
 
-#: per-report answers, in the order the service checks (the first that applies is given)
+#: per-report answers (docs/wire-format.md lists them in the order the service checks)
 CODES = ("accepted", "duplicate", "malformed", "unknown_key", "bad_signature", "wrong_spec",
          "too_early", "too_late", "over_allowance", "tampered")
 SUCCESS = ("accepted", "duplicate")       # a holder stops retrying on either

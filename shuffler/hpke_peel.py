@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 
-from sealing.hpke_open import empty_rejects, open_rows
+from sealing.hpke_open import Refused, empty_rejects, open_record, open_rows
 from sealing.hpke_report import LAYER_OVERHEAD, REPORT_ID_LEN, VERSION, unpack_header
 from sealing.replay import ReplayGuard
 from shuffler.layers import LayerKeyPair
@@ -48,6 +48,15 @@ class HpkeLayerPeeler:
         rejects["replayed"] += int((good & ~fresh).sum())
         self.totals.update(rejects)
         return out.plaintexts[fresh], out.kept[fresh], rejects
+
+    def peel_one(self, record: bytes) -> bytes:
+        """The inner record of one report, or :class:`sealing.hpke_open.Refused` with its kind.
+        No replay memory: for a caller that keeps its own (the shuffler service's store)."""
+        report_id, inner = open_record(self.keypair.hpke_open, record, self.spec_hash,
+                                       self.keypair.layer, self.inner_len)
+        if not self._inner_matches(inner, report_id):
+            raise Refused("malformed", "the inner record is not the next layer of this report")
+        return inner
 
     def _inner_matches(self, inner: bytes, report_id: bytes) -> bool:
         """The inner record is the next layer of the same report: version, layer, spec, id."""

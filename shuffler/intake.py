@@ -16,10 +16,10 @@ import time
 from collections import Counter
 from typing import Callable
 
-import numpy as np
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from sealing.hpke_open import Refused
 from sealing.hpke_report import HEADER_LEN, VERSION, record_len, unpack_header
 from sealing.round_spec import RoundSpec
 from sealing.upload_wire import KEY_ID_LEN, SIGNATURE_LEN, Entry, signed_message
@@ -44,10 +44,11 @@ class Intake:
         layers_below = len(spec.shuffler_keys)
         self.inner_len = record_len(spec.payload_len, layers_below)
         self.upload_len = record_len(spec.payload_len, layers_below + 1)
+        self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len)
 
     def submit(self, entries: list[Entry]) -> list[str]:
         """Each entry's code, kept and counted in one committed transaction."""
-        peeler = HpkeLayerPeeler(self.keypair, self.spec_hash, self.inner_len)
+        peeler = self.peeler
         codes = []
         with self.store.transaction():
             now = self.clock()
@@ -82,10 +83,11 @@ class Intake:
             return "too_late"
         if self.store.sent(key_id) >= self.spec.allowance:
             return "over_allowance"
-        inner, _kept, _rejects = peeler.peel(np.frombuffer(report, np.uint8)[None, :])
-        if len(inner) != 1:
+        try:
+            inner = peeler.peel_one(report)
+        except Refused:             # malformed inner, or HPKE refused: this layer is not intact
             return "tampered"
-        self.store.add(head.report_id, inner[0].tobytes(), key_id)
+        self.store.add(head.report_id, inner, key_id)
         return "accepted"
 
     def released(self, now: float | None = None) -> tuple[bool, str]:

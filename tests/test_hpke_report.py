@@ -152,6 +152,24 @@ def test_peeler_keeps_report_ids_that_end_in_zero_bytes(keys):
     assert [unpack_header(r.tobytes()).report_id for r in inner] == ids
 
 
+def test_peel_one_opens_a_single_report_or_says_why_not(keys):
+    """The shuffler service's path: one report at a time, no replay memory (its store has one)."""
+    server, hop = keys
+    report = seal_report(server.public_bytes(), b"hello", SPEC, RID, [hop.public_bytes()])
+    peeler = HpkeLayerPeeler(hop, SPEC, record_len(5))
+    assert peeler.peel_one(report) == peeler.peel_one(report)            # no memory: both open
+    assert unpack_header(peeler.peel_one(report)) == (3, 0, SPEC, RID)
+    changed = bytearray(report)
+    changed[-1] ^= 1
+    for bad, kind in ((bytes(changed), "tampered"), (report[:-1], "malformed")):
+        with pytest.raises(Refused) as err:
+            peeler.peel_one(bad)
+        assert err.value.kind == kind
+    inner = seal_layer(server.public_bytes(), b"hello", SPEC, b"\x08" * 16, 0)
+    with pytest.raises(Refused, match="not the next layer"):
+        peeler.peel_one(seal_layer(hop.public_bytes(), inner, SPEC, RID, 1))
+
+
 def test_peeler_refuses_an_inner_record_of_another_report(keys):
     """The inner header must repeat the outer spec hash and id, at the layer below."""
     server, hop = keys
