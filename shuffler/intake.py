@@ -44,7 +44,7 @@ class Intake:
         layers_below = len(spec.shuffler_keys)
         self.inner_len = record_len(spec.payload_len, layers_below)
         self.upload_len = record_len(spec.payload_len, layers_below + 1)
-        self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len)
+        self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len, layers_below)
 
     def submit(self, entries: list[Entry]) -> list[str]:
         """Each entry's code, kept and counted in one committed transaction."""

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from sealing.round_spec import RoundSpec
 from sealing.upload_wire import (BATCH_HEAD, BATCH_SKEW_S, MAX_BODY, SIGNATURE_LEN, WireError,
                                  batch_header, batch_request_message, decode_upload)
-from shuffler.intake import HOP, Intake
+from shuffler.intake import Intake
 
 TIME_HEADER = "X-Rknn-Time"
 SIGNATURE_HEADER = "X-Rknn-Signature"
@@ -87,7 +87,7 @@ def make_app(service: Service) -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         resp.content_length = BATCH_HEAD + count * (4 + n)
         await resp.prepare(request)
-        await resp.write(batch_header(spec_hash, HOP - 1, n, count))
+        await resp.write(batch_header(spec_hash, service.intake.peeler.inner_layer, n, count))
         prefix = n.to_bytes(4, "little")
         for records in store.records(CHUNK):
             await resp.write(b"".join(prefix + r for r in records))

@@ -152,6 +152,27 @@ def test_peeler_keeps_report_ids_that_end_in_zero_bytes(keys):
     assert [unpack_header(r.tobytes()).report_id for r in inner] == ids
 
 
+def test_a_chain_of_two_hops_peels_outside_in_then_the_server_opens(keys):
+    """The first hop is outermost (layer 1); under it lies layer 2, under that the server's."""
+    server, hop1 = keys
+    hop2 = LayerKeyPair.generate(2)
+    rows = seal_reports(server.public_bytes(), payloads(3), SPEC,
+                        shufflers=[hop1.public_bytes(), hop2.public_bytes()])
+    assert unpack_header(rows[0].tobytes()).layer == 1
+    first = HpkeLayerPeeler(hop1, SPEC, record_len(5, 2), hops=2)
+    middle, kept, _ = first.peel(rows)
+    assert kept.tolist() == [0, 1, 2] and unpack_header(middle[0].tobytes()).layer == 2
+    assert first.peel_one(rows[0].tobytes())[:2] == bytes([3, 2])
+    inner, kept, _ = HpkeLayerPeeler(hop2, SPEC, record_len(5), hops=2).peel(middle)
+    assert kept.tolist() == [0, 1, 2]
+    np.testing.assert_array_equal(HpkeReportOpener(server, SPEC, 5).open_batch(inner).plaintexts,
+                                  payloads(3))
+    # a hop told it is the last (the default) refuses the middle layer it does not expect
+    assert HpkeLayerPeeler(hop1, SPEC, record_len(5, 2)).peel(rows)[2]["malformed"] == 3
+    with pytest.raises(ValueError, match="hop 2 of a chain of 1"):
+        HpkeLayerPeeler(hop2, SPEC, record_len(5), hops=1)
+
+
 def test_peel_one_opens_a_single_report_or_says_why_not(keys):
     """The shuffler service's path: one report at a time, no replay memory (its store has one)."""
     server, hop = keys

@@ -10,10 +10,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from benchmarks.shuffler_world import make_world
 from jobs import shuffler_service
-from sealing.hpke_report import pack_header
+from sealing.hpke_report import pack_header, record_len, seal_report, unpack_header
+from sealing.upload_client import sign_reports
 from sealing.upload_wire import (BATCH_HEAD, Entry, WireError, batch_header, batch_request_message,
                                  decode_upload, encode_upload, read_batch, sign_entry,
                                  signed_message)
+from shuffler.intake import Intake
+from shuffler.layers import LayerKeyPair
+from shuffler.service_files import load_layer_key
+from shuffler.store import ReportStore
 
 REPORT = pack_header(1, bytes(range(32)), bytes(range(100, 116))) + b"\xaa" * 30
 
@@ -102,8 +107,24 @@ def test_serve_refuses_bad_files_with_one_line(tmp_path, capsys):
     shuffler_service.main(["keygen", "--out", str(tmp_path / "k3")])
     capsys.readouterr()
     assert "not the specification's first shuffler key" in serve(key=tmp_path / "k3")
-    from shuffler.store import ReportStore
     ReportStore(tmp_path / "store", bytes(32)).close()
     assert "give each specification its own --store folder" in serve()
     assert "--port 70000" in _run(["serve", *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in good.items()), []),
                                    "--store", str(tmp_path / "s"), "--port", "70000"], capsys)[2]
+
+
+def test_intake_as_the_first_of_two_shufflers_keeps_the_middle_layer(tmp_path):
+    """With H = 2 the service (hop 1) keeps layer-2 records, still sealed to hop 2."""
+    world = make_world(tmp_path / "w", holders=1)
+    hop1, hop2 = load_layer_key(world.shuffler_key), LayerKeyPair.generate(2)
+    spec = world.spec.replace(shuffler_keys=(hop1.public_bytes(), hop2.public_bytes()))
+    holder = world.holders[0]
+    intake = Intake(spec, {holder.public_key().public_bytes_raw(): holder.public_key()}, hop1,
+                    ReportStore(tmp_path / "store", spec.content_hash()))
+    report = seal_report(spec.server_key, b"p" * 24, spec.content_hash(), bytes(16),
+                         list(spec.shuffler_keys))
+    one_hop = world.seal(b"p" * 24)                          # sealed for one shuffler only
+    assert intake.submit(sign_reports(holder, [report, one_hop])) == ["accepted", "malformed"]
+    (kept,) = [r for chunk in intake.store.records() for r in chunk]
+    assert len(kept) == record_len(24, 2) and unpack_header(kept).layer == 2
+    assert intake.peeler.inner_layer == 2
