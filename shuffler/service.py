@@ -129,7 +129,12 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: an ephemeral one; SO_REUSEADDR so a restart gets it back)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port "
+                      "or --host, or stop what holds it") from None
     sock.listen(128)
     return sock
 

@@ -26,6 +26,7 @@ from sealing.upload_client import (Connection, UploadError, fetch, fetch_batch, 
                                    sign_reports, upload)
 from sealing.upload_wire import CODES, Entry, encode_upload, sign_entry
 from server.hpke_opening import HpkeReportOpener
+from shuffler.certs import make_certs
 from shuffler.store import FILE_NAME
 
 
@@ -98,6 +99,9 @@ def test_each_refusal_has_its_own_code_and_count(worlds):
     with pytest.raises(UploadError, match=r"^HTTP 401: batch refused: the signature is not the operator's"):
         fetch_batch(url, ca, h[0], world.spec_hash)
     conn.close()
+    # the client verifies the service against its CA: another CA's client refuses to talk
+    with pytest.raises(ssl.SSLCertVerificationError):
+        fetch(url, make_certs(world.folder / "other-ca").ca, "/status")
     assert blocked_attempts(world) == [] and proc.poll() is None
 
 

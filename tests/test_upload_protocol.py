@@ -1,6 +1,7 @@
 """The upload protocol's bytes (docs/wire-format.md, "Upload protocol") and the shuffler
 commands' one-line errors; in-process, no service started."""
 import hashlib
+import socket
 import io
 import stat
 import struct
@@ -11,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from benchmarks.shuffler_world import make_world
 from jobs import shuffler_service
 from sealing.hpke_report import pack_header, record_len, seal_report, unpack_header
+from sealing.round_spec import sign
 from sealing.upload_client import sign_reports
 from sealing.upload_wire import (BATCH_HEAD, Entry, WireError, batch_header, batch_request_message,
                                  decode_upload, encode_upload, read_batch, sign_entry,
@@ -109,6 +111,16 @@ def test_serve_refuses_bad_files_with_one_line(tmp_path, capsys):
     assert "not the specification's first shuffler key" in serve(key=tmp_path / "k3")
     ReportStore(tmp_path / "store", bytes(32)).close()
     assert "give each specification its own --store folder" in serve()
+    local = world.spec.replace(model="local", shuffler_keys=())
+    (tmp_path / "local.spec").write_bytes(sign(local, world.operator.sign))
+    assert "names no shuffler key" in serve(spec=tmp_path / "local.spec")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code, _, err = _run(["serve", *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in good.items()), []),
+                             "--store", str(tmp_path / "s2"), "--port", str(port)], capsys)
+        assert code == 2 and err.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in err
     assert "--port 70000" in _run(["serve", *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in good.items()), []),
                                    "--store", str(tmp_path / "s"), "--port", "70000"], capsys)[2]
 
