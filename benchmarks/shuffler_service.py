@@ -23,13 +23,26 @@ import time
 from pathlib import Path
 
 import psutil
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from benchmarks.shuffler_world import blocked_attempts, make_world, start_service, stop_all
 from rknn_ray.runio import write_json
+from sealing.hpke_report import seal_report
 from sealing.upload_client import Connection, fetch_batch, send_entries, sign_reports
 
 PAYLOAD_LEN = 24
-SECONDS_PER_REPORT = 0.002        # sealing + upload budget the upload window is sized by
+SECONDS_PER_REPORT = 0.002        # upload budget per report the window is sized by (plus sealing)
+
+
+def seal_seconds(probe: int = 100) -> float:
+    """Seconds to seal and sign one two-layer report here now (the window must outlast it)."""
+    keys = [X25519PrivateKey.generate().public_key().public_bytes_raw() for _ in range(2)]
+    holder = Ed25519PrivateKey.generate()
+    t = time.perf_counter()
+    sign_reports(holder, [seal_report(keys[0], bytes(PAYLOAD_LEN), bytes(32), bytes(16), keys[1:])
+                          for _ in range(probe)])
+    return (time.perf_counter() - t) / probe
 
 
 class PeakRss(threading.Thread):
@@ -58,7 +71,8 @@ def hwm_bytes(pid: int) -> int:
 def measure(n: int, holders: int, per_request: int, folder: Path) -> dict:
     holders = min(holders, n)
     world = make_world(folder, holders=holders, allowance=math.ceil(n / holders), floor=1,
-                       payload_len=PAYLOAD_LEN, closes_in=10 + n * SECONDS_PER_REPORT)
+                       payload_len=PAYLOAD_LEN,
+                       closes_in=10 + n * (2 * seal_seconds() + SECONDS_PER_REPORT))
     try:
         proc, url = start_service(world)
         idle_rss = psutil.Process(proc.pid).memory_info().rss
