@@ -123,23 +123,25 @@ def test_too_early_and_too_late_and_no_batch_without_reports(worlds):
 
 
 def test_release_after_the_deadline_only_above_the_floor_permuted_and_anonymous(worlds):
-    few = worlds("few", holders=2, closes_in=6, floor=3, allowance=10)
-    many = worlds("many", holders=4, closes_in=6, floor=3, allowance=10)
+    few = worlds("few", holders=2, closes_in=8, floor=3, allowance=10)
+    many = worlds("many", holders=4, closes_in=8, floor=3, allowance=10)
     (_, few_url), (_, url) = start_service(few), start_service(many)
     assert upload(few_url, few.certs.ca, few.holders[0], few.spec_hash, [few.seal(b"q" * 24)]) == ["accepted"]
     assert upload(few_url, few.certs.ca, few.holders[1], few.spec_hash, [few.seal(b"r" * 24)]) == ["accepted"]
     canary = b"PLAINTEXT-CANARY-"
     inner_sent, payloads = [], []
     shuffler_key = many.spec.shuffler_keys[0]
+    conn = Connection(url, many.certs.ca)
     for n in range(40):
         holder = many.holders[n % 4]
         payload = canary + n.to_bytes(7, "big")
         rid = secrets.token_bytes(16)
         inner = seal_layer(many.spec.server_key, payload, many.spec_hash, rid, 0)
         outer = seal_layer(shuffler_key, inner, many.spec_hash, rid, 1)
-        assert upload(url, many.certs.ca, holder, many.spec_hash, [outer]) == ["accepted"]
+        assert send_entries(conn, sign_reports(holder, [outer])) == ["accepted"]   # in this order
         inner_sent.append(inner)
         payloads.append(payload)
+    conn.close()
     time.sleep(max(0.0, many.spec.deadline - time.time()) + 0.3)
     assert upload(url, many.certs.ca, many.holders[0], many.spec_hash,
                   [many.seal(b"z" * 24)]) == ["too_late"]
@@ -172,7 +174,7 @@ def test_kill_9_mid_upload_then_restart_loses_nothing_and_counts_nothing_twice(w
     port = int(url.rsplit(":", 1)[1])
     key_file = write_holder_keys(world)[0]
     log = world.folder / "answers.log"
-    n = 400
+    n = 1000
     client = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "upload_loop_driver.py"), url, str(world.certs.ca),
          str(key_file), str(world.folder), str(n), str(log)],
