@@ -41,23 +41,22 @@ class Intake:
                              "published, or publish this key's public half")
         self.spec, self.spec_hash = spec, spec.content_hash()
         self.holders, self.keypair, self.store, self.clock = holders, keypair, store, clock
-        layers_below = len(spec.shuffler_keys)
-        self.inner_len = record_len(spec.payload_len, layers_below)
-        self.upload_len = record_len(spec.payload_len, layers_below + 1)
-        self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len, layers_below)
+        hops = len(spec.shuffler_keys)          # under hop 1: hops 2..H, then the server's layer
+        self.inner_len = record_len(spec.payload_len, hops)
+        self.upload_len = record_len(spec.payload_len, hops + 1)
+        self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len, hops)
 
     def submit(self, entries: list[Entry]) -> list[str]:
         """Each entry's code, kept and counted in one committed transaction."""
-        peeler = self.peeler
         codes = []
         with self.store.transaction():
             now = self.clock()
             for entry in entries:
-                codes.append(self._one(entry, now, peeler))
+                codes.append(self._one(entry, now))
             self.store.count_answers(Counter(codes))
         return codes
 
-    def _one(self, entry: Entry, now: float, peeler: HpkeLayerPeeler) -> str:
+    def _one(self, entry: Entry, now: float) -> str:
         key_id, signature, report = entry
         if len(key_id) != KEY_ID_LEN or len(signature) != SIGNATURE_LEN:
             return "malformed"
@@ -84,7 +83,7 @@ class Intake:
         if self.store.sent(key_id) >= self.spec.allowance:
             return "over_allowance"
         try:
-            inner = peeler.peel_one(report)
+            inner = self.peeler.peel_one(report)
         except Refused:             # malformed inner, or HPKE refused: this layer is not intact
             return "tampered"
         self.store.add(head.report_id, inner, key_id)
