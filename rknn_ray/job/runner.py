@@ -76,8 +76,12 @@ class RunResult:
         ledger.json), as :func:`run` returned it."""
         report_path = os.path.join(run_dir, RUN_FILES["report"])
         if not os.path.isfile(report_path):
+            released = os.path.exists(os.path.join(run_dir, "release.npz"))
             why = ("the run did not finish (incomplete.json says why; rknn-ray run --resume "
-                   f"{run_dir} finishes a saved release)"
+                   f"{run_dir} finishes its saved release)"
+                   if os.path.exists(os.path.join(run_dir, "incomplete.json")) and released
+                   else "the run released nothing (incomplete.json says why), so there is no "
+                   "student to resume: run the job again"
                    if os.path.exists(os.path.join(run_dir, "incomplete.json"))
                    else "it is not a run folder")
             raise DataError(f"{run_dir} has no report.json: {why}")
