@@ -1,0 +1,145 @@
+"""Issue 55, items 2-4: a party lost mid-job ends it honestly, and the job settles its ledger.
+
+Real ``jobs.distill`` processes (tests/lost_party_driver.py) on a small user table, joined to
+this session's Ray as a job under ``ray job submit`` is; one party writes its process id when
+it is surely mid-work and waits, and the test kills that process with ``kill -9``. Each job
+ends in one ``error:`` line, exit 2, no traceback, and leaves no open reservation: returned
+where no report reached the server, spent where one did. A table's shard cannot be restarted
+with its rows (they are handed over once), so its loss ends the round, unless
+``privacy.allow_partial_release`` asks for a release from the clients that reported, which
+report.json and the console then state.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rknn_ray.accounting.budget_store import BudgetStore, open_reservations
+from tests.job_args import distill_args
+from tests.table_files import table_config, write_parts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table_job(tmp_path, **privacy) -> Path:
+    """A small table job's config file (1,100 records of ~300 holders, 2 shards of ~8 batches
+    each), with ``privacy`` keys changed."""
+    write_parts(str(tmp_path))
+    cfg = table_config(str(tmp_path))
+    cfg["privacy"].update(privacy)
+    cfg["cluster"].update({"batch_clients": 20, "shard_cpus": 0.5, "server_cpus": 0.5})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _run_and_kill(ray_session, tmp_path, party: str, config: Path, victim: str,
+                  wait_for: str | None = None) -> tuple[int, str]:
+    """Run the job with ``party`` pausing; ``kill -9`` the pid in ``victim``.pid once
+    ``wait_for``.pid (default: the victim's) is there; (exit code, the job's console)."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = {**os.environ, "RKNN_RAY_LEDGER": str(tmp_path / "ledger.sqlite"),
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    args = distill_args(str(config), tmp_path / "run", "student.trainer=local")
+    log = (tmp_path / "console.txt").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.lost_party_driver", party, str(markers),
+                             *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        ready, pid_file = markers / f"{wait_for or victim}.pid", markers / f"{victim}.pid"
+        end = time.monotonic() + 300
+        while not ready.exists():
+            assert proc.poll() is None, (tmp_path / "console.txt").read_text()
+            assert time.monotonic() < end, "the party never paused"
+            time.sleep(0.1)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    return code, (tmp_path / "console.txt").read_text()
+
+
+def _one_line(code: int, text: str) -> str:
+    """The job's one error line (exit 2, no traceback anywhere on its console)."""
+    assert code == 2 and "Traceback" not in text, text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    return line
+
+
+def _settled(tmp_path) -> dict:
+    """The ledger's one source, with no reservation left open."""
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"))
+    assert open_reservations(store) == []
+    (source,) = store.datasets()
+    assert source["reserved"] == 0
+    return source
+
+
+@pytest.mark.parametrize("model", ["central", "shuffle"])
+def test_a_table_shard_killed_mid_round_ends_the_job_in_one_line(ray_session, tmp_path, model):
+    """kill -9 of client shard 0 after its first batch: its rows were handed over once, so the
+    round ends (no partial release, no wrong "no client randomized"), exit 2. Central: the
+    other shard's reports reached the server, so the job counts its reservation as spent
+    itself; shuffle: the shuffler only collected sealed reports, so it is returned."""
+    privacy = ({"model": "shuffle", "mechanism": "rr", "eps": 4.0, "delta": 1e-5}
+               if model == "shuffle" else {})
+    code, text = _run_and_kill(ray_session, tmp_path, "shard", _table_job(tmp_path, **privacy),
+                               "shard")
+    line = _one_line(code, text)
+    assert "client shard 0 was lost mid-round after sending" in line, line
+    assert "cannot be restarted" in line and "No client randomized" not in line, line
+    assert "allow_partial_release" in line and "re-sends" not in text, text
+    assert not (tmp_path / "run" / "release.npz").exists()
+    (job,) = _settled(tmp_path)["releases"]
+    if model == "central":
+        assert job["status"] == "released" and "counted as spent" in job["note"], job
+        assert "eps is counted in the ledger" in line, line
+    else:
+        assert job["status"] == "unused" and "nothing was released" in job["note"], job
+        assert "nothing was released" in line, line
+
+
+@pytest.mark.parametrize("victim", ["scanner", "holder"])
+def test_a_scan_process_killed_during_the_scan_ends_the_job_in_one_line(
+        ray_session, tmp_path, victim):
+    """kill -9 of the scan's actor, or of the parts' holder, while the scan runs: one line,
+    exit 2, before any reservation (nothing reserved, nothing released)."""
+    code, text = _run_and_kill(ray_session, tmp_path, "scan", _table_job(tmp_path), victim,
+                               wait_for="scanner")
+    line = _one_line(code, text)
+    who = "the scan's actor" if victim == "scanner" else "the parts' holder"
+    assert f"{who} died during the private scan" in line, line
+    assert "no budget was reserved" in line, line
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"))
+    assert open_reservations(store) == [] and store.datasets() == []
+
+
+def test_a_partial_release_is_allowed_only_by_the_option_and_said(ray_session, tmp_path):
+    """privacy.allow_partial_release: true: the same lost shard, and the round is released from
+    the other shard's clients; report.json and the console say so, and the job closes its
+    reservation (spent what it released)."""
+    code, text = _run_and_kill(ray_session, tmp_path, "shard",
+                               _table_job(tmp_path, allow_partial_release=True), "shard")
+    assert code == 0 and "Traceback" not in text, text
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    (partial,) = report["privacy"]["partial_release"]
+    assert partial["lost_shards"] == [0] and partial["option"] == "privacy.allow_partial_release"
+    clients = report["counts"]["clients"]
+    assert partial["clients"] == clients and 0 < partial["clients_lost"] < clients
+    assert report["counts"]["missing"][0] > 0
+    assert (f"PARTIAL RELEASE: round 1 was released without client shard(s) 0: up to "
+            f"{partial['clients_lost']} of {clients} clients did not report") in text, text
+    source = _settled(tmp_path)
+    (job,) = [r for r in source["releases"] if r["status"] == "released"]
+    assert job["round"] == 0 and source["spent"]["eps"] == pytest.approx(2.0)
