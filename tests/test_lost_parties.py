@@ -27,12 +27,13 @@ from tests.table_files import table_config, write_parts
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _table_job(tmp_path, **privacy) -> Path:
+def _table_job(tmp_path, rounds: int = 1, **privacy) -> Path:
     """A small table job's config file (1,100 records of ~300 holders, 2 shards of ~8 batches
     each), with ``privacy`` keys changed."""
     write_parts(str(tmp_path))
     cfg = table_config(str(tmp_path))
     cfg["privacy"].update(privacy)
+    cfg["rounds"] = {"count": rounds}
     cfg["cluster"].update({"batch_clients": 20, "shard_cpus": 0.5, "server_cpus": 0.5})
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -126,20 +127,23 @@ def test_a_scan_process_killed_during_the_scan_ends_the_job_in_one_line(
 
 
 def test_a_partial_release_is_allowed_only_by_the_option_and_said(ray_session, tmp_path):
-    """privacy.allow_partial_release: true: the same lost shard, and the round is released from
-    the other shard's clients; report.json and the console say so, and the job closes its
-    reservation (spent what it released)."""
+    """privacy.allow_partial_release: true: the same lost shard, and each of the job's two
+    rounds is released from the other shard's clients (the second without asking the lost
+    one); report.json and the console say so, and the job closes its reservation."""
     code, text = _run_and_kill(ray_session, tmp_path, "shard",
-                               _table_job(tmp_path, allow_partial_release=True), "shard")
+                               _table_job(tmp_path, rounds=2, allow_partial_release=True), "shard")
     assert code == 0 and "Traceback" not in text, text
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    (partial,) = report["privacy"]["partial_release"]
-    assert partial["lost_shards"] == [0] and partial["option"] == "privacy.allow_partial_release"
+    first, second = report["privacy"]["partial_release"]
     clients = report["counts"]["clients"]
-    assert partial["clients"] == clients and 0 < partial["clients_lost"] < clients
-    assert report["counts"]["missing"][0] > 0
-    assert (f"PARTIAL RELEASE: round 1 was released without client shard(s) 0: up to "
-            f"{partial['clients_lost']} of {clients} clients did not report") in text, text
+    for t, partial in enumerate((first, second)):
+        assert partial["lost_shards"] == [0], partial
+        assert partial["option"] == "privacy.allow_partial_release"
+        assert partial["clients"] == clients and 0 < partial["clients_lost"] < clients
+        assert report["counts"]["missing"][t] > 0
+        assert (f"PARTIAL RELEASE: round {t + 1} was released without client shard(s) 0: up "
+                f"to {partial['clients_lost']} of {clients} clients did not report") in text, text
+    assert second["clients_lost"] > first["clients_lost"]    # its first batch counted in round 1
     source = _settled(tmp_path)
-    (job,) = [r for r in source["releases"] if r["status"] == "released"]
-    assert job["round"] == 0 and source["spent"]["eps"] == pytest.approx(2.0)
+    released = [r["round"] for r in source["releases"] if r["status"] == "released"]
+    assert released == [0, 1] and source["spent"]["eps"] == pytest.approx(2.0)

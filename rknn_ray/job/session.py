@@ -223,6 +223,7 @@ class ProtocolSession:
         self._sources = [[ray.put(src)] for src in sources]
         # a table's shard takes its parts once: restarted, it cannot open its records again
         self._read_once = [getattr(src, "parts", None) is not None for src in sources]
+        self._lost: set = set()     # shards lost for good (privacy.allow_partial_release)
         # data.private.sites: each shard's site name (None: not a site's shard), for placement
         self._sites = [getattr(getattr(src, "site", None), "name", None) for src in sources]
         for i in range(len(sources)):
@@ -518,6 +519,8 @@ class ProtocolSession:
                 errors.append(failure)
 
         def _pump(i: int, shard):
+            if i in self._lost:         # allow_partial_release: gone for the job's later rounds
+                return ShardLost(i, 0, 0, self.shard_clients[i], "it was lost in an earlier round")
             sizes = piece_clients(self.shard_clients[i], int(cl.batch_clients))
             source = self._sources[i]           # close() empties the list under a late thread
             once = self._read_once[i]
@@ -550,7 +553,8 @@ class ProtocolSession:
                     sink_party = "shuffler" if is_shuffler else "server"
                     return PartyFailure(_actor_death(
                         f"the {sink_party} died; no counts were released", died.cause), sink_party)
-                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
+                        ray.exceptions.NodeDiedError) as exc:
                     if self._closing:        # the job is ending (an interrupt): no retry, no line
                         return None
                     if once:
@@ -583,6 +587,7 @@ class ProtocolSession:
             raise cause
         if not lost:
             return None
+        self._lost.update(lost)
         gone = sum(f.clients - f.delivered for f in lost.values())
         partial = {"lost_shards": sorted(lost), "clients": self.num_clients,
                    "clients_lost": int(gone), "option": "privacy.allow_partial_release"}
