@@ -5,9 +5,9 @@
 subclass that writes its process id to ``MARKERS/<party>.pid`` when it is surely mid-work,
 then waits: the test kills that process with ``kill -9`` (tests/faulty_parties.py).
 
-PARTY: ``shard`` (client shard 0, after its first batch of the round) or ``scan`` (the scan's
-actor waits before scanning, in ``scanner.pid``; the parts' holder writes ``holder.pid`` as
-it starts the scan).
+PARTY: ``shard`` (client shard 0, after its first batch of the round; ``shard:N``: shard N)
+or ``scan`` (the scan's actor waits before scanning, in ``scanner.pid``; the parts' holder
+writes ``holder.pid`` as it starts the scan).
 """
 from __future__ import annotations
 
@@ -45,9 +45,10 @@ def _patch_scan(markers: str) -> None:
 def main(party: str, markers: str, args: list[str]) -> int:
     import jobs.distill as distill
     from rknn_ray.job.session import Parties
-    if party == "shard":
+    if party.split(":")[0] == "shard":
+        index = int(party.split(":")[1]) if ":" in party else 0
         shard = pausing_shard(os.path.join(markers, "shard.pid"))
-        distill.run = functools.partial(distill.run, parties=Parties(shards={0: shard}))
+        distill.run = functools.partial(distill.run, parties=Parties(shards={index: shard}))
     elif party == "scan":
         _patch_scan(markers)
     else:

@@ -88,20 +88,23 @@ class PartyFailure(RknnError):
 
 
 class ShardLost(PartyFailure):
-    """A client shard died mid-round and will not send the rest of its clients' reports:
-    ``sent`` batches (``delivered`` clients, those counted) reached the shuffler or server
-    first. Without ``privacy.allow_partial_release`` the round ends here, nothing released."""
+    """A client shard died mid-round and will not send the rest of its clients' reports
+    (``delivered`` of its ``clients`` reached the shuffler or server first, and count).
+    Without ``privacy.allow_partial_release`` the round ends here, nothing released."""
 
-    def __init__(self, shard: int, sent: int, delivered: int, clients: int, why: str,
-                 cause: BaseException | None = None):
-        said = f" ({first_line(cause)[:160]})" if cause is not None and str(cause).strip() else ""
-        super().__init__(
-            f"client shard {shard} was lost mid-round after sending {sent} of its batches and "
-            f"is not coming back: {why}{said}; the round is ended with no counts released, "
-            f"rather than released from fewer clients than the job has. Fix: re-run the job "
-            f"(or set privacy.allow_partial_release: true to release from the clients that "
-            f"reported)", f"client shard {shard}")
-        self.shard, self.sent, self.delivered, self.clients = shard, sent, delivered, clients
+    def __init__(self, message: str, shard: int, delivered: int, clients: int):
+        super().__init__(message, f"client shard {shard}")
+        self.shard, self.delivered, self.clients = shard, delivered, clients
+
+    @classmethod
+    def read_once(cls, shard: int, sent: int, delivered: int, clients: int) -> "ShardLost":
+        """A table's shard: its rows were handed over once, so no restart can send them."""
+        return cls(f"client shard {shard} was lost mid-round after sending {sent} of its "
+                   "batches and is not coming back: a table's shard takes its rows once, so it "
+                   "cannot be restarted with them; the round is ended with no counts released, "
+                   "rather than released from fewer clients than the job has. Fix: re-run the "
+                   "job (or set privacy.allow_partial_release: true to release from the clients "
+                   "that reported)", shard, delivered, clients)
 
 
 class _SinkDied(Exception):
@@ -520,7 +523,8 @@ class ProtocolSession:
 
         def _pump(i: int, shard):
             if i in self._lost:         # allow_partial_release: gone for the job's later rounds
-                return ShardLost(i, 0, 0, self.shard_clients[i], "it was lost in an earlier round")
+                return ShardLost(f"client shard {i} was lost in an earlier round", i, 0,
+                                 self.shard_clients[i])
             sizes = piece_clients(self.shard_clients[i], int(cl.batch_clients))
             source = self._sources[i]           # close() empties the list under a late thread
             once = self._read_once[i]
@@ -558,18 +562,19 @@ class ProtocolSession:
                     if self._closing:        # the job is ending (an interrupt): no retry, no line
                         return None
                     if once:
-                        return ShardLost(i, sent, sum(sizes[:sent]), self.shard_clients[i],
-                                         "a table's shard takes its rows once, so it cannot be "
-                                         "restarted with them")
+                        return ShardLost.read_once(i, sent, sum(sizes[:sent]),
+                                                   self.shard_clients[i])
                     if attempt == SHARD_RETRIES:
-                        return ShardLost(i, sent, 0, self.shard_clients[i],
-                                         f"it died {attempt + 1} times", exc)
+                        return ShardLost(_actor_death(
+                            f"client shard {i} died {attempt + 1} times; no counts were released",
+                            exc), i, 0, self.shard_clients[i])
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
                         "it; it re-sends the round (same reports, counted once)")
                     alive, why = _wait_alive(shard, source)
                     if not alive:
-                        return ShardLost(i, sent, 0, self.shard_clients[i],
-                                         "it did not come back", why or exc)
+                        return ShardLost(_actor_death(
+                            f"client shard {i} died and did not come back; no counts were "
+                            "released", why or exc), i, 0, self.shard_clients[i])
             return None
 
         threads = [threading.Thread(target=pump, args=(i, s), daemon=True)
