@@ -1,8 +1,9 @@
 """Issue 55, items 2-4: a party lost mid-job ends it honestly, and the job settles its ledger.
 
 Real ``jobs.distill`` processes (tests/lost_party_driver.py) on a small user table, joined to
-this session's Ray as a job under ``ray job submit`` is; one party writes its process id when
-it is surely mid-work and waits, and the test kills that process with ``kill -9``. Each job
+this session's Ray as a job under ``ray job submit`` is (or to a two-node ``rknn-ray
+cluster`` for a site node); one party writes its process id when it is surely mid-work and
+waits, and the test kills that process (or its node's raylet) with ``kill -9``. Each job
 ends in one ``error:`` line, exit 2, no traceback, and leaves no open reservation: returned
 where no report reached the server, spent where one did. A table's shard cannot be restarted
 with its rows (they are handed over once), so its loss ends the round, unless
@@ -41,19 +42,23 @@ def _table_job(tmp_path, rounds: int = 1, **privacy) -> Path:
 
 
 def _run_and_kill(ray_session, tmp_path, party: str, config: Path, victim: str,
-                  wait_for: str | None = None) -> tuple[int, str]:
-    """Run the job with ``party`` pausing; ``kill -9`` the pid in ``victim``.pid once
-    ``wait_for``.pid (default: the victim's) is there; (exit code, the job's console)."""
+                  wait_for: str | None = None, wrapper=(), kill=None) -> tuple[int, str]:
+    """Run the job with ``party`` pausing; ``kill -9`` the pid in ``victim``.pid (``kill(pid)``:
+    another process) once ``wait_for``.pid (default: the victim's) is there; (exit code, the
+    job's console). It joins this session's Ray, or (``ray_session`` None) ``wrapper``'s."""
     markers = tmp_path / "markers"
     markers.mkdir()
     env = {**os.environ, "RKNN_RAY_LEDGER": str(tmp_path / "ledger.sqlite"),
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+           "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    if ray_session is not None:
+        env["RAY_ADDRESS"] = ray_session.get_runtime_context().gcs_address
     args = distill_args(str(config), tmp_path / "run", "student.trainer=local")
     log = (tmp_path / "console.txt").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "tests.lost_party_driver", party, str(markers),
-                             *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen([*wrapper, sys.executable, "-m", "tests.lost_party_driver", party,
+                             str(markers), *args], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     try:
         ready, pid_file = markers / f"{wait_for or victim}.pid", markers / f"{victim}.pid"
         end = time.monotonic() + 300
@@ -61,7 +66,7 @@ def _run_and_kill(ray_session, tmp_path, party: str, config: Path, victim: str,
             assert proc.poll() is None, (tmp_path / "console.txt").read_text()
             assert time.monotonic() < end, "the party never paused"
             time.sleep(0.1)
-        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        (kill or _kill_9)(int(pid_file.read_text()))
         code = proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
@@ -69,6 +74,10 @@ def _run_and_kill(ray_session, tmp_path, party: str, config: Path, victim: str,
             proc.wait()
         log.close()
     return code, (tmp_path / "console.txt").read_text()
+
+
+def _kill_9(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
 
 
 def _one_line(code: int, text: str) -> str:
@@ -147,3 +156,33 @@ def test_a_partial_release_is_allowed_only_by_the_option_and_said(ray_session, t
     source = _settled(tmp_path)
     released = [r["round"] for r in source["releases"] if r["status"] == "released"]
     assert released == [0, 1] and source["spent"]["eps"] == pytest.approx(2.0)
+
+
+def _kill_its_raylet(pid: int) -> None:
+    """kill -9 of the raylet that started worker ``pid`` (its parent): the whole node is lost."""
+    ppid = int(next(ln.split()[1] for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if ln.startswith("PPid:")))
+    assert Path(f"/proc/{ppid}/comm").read_text().strip() == "raylet"
+    os.kill(ppid, signal.SIGKILL)
+
+
+def test_a_site_node_lost_mid_round_ends_the_job_in_one_line(tmp_path):
+    """``rknn-ray cluster`` of two nodes, site a's on the head (with the server), site b's on
+    its own; kill -9 of site b's raylet while its shard is mid-round: the node is gone with the
+    site's rows, so the job ends in one line at once (no wait for a restart that cannot come),
+    exit 2, and settles its reservation (spent: site a's reports reached the server)."""
+    from tests.test_table_sites import _config, _write_sites
+    where = _write_sites(str(tmp_path))
+    sites = {n: {"path": where[n], "labels": {"site": n}} for n in ("a", "b")}
+    cfg = _config(str(tmp_path), sites, cluster={"batch_clients": 5})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(cfg))
+    wrapper = [sys.executable, "-m", "jobs.local_cluster", "--node", "server+client:site=a",
+               "--node", "client:site=b", "--"]
+    start = time.monotonic()
+    code, text = _run_and_kill(None, tmp_path, "shard:1", tmp_path / "job.yaml", "shard",
+                               wrapper=wrapper, kill=_kill_its_raylet)
+    line = _one_line(code, text)
+    assert "client shard 1 was lost mid-round after sending" in line, line
+    assert "reports opened" not in text and time.monotonic() - start < 240, text
+    (job,) = _settled(tmp_path)["releases"]
+    assert job["status"] == "released" and "counted as spent" in job["note"], job
