@@ -145,6 +145,20 @@ class ShufflerDyingAtShuffle(ShufflerImpl):
         os._exit(1)
 
 
+class ShufflerDyingInRound2(ShufflerImpl):
+    """The shuffler process dies when asked to shuffle the job's second round: the first
+    round was released, no report of the second reached the server."""
+
+    def start_round(self, round_id: int, *args, **kwargs):
+        self._round = round_id
+        return super().start_round(round_id, *args, **kwargs)
+
+    def stats(self, *args, **kwargs):
+        if getattr(self, "_round", 0) == 1:
+            os._exit(1)
+        return super().stats(*args, **kwargs)
+
+
 class ShufflerDyingAtSubmit(ShufflerImpl):
     """The shuffler process dies as the first client batch reaches it (the clients' stage):
     nothing was released, and the shards, alive throughout, are not the party to name."""

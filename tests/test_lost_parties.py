@@ -186,3 +186,31 @@ def test_a_site_node_lost_mid_round_ends_the_job_in_one_line(tmp_path):
     assert "reports opened" not in text and time.monotonic() - start < 240, text
     (job,) = _settled(tmp_path)["releases"]
     assert job["status"] == "released" and "counted as spent" in job["note"], job
+
+
+def test_a_party_lost_in_a_later_round_returns_only_what_no_round_used(
+        ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger):
+    """digits_shuffle in two rounds, the shuffler dying as it is asked to shuffle round 2: round
+    1 stays released and spent, and since no report of round 2 reached the server the job
+    returns the rest of its reservation itself (no open reservation)."""
+    import functools
+
+    import jobs.distill as distill
+    from rknn_ray.job.session import Parties
+    from tests.faulty_parties import ShufflerDyingInRound2
+    monkeypatch.setattr(distill, "run", functools.partial(
+        distill.run, parties=Parties(shuffler=ShufflerDyingInRound2)))
+    code = distill.main(distill_args("digits_shuffle.yaml", tmp_path / "run", "rounds.count=2",
+                                     "run.rng=seeded", extra=["--insecure-seeded"]))
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and "the shuffler died" in line and "Traceback" not in err, err
+    assert "its release is saved" in line, line        # round 1, for --resume
+    store = BudgetStore(str(isolated_privacy_ledger))
+    assert open_reservations(store) == []
+    (source,) = store.datasets()
+    released = [r for r in source["releases"] if r["status"] == "released"]
+    (rest,) = [r for r in source["releases"] if r["status"] == "unused"]
+    assert [r["round"] for r in released] == [0] and "nothing was released" in rest["note"]
+    assert source["spent"]["eps"] == pytest.approx(released[0]["eps"])
+    assert 0 < released[0]["eps"] < 2.0

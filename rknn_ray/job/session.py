@@ -200,8 +200,9 @@ class ProtocolSession:
                  progress=None, parties: Parties | None = None):
         self.cfg, self.job_id, self.progress = cfg, job_id, progress
         self._closing = False       # set by close(): client threads still running then go quietly
-        #: a report may have reached the Server (from the first hand-over on): a failed round
-        #: before it released nothing to anyone (the shuffler cannot open a report)
+        #: a report of the current round may have reached the Server (from its first
+        #: hand-over on): a round that fails before released nothing to anyone (the shuffler
+        #: cannot open a report)
         self.reached_server = False
         self.parties = parties = parties or Parties()
         cl = cfg.cluster
@@ -330,7 +331,9 @@ class ProtocolSession:
         cl = self.cfg.cluster
         if not cl.precompute_keys:
             return None
-        for shard in self.shards:
+        for i, shard in enumerate(self.shards):
+            if i in self._lost:           # privacy.allow_partial_release: not in later rounds
+                continue
             try:
                 self._preparing.append(shard.prepare_keys.remote(messages, int(cl.precompute_max)))
             except ray.exceptions.RayError:   # never fatal: that shard makes its keys in the round
@@ -365,6 +368,7 @@ class ProtocolSession:
         model = mechanism.model
         ctx = RoundContext(self.job_id, round_id)
         ledger.check(guarantee_of(mechanism))   # refuse before any client works
+        self.reached_server = False             # this round's reports: none handed over yet
         if self._preparing:
             self._collect_prepared()
         say = self.progress.say if self.progress else (lambda _m: None)
@@ -403,7 +407,8 @@ class ProtocolSession:
         partial = self._stream_clients(ray.put(spec), sink, say)
         timings["clients"] = time.perf_counter() - t0   # central/local: opening overlaps this
         # the shards are done: their stage CPU and nodes come while the server opens
-        infos = [s.round_info.remote() for s in self.shards]
+        infos = [(i, s.round_info.remote()) for i, s in enumerate(self.shards)
+                 if i not in self._lost]      # a lost shard's node may be gone: not asked
         shuffle_stats = None
         if hops:
             t1 = time.perf_counter()
@@ -454,7 +459,7 @@ class ProtocolSession:
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         shard_nodes, ahead = [], 0
-        for i, ref in enumerate(infos):
+        for i, ref in infos:
             try:
                 info = ray.get(ref, timeout=60)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
