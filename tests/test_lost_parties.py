@@ -214,3 +214,33 @@ def test_a_party_lost_in_a_later_round_returns_only_what_no_round_used(
     assert [r["round"] for r in released] == [0] and "nothing was released" in rest["note"]
     assert source["spent"]["eps"] == pytest.approx(released[0]["eps"])
     assert 0 < released[0]["eps"] < 2.0
+
+
+def test_a_dataset_shard_killed_mid_round_is_restarted_and_counted_once(clean_shuffle_round,
+                                                                        tmp_path):
+    """A built-in dataset's shard (its records by reference, readable again) killed with
+    kill -9 after its first batch is restarted by Ray and re-sends the round: the same
+    reports, the copies dropped, the release that of the round without the fault."""
+    import threading
+
+    import numpy as np
+
+    from rknn_ray.job.session import Parties
+    from tests.digits_rounds import session_round
+    from tests.faulty_parties import pausing_shard
+    cfg, clean = clean_shuffle_round
+    marker = tmp_path / "shard.pid"
+
+    def kill_when_paused():
+        end = time.monotonic() + 300
+        while not marker.exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        _kill_9(int(marker.read_text()))
+    killer = threading.Thread(target=kill_when_paused, daemon=True)
+    killer.start()
+    parties = Parties(shards={0: pausing_shard(marker)})
+    _, _, _, _, (hit,) = session_round(cfg, job_id="job-clean", parties=parties)
+    killer.join(timeout=5)
+    np.testing.assert_array_equal(hit.counts, clean.counts)
+    assert hit.messages == clean.messages and hit.rejected["duplicate_message"] > 0
+    assert hit.partial is None and hit.shuffler["senders"] == clean.shuffler["senders"]
