@@ -168,6 +168,11 @@ def _main(args) -> int:
           f"({p['unit']}-level, {p['neighbour']}): label accuracy "
           f"{accuracy_words(acc, 'labels')}, student accuracy {accuracy_words(acc, 'student')}")
     from jobs.report import eps0_words      # the summary's words (a light module)
+    for t, part in enumerate(p.get("partial_release") or []):
+        if part:
+            print(f"PARTIAL RELEASE: round {t + 1} was released without client shard(s) "
+                  f"{', '.join(map(str, part['lost_shards']))}: up to {part['clients_lost']} of "
+                  f"{part['clients']} clients did not report (privacy.allow_partial_release)")
     eps0 = eps0_words(p)
     if eps0 is not None:
         print(f"each client randomized its report at local eps0 = {eps0} (the amplification "

@@ -809,6 +809,14 @@ class BudgetStore:
             con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND "
                         "job_id = ? AND status = 'reserved'", (note, time.time(), identity, job_id))
 
+    def spend_job(self, identity: str, job_id: str, note: str) -> None:
+        """The job ended itself where a release may have happened: what it reserved and did
+        not commit is counted as spent now (as ``settle`` would), so nothing stays open."""
+        with self._transaction() as con:
+            con.execute("UPDATE releases SET status = 'released', note = ?, updated = ? WHERE "
+                        "identity = ? AND job_id = ? AND status = 'reserved'",
+                        (note, time.time(), identity, job_id))
+
 
 # ---------------------------------------------------------------------- open reservations
 #: the note a reservation gets when its clients may randomize (mark_started); words only:

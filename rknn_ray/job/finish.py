@@ -120,7 +120,10 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                     "budget": {"description": ctx.described,    # the config's words only
                                "ledger": ctx.store.path,
                                "shown_by": f"rknn-ray budget --ledger {ctx.store.path}"},
-                    "release_file": "release.npz", **rng_marks(cfg)},
+                    "release_file": "release.npz", **rng_marks(cfg),
+                    # privacy.allow_partial_release: per round, the shards lost (None: all sent)
+                    "partial_release": ([r.partial for r in rounds]
+                                        if any(r.partial for r in rounds) else None)},
         "counts": {**data.public_counts(), "queries": all_qs.size,
                    "messages": _total(r.messages for r in rounds),
                    "received": _total(r.received for r in rounds),

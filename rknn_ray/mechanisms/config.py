@@ -84,6 +84,10 @@ class PrivacyConfig:
                                         "protocol (null: 0.5 for multi, 1.0 single message; "
                                         "docs/threat-model.md)", float, low=0, high=1,
                                         low_open=True, nullable=True)
+    allow_partial_release: bool = key(False, "a client shard lost mid-round that cannot come "
+                                      "back: false ends the job (exit 2, nothing released); "
+                                      "true releases from the clients that reported, said in "
+                                      "report.json and on the console", bool)
 
 
 @dataclass(frozen=True)
