@@ -675,7 +675,8 @@ def comparison_plot(rows: list[dict]) -> bytes | None:
     if len(pts) < 2:
         return None
     from rknn_ray.plots import runs_vs_eps_png  # defers matplotlib
-    return runs_vs_eps_png([(f"{r.get('model')}/{r.get('mechanism')}", r["eps"],
+    return runs_vs_eps_png([((str(r.get("dataset")), f"{r.get('model')}/{r.get('mechanism')}"),
+                             r["eps"],
                              r.get("accuracy", NAN), r.get("label_accuracy", NAN)) for r in pts])
 
 
