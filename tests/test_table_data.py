@@ -455,3 +455,19 @@ def _shifted(table: pa.Table) -> pa.Table:
     """Every pixel + 7: records no other table here holds, not even as near copies."""
     return pa.table({n: (pc.add(table.column(n), 7.0) if n.startswith("p") else table.column(n))
                      for n in table.column_names})
+
+
+def test_a_column_not_found_names_the_closest_match_first():
+    """Issue 57: the list of columns was cut before the name the user meant, and no closest
+    match was named."""
+    from rknn_ray.data.tables import Part, missing
+    schema = pa.schema([(f"c{i}", pa.float64()) for i in range(20)] +
+                       [("mean area", pa.float64()), ("label", pa.string())])
+    with pytest.raises(DataError) as err:
+        missing(Part("private", path="x.csv"), schema, ["label", "mean_area"])
+    msg = str(err.value)
+    assert "column 'mean_area' not found" in msg and "did you mean 'mean area'?" in msg
+    assert msg.index("'mean area'") < msg.index("'c0'")
+    with pytest.raises(DataError) as err:
+        missing(Part("private", path="x.csv"), schema, ["zzz"])
+    assert "did you mean" not in str(err.value)
