@@ -736,7 +736,8 @@ class BudgetStore:
         con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
                     "note, created, updated, accounting, meta) VALUES (?, ?, ?, 'released', ?, ?, "
                     "?, ?, ?, ?, ?, ?)",
-                    (identity, job_id, round_id, eps, delta, json.dumps(event, default=str), note,
+                    (identity, job_id, round_id, eps, delta, json.dumps(event, default=str),
+                     None if note is None else plain_note(note),
                      time.time(), time.time(),
                      None if costing is None else json.dumps(costing.to_dict()),
                      None if meta is None else json.dumps(meta, default=_plain)))
@@ -798,6 +799,7 @@ class BudgetStore:
 
     def close_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended normally: what it reserved and did not release is given back."""
+        note = plain_note(note)
         with self._transaction() as con:
             con.execute("UPDATE releases SET status = 'unused', note = ?, updated = ? WHERE "
                         "identity = ? AND job_id = ? AND status = 'reserved'",
@@ -805,6 +807,7 @@ class BudgetStore:
 
     def mark_failed(self, identity: str, job_id: str, note: str) -> None:
         """The job died where a release may have happened: its reservation stays counted."""
+        note = plain_note(note)
         with self._transaction() as con:
             con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND "
                         "job_id = ? AND status = 'reserved'", (note, time.time(), identity, job_id))
@@ -812,10 +815,23 @@ class BudgetStore:
     def spend_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended itself where a release may have happened: what it reserved and did
         not commit is counted as spent now (as ``settle`` would), so nothing stays open."""
+        note = plain_note(note)
         with self._transaction() as con:
             con.execute("UPDATE releases SET status = 'released', note = ?, updated = ? WHERE "
                         "identity = ? AND job_id = ? AND status = 'reserved'",
                         (note, time.time(), identity, job_id))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_RAY_HANDLE = re.compile(r"\bActor(?:Handle)?\((\w+), [0-9a-f]{8,}\)")
+
+
+def plain_note(text: str, limit: int = 500) -> str:
+    """A ledger note as ``rknn-ray budget`` shows it: one line of words, without terminal
+    colour codes or Ray's actor handles (Ray's error texts carry both; issue 57)."""
+    text = _RAY_HANDLE.sub(r"the \1 actor", _ANSI.sub("", str(text)))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------- open reservations
