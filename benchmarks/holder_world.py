@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.shuffler_world import ROOT, World, make_world
 from holder.accountant import mechanism_of, own_cost
-from holder.identity import keygen
+from holder.identity import keygen, load
 from sealing.round_spec import EncoderFile
 
 HOLDER_BLOCKED = ("ray", "server", "shuffler", "actors", "torch")
@@ -90,9 +90,10 @@ def holder_rows(seed: int, n: int = 5) -> str:
 
 def make_holder_world(folder: str | Path, holders: int = 2, eps0: float = 1.0, floor: int = 2,
                       claimed_eps: float | None = None, closes_in: float = 600,
-                      round_: int = 0) -> tuple[World, list[Path]]:
+                      round_: int = 0, reuse: list[Path] = ()) -> tuple[World, list[Path]]:
     """A world whose specification the holder program answers, and each holder's folder
-    (``key/``, ``data.csv``, ``ledger.db``), registered with the shuffler."""
+    (``key/``, ``data.csv``, ``ledger.db``), registered with the shuffler; ``reuse``: holder
+    folders of an earlier world that answer this one too (registered here as well)."""
     folder = Path(folder)
     files = publish_encoder(folder / "published")
     probe = make_world(folder / "probe", holders=1)
@@ -100,9 +101,11 @@ def make_holder_world(folder: str | Path, holders: int = 2, eps0: float = 1.0, f
     world = make_world(folder / "world", holders=1, registered=1, closes_in=closes_in,
                        floor=floor, allowance=1, payload_len=changes["payload_len"],
                        spec_changes=changes, files=files)
-    dirs = []
+    dirs = list(reuse)
     with open(world.holders_file, "a") as reg:
-        for i in range(holders):
+        for d in dirs:
+            reg.write(load(d / "key").key_id + "\n")
+        for i in range(holders - len(dirs)):
             d = folder / f"holder{i}"
             reg.write(keygen(d / "key").key_id + "\n")
             (d / "data.csv").write_text(holder_rows(i))
