@@ -50,7 +50,7 @@ class HolderLedger:
     def refuse(self, spec: RoundSpec, why: str) -> SpecRefused:
         """The refusal, written to the ledger with its reason (nothing spent)."""
         line = f"refused {spec.job_id} round {spec.round}: {why}; nothing uploaded"
-        self.store.record_refusal(self.identity, job_id_of(spec), spec.round, line)
+        self.store.record_refusal(self.identity, job_id_of(spec), line)
         return SpecRefused(f"{line} (ledger {self.store.path})")
 
     def charge(self, spec: RoundSpec, cost: OwnCost) -> None:

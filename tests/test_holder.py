@@ -145,7 +145,8 @@ def test_a_policy_of_eps_1_answers_one_round_and_refuses_the_next(worlds):
     assert "above its policy total 1" in one_line(refused.stderr)
     assert status(url1, second)["answers"]["accepted"] == 0                # nothing uploaded
     rows = ledger_rows(d)
-    assert [(r[0], r[1]) for r in rows] == [("released", 0), ("unused", 1)]
+    assert [(r[0], r[1]) for r in rows] == [("released", 0), ("unused", None)]
+    assert rows[1][3].startswith("refused trial-job round 1: ")
     assert rows[1][2] == 0 and "would bring this holder's total to 2" in rows[1][3]
     assert holder_blocked_attempts(first) == holder_blocked_attempts(second) == []
 
