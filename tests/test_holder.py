@@ -79,7 +79,7 @@ def run_holder_cli(args, tmp_path):
 
 
 def test_holders_join_and_the_server_opens_their_reports(worlds):
-    world, dirs = worlds(holders=2, floor=2, closes_in=25)
+    world, dirs = worlds(holders=2, floor=2, closes_in=20)
     _, url = start_service(world)
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "RKNN_BLOCK_LOG": str(world.folder / "holder-blocked.log")}
@@ -131,6 +131,31 @@ def test_a_retry_sends_the_same_bytes_counted_once_and_charged_once(worlds):
     assert third.returncode == 0 and "{'duplicate': 1}" in third.stdout, third.stderr
     assert status(url, world)["accepted"] == 1 and [r[0] for r in ledger_rows(d)] == ["released"]
     assert holder_blocked_attempts(world) == []
+
+
+def test_an_upload_that_failed_is_retried_later_with_the_same_bytes_charged_once(worlds):
+    """The service refuses the first upload (the holder is not registered yet) after the
+    holder charged and kept its reports; the shuffler restarts with it registered and the
+    holder runs join again: the kept bytes go out, accepted, with no second charge."""
+    world, (d,) = worlds(holders=1)
+    registry = world.holders_file.read_text()
+    world.holders_file.write_text("\n".join(registry.splitlines()[:-1]) + "\n")   # not yet
+    proc, url = start_service(world)
+    failed = run_holder(world, join_args(world, url, d))
+    assert failed.returncode == 2 and "{'unknown_key': 1}" in one_line(failed.stderr)
+    sent = (d / "key" / "sent" / world.spec_hash.hex()).read_bytes()
+    assert [r[0] for r in ledger_rows(d)] == ["released"]          # charged before the upload
+    proc.terminate()
+    proc.wait(10)
+    world.holders_file.write_text(registry)                        # the shuffler admits it
+    _, url2 = start_service(world, port=int(url.rsplit(":", 1)[1]))
+    again = run_holder(world, join_args(world, url2, d))
+    assert again.returncode == 0 and "{'accepted': 1}; a retry" in again.stdout, again.stderr
+    assert (d / "key" / "sent" / world.spec_hash.hex()).read_bytes() == sent
+    assert [r[0] for r in ledger_rows(d)] == ["released"]          # charged once
+    st = status(url2, world)
+    assert st["accepted"] == 1 and st["answers"]["unknown_key"] == 1
+    assert holder_blocked_attempts(world) == [] and blocked_attempts(world) == []
 
 
 def test_a_policy_of_eps_1_answers_one_round_and_refuses_the_next(worlds):
