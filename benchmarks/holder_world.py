@@ -92,7 +92,8 @@ def make_holder_world(folder: str | Path, holders: int = 2, eps0: float = 1.0, f
                       claimed_eps: float | None = None, closes_in: float = 600,
                       round_: int = 0, reuse: list[Path] = ()) -> tuple[World, list[Path]]:
     """A world whose specification the holder program answers, and each holder's folder
-    (``key/``, ``data.csv``, ``ledger.db``), registered with the shuffler; ``reuse``: holder
+    (``holders/holder<i>/``: ``key/``, ``data.csv``, ``ledger.db``, the layout ``holder
+    join-many --holders-dir`` reads), registered with the shuffler; ``reuse``: holder
     folders of an earlier world that answer this one too (registered here as well)."""
     folder = Path(folder)
     files = publish_encoder(folder / "published")
@@ -106,7 +107,7 @@ def make_holder_world(folder: str | Path, holders: int = 2, eps0: float = 1.0, f
         for d in dirs:
             reg.write(load(d / "key").key_id + "\n")
         for i in range(holders - len(dirs)):
-            d = folder / f"holder{i}"
+            d = folder / "holders" / f"holder{i}"
             reg.write(keygen(d / "key").key_id + "\n")
             (d / "data.csv").write_text(holder_rows(i))
             dirs.append(d)

@@ -89,10 +89,25 @@ def join(url: str, cafile, identity: Identity, key_dir: str | os.PathLike, data:
          assume_collusion: bool = False) -> Joined:
     """Answer the service's round (module docstring); SpecRefused, SpecError, UploadError,
     DataFileError with one line otherwise."""
-    key_dir = Path(key_dir)
+    spec, encoder = published(url, cafile, operator_key)
+    return answer_round(url, cafile, spec, encoder, identity, key_dir, data, ledger, policy,
+                        label, assume_collusion)
+
+
+def published(url: str, cafile, operator_key: bytes) -> tuple[RoundSpec, PublishedEncoder]:
+    """The verified specification and its checked encoder (fetched once for many holders)."""
     spec = fetch_spec(url, cafile, operator_key)
     with tempfile.TemporaryDirectory(prefix="rknn-holder-") as tmp:
-        encoder = fetch_encoder(url, cafile, spec, Path(tmp))
+        return spec, fetch_encoder(url, cafile, spec, Path(tmp))
+
+
+def answer_round(url: str, cafile, spec: RoundSpec, encoder: PublishedEncoder,
+                 identity: Identity, key_dir: str | os.PathLike, data: str, ledger: str,
+                 policy: Policy, label: str | None = None, assume_collusion: bool = False,
+                 conn: Connection | None = None) -> Joined:
+    """One holder's answer to a verified specification: charge its ledger, seal, upload
+    (over ``conn`` when given, else a connection of its own)."""
+    key_dir = Path(key_dir)
     rows, labels = answer.read_rows(data, label, encoder)
     inputs = encoder.inputs(rows)
     book = HolderLedger(ledger, Path(data).name, inputs, policy)
@@ -112,9 +127,11 @@ def join(url: str, cafile, identity: Identity, key_dir: str | os.PathLike, data:
             book.charge(spec, cost)
         _keep(sent, reports)
         eps = cost.eps
-    conn = Connection(url, cafile)
+    own = conn is None
+    conn = Connection(url, cafile) if own else conn
     try:
         codes = send_entries(conn, sign_reports(identity.key, reports))
     finally:
-        conn.close()
+        if own:
+            conn.close()
     return Joined(spec, codes, not retry, eps)

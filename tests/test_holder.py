@@ -217,3 +217,21 @@ def test_the_service_serves_only_files_the_specification_names(worlds, tmp_path)
         code, body = fetch(url, world.certs.ca, f"/files/{f.sha256}")
         assert code == 200 and len(body) == f.size
     assert fetch(url, world.certs.ca, "/files/" + "0" * 64)[0] == 404
+
+
+def test_many_holders_in_one_process_each_with_its_own_key_and_ledger(worlds):
+    world, dirs = worlds(holders=3, floor=3)
+    _, url = start_service(world)
+    args = ["holder", "join-many", url, "--cafile", str(world.certs.ca), "--holders-dir",
+            str(dirs[0].parent), "--operator-key", str(world.operator_file)]
+    out = run_holder(world, args)
+    assert out.returncode == 0, out.stderr
+    assert "3 holders: 3 charged, 0 retries, 0 refused; reports {'accepted': 3}" in out.stdout
+    st = status(url, world)
+    assert st["accepted"] == 3 and st["distinct_holders"] == 3            # three keys
+    for d in dirs:                                                        # three ledgers
+        assert [r[0] for r in ledger_rows(d)] == ["released"]
+    again = run_holder(world, args)
+    assert again.returncode == 0 and "0 charged, 3 retries" in again.stdout, again.stderr
+    assert status(url, world)["answers"]["duplicate"] == 3
+    assert holder_blocked_attempts(world) == []

@@ -95,7 +95,7 @@ def test_holder_process_loads_no_ray_no_other_party_and_no_job_layer():
                  "sealing.unseal", "sealing.hpke_open")
     assert not offenders(imports, forbidden)
     loaded = loaded_after("import jobs.cli, jobs.holder, holder.join, holder.identity, "
-                          "holder.ledger, holder.answer, holder.accountant",
+                          "holder.ledger, holder.answer, holder.accountant, holder.many",
                           ("ray", "server", "shuffler", "actors", "torch"))
     assert not loaded
     assert "rknn_ray.job" not in loaded_after("import holder.join", ("rknn_ray",))
