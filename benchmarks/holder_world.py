@@ -90,6 +90,7 @@ def holder_rows(seed: int, n: int = 5) -> str:
 
 def make_holder_world(folder: str | Path, holders: int = 2, eps0: float = 1.0, floor: int = 2,
                       claimed_eps: float | None = None, closes_in: float = 600,
+                      opens_in: float = -60,
                       round_: int = 0, reuse: list[Path] = ()) -> tuple[World, list[Path]]:
     """A world whose specification the holder program answers, and each holder's folder
     (``holders/holder<i>/``: ``key/``, ``data.csv``, ``ledger.db``, the layout ``holder
@@ -100,6 +101,7 @@ def make_holder_world(folder: str | Path, holders: int = 2, eps0: float = 1.0, f
     probe = make_world(folder / "probe", holders=1)
     changes = shuffle_spec_changes(probe.spec, files, eps0, floor, claimed_eps, round_)
     world = make_world(folder / "world", holders=1, registered=1, closes_in=closes_in,
+                       opens_in=opens_in,
                        floor=floor, allowance=1, payload_len=changes["payload_len"],
                        spec_changes=changes, files=files)
     dirs = list(reuse)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,18 @@ def fetch_encoder(url: str, cafile, spec: RoundSpec, folder: Path) -> PublishedE
                                        str(npz) if ENCODER_ARRAYS in names else None)
 
 
+def _check_window(spec: RoundSpec, now: float) -> None:
+    """Nothing is charged for a round whose upload window is not open (one line: when it is)."""
+    def at(t: int) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    if now < spec.opens_at:
+        raise SpecRefused(f"the round's upload window opens at {at(spec.opens_at)}; run join "
+                          "again then (nothing charged)")
+    if now >= spec.deadline:
+        raise SpecRefused(f"the round's upload window closed at {at(spec.deadline)}: too late "
+                          "to answer it (nothing charged, nothing uploaded)")
+
+
 def _sent_path(key_dir: Path, spec: RoundSpec) -> Path:
     return key_dir / SENT / spec.content_hash().hex()
 
@@ -108,6 +121,7 @@ def answer_round(url: str, cafile, spec: RoundSpec, encoder: PublishedEncoder,
     """One holder's answer to a verified specification: charge its ledger, seal, upload
     (over ``conn`` when given, else a connection of its own)."""
     key_dir = Path(key_dir)
+    _check_window(spec, time.time())
     rows, labels = answer.read_rows(data, label, encoder)
     inputs = encoder.inputs(rows)
     book = HolderLedger(ledger, Path(data).name, inputs, policy)

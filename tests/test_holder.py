@@ -191,6 +191,18 @@ def test_a_specification_claiming_less_than_the_holders_accountant_is_refused(wo
     assert holder_blocked_attempts(world) == []
 
 
+def test_nothing_is_charged_outside_the_upload_window(worlds):
+    early, (d,) = worlds("early", holders=1, opens_in=3600, closes_in=7200)
+    late, _ = worlds("late", holders=1, opens_in=-600, closes_in=-60, reuse=[d])
+    for world, words in ((early, "window opens at"), (late, "window closed at")):
+        _, url = start_service(world)
+        out = run_holder(world, join_args(world, url, d))
+        assert out.returncode == 2 and words in one_line(out.stderr)
+        assert status(url, world)["accepted"] == 0
+    assert not (d / "ledger.db").exists() and not (d / "key" / "sent").exists()
+    assert holder_blocked_attempts(early) == holder_blocked_attempts(late) == []
+
+
 def test_a_specification_not_signed_by_the_operator_is_refused_in_one_line(worlds):
     world, (d,) = worlds("a", holders=1)
     other, _ = worlds("b", holders=1)
