@@ -6,7 +6,9 @@ specification's public parameters (``mechanism_params``: ``num_classes``, ``r``,
 ``honest_fraction``; k, the queries, eps0 and delta from the specification's own fields),
 so the randomizer it runs is the one it costs, and asks the accountant for the round's
 event at the specification's floor of senders (``min_senders``): the amplified eps if
-the shuffler does not collude, and the local eps0 of its own report if it does.
+the shuffler does not collude, and the local eps0 of its own report if it does (infinite
+for a mechanism with no local guarantee: the multi-message protocol's true messages, or the
+central model's plain vote).
 """
 from __future__ import annotations
 
@@ -68,7 +70,8 @@ def own_cost(spec: RoundSpec, mech, assume_collusion: bool = False) -> OwnCost:
     amplified, amp_delta = event_cost(event, costing)
     local = getattr(mech, "local_eps", None)
     colluding = float(local) if spec.model != "central" and local is not None else math.inf
-    if spec.model != "central" and abs(colluding - float(spec.eps0)) > SLACK * max(1.0, spec.eps0):
+    if local is not None and spec.model != "central" \
+            and abs(colluding - float(spec.eps0)) > SLACK * max(1.0, spec.eps0):
         raise SpecRefused(f"the specification says eps0={spec.eps0:g} but its mechanism runs at "
                           f"local eps {colluding:.6g}: inconsistent, not answered")
     if amplified > spec.eps * (1 + SLACK):
@@ -76,11 +79,14 @@ def own_cost(spec: RoundSpec, mech, assume_collusion: bool = False) -> OwnCost:
                           f"accountant computes eps={amplified:.6g} for {spec.model}/"
                           f"{spec.mechanism} at eps0={spec.eps0} with the floor of "
                           f"{spec.min_senders} senders: refused, nothing uploaded")
+    bound = f", {costing.bound} bound" if spec.model == "shuffle" and local is not None else ""
     note = (f"{spec.model}/{spec.mechanism}: eps={amplified:.6g}, delta={amp_delta:.3g} if the "
-            f"shuffler does not collude (at the floor of {spec.min_senders} senders, "
-            f"{getattr(costing, 'bound', None) or 'default'} bound); eps0={colluding:.6g} if it "
-            f"colludes; the specification claimed eps={spec.eps:g}")
+            f"shuffler does not collude (at the floor of {spec.min_senders} senders{bound}); "
+            f"eps0={colluding:.6g} if it colludes; the specification claimed eps={spec.eps:g}")
     eps, delta = amplified, amp_delta
+    if assume_collusion and spec.model == "shuffle" and colluding == math.inf:
+        raise SpecRefused(f"{spec.model}/{spec.mechanism} gives no guarantee if the shuffler "
+                          "colludes, and this holder assumes it does (--assume-collusion)")
     if assume_collusion and spec.model == "shuffle":
         event, costing = LocalRandomizerDpEvent(spec.mechanism, colluding), DEFAULT_COSTING
         eps, delta = event_cost(event, costing)
