@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("sealing", "rknn_ray", "server", "shuffler", "actors", "jobs", "benchmarks")
+PACKAGES = ("sealing", "rknn_ray", "server", "shuffler", "holder", "actors", "jobs", "benchmarks")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class World:
     holders_file: Path
     operator_file: Path
     procs: list = field(default_factory=list)
+    files: list = field(default_factory=list)     # served at /files/<sha256> (--file)
 
     @property
     def spec_hash(self) -> bytes:
@@ -69,9 +70,12 @@ class World:
 
 def make_world(folder: str | Path, *, holders: int = 4, registered: int | None = None,
                opens_in: float = -60, closes_in: float = 600, allowance: int = 3,
-               floor: int = 2, payload_len: int = 24) -> World:
+               floor: int = 2, payload_len: int = 24, spec_changes: dict | None = None,
+               files: list | None = None) -> World:
     """Keys, a signed specification (window from now+``opens_in`` to now+``closes_in``),
-    certificates and registry; ``registered`` holders (default all) are in the registry."""
+    certificates and registry; ``registered`` holders (default all) are in the registry.
+    ``spec_changes``: fields of the specification to set (its encoder, mechanism, ...);
+    ``files``: what the service serves by digest (``serve --file``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     now = time.time()
@@ -85,6 +89,7 @@ def make_world(folder: str | Path, *, holders: int = 4, registered: int | None =
         queries=np.zeros((2, 3), np.float32), encoder=(EncoderFile("predictor.json", "ab" * 32, 1),),
         server_key=server.public_bytes(), shuffler_keys=(layer.public_bytes(),),
         payload_len=payload_len, allowance=allowance)
+    spec = spec.replace(**(spec_changes or {}))
     spec_file = folder / "round.spec"
     spec_file.write_bytes(sign(spec, operator.sign))
     holder_keys = [Ed25519PrivateKey.generate() for _ in range(holders)]
@@ -96,7 +101,7 @@ def make_world(folder: str | Path, *, holders: int = 4, registered: int | None =
     operator_file.write_text(operator.public_key().public_bytes_raw().hex() + "\n")
     certs = make_certs(folder / "tls")
     return World(folder, spec, spec_file, operator, server, holder_keys, certs, key_file,
-                 holders_file, operator_file)
+                 holders_file, operator_file, files=[Path(f) for f in files or ()])
 
 
 def write_holder_keys(world: World) -> list[Path]:
@@ -115,7 +120,8 @@ def serve_args(world: World, store: Path, port: int = 0) -> list[str]:
     return ["shuffler", "serve", "--spec", str(world.spec_file), "--operator-key",
             str(world.operator_file), "--holders", str(world.holders_file), "--key",
             str(world.shuffler_key), "--cert", str(world.certs.cert), "--cert-key",
-            str(world.certs.key), "--store", str(store), "--port", str(port), "--host", "127.0.0.1"]
+            str(world.certs.key), "--store", str(store), "--port", str(port), "--host", "127.0.0.1",
+            *[a for f in world.files for a in ("--file", str(f))]]
 
 
 def start_service(world: World, store: Path | None = None, port: int = 0,

@@ -27,6 +27,7 @@ COMMANDS = {
     "amplification": ("benchmarks.amplification", "shuffle-model amplification bounds"),
     "cluster": ("jobs.local_cluster", "a Ray cluster of several nodes on this machine"),
     "shuffler": ("jobs.shuffler_service", "the HTTPS shuffler service for holders off the cluster"),
+    "holder": ("jobs.holder", "a data holder off the cluster: its key, and its answer to a round"),
 }
 
 EXAMPLES = """\

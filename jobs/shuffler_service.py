@@ -4,6 +4,7 @@
     rknn-ray shuffler cert --out DIR [--host 127.0.0.1 ...]
     rknn-ray shuffler serve --spec FILE --operator-key FILE --holders FILE --key FILE
                             --cert FILE --cert-key FILE --store DIR --port N [--host 127.0.0.1]
+                            [--file FILE ...]
 
 ``keygen`` writes the shuffler's X25519 HPKE layer key (0600) and prints its public half
 for the operator's specification; ``cert`` makes a private CA and a server certificate for
@@ -46,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--store", required=True, help="folder of the store (one per specification)")
     sv.add_argument("--port", required=True, type=int, help="TCP port (0: any free one)")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    sv.add_argument("--file", action="append", default=[],
+                    help="a file the specification names by digest (the published encoder's "
+                         "predictor.json, encoder.npz), served at /files/<sha256> (repeatable)")
     return ap
 
 
@@ -99,12 +103,31 @@ def _serve(args) -> int:
         raise ValueError(f"--key: {args.key} is not the specification's first shuffler key "
                          "(shuffler_keys[0]): start with the key whose public half the operator "
                          "published, or have the operator publish this one")
+    files = _named_files(spec, args.file)
     ctx = tls_context(args.cert, args.cert_key)
     store = ReportStore(args.store, spec.content_hash())
     intake = Intake(spec, holders, keypair, store)
     sock = bind(args.host, args.port)
-    serve(Service(document, spec, intake, operator), ctx, sock)
+    serve(Service(document, spec, intake, operator, files), ctx, sock)
     return 0
+
+
+def _named_files(spec, paths: list) -> dict:
+    """--file contents by SHA-256; each must be one the specification names (by digest)."""
+    import hashlib
+    from pathlib import Path
+    named = {e.sha256: e.name for e in spec.encoder}
+    files = {}
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise ValueError(f"--file: no file at {path}")
+        body = path.read_bytes()
+        digest = hashlib.sha256(body).hexdigest()
+        if digest not in named:
+            raise ValueError(f"--file: {path} is not a file the specification names (its "
+                             "SHA-256 matches none of its encoder files); give the published ones")
+        files[digest] = body
+    return files
 
 
 if __name__ == "__main__":

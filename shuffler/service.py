@@ -3,7 +3,8 @@
 Endpoints (docs/wire-format.md, "Upload protocol"): ``GET /spec`` (the signed round
 specification, for holders to fetch and verify), ``POST /reports`` (sealed reports,
 each answered with its own code after the request is committed to the store),
-``GET /status`` (counts per code, distinct holders, whether released; nothing per
+``GET /files/<sha256>`` (a file the specification names by digest, e.g. the published
+encoder, for holders to fetch and check), ``GET /status`` (counts per code, distinct holders, whether released; nothing per
 holder) and ``GET /batch`` (the operator only, by an Ed25519 signature over the spec hash
 and the time: the peeled inner records in random order, streamed from disk).
 Every request is handled start to finish without an ``await`` between its checks and its
@@ -16,7 +17,7 @@ import socket
 import ssl
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
@@ -41,6 +42,7 @@ class Service:
     spec: RoundSpec
     intake: Intake
     operator: Ed25519PublicKey
+    files: dict = field(default_factory=dict)     # lowercase hex SHA-256 -> the file's bytes
 
 
 def _line(status: int, text: str) -> web.Response:
@@ -54,6 +56,12 @@ def make_app(service: Service) -> web.Application:
 
     async def get_spec(_request):
         return web.Response(body=service.document, content_type="application/octet-stream")
+
+    async def get_file(request):
+        body = service.files.get(request.match_info["digest"])
+        if body is None:
+            return _line(404, "no file with that SHA-256 here (the specification names its files)")
+        return web.Response(body=body, content_type="application/octet-stream")
 
     async def post_reports(request):
         body = await request.read()
@@ -94,7 +102,8 @@ def make_app(service: Service) -> web.Application:
         await resp.write_eof()
         return resp
 
-    app.add_routes([web.get("/spec", get_spec), web.post("/reports", post_reports),
+    app.add_routes([web.get("/spec", get_spec), web.get("/files/{digest}", get_file),
+                    web.post("/reports", post_reports),
                     web.get("/status", get_status), web.get("/batch", get_batch)])
     return app
 

@@ -39,6 +39,7 @@ LONGEST_FIRST = [
     "test_amplification_job.py",
     "test_table_data.py",
     "test_student_ray.py",
+    "test_holder.py",                   # holder processes against a shuffler service
     "test_connection_jobs.py",
     "test_baselines_methods.py",
     "test_multinode.py",

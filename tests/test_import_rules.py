@@ -86,6 +86,21 @@ def test_shuffler_service_process_loads_no_ray_and_no_server():
     assert not loaded
 
 
+def test_holder_process_loads_no_ray_no_other_party_and_no_job_layer():
+    """``rknn-ray holder`` runs on a holder's own machine: it never imports Ray, the server
+    or the shuffler (whose keys open reports), the actors, the job layer or torch
+    (tests/test_holder.py also runs it with those unimportable)."""
+    imports = package_imports("holder", "jobs/holder.py", "rknn_ray/published_encoder.py")
+    forbidden = ("ray", "server", "shuffler", "actors", "rknn_ray.job", "torch",
+                 "sealing.unseal", "sealing.hpke_open")
+    assert not offenders(imports, forbidden)
+    loaded = loaded_after("import jobs.cli, jobs.holder, holder.join, holder.identity, "
+                          "holder.ledger, holder.answer, holder.accountant, holder.many",
+                          ("ray", "server", "shuffler", "actors", "torch"))
+    assert not loaded
+    assert "rknn_ray.job" not in loaded_after("import holder.join", ("rknn_ray",))
+
+
 def test_server_never_imports_the_shuffler_or_client_code():
     imports = package_imports("server", "actors/server.py")
     assert not offenders(imports, ("shuffler", "actors.shuffler", "actors.client_shard", "jobs"))
@@ -107,7 +122,7 @@ def test_client_code_cannot_open_reports():
     assert "sealing.unseal" not in loaded and "sealing.hpke_open" not in loaded
 
 
-@pytest.mark.parametrize("package", ["sealing", "shuffler", "server"])
+@pytest.mark.parametrize("package", ["sealing", "shuffler", "server", "holder"])
 def test_each_party_package_is_documented(package):
     doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
     assert doc and len(doc) > 80

@@ -3,8 +3,8 @@ itself back through others (no import cycle, not even one held together by an im
 inside a function).
 
 Layers, bottom up: ``sealing`` (the report format every party shares) < ``rknn_ray``
-(the library) < ``server`` and ``shuffler`` (the parties' own code, which never import
-each other: tests/test_import_rules.py) < ``actors`` (thin Ray actors) < ``rknn_ray.job``
+(the library) < ``server``, ``shuffler`` and ``holder`` (the parties' own code, which never
+import each other: tests/test_import_rules.py) < ``actors`` (thin Ray actors) < ``rknn_ray.job``
 (the orchestration layer: session, rounds, release file, Ray start-up, ``run``) < ``jobs``
 (the entrypoints) < ``benchmarks``. ``rknn_ray.job`` lives inside the library's folder but
 is its own layer: nothing else in ``rknn_ray`` imports it. Every import statement counts,
@@ -25,7 +25,8 @@ def scan(root=None):
     """The project's imports, scanned once per session (or the tree at ``root``)."""
     return scan_tree() if root is None else scan_tree(root)
 
-LAYERS = {"sealing": 0, "rknn_ray": 1, "server": 2, "shuffler": 2, "actors": 3, "rknn_ray.job": 4,
+LAYERS = {"sealing": 0, "rknn_ray": 1, "server": 2, "shuffler": 2, "holder": 2, "actors": 3,
+          "rknn_ray.job": 4,
           "jobs": 5, "benchmarks": 6}
 
 
@@ -76,6 +77,8 @@ ALLOWED = {
     "rknn_ray.keyspec": ["rknn_ray.errors"],
     "rknn_ray.shard_secrets": ["rknn_ray.errors", "rknn_ray.rng"],
     "rknn_ray.plots": ["rknn_ray.runio"],
+    # the pickle-free published encoder: the run's predictor and a holder off the cluster
+    "rknn_ray.published_encoder": ["rknn_ray.data", "rknn_ray.errors", "rknn_ray.representation"],
     "rknn_ray.accounting": ["rknn_ray.errors", "rknn_ray.runio"],
     "rknn_ray.training": ["rknn_ray", "rknn_ray.errors", "rknn_ray.interrupts"],
     "rknn_ray.report_row": [],
@@ -103,7 +106,8 @@ ALLOWED = {
                      "rknn_ray.client_step", "rknn_ray.config", "rknn_ray.config_names",
                      "rknn_ray.data",
                      "rknn_ray.errors", "rknn_ray.interrupts", "rknn_ray.labeling",
-                     "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.representation",
+                     "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.published_encoder",
+                     "rknn_ray.representation",
                      "rknn_ray.rng", "rknn_ray.runio", "rknn_ray.shard_secrets",
                      "rknn_ray.student", "rknn_ray.training", "sealing"],
 }

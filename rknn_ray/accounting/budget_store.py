@@ -785,6 +785,15 @@ class BudgetStore:
             self._insert_release(con, identity, job_id, round_id, eps, delta, event, note, costing,
                                  meta)
 
+    def record_refusal(self, identity: str, job_id: str, note: str) -> None:
+        """Say in the ledger why a release was refused before anything was spent (a row that
+        costs nothing: status ``unused``, no round; a holder off the cluster writes one per
+        refusal, its note naming the round)."""
+        with self._transaction() as con:
+            con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
+                        "note, created, updated) VALUES (?, ?, NULL, 'unused', 0, 0, NULL, ?, ?, ?)",
+                        (identity, job_id, note, time.time(), time.time()))
+
     def release_rows(self, identity: str, job_id: str, after: int = 0) -> list[dict]:
         """The released rows of one job on ``identity`` in order, those past row ``after``
         only (a ledger view reads each row once): id, round, eps, delta, event, accounting,

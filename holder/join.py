@@ -1,0 +1,151 @@
+"""``rknn-ray holder join``: one holder answers the round a service publishes.
+
+Order matters: verify the specification (the operator's signature) before reading
+anything it says; fetch the encoder files by digest and check them; cost the round with
+this holder's own accountant and charge its own ledger; only then randomize, seal and
+upload. The sealed reports are kept in the key folder (``sent/<spec hash>``) before the
+first upload, so a retry re-sends the same bytes and is never re-randomized.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from holder import answer
+from holder.accountant import SpecRefused, mechanism_of, own_cost
+from holder.identity import Identity
+from holder.ledger import HolderLedger, Policy
+from rknn_ray.published_encoder import ENCODER_ARRAYS, PREDICTOR_FILE, PublishedEncoder
+from sealing.round_spec import RoundSpec, verify
+from sealing.upload_client import Connection, UploadError, fetch, send_entries, sign_reports
+
+SENT = "sent"
+
+
+@dataclass(frozen=True)
+class Joined:
+    spec: RoundSpec
+    codes: list
+    charged: bool               # False: a retry (charged when first answered)
+    eps: float
+
+
+def fetch_spec(url: str, cafile, operator_key: bytes) -> RoundSpec:
+    """The service's specification, verified with the operator's key (SpecError if not)."""
+    status, body = fetch(url, cafile, "/spec")
+    if status != 200:
+        raise UploadError(f"GET /spec answered HTTP {status}: {body.decode(errors='replace').strip()[:200]}")
+    return verify(body, operator_key)
+
+
+def fetch_encoder(url: str, cafile, spec: RoundSpec, folder: Path) -> PublishedEncoder:
+    """The encoder files the specification names, fetched by digest and checked, then loaded."""
+    conn = Connection(url, cafile)
+    try:
+        for f in spec.encoder:
+            status, body = conn.request("GET", f"/files/{f.sha256}")
+            if status != 200:
+                raise UploadError(f"GET /files/{f.sha256[:16]}... ({f.name}) answered HTTP {status}")
+            if hashlib.sha256(body).hexdigest() != f.sha256 or len(body) != f.size:
+                raise SpecRefused(f"the encoder file {f.name} served is not the one the "
+                                  "specification names (its SHA-256 or size differs): not answered")
+            (folder / f.name).write_bytes(body)
+    finally:
+        conn.close()
+    names = {f.name for f in spec.encoder}
+    if PREDICTOR_FILE not in names:
+        raise SpecRefused(f"the specification's encoder has no {PREDICTOR_FILE}: not answered")
+    npz = folder / ENCODER_ARRAYS
+    return PublishedEncoder.from_files(str(folder / PREDICTOR_FILE),
+                                       str(npz) if ENCODER_ARRAYS in names else None)
+
+
+def _check_window(spec: RoundSpec, now: float) -> None:
+    """Nothing is charged for a round whose upload window is not open (one line: when it is)."""
+    def at(t: int) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    if now < spec.opens_at:
+        raise SpecRefused(f"the round's upload window opens at {at(spec.opens_at)}; run join "
+                          "again then (nothing charged)")
+    if now >= spec.deadline:
+        raise SpecRefused(f"the round's upload window closed at {at(spec.deadline)}: too late "
+                          "to answer it (nothing charged, nothing uploaded)")
+
+
+def _sent_path(key_dir: Path, spec: RoundSpec) -> Path:
+    return key_dir / SENT / spec.content_hash().hex()
+
+
+def _keep(path: Path, reports: list[bytes]) -> None:
+    """The sealed reports, written whole (atomic) before the first upload."""
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".sent.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(len(reports[0]).to_bytes(4, "little") + b"".join(reports))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _kept(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    n = int.from_bytes(data[:4], "little")
+    return [data[i:i + n] for i in range(4, len(data), n)]
+
+
+def join(url: str, cafile, identity: Identity, key_dir: str | os.PathLike, data: str,
+         ledger: str, operator_key: bytes, policy: Policy, label: str | None = None,
+         assume_collusion: bool = False) -> Joined:
+    """Answer the service's round (module docstring); SpecRefused, SpecError, UploadError,
+    DataFileError with one line otherwise."""
+    spec, encoder = published(url, cafile, operator_key)
+    return answer_round(url, cafile, spec, encoder, identity, key_dir, data, ledger, policy,
+                        label, assume_collusion)
+
+
+def published(url: str, cafile, operator_key: bytes) -> tuple[RoundSpec, PublishedEncoder]:
+    """The verified specification and its checked encoder (fetched once for many holders)."""
+    spec = fetch_spec(url, cafile, operator_key)
+    with tempfile.TemporaryDirectory(prefix="rknn-holder-") as tmp:
+        return spec, fetch_encoder(url, cafile, spec, Path(tmp))
+
+
+def answer_round(url: str, cafile, spec: RoundSpec, encoder: PublishedEncoder,
+                 identity: Identity, key_dir: str | os.PathLike, data: str, ledger: str,
+                 policy: Policy, label: str | None = None, assume_collusion: bool = False,
+                 conn: Connection | None = None) -> Joined:
+    """One holder's answer to a verified specification: charge its ledger, seal, upload
+    (over ``conn`` when given, else a connection of its own)."""
+    key_dir = Path(key_dir)
+    _check_window(spec, time.time())
+    rows, labels = answer.read_rows(data, label, encoder)
+    inputs = encoder.inputs(rows)
+    book = HolderLedger(ledger, Path(data).name, inputs, policy)
+    sent = _sent_path(key_dir, spec)
+    retry = book.answered(spec)
+    if retry and sent.is_file():
+        reports, eps = _kept(sent), None
+    else:
+        try:
+            mech = mechanism_of(spec)
+            cost = own_cost(spec, mech, assume_collusion)
+            messages = answer.payloads(spec, mech, identity, encoder, rows, labels)
+        except SpecRefused as exc:
+            raise book.refuse(spec, str(exc)) from None
+        reports = answer.seal(spec, identity, messages)
+        if not retry:
+            book.charge(spec, cost)
+        _keep(sent, reports)
+        eps = cost.eps
+    own = conn is None
+    conn = Connection(url, cafile) if own else conn
+    try:
+        codes = send_entries(conn, sign_reports(identity.key, reports))
+    finally:
+        if own:
+            conn.close()
+    return Joined(spec, codes, not retry, eps)
