@@ -19,25 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.shuffler_world import ROOT, World, make_world
+from benchmarks.shuffler_world import RUN_CLI, ROOT, World, block_finder, make_world
 from holder.accountant import mechanism_of, own_cost
 from holder.identity import keygen, load
 from sealing.round_spec import EncoderFile
 
 HOLDER_BLOCKED = ("ray", "server", "shuffler", "actors", "torch")
-HOLDER_SHIM = """
-import os, sys
-class _Blocked:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in %r:
-            with open(os.environ['RKNN_BLOCK_LOG'], 'a') as f:
-                f.write(name + '\\n')
-            raise ImportError(name + ' is unimportable in the holder process')
-        return None
-sys.meta_path.insert(0, _Blocked())
-from jobs.cli import main
-sys.exit(main(sys.argv[1:]))
-""" % (HOLDER_BLOCKED,)
+HOLDER_SHIM = block_finder(HOLDER_BLOCKED, "holder") + RUN_CLI
 COLUMNS = ("x0", "x1", "x2")
 CLASSES = ("no", "yes")
 

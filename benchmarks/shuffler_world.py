@@ -28,18 +28,28 @@ from shuffler.service_files import save_layer_key
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("ray", "server")
-BLOCK_FINDER = """
+
+
+def block_finder(blocked: tuple, party: str) -> str:
+    """Python source that makes the top-level packages ``blocked`` unimportable in ``party``'s
+    process, logging every attempt to $RKNN_BLOCK_LOG."""
+    return """
 import os, sys
 class _Blocked:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in %r:
             with open(os.environ['RKNN_BLOCK_LOG'], 'a') as f:
                 f.write(name + '\\n')
-            raise ImportError(name + ' is unimportable in the shuffler service process')
+            raise ImportError(name + ' is unimportable in the %s process')
         return None
 sys.meta_path.insert(0, _Blocked())
-""" % (BLOCKED,)
-BLOCK_SHIM = BLOCK_FINDER + "from jobs.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+""" % (tuple(blocked), party)
+
+
+#: ``-c`` source running ``rknn-ray`` with ``blocked`` unimportable
+RUN_CLI = "from jobs.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+BLOCK_FINDER = block_finder(BLOCKED, "shuffler service")
+BLOCK_SHIM = BLOCK_FINDER + RUN_CLI
 
 
 @dataclass
