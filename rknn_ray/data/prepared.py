@@ -45,6 +45,7 @@ class PreparedData:
     holders: dict | None = None         # a table's holder counts (public under the relation)
     kept_records: int | None = None     # a table's records kept within the bound (public)
     scan_nodes: dict | None = None      # data.private.sites: site -> the node its scan ran on
+    domain: dict | None = None          # a table's value domain (Featurizer.describe_domain)
 
     @property
     def num_clients(self) -> int:
