@@ -575,20 +575,21 @@ class Featurizer:
     def describe_domain(self) -> dict:
         """report.json's ``privacy.domain``: what a record's value may be, where the bounds
         came from, and what is refused (public facts only)."""
-        return {"values": "finite numbers; every private numeric feature value is clipped to "
-                          "its column's [low, high] before it is featurized (in the scan, the "
-                          "shards, the public and evaluation parts and prediction alike)",
-                "bounds": f"the public rows' range per column widened by data.clip.margin="
-                          f"{self.margin:g} of its width on each side, unless data.clip.bounds "
-                          "names the column" + ("; a list column (an image) has one pair for "
-                                                "all its values" if self.columns.list_column
-                                                else ""),
-                "text": "a text value is one of the public rows' categories, or none (all "
-                        "zeros)" if self.columns.categorical else None,
-                "outside": "NaN, infinite or unparseable values, empty cells and labels "
-                           "outside data.classes are malformed input: refused before any "
-                           "budget is reserved, never clipped",
-                "margin": float(self.margin), "columns": dict(self.domain or {})}
+        out = {"values": "finite numbers; every private numeric feature value is clipped to "
+                         "its column's [low, high] before it is featurized (in the scan, the "
+                         "shards, the public and evaluation parts and prediction alike)",
+               "bounds": f"the public rows' range per column widened by data.clip.margin="
+                         f"{self.margin:g} of its width on each side, unless data.clip.bounds "
+                         "names the column" + ("; a list column (an image) has one pair for "
+                                               "all its values" if self.columns.list_column
+                                               else ""),
+               "text": "a text value is one of the public rows' categories, or none (all "
+                       "zeros)" if self.columns.categorical else None,
+               "outside": "NaN, infinite or unparseable values, empty cells and labels "
+                          "outside data.classes are malformed input: refused before any "
+                          "budget is reserved, never clipped",
+               "margin": float(self.margin), "columns": dict(self.domain or {})}
+        return {k: v for k, v in out.items() if v is not None}
 
     @property
     def output_shape(self) -> tuple:
