@@ -320,6 +320,8 @@ def _bad(case, tmp):
         big = priv.column("p9").to_pylist()
         big[3] = float("inf")       # a finite value of any size is clipped (test_value_domain)
         priv = priv.set_column(priv.column_names.index("p9"), "p9", pa.array(big))
+    elif case == "clip bounds of no feature column":
+        over = {"clip": {"bounds": {"nope": [0, 1]}}}
     elif case == "a link to a folder":
         os.makedirs(tmp / "private", exist_ok=True)
         write(priv, str(tmp / "private" / "part.parquet"))
@@ -344,7 +346,7 @@ def _bad(case, tmp):
                                   "client column with nulls", "mixed feature lengths",
                                   "holders expected differ", "a word in a numeric column",
                                   "an infinite value (outside the domain)",
-                                  "a link to a folder"])
+                                  "clip bounds of no feature column", "a link to a folder"])
 def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
     import yaml
 
@@ -362,6 +364,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tm
              "holders expected differ": "data.private.holders: declares 7 holders",
              "a word in a numeric column": "not shown, it is private",
              "an infinite value (outside the domain)": "NaN or infinite",
+             "clip bounds of no feature column": "data.clip.bounds.nope",
              "a link to a folder": "is a link to a folder"}
     assert words[case] in err, err
     assert "SECRETVALUE" not in err and "1e+300" not in err and " row " + "1" not in err, err

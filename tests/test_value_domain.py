@@ -5,6 +5,8 @@ featurized, in the scan, the shards and prediction alike, so no refusal, exit co
 depends on how large one record's value is. NaN, infinities, unparseable cells and labels
 outside the class list are outside the domain: refused as malformed input.
 """
+import os
+
 import numpy as np
 import pyarrow as pa
 import pytest
