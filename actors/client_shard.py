@@ -38,6 +38,7 @@ import numpy as np
 import ray
 
 from rknn_ray.client_step import RoundSpec, client_pieces, client_step, tail_pieces
+from rknn_ray.rng import derived_key
 from sealing.encapsulation import EncapsulationPool
 from sealing.envelope import SERVER_LAYER, layer_info
 
@@ -73,9 +74,9 @@ class ClientShardImpl:
         ``source``: the shard's records source, or None when its records ride with the calls
         that need them (``[ObjectRef]``, the session's way; see :meth:`_records`)."""
         self.shard_id = shard_id
-        self.records = None if source is None else source.open()
         self._secrets = secrets
         self._secret = secrets.secret(shard_id, restarted=_restarted())
+        self.records = None if source is None else source.open(order_key=self._order_key())
         self._credential = credential        # sealing.credentials.ShardCredential for its clients
         self.timings: dict[str, float] = {}
         self._pool = EncapsulationPool()       # next round's encapsulations (prepare_keys)
@@ -95,8 +96,14 @@ class ClientShardImpl:
                 raise ValueError(f"shard {self.shard_id} has no records yet: pass its source")
             if isinstance(source, list):
                 (source,) = ray.get(source)
-            self.records = source.open()
+            self.records = source.open(order_key=self._order_key())
         return self.records
+
+    def _order_key(self) -> bytes:
+        """The key its clients' kept records and sender order are drawn from: the shard's
+        secret, so no record's value and no public key moves a sender
+        (:func:`rknn_ray.data.partition.sender_order`); a restarted shard draws the same."""
+        return derived_key(self._secret, "sender order")
 
     def num_clients(self, source=None) -> int:
         return int(self._records(source).num_clients)

@@ -70,7 +70,7 @@ def check_labels(run_dir: str, data_dir: str) -> dict:
     """labels.parquet against the export: every public id once, accuracy by the answer key."""
     import pyarrow.parquet as pq  # defers pyarrow
     labels = pq.read_table(os.path.join(run_dir, "labels.parquet"))
-    ids = labels.column("id").to_pylist()
+    ids = labels.column(labels.schema.metadata[b"id_column"].decode()).to_pylist()
     public = pq.read_table(os.path.join(data_dir, "public.parquet"), columns=["row_id"])
     truth = pq.read_table(os.path.join(data_dir, "public_truth.parquet"))
     answer = dict(zip(truth.column("row_id").to_pylist(), truth.column("label").to_pylist()))

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from rknn_ray.errors import ConfigError, first_line
+from sealing.hpke_report import SUITE as HPKE_SUITE
 
 
 class ServerKeyPair:
@@ -40,6 +41,11 @@ class ServerKeyPair:
 
     def exchange(self, peer_public):
         return self._private.exchange(peer_public)
+
+    def hpke_open(self, sealed: bytes, info: bytes) -> bytes:
+        """RFC 9180 OpenBase of ``enc | ciphertext`` (empty aad): the key half of opening an
+        HPKE report (:mod:`sealing.hpke_open`), so the private key never leaves this object."""
+        return HPKE_SUITE.decrypt(sealed, self._private, info=info)
 
     def __repr__(self) -> str:   # never print the private key (logs, tracebacks)
         return f"ServerKeyPair(public={self._public.hex()[:16]}...)"

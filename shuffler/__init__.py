@@ -2,6 +2,7 @@
 
 * :mod:`shuffler.pool`   - :class:`ShufflePool` and the CSPRNG permutation (one process)
 * :mod:`shuffler.layers` - onion mode: a hop's key for its *own* layer, and peeling it
+* :mod:`shuffler.hpke_peel` - peeling a hop's layer of HPKE reports (docs/wire-format.md)
 
 The Ray actor is :mod:`actors.shuffler`. This package imports :mod:`sealing` (the
 shared format) and never :mod:`server`: nothing here can open a server-layer report

@@ -18,6 +18,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from sealing.envelope import RoundContext
+from sealing.hpke_report import SUITE as HPKE_SUITE
 from sealing.replay import ReplayGuard
 from sealing.unseal import empty_rejects, open_rows
 
@@ -41,6 +42,11 @@ class LayerKeyPair:
 
     def exchange(self, peer_public):
         return self._private.exchange(peer_public)
+
+    def hpke_open(self, sealed: bytes, info: bytes) -> bytes:
+        """RFC 9180 OpenBase (empty aad) with this hop's key: peels its own layer of an HPKE
+        report (:mod:`shuffler.hpke_peel`); the private key never leaves this object."""
+        return HPKE_SUITE.decrypt(sealed, self._private, info=info)
 
     def __repr__(self) -> str:
         return f"LayerKeyPair(layer={self.layer}, public={self._public.hex()[:16]}...)"

@@ -27,6 +27,20 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 import pytest  # noqa: E402
 
 from tests.parallel import longest_first, make_scheduler  # noqa: E402
+from tests.run_cleanup import start_run, stop_on_sigterm, sweep_run  # noqa: E402
+
+start_run()     # before xdist starts its workers: they inherit the run's folder
+
+
+def pytest_configure(config):
+    """SIGTERM ends the run as Ctrl-C does (fixtures torn down: Ray shut down), and nothing
+    the run started outlives it (tests/run_cleanup.py)."""
+    stop_on_sigterm(worker=hasattr(config, "workerinput"))
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        sweep_run()
 
 
 def pytest_collection_modifyitems(config, items):

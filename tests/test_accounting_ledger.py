@@ -93,3 +93,27 @@ def test_bad_configuration_is_refused():
         PrivacyLedger(accountant="rdp-ish")
     with pytest.raises(ConfigError):
         PrivacyLedger(budget_eps=-1)
+
+
+def test_a_guarantee_shows_only_the_accounting_choices_its_event_reads():
+    """Issue 57: a central job's guarantee named a shuffle bound (clones_numerical) in
+    report.json (its rounds, its ledger entries, its mechanism details). The bound is shown
+    where an amplification bound prices the event, and the dict read back costs the same."""
+    from rknn_ray.accounting.guarantee import Guarantee, guarantee_of
+    from rknn_ray.mechanisms import MechanismParams, build
+    central = build("central", "laplace", MechanismParams(10, 4, 1, 1.0, num_clients=100,
+                                                           options={"bound": "tight"}))
+    local = build("local", "rr", MechanismParams(10, 4, 1, 1.0, num_clients=100,
+                                                 options={"bound": "tight"}))
+    shuffle = build("shuffle", "collision", MechanismParams(10, 4, 1, 1.0, delta=1e-6,
+                                                            num_clients=20000))
+    for mech in (central, local):
+        shown = guarantee_of(mech).to_dict()
+        assert "bound" not in shown["accounting"] and "bound" not in mech.describe()
+        assert Guarantee.from_dict(shown).eps == guarantee_of(mech).eps
+    shown = guarantee_of(shuffle).to_dict()
+    assert shown["accounting"]["bound"] == "clones_numerical"
+    assert Guarantee.from_dict(shown).eps == pytest.approx(guarantee_of(shuffle).eps)
+    led = PrivacyLedger(budget_eps=3.0, accountant="basic")
+    led.record(guarantee_of(central), round_id=0)
+    assert "bound" not in led.to_dict()["entries"][0]["accounting"]

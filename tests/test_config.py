@@ -540,3 +540,14 @@ def test_every_packaged_config_survives_validation_again():
     for path in sorted(glob.glob("jobs/configs/*.yaml")):
         cfg = load_config(path)
         assert Config.from_dict(cfg.to_dict()) == cfg, path
+
+
+@pytest.mark.parametrize("value", ["0", "1e-7", "-1"])
+def test_privacy_eps_below_its_floor_names_the_one_range_the_docs_give(value):
+    """Issue 57: eps=0 said "(0, inf)", eps=1e-7 ">= 1e-6", the docs "[1e-06, inf)"."""
+    with pytest.raises(ConfigError) as err:
+        load_config("jobs/configs/digits_central.yaml", [f"privacy.eps={value}"])
+    assert "choose privacy.eps in [1e-06, inf)" in str(err.value)
+    doc = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "docs", "configuration.md")).read()
+    assert "| `privacy.eps` | `1.0` | number in [1e-06, inf) |" in doc

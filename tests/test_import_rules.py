@@ -70,6 +70,7 @@ def test_shuffler_cannot_reach_server_code():
     assert not {m for m in loaded if m.split(".")[0] == "server"}
     # the opening core is loaded only by an onion hop, lazily, to peel its *own* layer
     assert "sealing.unseal" not in loaded and "shuffler.layers" not in loaded
+    assert "sealing.hpke_open" not in loaded and "shuffler.hpke_peel" not in loaded
 
 
 def test_server_never_imports_the_shuffler_or_client_code():
@@ -87,10 +88,10 @@ def test_client_code_cannot_open_reports():
     imports = {f: m for f, m in package_imports(*files).items()
                if not f.startswith("rknn_ray/job/")}
     assert not offenders(imports, ("server", "shuffler", "actors.server", "actors.shuffler",
-                                   "sealing.unseal"))
+                                   "sealing.unseal", "sealing.hpke_open"))
     loaded = loaded_after("import actors.client_shard", ("server", "shuffler", "sealing"))
     assert not {m for m in loaded if m.split(".")[0] in ("server", "shuffler")}
-    assert "sealing.unseal" not in loaded
+    assert "sealing.unseal" not in loaded and "sealing.hpke_open" not in loaded
 
 
 @pytest.mark.parametrize("package", ["sealing", "shuffler", "server"])

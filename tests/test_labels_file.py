@@ -121,3 +121,27 @@ def test_encoders_map_an_absent_evaluation_set_to_zero_rows(name, kwargs):
     x = np.random.default_rng(0).random((40, 1, 8, 8), dtype=np.float32)
     enc = make_encoder(name, **kwargs).fit(x)
     assert enc.transform(x[:0]).shape == (0, enc.dim) == (0, enc.transform(x[:2]).shape[1])
+
+
+@pytest.mark.parametrize("user_id,column", [("row_id", "row_id"), ("label", "id"), (None, "id")])
+def test_labels_parquet_keeps_the_users_id_column_name_unless_it_is_one_of_its_own(user_id,
+                                                                                    column):
+    """Issue 57: labels.parquet named the user's id column ``id`` while predict kept the
+    user's name. Now both keep it; a name labels.parquet uses for its own columns (or no id
+    column: row numbers) gives ``id``; the schema's metadata names the column either way."""
+    from rknn_ray.data.splits import Splits
+    from rknn_ray.job.labels_file import labels_table
+    from rknn_ray.labeling.queries import QuerySet
+    from rknn_ray.labeling.stage import derive_labels
+    counts = np.array([[9.0, 1.0], [2.0, 3.5]])
+    qs = QuerySet(np.zeros((2, 2), np.float32), np.array([0, 2]), np.array([0, 1, 1]), 0.0)
+    lab = derive_labels(counts, qs, np.array([-1, -1, -1]), "hard")
+    x = np.zeros((3, 2), np.float32)
+    ids = None if user_id is None else np.array(["a", "b", "c"], dtype=object)
+    sp = Splits("t", "table", 0, x, np.full(3, -1), x, np.full(3, -1), x[:0], np.zeros(0, int),
+                2, (2,), public_ids=ids,
+                table_input=None if user_id is None else {"id": user_id})
+    table = labels_table(sp, 2, counts, qs, lab)
+    assert table.schema.metadata[b"id_column"] == column.encode()
+    assert table.column(column).to_pylist() == (["a", "b", "c"] if ids is not None else [0, 1, 2])
+    assert table.column_names.count(column) == 1

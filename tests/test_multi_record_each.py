@@ -52,8 +52,9 @@ def test_a_table_deals_each_holders_kept_records_to_clients_of_their_own(tmp_pat
     kept = int(np.minimum(counts, 5).sum())
     assert sample.num_clients == holders.size and each.num_clients == kept
     assert each.holders["holders"] == holders.size and each.max_records_per_client == 1
-    a = [s.open() for s in dataset_sources(sample_cfg, sample)]
-    b = [s.open() for s in dataset_sources(each_cfg, each)]
+    # one secret per shard for both: the shard picks the kept records from it
+    a = [s.open(order_key=bytes([s.shard] * 32)) for s in dataset_sources(sample_cfg, sample)]
+    b = [s.open(order_key=bytes([s.shard] * 32)) for s in dataset_sources(each_cfg, each)]
     assert sum(r.num_clients for r in b) == kept and all(r.max_records_per_client == 1 for r in b)
 
     def records(rs):

@@ -84,9 +84,11 @@ def test_table_central_runs_end_to_end(ray_session, tmp_path, monkeypatch):
     assert report["accuracy"]["student"] > 0.6          # two classes: better than a coin
     assert report["accuracy"]["labels"] is None         # the public rows carry no labels
     labels = pq.read_table(out / "labels.parquet")
-    assert labels.column("id").to_pylist() == [r["row_id"] for r in public]
+    # the user's id column keeps its name, as predict's output does (issue 57)
+    assert labels.schema.metadata[b"id_column"] == b"row_id" and "id" not in labels.column_names
+    assert labels.column("row_id").to_pylist() == [r["row_id"] for r in public]
     assert set(labels.column("class").to_pylist()) <= {"malignant", "benign"}
     truth = {r["row_id"]: r["label"] for r in _rows("public_truth.csv")}
-    right = [truth[i] == c for i, c in zip(labels.column("id").to_pylist(),
+    right = [truth[i] == c for i, c in zip(labels.column("row_id").to_pylist(),
                                            labels.column("class").to_pylist())]
     assert sum(right) / len(right) > 0.75               # the released labels, by the answer key

@@ -236,7 +236,7 @@ def test_uint8_image_pixels_are_scaled_to_unit_range_from_the_schema(tmp_path):
         write_parts(str(folder), parts=[as_pixels(t, dtype) for t in (priv, pub, ev)])
         cfg = Config.from_dict(table_config(str(folder), shape=[1, 8, 8]))
         data = prepared_table(cfg)
-        records = [src.open() for src in dataset_sources(cfg, data)]
+        records = [src.open(order_key=bytes(32)) for src in dataset_sources(cfg, data)]
         got[dtype] = (data.splits.public_x, data.splits.eval_x,
                       np.concatenate([r.features for r in records]))
     for scaled, given in zip(got[np.uint8], got[np.float32]):

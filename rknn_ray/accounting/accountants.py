@@ -77,12 +77,34 @@ class Costing:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def shown_for(self, event) -> dict:
+        """The choices ``event``'s cost reads (what report.json shows beside it): the bound
+        only for a shuffled single-message event, rdp/pld only when stated at a delta. A
+        central or local guarantee named a shuffle bound it never used (issue 57). Reading
+        the dict back (:meth:`from_dict`) gives the same cost: the rest are defaults."""
+        out = {"delta": self.delta}
+        if _reads_bound(event):
+            out["bound"] = self.bound
+        if self.delta > 0:
+            out["method"] = self.method
+        return out
+
     @classmethod
     def from_dict(cls, d: dict | None) -> "Costing":
         return cls() if not d else cls(**d)
 
 
 DEFAULT_COSTING = Costing()
+
+
+def _reads_bound(event) -> bool:
+    """Whether an amplification bound prices ``event`` (or one it composes)."""
+    if isinstance(event, ShuffledLocalDpEvent):
+        return True
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(_reads_bound(e) for e in event.events)
+    inner = getattr(event, "event", None)          # self-composed, sampled, ...
+    return inner is not None and _reads_bound(inner)
 
 
 def rdp_epsilon(event, delta: float, orders=RDP_ORDERS) -> float:

@@ -67,7 +67,8 @@ class Guarantee:
         out = {"eps": self.eps, "delta": self.delta}
         out.update({f.name: getattr(self, f.name) for f in fields(self)
                     if f.name not in ("event", "accounting")})
-        return {**out, "accounting": self.accounting.to_dict(), "event": event_to_dict(self.event)}
+        return {**out, "accounting": self.accounting.shown_for(self.event),
+                "event": event_to_dict(self.event)}
 
     @classmethod
     def from_dict(cls, d: dict, event: Any = None, accounting: Any = None) -> "Guarantee":

@@ -60,7 +60,7 @@ class LedgerEntry:
         return {"round": self.round_id, "model": g.model, "mechanism": g.mechanism,
                 "eps": g.eps, "delta": g.delta, "unit": g.unit, "neighbour": g.neighbour,
                 "n": g.n, "note": g.note, "event": event_to_dict(g.event),
-                "accounting": g.accounting.to_dict(), **self.extra}
+                "accounting": g.accounting.shown_for(g.event), **self.extra}
 
 
 class PrivacyLedger:

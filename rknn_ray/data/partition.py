@@ -26,17 +26,19 @@ central message size, the multi-message allowance, the auto-s message cap), but 
 ``dirichlet`` it is a function of the private labels (changing one label can move it). So
 the bound is public: declared, or derived from public counts
 (:func:`public_record_bound`), and a client's records beyond it are dropped
-(:func:`held_within_bound`: each client's records of smallest keyed hash of their own value,
-so replacing one record's value swaps at most one kept record, and no other client's).
+(:func:`held_within_bound`, the driver's count and its non-private reference). The client
+shards pick the records they send themselves (:func:`sender_order`): at most the bound per
+client, in an order drawn from the shard's secret, so no record's value moves a sender.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 
 from rknn_ray.errors import ConfigError, DataError
-from rknn_ray.rng import seeded_generator
+from rknn_ray.rng import chacha_generator, seeded_generator
 
 SCHEMES = ("iid", "dirichlet", "one_per_client")
 
@@ -163,9 +165,8 @@ def keep_key(seed: int) -> bytes:
 
 def kept_within_bound(holder: np.ndarray, content: np.ndarray, bound: int) -> np.ndarray:
     """Mask of the records holders keep: each holder's ``bound`` records of smallest
-    ``content`` hash (a keyed hash of the record's own value). Which records a holder keeps
-    is a function of that holder's records and the key only: never of row positions or of
-    other holders, so replacing one record's value swaps at most one kept record."""
+    ``content`` (a 64-bit key per record: a secret priority in :func:`sender_order`, a value
+    hash in :func:`held_within_bound`); never a function of other holders' records."""
     holder = np.asarray(holder)
     keep = np.ones(holder.size, bool)
     if holder.size == 0:
@@ -188,12 +189,32 @@ def kept_within_bound(holder: np.ndarray, content: np.ndarray, bound: int) -> np
     return keep
 
 
+def sender_order(owner: np.ndarray, bound: int, order_key: bytes | None = None) -> np.ndarray:
+    """Row indices of the records the owners keep (at most ``bound`` each) in the order they
+    become senders: grouped by owner (ascending), and within an owner by a priority drawn
+    from ``order_key`` (a key derived from the client shard's secret; None: a fresh key from
+    the OS CSPRNG). Which records an owner keeps, and which sender each becomes, are then a
+    function of the rows' positions and the shard's secret, never of a record's value or a
+    public key: replacing one record's value in place changes the input of at most one sender
+    (issue 55; in the local model the server sees every report beside its sender). Over the
+    secret, an owner's kept records are a uniformly random subset in a uniformly random order,
+    whatever order its rows come in, so the view depends on the owner's multiset only."""
+    owner = np.asarray(owner)
+    if owner.size == 0:
+        return np.zeros(0, np.int64)
+    priority = chacha_generator(order_key or os.urandom(32)).bit_generator.random_raw(owner.size)
+    held = np.flatnonzero(kept_within_bound(owner, priority, bound))
+    order = held[np.lexsort((priority[held], owner[held]))]
+    del priority, held
+    return order
+
+
 def held_within_bound(client_ids: np.ndarray, bound: int, seed: int = 0,
                       features: np.ndarray | None = None,
                       labels: np.ndarray | None = None) -> np.ndarray:
-    """Mask of the records clients keep: at most ``bound`` per client, chosen by a keyed hash
-    of each record's own value (features and label) under the seed (:func:`kept_within_bound`):
-    blind to positions and to other clients' records."""
+    """The driver's mask of the records clients keep (its count and the non-private
+    reference): at most ``bound`` per client, by a keyed hash of each record's own value
+    under the seed. The shards choose the records they send themselves (:func:`sender_order`)."""
     ids = np.asarray(client_ids, dtype=np.int64)
     if ids.size == 0 or np.bincount(ids).max() <= bound:
         return np.ones(ids.size, dtype=bool)

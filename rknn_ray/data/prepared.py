@@ -46,6 +46,10 @@ class PreparedData:
     kept_records: int | None = None     # a table's records kept within the bound (public)
     scan_nodes: dict | None = None      # data.private.sites: site -> the node its scan ran on
     domain: dict | None = None          # a table's value domain (Featurizer.describe_domain)
+    # privacy.multi_record=each on data cut here: each record's own client before it became a
+    # client of its own, and that client's bound (the shards pick and order the kept ones)
+    owners: np.ndarray | None = None
+    owner_bound: int | None = None
 
     @property
     def num_clients(self) -> int:
@@ -73,11 +77,12 @@ class PreparedData:
         rows = self.held_rows()
         order = rows[np.argsort(self.client_ids[rows], kind="stable")]
         ids = np.full(len(self.client_ids), -1, np.int64)
-        ids[order] = np.arange(order.size)
-        held = np.zeros(len(self.client_ids), bool)
+        ids[order] = np.arange(order.size)    # each client's block; the shard fills it in
+        held = np.zeros(len(self.client_ids), bool)     # its own secret order (sources.py)
         held[rows] = True
         return dataclasses.replace(self, client_ids=ids, clients=int(order.size), record_bound=1,
-                                   held=held)
+                                   held=held, owners=self.client_ids,
+                                   owner_bound=self.max_records_per_client)
 
     def require_private_rows(self, what: str) -> None:
         """ConfigError when the private rows are not here (a table: only the shards read them)."""

@@ -29,6 +29,7 @@ from typing import Iterator
 
 import numpy as np
 
+from rknn_ray.data.partition import sender_order
 from rknn_ray.data.synthetic import class_means
 from rknn_ray.rng import seeded_generator
 
@@ -72,25 +73,48 @@ class ShardRecords:
 @dataclass(frozen=True, eq=False)
 class PreparedShardSource:
     """The records of clients ``[client_lo, client_hi)``, cut from the driver's prepared
-    partition (held records only: those beyond the public per-client bound stay out)."""
+    partition: every record of its clients; the shard keeps at most ``bound`` of each, picked
+    (and, under privacy.multi_record=each, made senders) in an order drawn from its own secret
+    (:func:`rknn_ray.data.partition.sender_order`). ``owners``: under each, the client each
+    record belonged to (the shard's range then covers whole owners)."""
     client_lo: int
     client_hi: int
     features: np.ndarray
     labels: np.ndarray
     client_ids: np.ndarray
+    bound: int | None = None
+    owners: np.ndarray | None = None
 
     @classmethod
     def of(cls, data, client_lo: int, client_hi: int) -> "PreparedShardSource":
         """Clients ``[client_lo, client_hi)`` of ``data`` (a PreparedData)."""
-        rows = data.held_rows()
-        ids = data.client_ids[rows]
-        rows = rows[(ids >= client_lo) & (ids < client_hi)]
         sp = data.splits
+        if data.owners is not None:            # each: the owners whose records fill the range
+            held = data.held_rows()
+            ids = data.client_ids[held]
+            mine = np.unique(data.owners[held[(ids >= client_lo) & (ids < client_hi)]])
+            rows = np.flatnonzero(np.isin(data.owners, mine))
+            return cls(int(client_lo), int(client_hi), sp.private_x[rows], sp.private_y[rows],
+                       data.client_ids[rows], int(data.owner_bound), data.owners[rows])
+        rows = np.flatnonzero((data.client_ids >= client_lo) & (data.client_ids < client_hi))
         return cls(int(client_lo), int(client_hi), sp.private_x[rows], sp.private_y[rows],
-                   data.client_ids[rows])
+                   data.client_ids[rows], data.max_records_per_client)
 
-    def open(self) -> ShardRecords:
-        return ShardRecords(self.features, self.labels, self.client_ids)
+    def open(self, order_key: bytes | None = None) -> ShardRecords:
+        """The kept records, grouped by client; ``order_key``: from the shard's secret (None:
+        a fresh key)."""
+        if self.bound is None:                 # hand-built: every record as given
+            return ShardRecords(self.features, self.labels, self.client_ids)
+        if self.owners is None:
+            order = sender_order(self.client_ids, self.bound, order_key)
+            return ShardRecords(self.features[order], self.labels[order],
+                                self.client_ids[order])
+        order = sender_order(self.owners, self.bound, order_key)
+        if order.size != self.client_hi - self.client_lo:
+            raise ValueError(f"the shard's owners keep {order.size} records for "
+                             f"{self.client_hi - self.client_lo} clients")
+        return ShardRecords(self.features[order], self.labels[order],
+                            np.arange(self.client_lo, self.client_hi, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -114,8 +138,8 @@ class SyntheticClientsSource:
 
     max_records_per_client = 1
 
-    def open(self) -> "SyntheticClientsSource":
-        return self
+    def open(self, order_key: bytes | None = None) -> "SyntheticClientsSource":
+        return self                         # one record per client: nothing to pick
 
     def records(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Features and labels of clients ``[lo, hi)`` (any range; chunk-aligned generation)."""
@@ -159,4 +183,10 @@ def dataset_sources(cfg, data: "PreparedData", shards: int | None = None) -> lis
     n = data.num_clients
     count = max(1, min(int(shards or cfg.cluster.shards), n))
     cuts = np.linspace(0, n, count + 1).astype(np.int64)
+    if data.owners is not None:      # each: cut between owners (an owner's records on one shard)
+        held = data.held_rows()
+        by_id = np.argsort(data.client_ids[held])
+        ids, owners = data.client_ids[held][by_id], data.owners[held][by_id]
+        starts = np.append(ids[np.r_[True, owners[1:] != owners[:-1]]], n)   # owners' first ids
+        cuts = np.unique(starts[np.searchsorted(starts, cuts)])            # each cut moved up
     return [PreparedShardSource.of(data, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]

@@ -15,8 +15,10 @@ to the shards by the driver, which holds them already (``rows``).
 
 The shard recomputes the keyed digest of the rows it was handed and refuses rows that differ
 from what the scan found (the budget was reserved for those) before any client randomizes.
-Each holder keeps at most ``bound`` records, chosen by a keyed hash of each record's own
-value (rknn_ray.data.table_scan.kept_within_bound): never by row positions or other holders.
+Each holder keeps at most ``bound`` records, and its kept records become senders in an
+order, both drawn from the shard's secret over the holder's rows
+(rknn_ray.data.partition.sender_order): never from a record's value, a public key or other
+holders, so replacing one record's value changes the input of one sender at most.
 """
 from __future__ import annotations
 
@@ -27,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rknn_ray.data.partition import sender_order
 from rknn_ray.data.sources import ShardRecords
-from rknn_ray.data.table_scan import (BATCH_ROWS, derived_key, holder_hashes, keep_key,
-                                      kept_within_bound, needed_columns,
+from rknn_ray.data.table_scan import (BATCH_ROWS, derived_key, holder_hashes, needed_columns,
                                       private_read_error, row_hashes)
 from rknn_ray.data.tables import (Columns, Featurizer, Part, feature_matrix, label_indices,
                                   raw_numbers)
@@ -84,14 +86,17 @@ class TableShardSource:
                             "No client randomized. Fix: run the job again")
         return got, []
 
-    def open(self) -> ShardRecords:
+    def open(self, order_key: bytes | None = None) -> ShardRecords:
         """The shard's records, read one part at a time (each dropped once read): what stays
         is the featurized float32 records, their labels and a few words per row (the check
-        of the scan's digest and the bound need every row first)."""
+        of the scan's digest and the bound need every row first). ``order_key`` (derived from
+        the shard's secret; None: a fresh one) picks each holder's kept records and, under
+        privacy.multi_record=each, which sender each becomes
+        (:func:`rknn_ray.data.partition.sender_order`)."""
         p = self.part
         n = int(self.expect[0]) if self.expect is not None else 0    # rows the scan found
-        xs, ys, ids, content = _Filled(n), _Filled(n), _Filled(n), _Filled(n)
-        row_key, keep = derived_key(self.key, "rows"), keep_key(self.seed)
+        xs, ys, ids = _Filled(n), _Filled(n), _Filled(n)
+        row_key = derived_key(self.key, "rows")
         at, ranks, total = 0, 0, np.uint64(0)    # rows, clients seen, sum of the row hashes
         try:
             parts, opened = self.pieces()
@@ -110,7 +115,6 @@ class TableShardSource:
                 at += len(y)
                 with np.errstate(over="ignore"):
                     total += np.add.reduce(row_hashes(raw, y, row_key, holder), dtype=np.uint64)
-                content.add(row_hashes(raw, y, keep))
                 xs.add(self.featurizer(matrix))
                 ys.add(y)
                 del matrix, raw, rank, holder
@@ -118,7 +122,7 @@ class TableShardSource:
             raise private_read_error(p, exc, f"shard {self.shard} reading its rows") from None
         if not at and xs.array is None:
             raise DataError(_changed(p, self.shard))
-        ids, content = ids.done(), content.done()    # ranks from 0 (client_lo added at the end)
+        ids = ids.done()    # ranks from 0 (client_lo added at the end)
         xs, ys = [xs.done()], [ys.done()]
         if self.expect is not None and (at, f"{int(total):016x}") != tuple(self.expect):
             raise DataError(_changed(p, self.shard))
@@ -128,18 +132,14 @@ class TableShardSource:
             raise DataError(f"{p.key}: shard {self.shard} found {clients} clients where the "
                             f"job's scan found {self.client_hi - self.client_lo}: the private "
                             "data changed after the job checked it. Fix: run the job again")
-        held = np.flatnonzero(kept_within_bound(ids, content, self.bound))
-        if self.each:        # every kept record its own client, in its holder's order
-            order = held[np.lexsort((content[held], ids[held]))]
+        order = sender_order(ids, self.bound, order_key)     # kept, grouped by holder
+        if self.each:        # every kept record its own client, in the secret order
             if order.size != self.client_hi - self.client_lo:
                 raise DataError(_changed(p, self.shard))
             ids = np.arange(self.client_lo, self.client_lo + order.size, dtype=np.int64)
-            records = ShardRecords(_gather(xs, order), _gather(ys, order), ids)
         else:
-            order = held[np.argsort(ids[held], kind="stable")]      # grouped by client
-            del held
             ids = ids[order].astype(np.int64) + self.client_lo
-            records = ShardRecords(_gather(xs, order), _gather(ys, order), ids)
+        records = ShardRecords(_gather(xs, order), _gather(ys, order), ids)
         _give_back_memory()
         records.opened = opened              # what the shard opened (tests, diagnostics)
         return records

@@ -15,7 +15,8 @@ import pyarrow as pa
 from rknn_ray import __version__
 from rknn_ray.job.context import JobContext
 from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_public_labels,
-                                      labels_table, measured, public_ids)
+                                      id_column, labels_table, measured,
+                                      public_ids)
 from rknn_ray.job.placement import merge_placements
 from rknn_ray.job.predict import write_predictor
 from rknn_ray.job.release_file import load_selections
@@ -170,7 +171,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     if cfg.run.diagnostics:
         report["diagnostics"] = write_diagnostics(os.path.join(out_dir, "diagnostics"), report,
                                                   student.history, ref, exact[plotted],
-                                                  truth_q, correct, bound, public_ids(sp))
+                                                  truth_q, correct, bound, public_ids(sp),
+                                                  id_column(sp))
         # PRIVATE (depends on the label-driven partition): only in the diagnostics
         report["diagnostics"]["records_dropped_by_bound"] = data.records_dropped()
     remove_train_storage(out_dir)         # Train's student-*/ copies, an interrupted attempt's too
@@ -265,7 +267,7 @@ def count_gaps(counts: np.ndarray, truth: np.ndarray) -> np.ndarray:
 
 
 def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, correct, bound,
-                      ids) -> dict:
+                      ids, id_name: str = "id") -> dict:
     """The non-private reference, in its own folder with a README that says so; the folder
     is owner-only (0700), since what it holds was computed from private data without noise.
     ``exact``: the exact counts of the plotted queries (those with a public truth)."""
@@ -273,7 +275,7 @@ def write_diagnostics(folder: str, report: dict, history, ref, exact, truth_q, c
     os.chmod(folder, 0o700)
     write_text(os.path.join(folder, "README.txt"), DIAGNOSTICS_README)
     write_parquet(os.path.join(folder, "nonprivate_labels.parquet"), pa.table({
-        "id": ids, "nonprivate_label": ref.public_hard}))
+        id_name: ids, "nonprivate_label": ref.public_hard}, metadata={"id_column": id_name}))
     diag = {"private": False, "folder": "diagnostics",
             "nonprivate_labels": measured(ref.label_accuracy),
             "nonprivate_query_labels": measured(ref.query_accuracy)}

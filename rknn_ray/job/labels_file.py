@@ -1,7 +1,9 @@
 """labels.parquet and the accuracy figures, on the user's rows.
 
-One row per public row, keyed by the user's ``id`` (``Splits.public_ids``; the row number
-when there are none), with the released label, its class name and the released vote margin
+One row per public row, keyed by the user's id under the user's own column name (the public
+table's ``data.public.id``, as predict's output keeps it; ``id`` for row numbers, or when
+the user's name is one of the file's other columns; the schema's ``id_column`` metadata
+names it either way), with the released label, its class name and the released vote margin
 of the row's query: everything in it is a function of the released counts and public data.
 The public truth (``true_label``) is written only where the public rows carry labels (the
 built-in sets do, a user's public table does not: ``public_y`` < 0 marks an unlabelled row).
@@ -49,15 +51,27 @@ def public_ids(splits) -> pa.Array:
     return arr
 
 
+#: labels.parquet's columns beside the id
+OWN_COLUMNS = ("label", "class", "margin", "query", "weight", "soft", "true_label")
+
+
+def id_column(splits) -> str:
+    """The id column's name in labels.parquet: the user's public id column, else ``id``."""
+    name = ((getattr(splits, "table_input", None) or {}).get("id")
+            if getattr(splits, "public_ids", None) is not None else None)
+    return name if name and name not in OWN_COLUMNS else "id"
+
+
 def labels_table(splits, num_classes: int, counts: np.ndarray, queries, lab) -> pa.Table:
-    """labels.parquet: ``id``, ``label``, ``class``, ``margin``, ``query``, ``weight``,
-    ``soft`` and, only when the public rows carry labels, ``true_label`` (null where a row
-    has none)."""
+    """labels.parquet: the id (:func:`id_column`), ``label``, ``class``, ``margin``,
+    ``query``, ``weight``, ``soft`` and, only when the public rows carry labels,
+    ``true_label`` (null where a row has none)."""
     assignment = np.asarray(queries.assignment)
     names = np.asarray(class_name_list(splits, num_classes), dtype=object)
     hard = np.asarray(lab.public_hard)
+    name = id_column(splits)
     cols = {
-        "id": public_ids(splits), "label": hard, "class": pa.array(names[hard].tolist(),
+        name: public_ids(splits), "label": hard, "class": pa.array(names[hard].tolist(),
                                                                    type=pa.string()),
         "margin": vote_margins(counts)[assignment], "query": assignment,
         "weight": lab.public_weight,
@@ -66,7 +80,7 @@ def labels_table(splits, num_classes: int, counts: np.ndarray, queries, lab) -> 
     if has_public_labels(splits):
         y = np.asarray(splits.public_y, dtype=np.int64)
         cols["true_label"] = pa.array(y, mask=y < 0)
-    return pa.table(cols)
+    return pa.table(cols, metadata={"id_column": name})
 
 
 def measured(value) -> float | None:

@@ -97,7 +97,8 @@ class RunResult:
         return cls(report, labels, guarantee, ledger, run_dir, run_paths(run_dir))
 
     def labels_frame(self):
-        """labels.parquet as a pandas DataFrame: ``id`` (the public row), ``label``, ``class``,
+        """labels.parquet as a pandas DataFrame: the public row's id (the user's id column, its
+        name in the schema's ``id_column``; else ``id``), ``label``, ``class``,
         ``margin``, ``query``, ``weight``, ``soft``; ``true_label`` only where public rows carry
         labels (rknn_ray.job.labels_file)."""
         return _parquet_frame(self.paths["labels"])

@@ -199,6 +199,8 @@ class Mechanism(ABC):
         return np.ones(payloads.shape[0], dtype=bool)
 
     def describe(self) -> dict:
-        """Facts for report.json: name, model, message size, parameters."""
+        """Facts for report.json: name, model, message size, parameters (the amplification
+        bound only where a mechanism reads it: the single-message shuffle says it itself)."""
         return {"mechanism": self.name, "model": self.model,
-                "message_bytes": self.message_size, **self.params.options}
+                "message_bytes": self.message_size,
+                **{k: v for k, v in self.params.options.items() if k != "bound"}}

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from rknn_ray.errors import ConfigError
-from rknn_ray.keyspec import FrozenDict, key, owned, unknown_key
+from rknn_ray.keyspec import FrozenDict, check_number, key, owned, unknown_key
 from rknn_ray.mechanisms import available
 from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 
@@ -28,11 +28,11 @@ def _eps(value, path, spec):
     if isinstance(value, float) and math.isinf(value):
         raise ConfigError(path, "is infinite", "use a finite eps > 0 "
                           "(the report always includes the non-private reference)")
-    value = spec.standard(value, path)
-    if value < 1e-6:
-        raise ConfigError(path, f"{value} is below 1e-6: its noise scale 2kr/eps "
-                          "would dwarf any count", "use privacy.eps >= 1e-6")
-    return value
+    value = check_number(value, path)
+    if value < 1e-6:      # 0 and below included: one range in the message, the docs and here
+        raise ConfigError(path, f"{value:g} is out of range (below 1e-06, its noise scale "
+                          "2kr/eps would dwarf any count)", "choose privacy.eps in [1e-06, inf)")
+    return spec.standard(value, path)
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class PrivacyConfig:
                      choices=owned("rknn_ray.mechanisms", "available"))
     mechanism: str = key("laplace", "see the README's trust-model table", str,
                          accepts_text=_mechanisms_per_model)     # checked per model, below
-    eps: float = key(1.0, "the job's total eps, record level, replace-one", float, low=0,
-                     low_open=True, check=_eps, accepts_text="number in [1e-06, inf)")
+    eps: float = key(1.0, "the job's total eps, record level, replace-one", float, low=1e-6,
+                     check=_eps)
     delta: float = key(0.0, "the job's total delta (shuffle: below 1/n; local: 0; central: 0, "
                        "or > 0 with pld and rounds.count > 1)", float,
                        low=0, high=1, high_open=True)
