@@ -84,7 +84,7 @@ def selection_fields(report: dict) -> dict:
 def cell_job(cell: dict, args):
     """A full jobs.distill run of the cell, as an experiment-runner job (runs/<name>)."""
     over = ["run.progress=false", f"run.seed={cell['seed']}", f"privacy.eps={cell['target_eps']}",
-            "privacy.budget_eps=1000000", f"rounds.count={cell['T']}",
+            "privacy.budget_eps=100", f"rounds.count={cell['T']}",
             *(["rounds.query_selection=" + cell["selection"]] if cell["T"] > 1 else []),
             *args.overrides]
     return Job(cell_name(cell), dict(cell), cfg=load_config(args.config, over),

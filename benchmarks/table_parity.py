@@ -58,7 +58,7 @@ def table_data(folder: str, max_records: int, holders: int) -> dict:
 
 def config(path: str, overrides: list[str], data: dict | None):
     from rknn_ray.config import Config, load_config  # defers yaml
-    cfg = load_config(path, [*overrides, "run.progress=false", "privacy.budget_eps=1000"])
+    cfg = load_config(path, [*overrides, "run.progress=false", "privacy.budget_eps=100"])
     if data is None:
         return cfg
     plain = cfg.to_dict()

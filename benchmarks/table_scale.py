@@ -97,11 +97,11 @@ def job_config(folder: str, model: str, holders: int, classes: int, queries: int
             "evaluation": {"path": os.path.join(folder, "evaluation.parquet"), "label": "label"}}
     if holders:
         data["max_records_per_client"] = bound
-    privacy = ({"model": "central", "mechanism": "laplace", "eps": 1.0, "budget_eps": 1000.0}
+    privacy = ({"model": "central", "mechanism": "laplace", "eps": 1.0, "budget_eps": 100.0}
                if model == "central" else
                {"model": "shuffle", "mechanism": "collision", "eps": 4.0,
                 "delta": 10.0 ** -(len(str(max(1, records))) + 1),
-                "budget_eps": 1000.0,
+                "budget_eps": 100.0,
                 "budget_delta": 10.0 ** -len(str(max(1, records)))})
     cfg = {"data": data, "privacy": privacy, "queries": {"s": queries},
            "represent": {"encoder": "pca", "dim": 16},

@@ -25,6 +25,7 @@ import time
 from jobs.signals import reader_gone
 from rknn_ray.accounting.budget_store import (ENV_PATH, BudgetStore, default_path,
                                               open_reservations, settle, settle_fate)
+from rknn_ray.accounting.units import MAX_BUDGET_EPS  # also caps privacy.budget_eps
 from rknn_ray.errors import RknnError
 
 
@@ -35,10 +36,6 @@ examples:
   rknn-ray budget settle JOB_ID            # close a killed job's reservation
   python -m jobs.budget list --json        # the same command, JSON"""
 
-
-#: the largest eps budget `budget set` accepts: above it a budget limits nothing (1e300 was
-#: taken as given: an unlimited budget by accident)
-MAX_BUDGET_EPS = 100.0
 
 
 def main(argv=None) -> int:
@@ -70,7 +67,8 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     path = os.path.abspath(args.ledger or default_path())
-    if not os.path.exists(path):          # looking never creates a ledger (a mistyped path)
+    if not os.path.lexists(path):         # looking never creates a ledger (a mistyped path);
+        # a path that exists but is no regular file (a FIFO, a dangling link) is refused below
         if args.action == "set":
             print(f"error: there is no privacy ledger at {path}. Fix: point --ledger or "
                   f"${ENV_PATH} at the ledger your jobs use (a dataset's budget is created by "
@@ -177,6 +175,10 @@ def job_lines(releases: list[dict]) -> list[str]:
         for r in rounds:
             event = (r["event"] or {}).get("type", "") if isinstance(r["event"], dict) else ""
             extra = "" if r["note"] in (None, "", "released") else f"  {r['note']}"
+            per_holder = (r.get("extra") or {}).get("holder_records")
+            if per_holder:          # multi_record each: one report per kept record
+                extra += (f"  (per record; a holder of m kept records at m x eps, at most "
+                          f"{per_holder} x {r['eps']:.4g} = {per_holder * r['eps']:.4g})")
             lines.append(f"      round {r['round'] + 1}: released "
                          f"{_amount((r['eps'], r['delta']), with_delta)}  {event}{extra}".rstrip())
     return lines

@@ -15,10 +15,11 @@ from rknn_ray.errors import first_line
 from rknn_ray.accounting.budget_store import BudgetStore
 from rknn_ray.runio import prepare_run_dir
 
-#: Budgets of the isolated ledger: an eps grid must not be refused there. The ledger is an
-#: experiment ledger (BudgetStore purpose "experiment"): every cell is an independent
-#: hypothetical release, so neither the delta budget nor the 1/n delta cap applies across cells.
-ISOLATED_BUDGET = ("privacy.budget_eps=1000000",)
+#: Budgets of the isolated ledger. The ledger is an experiment ledger (BudgetStore purpose
+#: "experiment"): every cell is an independent hypothetical release, so neither the eps nor
+#: the delta budget nor the 1/n delta cap applies across cells (an eps grid is never refused
+#: there); a cell's budget is the largest a config may state.
+ISOLATED_BUDGET = ("privacy.budget_eps=100",)
 
 
 @contextlib.contextmanager

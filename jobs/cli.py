@@ -26,6 +26,7 @@ COMMANDS = {
     "grid": ("jobs.grid", "a sweep of real jobs over eps, s, k, model, encoder, seed"),
     "amplification": ("benchmarks.amplification", "shuffle-model amplification bounds"),
     "cluster": ("jobs.local_cluster", "a Ray cluster of several nodes on this machine"),
+    "shuffler": ("jobs.shuffler_service", "the HTTPS shuffler service for holders off the cluster"),
 }
 
 EXAMPLES = """\

@@ -168,6 +168,11 @@ def _main(args) -> int:
           f"({p['unit']}-level, {p['neighbour']}): label accuracy "
           f"{accuracy_words(acc, 'labels')}, student accuracy {accuracy_words(acc, 'student')}")
     from jobs.report import eps0_words      # the summary's words (a light module)
+    for t, part in enumerate(p.get("partial_release") or []):
+        if part:
+            print(f"PARTIAL RELEASE: round {t + 1} was released without client shard(s) "
+                  f"{', '.join(map(str, part['lost_shards']))}: up to {part['clients_lost']} of "
+                  f"{part['clients']} clients did not report (privacy.allow_partial_release)")
     eps0 = eps0_words(p)
     if eps0 is not None:
         print(f"each client randomized its report at local eps0 = {eps0} (the amplification "
@@ -175,7 +180,22 @@ def _main(args) -> int:
     if "diagnostics" in report:
         print(f"[diagnostics, NOT private: {out}/diagnostics] non-private label accuracy "
               f"{accuracy_words(report['diagnostics'], 'nonprivate_labels')}")
+    for line in site_lines(report):
+        print(line)
     return 0
+
+
+def site_lines(report: dict) -> list[str]:
+    """data.private.sites: each site's public counts and the node its scan and clients ran on
+    (report.json's counts.holders.sites and placement), in the summary as in the report."""
+    sites = ((report.get("counts") or {}).get("holders") or {}).get("sites") or {}
+    placement = report.get("placement") or {}
+    lines = []
+    for name, site in sorted(sites.items()):
+        nodes = sorted({n[:12] for p in ("scan", "client") for n in placement.get(f"{p}@{name}", [])})
+        lines.append(f"site {name}: {site.get('records')} records of {site.get('holders')} "
+                     f"holders, read on node {', '.join(nodes) or 'unknown'}")
+    return lines
 
 
 if __name__ == "__main__":

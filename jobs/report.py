@@ -220,8 +220,9 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
         privacy.append(("local eps0", f"{eps0} (each client's report)"))
     budget = p.get("budget") or {}
     if budget:          # the source's budget and spend are its history: the ledger's views
+        shown_by = budget.get("shown_by") or "rknn-ray budget"     # with its --ledger
         privacy.append(("dataset budget", f"{_fmt(budget.get('description'))}: charged to "
-                        f"the ledger {_fmt(budget.get('ledger'))}; `rknn-ray budget` shows "
+                        f"the ledger {_fmt(budget.get('ledger'))}; `{shown_by}` shows "
                         "its budget and spend"))
     privacy.append(("randomness", _fmt(rep.get("rng"))))
     accuracy = [("label accuracy (public set)", _acc(acc, "labels")),
@@ -236,6 +237,7 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
               ("public / evaluation", f"{_fmt(c.get('public'))} / {_fmt(c.get('evaluation'))}"),
               ("messages accepted", _fmt(c.get("messages"))),
               ("reports received", _fmt(c.get("received")))]
+    counts[2:2] = holder_rows(c.get("holders"))
     rejected = {k: v for k, v in (c.get("rejected") or {}).items() if v}
     counts.append(("reports rejected", ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(rejected.items()))
                    if rejected else "none"))
@@ -281,8 +283,27 @@ def run_sections(run: dict) -> list[tuple[str, list[tuple[str, str]]]]:
     if run.get("diagnostics"):
         about.append(("diagnostics/", "present: NOT private, do not share (not embedded here)"
                       if not run.get("include_diagnostics") else "embedded below: NOT private"))
-    return [("Privacy", privacy), ("Accuracy", accuracy), ("Counts", counts),
-            ("Timings", times), ("Run", about)]
+    sections = [("Privacy", privacy), ("Accuracy", accuracy), ("Counts", counts),
+                ("Timings", times), ("Run", about)]
+    placement = rep.get("placement") or {}
+    if placement:            # which Ray node ran each party (and, with sites, each site's)
+        sections.insert(4, ("Placement", [(party, ", ".join(n[:12] for n in nodes))
+                                          for party, nodes in sorted(placement.items())]))
+    return sections
+
+
+def holder_rows(holders) -> list:
+    """The Counts rows of a table's holders (public under the job's relation): how many, the
+    records they keep, and per site (data.private.sites) its holders and records."""
+    if not isinstance(holders, dict):
+        return []
+    rows = [("holders", f"{_fmt(holders.get('holders'))} ({_fmt(holders.get('kept'))} records "
+             f"kept, at most {_fmt(holders.get('bound'))} each)")]
+    for name, site in sorted((holders.get("sites") or {}).items()):
+        rows.append((f"  site {name}", f"{_fmt(site.get('records'))} records of "
+                     f"{_fmt(site.get('holders'))} holders, {_fmt(site.get('shards'))} "
+                     "shard(s) on its own nodes"))
+    return rows
 
 
 def resumed_words(resumed) -> str:
@@ -654,7 +675,8 @@ def comparison_plot(rows: list[dict]) -> bytes | None:
     if len(pts) < 2:
         return None
     from rknn_ray.plots import runs_vs_eps_png  # defers matplotlib
-    return runs_vs_eps_png([(f"{r.get('model')}/{r.get('mechanism')}", r["eps"],
+    return runs_vs_eps_png([((str(r.get("dataset")), f"{r.get('model')}/{r.get('mechanism')}"),
+                             r["eps"],
                              r.get("accuracy", NAN), r.get("label_accuracy", NAN)) for r in pts])
 
 

@@ -36,10 +36,24 @@ def save_accuracy_vs_eps(fig, ax, path: str, title: str, xlabel: str = "target e
 
 
 def runs_vs_eps_png(points) -> bytes:
+    """:func:`runs_vs_eps_figure` as PNG bytes."""
+    fig = runs_vs_eps_figure(points)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def runs_vs_eps_figure(points):
     """A folder of runs side by side (``rknn-ray report FOLDER``): per ``(group, eps,
     student accuracy, label accuracy)`` point, student accuracy solid and label accuracy
-    dashed against eps, one colour per group (trust model / mechanism); PNG bytes."""
+    dashed against eps, one colour per group (trust model / mechanism, and the data set when
+    the folder holds runs of several: a line never joins two data sets); PNG bytes.
+    ``group`` may be a (data set, model/mechanism) pair."""
     fig, ax = plt.subplots(figsize=(8, 4.2))
+    sets = {g[0] for g, *_ in points if isinstance(g, tuple)}
+    points = [((f"{g[0]}: {g[1]}" if len(sets) > 1 else g[1]) if isinstance(g, tuple) else g,
+               *rest) for g, *rest in points]
     groups = list(dict.fromkeys(g for g, *_ in points))
     for i, g in enumerate(groups):
         mine = sorted((e, s, lab) for gg, e, s, lab in points if gg == g)
@@ -63,10 +77,7 @@ def runs_vs_eps_png(points) -> bytes:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
 
 
 def run_summary_png(path: str, report: dict, history: list[dict], gaps: np.ndarray,
@@ -84,8 +95,11 @@ def run_summary_figure(report: dict, history: list[dict], gaps: np.ndarray,
                        correct: np.ndarray, noise_bound: float | None,
                        gap_kind: str = "released"):
     """The figure :func:`run_summary_png` saves. An accuracy that was not measured is drawn
-    as the report's reason (``accuracy.not_measured``), not as a bar."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    as the report's reason (``accuracy.not_measured``) under the bars, not as a bar; without
+    a public truth to measure count gaps against (a user's unlabelled public table) the
+    third panel is left out rather than drawn empty."""
+    panels = 3 if gaps.size else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
     acc = report["accuracy"]
     names, vals, colors = ["labels (private)", "student"], [acc.get("labels"), acc.get("student")], \
         ["#4477aa", "#228833"]
@@ -100,9 +114,8 @@ def run_summary_figure(report: dict, history: list[dict], gaps: np.ndarray,
                      "n/a" if np.isnan(v) else f"{v:.3f}", ha="center")
     notes = acc.get("not_measured") or {}
     reasons = sorted({notes[k] for k in ("labels", "student") if k in notes})
-    if reasons:
-        axes[0].text(0.5, 0.5, "\n".join(reasons), transform=axes[0].transAxes, ha="center",
-                     va="center", color="#555555", in_layout=False)
+    if reasons:           # under the axis: a caption across the bars hid the student's
+        axes[0].set_xlabel("n/a: " + "\nn/a: ".join(reasons), fontsize=8, color="#555555")
     p = report["privacy"]
     axes[0].set_ylim(0, 1.08)
     axes[0].set_title(f"{p['model']} / {p['mechanism']}: eps={p['eps']:.3g}, delta={p['delta']:.2g}")
@@ -127,10 +140,7 @@ def run_summary_figure(report: dict, history: list[dict], gaps: np.ndarray,
             axes[2].axvline(2 * noise_bound, color="k", ls="--",
                             label="2 x error bound (Remark 1)")
         axes[2].legend()
-    axes[2].set_xlabel(f"{gap_kind} count gap (public true class - best other)")
-    axes[2].set_title(f"per-query {gap_kind} count gap vs label correctness")
-    if not gaps.size and "labels" in notes:
-        axes[2].text(0.5, 0.5, notes["labels"], transform=axes[2].transAxes, ha="center",
-                     va="center", color="#555555", in_layout=False)
+        axes[2].set_xlabel(f"{gap_kind} count gap (public true class - best other)")
+        axes[2].set_title(f"per-query {gap_kind} count gap vs label correctness")
     fig.tight_layout()
     return fig

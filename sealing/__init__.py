@@ -6,7 +6,9 @@
 
 For parties that run apart (docs/wire-format.md): :mod:`sealing.hpke_report` (RFC 9180
 HPKE reports bound to a round specification's hash), :mod:`sealing.hpke_open` (their keyless
-opening core) and :mod:`sealing.round_spec` (the signed, pickle-free round specification).
+opening core), :mod:`sealing.round_spec` (the signed, pickle-free round specification),
+:mod:`sealing.upload_wire` (the upload protocol's bytes) and :mod:`sealing.upload_client`
+(a standard-library HTTPS client of the shuffler service, for holders and the operator).
 
 No private key lives here; clients, shufflers and the server all import this package.
 """

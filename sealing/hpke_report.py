@@ -18,8 +18,9 @@ collapse a retried report by its id. The whole header is bound into HPKE's ``inf
 (:func:`layer_info`), so editing any of its bytes makes the layer unopenable. ``aad`` is
 empty: ``cryptography``'s single-shot HPKE has none, and ``info`` already carries
 everything to bind. Layer 0 is the server's (plaintext: the payload, exactly the round's
-message length); layer ``h >= 1`` is shuffler hop ``h`` (plaintext: the whole layer ``h-1``
-record), the first hop outermost, every layer under the same spec hash and report id.
+message length); layer ``h >= 1`` is shuffler hop ``h`` of H (plaintext: the whole record of
+the next layer inward: layer ``h+1``, or the server's layer 0 under the last hop ``H``), the
+first hop outermost, every layer under the same spec hash and report id.
 """
 from __future__ import annotations
 

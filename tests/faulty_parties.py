@@ -39,6 +39,32 @@ class CrashingShard(ClientShardImpl):
                 os._exit(1)
 
 
+def wait_to_be_killed(marker: str, limit_s: float = 120.0) -> None:
+    """Write this process's id to ``marker`` (atomically), then wait for the test's
+    ``kill -9`` (``limit_s`` at most): a party that is surely mid-work when it dies."""
+    with open(marker + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(marker + ".tmp", marker)
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        time.sleep(0.2)
+
+
+class PausingShard(ClientShardImpl):
+    """Sends ``after`` batches, then writes its pid to ``marker`` and waits to be killed
+    mid-round (tests/test_lost_parties.py); an incarnation that finds ``marker`` runs as
+    usual."""
+
+    after: int = 1
+    marker: str = ""
+
+    def stream_reports(self, spec, batch_clients: int, source=None):
+        for sent, batch in enumerate(super().stream_reports(spec, batch_clients, source), start=1):
+            yield batch
+            if sent == self.after and self.marker and not os.path.exists(self.marker):
+                wait_to_be_killed(self.marker)
+
+
 class FloodingShard(ClientShardImpl):
     """A hostile client: the shard's first client re-randomizes its record ``count`` times
     (fresh batch keys) and signs every report with its real credential and seq
@@ -119,6 +145,20 @@ class ShufflerDyingAtShuffle(ShufflerImpl):
         os._exit(1)
 
 
+class ShufflerDyingInRound2(ShufflerImpl):
+    """The shuffler process dies when asked to shuffle the job's second round: the first
+    round was released, no report of the second reached the server."""
+
+    def start_round(self, round_id: int, *args, **kwargs):
+        self._round = round_id
+        return super().start_round(round_id, *args, **kwargs)
+
+    def stats(self, *args, **kwargs):
+        if getattr(self, "_round", 0) == 1:
+            os._exit(1)
+        return super().stats(*args, **kwargs)
+
+
 class ShufflerDyingAtSubmit(ShufflerImpl):
     """The shuffler process dies as the first client batch reaches it (the clients' stage):
     nothing was released, and the shards, alive throughout, are not the party to name."""
@@ -146,3 +186,7 @@ def flooding_shard(count: int) -> type:
 
 def garbage_shard(every: int) -> type:
     return configured(GarbageShard, every=int(every))
+
+
+def pausing_shard(marker, after: int = 1) -> type:
+    return configured(PausingShard, marker=str(marker), after=int(after))

@@ -68,6 +68,9 @@ def test_second_job_over_the_budget_exits_2_before_ray_starts(digits_runs, tmp_p
               "--set", "privacy.budget_eps=1.5", "--set", "student.epochs=1",
               "--set", "queries.restarts=1"]
     shutil.copyfile(digits_runs / "digits_central.ledger.sqlite", isolated_privacy_ledger)
+    # with its release key: a ledger with releases copied without it is refused (issue 55)
+    shutil.copyfile(digits_runs / "digits_central.ledger.sqlite.key",
+                    str(isolated_privacy_ledger) + ".key")
     report = json.loads((digits_runs / "digits_central" / "report.json").read_text())
     assert "eps" not in report["privacy"]["budget"]       # the source's history: the ledger's
     # the same records split, partitioned and dealt otherwise: the same budget (issue 18)

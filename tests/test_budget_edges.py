@@ -18,21 +18,17 @@ from tests.test_edge_probes import Job, _address, _args, _error_lines
 
 
 def _settled_as_spent(ledger, capsys, eps: float) -> None:
-    """`rknn-ray budget` lists the job's open reservation as spent if settled; settle spends it."""
+    """The job settled its own reservation as spent (issue 55): nothing is left open for
+    `rknn-ray budget settle`, which is for a driver killed from outside."""
     (dataset,) = BudgetStore(str(ledger)).datasets()
     (row,) = dataset["releases"]
-    assert row["status"] == "reserved", row
-    capsys.readouterr()
-    assert budget_main(["--ledger", str(ledger)]) == 0
-    listed = capsys.readouterr().out
-    assert "if settled: counted as spent" in listed and "(started)" in listed, listed
-    assert budget_main(["settle", row["job_id"], "--ledger", str(ledger)]) == 0
-    said = capsys.readouterr().out
-    assert "counted as spent" in said and "returned" not in said, said
-    (dataset,) = BudgetStore(str(ledger)).datasets()
-    (row,) = dataset["releases"]
-    assert row["status"] == "released" and dataset["reserved"] == 0
+    assert row["status"] == "released" and "counted as spent" in row["note"], row
+    assert "settled by the job" in row["note"] and dataset["reserved"] == 0
     assert dataset["spent"]["eps"] == pytest.approx(eps)
+    assert open_reservations(BudgetStore(str(ledger))) == []
+    capsys.readouterr()
+    assert budget_main(["settle", row["job_id"], "--ledger", str(ledger)]) == 2
+    assert "has no open reservation" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- 1. started is a state
@@ -40,8 +36,8 @@ def _settled_as_spent(ledger, capsys, eps: float) -> None:
 def test_sigterm_after_the_server_opened_reports_is_settled_as_spent(ray_session, tmp_path,
                                                                      capsys):
     """digits_local, one client per batch: the signal comes once the server has opened
-    reports (its progress line), while the round runs. The failure path rewrites the
-    reservation's note; settle must still count the whole reservation as spent."""
+    reports (its progress line), while the round runs. The interrupted job settles its
+    reservation itself, as spent (its reports reached the server)."""
     out, ledger = tmp_path / "term", tmp_path / "ledger.sqlite"
     job = Job(_args("digits_local.yaml", out, "cluster.batch_clients=1"), ledger,
               _address(ray_session))
@@ -52,17 +48,16 @@ def test_sigterm_after_the_server_opened_reports_is_settled_as_spent(ray_session
     assert "its eps is counted in the ledger" in line and "nothing was released" not in line
     marker = json.loads((out / "incomplete.json").read_text())
     assert marker["release_saved"] is False and "stays counted" in marker["next_step"]
-    (pending,) = open_reservations(BudgetStore(str(ledger)))
-    assert pending["started"] and pending["driver_alive"] is not True
     _settled_as_spent(ledger, capsys, 4.0)
 
 
 # ---------------------------------------------------------------------- 2. a dead server
 
-def test_a_server_killed_mid_round_keeps_the_whole_reservation(
+def test_a_server_killed_mid_round_spends_the_whole_reservation(
         ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger):
     """kill -9 of the Server after it opened 11 reports (local model): no counts came out,
-    but each opened report is a local-DP release to the server: nothing is returned."""
+    but each opened report is a local-DP release to the server: nothing is returned, and the
+    job counts the reservation as spent itself (none left open for settle)."""
     import jobs.distill as distill
     from jobs.distill import main
     from rknn_ray.job.session import Parties
@@ -76,12 +71,8 @@ def test_a_server_killed_mid_round_keeps_the_whole_reservation(
     assert "nothing was released" not in err and "eps is counted in the ledger" in err, err
     (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
     (row,) = dataset["releases"]
-    assert "reservation kept" in row["note"] and "returned" not in row["note"], row
-    assert row["status"] == "reserved" and dataset["spent"]["eps"] == pytest.approx(4.0)
-    (pending,) = open_reservations(BudgetStore(str(isolated_privacy_ledger)))
-    assert pending["started"]             # settled once this driver (the test) is gone: spent
-    assert budget_main(["--ledger", str(isolated_privacy_ledger)]) == 0
-    assert "if settled: counted as spent" in capsys.readouterr().out
+    assert "returned" not in row["note"], row
+    _settled_as_spent(isolated_privacy_ledger, capsys, 4.0)
 
 
 # ---------------------------------------------------------------------- 3. no count of the pool

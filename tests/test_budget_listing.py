@@ -46,3 +46,18 @@ def test_a_budget_with_a_delta_says_its_spend_is_a_sum_pld_jobs_compose(tmp_path
     head, pure = out.split("\nds2")
     assert "own costs added up; a job with privacy.accountant=pld is checked against" in head
     assert "added up" not in pure             # a pure budget composes by the sum: nothing to say
+
+
+def test_notes_carry_no_terminal_colour_codes_or_ray_actor_handles(tmp_path, capsys):
+    """Issue 57: a failed job's note held Ray's error text as it was: colour codes and an actor
+    handle. The ledger keeps words only."""
+    path = str(tmp_path / "ledger.sqlite")
+    store = BudgetStore(path)
+    store.reserve("ds1", "digits", "job-c", 1.0, 0.0, (10.0, 0.0))
+    store.spend_job("ds1", "job-c", "round 1 failed: \x1b[36mray::ClientShardImpl.stream_reports()"
+                    "\x1b[39m: Actor(ClientShardImpl, 6b9ef2a2c1d6a5e3f7c1a3b6) died\n\tunexpectedly")
+    assert main(["--ledger", path]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "6b9ef2a2" not in out and "Actor(" not in out
+    assert ("round 1 failed: ray::ClientShardImpl.stream_reports(): the ClientShardImpl actor "
+            "died unexpectedly") in out

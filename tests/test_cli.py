@@ -12,7 +12,7 @@ from rknn_ray.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: what ``rknn-ray --help`` must list (issue 36)
-COMMANDS = ["run", "report", "budget", "compare", "grid", "amplification", "cluster"]
+COMMANDS = ["run", "report", "budget", "compare", "grid", "amplification", "cluster", "shuffler"]
 FAST = ["student.epochs=1", "queries.restarts=1", "student.trainer=local"]
 
 

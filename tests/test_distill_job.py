@@ -230,8 +230,9 @@ def test_a_seeded_run_needs_insecure_seeded_on_the_command_line(tmp_path, capsys
 def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
         ray_session, tmp_path, monkeypatch, capsys, isolated_privacy_ledger, faulty, party):
     """Fault injection per party: the job ends with one message naming the party, the run folder
-    says incomplete, and the persistent ledger keeps the reservation: the round's clients had
-    randomized, so its eps is spent whoever died (issue 34)."""
+    says incomplete, and the job settles its reservation itself (issue 55): spent once a report
+    may have reached the server (a server dying at the release), returned when none did (a
+    shuffler that died holding sealed reports nobody can open)."""
     import functools
 
     import jobs.distill as distill
@@ -249,8 +250,13 @@ def test_a_dead_party_is_named_and_the_ledger_says_what_may_have_been_released(
     assert not (out / "report.json").exists()
     (dataset,) = BudgetStore(str(isolated_privacy_ledger)).datasets()
     (entry,) = dataset["releases"]
-    assert entry["status"] == "reserved" and "may have" in entry["note"]
-    assert dataset["spent"]["eps"] == pytest.approx(2.0)
+    assert dataset["reserved"] == 0
+    if party == "server":
+        assert entry["status"] == "released" and "counted as spent" in entry["note"]
+        assert dataset["spent"]["eps"] == pytest.approx(2.0)
+    else:
+        assert entry["status"] == "unused" and "nothing was released" in entry["note"]
+        assert dataset["spent"]["eps"] == 0
 
 
 def test_empty_idx_files_and_an_unwritable_out_are_clear_errors(tmp_path, capsys):

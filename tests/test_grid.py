@@ -134,7 +134,7 @@ def test_plan_axes_and_model_defaults():
     assert axes["model"] == ["central/laplace", "shuffle/collision", "local/rr"]
     assert axes["s"] == ["auto", 30]
     shuffle = next(cfg for c, cfg in cells if c.model == "shuffle/collision")
-    assert shuffle.privacy.delta == 1e-6 and shuffle.privacy.budget_eps == 1e6
+    assert shuffle.privacy.delta == 1e-6 and shuffle.privacy.budget_eps == 100
     hog = next(cfg for c, cfg in cells if c.encoder == "hog:16")
     assert (hog.represent.encoder, hog.represent.dim) == ("hog", 16)
     assert len({c.name for c, _ in cells}) == len(cells)

@@ -140,6 +140,57 @@ def test_peeler_collapses_a_retried_report_id(keys):
     assert kept.tolist() == [] and peeler.totals["replayed"] == 3
 
 
+def test_peeler_keeps_report_ids_that_end_in_zero_bytes(keys):
+    """NumPy's 'S16' drops trailing zero bytes from an element; an id ending in 0x00 (1 in
+    256 random ids) must still match its inner record (the shuffler service once refused
+    such reports as tampered)."""
+    server, hop = keys
+    ids = [b"\x05" * 15 + b"\x00", b"\x06" * 8 + b"\x00" * 8, b"\x00" * 16]
+    rows = [seal_report(server.public_bytes(), b"hello", SPEC, rid, [hop.public_bytes()]) for rid in ids]
+    inner, kept, rejects = HpkeLayerPeeler(hop, SPEC, record_len(5)).peel(rows)
+    assert kept.tolist() == [0, 1, 2] and sum(rejects.values()) == 0
+    assert [unpack_header(r.tobytes()).report_id for r in inner] == ids
+
+
+def test_a_chain_of_two_hops_peels_outside_in_then_the_server_opens(keys):
+    """The first hop is outermost (layer 1); under it lies layer 2, under that the server's."""
+    server, hop1 = keys
+    hop2 = LayerKeyPair.generate(2)
+    rows = seal_reports(server.public_bytes(), payloads(3), SPEC,
+                        shufflers=[hop1.public_bytes(), hop2.public_bytes()])
+    assert unpack_header(rows[0].tobytes()).layer == 1
+    first = HpkeLayerPeeler(hop1, SPEC, record_len(5, 2), hops=2)
+    middle, kept, _ = first.peel(rows)
+    assert kept.tolist() == [0, 1, 2] and unpack_header(middle[0].tobytes()).layer == 2
+    assert first.peel_one(rows[0].tobytes())[:2] == bytes([3, 2])
+    inner, kept, _ = HpkeLayerPeeler(hop2, SPEC, record_len(5), hops=2).peel(middle)
+    assert kept.tolist() == [0, 1, 2]
+    np.testing.assert_array_equal(HpkeReportOpener(server, SPEC, 5).open_batch(inner).plaintexts,
+                                  payloads(3))
+    # a hop told it is the last (the default) refuses the middle layer it does not expect
+    assert HpkeLayerPeeler(hop1, SPEC, record_len(5, 2)).peel(rows)[2]["malformed"] == 3
+    with pytest.raises(ValueError, match="hop 2 of a chain of 1"):
+        HpkeLayerPeeler(hop2, SPEC, record_len(5), hops=1)
+
+
+def test_peel_one_opens_a_single_report_or_says_why_not(keys):
+    """The shuffler service's path: one report at a time, no replay memory (its store has one)."""
+    server, hop = keys
+    report = seal_report(server.public_bytes(), b"hello", SPEC, RID, [hop.public_bytes()])
+    peeler = HpkeLayerPeeler(hop, SPEC, record_len(5))
+    assert peeler.peel_one(report) == peeler.peel_one(report)            # no memory: both open
+    assert unpack_header(peeler.peel_one(report)) == (3, 0, SPEC, RID)
+    changed = bytearray(report)
+    changed[-1] ^= 1
+    for bad, kind in ((bytes(changed), "tampered"), (report[:-1], "malformed")):
+        with pytest.raises(Refused) as err:
+            peeler.peel_one(bad)
+        assert err.value.kind == kind
+    inner = seal_layer(server.public_bytes(), b"hello", SPEC, b"\x08" * 16, 0)
+    with pytest.raises(Refused, match="not the next layer"):
+        peeler.peel_one(seal_layer(hop.public_bytes(), inner, SPEC, RID, 1))
+
+
 def test_peeler_refuses_an_inner_record_of_another_report(keys):
     """The inner header must repeat the outer spec hash and id, at the layer below."""
     server, hop = keys

@@ -73,6 +73,19 @@ def test_shuffler_cannot_reach_server_code():
     assert "sealing.hpke_open" not in loaded and "shuffler.hpke_peel" not in loaded
 
 
+def test_shuffler_service_process_loads_no_ray_and_no_server():
+    """``rknn-ray shuffler serve`` runs apart from the cluster: its command, the service and
+    the upload protocol never import Ray or the server (tests/test_shuffler_service.py also
+    runs it with both unimportable)."""
+    files = ["jobs/shuffler_service.py", "sealing/upload_wire.py", "sealing/upload_client.py"]
+    imports = package_imports(*files, "shuffler")
+    assert not offenders(imports, ("ray", "server", "actors", "rknn_ray.job", "torch"))
+    loaded = loaded_after("import jobs.cli, jobs.shuffler_service, shuffler.service, "
+                          "shuffler.intake, shuffler.store, shuffler.certs, shuffler.service_files, "
+                          "sealing.upload_client", ("ray", "server", "actors", "torch"))
+    assert not loaded
+
+
 def test_server_never_imports_the_shuffler_or_client_code():
     imports = package_imports("server", "actors/server.py")
     assert not offenders(imports, ("shuffler", "actors.shuffler", "actors.client_shard", "jobs"))

@@ -86,3 +86,32 @@ def test_a_shuffle_job_with_each_opens_a_report_per_kept_record(tmp_path):
     assert counts["messages"] == counts["clients"] == 342 and counts["holders"]["holders"] == 74
     assert g["n"] == 342 and g["eps"] <= 4.0 * (1 + 1e-9)
     assert "m*eps" in report["privacy"]["details"][0]["multi_record_accounting"]
+    # the holder-level cost where the operator reads the budget (issue 57)
+    listed = subprocess.run([sys.executable, "-m", "jobs.cli", "budget", "--ledger",
+                             str(tmp_path / "ledger.sqlite")], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert f"(per record; a holder of m kept records at m x eps, at most 8 x {g['eps']:.4g}" \
+        in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_the_console_states_the_holder_level_cost_and_suggests_each_from_public_counts(
+        tmp_path):
+    """Issue 57: under each the console said "1000 records in 1000 clients" and nothing of a
+    holder's cost; under sample nothing suggested each. Both lines read public counts only."""
+    from rknn_ray.job.runner import multi_record_lines
+    write_parts(str(tmp_path), parts=digits_parts(holders=60))
+    common = table_config(str(tmp_path), max_records_per_client=5)
+    local = Config.from_dict({**common, "privacy": {"model": "local", "mechanism": "rr",
+                                                    "eps": 2.0}})
+    sample = prepared_table(local)
+    kept = sample.holders["kept"]
+    (line,) = multi_record_lines(local, sample)
+    assert f"each of the 60 holders reports one of its records ({kept} kept)" in line
+    assert f"privacy.multi_record=each would send {kept} reports" in line
+    each_cfg = local.with_overrides(["privacy.multi_record=each"])
+    (line,) = multi_record_lines(each_cfg, prepared_table(each_cfg))
+    assert f"each of the {kept} kept records is a client of its own (60 holders)" in line
+    assert "at most 5 x 2 = 10" in line
+    central = Config.from_dict({**common, "privacy": {"model": "central",
+                                                      "mechanism": "laplace"}})
+    assert multi_record_lines(central, prepared_table(central)) == []

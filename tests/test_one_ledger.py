@@ -209,7 +209,7 @@ def test_a_runs_ledger_json_is_the_persistent_stores_rows_of_its_job(
     assert report["privacy"]["eps"] == shown["total"]["eps"]
 
 
-def test_a_ledger_that_cannot_be_written_after_a_release_keeps_the_reservation(
+def test_a_ledger_that_cannot_commit_a_release_counts_the_reservation_as_spent(
         ray_session, tmp_path, monkeypatch):
     def unwritable(self, *a, **k):
         raise sqlite3.OperationalError("disk I/O error")
@@ -220,6 +220,6 @@ def test_a_ledger_that_cannot_be_written_after_a_release_keeps_the_reservation(
     assert (tmp_path / "run" / "release.npz").exists()       # saved before the write
     (dataset,) = BudgetStore(path).datasets()
     (row,) = dataset["releases"]
-    assert row["status"] == "reserved" and row["eps"] == pytest.approx(1.0)
-    assert "reservation kept" in row["note"]
+    assert row["status"] == "released" and row["eps"] == pytest.approx(1.0)   # settled: spent
+    assert "counted as spent" in row["note"]
     assert dataset["spent"]["eps"] == pytest.approx(1.0)

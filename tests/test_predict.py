@@ -126,3 +126,141 @@ def test_a_fitted_encoder_round_trips_without_pickle(tmp_path, name, kwargs):
     back = encoder_from_state(json.loads(json.dumps(meta)), str(tmp_path / "encoder.npz"))
     assert back.dim == enc.dim
     assert np.allclose(back.transform(new), enc.transform(new), atol=1e-6)
+
+
+# ------------------------------------------------------------- issue 57: the edges of predict
+def _cli(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "jobs.cli", "predict", *map(str, args)],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+
+
+def _one_line_exit_2(done):
+    assert done.returncode == 2, done.stdout + done.stderr
+    err = done.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_word_in_a_numeric_column_is_the_projects_data_error(table_run, tmp_path):
+    folder, result = table_run
+    evaluation = pd.read_csv(folder / "evaluation.csv")
+    evaluation["p3"] = evaluation["p3"].astype(object)
+    evaluation.loc[5, "p3"] = "twelve"
+    with pytest.raises(DataError, match="'p3' holds text where the student takes numbers"):
+        result.predict(evaluation)
+    evaluation.to_csv(tmp_path / "words.csv", index=False)
+    err = _one_line_exit_2(_cli(result.out_dir, "--input", tmp_path / "words.csv",
+                                "--out", tmp_path / "p.csv"))
+    assert "'p3'" in err and "Fix:" in err and not (tmp_path / "p.csv").exists()
+
+
+def test_out_naming_the_input_is_refused_and_the_input_kept(table_run, tmp_path):
+    folder, result = table_run
+    source = tmp_path / "in.csv"
+    source.write_bytes((folder / "evaluation.csv").read_bytes())
+    before = source.read_bytes()
+    err = _one_line_exit_2(_cli(result.out_dir, "--input", source, "--out", source))
+    assert "is the --input file" in err and source.read_bytes() == before
+    os.makedirs(tmp_path / "rows")
+    (tmp_path / "rows" / "a.csv").write_bytes(before)
+    err = _one_line_exit_2(_cli(result.out_dir, "--input", tmp_path / "rows",
+                                "--out", tmp_path / "rows" / "p.csv"))
+    assert "inside the --input folder" in err
+
+
+def test_predictions_are_streamed_batch_by_batch_with_the_same_rows(table_run, tmp_path,
+                                                                    monkeypatch):
+    """The input is read a batch at a time (a 1 GB CSV took 9.9 GB read whole): batches of 7
+    rows give the rows, classes and accuracy of one pass."""
+    import jobs.predict as cli
+    folder, result = table_run
+    predictor = result.predictor()
+    whole = predictor.predict(pd.read_csv(folder / "public.csv"))
+    monkeypatch.setattr(cli, "BATCH_ROWS", 7)
+    out = tmp_path / "p.parquet"
+    rows, right, labelled = cli.predict_file(predictor, str(folder / "public.csv"), str(out),
+                                             ".parquet", None, "label")
+    got = pd.read_parquet(out)
+    assert rows == len(whole) == len(got) and not labelled
+    assert list(got["class"]) == list(whole["class"])
+    np.testing.assert_allclose(got["probability"], whole["probability"], rtol=1e-6)
+
+
+def _copy_run(result, tmp_path) -> Path:
+    import shutil
+    run = tmp_path / "copy"
+    shutil.copytree(result.out_dir, run)
+    return run
+
+
+def _edit_predictor(run: Path, edit) -> None:
+    spec = json.loads((run / "predictor.json").read_text())
+    edit(spec)
+    (run / "predictor.json").write_text(json.dumps(spec))
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("mean cut", "'mean' has 5 values"),
+    ("table null", "no 'table' section"),
+    ("three classes", "names 3 classes"),
+    ("input shape", "does not fit the run's student.pt"),
+    ("student.pt cut", "student.pt is not the file the run wrote"),
+    ("student.pt gone", "is missing"),
+    ("not json", "is not valid JSON"),
+])
+def test_a_damaged_or_foreign_run_folder_is_refused_in_one_line(table_run, tmp_path, damage,
+                                                                words):
+    """Issue 57: each of these was a traceback, or (3 class names, input_shape [7]) ran."""
+    folder, result = table_run
+    run = _copy_run(result, tmp_path)
+    if damage == "mean cut":
+        _edit_predictor(run, lambda s: s["table"]["featurizer"].update(
+            mean=s["table"]["featurizer"]["mean"][:5]))
+    elif damage == "table null":
+        _edit_predictor(run, lambda s: s.update(table=None))
+    elif damage == "three classes":
+        _edit_predictor(run, lambda s: s.update(classes=["a", "b", "c"]))
+    elif damage == "input shape":
+        _edit_predictor(run, lambda s: s.update(input_shape=[7]))
+    elif damage == "student.pt cut":
+        data = (run / "student.pt").read_bytes()
+        (run / "student.pt").write_bytes(data[:len(data) // 2])
+    elif damage == "student.pt gone":
+        (run / "student.pt").unlink()
+    else:
+        (run / "predictor.json").write_text("{not json")
+    with pytest.raises(DataError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        RunResult.from_path(str(run)).predict(pd.read_csv(folder / "evaluation.csv"))
+    err = _one_line_exit_2(_cli(run, "--input", folder / "evaluation.csv",
+                                "--out", tmp_path / "p.csv"))
+    assert words in err
+
+
+def test_a_built_in_runs_student_given_a_table_says_it_takes_images(table_run, tmp_path):
+    folder, result = table_run
+    run = _copy_run(result, tmp_path)
+    _edit_predictor(run, lambda s: s.update(dataset="digits", table=None, files={}))
+    err = _one_line_exit_2(_cli(run, "--input", folder / "evaluation.csv",
+                                "--out", tmp_path / "p.csv"))
+    assert "takes images" in err and "data.dataset: table" in err
+
+
+def test_a_run_folder_with_no_release_is_told_to_run_again_not_resume(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "incomplete.json").write_text("{}")
+    with pytest.raises(DataError, match="released nothing") as err:
+        RunResult.from_path(str(tmp_path / "run")).predict(np.zeros((1, 3)))
+    assert "--resume" not in str(err.value)
+
+
+def test_a_cut_encoder_file_is_a_data_error(tmp_path):
+    from rknn_ray.job.predict import encoder_from_state, encoder_state
+    from rknn_ray.representation.represent import make_encoder
+    x = np.random.default_rng(0).random((50, 1, 8, 8), dtype=np.float32)
+    meta, arrays = encoder_state(make_encoder("pca", dim=5).fit(x))
+    path = tmp_path / "encoder.npz"
+    np.savez(path, **arrays)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(DataError, match="the saved encoder is malformed"):
+        encoder_from_state(meta, str(path))

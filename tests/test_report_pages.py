@@ -76,3 +76,41 @@ def test_a_resumed_run_says_so(tmp_path):
     text, _ = build_report(str(folder))
     lines = text.splitlines()
     assert "complete (resumed)" in lines[3] and "complete (resumed)" not in lines[4]
+
+
+def test_a_run_without_public_labels_draws_two_panels_and_its_reasons_under_the_bars():
+    """Issue 57: the caption of what was not measured was drawn across the student's bar, and
+    an empty third panel (count gaps need a public truth) kept its axes."""
+    import numpy as np
+    from rknn_ray.plots import plt, run_summary_figure
+    report = {"accuracy": {"labels": None, "student": 0.8,
+                           "not_measured": {"labels": "the public rows carry no labels"}},
+              "privacy": {"model": "central", "mechanism": "laplace", "eps": 1.0, "delta": 0.0}}
+    fig = run_summary_figure(report, [{"epoch": 1, "train_loss": 1.0}], np.zeros(0),
+                             np.zeros(0, bool), None)
+    assert len(fig.axes) == 2
+    assert fig.axes[0].get_xlabel() == "n/a: the public rows carry no labels"
+    assert not fig.axes[0].texts[1:] or all("carry no labels" not in t.get_text()
+                                             for t in fig.axes[0].texts)
+    plt.close(fig)
+    fig = run_summary_figure({**report, "accuracy": {"labels": 0.9, "student": 0.8}}, [],
+                             np.array([1.0, 3.0]), np.array([True, False]), None)
+    assert len(fig.axes) == 3
+    plt.close(fig)
+
+
+def test_the_folder_view_draws_no_line_across_two_data_sets():
+    from rknn_ray.plots import plt, runs_vs_eps_figure
+    points = [(("digits", "central/laplace"), 1.0, 0.9, 0.9),
+              (("digits", "central/laplace"), 2.0, 0.95, 0.95),
+              (("table", "central/laplace"), 1.0, 0.6, float("nan")),
+              (("table", "central/laplace"), 2.0, 0.7, float("nan"))]
+    fig = runs_vs_eps_figure(points)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert "digits: central/laplace: student" in labels and \
+        "table: central/laplace: student" in labels
+    assert all(len(line.get_xdata()) == 2 for line in fig.axes[0].get_lines())
+    plt.close(fig)
+    fig = runs_vs_eps_figure(points[:2])       # one data set: the group says only the method
+    assert "central/laplace: student" in [line.get_label() for line in fig.axes[0].get_lines()]
+    plt.close(fig)

@@ -30,6 +30,9 @@ def test_report_of_a_real_run(runs, config, capsys):
     assert f"clients              {report['counts']['clients']:,}" in out
     html_text = (run / "report.html").read_text()
     assert "data:image/png;base64," in html_text and 'src="http' not in html_text
+    # each run has a ledger of its own: the budget line names the command with its --ledger
+    ledger = p["budget"]["ledger"]
+    assert f"`rknn-ray budget --ledger {ledger}` shows its budget and spend" in out
 
 
 def test_report_of_the_folder_of_runs(runs, capsys):

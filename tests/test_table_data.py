@@ -74,7 +74,8 @@ def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
     assert sp.class_names == tuple(range(10)) and sp.public_y.tolist() == [-1] * pub.num_rows
     assert sp.eval_y.tolist() == ev.column("label").to_pylist() and sp.eval_x.shape == (ev.num_rows, 64)
     # clients are the holders found (public under the relation); the declared bound;
-    # fingerprints of all three parts, the private ones keyed where they were read
+    # fingerprints of the private part only, keyed where they were read (the public and
+    # evaluation files are no one's budget)
     holders = set(priv.column("holder").to_pylist())
     assert data.num_clients == len(holders) == data.holders["holders"]
     assert data.max_records_per_client == 10 and data.public_counts()["records"] == priv.num_rows
@@ -82,7 +83,8 @@ def test_table_prepares_from_public_rows_and_the_scan_only(tmp_path):
     def distinct(tables):
         return len(np.unique(np.concatenate([t.select([f"p{i}" for i in range(64)]).to_pandas()
                                              .to_numpy() for t in tables]), axis=0))
-    assert len(data.pool) == distinct((pub, ev)) and len(data.pool_keyed) == distinct((priv,))
+    assert len(data.pool) == len(data.near_pool) == 0
+    assert len(data.pool_keyed) == distinct((priv,))
     # public standardization: fitted on the public rows only
     raw = pub.select([f"p{i}" for i in range(64)]).to_pandas().to_numpy()
     std = np.where(raw.std(0) > 0, raw.std(0), 1)
@@ -177,17 +179,15 @@ def test_the_same_table_as_parquet_or_csv_or_a_glob_draws_from_one_budget(tmp_pa
 
 
 def test_the_same_table_rescaled_by_255_256_draws_from_the_same_budget(tmp_path):
-    """Near fingerprints (the scan's for the private rows, the driver's for public and
-    evaluation rows): a copy with every feature value times 255/256 is the same source."""
+    """Near fingerprints (the scan's, of the private rows): a copy with every feature value
+    times 255/256 is the same source."""
     store = BudgetStore(str(tmp_path / "ledger.sqlite"))
     parts = write_parts(str(tmp_path / "a"))
     scaled = [pa.table({n: (pc.multiply(t.column(n), 255 / 256) if n.startswith("p")
                             else t.column(n)) for n in t.column_names}) for t in parts]
     write_parts(str(tmp_path / "b"), parts=scaled)
     a, b = _prepare(tmp_path / "a"), _prepare(tmp_path / "b")
-    assert len(np.intersect1d(a.pool, b.pool)) == 0          # no exact fingerprint is shared
-    assert len(np.intersect1d(a.pool_keyed, b.pool_keyed)) == 0
-    assert len(a.near_pool) and np.array_equal(a.near_pool, b.near_pool)
+    assert len(np.intersect1d(a.pool_keyed, b.pool_keyed)) == 0   # no exact one is shared
     assert len(a.near_keyed) and np.array_equal(a.near_keyed, b.near_keyed)
     ida = job_source(store, Config.from_dict(table_config(str(tmp_path / "a"))), a)[0]
     assert job_source(store, Config.from_dict(table_config(str(tmp_path / "b"))), b)[0] == ida
@@ -425,3 +425,53 @@ def test_rows_given_in_memory_are_dealt_per_shard_and_the_library_drops_them(tmp
     got = [s.open() for s in sources]
     assert sum(r.num_clients for r in got) == len(set(holders))     # the shards' own count
     assert data.num_clients == len(set(holders))                     # public: found, shown
+
+
+def test_two_private_tables_that_share_only_their_public_files_are_two_sources(tmp_path):
+    """Issue 55 item 9: two jobs whose private parts are disjoint halves of one table, with
+    the same public and evaluation files, are charged to two sources (the public files are
+    read in the clear and spend nothing: they were the reason the halves merged). The same
+    half again meets its own source, and a third table sharing one private record with the
+    first half meets that one only."""
+    priv, pub, ev = digits_parts()
+    half = priv.num_rows // 2
+    store = BudgetStore(str(tmp_path / "ledger.sqlite"))
+    key = store.fingerprint_key()
+    prepared, names = {}, {}
+    for name, rows in (("a", priv.slice(0, half)), ("b", priv.slice(half)),
+                       ("a-again", priv.slice(0, half)),
+                       ("c", pa.concat_tables([priv.slice(half - 1, 1),     # a's last record
+                                               _shifted(priv.slice(0, 300))]))):
+        write_parts(str(tmp_path / name), parts=(rows, pub, ev))
+        cfg = Config.from_dict(table_config(str(tmp_path / name)))
+        prepared[name] = prepared_table(cfg, key=key)
+        names[name] = job_source(store, cfg, prepared[name])[0]
+    a, b = prepared["a"], prepared["b"]
+    # the halves share no record, not even a near copy (else they would rightly merge)
+    assert not len(np.intersect1d(a.pool_keyed, b.pool_keyed))
+    assert not len(np.intersect1d(a.near_keyed, b.near_keyed))
+    assert names["a"] != names["b"] and names["a-again"] == names["a"]
+    assert names["c"] == names["a"]
+    assert {store.canonical(n)[0] for n in names.values()} == {names["a"], names["b"]}
+
+
+def _shifted(table: pa.Table) -> pa.Table:
+    """Every pixel + 7: records no other table here holds, not even as near copies."""
+    return pa.table({n: (pc.add(table.column(n), 7.0) if n.startswith("p") else table.column(n))
+                     for n in table.column_names})
+
+
+def test_a_column_not_found_names_the_closest_match_first():
+    """Issue 57: the list of columns was cut before the name the user meant, and no closest
+    match was named."""
+    from rknn_ray.data.tables import Part, missing
+    schema = pa.schema([(f"c{i}", pa.float64()) for i in range(20)] +
+                       [("mean area", pa.float64()), ("label", pa.string())])
+    with pytest.raises(DataError) as err:
+        missing(Part("private", path="x.csv"), schema, ["label", "mean_area"])
+    msg = str(err.value)
+    assert "column 'mean_area' not found" in msg and "did you mean 'mean area'?" in msg
+    assert msg.index("'mean area'") < msg.index("'c0'")
+    with pytest.raises(DataError) as err:
+        missing(Part("private", path="x.csv"), schema, ["zzz"])
+    assert "did you mean" not in str(err.value)

@@ -147,7 +147,9 @@ def _main(tmp_path, cfg, name, capsys, extra=()):
 def test_sites_release_what_the_same_rows_in_one_file_release(ray_session, tmp_path, capsys):
     """Seeded, central: three sites on their node release exactly the counts of the same rows
     given as one path (the sum does not depend on how holders are dealt to shards); the
-    counts the report shows are the sums over the sites, each site's shown too."""
+    counts the report shows are the sums over the sites, each site's shown too. Every record
+    is kept (the bound above the largest holder): which records a holder above the bound
+    keeps is drawn from its shard's secret, and the shards differ between the two layouts."""
     folder = str(tmp_path)
     where = _write_sites(folder)
     label = _node_label(ray_session)
@@ -157,6 +159,7 @@ def test_sites_release_what_the_same_rows_in_one_file_release(ray_session, tmp_p
                           ("one", {"sites": None, "path": f"{folder}/private.parquet"})):
         cfg = _config(folder, sites, run={"progress": False, "rng": "seeded"})
         cfg["data"]["private"] = {**cfg["data"]["private"], **private}
+        cfg["data"]["max_records_per_client"] = 600
         rc, err, _ = _main(tmp_path, cfg, name, capsys, ["--insecure-seeded"])
         assert rc == 0, err
         runs[name] = (json.load(open(tmp_path / name / "report.json")),
@@ -175,9 +178,21 @@ def test_sites_release_what_the_same_rows_in_one_file_release(ray_session, tmp_p
         np.testing.assert_array_equal(zs[k], z1[k])
     node = label["ray.io/node-id"]
     assert all(rs["placement"][f"{p}@{n}"] == [node] for n in SITES for p in ("scan", "client"))
+    # the console's summary and the report page show each site's counts and node (issue 57)
+    from jobs.distill import site_lines
+    from jobs.report import main as report_main
+    assert site_lines(rs) == [f"site {n}: {per_site[n]['records']} records of "
+                              f"{per_site[n]['holders']} holders, read on node {node[:12]}"
+                              for n in sorted(SITES)]
+    capsys.readouterr()
+    assert report_main([str(tmp_path / "sites")]) == 0
+    page = capsys.readouterr().out
+    assert all(f"  site {n}  " in page for n in SITES) and "Placement:" in page
+    assert f"scan@{sorted(SITES)[0]}" in page and node[:12] in page
 
 
-@pytest.mark.parametrize("case", ["no node", "missing path", "empty site", "holder on two sites"])
+@pytest.mark.parametrize("case", ["no node", "missing path", "empty site", "holder on two sites",
+                                  "strings at a site", "integers at a site"])
 def test_a_bad_site_is_one_line_exit_2_before_any_reservation(case, ray_session, tmp_path,
                                                               capsys):
     from rknn_ray.accounting.budget_store import BudgetStore
@@ -192,6 +207,12 @@ def test_a_bad_site_is_one_line_exit_2_before_any_reservation(case, ray_session,
     elif case == "empty site":
         part = pq.read_table(f"{where['b']}/part.parquet")
         pq.write_table(part.slice(0, 0), f"{where['b']}/part.parquet")
+    elif case in ("strings at a site", "integers at a site"):     # issue 57: they ran to the end
+        part = pq.read_table(f"{where['b']}/part.parquet")
+        column = part.column_names[0]
+        to = pa.string() if case == "strings at a site" else pa.int64()
+        part = part.set_column(0, column, part.column(0).cast(to))
+        pq.write_table(part, f"{where['b']}/part.parquet")
     else:                           # site c also holds some of site a's holders
         a = pq.read_table(f"{where['a']}/part.parquet")
         pq.write_table(a.slice(0, 10), f"{where['c']}/extra.parquet")
@@ -200,7 +221,11 @@ def test_a_bad_site_is_one_line_exit_2_before_any_reservation(case, ray_session,
     words = {"no node": ("data.private.sites.b", "ray start --address=<head> --labels site=b"),
              "missing path": ("data.private.sites.b.path", "does not exist on the site's node"),
              "empty site": ("data.private.sites.b", "holds no rows"),
-             "holder on two sites": ("sites 'a' and 'c' both hold", "Fix:")}[case]
+             "holder on two sites": ("sites 'a' and 'c' both hold", "Fix:"),
+             "strings at a site": ("data.private.sites.b", "string (site 'a': double)",
+                                   "same columns and types"),
+             "integers at a site": ("data.private.sites.b", "int64 (site 'a': double)",
+                                    "same columns and types")}[case]
     assert all(w in err for w in words), err
     assert not re.search(r"\brow \d", err) and not re.search(r"\bh\d+\b", err), err
     assert not ledger.exists() or BudgetStore(str(ledger)).datasets() == []

@@ -58,9 +58,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile, owner_only
+from rknn_ray.accounting.ledger_file import ENV_PATH, LedgerFile, owner_only, regular_file
 from rknn_ray.accounting.source_identity import (FINGERPRINT_DTYPE, keyed_fingerprints,
                                                  sorted_unique)
+from rknn_ray.accounting.units import MAX_BUDGET_EPS
 from rknn_ray.errors import ConfigError, LedgerError, PrivacyBudgetError
 
 RESERVED_NOTE = "reserved before any client randomized"
@@ -72,6 +73,9 @@ SCHEMA_VERSION = 4     # 4: large pools in chunks; 3: keyed fingerprints; 2: rec
 #: two kinds are 1.6 GB)
 CHUNK = 1 << 23
 DEFAULT_DELTA_SHARE = 0.1   # a new source's default delta budget: 1/(10 n)
+#: ``meta`` key of a check value of the ledger's release key (``<ledger>.key``): a ledger that
+#: has one had a key, and never gets a new one silently (BudgetStore.side_key)
+KEY_CHECK = "release_key_check"
 
 TABLES = (
     """CREATE TABLE IF NOT EXISTS datasets (
@@ -185,7 +189,7 @@ class BudgetStore:
 
     ``purpose="experiment"`` marks an isolated experiment ledger (jobs.grid, jobs.compare):
     every cell is recorded, but each is admitted as an independent hypothetical release
-    (neither the delta budget nor the 1/n delta cap is enforced there).
+    (neither the eps nor the delta budget nor the 1/n delta cap is enforced there).
     """
 
     def __init__(self, path: str | None = None, purpose: str | None = None):
@@ -298,29 +302,60 @@ class BudgetStore:
     def side_key(self, purpose: str) -> bytes:
         """A 32-byte key for ``purpose`` that reading the ledger does not give: derived from a
         secret in a file of its own beside the ledger (``<ledger>.key``, owner only, made from
-        the OS CSPRNG on first use). release.npz is tagged under it: a reader of the ledger
-        (a backup, a shared copy) cannot re-tag an edited release. An in-memory ledger uses
-        :meth:`purpose_key` (nothing outlives its process)."""
+        the OS CSPRNG), which release.npz is tagged under: a reader of the ledger (a backup,
+        a shared copy) cannot re-tag an edited release. An in-memory ledger uses
+        :meth:`purpose_key` (nothing outlives its process).
+
+        The key is made only for a ledger that never had one: no check of a key in its
+        ``meta`` and no release recorded. A ledger that had one (copied without it) is
+        refused naming the missing file, never given a new key silently: its saved releases
+        could then never be resumed, and a new one would be tagged under a key the owner's
+        copy lacks. The ledger keeps a check of its key (``release_key_check``), so another
+        ledger's key beside it is refused too."""
         if self.path == ":memory:":
             return self.purpose_key(purpose)
         path = self.path + ".key"
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_hex(32))
-                fh.flush()
-                os.fsync(fh.fileno())
-        owner_only(path, "the ledger's release key")
-        with open(path, encoding="ascii") as fh:
-            text = fh.read(65).strip()
-        if not re.fullmatch(r"[0-9a-f]{64}", text):
-            raise LedgerError(f"{path} is not the ledger's release key (64 hex digits). Fix: "
-                              "restore it from a backup; without it no saved release of this "
-                              "ledger can be resumed (delete it to start a new key)")
-        return hmac.new(bytes.fromhex(text), f"rknn-ray side key: {purpose}".encode(),
+        exists = regular_file(path, "the ledger's release key",
+                              f"copy the key made with this ledger to {path} (a regular file, "
+                              "mode 600)")
+        with self._transaction() as con:
+            row = con.execute("SELECT value FROM meta WHERE key = ?", (KEY_CHECK,)).fetchone()
+            if not exists:
+                released = con.execute(
+                    "SELECT 1 FROM releases WHERE status = 'released' LIMIT 1").fetchone()
+                if row is not None or released:
+                    why = "had one" if row is not None else "has recorded releases"
+                    raise LedgerError(
+                        f"the ledger's release key {path} is missing: copy it beside the ledger. "
+                        f"Fix: copy {os.path.basename(path)} from where "
+                        f"{os.path.basename(self.path)} came from (or a backup) to {path}; "
+                        f"this ledger {why}, so no new key is made in its place (its saved "
+                        "releases could never be resumed under it)")
+                try:
+                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                except FileExistsError:
+                    pass                             # another process made it first: use it
+                else:
+                    with os.fdopen(fd, "w") as fh:
+                        fh.write(secrets.token_hex(32))
+                        fh.flush()
+                        os.fsync(fh.fileno())
+            owner_only(path, "the ledger's release key")
+            with open(path, encoding="ascii", errors="replace") as fh:
+                text = fh.read(65).strip()
+            if not re.fullmatch(r"[0-9a-f]{64}", text):
+                raise LedgerError(f"{path} is not the ledger's release key (64 hex digits). Fix: "
+                                  "restore it from a backup; without it no saved release of "
+                                  "this ledger can be resumed")
+            secret = bytes.fromhex(text)
+            check = hmac.new(secret, b"rknn-ray release key check", hashlib.sha256).hexdigest()[:32]
+            if row is None:
+                con.execute("INSERT INTO meta VALUES (?, ?)", (KEY_CHECK, check))
+            elif not hmac.compare_digest(row[0], check):
+                raise LedgerError(f"{path} is not the release key of the ledger {self.path} (it "
+                                  "belongs to another ledger). Fix: copy the key made with this "
+                                  f"ledger to {path}")
+        return hmac.new(secret, f"rknn-ray side key: {purpose}".encode(),
                         hashlib.sha256).digest()
 
     # ------------------------------------------------------------------ sources
@@ -462,7 +497,7 @@ class BudgetStore:
                                   (identity,)).fetchone()
                 cost = {row[0]: c for row, c in self._costs(con, identity)}
                 rel = con.execute("SELECT id, job_id, round, status, eps, delta, event, note, "
-                                  "updated FROM releases WHERE identity = ? ORDER BY id",
+                                  "updated, meta FROM releases WHERE identity = ? ORDER BY id",
                                   (identity,))
                 out.append({"identity": identity, "description": desc,
                             "budget": {"eps": b_eps, "delta": b_delta},
@@ -478,8 +513,9 @@ class BudgetStore:
                                           "eps": cost.get(i, (e, dl))[0],
                                           "delta": cost.get(i, (e, dl))[1],
                                           "event": json.loads(ev) if ev else None,
-                                          "note": n, "updated": u}
-                                         for i, j, r, st, e, dl, ev, n, u in rel.fetchall()]})
+                                          "note": n, "updated": u,
+                                          "extra": (json.loads(m) if m else {}).get("extra")}
+                                         for i, j, r, st, e, dl, ev, n, u, m in rel.fetchall()]})
         return out
 
     # ------------------------------------------------------------------ writing
@@ -623,7 +659,7 @@ class BudgetStore:
             target = b_delta if cap is None else min(b_delta, cap * (1 - 1e-6))
             total_eps, total_delta = self.composed(identity, accountant, [ApproxDpEvent(eps, delta)],
                                                    target, con)
-            over_eps = total_eps > b_eps * (1 + SLACK)
+            over_eps = not experiment and total_eps > b_eps * (1 + SLACK)
             over_delta = not experiment and total_delta > b_delta * (1 + SLACK) + 1e-300
             over_cap = cap is not None and total_delta >= cap
             if over_eps or over_delta or over_cap:
@@ -656,7 +692,11 @@ class BudgetStore:
                 f"(central or local, delta = 0) (ledger: {self.path})")
         command = (f"rknn-ray budget set {identity} --eps {_up(max(b_eps, t_eps))} "
                    f"--delta {_up(max(b_delta, t_delta))}")
-        if over_eps and not over_delta:
+        if over_eps and float(_up(t_eps)) > MAX_BUDGET_EPS:   # no `budget set` admits it
+            fix = (f"lower privacy.eps{' and privacy.delta' if over_delta else ''}: the total "
+                   f"eps={t_eps:.6g} is above {MAX_BUDGET_EPS:g}, the largest budget `rknn-ray "
+                   "budget set` takes")
+        elif over_eps and not over_delta:
             fix = f"lower privacy.eps, or raise the budget explicitly: {command}"
         elif over_delta and not over_eps:
             fix = (f"raise the delta budget explicitly: {command} (lowering eps does not help), "
@@ -696,7 +736,8 @@ class BudgetStore:
         con.execute("INSERT INTO releases (identity, job_id, round, status, eps, delta, event, "
                     "note, created, updated, accounting, meta) VALUES (?, ?, ?, 'released', ?, ?, "
                     "?, ?, ?, ?, ?, ?)",
-                    (identity, job_id, round_id, eps, delta, json.dumps(event, default=str), note,
+                    (identity, job_id, round_id, eps, delta, json.dumps(event, default=str),
+                     None if note is None else plain_note(note),
                      time.time(), time.time(),
                      None if costing is None else json.dumps(costing.to_dict()),
                      None if meta is None else json.dumps(meta, default=_plain)))
@@ -758,6 +799,7 @@ class BudgetStore:
 
     def close_job(self, identity: str, job_id: str, note: str) -> None:
         """The job ended normally: what it reserved and did not release is given back."""
+        note = plain_note(note)
         with self._transaction() as con:
             con.execute("UPDATE releases SET status = 'unused', note = ?, updated = ? WHERE "
                         "identity = ? AND job_id = ? AND status = 'reserved'",
@@ -765,9 +807,31 @@ class BudgetStore:
 
     def mark_failed(self, identity: str, job_id: str, note: str) -> None:
         """The job died where a release may have happened: its reservation stays counted."""
+        note = plain_note(note)
         with self._transaction() as con:
             con.execute("UPDATE releases SET note = ?, updated = ? WHERE identity = ? AND "
                         "job_id = ? AND status = 'reserved'", (note, time.time(), identity, job_id))
+
+    def spend_job(self, identity: str, job_id: str, note: str) -> None:
+        """The job ended itself where a release may have happened: what it reserved and did
+        not commit is counted as spent now (as ``settle`` would), so nothing stays open."""
+        note = plain_note(note)
+        with self._transaction() as con:
+            con.execute("UPDATE releases SET status = 'released', note = ?, updated = ? WHERE "
+                        "identity = ? AND job_id = ? AND status = 'reserved'",
+                        (note, time.time(), identity, job_id))
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_RAY_HANDLE = re.compile(r"\bActor(?:Handle)?\((\w+), [0-9a-f]{8,}\)")
+
+
+def plain_note(text: str, limit: int = 500) -> str:
+    """A ledger note as ``rknn-ray budget`` shows it: one line of words, without terminal
+    colour codes or Ray's actor handles (Ray's error texts carry both; issue 57)."""
+    text = _RAY_HANDLE.sub(r"the \1 actor", _ANSI.sub("", str(text)))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------- open reservations

@@ -4,13 +4,17 @@ A ledger records spend that must never be forgotten, so an existing path is used
 is a readable ledger of a known schema (SQLite header, ``PRAGMA integrity_check``, the
 required tables); anything else -- an empty file, another format, damaged pages, a newer
 schema -- is refused with a LedgerError that names the file and how to inspect or restore
-it, and the file is left untouched. A new ledger is built aside and linked into place, so
+it, and the file is left untouched. The ledger (and the files SQLite keeps beside it, and
+its release key) must be regular files: a FIFO, directory, device or socket is refused by
+:func:`regular_file` before anything opens it (opening a FIFO waits for a writer forever);
+a symbolic link is followed, and its target must be a regular file. A new ledger is built aside and linked into place, so
 a concurrent opener never sees a half-made (empty) file. A lock held by another process is
 waited on for ``$RKNN_RAY_LEDGER_TIMEOUT`` seconds (default 10), then refused by name.
 """
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import sqlite3
 import urllib.parse
@@ -37,6 +41,33 @@ def lock_timeout() -> float:
         raise ConfigError(ENV_TIMEOUT, f"{raw!r} is not a number of seconds in [0, 3600]",
                           f"set {ENV_TIMEOUT}=10 (or unset it)")
     return value
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file(path: str, what: str, fix: str) -> bool:
+    """Whether ``path`` exists, refusing (LedgerError, one line naming ``what`` and ``fix``)
+    anything but a regular file, before anything opens it: a FIFO would block its opener
+    until a writer came. A symbolic link is followed: its target must be a regular file (a
+    link to nothing is refused too, not replaced by a new file through the link)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise LedgerError(f"{path}: {what} is a symbolic link to nothing "
+                              f"({os.readlink(path)}). Fix: {fix}") from None
+        return False
+    except OSError as exc:
+        raise LedgerError(f"{path}: {what} cannot be looked up ({exc.strerror}). Fix: "
+                          f"{fix}") from None
+    if stat.S_ISREG(mode):
+        return True
+    kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+    raise LedgerError(f"{path}: {what} is {kind}, not a regular file; nothing was opened. "
+                      f"Fix: {fix}")
 
 
 #: the path of a ledger that lives in memory (a PrivacyLedger with no persistent store)
@@ -75,7 +106,13 @@ class LedgerFile:
             self._memory.execute(f"PRAGMA user_version = {self.schema_version}")
             return
         self.path = os.path.abspath(path)
-        if os.path.exists(self.path):
+        fix = (f"point --ledger / ${ENV_PATH} at your ledger file (or at a path that does "
+               "not exist yet, where a new ledger is made)")
+        exists = regular_file(self.path, "the privacy ledger", fix)
+        for side in ("-wal", "-shm", "-journal"):          # SQLite opens these beside it
+            regular_file(self.path + side, f"the privacy ledger's SQLite {side[1:]} file",
+                         f"remove {self.path + side} (it is not SQLite's), or {fix}")
+        if exists:
             self.check()
             owner_only(self.path, "the privacy ledger")
         else:

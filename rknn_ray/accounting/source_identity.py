@@ -3,7 +3,10 @@
 Record-level DP composes per record, so a budget belongs to the records themselves, not to
 the split, seed, partition or client count a job happens to use. A job's *record pool* is
 every record its split loaded (private, public and evaluation parts together: under
-another split rule or seed any of them can become private). Each record is fingerprinted
+another split rule or seed any of them can become private). A user's table
+(``data.dataset: table``) has no split: its public and evaluation files are read in the
+clear and spend nothing, so its pool is its private part alone, and two private tables that
+share only those files are two sources. Each record is fingerprinted
 by its features alone (a relabelled copy of a record is still that record), so the
 ledger can tell that two jobs share records even when one uses a subset of the other's
 files (rknn_ray/accounting/budget_store.py matches and merges sources on any overlap).

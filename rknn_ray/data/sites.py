@@ -57,6 +57,16 @@ def join_site_answers(sites, answers: list, key: bytes) -> dict:
             raise DataError(f"{site.key}: its feature columns {answer['columns']['names']} "
                             f"differ from site {sites[0].name!r}'s {first['names']}. Fix: give "
                             "every site's files the same columns and types")
+    types = answers[0].get("column_types")
+    for site, answer in zip(sites[1:], answers[1:]):      # the schemas' types, never a value
+        other = answer.get("column_types")
+        if other != types:
+            differ = [f"{n!r} {b} (site {sites[0].name!r}: {a})" for n, a, b in
+                      zip(first["names"], types or [], other or []) if a != b]
+            raise DataError(f"{site.key}: its files type column(s) {', '.join(differ[:3])}"
+                            f"{' ...' if len(differ) > 3 else ''} otherwise than site "
+                            f"{sites[0].name!r}'s. Fix: give every site's files the same "
+                            "columns and types (cast them when you write the files)")
     clients, digests, kept, shard_sites, per_site = [], [], [], [], {}
     for site, answer in zip(sites, answers):
         n = site.shards

@@ -377,6 +377,8 @@ def scan_parts(spec: ScanSpec, key: bytes, table: pa.Table | None = None):
         raise private_read_error(part, exc, "the scan of the private part") from None
     out["columns"] = {"names": list(cols.names), "list_column": cols.list_column,
                       "categorical": list(cols.categorical)}
+    # the file's types of those columns (its schema, no value): sites must agree on them
+    out["column_types"] = [str(schema.field(name).type) for name in cols.names]
     yield out
 
 

@@ -14,6 +14,8 @@ class list by their text, so the same labels read from parquet (int) and CSV (in
 """
 from __future__ import annotations
 
+import difflib
+
 import glob
 import hashlib
 import json
@@ -347,10 +349,14 @@ def missing(part: Part, schema: pa.Schema, columns) -> None:
              else quoted(part.path, 200) if part.path else "the data")
     for col in columns:
         if col is not None and col not in names:
-            raise DataError(f"{part.key}: column {quoted(col)} not found in {where} "
-                            f"(columns: {', '.join(quoted(n, 40) for n in schema.names[:12])}"
-                            f"{', ...' if len(schema.names) > 12 else ''}). Fix: name an existing "
-                            f"column in {part.key}, or add it to the file")
+            near = difflib.get_close_matches(str(col), schema.names, n=3, cutoff=0.6)
+            near += [n for n in schema.names if str(col).lower() in n.lower() and n not in near]
+            shown = list(dict.fromkeys(near[:3] + schema.names[:12]))   # the near ones first
+            meant = f"; did you mean {quoted(near[0], 60)}?" if near else ""
+            raise DataError(f"{part.key}: column {quoted(col)} not found in {where}{meant} "
+                            f"(columns: {', '.join(quoted(n, 40) for n in shown)}"
+                            f"{', ...' if len(schema.names) > len(shown) else ''}). Fix: name an "
+                            f"existing column in {part.key}, or add it to the file")
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 incomplete.json tells the person what happened and what to do next, and that depends on
 what was already paid for: a saved release is finished with ``--resume``; a release that
-could not be saved, a round refused for too little cover, or a round interrupted once its
-clients may have randomized stays counted in the ledger; anything earlier released nothing.
+could not be saved, a round refused for too little cover, or a round that failed once its
+reports may have reached the server stays counted in the ledger (rknn_ray.job.rounds settles
+it); anything else released nothing.
 """
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ from rknn_ray.job.predict import write_predictor
 from rknn_ray.job.release_file import load_selections
 from rknn_ray.job.stages import finish_labels, nonprivate_labels
 from rknn_ray.labeling.stage import connection_plan
-from rknn_ray.student.config import AUTO_LOCAL_WORK
 from rknn_ray.student.stage import fit_student, student_description, student_inputs
 from rknn_ray.labeling.connection import Connection
 from rknn_ray.labeling.queries import union_of_rounds
@@ -77,13 +76,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     trainer, why = st.chosen_trainer(len(train_x), inputs.image_shape)   # auto: by size
     how = (f"Ray Train, {st.num_workers} worker{'s' if st.num_workers != 1 else ''}"
            if trainer == "ray" else "in this process")
-    if st.trainer == "auto":
+    if st.trainer == "auto":       # the default; ray or local is the user's own choice
         progress.say(f"student.trainer {why}")
-    elif trainer == "ray" and st.method != "semi" and \
-            len(train_x) * st.epochs <= AUTO_LOCAL_WORK["cnn"] // 5:
-        progress.say(f"student: {len(train_x)} samples x {st.epochs} epochs is small: Ray "
-                     "Train's start-up will take longer than training (student.trainer: auto "
-                     "or local trains it in this process)")
     with progress.stage("student", f"student: {how}, "
                         f"{st.epochs} epochs on {len(train_x)} labelled samples"), \
             progress.epochs(st.epochs) as on_epoch:        # live, from Train's per-epoch reports
@@ -128,7 +122,10 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
                     "budget": {"description": ctx.described,    # the config's words only
                                "ledger": ctx.store.path,
                                "shown_by": f"rknn-ray budget --ledger {ctx.store.path}"},
-                    "release_file": "release.npz", **rng_marks(cfg)},
+                    "release_file": "release.npz", **rng_marks(cfg),
+                    # privacy.allow_partial_release: per round, the shards lost (None: all sent)
+                    "partial_release": ([r.partial for r in rounds]
+                                        if any(r.partial for r in rounds) else None)},
         "counts": {**data.public_counts(), "queries": all_qs.size,
                    "messages": _total(r.messages for r in rounds),
                    "received": _total(r.received for r in rounds),

@@ -20,11 +20,16 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
+import zipfile
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from rknn_ray.data.tables import Featurizer, Part, as_table, feature_matrix, missing
+from rknn_ray.data.tables import Featurizer, Part, as_table, feature_matrix
 from rknn_ray.errors import DataError
+from rknn_ray.job.predictor_check import check_digests, check_model, check_spec, file_digests
 from rknn_ray.representation.represent import HOGEncoder, PCAEncoder, RawEncoder
 from rknn_ray.runio import atomic_path, write_json
 
@@ -64,7 +69,9 @@ def write_predictor(out_dir: str, cfg, data, student_input: dict | None, encoder
                 with open(tmp, "wb") as fh:
                     np.savez(fh, **arrays)
     path = os.path.join(out_dir, PREDICTOR_FILE)
-    write_json(path, predictor_spec(cfg, data, student_input, meta))
+    # the student's and the encoder's digests: a folder mixed or cut short is refused
+    write_json(path, {**predictor_spec(cfg, data, student_input, meta),
+                      "files": file_digests(out_dir)})
     return path
 
 
@@ -119,9 +126,10 @@ def encoder_from_state(meta: dict, path: str):
             enc._dim = int(meta["dim"])
             enc.pca = _pca_from(meta["pca"], arrays, "pca_") if meta["pca"] else None
             return enc
-    except (KeyError, TypeError, ValueError, OSError) as exc:
-        raise DataError(f"the saved encoder is malformed ({type(exc).__name__}: {exc}). Fix: "
-                        f"use the {PREDICTOR_FILE} and {ENCODER_ARRAYS} the run wrote") from None
+    except (KeyError, TypeError, ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"the saved encoder is malformed ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:160] if str(exc) else ''}). Fix: use the "
+                        f"{PREDICTOR_FILE} and {ENCODER_ARRAYS} the run wrote") from None
     raise DataError(f"unknown saved encoder {meta.get('name')!r}. Fix: use the files the run wrote")
 
 
@@ -148,6 +156,12 @@ class Predictor:
     def from_run(cls, run_dir: str, allow_pickle: bool = False) -> "Predictor":
         """The predictor of the finished run in ``run_dir`` (its predictor.json and student.pt)."""
         path = os.path.join(run_dir, PREDICTOR_FILE)
+        if not os.path.isdir(run_dir):
+            raise DataError(f"{run_dir} is not a folder. Fix: point at a finished run folder")
+        if not os.path.isfile(path) and not os.path.isfile(os.path.join(run_dir, "release.npz")):
+            raise DataError(f"{run_dir} has no {PREDICTOR_FILE} and no release.npz: the run "
+                            "released nothing, so there is no student to resume. Fix: run the "
+                            "job again (rknn-ray run), then predict with its run folder")
         if not os.path.isfile(path):
             raise DataError(f"{run_dir} has no {PREDICTOR_FILE}: the run did not finish, or it "
                             "was made before students were saved with their featurizer. Fix: "
@@ -163,6 +177,8 @@ class Predictor:
         if not isinstance(spec, dict) or spec.get("format") != FORMAT:
             raise DataError(f"{path}: not a predictor file of format {FORMAT}. Fix: use the "
                             "file the run wrote, unchanged")
+        check_spec(path, spec)
+        check_digests(run_dir, spec)
         encoder = None
         if spec.get("student_input") == "features" and spec.get("encoder"):     # no pickle
             encoder = encoder_from_state(spec["encoder"], os.path.join(run_dir, ENCODER_ARRAYS))
@@ -174,13 +190,20 @@ class Predictor:
                                 "--allow-pickle (allow_pickle=True) for a folder you trust")
             with open(enc_path, "rb") as fh:
                 encoder = pickle.load(fh)   # noqa: S301 - the caller trusts the folder
-        return cls(spec, _load_model(run_dir, spec), encoder)
+        predictor = cls(spec, _load_model(run_dir, spec), encoder)
+        check_model(path, spec, predictor.model, encoder, predictor.featurizer)
+        return predictor
 
     # ------------------------------------------------------------------ inputs
     def inputs(self, data) -> np.ndarray:
         """The model inputs (float32, (N, *input_shape)) of ``data`` (class docstring)."""
         shape = tuple(self.spec["input_shape"])
         if self.featurizer is None:          # a built-in data set: images as given
+            if not isinstance(data, np.ndarray):
+                raise DataError(f"this run's student takes images of shape {list(shape)} (a "
+                                f"built-in data set, {self.spec.get('dataset')!r}), not a table's "
+                                "columns. Fix: pass the images as a numpy array, or predict "
+                                "with a run on your table (data.dataset: table)")
             x = np.ascontiguousarray(np.asarray(data, dtype=np.float32))
             if x.ndim < 1 or x.size != len(x) * int(np.prod(shape)):
                 raise DataError(f"images of shape {x.shape[1:]} for a student that takes "
@@ -188,7 +211,12 @@ class Predictor:
                                 f"{', '.join(map(str, shape))}) or flattened")
             x = x.reshape(len(x), *shape)
         else:
-            x = self.featurizer(self._raw(data))
+            with np.errstate(over="ignore", invalid="ignore"):     # checked just below
+                x = self.featurizer(self._raw(data))
+            if not np.isfinite(x).all():
+                raise DataError("the input holds a value too large for the student's input "
+                                "(not finite once standardized). Fix: give values of the "
+                                "public part's range")
         if self.encoder is not None:
             x = np.ascontiguousarray(self.encoder.transform(x), dtype=np.float32)
         return x
@@ -207,10 +235,24 @@ class Predictor:
                                 f"{', ...' if len(cols.names) > 8 else ''}). Fix: pass a "
                                 "DataFrame with those columns, or an array in that order")
             return raw if raw.dtype == object or not cols.categorical else raw.astype(object)
-        table = as_table(data)
-        part = Part("input")
-        missing(part, table.schema, cols.names)
-        return feature_matrix(table, cols, part, width)
+        try:
+            table = as_table(data)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:      # pandas: mixed types
+            found = re.search(r"for column (\S+) with type", str(exc))
+            name = found.group(1) if found else "?"
+            raise DataError(f"the input's column {name!r} holds text where the student takes "
+                            f"numbers (a value of another type). Fix: give numbers in "
+                            f"{name!r}, as the run's public part did") from None
+        absent = [n for n in cols.names if n not in table.column_names]
+        if absent:
+            raise DataError(f"column {absent[0]!r} not found in the input: a feature the "
+                            f"student takes ({len(absent)} of the {len(cols.names)} missing; it "
+                            f"has {', '.join(repr(n) for n in table.column_names[:8])}"
+                            f"{', ...' if table.num_columns > 8 else ''}). Fix: give the input "
+                            f"the run's feature columns: {', '.join(cols.names[:12])}"
+                            f"{', ...' if len(cols.names) > 12 else ''}")
+        table = _numbers(table, cols)
+        return feature_matrix(table, cols, Part("input"), width)
 
     # ------------------------------------------------------------------ outputs
     def predict_proba(self, data, batch_size: int = 1024) -> np.ndarray:
@@ -238,6 +280,40 @@ class Predictor:
         elif id_column:
             raise DataError(f"the input has no column {id_column!r}. Fix: name its id column")
         return frame
+
+
+def _numbers(table: pa.Table, cols) -> pa.Table:
+    """The numeric feature columns as float64: a column of text whose values are not all
+    numbers is a DataError naming it (RunResult.predict raised a bare ValueError)."""
+    for name in cols.names:
+        if name in cols.categorical:
+            continue
+        col = table.column(name)
+        t = col.type.value_type if pa.types.is_list(col.type) or \
+            pa.types.is_fixed_size_list(col.type) else col.type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            continue
+        try:
+            cast = pc.cast(col, pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            try:
+                values = pc.cast(col, pa.string()).to_pylist()
+                bad = sum(1 for v in values if v is not None and not _is_number(v))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                bad = "some"
+            raise DataError(f"the input's column {name!r} holds text where the student takes "
+                            f"numbers ({bad} value(s) are not numbers). Fix: give numbers in "
+                            f"{name!r}, as the run's public part did") from None
+        table = table.set_column(table.column_names.index(name), name, cast)
+    return table
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
 
 
 def _column(data, name: str):

@@ -78,6 +78,7 @@ def scan_where_shards_run(cfg, spec, key: bytes, options: dict, before=None) -> 
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     # one node: the scanner's is known, so both processes start at once
     holder = holder_on(nodes[0]) if len(nodes) == 1 else None
+    waiting_on = "the scan's actor"
     try:
         problem = before(scanner) if before is not None else None
         if problem:
@@ -86,8 +87,14 @@ def scan_where_shards_run(cfg, spec, key: bytes, options: dict, before=None) -> 
             return {"error": problem}
         if holder is None:
             holder = holder_on(ray.get(scanner.node.remote()))
+        waiting_on = "the parts' holder"        # it answers once the scan has answered
         (ref,) = ray.get(holder.collect.remote(scanner, [ray.put(spec)], key, int(spec.shards)))
+        waiting_on = "the scan's actor"
         answer = ray.get(ref)
+    except ray.exceptions.RayActorError as exc:     # killed, or its node lost: before any budget
+        if holder is not None:
+            _end(holder)
+        raise ScanLost(waiting_on, exc) from None
     except BaseException:
         if holder is not None:
             _end(holder)
@@ -98,6 +105,19 @@ def scan_where_shards_run(cfg, spec, key: bytes, options: dict, before=None) -> 
         _end(holder)                          # the parts go with it
         return answer
     return {**answer, "parts": ScannedParts(holder)}
+
+
+class ScanLost(DataError):
+    """The scan's actor or the parts' holder died during the scan: the job stops before its
+    reservation, so nothing was reserved or released (one line, exit 2)."""
+
+    def __init__(self, who: str, exc: BaseException):
+        # Ray's first line says how the actor died, never a record
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+        super().__init__(f"{who} died during the private scan ({type(exc).__name__}"
+                         f"{': ' + first[:160] if first else ''}); no budget was reserved and "
+                         "nothing was released. Fix: run the job again (if it recurs, look at "
+                         "the scan node's memory and Ray's logs)")
 
 
 def _end(holder) -> None:

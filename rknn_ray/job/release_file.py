@@ -70,7 +70,8 @@ def save_release(out_dir: str, job_id: str, dataset: str, rounds: list, query_se
                                "rejected": r.rejected, "timings": r.timings,
                                "shuffler": r.shuffler,
                                "authenticated_senders": r.authenticated_senders,
-                               "missing": r.missing, "keys_made_ahead": r.keys_made_ahead})
+                               "missing": r.missing, "keys_made_ahead": r.keys_made_ahead,
+                               "partial": r.partial})
     arrays["meta"] = np.array(json.dumps(meta, default=float))
     arrays[TAG] = np.array(release_tag(key, arrays))
     path = os.path.join(out_dir, RELEASE_FILE)
@@ -130,7 +131,8 @@ def load_release(run_dir: str, public_emb: np.ndarray):
             rounds.append(RoundResult(z[f"counts_{t}"], guarantee, event, m["mechanism"], m["messages"],
                                       m["received"], m["clients"], m["rejected"], m["timings"],
                                       m["shuffler"], m.get("authenticated_senders"),
-                                      m.get("missing"), None, m.get("keys_made_ahead")))
+                                      m.get("missing"), None, m.get("keys_made_ahead"),
+                                      m.get("partial")))
     return meta["job_id"], meta["dataset"], rounds, query_sets
 
 

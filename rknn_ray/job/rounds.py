@@ -7,9 +7,12 @@ together for their pld composition: rknn_ray.mechanisms.composed_rounds), is sav
 ``release.npz`` (fsync'd) the moment it is released, then written once to the one ledger:
 the job's rows of the persistent store, which its :class:`PrivacyLedger` is a view of
 (:func:`job_ledger`). The reservation is marked *started* (a state in the ledger) before
-the first client may randomize. A failure once a round's clients may have randomized keeps
-the reservation counted, whoever died (a report the server opened is a release to it);
-one between rounds, or before the first, returns what no round has used.
+the first client may randomize. A job that fails settles its reservation itself (nothing
+is left for ``rknn-ray budget settle``, which is for a driver killed from outside): once a
+report of the failed round may have reached the server (a report it opened is a release to
+it), whoever died, what is left of the reservation is counted as spent; before that (a shard
+lost while the shuffler collects, a shuffler's refusal, a failure between rounds) no one
+could open a report of the round, and what no committed round used is returned.
 """
 from __future__ import annotations
 
@@ -123,6 +126,16 @@ def next_round_uncertain(cfg, data, rounds, query_sets: list[QuerySet], public_e
 
 
 
+def holder_records(cfg, data) -> dict:
+    """The ledger's note of a holder's reports under privacy.multi_record=each: at most
+    ``holder_records`` reports per holder (the public bound), so a holder of m kept records
+    is protected at m x the round's eps (``rknn-ray budget`` says so beside the round)."""
+    holders = getattr(data, "holders", None) or {}
+    if cfg.privacy.multi_record == "each" and holders.get("column"):
+        return {"holder_records": int(holders["bound"])}
+    return {}
+
+
 @dataclass
 class RoundPlan:
     """One round as the loop plans it: its share of the budget, its new queries and how
@@ -209,6 +222,7 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     count = cfg.rounds.count
     rounds, query_sets, selections, mechanisms = [], [], [], []
     in_round = None       # the round whose clients may have randomized, until it is committed
+    session = None
     tag_key = release_tag_key(store)           # release.npz is tagged under the ledger's key
     try:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
@@ -245,7 +259,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                 done = rounds[-1]       # the round's one ledger write, into the reservation
                 ledger.record_spent(done.guarantee, round_id=t, note=note,
                                     messages=done.messages, clients=done.clients,
-                                    reserve_left=reservation_after(cfg, ctx.data, t))
+                                    reserve_left=reservation_after(cfg, ctx.data, t),
+                                    **holder_records(cfg, ctx.data))
                 in_round = None
                 if lost is None and t + 1 < count:
                     session.prepare_next_round()    # the shards' keys, while queries are picked
@@ -255,14 +270,22 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
                                           f"{str(lost).strip().splitlines()[0]}") from None
     except BaseException as exc:
         what = f"job failed ({type(exc).__name__}: {first_line(exc)})"
-        if in_round is not None:
+        # a report the server may have opened is a release to it; until one reached it, the
+        # round's reports were sealed for a server that never saw them
+        seen = in_round is not None and (session is None or session.reached_server)
+        if seen:
             with contextlib.suppress(AttributeError, TypeError):
                 exc.budget_kept = True      # incomplete.json says the eps stays counted
         try:
-            if in_round is not None:
-                store.mark_failed(ctx.identity, ctx.job_id, what + f"; round {in_round + 1}'s "
-                                  "clients may have randomized: reservation kept, counted as spent "
-                                  "(a release may have happened)")
+            if seen:
+                store.spend_job(ctx.identity, ctx.job_id, what + f"; round {in_round + 1}'s "
+                                "reports may have reached the server: the reservation is counted "
+                                "as spent (a release may have happened), settled by the job")
+            elif in_round is not None:
+                store.close_job(ctx.identity, ctx.job_id, what + f"; no report of round "
+                                f"{in_round + 1} reached the server: nothing was released; "
+                                f"{len(rounds)} round(s) released, the rest of the reservation "
+                                "returned")
             else:               # every round so far is committed; nothing else can be out
                 store.close_job(ctx.identity, ctx.job_id, what + f"; {len(rounds)} round(s) "
                                 "released, the rest of the reservation returned (no client of "

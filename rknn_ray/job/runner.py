@@ -76,8 +76,12 @@ class RunResult:
         ledger.json), as :func:`run` returned it."""
         report_path = os.path.join(run_dir, RUN_FILES["report"])
         if not os.path.isfile(report_path):
+            released = os.path.exists(os.path.join(run_dir, "release.npz"))
             why = ("the run did not finish (incomplete.json says why; rknn-ray run --resume "
-                   f"{run_dir} finishes a saved release)"
+                   f"{run_dir} finishes its saved release)"
+                   if os.path.exists(os.path.join(run_dir, "incomplete.json")) and released
+                   else "the run released nothing (incomplete.json says why), so there is no "
+                   "student to resume: run the job again"
                    if os.path.exists(os.path.join(run_dir, "incomplete.json"))
                    else "it is not a run folder")
             raise DataError(f"{run_dir} has no report.json: {why}")
@@ -172,9 +176,15 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
 
     cfg = validated(cfg)
     progress = progress or Progress.for_library(cfg.run.progress)
+    # the ledger (a regular file) and its release key, before the data, Ray and the scan: a
+    # missing key is named, never replaced; --resume checks its release's tag here too
+    store = BudgetStore(ledger_path)
+    tag_key = release_tag_key(store)
+    if resume:
+        check_release(out_dir, tag_key)          # unchanged since it was saved, this ledger's
     ray_up = _RayStart(start_ray, progress, cfg)
     try:
-        ctx = _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs, ray_up)
+        ctx = _context(cfg, out_dir, progress, store, key_file, parties, inputs, ray_up)
     except BaseException:
         if ray_up.started:         # a table's scan started Ray, then refused the private rows
             ray.shutdown()
@@ -241,12 +251,11 @@ class _RayStart:
             validate_resources(self.cfg, float(ray.cluster_resources().get("CPU", 0)))
 
 
-def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None,
+def _context(cfg, out_dir, progress, store, key_file, parties, inputs=None,
              ray_up=None) -> JobContext:
     with progress.stage("data", f"loading {cfg.data.dataset} and partitioning"):
         # fails fast on missing files / bad data, writes nothing
         data = prepared.prepare_data(cfg, inputs) if inputs else prepared.prepare_data(cfg)
-    store = BudgetStore(ledger_path)
     # a user's table: its private rows are scanned where the shards run (Ray starts for it)
     data = complete_scan(cfg, data, store, ray_up or (lambda: None), progress)
     if getattr(data, "holders", None) and data.holders.get("column"):
@@ -277,8 +286,7 @@ def _context(cfg, out_dir, progress, ledger_path, key_file, parties, inputs=None
 
 def _saved_rounds(ctx: JobContext) -> tuple:
     """--resume: the rounds saved in release.npz (no private round, no budget spent)."""
-    cfg = ctx.cfg
-    check_release(ctx.out_dir, release_tag_key(ctx.store))     # unchanged since it was saved
+    cfg = ctx.cfg        # the release's tag was checked before any work (run)
     ctx.encoder, ctx.public_emb, _ = stages.fit_queries(cfg, ctx.data, ctx.say)  # public, deterministic
     job_id, saved_identity, rounds, query_sets = load_release(ctx.out_dir, ctx.public_emb)
     # run folders from before keyed names hold the bare digest: still recognized
@@ -321,6 +329,8 @@ def _reserve(ctx: JobContext, ray_up: Callable[[], None], replace_old_run: bool 
                    yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         progress.say(f"private {len(sp.private_y)} records in {data.num_clients} clients, "
                      f"public {len(sp.public_y)}, evaluation {len(sp.eval_y)}")
+        for line in multi_record_lines(cfg, data):
+            progress.say(line)
         if encoder_trains_on_ray(cfg):
             ray_up()
         fit_s = ctx.round_sizes()[0]
@@ -332,6 +342,30 @@ def _reserve(ctx: JobContext, ray_up: Callable[[], None], replace_old_run: bool 
     except BaseException as exc:
         _return_reservation(ctx, exc)
         raise
+
+
+def multi_record_lines(cfg, data) -> list[str]:
+    """What privacy.multi_record means for this job's holders, from public counts only (the
+    holders, the records they keep, the bound): under ``each`` the holder-level cost beside
+    the record-level eps; under ``sample`` with holders of several records, that ``each``
+    would send a report per kept record (issue 57: a 0.61 student under sample, 0.89 under
+    each, and nothing said so)."""
+    p, h = cfg.privacy, getattr(data, "holders", None) or {}
+    if p.model == "central" or not h.get("column"):
+        return []
+    bound, kept, holders = int(h["bound"]), int(h["kept"]), int(h["holders"])
+    if p.multi_record == "each":
+        larger_delta = " and a delta m e^((m-1) eps) times larger" if p.delta > 0 else ""
+        return [f"privacy.multi_record=each: each of the {kept} kept records is a client of "
+                f"its own ({holders} holders): eps={p.eps:g} per record; a holder of m kept "
+                f"records is protected at m x eps (group privacy{larger_delta}), at most "
+                f"{bound} x {p.eps:g} = {bound * p.eps:g}"]
+    if p.multi_record == "sample" and kept >= 2 * holders and p.mechanism != "multi":
+        return [f"privacy.multi_record=sample: each of the {holders} holders reports one of "
+                f"its records ({kept} kept); privacy.multi_record=each would send {kept} "
+                "reports, one per kept record (eps per record, m x eps for a holder of m), "
+                "often far more accurate labels"]
+    return []
 
 
 def _return_reservation(ctx: JobContext, exc: BaseException) -> None:

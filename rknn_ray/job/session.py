@@ -27,7 +27,12 @@ first batch: it re-reads its secret from its node-local key store
 same report ids go out and the server counts every report once: admission drops the re-sent
 copies (``rejected.duplicate_message``: the same sender and sequence number again), and the
 server's report-id check (``rejected.replayed``) catches any copy that gets past admission.
-A restarted shard that cannot find its secret refuses to start.
+A restarted shard that cannot find its secret refuses to start. A shard whose records
+cannot be opened again (a table's parts are handed over once) is not waited for: the round
+ends at once (:class:`PartyFailure`), unless ``privacy.allow_partial_release`` lets it go on
+from the clients the other shards hold, said in the round's result (``partial``).
+Whether any report may have reached the Server is kept (:attr:`ProtocolSession.reached_server`):
+a failed round with none spent nothing (rknn_ray.job.rounds settles the ledger by it).
 
 Between rounds, :meth:`ProtocolSession.prepare_next_round` has each shard make the next
 round's encapsulations ahead (``cluster.precompute_keys``; :mod:`sealing.encapsulation`):
@@ -82,6 +87,26 @@ class PartyFailure(RknnError):
         self.party, self.released = party, released
 
 
+class ShardLost(PartyFailure):
+    """A client shard died mid-round and will not send the rest of its clients' reports
+    (``delivered`` of its ``clients`` reached the shuffler or server first, and count).
+    Without ``privacy.allow_partial_release`` the round ends here, nothing released."""
+
+    def __init__(self, message: str, shard: int, delivered: int, clients: int):
+        super().__init__(message, f"client shard {shard}")
+        self.shard, self.delivered, self.clients = shard, delivered, clients
+
+    @classmethod
+    def read_once(cls, shard: int, sent: int, delivered: int, clients: int) -> "ShardLost":
+        """A table's shard: its rows were handed over once, so no restart can send them."""
+        return cls(f"client shard {shard} was lost mid-round after sending {sent} of its "
+                   "batches and is not coming back: a table's shard takes its rows once, so it "
+                   "cannot be restarted with them; the round is ended with no counts released, "
+                   "rather than released from fewer clients than the job has. Fix: re-run the "
+                   "job (or set privacy.allow_partial_release: true to release from the clients "
+                   "that reported)", shard, delivered, clients)
+
+
 class _SinkDied(Exception):
     """A client thread's hand-over found the shuffler or server dead (not the shard)."""
 
@@ -118,6 +143,7 @@ class RoundResult:
     missing: int | None = None                 # clients whose report was not counted (1 per client)
     placement: dict | None = None              # party -> the Ray node ids its actors ran on
     keys_made_ahead: int | None = None         # messages sealed with encapsulations made ahead
+    partial: dict | None = None                # privacy.allow_partial_release: who was lost
 
 
 @dataclass(frozen=True)
@@ -174,6 +200,10 @@ class ProtocolSession:
                  progress=None, parties: Parties | None = None):
         self.cfg, self.job_id, self.progress = cfg, job_id, progress
         self._closing = False       # set by close(): client threads still running then go quietly
+        #: a report of the current round may have reached the Server (from its first
+        #: hand-over on): a round that fails before released nothing to anyone (the shuffler
+        #: cannot open a report)
+        self.reached_server = False
         self.parties = parties = parties or Parties()
         cl = cfg.cluster
         seeded = cfg.run.rng == "seeded"
@@ -195,6 +225,9 @@ class ProtocolSession:
         # lives and handed with every call that needs them ([ref]: the shard fetches it), so a
         # restarted shard gets them again with its next call (ClientShardImpl._records)
         self._sources = [[ray.put(src)] for src in sources]
+        # a table's shard takes its parts once: restarted, it cannot open its records again
+        self._read_once = [getattr(src, "parts", None) is not None for src in sources]
+        self._lost: set = set()     # shards lost for good (privacy.allow_partial_release)
         # data.private.sites: each shard's site name (None: not a site's shard), for placement
         self._sites = [getattr(getattr(src, "site", None), "name", None) for src in sources]
         for i in range(len(sources)):
@@ -298,7 +331,9 @@ class ProtocolSession:
         cl = self.cfg.cluster
         if not cl.precompute_keys:
             return None
-        for shard in self.shards:
+        for i, shard in enumerate(self.shards):
+            if i in self._lost:           # privacy.allow_partial_release: not in later rounds
+                continue
             try:
                 self._preparing.append(shard.prepare_keys.remote(messages, int(cl.precompute_max)))
             except ray.exceptions.RayError:   # never fatal: that shard makes its keys in the round
@@ -333,6 +368,7 @@ class ProtocolSession:
         model = mechanism.model
         ctx = RoundContext(self.job_id, round_id)
         ledger.check(guarantee_of(mechanism))   # refuse before any client works
+        self.reached_server = False             # this round's reports: none handed over yet
         if self._preparing:
             self._collect_prepared()
         say = self.progress.say if self.progress else (lambda _m: None)
@@ -368,15 +404,17 @@ class ProtocolSession:
         sink = hops[0] if hops else self.server
         self._opened = opened = self._opened_bar()   # closed below, or by close() after a failure
         t0 = time.perf_counter()
-        self._stream_clients(ray.put(spec), sink, say)
+        partial = self._stream_clients(ray.put(spec), sink, say)
         timings["clients"] = time.perf_counter() - t0   # central/local: opening overlaps this
         # the shards are done: their stage CPU and nodes come while the server opens
-        infos = [s.round_info.remote() for s in self.shards]
+        infos = [(i, s.round_info.remote()) for i, s in enumerate(self.shards)
+                 if i not in self._lost]      # a lost shard's node may be gone: not asked
         shuffle_stats = None
         if hops:
             t1 = time.perf_counter()
             refs, shuffle_stats = self._shuffle(hops, mechanism)
             timings["shuffle"] = time.perf_counter() - t1      # floor check to first hand-over
+            self.reached_server = True
             for ref in self._handed_over(hops, refs):   # the Server's window bounds what is in flight
                 self._call(self.server.submit.remote(ref), "server", released=False)
         n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
@@ -421,7 +459,7 @@ class ProtocolSession:
         # first batch in to last batch opened (overlaps "clients" when nothing is shuffled)
         timings["server_open"] = out["timings"].get("open_wall", 0.0)
         shard_nodes, ahead = [], 0
-        for i, ref in enumerate(infos):
+        for i, ref in infos:
             try:
                 info = ray.get(ref, timeout=60)
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
@@ -442,7 +480,7 @@ class ProtocolSession:
         return RoundResult(out["counts"], guarantee, event, mechanism.describe(), out["messages"],
                            out["received"], self.num_clients, rejected, timings,
                            shuffle_stats, authenticated, missing,
-                           self._round_placement(shard_nodes), ahead)
+                           self._round_placement(shard_nodes), ahead, partial)
 
     def _opened_bar(self):
         """The "reports opened" bar, polled from the Server while a console shows it (with
@@ -461,20 +499,41 @@ class ProtocolSession:
             raise PartyFailure(_actor_death(f"the {party} died; {what}", exc), party,
                                released) from None
 
-    def _stream_clients(self, spec_ref, sink, say) -> None:
-        """One driver thread per shard forwards its batch refs to ``sink`` as they appear."""
+    def _stream_clients(self, spec_ref, sink, say) -> dict | None:
+        """One driver thread per shard forwards its batch refs to ``sink`` as they appear.
+
+        Returns None when every shard sent its round, else (``privacy.allow_partial_release``
+        only) what was lost: the shards and the clients they held. A lost shard without that
+        option, or any other failure, is raised here as one error (never a thread's
+        traceback)."""
         cl = self.cfg.cluster
         is_shuffler = sink is not self.server
-        lock, errors = threading.Lock(), []
+        lock, errors, lost = threading.Lock(), [], {}
         sealed = bar_for(self.progress, "clients sealed", self.num_clients, "clients")
         pooled = bar_for(self.progress, "messages into the shuffler", None, "msgs") \
             if is_shuffler else None
-
-        sink_party = "shuffler" if is_shuffler else "server"
+        allow_partial = bool(getattr(self.cfg.privacy, "allow_partial_release", False))
 
         def pump(i: int, shard) -> None:
+            try:
+                failure = _pump(i, shard)
+            except BaseException as exc:  # noqa: BLE001 - said once by the driver thread below
+                failure = exc
+            if failure is None or self._closing:
+                return
+            if allow_partial and isinstance(failure, ShardLost):
+                lost[i] = failure
+            else:
+                errors.append(failure)
+
+        def _pump(i: int, shard):
+            if i in self._lost:         # allow_partial_release: gone for the job's later rounds
+                return ShardLost(f"client shard {i} was lost in an earlier round", i, 0,
+                                 self.shard_clients[i])
             sizes = piece_clients(self.shard_clients[i], int(cl.batch_clients))
             source = self._sources[i]           # close() empties the list under a late thread
+            once = self._read_once[i]
+            sent = 0
             for attempt in range(SHARD_RETRIES + 1):
                 try:
                     gen = shard.stream_reports.options(
@@ -483,6 +542,8 @@ class ProtocolSession:
                     ).remote(spec_ref, int(cl.batch_clients), source)
                     sent = 0
                     for ref in gen:
+                        if not is_shuffler:
+                            self.reached_server = True
                         try:
                             rows = ray.get(sink.submit_refs.remote([ref]) if is_shuffler
                                            else sink.submit.remote(ref))
@@ -496,33 +557,30 @@ class ProtocolSession:
                                 sealed.update(sizes[sent - 1] if sent <= len(sizes) else 0)
                                 if pooled is not None:
                                     pooled.update(int(rows or 0))
-                    return
+                    return None
                 except _SinkDied as died:
-                    if not self._closing:
-                        errors.append(PartyFailure(_actor_death(
-                            f"the {sink_party} died; no counts were released", died.cause),
-                            sink_party))
-                    return
-                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                    sink_party = "shuffler" if is_shuffler else "server"
+                    return PartyFailure(_actor_death(
+                        f"the {sink_party} died; no counts were released", died.cause), sink_party)
+                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
+                        ray.exceptions.NodeDiedError) as exc:
                     if self._closing:        # the job is ending (an interrupt): no retry, no line
-                        return
+                        return None
+                    if once:
+                        return ShardLost.read_once(i, sent, sum(sizes[:sent]),
+                                                   self.shard_clients[i])
                     if attempt == SHARD_RETRIES:
-                        errors.append(PartyFailure(_actor_death(
+                        return ShardLost(_actor_death(
                             f"client shard {i} died {attempt + 1} times; no counts were released",
-                            exc), f"client shard {i}"))
-                        return
+                            exc), i, 0, self.shard_clients[i])
                     say(f"  client shard {i} died after {sent} batches; waiting for Ray to restart "
                         "it; it re-sends the round (same reports, counted once)")
                     alive, why = _wait_alive(shard, source)
                     if not alive:
-                        errors.append(PartyFailure(_actor_death(
-                            f"client shard {i} died and did not come back; no counts were released",
-                            why or exc), f"client shard {i}"))
-                        return
-                except Exception as exc:  # noqa: BLE001 - reported by the driver thread below
-                    if not self._closing:
-                        errors.append(exc)
-                    return
+                        return ShardLost(_actor_death(
+                            f"client shard {i} died and did not come back; no counts were "
+                            "released", why or exc), i, 0, self.shard_clients[i])
+            return None
 
         threads = [threading.Thread(target=pump, args=(i, s), daemon=True)
                    for i, s in enumerate(self.shards)]
@@ -537,6 +595,16 @@ class ProtocolSession:
             err = errors[0]
             cause = err.as_instanceof_cause() if isinstance(err, ray.exceptions.RayTaskError) else err
             raise cause
+        if not lost:
+            return None
+        self._lost.update(lost)
+        gone = sum(f.clients - f.delivered for f in lost.values())
+        partial = {"lost_shards": sorted(lost), "clients": self.num_clients,
+                   "clients_lost": int(gone), "option": "privacy.allow_partial_release"}
+        say(f"  PARTIAL: client shard(s) {', '.join(map(str, sorted(lost)))} lost mid-round; the "
+            f"round goes on without up to {gone} of {self.num_clients} clients "
+            "(privacy.allow_partial_release)")
+        return partial
 
     def _handed_over(self, hops: list, refs: list):
         """The shuffled batches for the server: one hop hands them over ``HANDOVER`` at a time,
@@ -618,6 +686,8 @@ def _wait_alive(actor, source, timeout: float = 120.0) -> tuple[bool, BaseExcept
             if CREATION_FAILED in str(exc):
                 return False, exc
             time.sleep(0.5)
+        except ray.exceptions.RayTaskError as exc:   # it restarted, and cannot open its records
+            return False, exc.as_instanceof_cause()
     return False, last
 
 

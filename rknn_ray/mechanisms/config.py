@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rknn_ray.accounting.units import MAX_BUDGET_EPS
 from rknn_ray.errors import ConfigError
 from rknn_ray.keyspec import FrozenDict, check_number, key, owned, unknown_key
 from rknn_ray.mechanisms import available
@@ -35,6 +36,16 @@ def _eps(value, path, spec):
     return spec.standard(value, path)
 
 
+def _budget_eps(value, path, spec):
+    value = spec.standard(value, path)
+    if value is not None and value > MAX_BUDGET_EPS:
+        raise ConfigError(path, f"{value:g} is above {MAX_BUDGET_EPS:g}: a budget that large "
+                          "limits nothing (eps above ~10 already protects little), likely a typo",
+                          f"set {path} to at most {MAX_BUDGET_EPS:g}, or null (the budget is "
+                          "then this job's privacy.eps)")
+    return value
+
+
 @dataclass(frozen=True)
 class PrivacyConfig:
     model: str = key("central", "trust model: who adds the noise", str,
@@ -55,7 +66,9 @@ class PrivacyConfig:
     options: FrozenDict = key(None, "mechanism tuning (see below)", free_form=True,
                               factory=FrozenDict)
     budget_eps: float | None = key(None, "the records' eps budget across jobs (null: this job's "
-                                   "eps)", float, low=0, low_open=True, nullable=True)
+                                   "eps; at most 100, as `rknn-ray budget set`)", float, low=0,
+                                   low_open=True, nullable=True, check=_budget_eps,
+                                   accepts_text=f"null or a number in (0, {MAX_BUDGET_EPS:g}]")
     budget_delta: float | None = key(None, "the records' delta budget across jobs, below 1/n "
                                      "(null: max(delta, 1/(10 n)))", float, low=0, high=1,
                                      high_open=True, nullable=True)
@@ -71,6 +84,10 @@ class PrivacyConfig:
                                         "protocol (null: 0.5 for multi, 1.0 single message; "
                                         "docs/threat-model.md)", float, low=0, high=1,
                                         low_open=True, nullable=True)
+    allow_partial_release: bool = key(False, "a client shard lost mid-round that cannot come "
+                                      "back: false ends the job (exit 2, nothing released); "
+                                      "true releases from the clients that reported, said in "
+                                      "report.json and on the console", bool)
 
 
 @dataclass(frozen=True)

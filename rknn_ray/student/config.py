@@ -56,7 +56,7 @@ class StudentSection:
                     choices=INITS)
     input: str = key("images", "images | features: an MLP on the (public) encoder's features",
                      str, choices=INPUTS)
-    trainer: str = key("ray", "ray (Ray Train, num_workers workers) | local (this process, the "
+    trainer: str = key("auto", "ray (Ray Train, num_workers workers) | local (this process, the "
                        "same training loop; no Train start-up cost) | auto (local up to "
                        f"{AUTO_LOCAL_WORK['cnn']:,} training samples x epochs for an image "
                        f"student, {AUTO_LOCAL_WORK['mlp']:,} for features; else ray; "

@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rknn_ray.accounting.source_identity import sorted_unique
+from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE
 from rknn_ray.data.registry import register_dataset
 from rknn_ray.data.tables import (Columns, Featurizer, Part, as_table, bucket_of,
-                                  feature_matrix, label_indices, missing, pixel_scale, raw_numbers,
+                                  feature_matrix, label_indices, missing, pixel_scale,
                                   read, sites_of)
 from rknn_ray.errors import ConfigError, DataError
 
@@ -66,7 +66,6 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
     # needs (prepared data, the scan process, fingerprints) loads when one is prepared
     from rknn_ray.data.prepared import PendingScan
     from rknn_ray.data.table_scan import ScanSpec
-    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
     d = cfg.data
     parts = {name: Part.of(name, getattr(d, name)) for name in ("private", "public", "evaluation")}
     priv, pub, ev = parts["private"], parts["public"], parts["evaluation"]
@@ -117,20 +116,18 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
         if pc.count_distinct(public.column(pub.id)).as_py() != len(public_ids):
             raise DataError(f"data.public: ids in {pub.id!r} are not unique. Fix: give every "
                             "public row its own id")
-    pools = [record_fingerprints(raw_numbers(raw_pub))]
-    nears = [near_fingerprints(raw_numbers(raw_pub), table=shape is None)]
-    eval_x, eval_y, eval_pool, eval_near = _evaluation(ev, inputs.get("evaluation"), cols,
-                                                       featurizer, width, classes, priv.label)
-    pools += eval_pool
-    nears += eval_near
+    # a table's record pool (its budget's source) is its private part only: the public and
+    # evaluation files are read here in the clear and nothing the job releases protects
+    # them, so two private tables that share only those files are two sources
+    eval_x, eval_y = _evaluation(ev, inputs.get("evaluation"), cols, featurizer, width,
+                                 classes, priv.label)
     bound = int(d.max_records_per_client) if priv.client else 1
     spec = ScanSpec(priv, cols, tuple(str(c) for c in classes), int(cfg.cluster.shards), width,
                     featurizer, bound, private_layout)
     memory = inputs.get("private")
     public_side = dict(public_x=public_x, public_y=public_y, public_ids=public_ids,
                        eval_x=eval_x, eval_y=eval_y, classes=tuple(classes),
-                       featurizer=featurizer, pool=sorted_unique(np.concatenate(pools)),
-                       near=sorted_unique(np.concatenate(nears)), width=width,
+                       featurizer=featurizer, width=width,
                        table_input={"featurizer": featurizer.to_dict(), "id": pub.id,
                                     "label": ev.label or priv.label})
     handover = _Handover(None if memory is None else _private_table(priv, memory))
@@ -179,7 +176,8 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
     data = PreparedData(splits, np.broadcast_to(np.int64(0), (m,)), len(public["classes"]),
                         image_shape, d.dataset, clients=holders if priv.client else m,
                         record_bound=spec.bound, kept_records=int(found["kept"]),
-                        pool=public["pool"], near_pool=public["near"],
+                        pool=np.zeros(0, FINGERPRINT_DTYPE),   # public parts: no one's budget
+                        near_pool=np.zeros(0, FINGERPRINT_DTYPE),
                         pool_keyed=found["fingerprints"], near_keyed=found["near"],
                         private_digest=found["digest"], shard_sources=make, remote_private=True,
                         holders=facts, scan_nodes=found.get("scan_nodes"),
@@ -197,12 +195,9 @@ def _private_table(part: Part, memory) -> pa.Table:
 
 
 def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes, label: str):
-    """(features, labels, [fingerprints], [near fingerprints]) of the evaluation part;
-    without one, 0 rows."""
-    # loaded when a table is prepared (the registry imports every kind at first lookup)
-    from rknn_ray.accounting.source_identity import near_fingerprints, record_fingerprints
+    """(features, labels) of the evaluation part; without one, 0 rows."""
     if ev.path is None and memory is None:     # no labelled evaluation set
-        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64), [], []
+        return np.zeros((0, *featurizer.output_shape), np.float32), np.zeros(0, np.int64)
     evaluation = _read(ev, memory)
     missing(ev, evaluation.schema, [ev.label or label])
     ev_cols = _columns_for(ev, evaluation.schema, cols)
@@ -212,11 +207,7 @@ def _evaluation(ev: Part, memory, cols: Columns, featurizer, width: int, classes
         raise DataError(f"data.evaluation: a record has {raw.shape[1]} feature values, a "
                         f"public one {width}. Fix: give every part the same features")
     y = label_indices(evaluation, ev.label or label, classes, ev)
-    if not len(raw):
-        return featurizer(raw), y, [], []
-    numbers = raw_numbers(raw)
-    return featurizer(raw), y, [record_fingerprints(numbers)], [near_fingerprints(
-        numbers, table=featurizer.shape is None)]
+    return featurizer(raw), y
 
 
 class _Handover:

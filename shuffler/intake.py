@@ -1,0 +1,103 @@
+"""Deciding each uploaded report's fate (the shuffler service's rules, no HTTP here).
+
+Checks run in the order of :data:`sealing.upload_wire.CODES`, and the first that applies
+is the answer: a malformed entry; a key id not in the holder registry; a signature that
+does not verify; a report whose header is not this hop's layer of this round's length; a
+report for another specification; a report id already kept (``duplicate``: idempotent
+success, so a retry after the deadline still reads as done); before the window opens;
+at or after the deadline; over the holder's allowance (the specification's ``allowance``
+distinct reports per key); and finally this hop's HPKE layer must open to the next
+layer of the same report (``tampered`` otherwise). Only then is the inner record kept.
+A request's answers and counts are committed in one transaction before it is answered.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from sealing.hpke_open import Refused
+from sealing.hpke_report import HEADER_LEN, VERSION, record_len, unpack_header
+from sealing.round_spec import RoundSpec
+from sealing.upload_wire import KEY_ID_LEN, SIGNATURE_LEN, Entry, signed_message
+from shuffler.hpke_peel import HpkeLayerPeeler
+from shuffler.layers import LayerKeyPair
+from shuffler.store import ReportStore
+
+HOP = 1          # holders upload to the first hop; it peels layer 1
+
+
+class Intake:
+    """The service's acceptance rules over one store (see the module docstring)."""
+
+    def __init__(self, spec: RoundSpec, holders: dict[bytes, Ed25519PublicKey],
+                 keypair: LayerKeyPair, store: ReportStore, clock: Callable[[], float] = time.time):
+        if keypair.layer != HOP or keypair.public_bytes() != spec.shuffler_keys[0]:
+            raise ValueError("this shuffler's key is not the specification's first shuffler key "
+                             "(shuffler_keys[0]): start the service with the key the operator "
+                             "published, or publish this key's public half")
+        self.spec, self.spec_hash = spec, spec.content_hash()
+        self.holders, self.keypair, self.store, self.clock = holders, keypair, store, clock
+        hops = len(spec.shuffler_keys)          # under hop 1: hops 2..H, then the server's layer
+        self.inner_len = record_len(spec.payload_len, hops)
+        self.upload_len = record_len(spec.payload_len, hops + 1)
+        self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len, hops)
+
+    def submit(self, entries: list[Entry]) -> list[str]:
+        """Each entry's code, kept and counted in one committed transaction."""
+        codes = []
+        with self.store.transaction():
+            now = self.clock()
+            for entry in entries:
+                codes.append(self._one(entry, now))
+            self.store.count_answers(Counter(codes))
+        return codes
+
+    def _one(self, entry: Entry, now: float) -> str:
+        key_id, signature, report = entry
+        if len(key_id) != KEY_ID_LEN or len(signature) != SIGNATURE_LEN:
+            return "malformed"
+        holder = self.holders.get(key_id)
+        if holder is None:
+            return "unknown_key"
+        if len(report) < HEADER_LEN:
+            return "malformed"
+        try:
+            holder.verify(signature, signed_message(report))
+        except InvalidSignature:
+            return "bad_signature"
+        head = unpack_header(report)
+        if len(report) != self.upload_len or head.version != VERSION or head.layer != HOP:
+            return "malformed"
+        if head.spec_hash != self.spec_hash:
+            return "wrong_spec"
+        if self.store.has(head.report_id):
+            return "duplicate"
+        if now < self.spec.opens_at:
+            return "too_early"
+        if now >= self.spec.deadline:
+            return "too_late"
+        if self.store.sent(key_id) >= self.spec.allowance:
+            return "over_allowance"
+        try:
+            inner = self.peeler.peel_one(report)
+        except Refused:             # malformed inner, or HPKE refused: this layer is not intact
+            return "tampered"
+        self.store.add(head.report_id, inner, key_id)
+        return "accepted"
+
+    def released(self, now: float | None = None) -> tuple[bool, str]:
+        """``(True, "")`` once the batch may leave, else ``(False, one line why not)``."""
+        now = self.clock() if now is None else now
+        if now < self.spec.deadline:
+            return False, (f"batch not released: the upload window closes at unix time "
+                           f"{self.spec.deadline} (in {self.spec.deadline - now:.0f} s); fetch after it")
+        holders = self.store.distinct_holders()
+        if holders < self.spec.min_senders:
+            return False, (f"batch not released: {holders} distinct holders reported, below the "
+                           f"specification's floor of {self.spec.min_senders} (min_senders); it "
+                           "will never be released for this specification")
+        return True, ""
