@@ -37,7 +37,7 @@ cannot hold (k > s, s larger than the public set where the config or a public fi
 size, a synthetic mixture larger than memory, `student.num_workers` beyond the CPUs) stops the
 job before data loads or Ray starts, with a message naming the key and the fix. Free-form
 sections (`privacy.options`, `data.synthetic`, `data.private` / `public` / `evaluation`,
-`cluster.placement`) merge key by key; their keys are listed at the end.
+`data.clip`, `cluster.placement`) merge key by key; their keys are listed at the end.
 """
 
 
@@ -99,6 +99,11 @@ def render() -> str:
             if key == "sites":
                 lines += [f"| `data.private.sites.<site>.{k}` | {_cell(site_docs[k])} |"
                           for k in SITE_KEYS]
+    from rknn_ray.data.config import CLIP_KEYS
+    lines += ["\n`data.clip` (the domain of private feature values; "
+              "[threat-model.md](threat-model.md#the-domain-of-a-records-value)):\n",
+              "| key | what |", "|---|---|"]
+    lines += [f"| `data.clip.{k}` | {_cell(doc)} |" for k, doc in CLIP_KEYS.items()]
     lines += ["\n`cluster.placement` (what a node must offer to host a party; "
               "[running.md](running.md#a-multi-node-cluster)):\n", "| key | accepts |", "|---|---|"]
     for party in C.PLACEMENT_PARTIES:

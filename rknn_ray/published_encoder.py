@@ -146,9 +146,11 @@ class PublishedEncoder:
             with np.errstate(over="ignore", invalid="ignore"):     # checked just below
                 x = self.featurizer(self._raw(data))
             if not np.isfinite(x).all():
-                raise DataError("the input holds a value too large for the student's input "
-                                "(not finite once standardized). Fix: give values of the "
-                                "public part's range")
+                # a finite value is clipped to the run's domain (predictor.json's bounds):
+                # only NaN / inf, or a huge value for a run saved before bounds, end here
+                raise DataError("the input holds a NaN or infinite value, or one too large for "
+                                "the student's input (not finite once featurized). Fix: give "
+                                "finite values of the public part's range")
         if self.encoder is not None:
             x = np.ascontiguousarray(self.encoder.transform(x), dtype=np.float32)
         return x

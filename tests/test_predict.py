@@ -184,7 +184,9 @@ def test_predictions_are_streamed_batch_by_batch_with_the_same_rows(table_run, t
     got = pd.read_parquet(out)
     assert rows == len(whole) == len(got) and not labelled
     assert list(got["class"]) == list(whole["class"])
-    np.testing.assert_allclose(got["probability"], whole["probability"], rtol=1e-6)
+    # the same inputs, row for row; the student's float32 forward differs by a few ulps with the
+    # batch size (7 rows vs 400: up to ~1e-5 relative measured), so not bit for bit
+    np.testing.assert_allclose(got["probability"], whole["probability"], rtol=1e-4)
 
 
 def _copy_run(result, tmp_path) -> Path:

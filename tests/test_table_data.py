@@ -316,10 +316,12 @@ def _bad(case, tmp):
                           enumerate(priv.column("p5").to_pylist())])
         priv = priv.set_column(priv.column_names.index("p5"), "p5", words)
         assert holder is not None
-    elif case == "overflows once standardized":
+    elif case == "an infinite value (outside the domain)":
         big = priv.column("p9").to_pylist()
-        big[3] = 1e300
+        big[3] = float("inf")       # a finite value of any size is clipped (test_value_domain)
         priv = priv.set_column(priv.column_names.index("p9"), "p9", pa.array(big))
+    elif case == "clip bounds of no feature column":
+        over = {"clip": {"bounds": {"nope": [0, 1]}}}
     elif case == "a link to a folder":
         os.makedirs(tmp / "private", exist_ok=True)
         write(priv, str(tmp / "private" / "part.parquet"))
@@ -343,7 +345,8 @@ def _bad(case, tmp):
                                   "public label without id", "empty private file",
                                   "client column with nulls", "mixed feature lengths",
                                   "holders expected differ", "a word in a numeric column",
-                                  "overflows once standardized", "a link to a folder"])
+                                  "an infinite value (outside the domain)",
+                                  "clip bounds of no feature column", "a link to a folder"])
 def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tmp_path, capsys):
     import yaml
 
@@ -360,7 +363,8 @@ def test_bad_input_is_one_line_and_exit_2_before_any_budget_is_reserved(case, tm
              "client column with nulls": "empty values", "mixed feature lengths": "mixed feature lengths",
              "holders expected differ": "data.private.holders: declares 7 holders",
              "a word in a numeric column": "not shown, it is private",
-             "overflows once standardized": "not once standardized",
+             "an infinite value (outside the domain)": "NaN or infinite",
+             "clip bounds of no feature column": "data.clip.bounds.nope",
              "a link to a folder": "is a link to a folder"}
     assert words[case] in err, err
     assert "SECRETVALUE" not in err and "1e+300" not in err and " row " + "1" not in err, err

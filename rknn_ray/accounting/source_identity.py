@@ -71,7 +71,8 @@ def _rows_as_bytes(a: np.ndarray) -> list:
 def record_fingerprints(x: np.ndarray) -> np.ndarray:
     """Sorted unique 64-bit fingerprints (blake2b of each record's little-endian float32
     feature bytes) of the records in ``x`` (N, ...)."""
-    a = np.ascontiguousarray(np.asarray(x, dtype="<f4").reshape(len(x), -1))
+    with np.errstate(over="ignore"):    # beyond float32's range: +-inf (no warning on a console)
+        a = np.ascontiguousarray(np.asarray(x, dtype="<f4").reshape(len(x), -1))
     return sorted_unique(blake2b_64(_rows_as_bytes(a)))
 
 
@@ -122,7 +123,8 @@ def near_fingerprints(x: np.ndarray, table: bool = False) -> np.ndarray:
            else b"near%d+%g:" % (NEAR_LEVELS, NEAR_OFFSET))
     out = np.empty(len(x), FINGERPRINT_DTYPE)
     for start in range(0, len(x), 4096):           # a chunk's float32 copy at a time
-        a = x[start:start + 4096].astype("<f4")
+        with np.errstate(over="ignore"):    # beyond float32's range: +-inf, then 0
+            a = x[start:start + 4096].astype("<f4")
         if not np.isfinite(a).all():
             a = np.nan_to_num(a, posinf=0.0, neginf=0.0)
         if table:

@@ -5,6 +5,7 @@ synthetic mixture's keys and size, a table's parts). rknn_ray/config.py composes
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from dataclasses import dataclass
 
@@ -43,6 +44,49 @@ def _shape(value, path, spec):
         raise ConfigError(path, f"{value!r} is not a list of positive integers",
                           "write data.shape: [1, 28, 28] (channels, height, width), or null")
     return list(value)
+
+
+#: keys of data.clip (the domain of private feature values; docs/threat-model.md)
+CLIP_KEYS = {"margin": "the public rows' range of each numeric column, widened by this fraction "
+                       "of its width on each side, bounds every private value (default 0.1; 0: "
+                       "the public range itself)",
+             "bounds": "column -> [low, high]: bounds from the config for these columns (a "
+                       "list column: one pair for all its values), instead of the public range"}
+
+
+def _clip(value, path, spec):
+    """data.clip: {margin: number >= 0, bounds: {column: [low, high]}}, checked and normalized
+    (the columns are checked against the public part when it is read)."""
+    example = "write data.clip: {margin: 0.1} or {bounds: {age: [0, 120]}}, or leave it unset"
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"{value!r} is not a mapping", example)
+    for k in value:
+        if k not in CLIP_KEYS:
+            raise unknown_key(f"{path}.{k}", [f"{path}.{x}" for x in CLIP_KEYS],
+                              f"known keys: {list(CLIP_KEYS)}")
+    out = {}
+    if value.get("margin") is not None:
+        out["margin"] = check_number(value["margin"], f"{path}.margin", float, 0, 1e6)
+    bounds = value.get("bounds")
+    if bounds is not None:
+        if not isinstance(bounds, dict):
+            raise ConfigError(f"{path}.bounds", f"{bounds!r} is not a mapping of columns", example)
+        checked_bounds = {}
+        for col, pair in bounds.items():
+            where = f"{path}.bounds.{col}"
+            if (not isinstance(pair, (list, tuple)) or len(pair) != 2
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                               for v in pair)):
+                raise ConfigError(where, f"{pair!r} is not [low, high]", "write two finite "
+                                  "numbers, low below high, e.g. [0, 120]")
+            lo, hi = float(pair[0]), float(pair[1])
+            if not (math.isfinite(lo) and math.isfinite(hi)) or lo >= hi:
+                raise ConfigError(where, f"[{pair[0]}, {pair[1]}] is not a range (two finite "
+                                  "numbers, low below high)", "write e.g. [0, 120]")
+            checked_bounds[str(col)] = [lo, hi]
+        out["bounds"] = FrozenDict(checked_bounds)
+    return FrozenDict(out)
 
 
 @dataclass(frozen=True)
@@ -88,6 +132,12 @@ class DataConfig:
                              free_form=True, factory=FrozenDict)
     evaluation: FrozenDict = key(None, "table: {path, label, features}: an optional labelled "
                                  "evaluation set", free_form=True, factory=FrozenDict)
+    clip: FrozenDict = key(None, "table: {margin, bounds}: the domain of private feature "
+                           "values; each numeric value is clipped to its column's bounds (the "
+                           "public range widened by margin=0.1 of its width on each side, or "
+                           "bounds: {column: [low, high]}); NaN / infinite values are refused",
+                           free_form=True, factory=FrozenDict, check=_clip,
+                           accepts_text="mapping (see below)")
 
 
 def synthetic_keys() -> dict[str, type]:
@@ -193,6 +243,9 @@ def check_table(cfg: dict) -> None:
             raise ConfigError(f"data.{part}", f"is only read for data.dataset=table (or "
                               f"image_folder), not {d['dataset']!r}",
                               f"set data.{part}=null or data.dataset=table")
+    if d["clip"] and not table:
+        raise ConfigError("data.clip", f"is only read for data.dataset=table (or image_folder), "
+                          f"not {d['dataset']!r}", "set data.clip=null or data.dataset=table")
     for k in ("classes", "shape"):
         if d[k] is not None and not table:
             raise ConfigError(f"data.{k}", f"is only read for data.dataset=table, not "

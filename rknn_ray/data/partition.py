@@ -130,7 +130,8 @@ def row_hashes(raw: np.ndarray, labels: np.ndarray, key: bytes,
     """A keyed 64-bit hash of each record: its features (as float32, the fingerprint's
     precision), its label and, where given, its holder's keyed id hash. Vectorized over rows,
     a loop over columns; the per-column multipliers come from ``key``."""
-    a = np.ascontiguousarray(np.asarray(raw, dtype="<f4").reshape(len(raw), -1))
+    with np.errstate(over="ignore"):    # beyond float32's range: +-inf (no warning on a console)
+        a = np.ascontiguousarray(np.asarray(raw, dtype="<f4").reshape(len(raw), -1))
     words = a.view("<u4")
     extra = [np.asarray(labels, np.int64).astype(np.uint64)]
     if holders is not None:

@@ -45,6 +45,7 @@ class PreparedData:
     holders: dict | None = None         # a table's holder counts (public under the relation)
     kept_records: int | None = None     # a table's records kept within the bound (public)
     scan_nodes: dict | None = None      # data.private.sites: site -> the node its scan ran on
+    domain: dict | None = None          # a table's value domain (Featurizer.describe_domain)
     # privacy.multi_record=each on data cut here: each record's own client before it became a
     # client of its own, and that client's bound (the shards pick and order the kept ones)
     owners: np.ndarray | None = None

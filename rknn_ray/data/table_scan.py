@@ -19,7 +19,8 @@ only:
 
 Every check that needs the rows fails here, before the reservation: an empty part, a label
 outside data.classes, a missing holder id, mixed feature lengths, empty values, a value
-that cannot be parsed, a value that is finite in the file but not once featurized. No
+that cannot be parsed, a NaN or infinite value: input outside the relation's domain (a
+finite value of any size is in it, clipped by the featurizer: docs/threat-model.md). No
 message quotes a private cell or a row position (:func:`private_read_error`).
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ BATCH_ROWS = 1 << 16
 class ScanSpec:
     """What the scan needs: the private part, its feature columns (as the public part's), the
     class list, the shard count, the public record width and the public-fitted featurizer
-    (a value that overflows once featurized is refused before the reservation)."""
+    (its domain clips every finite value: rknn_ray.data.tables.Featurizer.fit)."""
     part: Part
     columns: Columns
     classes: tuple
@@ -182,14 +183,9 @@ class _Tally:
         if not np.isfinite(raw).all():
             raise DataError(f"{part.key}: records with NaN or infinite features. Fix: drop or "
                             "impute them")
-        with np.errstate(over="ignore", invalid="ignore"):
-            x = spec.featurizer(matrix)
-        if not np.isfinite(x).all():
-            col = int(np.flatnonzero(~np.isfinite(x).all(axis=0))[0])
-            raise DataError(f"{part.key}: a value is finite in the file but not once "
-                            f"standardized with the public rows' statistics (model input "
-                            f"{col}): it is too large. Fix: rescale or clip that column")
-        del x
+        # a finite value is in the domain whatever its size: the featurizer clips it to bounds
+        # whose featurized ends were checked finite on public facts alone (Featurizer.fit), so
+        # no refusal here depends on how large one record's value is
         y = label_indices(t, part.label, spec.classes, part)
         at, n = self.rows, t.num_rows
         holder = rank = None

@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 
 from rknn_ray.accounting.source_identity import blake2b_64
 from rknn_ray.data.remote import check_remote
-from rknn_ray.errors import DataError, first_line, quoted
+from rknn_ray.errors import ConfigError, DataError, first_line, quoted
 
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".arrow": "ipc",
            ".feather": "ipc", ".ipc": "ipc"}
@@ -483,6 +483,11 @@ class Featurizer:
     std: np.ndarray | None = None
     categories: dict = field(default_factory=dict)
     scale: float = 1.0
+    # the value domain (:meth:`fit`, data.clip): each numeric model column's bounds
+    low: np.ndarray | None = None
+    high: np.ndarray | None = None
+    domain: dict | None = None          # column -> {low, high, from}
+    margin: float = 0.0
 
     def _numeric(self, raw: np.ndarray) -> list:
         """The raw matrix's numeric columns (every value of a list column)."""
@@ -490,17 +495,107 @@ class Featurizer:
             return list(range(raw.shape[1]))
         return [j for j, n in enumerate(self.columns.names) if n not in self.columns.categorical]
 
-    def fit(self, raw: np.ndarray) -> "Featurizer":
-        if self.shape is not None:
-            return self
+    def fit(self, raw: np.ndarray, clip=None) -> "Featurizer":
+        """Statistics and the value domain from the PUBLIC rows ``raw`` (``clip``: the checked
+        ``data.clip`` mapping, :func:`clip_settings`)."""
         num = self._numeric(raw)
-        values = raw[:, num].astype(np.float64) if num else np.zeros((len(raw), 0))
-        self.mean = values.mean(axis=0) if len(values) else np.zeros(len(num))
-        std = values.std(axis=0) if len(values) else np.ones(len(num))
-        self.std = np.where(std > 0, std, 1.0)
-        self.categories = {n: tuple(sorted(set(raw[:, j]))) for j, n in enumerate(self.columns.names)
-                           if n in self.columns.categorical}
+        if self.columns.list_column:     # every column numeric: no copy of a float64 matrix
+            values = np.asarray(raw, np.float64)
+        else:
+            values = raw[:, num].astype(np.float64) if num else np.zeros((len(raw), 0))
+        if self.shape is None:
+            self.mean = values.mean(axis=0) if len(values) else np.zeros(len(num))
+            std = values.std(axis=0) if len(values) else np.ones(len(num))
+            self.std = np.where(std > 0, std, 1.0)
+            self.categories = {n: tuple(sorted(set(raw[:, j])))
+                               for j, n in enumerate(self.columns.names)
+                               if n in self.columns.categorical}
+        self._fit_domain(values, clip)
         return self
+
+    def _fit_domain(self, values: np.ndarray, clip) -> None:
+        """``low`` / ``high`` per numeric model column (:func:`clip_settings`): the public
+        range widened by the margin, or the config's bounds; a list column (an image) has one
+        pair for all its values. Checked on public facts alone: a bound that is not finite once
+        featurized (float32) is refused here, so no private value can overflow."""
+        margin, bounds = clip_settings(clip)
+        names = [self.columns.names[0]] if self.columns.list_column else \
+            [n for n in self.columns.names if n not in self.columns.categorical]
+        numeric = set(names)
+        for name in bounds:
+            if name not in numeric:
+                raise ConfigError(f"data.clip.bounds.{name}", "is not a numeric feature column",
+                                  "name one of " + (", ".join(quoted(n, 40) for n in names[:12])
+                                                    or "none: every feature is text"))
+        if self.columns.list_column:        # one pair over every value of the list column
+            flat = values.reshape(-1)
+            lo0 = np.array([flat.min() if flat.size else 0.0])
+            hi0 = np.array([flat.max() if flat.size else 0.0])
+        else:
+            lo0 = values.min(axis=0) if len(values) else np.zeros(len(names))
+            hi0 = values.max(axis=0) if len(values) else np.zeros(len(names))
+        with np.errstate(over="ignore", invalid="ignore"):
+            lo, hi = lo0 - margin * (hi0 - lo0), hi0 + margin * (hi0 - lo0)
+        given = np.array([n in bounds for n in names], bool)
+        for j, n in enumerate(names):
+            if n in bounds:
+                lo[j], hi[j] = bounds[n]
+        with np.errstate(over="ignore", invalid="ignore"):
+            if self.shape is not None:
+                ends = np.stack([lo, hi]) * self.scale
+            else:
+                ends = (np.stack([lo, hi]) - self.mean) / self.std
+            ok = np.isfinite(np.stack([lo, hi])).all(axis=0) & \
+                np.isfinite(ends.astype(np.float32)).all(axis=0)
+        if not ok.all():
+            j = int(np.flatnonzero(~ok)[0])
+            if given[j]:
+                raise ConfigError(f"data.clip.bounds.{names[j]}", "is too wide: its ends are "
+                                  "not finite once featurized (float32)", "give bounds "
+                                  "closer to the public rows' range")
+            raise DataError(f"data.public: column {quoted(names[j])}'s range, widened by "
+                            f"data.clip.margin={margin:g}, is not finite once featurized "
+                            "(float32). Fix: rescale that column, or lower data.clip.margin")
+        self.domain = {n: {"low": float(lo[j]), "high": float(hi[j]),
+                           "from": "data.clip.bounds" if given[j] else "public"}
+                       for j, n in enumerate(names)}
+        self.margin = float(margin)
+        width = values.shape[1]
+        self.low = np.broadcast_to(lo, (width,)).copy() if self.columns.list_column else lo
+        self.high = np.broadcast_to(hi, (width,)).copy() if self.columns.list_column else hi
+
+    def clipped(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``values`` (numeric model columns, float) clipped to the domain (a featurizer saved
+        before it had one: unchanged; NaN stays NaN)."""
+        if self.low is None or self.low.size == 0:
+            if out is None:
+                return values
+            out[...] = values
+            return out
+        if self.columns.list_column:     # one pair for every value: scalars (3x faster)
+            lo, hi = self.low[:1].astype(values.dtype)[0], self.high[:1].astype(values.dtype)[0]
+        else:
+            lo, hi = self.low.astype(values.dtype), self.high.astype(values.dtype)
+        return np.clip(values, lo, hi, out=out)
+
+    def describe_domain(self) -> dict:
+        """report.json's ``privacy.domain``: what a record's value may be, where the bounds
+        came from, and what is refused (public facts only)."""
+        out = {"values": "finite numbers; every private numeric feature value is clipped to "
+                         "its column's [low, high] before it is featurized (in the scan, the "
+                         "shards, the public and evaluation parts and prediction alike)",
+               "bounds": f"the public rows' range per column widened by data.clip.margin="
+                         f"{self.margin:g} of its width on each side, unless data.clip.bounds "
+                         "names the column" + ("; a list column (an image) has one pair for "
+                                               "all its values" if self.columns.list_column
+                                               else ""),
+               "text": "a text value is one of the public rows' categories, or none (all "
+                       "zeros)" if self.columns.categorical else None,
+               "outside": "NaN, infinite or unparseable values, empty cells and labels "
+                          "outside data.classes are malformed input: refused before any "
+                          "budget is reserved, never clipped",
+               "margin": float(self.margin), "columns": dict(self.domain or {})}
+        return {k: v for k, v in out.items() if v is not None}
 
     @property
     def output_shape(self) -> tuple:
@@ -520,7 +615,10 @@ class Featurizer:
                 "mean": None if self.mean is None else [float(v) for v in self.mean],
                 "std": None if self.std is None else [float(v) for v in self.std],
                 "categories": {n: [str(c) for c in cats] for n, cats in self.categories.items()},
-                "scale": float(self.scale)}
+                "scale": float(self.scale),
+                "low": None if self.low is None else [float(v) for v in self.low],
+                "high": None if self.high is None else [float(v) for v in self.high],
+                "domain": self.domain, "margin": float(self.margin)}
 
     @classmethod
     def from_dict(cls, values: dict) -> "Featurizer":
@@ -531,22 +629,36 @@ class Featurizer:
                            tuple(str(n) for n in c["categorical"]))
             shape = values.get("shape")
             mean, std = values.get("mean"), values.get("std")
+            low, high = values.get("low"), values.get("high")    # absent: saved before domains
+            if (low is None) != (high is None) or (low is not None and len(low) != len(high)):
+                raise ValueError("low and high do not match")
             return cls(cols, None if shape is None else tuple(int(s) for s in shape),
                        None if mean is None else np.asarray(mean, np.float64),
                        None if std is None else np.asarray(std, np.float64),
                        {str(n): tuple(str(v) for v in cats)
                         for n, cats in dict(values.get("categories") or {}).items()},
-                       float(values.get("scale", 1.0)))
+                       float(values.get("scale", 1.0)),
+                       None if low is None else np.asarray(low, np.float64),
+                       None if high is None else np.asarray(high, np.float64),
+                       values.get("domain"), float(values.get("margin") or 0.0))
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"a saved featurizer is malformed ({type(exc).__name__}: {exc}). "
                             "Fix: use the predictor.json the run wrote, unchanged") from None
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         if self.shape is not None:
-            x = np.ascontiguousarray(raw, dtype=np.float32).reshape(len(raw), *self.shape)
+            with np.errstate(over="ignore"):      # beyond float32: +-inf, then clipped
+                x = np.ascontiguousarray(raw, dtype=np.float32)
+            if self.low is not None:
+                self.clipped(x, out=x)
+            x = x.reshape(len(raw), *self.shape)
             return x * np.float32(self.scale) if self.scale != 1.0 else x
         num = self._numeric(raw)
-        parts = [((raw[:, num].astype(np.float64) - self.mean) / self.std).astype(np.float32)]
+        values = raw[:, num].astype(np.float64)          # a copy: clipped in place
+        if self.low is not None:
+            self.clipped(values, out=values)
+        parts = [((values - self.mean) / self.std).astype(np.float32)]
+        del values
         for j, n in enumerate(self.columns.names):
             if n in self.categories:
                 index = {c: i for i, c in enumerate(self.categories[n])}
@@ -556,6 +668,21 @@ class Featurizer:
                 hot[rows, at[rows]] = 1.0
                 parts.append(hot)
         return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+#: data.clip.margin's default: the public range widened by this fraction of its width on each
+#: side (docs/threat-model.md, "The domain of a record's value")
+CLIP_MARGIN = 0.1
+
+
+def clip_settings(clip) -> tuple[float, dict]:
+    """(margin, column -> (low, high)) of a checked ``data.clip`` mapping (rknn_ray.data.config;
+    None or empty: the default margin, no configured bounds)."""
+    clip = dict(clip or {})
+    margin = clip.get("margin")
+    bounds = dict(clip.get("bounds") or {})
+    return (CLIP_MARGIN if margin is None else float(margin),
+            {str(n): (float(v[0]), float(v[1])) for n, v in bounds.items()})
 
 
 def pixel_scale(schema: pa.Schema, cols: Columns) -> float:

@@ -112,6 +112,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
         "privacy": {"model": g.model, "mechanism": g.mechanism, "eps": eps_spent,
                     "delta": delta_spent, "unit": g.unit, "neighbour": g.neighbour,
                     "relation": neighbour_relation(data),
+                    # what a record's value may be (a table: clipped to public / config bounds)
+                    **({"domain": data.domain} if getattr(data, "domain", None) else {}),
                     "rounds": [r.guarantee.to_dict() for r in rounds], "ledger": ledger.to_dict(),
                     "details": [r.mechanism for r in rounds],
                     # which source the records were charged to depends on which of them

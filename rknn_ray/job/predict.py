@@ -4,8 +4,9 @@
 ``predictor.json`` holds only public facts, as plain JSON: the class names in label order,
 the student's input shape, and for a user's table the featurizer fitted on the public rows
 (the feature columns in order, each numeric column's mean and std, each text column's
-categories, an image's shape and pixel scale: rknn_ray.data.tables.Featurizer.to_dict) with
-the id and label column names. Loading it runs no code (no pickle); the student's weights
+categories, an image's shape and pixel scale, each numeric column's clipping bounds, the
+values' domain (data.clip: a row is clipped as the job's scan and shards clipped it):
+rknn_ray.data.tables.Featurizer.to_dict) with the id and label column names. Loading it runs no code (no pickle); the student's weights
 load with ``torch.load(weights_only=True)``. A student trained on the encoder's features
 (``student.input: features``) also needs the fitted public encoder: for ``raw``, ``pca`` and
 ``hog`` its parameters are saved the same safe way (predictor.json's ``encoder``, its arrays

@@ -266,6 +266,13 @@ def _context(cfg, out_dir, progress, store, key_file, parties, inputs=None,
         for name, site in (h.get("sites") or {}).items():     # public: which site holds whom
             progress.say(f"  site {name}: {site['records']} records of {site['holders']} "
                          f"holders, {site['shards']} shard(s) on its own nodes")
+    if getattr(data, "domain", None):     # public: bounds from the public rows or the config
+        cols = data.domain["columns"]
+        given = sum(c["from"] != "public" for c in cols.values())
+        progress.say(f"private values: clipped to their column's bounds ({len(cols) - given} "
+                     f"from the public range widened by data.clip.margin="
+                     f"{data.domain['margin']:g}, {given} from "
+                     "data.clip.bounds; report.json privacy.domain); NaN / infinite refused")
     cfg, auto_choice = stages.resolve_auto(cfg, data)       # queries.s / rknn.k: auto (public info only)
     if auto_choice:
         progress.say(f"auto: s = {auto_choice['s']}, k = {auto_choice['k']} "

@@ -101,8 +101,10 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
     if shape is not None and int(np.prod(shape)) != width:
         raise ConfigError("data.shape", f"{list(shape)} holds {int(np.prod(shape))} values, a "
                           f"record has {width}", f"set data.shape to a shape of {width} values")
+    # the private values' domain (data.clip): bounds from the public rows or the config,
+    # checked here on public facts only (docs/threat-model.md, "The domain of a record's value")
     featurizer = Featurizer(cols, shape, scale=pixel_scale(public.schema, cols) if shape
-                            else 1.0).fit(raw_pub)
+                            else 1.0).fit(raw_pub, d.clip)
     public_x = featurizer(raw_pub)
     if not np.isfinite(public_x).all():
         raise DataError("data.public: rows with NaN or infinite features. Fix: drop or impute them")
@@ -178,7 +180,8 @@ def _scanned(cfg, spec, public: dict, handover, found: dict):
                         near_pool=np.zeros(0, FINGERPRINT_DTYPE),
                         pool_keyed=found["fingerprints"], near_keyed=found["near"],
                         private_digest=found["digest"], shard_sources=make, remote_private=True,
-                        holders=facts, scan_nodes=found.get("scan_nodes"))
+                        holders=facts, scan_nodes=found.get("scan_nodes"),
+                        domain=featurizer.describe_domain())
     return data.records_as_clients() if cfg.privacy.multi_record == "each" else data
 
 
