@@ -17,6 +17,7 @@ SHARED_FIXTURE_UNITS = {
     "test_distill_job.py": "digits_runs",
     "test_report_runs.py": "digits_runs",
     "test_protocol.py": "clean_shuffle_round",
+    "test_lost_parties.py": "clean_shuffle_round",
     "test_shuffle_distributed.py": "clean_shuffle_round",
 }
 

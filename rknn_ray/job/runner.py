@@ -80,8 +80,8 @@ class RunResult:
             why = ("the run did not finish (incomplete.json says why; rknn-ray run --resume "
                    f"{run_dir} finishes its saved release)"
                    if os.path.exists(os.path.join(run_dir, "incomplete.json")) and released
-                   else "the run released nothing (incomplete.json says why), so there is no "
-                   "student to resume: run the job again"
+                   else "the run did not finish and released nothing (incomplete.json says "
+                   "why), so there is no student to resume: run the job again"
                    if os.path.exists(os.path.join(run_dir, "incomplete.json"))
                    else "it is not a run folder")
             raise DataError(f"{run_dir} has no report.json: {why}")
