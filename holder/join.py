@@ -9,8 +9,8 @@ first upload, so a retry re-sends the same bytes and is never re-randomized.
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ from holder.accountant import SpecRefused, mechanism_of, own_cost
 from holder.identity import Identity
 from holder.ledger import HolderLedger, Policy
 from rknn_ray.published_encoder import ENCODER_ARRAYS, PREDICTOR_FILE, PublishedEncoder
+from rknn_ray.runio import write_private
 from sealing.round_spec import RoundSpec, verify
 from sealing.upload_client import Connection, UploadError, fetch, send_entries, sign_reports
 
@@ -83,12 +84,7 @@ def _sent_path(key_dir: Path, spec: RoundSpec) -> Path:
 def _keep(path: Path, reports: list[bytes]) -> None:
     """The sealed reports, written whole (atomic) before the first upload."""
     path.parent.mkdir(mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".sent.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(len(reports[0]).to_bytes(4, "little") + b"".join(reports))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_private(path, len(reports[0]).to_bytes(4, "little") + b"".join(reports))
 
 
 def _kept(path: Path) -> list[bytes]:

@@ -202,22 +202,20 @@ def _numbers(table: pa.Table, cols) -> pa.Table:
             continue
         try:
             cast = pc.cast(col, pa.float64())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            try:
-                values = pc.cast(col, pa.string()).to_pylist()
-                bad = sum(1 for v in values if v is not None and not _is_number(v))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                bad = "some"
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):      # text that is no number
             raise DataError(f"the input's column {name!r} holds text where the student takes "
-                            f"numbers ({bad} value(s) are not numbers). Fix: give numbers in "
-                            f"{name!r}, as the run's public part did") from None
+                            f"numbers ({_not_numbers(col)} value(s) are not numbers). Fix: give "
+                            f"numbers in {name!r}, as the run's public part did") from None
         table = table.set_column(table.column_names.index(name), name, cast)
     return table
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
+def _not_numbers(col) -> int:
+    """How many of a text column's values do not parse as numbers."""
+    def number(text: str) -> bool:
+        try:
+            float(text)
+            return True
+        except ValueError:
+            return False
+    return sum(1 for v in col.to_pylist() if v is not None and not number(str(v)))

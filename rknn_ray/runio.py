@@ -33,6 +33,24 @@ RELEASE_FILE = "release.npz"
 TRAIN_STORAGE_PREFIX = "student-"
 
 
+def write_private(path, data: bytes) -> None:
+    """``data`` at ``path``, owner-only (0600) from its first byte, durable and atomic (a temp
+    file in the same folder, fsynced, renamed over): key files, a holder's sealed reports."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str):
     """Yield a temp path next to ``path``; on success move it onto ``path``."""

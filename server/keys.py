@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from rknn_ray.errors import ConfigError, first_line
+from rknn_ray.runio import write_private
 from sealing.hpke_report import SUITE as HPKE_SUITE
 
 
@@ -60,18 +60,7 @@ class ServerKeyPair:
         pem = self._private.private_bytes(serialization.Encoding.PEM,
                                           serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption())
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:   # mkstemp creates the file 0600; write, flush to disk, then rename over
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(pem)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_private(path, pem)
         return path
 
     @classmethod
