@@ -2,13 +2,15 @@
 
     rknn-ray shuffler keygen --out FILE
     rknn-ray shuffler cert --out DIR [--host 127.0.0.1 ...]
-    rknn-ray shuffler serve --spec FILE --operator-key FILE --holders FILE --key FILE
-                            --cert FILE --cert-key FILE --store DIR --port N [--host 127.0.0.1]
-                            [--file FILE ...]
+    rknn-ray shuffler serve --operator-key FILE --holders FILE --key FILE --cert FILE
+                            --cert-key FILE --store DIR --port N [--host 127.0.0.1]
+                            [--spec FILE [--file FILE ...]]
 
 ``keygen`` writes the shuffler's X25519 HPKE layer key (0600) and prints its public half
 for the operator's specification; ``cert`` makes a private CA and a server certificate for
-trials; ``serve`` runs the HTTPS service (docs/running.md). Errors exit 2 with one line.
+trials; ``serve`` runs the HTTPS service (docs/running.md): with ``--spec`` for that one
+specification (its store is ``--store`` itself), else it waits for the operator's job to
+publish one (``POST /spec``; kept under ``--store``, and served again after a restart). Errors exit 2 with one line.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ EXAMPLES = """\
 examples:
   rknn-ray shuffler keygen --out shuffler.key
   rknn-ray shuffler cert --out tls/
-  rknn-ray shuffler serve --spec round.spec --operator-key operator.pub --holders holders.txt \\
+  rknn-ray shuffler serve --operator-key operator.pub --holders holders.txt \\
       --key shuffler.key --cert tls/server.pem --cert-key tls/server.key --store store/ --port 8443
 """
 
@@ -36,11 +38,13 @@ def parser() -> argparse.ArgumentParser:
     ce.add_argument("--host", action="append", help="IP or DNS name the certificate names "
                                                      "(repeatable; default 127.0.0.1 and localhost)")
     sv = sub.add_parser("serve", help="run the HTTPS shuffler service")
-    sv.add_argument("--spec", required=True, help="the signed round specification (operator's file)")
+    sv.add_argument("--spec", help="a signed round specification to serve from the start "
+                                   "(default: wait for the operator's job to publish one)")
     sv.add_argument("--operator-key", required=True,
                     help="the operator's Ed25519 public key, 64 hex digits (verifies the "
                          "specification and batch fetches)")
-    sv.add_argument("--holders", required=True, help="registered holders: one hex Ed25519 public key per line")
+    sv.add_argument("--holders", required=True, help="registered holders: one hex Ed25519 public "
+                                                      "key per line (then, optionally, its record count)")
     sv.add_argument("--key", required=True, help="this shuffler's HPKE key (from keygen)")
     sv.add_argument("--cert", required=True, help="TLS certificate chain (PEM)")
     sv.add_argument("--cert-key", required=True, help="TLS private key (PEM)")
@@ -80,35 +84,32 @@ def _cert(args) -> int:
 def _serve(args) -> int:
     from pathlib import Path
 
-    from sealing.round_spec import verify
-    from shuffler.intake import Intake
-    from shuffler.service import Service, bind, serve, tls_context
+    from shuffler.service import Host, serve, bind, tls_context
     from shuffler.service_files import load_layer_key, read_holders, read_operator_key
-    from shuffler.store import ReportStore
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is not a TCP port (0..65535)")
     operator = read_operator_key(args.operator_key)
-    spec_path = Path(args.spec)
-    if not spec_path.is_file():
-        raise ValueError(f"--spec: no file at {spec_path}; give the operator's signed specification")
-    document = spec_path.read_bytes()
-    spec = verify(document, operator)
-    if not spec.shuffler_keys:
-        raise ValueError(f"--spec: the {spec.model}-model specification names no shuffler key; "
-                         "this service serves specifications with shuffler_keys")
     holders = read_holders(args.holders)
     keypair = load_layer_key(args.key)
-    if keypair.public_bytes() != spec.shuffler_keys[0]:
-        raise ValueError(f"--key: {args.key} is not the specification's first shuffler key "
-                         "(shuffler_keys[0]): start with the key whose public half the operator "
-                         "published, or have the operator publish this one")
-    files = _named_files(spec, args.file)
     ctx = tls_context(args.cert, args.cert_key)
-    store = ReportStore(args.store, spec.content_hash())
-    intake = Intake(spec, holders, keypair, store)
+    host = Host(operator, holders, keypair, Path(args.store))
+    Path(args.store).mkdir(parents=True, exist_ok=True)
+    if args.spec:
+        spec_path = Path(args.spec)
+        if not spec_path.is_file():
+            raise ValueError(f"--spec: no file at {spec_path}; give the operator's signed "
+                             "specification")
+        from sealing.round_spec import verify
+        files = _named_files(verify(spec_path.read_bytes(), operator), args.file)
+        host.publish(spec_path.read_bytes(), store=Path(args.store), files=files)
+    elif args.file:
+        raise ValueError("--file is read with --spec; a published specification's files come "
+                         "with it (POST /files)")
+    else:
+        host.resume()
     sock = bind(args.host, args.port)
-    serve(Service(document, spec, intake, operator, files), ctx, sock)
+    serve(host, ctx, sock)
     return 0
 
 

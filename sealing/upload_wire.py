@@ -23,6 +23,7 @@ KEY_ID_LEN = 32                    # a holder's raw Ed25519 public key is its ke
 SIGNATURE_LEN = 64
 UPLOAD_LABEL = b"rknn-ray upload\x00"           # 16 bytes
 BATCH_LABEL = b"rknn-ray batch request\x00"     # 23 bytes
+CLOSE_LABEL = b"rknn-ray close window\x00"      # 22 bytes
 MAX_ENTRIES = 10_000               # per request
 MAX_REPORT = 1 << 20               # bytes of one report
 MAX_BODY = 16 << 20                # bytes of one request body
@@ -111,6 +112,14 @@ def batch_request_message(spec_hash: bytes, unix_time: int) -> bytes:
     if len(spec_hash) != SPEC_HASH_LEN:
         raise WireError(f"a spec hash is {SPEC_HASH_LEN} bytes, got {len(spec_hash)}")
     return BATCH_LABEL + bytes(spec_hash) + struct.pack("<Q", int(unix_time))
+
+
+def close_request_message(spec_hash: bytes, unix_time: int) -> bytes:
+    """What the operator signs to close the upload window early: label | spec hash | u64le
+    unix seconds (a batch request's signature cannot be replayed as a close, nor back)."""
+    if len(spec_hash) != SPEC_HASH_LEN:
+        raise WireError(f"a spec hash is {SPEC_HASH_LEN} bytes, got {len(spec_hash)}")
+    return CLOSE_LABEL + bytes(spec_hash) + struct.pack("<Q", int(unix_time))
 
 
 def batch_header(spec_hash: bytes, layer: int, record_len: int, count: int) -> bytes:

@@ -5,7 +5,7 @@ is the answer: a malformed entry; a key id not in the holder registry; a signatu
 does not verify; a report whose header is not this hop's layer of this round's length; a
 report for another specification; a report id already kept (``duplicate``: idempotent
 success, so a retry after the deadline still reads as done); before the window opens;
-at or after the deadline; over the holder's allowance (the specification's ``allowance``
+at or after the deadline (or the operator's early close); over the holder's allowance (the specification's ``allowance``
 distinct reports per key); and finally this hop's HPKE layer must open to the next
 layer of the same report (``tampered`` otherwise). Only then is the inner record kept.
 A request's answers and counts are committed in one transaction before it is answered.
@@ -78,7 +78,7 @@ class Intake:
             return "duplicate"
         if now < self.spec.opens_at:
             return "too_early"
-        if now >= self.spec.deadline:
+        if now >= self.deadline:
             return "too_late"
         if self.store.sent(key_id) >= self.spec.allowance:
             return "over_allowance"
@@ -89,12 +89,22 @@ class Intake:
         self.store.add(head.report_id, inner, key_id)
         return "accepted"
 
+    @property
+    def deadline(self) -> float:
+        """The specification's deadline, or earlier where the operator closed the window."""
+        closed = self.store.closed_at()
+        return self.spec.deadline if closed is None else min(float(self.spec.deadline), closed)
+
+    def close_early(self) -> float:
+        """The operator closes the window now (no report is accepted after it); the new deadline."""
+        return min(float(self.spec.deadline), self.store.close_window(self.clock()))
+
     def released(self, now: float | None = None) -> tuple[bool, str]:
         """``(True, "")`` once the batch may leave, else ``(False, one line why not)``."""
         now = self.clock() if now is None else now
-        if now < self.spec.deadline:
+        if now < self.deadline:
             return False, (f"batch not released: the upload window closes at unix time "
-                           f"{self.spec.deadline} (in {self.spec.deadline - now:.0f} s); fetch after it")
+                           f"{self.deadline:.0f} (in {self.deadline - now:.0f} s); fetch after it")
         holders = self.store.distinct_holders()
         if holders < self.spec.min_senders:
             return False, (f"batch not released: {holders} distinct holders reported, below the "

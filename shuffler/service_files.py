@@ -68,17 +68,19 @@ def _hex_key(text: str, where: str) -> Ed25519PublicKey:
 
 
 def read_holders(path: str | os.PathLike) -> dict[bytes, Ed25519PublicKey]:
-    """The registry: one holder's Ed25519 public key per line (64 hex digits); blank lines
-    and text after ``#`` are ignored. Key id = the 32 raw public-key bytes."""
+    """The registry: one holder's Ed25519 public key per line (64 hex digits), optionally
+    followed by the holder's record count (public under the job's relation; the operator's
+    job reads it, :mod:`rknn_ray.job.remote_holders`); blank lines and text after ``#`` are
+    ignored. Key id = the 32 raw public-key bytes."""
     path = Path(path)
     if not path.is_file():
         raise ServiceFileError(f"--holders: no file at {path}; write one hex Ed25519 public "
                                "key per line")
     holders = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
-        text = line.split("#", 1)[0].strip()
+        text = line.split("#", 1)[0].split()
         if text:
-            key = _hex_key(text, f"--holders {path} line {n}")
+            key = _hex_key(text[0], f"--holders {path} line {n}")
             holders[key.public_bytes_raw()] = key
     if not holders:
         raise ServiceFileError(f"--holders: {path} lists no key; write one hex Ed25519 public "

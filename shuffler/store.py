@@ -121,5 +121,17 @@ class ReportStore:
         finally:
             db.close()
 
+    def closed_at(self) -> float | None:
+        """When the operator closed the upload window early (unix seconds), or None."""
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'closed_at'").fetchone()
+        return None if row is None else float(bytes(row[0]).decode())
+
+    def close_window(self, at: float) -> float:
+        """Close the window at ``at`` (committed; a restart keeps it); the first close stands."""
+        with self.transaction():
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('closed_at', ?)",
+                            (repr(float(at)).encode(),))
+        return self.closed_at()
+
     def close(self) -> None:
         self.db.close()

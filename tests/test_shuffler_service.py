@@ -86,8 +86,9 @@ def test_each_refusal_has_its_own_code_and_count(worlds):
     assert st["answers"] == {**dict.fromkeys(CODES, 0), "accepted": 3, "duplicate": 2,
                              "over_allowance": 1, "unknown_key": 1, "bad_signature": 1,
                              "wrong_spec": 1, "malformed": 2, "tampered": 2}
-    assert set(st) == {"spec_hash", "opens_at", "deadline", "now", "accepted", "distinct_holders",
-                       "min_senders", "released", "why_not", "answers"}       # nothing per holder
+    assert set(st) == {"published", "spec_hash", "opens_at", "deadline", "closes_at", "now",
+                       "accepted", "distinct_holders", "registered", "min_senders", "released",
+                       "why_not", "answers"}       # nothing per holder
     # the framing itself: one line, HTTP 400, nothing counted
     code, body = conn.request("POST", "/reports", b"RKNNUPLD\x01\x05\x00\x00\x00junk")
     assert code == 400 and body.decode().count("\n") == 1 and "truncated" in body.decode()

@@ -108,7 +108,7 @@ def test_serve_refuses_bad_files_with_one_line(tmp_path, capsys):
     assert "chmod 600" in serve(key=tmp_path / "k2")
     shuffler_service.main(["keygen", "--out", str(tmp_path / "k3")])
     capsys.readouterr()
-    assert "not the specification's first shuffler key" in serve(key=tmp_path / "k3")
+    assert "is not the specification's first shuffler key" in serve(key=tmp_path / "k3")
     ReportStore(tmp_path / "store", bytes(32)).close()
     assert "give each specification its own --store folder" in serve()
     local = world.spec.replace(model="local", shuffler_keys=())
