@@ -61,17 +61,21 @@ class ServerImpl:
         return self._keys.public_bytes()
 
     def begin_round(self, ctx: RoundContext, mechanism: Mechanism,
-                    admission: tuple | None = None, openers: int = 0) -> None:
+                    admission: tuple | None = None, openers: int = 0,
+                    spec_hash: bytes | None = None) -> None:
         """Start a round. ``admission = (verifier, ctx, allowance, report_width)`` in the central
         and local models,
         where the server is the party that sees senders: each batch is admitted by sender
         credential and per-sender allowance (:mod:`sealing.credentials`) before opening.
         ``openers``: the opener processes to start when the Server was made without a count
-        (the first round's; later rounds reuse them). They warm while the clients seal."""
+        (the first round's; later rounds reuse them). They warm while the clients seal.
+        ``spec_hash``: a remote round (rknn_ray/job/remote_session.py): its batches are the
+        shuffler service's released HPKE records for that signed specification
+        (:meth:`submit_records`), sender identities already dropped."""
         self._drain()
         if self._pool is None:
             self._pool = OpenerPool(self._keys, openers)
-        self._pool.begin_round(ctx, mechanism)
+        self._pool.begin_round(ctx, mechanism, spec_hash)
         self._acc = RoundAccumulator(mechanism, self._guard)
         self._admission = None
         if admission is not None:
@@ -103,6 +107,9 @@ class ServerImpl:
                     self._acc.received += 1
                     self._acc.rejected["malformed"] += 1
                 return 0
+        return self._queue(ciphertexts)
+
+    def _queue(self, ciphertexts) -> int:
         step = open_chunk(ciphertexts.shape[0], self._pool.processes)
         for start in range(0, max(1, ciphertexts.shape[0]), step):   # big batches: in parallel
             fut = self._pool.submit(ciphertexts[start:start + step])
@@ -116,6 +123,15 @@ class ServerImpl:
                     break
                 wait(pending, return_when=FIRST_COMPLETED)
         return int(ciphertexts.shape[0])
+
+    def submit_records(self, records) -> int:
+        """Queue one chunk of a released remote batch ((M, width) uint8 server-layer HPKE
+        records, no sender column) for opening; returns its number of rows."""
+        if self._acc is None:
+            raise RuntimeError("begin_round first")
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        return self._queue(records)
 
     def _collect(self, fut) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from sealing.hpke_report import seal_report
 from sealing.round_spec import EncoderFile, RoundSpec, sign
+from rknn_ray.remote.parties import RUN_CLI, block_finder  # noqa: F401 - the tests' import path
 from server.keys import ServerKeyPair
 from shuffler.certs import make_certs
 from shuffler.service_files import save_layer_key
@@ -30,24 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("ray", "server")
 
 
-def block_finder(blocked: tuple, party: str) -> str:
-    """Python source that makes the top-level packages ``blocked`` unimportable in ``party``'s
-    process, logging every attempt to $RKNN_BLOCK_LOG."""
-    return """
-import os, sys
-class _Blocked:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in %r:
-            with open(os.environ['RKNN_BLOCK_LOG'], 'a') as f:
-                f.write(name + '\\n')
-            raise ImportError(name + ' is unimportable in the %s process')
-        return None
-sys.meta_path.insert(0, _Blocked())
-""" % (tuple(blocked), party)
-
-
-#: ``-c`` source running ``rknn-ray`` with ``blocked`` unimportable
-RUN_CLI = "from jobs.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 BLOCK_FINDER = block_finder(BLOCKED, "shuffler service")
 BLOCK_SHIM = BLOCK_FINDER + RUN_CLI
 

@@ -35,9 +35,15 @@ class Joined:
     eps: float
 
 
-def fetch_spec(url: str, cafile, operator_key: bytes) -> RoundSpec:
-    """The service's specification, verified with the operator's key (SpecError if not)."""
-    status, body = fetch(url, cafile, "/spec")
+def fetch_spec(url: str, cafile, operator_key: bytes, wait_s: float = 0.0) -> RoundSpec:
+    """The service's specification, verified with the operator's key (SpecError if not).
+    ``wait_s``: while none is published yet (HTTP 404), ask again for up to this long."""
+    until = time.monotonic() + float(wait_s)
+    while True:
+        status, body = fetch(url, cafile, "/spec")
+        if status != 404 or time.monotonic() >= until:
+            break
+        time.sleep(min(1.0, max(0.05, until - time.monotonic())))
     if status != 200:
         raise UploadError(f"GET /spec answered HTTP {status}: {body.decode(errors='replace').strip()[:200]}")
     return verify(body, operator_key)
@@ -95,17 +101,19 @@ def _kept(path: Path) -> list[bytes]:
 
 def join(url: str, cafile, identity: Identity, key_dir: str | os.PathLike, data: str,
          ledger: str, operator_key: bytes, policy: Policy, label: str | None = None,
-         assume_collusion: bool = False) -> Joined:
+         assume_collusion: bool = False, wait_s: float = 0.0) -> Joined:
     """Answer the service's round (module docstring); SpecRefused, SpecError, UploadError,
-    DataFileError with one line otherwise."""
-    spec, encoder = published(url, cafile, operator_key)
+    DataFileError with one line otherwise. ``wait_s``: how long to wait for the operator to
+    publish a specification."""
+    spec, encoder = published(url, cafile, operator_key, wait_s)
     return answer_round(url, cafile, spec, encoder, identity, key_dir, data, ledger, policy,
                         label, assume_collusion)
 
 
-def published(url: str, cafile, operator_key: bytes) -> tuple[RoundSpec, PublishedEncoder]:
+def published(url: str, cafile, operator_key: bytes,
+              wait_s: float = 0.0) -> tuple[RoundSpec, PublishedEncoder]:
     """The verified specification and its checked encoder (fetched once for many holders)."""
-    spec = fetch_spec(url, cafile, operator_key)
+    spec = fetch_spec(url, cafile, operator_key, wait_s)
     with tempfile.TemporaryDirectory(prefix="rknn-holder-") as tmp:
         return spec, fetch_encoder(url, cafile, spec, Path(tmp))
 

@@ -46,10 +46,11 @@ def _data_file(d: Path) -> Path:
 
 
 def join_many(url: str, cafile, folder, operator_key: bytes, policy: Policy,
-              label: str | None = None, assume_collusion: bool = False) -> ManyJoined:
+              label: str | None = None, assume_collusion: bool = False,
+              wait_s: float = 0.0) -> ManyJoined:
     """Every holder in ``folder`` answers the service's round; a refusal is one holder's."""
     folders = holder_folders(folder)
-    spec, encoder = published(url, cafile, operator_key)
+    spec, encoder = published(url, cafile, operator_key, wait_s)
     out = ManyJoined(holders=len(folders))
     conn = Connection(url, cafile)
     try:

@@ -28,6 +28,8 @@ COMMANDS = {
     "cluster": ("jobs.local_cluster", "a Ray cluster of several nodes on this machine"),
     "shuffler": ("jobs.shuffler_service", "the HTTPS shuffler service for holders off the cluster"),
     "holder": ("jobs.holder", "a data holder off the cluster: its key, and its answer to a round"),
+    "operator": ("jobs.operator", "the operator's signing key for rounds with holders off the cluster"),
+    "trial": ("jobs.trial", "a one-machine trial: holders, shuffler service and the job as separate processes"),
 }
 
 EXAMPLES = """\

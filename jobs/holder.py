@@ -58,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--policy-delta-total", type=float, default=1e-5,
                        help="largest delta in total (default 1e-5)")
         p.add_argument("--label", help="the label column (default: the published table's)")
+        p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                       help="wait up to this long for the operator to publish a round "
+                            "specification (default: ask once)")
         p.add_argument("--assume-collusion", action="store_true",
                        help="charge eps0 (the shuffler colluding) instead of the amplified eps")
     return ap
@@ -107,7 +110,7 @@ def _join(args) -> int:
     from sealing.upload_wire import SUCCESS
 
     done = join(args.url, args.cafile, load(args.key), args.key, args.data, args.ledger,
-                _operator_key(args), _policy(args), args.label, args.assume_collusion)
+                _operator_key(args), _policy(args), args.label, args.assume_collusion, args.wait)
     counts = Counter(done.codes)
     spent = (f"charged eps={done.eps:.6g}" if done.charged
              else "a retry: charged when first answered")
@@ -123,7 +126,7 @@ def _join(args) -> int:
 def _join_many(args) -> int:
     from holder.many import join_many
     done = join_many(args.url, args.cafile, args.holders_dir, _operator_key(args), _policy(args),
-                     args.label, args.assume_collusion)
+                     args.label, args.assume_collusion, args.wait)
     for line in done.refused:
         print(f"error: rknn-ray holder join-many: {line}", file=sys.stderr)
     print(f"rknn-ray holder: {done.holders} holders: {done.charged} charged, {done.retried} "

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from rknn_ray.remote.config import RemoteConfig, check_remote
 from rknn_ray.data.config import (DataConfig, check_data_relations, check_declared_public_size,
                                   check_synthetic, check_table)
 from rknn_ray.errors import ConfigError
@@ -106,6 +107,10 @@ class ClusterConfig:
     precompute_keys: bool = key(True, "between rounds each shard makes the next round's "
                                 "encapsulations (ephemeral X25519 + key derivation: data-free, "
                                 "each used once) while the driver picks queries", bool)
+    holders: str = key("in_cluster", "where the holders run: in_cluster (client shards simulate "
+                       "them) or remote (each holder its own process off the cluster, "
+                       "reaching the shuffler service over HTTPS; the remote section)", str,
+                       choices=("in_cluster", "remote"))
     precompute_max: int = key(1 << 20, "encapsulations a shard holds ready at most (~150 bytes "
                               "each in memory)", int, low=0, high=1 << 26)
 
@@ -113,7 +118,7 @@ class ClusterConfig:
 SECTIONS = {"run": RunConfig, "data": DataConfig, "represent": RepresentConfig,
             "queries": QueriesConfig, "rknn": RknnConfig, "privacy": PrivacyConfig,
             "shuffle": ShuffleConfig, "labels": LabelsConfig, "student": StudentSection,
-            "cluster": ClusterConfig, "rounds": RoundsConfig}
+            "cluster": ClusterConfig, "rounds": RoundsConfig, "remote": RemoteConfig}
 
 
 def specs() -> dict[str, Spec]:
@@ -157,6 +162,7 @@ class Config:
     student: StudentSection
     cluster: ClusterConfig
     rounds: RoundsConfig
+    remote: RemoteConfig
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "Config":
@@ -395,6 +401,7 @@ def _validate(cfg: dict) -> None:
     check_declared_public_size(cfg)
     check_table(cfg)
     cfg["cluster"]["placement"] = check_placement(cfg["cluster"]["placement"])
+    check_remote(cfg)
 
 
 #: cluster.placement: the protocol's parties (rknn_ray/job/session.py) and what each may require of

@@ -7,11 +7,13 @@ accumulator's, so several openers can work in parallel (as with :mod:`server.ope
 """
 from __future__ import annotations
 
+import numpy as np
+
 from sealing.hpke_open import REJECT_KINDS, LayerOpened, empty_rejects, open_rows
 from sealing.hpke_report import SERVER_LAYER, SPEC_HASH_LEN
 from server.keys import ServerKeyPair
 
-__all__ = ["HpkeReportOpener", "REJECT_KINDS"]
+__all__ = ["HpkeReportOpener", "HpkeBatchOpener", "REJECT_KINDS"]
 
 
 class HpkeReportOpener:
@@ -39,3 +41,16 @@ class HpkeReportOpener:
         self.opened += len(out.kept)
         self.totals.update(out.rejects)
         return out
+
+
+class HpkeBatchOpener(HpkeReportOpener):
+    """The same opener, answering as :class:`server.opening.ReportOpener` does, so the
+    server's opener processes and accumulator (:func:`server.accumulator.open_and_check`)
+    take a released batch of HPKE reports (a remote round, rknn_ray/job/remote_session.py)
+    exactly as they take the simulation's envelopes."""
+
+    def open_batch(self, records):
+        from sealing.unseal import Opened        # the accumulator's view of an opened batch
+        out = super().open_batch(records)
+        return Opened(out.plaintexts, out.report_ids, np.zeros(len(out.kept), "S32"), out.kept,
+                      out.rejects)

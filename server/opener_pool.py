@@ -39,9 +39,19 @@ def _child_warm() -> int:
     return os.getpid()
 
 
-def _child_open(ctx: RoundContext, mechanism: Mechanism, ciphertexts: np.ndarray) -> OpenedBatch:
-    opener = ReportOpener(_CHILD_KEY, ctx, mechanism.message_size)
-    return open_and_check(opener, mechanism, ciphertexts)
+def _opener(keys: ServerKeyPair, ctx: RoundContext, mechanism: Mechanism,
+            spec_hash: bytes | None):
+    """The simulation's envelopes, or (``spec_hash`` given: a remote round) HPKE reports
+    bound to that round specification (docs/wire-format.md)."""
+    if spec_hash is None:
+        return ReportOpener(keys, ctx, mechanism.message_size)
+    from server.hpke_opening import HpkeBatchOpener
+    return HpkeBatchOpener(keys, spec_hash, mechanism.message_size)
+
+
+def _child_open(ctx: RoundContext, mechanism: Mechanism, ciphertexts: np.ndarray,
+                spec_hash: bytes | None = None) -> OpenedBatch:
+    return open_and_check(_opener(_CHILD_KEY, ctx, mechanism, spec_hash), mechanism, ciphertexts)
 
 
 class OpenerPool:
@@ -51,6 +61,7 @@ class OpenerPool:
         self.keypair, self.processes = keypair, int(processes)
         self._ctx: RoundContext | None = None
         self._mechanism: Mechanism | None = None
+        self._spec_hash: bytes | None = None
         self._executor = None
         if self.processes > 0:
             raw = keypair.raw_private_bytes()
@@ -59,16 +70,20 @@ class OpenerPool:
             for _ in range(self.processes):     # start and warm every child now, not mid-round
                 self._executor.submit(_child_warm)
 
-    def begin_round(self, ctx: RoundContext, mechanism: Mechanism) -> None:
-        self._ctx, self._mechanism = ctx, mechanism
+    def begin_round(self, ctx: RoundContext, mechanism: Mechanism,
+                    spec_hash: bytes | None = None) -> None:
+        """The round's context and mechanism; ``spec_hash``: its reports are HPKE reports of
+        that round specification (a remote round), not the simulation's envelopes."""
+        self._ctx, self._mechanism, self._spec_hash = ctx, mechanism, spec_hash
 
     def submit(self, ciphertexts: np.ndarray) -> Future:
         if self._ctx is None:
             raise RuntimeError("call begin_round(ctx, mechanism) before submitting reports")
         if self._executor is not None:
-            return self._executor.submit(_child_open, self._ctx, self._mechanism, ciphertexts)
+            return self._executor.submit(_child_open, self._ctx, self._mechanism, ciphertexts,
+                                         self._spec_hash)
         done: Future = Future()
-        opener = ReportOpener(self.keypair, self._ctx, self._mechanism.message_size)
+        opener = _opener(self.keypair, self._ctx, self._mechanism, self._spec_hash)
         done.set_result(open_and_check(opener, self._mechanism, ciphertexts))
         return done
 

@@ -154,6 +154,8 @@ def finish(ctx: JobContext, rounds: list, query_sets: list, ledger, mechanism) -
     }
     if any(r.shuffler is not None for r in rounds):
         report["shuffler"] = [r.shuffler for r in rounds]
+    if cfg.cluster.holders == "remote":     # who the parties were, and the n opened
+        report["remote"] = remote_section(cfg, rounds)
     scans = {f"scan@{site}": [node] for site, node in (getattr(data, "scan_nodes", None)
                                                        or {}).items()}   # data.private.sites
     report["placement"] = merge_placements([*(r.placement for r in rounds), scans])  # party -> its Ray nodes
@@ -289,6 +291,18 @@ def rng_marks(cfg) -> dict:
                                                               "warning": NOT_PRIVATE}
 
 
+def remote_section(cfg, rounds) -> dict:
+    """report.json's ``remote``: the holders ran off the cluster, each its own process, key and
+    ledger; how many were registered, reported and opened, and the service they reached."""
+    last = rounds[-1].shuffler or {}
+    return {"holders": "remote: each its own process, key and ledger, off the cluster",
+            "registry": cfg.remote.registry, "registered": last.get("registered"),
+            "reported": last.get("senders"), "released": last.get("released"),
+            "opened": int(rounds[-1].messages), "service": last.get("service"),
+            "spec_hash": last.get("spec_hash"), "specification": "published/round.spec",
+            "answers": last.get("answers")}
+
+
 def neighbour_relation(data) -> str:
     """report.json's privacy.relation: the neighbour relation the guarantee holds under, and
     how holders enter it (README, "trust models")."""
@@ -296,7 +310,9 @@ def neighbour_relation(data) -> str:
     if holders and holders.get("column"):
         return ("replace-one record: one record's value (features and label) replaced; which "
                 "holders take part and how many records each holds are public (each holder "
-                f"keeps at most {holders['bound']} records, chosen by their own values)"
+                f"keeps at most {holders['bound']} records, "
+                + ("and reads its own rows in its own process, off the cluster)"
+                   if holders.get("remote") else "chosen at random under its own secret)")
                 + ("; which site holds each holder is public (data.private.sites)"
                    if holders.get("sites") else ""))
     return ("replace-one record: one record's value (features and label) replaced; the "

@@ -130,6 +130,9 @@ def complete_scan(cfg, data, store, start_ray, progress):
     """``data`` with its private part scanned (unchanged when it is not a PendingScan)."""
     if not isinstance(data, PendingScan):
         return data
+    if cfg.cluster.holders == "remote":     # no scan: each holder reads its own rows, off the cluster
+        from rknn_ray.remote.registry import registry_data
+        return registry_data(cfg, data)
     key = store.fingerprint_key()
     if data.memory is not None:             # given in memory: in the driver already
         with progress.stage("scan", "checking the private rows given in memory"):

@@ -226,9 +226,15 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     tag_key = release_tag_key(store)           # release.npz is tagged under the ledger's key
     try:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
-        with progress.stage("actors", f"starting {shard_count(cfg)} client shards and the server"):
-            session = ProtocolSession(cfg, dataset_sources(cfg, ctx.data), ctx.job_id,
-                                      ctx.key_file, progress, ctx.parties)
+        if cfg.cluster.holders == "remote":     # holders off the cluster: the server only
+            from rknn_ray.remote.session import RemoteSession
+            with progress.stage("actors", "starting the server (holders run off the cluster)"):
+                session = RemoteSession(cfg, ctx.data, ctx.job_id, ctx.out_dir, ctx.key_file,
+                                        progress, ctx.parties)
+        else:
+            with progress.stage("actors", f"starting {shard_count(cfg)} client shards and the server"):
+                session = ProtocolSession(cfg, dataset_sources(cfg, ctx.data), ctx.job_id,
+                                          ctx.key_file, progress, ctx.parties)
         with session:
             for plan in planned_rounds(cfg, ctx.data, ctx.public_emb, ctx.first_queries, rounds,
                                        query_sets, progress):

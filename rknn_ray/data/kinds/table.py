@@ -73,7 +73,8 @@ def prepare_table(cfg, inputs: dict, private_layout: str | None = None):
         raise ConfigError("data.private.label", "is not set", "name the private label column, "
                           "e.g. data.private.label=label")
     sites = sites_of(d.private)
-    if priv.path is None and inputs.get("private") is None and not sites:
+    remote = cfg.cluster.holders == "remote"      # each holder reads its own rows, off the cluster
+    if priv.path is None and inputs.get("private") is None and not sites and not remote:
         raise ConfigError("data.private.path", "is not set", "set data.private.path to the "
                           "private records' file, folder or glob")
     if sites and inputs.get("private") is not None:
