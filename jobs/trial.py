@@ -57,6 +57,12 @@ def parser() -> argparse.ArgumentParser:
                     help="holder processes running at once (default 4)")
     ap.add_argument("--window", type=float, default=600.0, metavar="SECONDS",
                     help="the upload window (closed early once every holder reported)")
+    ap.add_argument("--absent", type=int, default=0, metavar="N",
+                    help="holders that never answer (the last N of the registry): a trial of "
+                         "dropouts, or of a round below its floor")
+    ap.add_argument("--operator-wrap", default="", metavar="COMMAND",
+                    help="a command the operator's job runs under, for an audit (e.g. "
+                         "'strace -f -e trace=%%file -o FILE': which files it opened)")
     return ap
 
 
@@ -241,7 +247,7 @@ def _trial(args) -> int:
     save_operator_key(operator_key)
     print(f"rknn-ray trial: {len(holders)} holders ({sum(n for _, n in holders)} records), each "
           f"its own folder, key and ledger under {parties}/holders", flush=True)
-    shuffler, job = None, None
+    shuffler, job, codes = None, None, []
     try:
         shuffler, url = start_shuffler(parties, registry, public_file(operator_key))
         ca = parties / "shuffler" / "tls" / "ca.pem"
@@ -250,7 +256,9 @@ def _trial(args) -> int:
         op_cfg = parties / "operator" / "config.yaml"
         op_cfg.write_text(yaml.safe_dump(operator_config(cfg, url, ca, operator_key, registry,
                                                          args.window), sort_keys=False))
-        job = subprocess.Popen([sys.executable, "-m", "jobs.distill", "--config", str(op_cfg),
+        import shlex
+        job = subprocess.Popen([*shlex.split(args.operator_wrap),
+                                sys.executable, "-m", "jobs.distill", "--config", str(op_cfg),
                                 "--out", str(out), "--ledger", str(args.ledger)], cwd=ROOT,
                                env={**os.environ, "PYTHONPATH": _env(parties)["PYTHONPATH"]})
         while not _published(url, ca):
@@ -258,11 +266,12 @@ def _trial(args) -> int:
                 return job.returncode
             time.sleep(0.5)
         per = max(1, int(args.holders_per_process))
-        folders = [d for d, _ in holders]
+        folders = [d for d, _ in holders][:max(0, len(holders) - max(0, int(args.absent)))]
         groups = [folders[i:i + per] for i in range(0, len(folders), per)]
         cmds = holder_commands(groups, url, ca, public_file(operator_key), parties)
         print(f"rknn-ray trial: the operator published its round; {len(cmds)} holder "
-              f"process(es), {args.parallel} at a time", flush=True)
+              f"process(es), {args.parallel} at a time"
+              + (f"; {args.absent} holder(s) absent" if args.absent else ""), flush=True)
         codes = run_holders(cmds, parties, args.parallel)
         code = job.wait()
     finally:

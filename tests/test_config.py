@@ -313,7 +313,8 @@ def test_the_config_composes_sections_and_data_never_imports_it():
     config module (its data-dependent checks are rknn_ray/data/checks.py)."""
     assert _project_imports(os.path.join(ROOT, "rknn_ray", "config.py")) == {
         "rknn_ray.errors", "rknn_ray.keyspec", "rknn_ray.data.config", "rknn_ray.labeling.config",
-        "rknn_ray.mechanisms.config", "rknn_ray.representation.config", "rknn_ray.student.config"}
+        "rknn_ray.mechanisms.config", "rknn_ray.representation.config", "rknn_ray.student.config",
+        "rknn_ray.remote.config"}
     into_config = sorted(path for path in glob.glob(os.path.join(ROOT, "rknn_ray", "data", "**",
                                                                    "*.py"), recursive=True)
                          if "rknn_ray.config" in _project_imports(path))
