@@ -23,6 +23,7 @@ from rknn_ray.published_encoder import ENCODER_ARRAYS, PREDICTOR_FILE, Published
 from rknn_ray.runio import write_private
 from sealing.round_spec import RoundSpec, verify
 from sealing.upload_client import Connection, UploadError, fetch, send_entries, sign_reports
+from sealing.upload_wire import ENTRY_HEAD, MAX_BODY, MAX_ENTRIES, UPLOAD_HEAD
 
 SENT = "sent"
 
@@ -81,6 +82,15 @@ def _check_window(spec: RoundSpec, now: float) -> None:
     if now >= spec.deadline:
         raise SpecRefused(f"the round's upload window closed at {at(spec.deadline)}: too late "
                           "to answer it (nothing charged, nothing uploaded)")
+
+
+def one_request(reports: list[bytes]) -> int:
+    """Entries per request so that a holder's reports go in one request when they fit the
+    protocol's limits: the service commits a request whole, so it never counts a holder as
+    reported while part of its messages are still on the way (the operator closes the window
+    once every registered holder has reported)."""
+    size = max(1, len(reports[0]) if reports else 1) + ENTRY_HEAD
+    return max(1, min(MAX_ENTRIES, (MAX_BODY - UPLOAD_HEAD) // size))
 
 
 def _sent_path(key_dir: Path, spec: RoundSpec) -> Path:
@@ -148,7 +158,7 @@ def answer_round(url: str, cafile, spec: RoundSpec, encoder: PublishedEncoder,
     own = conn is None
     conn = Connection(url, cafile) if own else conn
     try:
-        codes = send_entries(conn, sign_reports(identity.key, reports))
+        codes = send_entries(conn, sign_reports(identity.key, reports), one_request(reports))
     finally:
         if own:
             conn.close()
