@@ -45,7 +45,10 @@ def parser() -> argparse.ArgumentParser:
                          "specification and batch fetches)")
     sv.add_argument("--holders", required=True, help="registered holders: one hex Ed25519 public "
                                                       "key per line (then, optionally, its record count)")
-    sv.add_argument("--key", required=True, help="this shuffler's HPKE key (from keygen)")
+    sv.add_argument("--key", help="this shuffler's HPKE key (from keygen)")
+    sv.add_argument("--relay", action="store_true",
+                    help="no key: relay the local and central models' reports (sealed for the "
+                         "server only; checked, counted and stored alike, but not anonymized)")
     sv.add_argument("--cert", required=True, help="TLS certificate chain (PEM)")
     sv.add_argument("--cert-key", required=True, help="TLS private key (PEM)")
     sv.add_argument("--store", required=True, help="folder of the store (one per specification)")
@@ -91,7 +94,10 @@ def _serve(args) -> int:
         raise ValueError(f"--port {args.port} is not a TCP port (0..65535)")
     operator = read_operator_key(args.operator_key)
     holders = read_holders(args.holders)
-    keypair = load_layer_key(args.key)
+    if bool(args.key) == bool(args.relay):
+        raise ValueError("give --key (a shuffler: the shuffle model) or --relay (local and "
+                         "central models), one of the two")
+    keypair = load_layer_key(args.key) if args.key else None
     ctx = tls_context(args.cert, args.cert_key)
     host = Host(operator, holders, keypair, Path(args.store))
     Path(args.store).mkdir(parents=True, exist_ok=True)

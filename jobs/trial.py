@@ -126,17 +126,22 @@ def _env(parties: Path) -> dict:
         "RKNN_BLOCK_LOG": str(parties / "blocked.log")}
 
 
-def start_shuffler(parties: Path, registry: Path, operator_pub: Path) -> tuple[subprocess.Popen, str]:
+def start_shuffler(parties: Path, registry: Path, operator_pub: Path,
+                  relay: bool = False) -> tuple[subprocess.Popen, str]:
+    """The service as its own process: a shuffler with its key, or (``relay``: the local and
+    central models) a relay without one."""
     from rknn_ray.remote.parties import SHUFFLER_BLOCKED, party_command
     from shuffler.certs import make_certs
     from shuffler.service_files import save_layer_key
     sdir = parties / "shuffler"
     sdir.mkdir()
-    save_layer_key(sdir / "shuffler.key")
+    if not relay:
+        save_layer_key(sdir / "shuffler.key")
     certs = make_certs(sdir / "tls")
+    key = ["--relay"] if relay else ["--key", str(sdir / "shuffler.key")]
     argv = party_command(sys.executable, SHUFFLER_BLOCKED, "shuffler service", [
         "shuffler", "serve", "--operator-key", str(operator_pub), "--holders", str(registry),
-        "--key", str(sdir / "shuffler.key"), "--cert", str(certs.cert), "--cert-key",
+        *key, "--cert", str(certs.cert), "--cert-key",
         str(certs.key), "--store", str(sdir / "store"), "--port", "0", "--host", "127.0.0.1"])
     log = open(parties / "logs" / "shuffler.log", "ab")
     proc = subprocess.Popen(argv, cwd=ROOT, env=_env(parties), stdout=subprocess.PIPE,
@@ -229,9 +234,6 @@ def _trial(args) -> int:
     from rknn_ray.remote.operator_key import public_file, save_operator_key
 
     cfg = load_config(resolve_config(args.config), args.overrides)
-    if cfg.privacy.model != "shuffle":
-        raise ValueError(f"privacy.model={cfg.privacy.model}: the trial runs shuffle-model "
-                         "rounds (the holder program's model so far); set privacy.model=shuffle")
     out = Path(args.out)
     parties = Path(args.parties or f"{out}.parties")
     if parties.exists():
@@ -249,10 +251,11 @@ def _trial(args) -> int:
           f"its own folder, key and ledger under {parties}/holders", flush=True)
     shuffler, job, codes = None, None, []
     try:
-        shuffler, url = start_shuffler(parties, registry, public_file(operator_key))
+        relay = cfg.privacy.model != "shuffle"
+        shuffler, url = start_shuffler(parties, registry, public_file(operator_key), relay)
         ca = parties / "shuffler" / "tls" / "ca.pem"
-        print(f"rknn-ray trial: shuffler service at {url} (its own process; TLS, private CA)",
-              flush=True)
+        print(f"rknn-ray trial: {'relay (no shuffling: the ' + cfg.privacy.model + ' model)' if relay else 'shuffler service'} "
+              f"at {url} (its own process; TLS, private CA)", flush=True)
         op_cfg = parties / "operator" / "config.yaml"
         op_cfg.write_text(yaml.safe_dump(operator_config(cfg, url, ca, operator_key, registry,
                                                          args.window), sort_keys=False))

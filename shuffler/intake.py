@@ -34,17 +34,31 @@ class Intake:
     """The service's acceptance rules over one store (see the module docstring)."""
 
     def __init__(self, spec: RoundSpec, holders: dict[bytes, Ed25519PublicKey],
-                 keypair: LayerKeyPair, store: ReportStore, clock: Callable[[], float] = time.time):
-        if keypair.layer != HOP or keypair.public_bytes() != spec.shuffler_keys[0]:
+                 keypair: LayerKeyPair | None, store: ReportStore,
+                 clock: Callable[[], float] = time.time):
+        """``keypair`` None: a relay (local and central models: the specification names no
+        shuffler). It keeps each report as uploaded (sealed for the server only), checks
+        everything but the HPKE layer it has no key for (the server counts a tampered
+        report), and promises no anonymity: the guarantee does not rest on it."""
+        if spec.shuffler_keys and (keypair is None or keypair.layer != HOP
+                                   or keypair.public_bytes() != spec.shuffler_keys[0]):
             raise ValueError("this shuffler's key is not the specification's first shuffler key "
                              "(shuffler_keys[0]): start the service with the key the operator "
                              "published, or publish this key's public half")
+        if not spec.shuffler_keys and keypair is not None:
+            raise ValueError(f"the {spec.model}-model specification names no shuffler: serve it "
+                             "as a relay (rknn-ray shuffler serve --relay)")
         self.spec, self.spec_hash = spec, spec.content_hash()
         self.holders, self.keypair, self.store, self.clock = holders, keypair, store, clock
         hops = len(spec.shuffler_keys)          # under hop 1: hops 2..H, then the server's layer
-        self.inner_len = record_len(spec.payload_len, hops)
+        self.hop = HOP if hops else 0           # the layer holders upload: 0 to a relay
         self.upload_len = record_len(spec.payload_len, hops + 1)
-        self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len, hops)
+        if hops:
+            self.inner_len = record_len(spec.payload_len, hops)
+            self.peeler = HpkeLayerPeeler(keypair, self.spec_hash, self.inner_len, hops)
+            self.inner_layer = self.peeler.inner_layer
+        else:
+            self.inner_len, self.peeler, self.inner_layer = self.upload_len, None, 0
 
     def submit(self, entries: list[Entry]) -> list[str]:
         """Each entry's code, kept and counted in one committed transaction."""
@@ -70,7 +84,7 @@ class Intake:
         except InvalidSignature:
             return "bad_signature"
         head = unpack_header(report)
-        if len(report) != self.upload_len or head.version != VERSION or head.layer != HOP:
+        if len(report) != self.upload_len or head.version != VERSION or head.layer != self.hop:
             return "malformed"
         if head.spec_hash != self.spec_hash:
             return "wrong_spec"
@@ -82,10 +96,13 @@ class Intake:
             return "too_late"
         if self.store.sent(key_id) >= self.spec.allowance:
             return "over_allowance"
-        try:
-            inner = self.peeler.peel_one(report)
-        except Refused:             # malformed inner, or HPKE refused: this layer is not intact
-            return "tampered"
+        if self.peeler is None:     # a relay: kept as sealed for the server
+            inner = bytes(report)
+        else:
+            try:
+                inner = self.peeler.peel_one(report)
+            except Refused:         # malformed inner, or HPKE refused: this layer is not intact
+                return "tampered"
         self.store.add(head.report_id, inner, key_id)
         return "accepted"
 

@@ -79,10 +79,15 @@ class Host:
         """Serve the signed ``document`` (PublishRefused / SpecError with one line if not):
         the same one again is a no-op; another only once the current window has closed."""
         spec = verify(document, self.operator)
-        if not spec.shuffler_keys:
+        if self.keypair is None and spec.shuffler_keys:
+            raise PublishRefused(f"the {spec.model}-model specification names a shuffler and "
+                                 "this service is a relay (--relay): serve it with the "
+                                 "shuffler's key")
+        if self.keypair is not None and not spec.shuffler_keys:
             raise PublishRefused(f"the {spec.model}-model specification names no shuffler key; "
-                                 "this service serves specifications with shuffler_keys")
-        if self.keypair.public_bytes() != spec.shuffler_keys[0]:
+                                 "a service without one is a relay (rknn-ray shuffler serve "
+                                 "--relay)")
+        if self.keypair is not None and self.keypair.public_bytes() != spec.shuffler_keys[0]:
             raise PublishRefused("this service's key is not the specification's first shuffler "
                                  "key (shuffler_keys[0]; GET /key gives this one): start with "
                                  "the key the operator published, or publish one that names it")
@@ -185,6 +190,9 @@ def make_app(host: Host | Service) -> web.Application:
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def get_key(_request):
+        if host.keypair is None:
+            return _line(404, "this service is a relay (local and central models): it has no "
+                              "shuffler key and does not anonymize")
         return _line(200, host.keypair.public_bytes().hex())
 
     async def post_reports(request):
@@ -242,7 +250,7 @@ def make_app(host: Host | Service) -> web.Application:
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
         resp.content_length = BATCH_HEAD + count * (4 + n)
         await resp.prepare(request)
-        await resp.write(batch_header(spec_hash, service.intake.peeler.inner_layer, n, count))
+        await resp.write(batch_header(spec_hash, service.intake.inner_layer, n, count))
         prefix = n.to_bytes(4, "little")
         for records in store.records(CHUNK):
             await resp.write(b"".join(prefix + r for r in records))

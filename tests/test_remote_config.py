@@ -38,7 +38,6 @@ def test_what_the_holder_program_answers_is_accepted(tmp_path):
     ({"remote": {"shuffler": None}}, "remote.shuffler", "is not set"),
     ({"remote": {"registry": None}}, "remote.registry", "is not set"),
     ({"remote": {"shuffler": "http://127.0.0.1:8443"}}, "remote.shuffler", "https://"),
-    ({"privacy": {"model": "central", "mechanism": "laplace", "delta": 0.0}}, "privacy.model", "shuffle-model rounds"),
     ({"privacy": {"multi_record": "each"}}, "privacy.multi_record", "one report"),
     ({"rounds": {"count": 2}}, "rounds.count", "one round so far"),
     ({"data": {"private": {"label": "label", "path": "private.csv"}}}, "data.private.path",

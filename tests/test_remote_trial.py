@@ -137,3 +137,28 @@ def test_too_few_holders_release_nothing_and_say_so(tmp_path):
     states = [s for (s,) in db.execute("SELECT status FROM releases")]
     db.close()
     assert states and "released" not in states   # the reservation was returned, none spent
+
+
+@pytest.mark.parametrize("config, model, extra", [
+    ("table_shuffle", "local", ["--set", "privacy.delta=0"]), ("table_central", "central", [])])
+def test_local_and_central_models_reach_the_server_through_a_relay(tmp_path, config, model, extra):
+    """No shuffler in these models: the service runs as a relay (no key, no anonymity
+    promised); holders seal for the server only; the job's guarantee is the model's own."""
+    out = subprocess.run([sys.executable, "-m", "jobs.cli", "trial", "--config", config,
+                          "--set", f"privacy.model={model}", "--set", "student.epochs=5", *extra,
+                          "--ledger", str(tmp_path / "ledger.sqlite"), "--out",
+                          str(tmp_path / "run"), "--holders-per-process", "74"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
+    assert f"relay (no shuffling: the {model} model)" in out.stdout
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["privacy"]["model"] == model
+    assert report["remote"]["reported"] == report["remote"]["opened"] == 74
+    spec = (tmp_path / "run" / "published" / "round.spec").read_bytes()
+    pub = (tmp_path / "run.parties" / "operator" / "operator.key.pub").read_text().strip()
+    published = verify(spec, bytes.fromhex(pub))
+    assert published.shuffler_keys == ()                 # sealed for the server only
+    assert (published.eps0 is None) == (model == "central")
+    assert not (tmp_path / "run.parties" / "shuffler" / "shuffler.key").exists()
+    ledgers = sorted((tmp_path / "run.parties" / "holders").glob("holder-*/ledger.db"))
+    assert len(ledgers) == 74

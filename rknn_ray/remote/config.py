@@ -2,8 +2,9 @@
 key it signs with and the holder registry, and how long the upload window stays open.
 
 Read only with ``cluster.holders: remote``; :func:`check_remote` ties it to the rest of the
-config (what the holder program implements today: the shuffle model, one round, reverse
-k-NN, a user's table, one shuffler hop).
+config (what the holder program implements today: one round, reverse k-NN, a user's table, one
+shuffler hop in the shuffle model; a relay that does not anonymize in the local and central
+models).
 """
 from __future__ import annotations
 
@@ -54,11 +55,6 @@ def check_remote(cfg: dict) -> None:
     if not str(r["shuffler"]).startswith("https://"):
         raise ConfigError("remote.shuffler", f"{r['shuffler']!r} is not an https:// URL",
                           "write https://HOST:PORT of rknn-ray shuffler serve")
-    if p["model"] != "shuffle":
-        raise ConfigError("privacy.model", f"{p['model']!r} with cluster.holders=remote: the "
-                          "holder program answers shuffle-model rounds so far (a local-model "
-                          "relay and central-model sealing are not built yet)",
-                          "set privacy.model=shuffle, or cluster.holders=in_cluster")
     if p["multi_record"] == "each":
         raise ConfigError("privacy.multi_record", "'each' with cluster.holders=remote: a holder "
                           "sends one report for its records (sample)", "set privacy.multi_record=sample")

@@ -45,6 +45,15 @@ CHUNK = 4096                 # records per hand-over to the server actor
 POLL_S = 1.0
 
 
+def _eps0(mechanism) -> float | None:
+    """The eps of one holder's own report: the shuffle model's eps0, the local model's eps;
+    None in the central model (a holder's vote is sealed for the server, not randomized)."""
+    if mechanism.model == "central":
+        return None
+    local = getattr(mechanism, "local_eps", None)
+    return float(local if local is not None else mechanism.params.eps)
+
+
 class RemoteRoundError(RknnError):
     """The remote round could not be run or released (one line: what, and the fix)."""
 
@@ -62,7 +71,8 @@ class RemoteSession:
         self.key = load_operator_key(r.operator_key)
         self.registry = read_registry(r.registry)
         self.num_clients = self.held_clients = len(self.registry.keys)
-        self.shuffler_key = self._shuffler_key()
+        # the shuffle model's shuffler; a relay (local and central models) has no key
+        self.shuffler_key = self._shuffler_key() if cfg.privacy.model == "shuffle" else None
         self.server = (parties or Parties()).server_actor().options(
             num_cpus=cfg.cluster.server_cpus).remote(job_id, key_file, cfg.cluster.openers,
                                                      cfg.cluster.window)
@@ -176,13 +186,14 @@ class RemoteSession:
             job_id=self.job_id, round=int(round_id), opens_at=int(now) - 1,
             deadline=int(math.ceil(now + float(self.cfg.remote.window_s))),
             model=mechanism.model, mechanism=self.cfg.privacy.mechanism, mechanism_params=params,
-            eps0=float(mechanism.local_eps) if getattr(mechanism, "local_eps", None) else None,
+            eps0=_eps0(mechanism),
             eps=float(p.eps), delta=float(p.delta), min_senders=int(floor), k=int(p.k),
             connection_rule="rknn",
             queries=np.ascontiguousarray(query_features, np.float32).reshape(len(query_features), -1),
             encoder=tuple(EncoderFile(f.name, hashlib.sha256(f.read_bytes()).hexdigest(),
                                       f.stat().st_size) for f in files),
-            server_key=self.server_public_key, shuffler_keys=(self.shuffler_key,),
+            server_key=self.server_public_key,
+            shuffler_keys=(self.shuffler_key,) if self.shuffler_key else (),
             payload_len=int(mechanism.message_size),
             allowance=int(mechanism.messages_per_sender()))
         return spec, files
@@ -204,7 +215,7 @@ class RemoteSession:
         if connection is not None and getattr(connection, "rule", "reverse_knn") != "reverse_knn":
             raise RemoteRoundError("holders vote by reverse k-NN; set rknn.connection=reverse_knn")
         self.reached_server = False
-        floor = mechanism.min_senders()
+        floor = mechanism.min_senders() if mechanism.model == "shuffle" else 1
         if cfg.shuffle.min_senders is not None:
             floor = max(floor, int(cfg.shuffle.min_senders))
         if floor > self.num_clients:
@@ -220,9 +231,10 @@ class RemoteSession:
         self._post("/spec", document)
         for f in files:
             self._post("/files", f.read_bytes())
+        eps0 = f"eps0={spec.eps0:.4g}, " if spec.eps0 is not None else ""
         self._say(f"round {round_id + 1}: specification {spec_hash.hex()[:16]}... published at "
-                  f"{self.url} for {self.num_clients} registered holders (floor {floor}, eps0="
-                  f"{spec.eps0:.4g}, eps={spec.eps:.4g}); window closes at "
+                  f"{self.url} for {self.num_clients} registered holders (floor {floor}, "
+                  f"{eps0}eps={spec.eps:.4g}); window closes at "
                   f"{time.strftime('%H:%M:%S UTC', time.gmtime(spec.deadline))}")
         t0 = time.perf_counter()
         st = self._wait_for_holders(spec)
