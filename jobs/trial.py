@@ -81,7 +81,6 @@ def main(argv=None) -> int:
 def split_holders(cfg, folder: Path) -> list[tuple[Path, int]]:
     """One folder per holder with its own rows (data.csv), key and secret; (folder, records)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.csv as pcsv
     import pyarrow.dataset as ds
 
@@ -99,16 +98,31 @@ def split_holders(cfg, folder: Path) -> list[tuple[Path, int]]:
               else pa.array([str(i) for i in range(table.num_rows)]))
     keep = [c for c in table.column_names if c != client]
     table = table.select(keep)
-    names = sorted(set(owners.to_pylist()))
+    import numpy as np
+    import pyarrow.parquet as pq
+    # CSV, as a holder would keep a table; Parquet where a column is a list (image pixels)
+    parquet = any(pa.types.is_list(t) or pa.types.is_fixed_size_list(t)
+                  for t in table.schema.types)
+    codes, inverse = np.unique(np.asarray(owners.to_pylist(), dtype=object).astype(str),
+                               return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    bounds = np.searchsorted(inverse[order], np.arange(len(codes) + 1))
     out = []
-    for i, name in enumerate(names):
+    for i in range(len(codes)):
         d = folder / f"holder-{i:05d}"
         d.mkdir(parents=True)
-        rows = table.filter(pc.equal(owners, name))
-        pcsv.write_csv(rows, d / "data.csv")
+        rows = table.take(pa.array(order[bounds[i]:bounds[i + 1]]))
+        if parquet:
+            pq.write_table(rows, d / "data.parquet")
+        else:
+            pcsv.write_csv(rows, d / "data.csv")
         keygen(d / "key")
         out.append((d, rows.num_rows))
     return out
+
+
+def data_file(d: Path) -> Path:
+    return d / "data.parquet" if (d / "data.parquet").is_file() else d / "data.csv"
 
 
 def write_registry(holders: list[tuple[Path, int]], path: Path) -> None:
@@ -171,7 +185,7 @@ def holder_commands(groups: list[list[Path]], url: str, ca: Path, operator_pub: 
         if len(group) == 1:
             d = group[0]
             args = ["holder", "join", *common, "--key", str(d / "key"), "--data",
-                    str(d / "data.csv"), "--ledger", str(d / "ledger.db")]
+                    str(data_file(d)), "--ledger", str(d / "ledger.db")]
         else:
             pack = parties / "groups" / f"group-{n:04d}"
             pack.mkdir(parents=True)
