@@ -165,8 +165,13 @@ class RoundSpec:
                 + b"".join(a.tobytes(order="C") for _, a in self._arrays()))
 
     def content_hash(self) -> bytes:
-        """SHA-256 of :meth:`to_bytes`: the spec hash every sealed report of the round binds."""
-        return hashlib.sha256(self.to_bytes()).digest()
+        """SHA-256 of :meth:`to_bytes`: the spec hash every sealed report of the round binds
+        (computed once: the specification is immutable)."""
+        cached = self.__dict__.get("_content_hash")
+        if cached is None:
+            cached = hashlib.sha256(self.to_bytes()).digest()
+            object.__setattr__(self, "_content_hash", cached)
+        return cached
 
     def __eq__(self, other) -> bool:
         return isinstance(other, RoundSpec) and self.to_bytes() == other.to_bytes()

@@ -12,8 +12,10 @@ holders, whether released; nothing per holder), ``POST /close`` (the operator on
 Ed25519 signature: close the upload window now) and ``GET /batch`` (the operator only, by
 an Ed25519 signature over the spec hash and the time: the peeled inner records in random
 order, streamed from disk).
-Every request is handled start to finish without an ``await`` between its checks and its
-commit, so two requests never interleave their checks (one event loop, one writer).
+Uploads are judged and committed in the event loop itself, without an ``await`` between a
+request's checks and its commit, so two requests never interleave their checks (one event
+loop, one writer); uploads that arrive during one commit are committed together in the next
+(group commit, :class:`GroupCommit`), and each is answered only once it is on disk.
 
 A published specification and its files are kept under the store folder
 (``<store>/<first 16 hex digits of its hash>/``, and ``<store>/current.spec``), so a
@@ -156,6 +158,7 @@ def make_app(host: Host | Service) -> web.Application:
         host = Host(host.operator, host.intake.holders, host.intake.keypair,
                     host.intake.store.path.parent, host)
     app = web.Application(client_max_size=MAX_BODY)
+    commits = GroupCommit()
     none_yet = ("no round specification is published here yet: the operator publishes one "
                 "(its job with cluster.holders: remote); try again later")
 
@@ -203,7 +206,7 @@ def make_app(host: Host | Service) -> web.Application:
             entries = decode_upload(body)
         except WireError as exc:
             return _line(400, f"upload refused: {exc}")
-        codes = host.current.intake.submit(entries)       # committed before this answer
+        codes = await commits.submit(host.current.intake, entries)   # committed before this answer
         return web.json_response({"results": codes})
 
     async def get_status(_request):
@@ -263,6 +266,48 @@ def make_app(host: Host | Service) -> web.Application:
                     web.get("/status", get_status), web.post("/close", post_close),
                     web.get("/batch", get_batch)])
     return app
+
+
+class GroupCommit:
+    """Uploads that arrive while a commit is on its way to disk are judged and committed
+    together, in arrival order, in one transaction (one fsync instead of one per request).
+    Judging and committing run in the event loop itself, never interleaved with another
+    request's checks; each request is answered only after its transaction is on disk."""
+
+    def __init__(self):
+        self.pending: list = []
+        self.flushing = False
+
+    async def submit(self, intake: Intake, entries: list) -> list[str]:
+        import asyncio
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self.pending.append((intake, entries, done))
+        if not self.flushing:
+            self.flushing = True
+            loop.call_soon(self._flush, loop)     # after the handlers already woken queue theirs
+        return await done
+
+    def _flush(self, loop) -> None:
+        batch, self.pending = self.pending, []
+        while batch:                  # one intake per batch (a new specification starts anew)
+            intake = batch[0][0]
+            same = [b for b in batch if b[0] is intake]
+            batch = [b for b in batch if b[0] is not intake]
+            try:
+                results = intake.submit_many([entries for _, entries, _ in same])
+            except BaseException as exc:  # noqa: BLE001 - each waiting request answers 500
+                for _, _, done in same:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for (_, _, done), codes in zip(same, results):
+                if not done.done():
+                    done.set_result(codes)
+        if self.pending:
+            loop.call_soon(self._flush, loop)
+        else:
+            self.flushing = False
 
 
 def _stamp(request) -> int:
