@@ -109,22 +109,23 @@ def write_holder_keys(world: World) -> list[Path]:
     return paths
 
 
-def serve_args(world: World, store: Path, port: int = 0) -> list[str]:
-    return ["shuffler", "serve", "--spec", str(world.spec_file), "--operator-key",
+def serve_args(world: World, store: Path, port: int = 0, with_spec: bool = True) -> list[str]:
+    """``with_spec=False``: the service waits for the operator to publish (POST /spec)."""
+    spec = ["--spec", str(world.spec_file), *[a for f in world.files for a in ("--file", str(f))]]
+    return ["shuffler", "serve", *(spec if with_spec else []), "--operator-key",
             str(world.operator_file), "--holders", str(world.holders_file), "--key",
             str(world.shuffler_key), "--cert", str(world.certs.cert), "--cert-key",
-            str(world.certs.key), "--store", str(store), "--port", str(port), "--host", "127.0.0.1",
-            *[a for f in world.files for a in ("--file", str(f))]]
+            str(world.certs.key), "--store", str(store), "--port", str(port), "--host", "127.0.0.1"]
 
 
 def start_service(world: World, store: Path | None = None, port: int = 0,
-                  timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+                  timeout: float = 30.0, with_spec: bool = True) -> tuple[subprocess.Popen, str]:
     """The service as its own process (ray and server blocked); ``(process, url)`` once it
     listens. The process is also kept in ``world.procs`` for :func:`stop_all`."""
     store = store or world.folder / "store"
     log = world.folder / "service.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RKNN_BLOCK_LOG": str(world.folder / "blocked.log")}
-    proc = subprocess.Popen([sys.executable, "-c", BLOCK_SHIM, *serve_args(world, store, port)],
+    proc = subprocess.Popen([sys.executable, "-c", BLOCK_SHIM, *serve_args(world, store, port, with_spec)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=open(log, "ab"),
                             text=True)
     world.procs.append(proc)

@@ -123,7 +123,7 @@ def test_the_operator_never_opens_a_holder_file(done):
 
 
 def test_too_few_holders_release_nothing_and_say_so(tmp_path):
-    out = trial(tmp_path, "--set", "shuffle.min_senders=74", "--absent", "1", "--window", "20")
+    out = trial(tmp_path, "--set", "shuffle.min_senders=74", "--absent", "1", "--window", "12")
     assert out.returncode != 0
     errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1, out.stderr[-2000:]

@@ -251,3 +251,73 @@ def test_the_block_shim_really_blocks_ray_and_server(tmp_path):
                                   "RKNN_BLOCK_LOG": str(tmp_path / "log")})
         assert out.returncode != 0 and "unimportable in the shuffler service" in out.stderr
     assert (tmp_path / "log").read_text().split() == ["ray", "server"]
+
+
+def _signed_post(url, ca, path, key, message_fn, spec_hash):
+    from sealing.upload_client import Connection
+    stamp = int(time.time())
+    conn = Connection(url, ca)
+    try:
+        return conn.request("POST", path, b"", {"X-Rknn-Time": str(stamp), "X-Rknn-Signature":
+                                                key.sign(message_fn(spec_hash, stamp)).hex()})
+    finally:
+        conn.close()
+
+
+def test_the_operator_publishes_closes_early_and_a_restart_keeps_both(worlds):
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from sealing.round_spec import sign
+    from sealing.upload_wire import batch_request_message, close_request_message
+    world = worlds(holders=3, floor=2, allowance=1)
+    ca, doc = world.certs.ca, world.spec_file.read_bytes()
+    proc, url = start_service(world, with_spec=False)
+    port = int(url.rsplit(":", 1)[1])
+    code, body = fetch(url, ca, "/spec")
+    assert code == 404 and b"no round specification is published" in body
+    assert status(url, world) == {"published": False, "registered": 3}
+    conn = Connection(url, ca)
+    report = sign_reports(world.holders[0], [world.seal(b"a" * 24)])
+    assert conn.request("POST", "/reports", encode_upload(report))[0] == 409
+    # the document authenticates itself: signed by another key, or changed, it is refused
+    other = sign(world.spec, Ed25519PrivateKey.generate().sign)
+    assert conn.request("POST", "/spec", other)[0] == 400
+    assert conn.request("POST", "/spec", doc[:-1] + bytes([doc[-1] ^ 1]))[0] == 400
+    code, body = conn.request("POST", "/spec", doc)
+    assert code == 200 and json.loads(body)["spec_hash"] == world.spec_hash.hex()
+    assert conn.request("POST", "/spec", doc)[0] == 200                 # idempotent
+    later = sign(world.spec.replace(round=1), world.operator.sign)       # its window is open
+    code, body = conn.request("POST", "/spec", later)
+    assert code == 409 and b"takes uploads until" in body
+    assert conn.request("POST", "/files", b"not named")[0] == 400
+    assert conn.request("GET", "/key") == (200, (world.spec.shuffler_keys[0].hex() + "\n").encode())
+    conn.close()
+    assert fetch(url, ca, "/spec") == (200, doc)
+    for h in world.holders[:2]:
+        assert upload(url, ca, h, world.spec_hash, [world.seal(os.urandom(24))]) == ["accepted"]
+    # only the operator closes the window, by a signature bound to this purpose
+    assert _signed_post(url, ca, "/close", world.holders[0], close_request_message,
+                        world.spec_hash)[0] == 401
+    assert _signed_post(url, ca, "/close", world.operator, batch_request_message,
+                        world.spec_hash)[0] == 401        # a batch request's signature is not a close
+    code, body = _signed_post(url, ca, "/close", world.operator, close_request_message,
+                              world.spec_hash)
+    assert code == 200 and json.loads(body)["closes_at"] <= time.time()
+    assert upload(url, ca, world.holders[2], world.spec_hash,
+                  [world.seal(b"c" * 24)]) == ["too_late"]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    proc, url2 = start_service(world, port=port, with_spec=False)       # no --spec: resumed
+    assert url2 == url and fetch(url, ca, "/spec") == (200, doc)
+    st = status(url, world)
+    assert st["published"] and st["accepted"] == 2 and st["closes_at"] < st["deadline"]
+    assert upload(url, ca, world.holders[2], world.spec_hash,
+                  [world.seal(b"c" * 24)]) == ["too_late"]             # the close survived
+    header, records = fetch_batch(url, ca, world.operator, world.spec_hash)
+    assert header.count == 2 and len(list(records)) == 2
+    # the window is closed: the next round may be published
+    conn = Connection(url, ca)
+    assert conn.request("POST", "/spec", later)[0] == 200
+    conn.close()
+    assert fetch(url, ca, "/spec") == (200, later)
+    assert blocked_attempts(world) == []
