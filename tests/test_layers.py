@@ -99,15 +99,19 @@ ALLOWED = {
     # config.py composes the sections each package declares (rknn_ray/<package>/config.py)
     "rknn_ray.config_names": ["rknn_ray.errors"],     # finds jobs/configs by spec, no import
     "rknn_ray.config": ["rknn_ray.data", "rknn_ray.errors", "rknn_ray.keyspec",
-                        "rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.representation",
-                        "rknn_ray.student"],
-    # the job reaches the parties (server, shuffler) through their actors only
-    "rknn_ray.job": ["actors", "rknn_ray", "rknn_ray.accounting", "rknn_ray.baselines",
+                        "rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.remote",
+                        "rknn_ray.representation", "rknn_ray.student"],
+    # the operator's side of holders off the cluster: its keys, registry, a party's process
+    "rknn_ray.remote": ["rknn_ray.accounting", "rknn_ray.errors", "rknn_ray.keyspec",
+                        "rknn_ray.runio"],
+    # the job reaches the parties (server, shuffler) through their actors only; a remote
+    # round checks its specification with the holder program's own accountant
+    "rknn_ray.job": ["actors", "holder", "rknn_ray", "rknn_ray.accounting", "rknn_ray.baselines",
                      "rknn_ray.client_step", "rknn_ray.config", "rknn_ray.config_names",
                      "rknn_ray.data",
                      "rknn_ray.errors", "rknn_ray.interrupts", "rknn_ray.labeling",
                      "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.published_encoder",
-                     "rknn_ray.representation",
+                     "rknn_ray.remote", "rknn_ray.representation",
                      "rknn_ray.rng", "rknn_ray.runio", "rknn_ray.shard_secrets",
                      "rknn_ray.student", "rknn_ray.training", "sealing"],
 }

@@ -131,7 +131,7 @@ def complete_scan(cfg, data, store, start_ray, progress):
     if not isinstance(data, PendingScan):
         return data
     if cfg.cluster.holders == "remote":     # no scan: each holder reads its own rows, off the cluster
-        from rknn_ray.remote.registry import registry_data
+        from rknn_ray.remote.registry import registry_data   # only with cluster.holders: remote
         return registry_data(cfg, data)
     key = store.fingerprint_key()
     if data.memory is not None:             # given in memory: in the driver already

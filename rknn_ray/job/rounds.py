@@ -227,7 +227,8 @@ def private_rounds(ctx: JobContext) -> tuple[list, list, PrivacyLedger, list]:
     try:
         mark_started(store, ctx.identity, ctx.job_id)       # from here a release may happen
         if cfg.cluster.holders == "remote":     # holders off the cluster: the server only
-            from rknn_ray.remote.session import RemoteSession
+            # loaded only for cluster.holders: remote (the holder program's accountant, HTTPS)
+            from rknn_ray.job.remote_session import RemoteSession
             with progress.stage("actors", "starting the server (holders run off the cluster)"):
                 session = RemoteSession(cfg, ctx.data, ctx.job_id, ctx.out_dir, ctx.key_file,
                                         progress, ctx.parties)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE
 from rknn_ray.errors import DataError
 
 
@@ -60,7 +61,6 @@ def registry_data(cfg, pending):
     """The job's PreparedData from the public side of ``pending`` (the user's table,
     rknn_ray.data.kinds.table) and the registry's public counts: no private row, no
     fingerprint (the operator holds no record pool; each holder's own ledger is its budget)."""
-    from rknn_ray.accounting.source_identity import FINGERPRINT_DTYPE
     reg = read_registry(cfg.remote.registry)
     bound = int(cfg.data.max_records_per_client or 1)
     counts = np.asarray(reg.records, np.int64)

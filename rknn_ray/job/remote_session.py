@@ -18,6 +18,7 @@ holders and the n opened.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -29,12 +30,15 @@ import ray
 
 from rknn_ray.accounting.guarantee import guarantee_of
 from rknn_ray.errors import PrivacyBudgetError, RknnError, first_line
+from holder.accountant import SpecRefused, mechanism_of, own_cost
+from rknn_ray.job.predict import predictor_spec
 from rknn_ray.job.progress import bar_for
 from rknn_ray.job.session import (CoverShortfall, PartyFailure, Parties, RoundResult,
                                   _shortfall_message, opener_processes)
 from rknn_ray.published_encoder import ENCODER_ARRAYS, PREDICTOR_FILE, encoder_state
 from rknn_ray.remote.operator_key import load_operator_key
 from rknn_ray.remote.registry import read_registry
+from rknn_ray.runio import write_json
 from sealing.envelope import RoundContext
 from sealing.round_spec import EncoderFile, RoundSpec, sign
 from sealing.upload_client import Connection, UploadError, fetch_batch
@@ -156,8 +160,6 @@ class RemoteSession:
     # ------------------------------------------------------------------ a round
     def _published_files(self, encoder) -> list[Path]:
         """predictor.json and encoder.npz for holders (no pickle), in ``<run>/published/``."""
-        from rknn_ray.job.predict import predictor_spec
-        from rknn_ray.runio import write_json
         folder = Path(self.out_dir) / PUBLISHED
         folder.mkdir(exist_ok=True)
         state = encoder_state(encoder)
@@ -175,7 +177,6 @@ class RemoteSession:
     def spec_for(self, round_id: int, mechanism, encoder, query_features: np.ndarray,
                  floor: int) -> tuple[RoundSpec, list[Path]]:
         """The round's specification (unsigned) and the encoder files it names."""
-        import hashlib
         p = mechanism.params
         files = self._published_files(encoder)
         now = time.time()
@@ -202,7 +203,6 @@ class RemoteSession:
         """A holder's own accountant on this specification: refused here, it would be refused
         by every holder (the eps claimed below what they compute, or a mechanism they cannot
         build), so nothing is published."""
-        from holder.accountant import SpecRefused, mechanism_of, own_cost
         try:
             own_cost(spec, mechanism_of(spec))
         except SpecRefused as exc:
