@@ -231,7 +231,8 @@ class RemoteSession:
         self._post("/spec", document)
         for f in files:
             self._post("/files", f.read_bytes())
-        eps0 = f"eps0={spec.eps0:.4g}, " if spec.eps0 is not None else ""
+        eps0 = (f"eps0={spec.eps0:.4g}, " if getattr(mechanism, "local_eps", None) is not None
+                or mechanism.model == "local" else "")    # multi-message: no local guarantee
         self._say(f"round {round_id + 1}: specification {spec_hash.hex()[:16]}... published at "
                   f"{self.url} for {self.num_clients} registered holders (floor {floor}, "
                   f"{eps0}eps={spec.eps:.4g}); window closes at "
