@@ -15,6 +15,7 @@ import numpy as np
 
 from holder.accountant import SpecRefused
 from holder.identity import Identity
+from rknn_ray.labeling.connection import RULES, Connection
 from rknn_ray.labeling.rknn import build_answers
 from rknn_ray.published_encoder import PublishedEncoder
 from sealing.hpke_report import seal_reports
@@ -53,21 +54,37 @@ def read_rows(path: str | Path, label: str | None, encoder: PublishedEncoder):
 def payloads(spec: RoundSpec, mech, identity: Identity, encoder: PublishedEncoder,
              rows, labels: np.ndarray) -> np.ndarray:
     """(M, payload_len) uint8: this holder's randomized messages (one virtual client)."""
-    if spec.connection_rule != "rknn":
-        raise SpecRefused(f"connection rule {spec.connection_rule!r} is not implemented by this "
-                          "holder program (it answers 'rknn')")
+    connection = connection_of(spec)
     emb = encoder.inputs(rows).reshape(len(labels), -1)
     queries = np.asarray(spec.queries, np.float32)
     if emb.shape[1] != queries.shape[1]:
         raise SpecRefused(f"the published encoder makes {emb.shape[1]} features but the "
                           f"specification's queries have {queries.shape[1]}: inconsistent")
     answers = build_answers(emb, labels, np.zeros(len(labels), np.int64), queries, spec.k,
-                            mech.params.num_classes)
+                            mech.params.num_classes, connection)
     msgs = mech.randomize(answers, identity.generator(spec.content_hash()))
     if len(msgs) > spec.allowance:
         raise SpecRefused(f"the mechanism makes {len(msgs)} messages, above the specification's "
                           f"allowance of {spec.allowance}: inconsistent, not answered")
     return msgs.payloads
+
+
+def connection_of(spec: RoundSpec):
+    """Which k queries a row votes for: reverse k-NN (``rknn``), or the balanced rule the
+    specification names with its public per-query prices (rknn_ray.labeling.connection: a
+    row's choice depends on that row and public data only)."""
+    if spec.connection_rule == "rknn":
+        if spec.connection_prices is not None:
+            raise SpecRefused("the specification gives connection prices for reverse k-NN, "
+                              "which has none: inconsistent, not answered")
+        return None
+    if spec.connection_rule not in RULES or spec.connection_rule == "reverse_knn":
+        raise SpecRefused(f"connection rule {spec.connection_rule!r} is not one this holder "
+                          f"program implements (rknn, {', '.join(r for r in RULES if r != 'reverse_knn')})")
+    if spec.connection_prices is None:
+        raise SpecRefused(f"the balanced connection rule {spec.connection_rule!r} needs one "
+                          "price per query in the specification: not answered")
+    return Connection(spec.connection_rule, np.asarray(spec.connection_prices, np.float64))
 
 
 def seal(spec: RoundSpec, identity: Identity, messages: np.ndarray) -> list[bytes]:

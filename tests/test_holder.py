@@ -247,3 +247,37 @@ def test_many_holders_in_one_process_each_with_its_own_key_and_ledger(worlds):
     assert again.returncode == 0 and "0 charged, 3 retries" in again.stdout, again.stderr
     assert status(url, world)["answers"]["duplicate"] == 3
     assert holder_blocked_attempts(world) == []
+
+
+def test_a_balanced_connection_votes_as_the_in_cluster_plan_does():
+    """The holder rebuilds the round's connection from the specification (rule and public
+    prices) and votes exactly as build_answers with the operator's plan."""
+    import numpy as np
+    from rknn_ray.labeling.connection import Connection
+    from rknn_ray.labeling.rknn import build_answers
+    from holder.answer import connection_of
+    from holder.accountant import SpecRefused
+    from benchmarks.shuffler_world import make_world
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        world = make_world(tmp, holders=1)
+    rng = np.random.default_rng(0)
+    queries = rng.normal(size=(6, 3)).astype(np.float32)
+    prices = rng.uniform(0, 2, 6)
+    spec = world.spec.replace(queries=queries, k=2, connection_rule="balanced_min",
+                              connection_prices=prices)
+    plan = connection_of(spec)
+    assert plan.rule == "balanced_min" and np.array_equal(plan.prices, prices)
+    rows, labels = rng.normal(size=(40, 3)).astype(np.float32), rng.integers(0, 2, 40)
+    mine = build_answers(rows, labels, np.zeros(40, np.int64), queries, 2, 2, plan)
+    theirs = build_answers(rows, labels, np.zeros(40, np.int64), queries, 2, 2,
+                           Connection("balanced_min", prices))
+    assert np.array_equal(mine.neighbors, theirs.neighbors)
+    plain = build_answers(rows, labels, np.zeros(40, np.int64), queries, 2, 2, None)
+    assert not np.array_equal(mine.neighbors, plain.neighbors)     # the prices moved votes
+    assert connection_of(world.spec) is None                       # rknn: reverse k-NN
+    for bad in (dict(connection_rule="balanced_min"),              # no prices
+                dict(connection_rule="nearest_magic", connection_prices=prices[:2].repeat(1)),
+                dict(connection_rule="rknn", connection_prices=np.zeros(2))):
+        with pytest.raises(SpecRefused):
+            connection_of(world.spec.replace(**bad))

@@ -43,7 +43,6 @@ def test_what_the_holder_program_answers_is_accepted(tmp_path):
     ({"data": {"private": {"label": "label", "path": "private.csv"}}}, "data.private.path",
      "never reads the holders' rows"),
     ({"shuffle": {"onion_layers": 2}}, "shuffle.onion_layers", "one shuffler"),
-    ({"rknn": {"connection": "balanced_min"}}, "rknn.connection", "reverse k-NN"),
 ])
 def test_what_it_does_not_answer_is_one_line_naming_the_key(tmp_path, change, key, words):
     with pytest.raises(ConfigError) as err:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sealing.round_spec import verify
@@ -140,7 +141,8 @@ def test_too_few_holders_release_nothing_and_say_so(tmp_path):
 
 
 @pytest.mark.parametrize("config, model, extra", [
-    ("table_shuffle", "local", ["--set", "privacy.delta=0"]), ("table_central", "central", [])])
+    ("table_shuffle", "local", ["--set", "privacy.delta=0"]),
+    ("table_central", "central", ["--set", "rknn.connection=balanced_min"])])
 def test_local_and_central_models_reach_the_server_through_a_relay(tmp_path, config, model, extra):
     """No shuffler in these models: the service runs as a relay (no key, no anonymity
     promised); holders seal for the server only; the job's guarantee is the model's own."""
@@ -159,6 +161,14 @@ def test_local_and_central_models_reach_the_server_through_a_relay(tmp_path, con
     published = verify(spec, bytes.fromhex(pub))
     assert published.shuffler_keys == ()                 # sealed for the server only
     assert (published.eps0 is None) == (model == "central")
+    balanced = "rknn.connection=balanced_min" in extra     # the plan's rule and prices go out
+    assert published.connection_rule == ("balanced_min" if balanced else "rknn")
+    assert (published.connection_prices is not None) == balanced
+    if balanced:
+        assert report["connection"]["rules"] == ["balanced_min"]
+        import hashlib
+        assert report["connection"]["prices_digest"] == [hashlib.sha256(
+            np.ascontiguousarray(published.connection_prices, "<f8").tobytes()).hexdigest()[:16]]
     assert not (tmp_path / "run.parties" / "shuffler" / "shuffler.key").exists()
     ledgers = sorted((tmp_path / "run.parties" / "holders").glob("holder-*/ledger.db"))
     assert len(ledgers) == 74

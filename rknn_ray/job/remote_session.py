@@ -175,8 +175,10 @@ class RemoteSession:
         return [folder / PREDICTOR_FILE, folder / ENCODER_ARRAYS]
 
     def spec_for(self, round_id: int, mechanism, encoder, query_features: np.ndarray,
-                 floor: int) -> tuple[RoundSpec, list[Path]]:
-        """The round's specification (unsigned) and the encoder files it names."""
+                 floor: int, connection=None) -> tuple[RoundSpec, list[Path]]:
+        """The round's specification (unsigned) and the encoder files it names;
+        ``connection``: the round's public connection plan (its rule and prices go in it)."""
+        balanced = connection is not None and connection.prices is not None
         p = mechanism.params
         files = self._published_files(encoder)
         now = time.time()
@@ -189,7 +191,8 @@ class RemoteSession:
             model=mechanism.model, mechanism=self.cfg.privacy.mechanism, mechanism_params=params,
             eps0=_eps0(mechanism),
             eps=float(p.eps), delta=float(p.delta), min_senders=int(floor), k=int(p.k),
-            connection_rule="rknn",
+            connection_rule=connection.rule if balanced else "rknn",
+            connection_prices=np.asarray(connection.prices, np.float64) if balanced else None,
             queries=np.ascontiguousarray(query_features, np.float32).reshape(len(query_features), -1),
             encoder=tuple(EncoderFile(f.name, hashlib.sha256(f.read_bytes()).hexdigest(),
                                       f.stat().st_size) for f in files),
@@ -212,8 +215,6 @@ class RemoteSession:
                   record_release: bool = True, connection=None) -> RoundResult:
         cfg = self.cfg
         ledger.check(guarantee_of(mechanism))        # refuse before anything is published
-        if connection is not None and getattr(connection, "rule", "reverse_knn") != "reverse_knn":
-            raise RemoteRoundError("holders vote by reverse k-NN; set rknn.connection=reverse_knn")
         self.reached_server = False
         floor = mechanism.min_senders() if mechanism.model == "shuffle" else 1
         if cfg.shuffle.min_senders is not None:
@@ -223,7 +224,8 @@ class RemoteSession:
                                    f"{mechanism.params.eps:g}, and {self.num_clients} are "
                                    "registered. Fix: register more holders, or raise privacy.eps")
         timings: dict = {}
-        spec, files = self.spec_for(round_id, mechanism, encoder, query_features, floor)
+        spec, files = self.spec_for(round_id, mechanism, encoder, query_features, floor,
+                                    connection)
         self._holders_agree(spec)
         document = sign(spec, self.key.sign)
         spec_hash = spec.content_hash()

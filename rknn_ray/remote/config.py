@@ -2,8 +2,8 @@
 key it signs with and the holder registry, and how long the upload window stays open.
 
 Read only with ``cluster.holders: remote``; :func:`check_remote` ties it to the rest of the
-config (what the holder program implements today: one round, reverse k-NN, a user's table, one
-shuffler hop in the shuffle model; a relay that does not anonymize in the local and central
+config (what the holder program implements today: one round, a user's table, one shuffler hop
+in the shuffle model; a relay that does not anonymize in the local and central
 models).
 """
 from __future__ import annotations
@@ -71,10 +71,6 @@ def check_remote(cfg: dict) -> None:
         raise ConfigError("rounds.count", f"{cfg['rounds']['count']} with cluster.holders=remote: "
                           "a holder answers one signed specification per round, one round so far",
                           "set rounds.count=1")
-    if cfg["rknn"]["connection"] != "reverse_knn":
-        raise ConfigError("rknn.connection", f"{cfg['rknn']['connection']!r} with "
-                          "cluster.holders=remote: the holder program votes by reverse k-NN",
-                          "set rknn.connection=reverse_knn")
     if int(cfg["shuffle"]["onion_layers"] or 0) > 0 or cfg["shuffle"].get("dropout"):
         raise ConfigError("shuffle.onion_layers", "with cluster.holders=remote there is one "
                           "shuffler, the service; dropout is real, not simulated",
