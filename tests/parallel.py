@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 # modules that read the same session-scoped fixture (tests/conftest.py) run on one worker
 SHARED_FIXTURE_UNITS = {
     "test_budget.py": "digits_runs",
@@ -83,3 +85,37 @@ def make_scheduler(config, log):
 
     config.option.loadscopereorder = False      # keep longest_first's order
     return UnitScheduling(config, log)
+
+
+class ProgressLines:
+    """Under ``-q`` a run prints one dot per test on a line that ends only at the terminal's
+    width: the first units are the longest, so a log read line by line (CI's) showed nothing
+    but xdist's "bringing up nodes..." for minutes. Every ``every`` seconds of an unfinished
+    line this ends it with how far the run is (tests done of those collected, time since the
+    start); nothing changes on a line that pytest ends itself sooner."""
+
+    def __init__(self, reporter, every: float = 30.0):
+        import time
+        self.clock = time.monotonic
+        self.reporter, self.every = reporter, every
+        self.start = self.line_start = self.clock()
+        self.done, self.total, self.width = 0, 0, 0
+
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        self.total = max(self.total, len(ids))
+
+    @pytest.hookimpl(trylast=True)      # after the terminal reporter wrote its letter
+    def pytest_runtest_logreport(self, report):
+        if report.when == "teardown":
+            self.done += 1
+        width = self.reporter._tw.width_of_current_line
+        now = self.clock()
+        if width < self.width:          # pytest ended the line (its [ n%] at the edge)
+            self.line_start = now
+        self.width = width
+        if width and now - self.line_start >= self.every:
+            elapsed = int(now - self.start)
+            of = f" of {self.total}" if self.total else ""
+            self.reporter.write(f"  {self.done}{of} tests done, {elapsed // 60}m{elapsed % 60:02d}s\n",
+                                flush=True)
+            self.line_start, self.width = now, 0
