@@ -23,41 +23,58 @@ SHARED_FIXTURE_UNITS = {
     "test_shuffle_distributed.py": "clean_shuffle_round",
 }
 
-# the longest units, longest first: summed test times (``--durations``) on this 2-core machine
-# (two workers), less the cuts made since; every other module follows in collection order.
-# A stale order costs time, never correctness.
+# the longest units, longest first: summed test times (``--durations``) of a full run on this
+# 2-core machine (two workers, 2026-12-06), less the cuts made since; every other module
+# follows in collection order. A stale order costs time, never correctness: a long unit left
+# to the end of the collection order (test_value_domain, test_composed_rounds were) runs
+# alone while the other worker idles.
 LONGEST_FIRST = [
+    "clean_shuffle_round",              # test_lost_parties' killed jobs, two-node site
+    "test_composed_rounds.py",
     "test_edge_probes.py",
-    "test_edge_probes_release.py",
-    "test_cluster_submit.py",
-    "test_console_tmux.py",
-    "test_examples.py",                 # five notebooks, a kernel each
-    "test_progress_demo_console.py",
-    "test_table_jobs.py",
-    "test_table_holders.py",
+    "test_calibration_cache.py",
     "test_table_sites.py",              # three nodes under strace, neighbours, refusals
-    "test_accounting_tight.py",
-    "clean_shuffle_round",
-    "digits_runs",
+    "test_table_holders.py",
+    "test_examples.py",                 # five notebooks, a kernel each
+    "test_cluster_submit.py",
     "test_amplification_job.py",
+    "test_report_budget_view.py",       # the merge example's three jobs
+    "test_edge_probes_release.py",
+    "test_accounting_bitrr.py",
+    "test_budget_edges.py",
+    "test_multi_record_each.py",
+    "test_predict.py",
+    "test_progress_demo_console.py",
+    "test_ledger_files.py",
+    "test_console_tmux.py",
+    "test_edge_probes_inputs.py",
     "test_table_data.py",
+    "test_shard_secrets.py",
+    "test_collision_lower_bound.py",
+    "test_front_door.py",
+    "test_multinode.py",
+    "test_run_cleanup.py",
+    "test_value_domain.py",
+    "test_secret_memory.py",
+    "test_cli.py",
+    "test_table_jobs.py",
+    "test_bench_honest_fraction.py",
     "test_student_ray.py",
+    "digits_runs",
+    "test_accounting_tight.py",
+    "test_warm_round.py",
     "test_holder.py",                   # holder processes against a shuffler service
+    "test_baselines_compare.py",
+    "test_grid.py",
     "test_connection_jobs.py",
     "test_baselines_methods.py",
-    "test_multinode.py",
     "test_one_ledger.py",
     "test_encapsulation.py",
-    "test_warm_round.py",
     "test_shuffle_pld.py",
-    "test_secret_memory.py",
     "test_cover.py",
-    "test_grid.py",
     "test_public_choices.py",
     "test_accumulator.py",
-    "test_baselines_compare.py",
     "test_report_pages.py",
-    "test_shard_secrets.py",
     "test_shard_sources.py",
 ]
 

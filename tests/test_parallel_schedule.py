@@ -31,11 +31,9 @@ def test_units_are_modules_or_groups_and_the_order_is_longest_first_then_as_coll
            "tests/test_shuffle_distributed.py::g"]
     items = [SimpleNamespace(nodeid=i) for i in ids]
     longest_first(items)
-    rank = [LONGEST_FIRST.index(u) for u in ("test_edge_probes.py", "clean_shuffle_round",
-                                             "digits_runs")]
-    assert rank == sorted(rank)
+    listed = {"test_edge_probes.py": ["test_edge_probes.py::b"],
+              "clean_shuffle_round": ["test_protocol.py::d", "test_shuffle_distributed.py::g"],
+              "digits_runs": ["test_budget.py::f"]}
     assert [i.nodeid[6:] for i in items] == [
-        "test_edge_probes.py::b",
-        "test_protocol.py::d", "test_shuffle_distributed.py::g",     # clean_shuffle_round
-        "test_budget.py::f",                                          # then digits_runs
+        *(nodeid for unit in sorted(listed, key=LONGEST_FIRST.index) for nodeid in listed[unit]),
         "test_config.py::a", "test_noise.py::c", "test_config.py::e"]  # the rest as collected
