@@ -123,8 +123,10 @@ class ProgressLines:
 
     @pytest.hookimpl(trylast=True)      # after the terminal reporter wrote its letter
     def pytest_runtest_logreport(self, report):
-        if report.when == "teardown":
-            self.done += 1
+        if report.when != "call" and report.passed:
+            return                      # no letter on the line (a setup or teardown that passed)
+        if report.when != "teardown":
+            self.done += 1              # the test's call, or a setup's error or skip
         width = self.reporter._tw.width_of_current_line
         now = self.clock()
         if width < self.width:          # pytest ended the line (its [ n%] at the edge)
@@ -133,6 +135,6 @@ class ProgressLines:
         if width and now - self.line_start >= self.every:
             elapsed = int(now - self.start)
             of = f" of {self.total}" if self.total else ""
-            self.reporter.write(f"  {self.done}{of} tests done, {elapsed // 60}m{elapsed % 60:02d}s\n",
-                                flush=True)
+            self.reporter.write(f"  {self.done}{of} tests done, "
+                                f"{elapsed // 60}m{elapsed % 60:02d}s\n", flush=True)
             self.line_start, self.width = now, 0
