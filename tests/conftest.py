@@ -26,7 +26,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 import pytest  # noqa: E402
 
-from tests.parallel import longest_first, make_scheduler  # noqa: E402
+from tests.parallel import ProgressLines, longest_first, make_scheduler  # noqa: E402
 from tests.run_cleanup import start_run, stop_on_sigterm, sweep_run  # noqa: E402
 
 start_run()     # before xdist starts its workers: they inherit the run's folder
@@ -36,6 +36,17 @@ def pytest_configure(config):
     """SIGTERM ends the run as Ctrl-C does (fixtures torn down: Ray shut down), and nothing
     the run started outlives it (tests/run_cleanup.py)."""
     stop_on_sigterm(worker=hasattr(config, "workerinput"))
+
+
+@pytest.hookimpl(trylast=True)      # after the terminal reporter is registered
+def pytest_sessionstart(session):
+    """-n N -q: a line of progress at least every 30 s (tests/parallel.py ProgressLines)."""
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if (not hasattr(config, "workerinput") and config.getoption("numprocesses", None)
+            and reporter is not None and config.get_verbosity() <= 0):
+        every = float(os.environ.get("RKNN_RAY_TEST_PROGRESS_S", "30"))
+        config.pluginmanager.register(ProgressLines(reporter, every), "rknn-progress-lines")
 
 
 def pytest_unconfigure(config):

@@ -70,16 +70,18 @@ def test_each_is_refused_where_every_record_is_counted_already(model, mechanism)
             "privacy.multi_record=each"] + (["privacy.delta=1e-6"] if model == "shuffle" else []))
 
 
-def test_a_shuffle_job_with_each_opens_a_report_per_kept_record(tmp_path):
+def test_a_shuffle_job_with_each_opens_a_report_per_kept_record(tmp_path, ray_session):
     """The shipped table (342 records of 74 holders, at most 8 each): 342 reports opened, the
-    amplification's n is 342, the report says what it means at holder level."""
+    amplification's n is 342, the report says what it means at holder level. The job joins the
+    session's Ray (as under ``ray job submit``)."""
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "jobs.distill", "--config", "jobs/configs/table_shuffle.yaml",
          "--out", str(out), "--ledger", str(tmp_path / "ledger.sqlite"), "--quiet",
          "--set", "privacy.multi_record=each", "--set", "student.trainer=local",
          "--set", "student.epochs=1"], cwd=ROOT, capture_output=True, text=True, timeout=400,
-        env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": ROOT})
+        env={**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": ROOT,
+             "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address})
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     counts, (g,) = report["counts"], report["privacy"]["rounds"]

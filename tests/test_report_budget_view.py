@@ -77,17 +77,18 @@ def _page_budget_line(folder: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def merge_example(tmp_path_factory):
-    """Q's job, then D's and D''s, each on a copy of the ledger Q left: the three real jobs."""
+def merge_example(tmp_path_factory, ray_session):
+    """Q's job, then D's and D''s, each on a copy of the ledger Q left: the three real jobs
+    (joined to the session's Ray)."""
     tmp_path = tmp_path_factory.mktemp("merge")
-    q = _job(_q_tables(str(tmp_path / "q")), "table_central.yaml", Q_BUDGET)
+    q = _job(_q_tables(str(tmp_path / "q")), "table_central.yaml", Q_BUDGET, ray=ray_session)
     assert q[0] == 0, "\n".join(q[1][-20:])
     folders = {}
     for name, change in (("d", None), ("d2", _replace_value)):
         folders[name] = _shipped_copy(str(tmp_path / name), change)
         for f in ("ledger.sqlite", "ledger.sqlite.key"):
             shutil.copy(os.path.join(q[4], f), os.path.join(folders[name], f))
-    d, d2 = _job(folders["d"], "table_central.yaml"), _job(folders["d2"], "table_central.yaml")
+    d, d2 = (_job(folders[n], "table_central.yaml", ray=ray_session) for n in ("d", "d2"))
     assert d[0] == d2[0] == 0, "\n".join((d[1] + d2[1])[-30:])
     return q, d, d2
 

@@ -218,7 +218,7 @@ def _set_cell(value: str):
     return change
 
 
-def test_a_value_of_1e300_and_of_1e30_end_alike_through_the_real_job(tmp_path):
+def test_a_value_of_1e300_and_of_1e30_end_alike_through_the_real_job(tmp_path, ray_session):
     """The audit's finding: 1e300 exited 2 ('finite in the file but not once standardized')
     where 1e30 ran. Now both run to the end: the same exit code 0, the same console (but for
     what the release decides), the same report.json counts, guarantees and domain, the same
@@ -226,8 +226,10 @@ def test_a_value_of_1e300_and_of_1e30_end_alike_through_the_real_job(tmp_path):
     row as the job did: 1e300, 1e30 and the bound predict alike."""
     from rknn_ray.job.predict import Predictor
     from tests.test_table_holders import _job, _shipped_copy, _views
-    d = _job(_shipped_copy(str(tmp_path / "d"), _set_cell("1e300")), "table_central.yaml")
-    d2 = _job(_shipped_copy(str(tmp_path / "d2"), _set_cell("1e30")), "table_central.yaml")
+    d = _job(_shipped_copy(str(tmp_path / "d"), _set_cell("1e300")), "table_central.yaml",
+             ray=ray_session)
+    d2 = _job(_shipped_copy(str(tmp_path / "d2"), _set_cell("1e30")), "table_central.yaml",
+              ray=ray_session)
     assert d[0] == 0, "\n".join(d[1][-20:])
     assert _views(d) == _views(d2)
     domain = d[2]["privacy"]["domain"]
