@@ -27,7 +27,6 @@ import pytest
 from sealing.round_spec import verify
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": str(ROOT)}
 
 
 def _ptrace_works() -> bool:
@@ -39,11 +38,22 @@ def _ptrace_works() -> bool:
     return done.returncode == 0
 
 
-def trial(tmp: Path, *extra: str, timeout: float = 400) -> subprocess.CompletedProcess:
+def env_for(ray=None) -> dict:
+    """The trial's environment; with ``ray`` (the worker's session, ``ray_session``) the
+    operator's job joins it as under ``ray job submit`` instead of starting its own."""
+    # read now, not at import: the session's Ray set what joining it needs in os.environ
+    env = {k: v for k, v in {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                             "PYTHONPATH": str(ROOT)}.items() if k != "RAY_ADDRESS"}
+    if ray is not None:
+        env["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    return env
+
+
+def trial(tmp: Path, *extra: str, timeout: float = 400, ray=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "jobs.cli", "trial", "--config", "table_shuffle",
                            "--ledger", str(tmp / "operator-ledger.sqlite"), "--out",
                            str(tmp / "run"), "--holders-per-process", "25", "--parallel", "3",
-                           *extra], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           *extra], cwd=ROOT, env=env_for(ray), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -53,7 +63,7 @@ def done(tmp_path_factory):
     traced = _ptrace_works()
     wrap = (["--operator-wrap", f"strace -f -qq -e trace=%file -o {tmp / 'operator.trace'}"]
             if traced else [])
-    out = trial(tmp, *wrap)
+    out = trial(tmp, *wrap)        # its own Ray: every process the job starts is under strace
     return tmp, out, traced
 
 
@@ -123,8 +133,9 @@ def test_the_operator_never_opens_a_holder_file(done):
     assert "raylet" in trace           # Ray's processes were under it too (children of the job)
 
 
-def test_too_few_holders_release_nothing_and_say_so(tmp_path):
-    out = trial(tmp_path, "--set", "shuffle.min_senders=74", "--absent", "1", "--window", "12")
+def test_too_few_holders_release_nothing_and_say_so(tmp_path, ray_session):
+    out = trial(tmp_path, "--set", "shuffle.min_senders=74", "--absent", "1", "--window", "12",
+                ray=ray_session)
     assert out.returncode != 0
     errors = [line for line in out.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1, out.stderr[-2000:]
@@ -143,14 +154,16 @@ def test_too_few_holders_release_nothing_and_say_so(tmp_path):
 @pytest.mark.parametrize("config, model, extra", [
     ("table_shuffle", "local", ["--set", "privacy.delta=0"]),
     ("table_central", "central", ["--set", "rknn.connection=balanced_min"])])
-def test_local_and_central_models_reach_the_server_through_a_relay(tmp_path, config, model, extra):
+def test_local_and_central_models_reach_the_server_through_a_relay(tmp_path, config, model, extra,
+                                                                   ray_session):
     """No shuffler in these models: the service runs as a relay (no key, no anonymity
     promised); holders seal for the server only; the job's guarantee is the model's own."""
     out = subprocess.run([sys.executable, "-m", "jobs.cli", "trial", "--config", config,
                           "--set", f"privacy.model={model}", "--set", "student.epochs=5", *extra,
                           "--ledger", str(tmp_path / "ledger.sqlite"), "--out",
                           str(tmp_path / "run"), "--holders-per-process", "74"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=400)
+                         cwd=ROOT, env=env_for(ray_session), capture_output=True, text=True,
+                         timeout=400)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
     assert f"relay (no shuffling: the {model} model)" in out.stdout
     report = json.loads((tmp_path / "run" / "report.json").read_text())
