@@ -21,7 +21,11 @@ record each, a 2,000-row public part), then
 
 It prints a table and writes JSON: both rounds, their ratio, the shuffler's accepted reports
 per second (from its ``/status`` counts, first to last accepted), and the shuffler process's
-peak RSS (VmHWM), which must stay bounded (the store streams to disk).
+peak RSS (VmHWM), which must stay bounded (the store streams to disk). Here every holder's
+work shares the machine's cores with the service and the job; so it also gives the holders'
+and the shuffler's CPU seconds, and ``round_if_holders_apart_s``: the shuffler's CPU plus the
+round after the window closed, what the round would take were each holder on its own machine
+(an estimate from this run's measurements, labelled as such).
 """
 from __future__ import annotations
 
@@ -71,7 +75,7 @@ def make_table(folder: Path, n: int, seed: int = 0) -> dict:
             "evaluation": str(folder / "evaluation.csv")}
 
 
-def config(paths: dict, remote: dict | None = None) -> dict:
+def config(paths: dict, n: int, remote: dict | None = None) -> dict:
     private = ({"label": "label"} if remote else
                {"path": paths["private"], "label": "label", "client": "holder"})
     cfg = {"run": {"name": "remote-round", "seed": 0, "progress": False},
@@ -81,7 +85,7 @@ def config(paths: dict, remote: dict | None = None) -> dict:
                     "evaluation": {"path": paths["evaluation"], "label": "label"}},
            "represent": {"encoder": "raw"}, "queries": {"s": 10}, "rknn": {"k": 1},
            "privacy": {"model": "shuffle", "mechanism": "collision", "eps": 1.0, "delta": 1e-6,
-                       "budget_eps": 100.0, "budget_delta": 1e-5},
+                       "budget_eps": 100.0, "budget_delta": min(1e-5, 0.1 / n)},
            "shuffle": {"onion_layers": 0}, "student": {"epochs": 2, "trainer": "local"},
            "cluster": {"shards": 2}}
     if remote:
@@ -166,8 +170,8 @@ def load_main(args) -> int:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"holders": len(keys), "codes": codes, "s": time.perf_counter() - t0}),
-          flush=True)
+    print(json.dumps({"holders": len(keys), "codes": codes, "s": time.perf_counter() - t0,
+                      "cpu_s": time.process_time()}), flush=True)
     return 0
 
 
@@ -190,6 +194,15 @@ def holder_ledger_ms(folder: Path, reps: int = 50) -> float:
 
 # ---------------------------------------------------------------------- one size
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a running process (/proc/PID/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def peak_rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -209,7 +222,7 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
     folder.mkdir(parents=True)
     paths = make_table(folder, n)
     t0 = time.perf_counter()
-    inc = finished(run_job(config(paths), folder, "in_cluster"), folder, "in_cluster")
+    inc = finished(run_job(config(paths, n), folder, "in_cluster"), folder, "in_cluster")
     in_wall = time.perf_counter() - t0
     kfile, reg = write_holders(folder, n)
     save_operator_key(folder / "operator.key")
@@ -226,7 +239,7 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
         remote = {"shuffler": url, "ca": str(certs.ca), "operator_key": str(folder / "operator.key"),
                   "registry": str(reg), "window_s": 3600.0}
         t0 = time.perf_counter()
-        job = run_job(config(paths, remote), folder, "remote")
+        job = run_job(config(paths, n, remote), folder, "remote")
         while json.loads(fetch(url, certs.ca, "/status")[1]).get("published") is not True:
             if job.poll() is not None:
                 finished(job, folder, "remote")
@@ -250,7 +263,7 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
         load_out = [json.loads(p.stdout.read().strip().splitlines()[-1]) for p in loads]
         rep = finished(job, folder, "remote")
         re_wall = time.perf_counter() - t0
-        rss = peak_rss_mb(service.pid)
+        rss, service_cpu = peak_rss_mb(service.pid), cpu_seconds(service.pid)
     finally:
         service.terminate()
         service.wait(10)
@@ -269,6 +282,13 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
             "remote_holders_s": rep["timings_s"].get("round_0_holders"),
             "remote_batch_s": rep["timings_s"].get("round_0_batch"),
             "ratio": rep["timings_s"]["round_0"] / inc["timings_s"]["round_0"],
+            # where the round's seconds went: every holder's work shares these 2 cores here,
+            # where in a deployment each holder computes on its own machine
+            "holders_cpu_s": sum(lo["cpu_s"] for lo in load_out),
+            "shuffler_cpu_s": service_cpu,
+            "after_window_s": rep["timings_s"]["round_0"] - (rep["timings_s"].get("round_0_holders") or 0),
+            "round_if_holders_apart_s": (service_cpu or 0) + rep["timings_s"]["round_0"]
+            - (rep["timings_s"].get("round_0_holders") or 0),
             "shuffler_accepted_per_s": rate, "shuffler_peak_rss_mb": rss,
             "opened": rep["remote"]["opened"], "codes": codes,
             "student_in_cluster": inc["accuracy"]["student"],
@@ -297,7 +317,10 @@ def main(argv=None) -> int:
             rows.append(row)
             print(f"N={n:>7}: in-cluster round {row['in_cluster_round_s']:7.1f} s | remote round "
                   f"{row['remote_round_s']:7.1f} s (holders {row['remote_holders_s']:.1f} s, batch "
-                  f"{row['remote_batch_s']:.1f} s) | ratio {row['ratio']:.2f} | shuffler "
+                  f"{row['remote_batch_s']:.1f} s) | ratio {row['ratio']:.2f} | holders' CPU "
+                  f"{row['holders_cpu_s']:.1f} s, shuffler's {row['shuffler_cpu_s'] or 0:.1f} s: "
+                  f"apart ~{row['round_if_holders_apart_s']:.1f} s "
+                  f"({row['round_if_holders_apart_s'] / row['in_cluster_round_s']:.2f}x) | shuffler "
                   f"{row['shuffler_accepted_per_s'] or 0:,.0f} reports/s, peak "
                   f"{row['shuffler_peak_rss_mb'] or 0:.0f} MB | opened {row['opened']}", flush=True)
     out = {"benchmark": "remote_round", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
