@@ -459,9 +459,11 @@ def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: d
 
 # ----------------------------------------------------------------------------- driver
 
-def grid(spec: GridSpec, out: str, log=None) -> dict:
-    """Plan ``spec`` (validating every cell), run what is not done yet in ``out``, write the
-    outputs; returns the grid.json document."""
+def grid(spec: GridSpec, out: str, log=None, concurrent: int | None = None,
+         tensorboard: bool = False) -> dict:
+    """Plan ``spec`` (validating every cell), run what is not done yet in ``out`` as Ray Tune
+    trials (``concurrent`` at once; None: what the CPUs fit; ``tensorboard``: event files
+    under ``out``/tune/), write the outputs; returns the grid.json document."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     config, sets, reference = spec.config, spec.sets, spec.reference
     base, planned, axes = plan(spec)
@@ -485,7 +487,7 @@ def grid(spec: GridSpec, out: str, log=None) -> dict:
     result: dict = {}
 
     def named(rows: list) -> dict:
-        return {c.name: r for c, r in zip(cells, rows)}
+        return dict(runner.by_name)        # the cells finished so far (any order)
 
     def write(rows: list, m: dict) -> None:
         result["doc"] = write_outputs(out, cells, named(rows), refs, ref_of, m)
@@ -522,7 +524,8 @@ def grid(spec: GridSpec, out: str, log=None) -> dict:
             runner.elapsed()
             write(rows, meta)
 
-    runner = Runner(out, write=write, log=progress, meta=meta, cell_file=CELL_FILE)
+    runner = Runner(out, write=write, log=progress, meta=meta, cell_file=CELL_FILE,
+                    concurrent=concurrent, tensorboard=tensorboard)
     runner.run([cell_job(cell, cfg) for cell, cfg in planned], then=references)
     return result["doc"]
 
@@ -556,6 +559,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-reference", action="store_true",
                     help="skip the NOT PRIVATE reference (a table safe to share)")
     ap.add_argument("--json", action="store_true", help="print grid.json instead of grid.md")
+    ap.add_argument("--concurrent", type=int, default=None, metavar="N",
+                    help="cells run at once, each a Ray Tune trial (default: what the cluster's "
+                         "CPUs fit)")
+    ap.add_argument("--tensorboard", action="store_true",
+                    help="TensorBoard event files per cell under OUT/tune/ (per-epoch curves)")
     ap.add_argument("--insecure-seeded", action="store_true",
                     help="allow run.rng=seeded (a reproducible simulation, NOT private)")
     return ap.parse_args(argv)
@@ -564,7 +572,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        doc = grid(GridSpec.from_args(args), args.out)
+        doc = grid(GridSpec.from_args(args), args.out, concurrent=args.concurrent,
+                   tensorboard=args.tensorboard)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
