@@ -424,7 +424,10 @@ class Runner:
                   TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S="1e9"):
             tuner = tune.Tuner(
                 trainable, param_space={"cell": tune.grid_search([j.name for j in todo])},
-                tune_config=tune.TuneConfig(max_concurrent_trials=n, reuse_actors=False),
+                # a distill cell gets a fresh process (its job's driver); in-process cells
+                # (compare's baselines) may share one, and with it their prepared data
+                tune_config=tune.TuneConfig(max_concurrent_trials=n, reuse_actors=all(
+                    j.cfg is None for j in todo)),
                 run_config=tune.RunConfig(
                     name=stamp, storage_path=os.path.join(self.out, "tune"), verbose=0,
                     callbacks=callbacks, failure_config=tune.FailureConfig(max_failures=0),
