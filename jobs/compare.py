@@ -2,7 +2,7 @@
 
     python -m jobs.compare --dataset digits --eps 0.1 1 4 --out runs/compare-digits [--json]
         [--methods rknn_central pate_gnmax ...] [--delta 1e-5] [--student-epochs N]
-        [--diagnostics]
+        [--diagnostics] [--concurrent N] [--tensorboard]
 
 Runs reverse k-NN (jobs.distill with jobs/configs/<dataset>_{central,local,shuffle}.yaml)
 and the baselines of rknn_ray.baselines at each eps, on the dataset's split,
@@ -22,9 +22,11 @@ students use (``student.trainer=local``; no Ray Train start-up per row). Only wi
 NOT PRIVATE figure (``nonprivate_label_accuracy``, the same labels without the noise) goes to
 ``--out``/diagnostics/ (a README there says NOT PRIVATE), never into compare.json/csv/md,
 which hold private results only. The rows run through
-jobs.experiments.Runner: Ray started once for all rows, a failed row kept with its error,
-an rknn row finished before with the same spec read back; every row holds the
-jobs.experiments.ReportRow fields; meta.json samples the load average after every row.
+jobs.experiments.Runner: every row a Ray Tune trial (``--concurrent N`` at once, default
+what the CPUs fit; ``--tensorboard``: event files under ``--out``/tune/), a failed row kept
+with its error, a row finished before with the same spec read back (a killed comparison run
+again runs only the rest); every row holds the jobs.experiments.ReportRow fields; meta.json
+samples the load average after every row.
 
 Columns: ``eps``/``delta`` are what each method's accountant reports for the run
 (``target_eps`` is what was asked); ``unit`` is what the guarantee protects:

@@ -3,7 +3,8 @@
     python -m jobs.grid --config jobs/configs/digits_central.yaml --out runs/grid-digits \\
         [--encoder pca hog:64] [--s 30 60] [--k 1 3] [--model central shuffle/collision] \\
         [--eps 0.1 1] [--seeds 0 1 2] [--set KEY=VALUE ...] [--student-epochs N] \\
-        [--delta 1e-5] [--no-reference] [--json] [--insecure-seeded]
+        [--delta 1e-5] [--no-reference] [--json] [--insecure-seeded] [--concurrent N]
+        [--tensorboard]
     rknn-ray grid ...                        # the same
 
 Every cell is a real ``jobs.distill`` run of the base config with the cell's values
@@ -29,8 +30,10 @@ the median over seeds per (encoder, s, k, model, eps); reference, marked private
 false; paper, paper 000 Table 1's "Ours" rows at the same dataset), grid.csv (the
 summary table), grid.md (summary + per-seed tables), grid.png (student accuracy vs eps:
 one line per (encoder, s, k, model), the reference dashed, the paper's numbers as
-stars), meta.json. The cells run through jobs.experiments.Runner, so it is resumable: a
-cell whose run folder holds report.json and the same cell spec (grid_cell.json) is not
+stars), meta.json. The cells run through jobs.experiments.Runner, each a Ray Tune trial
+running the whole job (``--concurrent N`` at once, default what the CPUs fit;
+``--tensorboard``: per-epoch curves under ``--out``/tune/), so it is resumable after a kill:
+a cell whose run folder holds report.json and the same cell spec (grid_cell.json) is not
 run again; a failed cell is a row with its error and runs again next time. Cell rows hold
 the jobs.experiments.ReportRow fields (``model`` the trust model, ``mechanism`` beside it).
 """
