@@ -205,6 +205,9 @@ def concurrency(jobs: list[Job], cpus: float, asked: int | None = None) -> int:
     waits on the others' CPUs forever (measured: Train's worker group start timed out after
     60 s, docs/experiments.md).
     Default: the cells whose groups and students all fit at once (at least 1)."""
+    if asked is not None and asked < 1:
+        raise ConfigError("--concurrent", f"{asked} is not a positive number of cells",
+                          "write --concurrent 1 or more, or leave it out")
     if not jobs:
         return 1
     held = max(_cpus(job_bundles(j)) + (shard_cpus(j.cfg) if j.cfg is not None else 0.0)
@@ -212,9 +215,7 @@ def concurrency(jobs: list[Job], cpus: float, asked: int | None = None) -> int:
     train = max((student_cpus(j.cfg) for j in jobs if j.cfg is not None), default=0.0)
     if asked is None:
         return max(1, min(len(jobs), int((cpus + 1e-9) // max(held + train, 1.0))))
-    if asked < 1:
-        raise ConfigError("--concurrent", f"{asked} is not a positive number of cells",
-                          "write --concurrent 1 or more, or leave it out")
+    asked = min(asked, len(jobs))                       # never more than the cells
     if asked > 1 and asked * held + train > cpus + 1e-9:
         fits = max(1, int((cpus - train + 1e-9) // held)) if held else 1
         raise ConfigError("--concurrent", f"{asked} cells at once hold {asked} x {held:g} CPUs "
@@ -223,7 +224,7 @@ def concurrency(jobs: list[Job], cpus: float, asked: int | None = None) -> int:
                           "would wait on each other forever",
                           f"use --concurrent {fits}, or lower cluster.shard_cpus / "
                           "student.num_workers")
-    return min(asked, len(jobs))
+    return asked
 
 
 # ----------------------------------------------------------------------------- Tune trial

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from jobs.cells import ISOLATED_BUDGET, error_text
 from jobs.config_files import resolve_config
-from jobs.experiments import Job, Runner, spec_digest
+from jobs.experiments import Job, Runner, concurrency, spec_digest
 from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
@@ -475,6 +475,11 @@ def grid(spec: GridSpec, out: str, log=None, concurrent: int | None = None,
         for _, cfg in planned:
             from rknn_ray.job.resources import validate_resources  # deferred (Ray)
             validate_resources(cfg, float(os.cpu_count() or 1))
+        # --concurrent N: N cells' reservations and a student must fit, checked before Ray
+        concurrency([cell_job(c, cfg) for c, cfg in planned], float(os.cpu_count() or 1),
+                     concurrent)
+    elif concurrent is not None and concurrent < 1:
+        concurrency([], 1.0, concurrent)
     os.makedirs(out, exist_ok=True)
     out = os.path.abspath(out)
     cells = [c for c, _ in planned]
