@@ -54,6 +54,7 @@ LONGEST_FIRST = [
     "test_public_choices.py",
     "test_accumulator.py",
     "test_baselines_compare.py",
+    "test_experiments.py",              # Tune trials: a distill cell, four cells at once
     "test_report_pages.py",
     "test_shard_secrets.py",
     "test_shard_sources.py",
