@@ -386,6 +386,9 @@ class Runner:
     def _tune(self, todo: list[Job]) -> None:
         """The cells not done yet, as Tune trials (``concurrent`` at once)."""
         self.ensure_ray()
+        # the files written after every cell (a plot) take a few seconds in Tune's loop: not
+        # a "performance bottleneck" line per cell (read when ray.tune is first imported)
+        os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "60")
         import ray
         from ray import tune
         cpus = float(ray.cluster_resources().get("CPU", 0))
@@ -405,11 +408,14 @@ class Runner:
             def on_trial_error(self, iteration, trials, trial, **info):
                 name = trial.config["cell"]
                 if name not in runner.by_name:
-                    job = by[name]
-                    text = getattr(trial, "error_msg", None) or "the trial failed"
-                    runner._finished(job, {**empty_row(), **job.keys, "run": None, "wall_s": NAN,
-                                           "error": f"TrialError: {str(text).strip().splitlines()[-1]}"},
-                                     {}, False)
+                    job = by[name]      # the trial's process died (a cell's own failure is a row)
+                    try:
+                        exc = trial.get_error()
+                    except Exception:   # noqa: BLE001 - its error file may be unreadable
+                        exc = None
+                    text = error_text(exc) if exc is not None else "TrialError: the trial failed"
+                    runner._finished(job, {**empty_row(), **job.keys, "run": run_dir(runner.out, job),
+                                           "wall_s": NAN, "error": text}, {}, False)
 
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, jobs=by, out=self.out, ledger_path=self.ledger_path,

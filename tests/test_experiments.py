@@ -262,6 +262,17 @@ def test_concurrent_cells_ending_together_lose_and_double_no_release(tmp_path, r
     assert sum(e for _, _, e in got) == pytest.approx(sum(eps_list))
 
 
+def test_a_cell_whose_process_dies_is_a_row_with_its_error(tmp_path, ray_session):
+    """A trial's process that dies (not a Python error the cell catches) is still a row."""
+    def dies():
+        os._exit(3)
+
+    rows = Runner(str(tmp_path / "x")).run([Job("dies", {"method": "m"}, call=dies,
+                                                bundles=[{"CPU": 0.25}])])
+    (row,) = rows
+    assert row["method"] == "m" and row["error"] and math.isnan(row["eps"]), row["error"]
+
+
 def test_markdown_table_and_csv_writers():
     lines = markdown_table(("a", "b"), [[1, "x"], [2, "y"]], ["", " error: e"])
     assert lines == ["| a | b |", "|---|---|", "| 1 | x |", "| 2 | y | error: e"]
