@@ -2,7 +2,7 @@
 
     python -m jobs.compare --dataset digits --eps 0.1 1 4 --out runs/compare-digits [--json]
         [--methods rknn_central pate_gnmax ...] [--delta 1e-5] [--student-epochs N]
-        [--diagnostics]
+        [--diagnostics] [--concurrent N] [--tensorboard]
 
 Runs reverse k-NN (jobs.distill with jobs/configs/<dataset>_{central,local,shuffle}.yaml)
 and the baselines of rknn_ray.baselines at each eps, on the dataset's split,
@@ -22,9 +22,11 @@ students use (``student.trainer=local``; no Ray Train start-up per row). Only wi
 NOT PRIVATE figure (``nonprivate_label_accuracy``, the same labels without the noise) goes to
 ``--out``/diagnostics/ (a README there says NOT PRIVATE), never into compare.json/csv/md,
 which hold private results only. The rows run through
-jobs.experiments.Runner: Ray started once for all rows, a failed row kept with its error,
-an rknn row finished before with the same spec read back; every row holds the
-jobs.experiments.ReportRow fields; meta.json samples the load average after every row.
+jobs.experiments.Runner: every row a Ray Tune trial (``--concurrent N`` at once, default
+what the CPUs fit; ``--tensorboard``: event files under ``--out``/tune/), a failed row kept
+with its error, a row finished before with the same spec read back (a killed comparison run
+again runs only the rest); every row holds the jobs.experiments.ReportRow fields; meta.json
+samples the load average after every row.
 
 Columns: ``eps``/``delta`` are what each method's accountant reports for the run
 (``target_eps`` is what was asked); ``unit`` is what the guarantee protects:
@@ -39,12 +41,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import sys
 import uuid
 
 from rknn_ray.baselines import BASELINE_NAMES
+from rknn_ray.errors import RknnError
 
 # torch, Ray, the baselines and the job layer (~5-10 s) load where they are used, after the
 # arguments are parsed: ``rknn-ray compare --help`` answers in well under a second
@@ -77,6 +81,8 @@ DIAGNOSTICS_OVERRIDES = ("run.diagnostics=true",)
 DATASET_OVERRIDES = {"digits": ("cluster.shards=1", "cluster.openers=0"), "fashion_mnist": ()}
 # FedMD-NFDP's 10 parties are one batched torch model; one NfdpShard actor hosts them on digits
 NFDP_SHARDS = {"digits": 1, "fashion_mnist": 2}
+#: Ray CPUs of one NfdpShard actor (actors/nfdp_shard.py)
+NFDP_SHARD_CPUS = 0.5
 
 
 EXAMPLES = """\
@@ -106,6 +112,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="queries the labeling baselines label (default: the central config's s, "
                          "resolved as jobs.distill resolves it; Fashion-MNIST's auto s at eps 1 "
                          "is every public sample)")
+    ap.add_argument("--concurrent", type=int, default=None, metavar="N",
+                    help="rows run at once, each a Ray Tune trial (default: what the cluster's "
+                         "CPUs fit)")
+    ap.add_argument("--tensorboard", action="store_true",
+                    help="TensorBoard event files per row under OUT/tune/ (per-epoch curves)")
     return ap.parse_args(argv)
 
 
@@ -298,48 +309,33 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict,
 
 def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
             student_epochs: int | None = None, log=None,
-            baseline_s: int | None = None, diagnostics: bool = False) -> list[dict]:
-    """Run everything (one experiment runner: Ray once, an isolated ledger in ``out``, a
-    failed row kept with its error, an rknn row finished before read back); returns the
-    rows (also written to ``out`` after every row), without their NOT PRIVATE fields
-    (``diagnostics``: those go to ``out``/diagnostics/ only)."""
-    import torch  # deferred (module comment)
+            baseline_s: int | None = None, diagnostics: bool = False,
+            concurrent: int | None = None, tensorboard: bool = False) -> list[dict]:
+    """Run everything (one experiment runner: every row a Ray Tune trial, ``concurrent`` at
+    once, an isolated ledger in ``out``, a failed row kept with its error, a row finished
+    before with the same spec read back); returns the rows (also written to ``out`` after
+    every row), without their NOT PRIVATE fields (``diagnostics``: those go to
+    ``out``/diagnostics/ only)."""
     from jobs.experiments import Job, Runner
     from jobs.writers import fmt
-    from rknn_ray.accounting.budget_store import BudgetStore
-    from rknn_ray.baselines.registry import run_baseline
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    torch.set_num_threads(1)
-    ledgers: dict = {}
-    not_private: dict = {}              # baselines' NOT PRIVATE figures, kept for --diagnostics
-    setup = []                          # the baselines' shared data, prepared on first use
     meta = {"dataset": dataset, "eps": list(eps_list), "delta": delta, "methods": list(methods),
             "seed": seed, "student_epochs": student_epochs, "baseline_s": baseline_s,
             "wall_s": 0.0, "cpus": os.cpu_count(), "ledger": None, "complete": False,
             "diagnostics": bool(diagnostics),
             "load_average_1min": []}        # sampled after every row: how shared the machine was
+    ledger_path = os.path.join(os.path.abspath(out), "ledger.sqlite")   # the runner's isolated one
 
     def baseline(method, eps):
-        def call() -> dict:
-            if not setup:
-                setup.append(baseline_setup(dataset, seed, student_epochs, baseline_s))
-                meta["baseline_queries"] = int(setup[0].queries.size)
-            store, job_id = BudgetStore(runner.ledger_path), f"compare-{uuid.uuid4().hex[:12]}"
-            ledger = baseline_ledger(store, setup[0], method, eps, delta, job_id)
-            try:
-                row = run_baseline(method, setup[0], eps, delta, ledger)
-                ledgers[f"{method}@{eps:g}"] = {"ledger": ledger.to_dict(),
-                                                "details": row.details}
-                if diagnostics and row.diagnostics:
-                    not_private[f"{method}@{eps:g}"] = row.diagnostics
-            except BaseException:
-                # a release may have happened before the failure: the reservation stays counted
-                store.mark_failed(ledger.identity, job_id, f"compare: {method} failed")
-                raise
-            store.close_job(ledger.identity, job_id, f"compare: {method} at target eps {eps:g}")
-            return row.table_fields()
+        spec = {"dataset": dataset, "method": method, "eps": eps, "delta": delta, "seed": seed,
+                "student_epochs": student_epochs, "baseline_s": baseline_s,
+                "diagnostics": bool(diagnostics)}
+        bundles = [{"CPU": 1.0}] + ([{"CPU": NFDP_SHARD_CPUS}] * NFDP_SHARDS.get(dataset, 2)
+                                    if method.startswith("fedmd_nfdp") else [])
         return Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
-                                            "target_eps": eps}, call=call)
+                                            "target_eps": eps},
+                   call=functools.partial(run_baseline_cell, ledger_path, **spec),
+                   spec=spec, bundles=bundles)
 
     def progress(i, n, job, row, skipped):
         say(f"{row['method']:20s} eps={row['target_eps']:<5g} acc={fmt(row['accuracy'])} "
@@ -359,10 +355,60 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
                 jobs.append(Job(f"{method}-eps{eps:g}", {"method": method, "dataset": dataset,
                                                          "target_eps": eps},
                                 call=_raise(exc)))
-    runner = Runner(out, write=lambda rows, m: write_outputs(out, rows, m, ledgers, not_private),
-                    log=progress, meta=meta, sample_load=True)
+
+    def write(rows, m):
+        ledgers, not_private = {}, {}
+        for side in runner.side.values():          # what each baseline row kept beside it
+            ledgers.update(side.get("ledgers") or {})
+            not_private.update(side.get("diagnostics") or {})
+            if side.get("baseline_queries") is not None:
+                m["baseline_queries"] = side["baseline_queries"]
+        write_outputs(out, rows, m, ledgers, not_private)
+
+    runner = Runner(out, write=write, log=progress, meta=meta, sample_load=True,
+                    concurrent=concurrent, tensorboard=tensorboard)
     meta["ledger"] = os.path.join(runner.out, "ledger.sqlite")
     return private_rows(runner.run(jobs))
+
+
+#: the baselines' shared data per process (a trial prepares it once; Tune may reuse a process)
+_SETUPS: dict = {}
+
+
+def run_baseline_cell(ledger_path: str, dataset: str, method: str, eps: float, delta: float,
+                      seed: int, student_epochs: int | None, baseline_s: int | None,
+                      diagnostics: bool) -> dict:
+    """One baseline row, where its trial runs: its fields, and under ``_side`` its ledger,
+    its NOT PRIVATE diagnostics (kept only when ``diagnostics``) and the queries it labeled.
+    Its reservation is settled as the main job settles its own
+    (rknn_ray.job.rounds.private_rounds): returned when it ends, counted as spent when it
+    fails after it may have released (the baseline is marked started before it reads a
+    record), so no reservation is left open."""
+    import torch  # deferred (module comment)
+    from rknn_ray.accounting.budget_store import BudgetStore
+    from rknn_ray.baselines.registry import run_baseline
+    from rknn_ray.errors import first_line
+    torch.set_num_threads(1)
+    key = (dataset, seed, student_epochs, baseline_s)
+    if key not in _SETUPS:
+        _SETUPS[key] = baseline_setup(dataset, seed, student_epochs, baseline_s)
+    setup = _SETUPS[key]
+    store, job_id = BudgetStore(ledger_path), f"compare-{uuid.uuid4().hex[:12]}"
+    ledger = baseline_ledger(store, setup, method, eps, delta, job_id)
+    try:
+        row = run_baseline(method, setup, eps, delta, ledger)
+    except BaseException as exc:
+        # a release may have happened before the failure: counted as spent, settled here
+        store.spend_job(ledger.identity, job_id, f"compare: {method} failed "
+                        f"({type(exc).__name__}: {first_line(exc)}); a release may have "
+                        "happened: the reservation is counted as spent")
+        raise
+    store.close_job(ledger.identity, job_id, f"compare: {method} at target eps {eps:g}")
+    side = {"ledgers": {f"{method}@{eps:g}": {"ledger": ledger.to_dict(), "details": row.details}},
+            "baseline_queries": int(setup.queries.size)}
+    if diagnostics and row.diagnostics:
+        side["diagnostics"] = {f"{method}@{eps:g}": row.diagnostics}
+    return {**row.table_fields(), "_side": side}
 
 
 def _raise(exc: BaseException):
@@ -374,8 +420,14 @@ def _raise(exc: BaseException):
 def main(argv=None) -> int:
     from jobs.writers import print_result  # deferred (module comment)
     args = parse_args(argv)
-    rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
-                   args.student_epochs, baseline_s=args.baseline_s, diagnostics=args.diagnostics)
+    try:
+        rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
+                       args.student_epochs, baseline_s=args.baseline_s,
+                       diagnostics=args.diagnostics, concurrent=args.concurrent,
+                       tensorboard=args.tensorboard)
+    except RknnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print_result(rows, args.json, os.path.join(args.out, "compare.md"))
     return 0
 

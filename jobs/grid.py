@@ -3,7 +3,8 @@
     python -m jobs.grid --config jobs/configs/digits_central.yaml --out runs/grid-digits \\
         [--encoder pca hog:64] [--s 30 60] [--k 1 3] [--model central shuffle/collision] \\
         [--eps 0.1 1] [--seeds 0 1 2] [--set KEY=VALUE ...] [--student-epochs N] \\
-        [--delta 1e-5] [--no-reference] [--json] [--insecure-seeded]
+        [--delta 1e-5] [--no-reference] [--json] [--insecure-seeded] [--concurrent N]
+        [--tensorboard]
     rknn-ray grid ...                        # the same
 
 Every cell is a real ``jobs.distill`` run of the base config with the cell's values
@@ -29,8 +30,10 @@ the median over seeds per (encoder, s, k, model, eps); reference, marked private
 false; paper, paper 000 Table 1's "Ours" rows at the same dataset), grid.csv (the
 summary table), grid.md (summary + per-seed tables), grid.png (student accuracy vs eps:
 one line per (encoder, s, k, model), the reference dashed, the paper's numbers as
-stars), meta.json. The cells run through jobs.experiments.Runner, so it is resumable: a
-cell whose run folder holds report.json and the same cell spec (grid_cell.json) is not
+stars), meta.json. The cells run through jobs.experiments.Runner, each a Ray Tune trial
+running the whole job (``--concurrent N`` at once, default what the CPUs fit;
+``--tensorboard``: per-epoch curves under ``--out``/tune/), so it is resumable after a kill:
+a cell whose run folder holds report.json and the same cell spec (grid_cell.json) is not
 run again; a failed cell is a row with its error and runs again next time. Cell rows hold
 the jobs.experiments.ReportRow fields (``model`` the trust model, ``mechanism`` beside it).
 """
@@ -47,7 +50,7 @@ from dataclasses import dataclass, field
 
 from jobs.cells import ISOLATED_BUDGET, error_text
 from jobs.config_files import resolve_config
-from jobs.experiments import Job, Runner, spec_digest
+from jobs.experiments import Job, Runner, concurrency, spec_digest
 from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
@@ -459,9 +462,11 @@ def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: d
 
 # ----------------------------------------------------------------------------- driver
 
-def grid(spec: GridSpec, out: str, log=None) -> dict:
-    """Plan ``spec`` (validating every cell), run what is not done yet in ``out``, write the
-    outputs; returns the grid.json document."""
+def grid(spec: GridSpec, out: str, log=None, concurrent: int | None = None,
+         tensorboard: bool = False) -> dict:
+    """Plan ``spec`` (validating every cell), run what is not done yet in ``out`` as Ray Tune
+    trials (``concurrent`` at once; None: what the CPUs fit; ``tensorboard``: event files
+    under ``out``/tune/), write the outputs; returns the grid.json document."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     config, sets, reference = spec.config, spec.sets, spec.reference
     base, planned, axes = plan(spec)
@@ -470,6 +475,11 @@ def grid(spec: GridSpec, out: str, log=None) -> dict:
         for _, cfg in planned:
             from rknn_ray.job.resources import validate_resources  # deferred (Ray)
             validate_resources(cfg, float(os.cpu_count() or 1))
+        # --concurrent N: N cells' reservations and a student must fit, checked before Ray
+        concurrency([cell_job(c, cfg) for c, cfg in planned], float(os.cpu_count() or 1),
+                     concurrent)
+    elif concurrent is not None and concurrent < 1:
+        concurrency([], 1.0, concurrent)
     os.makedirs(out, exist_ok=True)
     out = os.path.abspath(out)
     cells = [c for c, _ in planned]
@@ -485,7 +495,7 @@ def grid(spec: GridSpec, out: str, log=None) -> dict:
     result: dict = {}
 
     def named(rows: list) -> dict:
-        return {c.name: r for c, r in zip(cells, rows)}
+        return dict(runner.by_name)        # the cells finished so far (any order)
 
     def write(rows: list, m: dict) -> None:
         result["doc"] = write_outputs(out, cells, named(rows), refs, ref_of, m)
@@ -522,7 +532,8 @@ def grid(spec: GridSpec, out: str, log=None) -> dict:
             runner.elapsed()
             write(rows, meta)
 
-    runner = Runner(out, write=write, log=progress, meta=meta, cell_file=CELL_FILE)
+    runner = Runner(out, write=write, log=progress, meta=meta, cell_file=CELL_FILE,
+                    concurrent=concurrent, tensorboard=tensorboard)
     runner.run([cell_job(cell, cfg) for cell, cfg in planned], then=references)
     return result["doc"]
 
@@ -556,6 +567,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-reference", action="store_true",
                     help="skip the NOT PRIVATE reference (a table safe to share)")
     ap.add_argument("--json", action="store_true", help="print grid.json instead of grid.md")
+    ap.add_argument("--concurrent", type=int, default=None, metavar="N",
+                    help="cells run at once, each a Ray Tune trial (default: what the cluster's "
+                         "CPUs fit)")
+    ap.add_argument("--tensorboard", action="store_true",
+                    help="TensorBoard event files per cell under OUT/tune/ (per-epoch curves)")
     ap.add_argument("--insecure-seeded", action="store_true",
                     help="allow run.rng=seeded (a reproducible simulation, NOT private)")
     return ap.parse_args(argv)
@@ -564,7 +580,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        doc = grid(GridSpec.from_args(args), args.out)
+        doc = grid(GridSpec.from_args(args), args.out, concurrent=args.concurrent,
+                   tensorboard=args.tensorboard)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

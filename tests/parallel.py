@@ -36,6 +36,7 @@ LONGEST_FIRST = [
     "test_table_sites.py",              # three nodes under strace, neighbours, refusals
     "test_table_holders.py",
     "test_remote_trial.py",             # holders, shuffler and operator as their own processes
+    "test_experiments.py",              # Tune trials: a distill cell, four cells at once
     "test_examples.py",                 # five notebooks, a kernel each
     "test_cluster_submit.py",
     "test_amplification_job.py",

@@ -62,6 +62,11 @@ def test_compare_failed_cell_is_a_row_not_a_crash(tmp_path, ray_session):
     assert len(rows) == 1 and "k=1" in rows[0]["error"]
     assert set(ROW_FIELDS) - set(compare.NOT_PRIVATE_FIELDS) <= set(rows[0])
     assert rows[0]["target_eps"] == 1e-4 and "nonprivate_label_accuracy" not in rows[0]
+    # its reservation is settled as the main job settles one (rknn_ray.job.rounds): counted
+    # as spent (a release may have happened), none left open for `rknn-ray budget settle`
+    with sqlite3.connect(tmp_path / "c" / "ledger.sqlite") as con:
+        states = con.execute("SELECT status, note FROM releases").fetchall()
+    assert [s for s, _ in states] == ["released"] and "fedmd_nfdp failed" in states[0][1]
 
 
 def test_cli_dispatches_compare(monkeypatch):

@@ -1,5 +1,5 @@
-"""jobs.experiments: one report-row schema every producer uses, one runner (skip what is
-done, a failure is a row, outputs after every cell)."""
+"""jobs.experiments: one report-row schema every producer uses, one runner (cells as Ray
+Tune trials; skip what is done, a failure is a row, outputs after every cell)."""
 import argparse
 import dataclasses
 import json
@@ -9,8 +9,9 @@ import sqlite3
 
 import pytest
 
-from jobs.experiments import (ROW_FIELDS, ROW_SCHEMA, Job, Runner, cell_row,
-                              markdown_table, report_row, rows_to_csv)
+from jobs.experiments import (ROW_FIELDS, ROW_SCHEMA, Job, Runner, cell_bundles, cell_row,
+                              concurrency, markdown_table, report_row, rows_to_csv)
+from rknn_ray.errors import ConfigError
 from tests.run_folders import write_run
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jobs",
@@ -132,10 +133,12 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
     from rknn_ray.config import load_config
     out = tmp_path / "exp"
     cfg = load_config(CONFIG, FAST)
-    calls, writes, logged = [], [], []
+    writes, logged = [], []
+    calls = tmp_path / "calls.txt"          # boom runs in its trial's process, not here
 
     def boom():
-        calls.append(1)
+        with open(calls, "a") as fh:
+            fh.write("1\n")
         raise ValueError("bad cell\nsecond line")
 
     def jobs():
@@ -143,12 +146,13 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
                 Job("bad", {"method": "broken", "target_eps": 1.0, "dataset": "digits",
                             "model": "central"}, call=boom)]
 
-    def runner():
+    def runner(**kw):
         return Runner(str(out), write=lambda rows, meta: writes.append(
             (len(rows), meta["complete"])), log=lambda i, n, job, row, skipped: logged.append(
-            (job.name, skipped)))
+            (job.name, skipped)), **kw)
 
-    rows = runner().run(jobs())
+    first = runner(tensorboard=True)
+    rows = first.run(jobs())
     ok, bad = rows
     assert set(ROW_FIELDS) <= set(ok) and set(ROW_FIELDS) <= set(bad)
     assert not ok["error"] and ok["eps"] == pytest.approx(1.0) and ok["method"] == "rknn_central"
@@ -158,10 +162,23 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
     saved = json.loads((out / "runs" / "ok" / Runner.CELL_FILE).read_text())
     assert saved["schema"] == ROW_SCHEMA and saved["row"]["accuracy"] == ok["accuracy"]
     report_mtime = os.path.getmtime(out / "runs" / "ok" / "report.json")
+    # each cell was a Tune trial: the student's epochs, then the cell's result, went to Tune
+    # (and, asked for, to TensorBoard event files); the rows come back as a DataFrame
+    frame = first.frame()
+    assert list(frame["method"]) == ["rknn_central", "broken"]
+    assert frame["accuracy"][0] == ok["accuracy"]
+    tuned = {r.config["cell"]: r for r in first.results}
+    assert tuned["ok"].metrics["accuracy"] == ok["accuracy"]
+    assert tuned["ok"].metrics["n_opened"] == ok["messages"] > 0
+    assert tuned["ok"].metrics["eps"] == pytest.approx(1.0) and tuned["bad"].metrics["error"]
+    curve = tuned["ok"].metrics_dataframe
+    assert curve["student_loss"].notna().sum() == 1 and curve["epoch"].max() == 1   # FAST: 1 epoch
+    events = [f for f in (out / "tune").rglob("events.out.tfevents*")]
+    assert len(events) == 2 and all(f.stat().st_size > 0 for f in events)
 
     logged.clear()
     again = runner().run(jobs())
-    assert logged == [("ok", True), ("bad", False)] and len(calls) == 2
+    assert logged == [("ok", True), ("bad", False)] and calls.read_text() == "1\n1\n"
     assert json.loads(json.dumps(again[0])) == json.loads(json.dumps(ok))
     assert os.path.getmtime(out / "runs" / "ok" / "report.json") == report_mtime
     with sqlite3.connect(out / "ledger.sqlite") as con:      # released once, in the experiment's
@@ -173,6 +190,87 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
     changed = Job("ok", {"method": "rknn_central", "target_eps": 1.0},
                   cfg=load_config(CONFIG, FAST + ["rknn.k=2"]))
     assert runner().load_done(changed) is None and runner().load_done(jobs()[0]) is not None
+
+
+def test_concurrency_fits_the_cells_and_refuses_a_deadlock():
+    """Default: the cells whose placement groups and Ray Train students all fit the CPUs at
+    once; more, asked for, only while one student still fits beside every held group."""
+    from rknn_ray.config import load_config
+    cfg = load_config(CONFIG, FAST[:1] + ["student.trainer=ray", "student.num_workers=1",
+                                          "cluster.shards=1", "cluster.shard_cpus=0.25"])
+    assert cell_bundles(cfg) == [{}, {"CPU": 0.25}]    # the driver, the server (shards SPREAD)
+    jobs = [Job(str(i), {}, cfg=cfg) for i in range(12)]
+    assert concurrency(jobs, 2.0) == 1                  # 0.5 held + 1 student each
+    assert concurrency(jobs, 8.0) == 5
+    assert concurrency(jobs, 2.0, 2) == 2               # 2 x 0.5 held + 1 student = 2 CPUs
+    with pytest.raises(ConfigError, match="--concurrent.*wait on each other forever"):
+        concurrency(jobs, 2.0, 3)
+    assert concurrency(jobs[:2], 8.0, 5) == 2           # never more than the cells
+    shuffle = load_config(CONFIG, FAST[:1] + ["privacy.model=shuffle", "privacy.mechanism=collision",
+                                              "privacy.delta=1e-5"])
+    assert cell_bundles(shuffle) == [{}, {"CPU": 0.5}]  # the server and a shuffler hop
+    placed = load_config(CONFIG, FAST[:1] + ["cluster.placement={server: {resources: {vault: 1}}}",
+                                             "privacy.model=shuffle", "privacy.mechanism=collision",
+                                             "privacy.delta=1e-5"])
+    assert cell_bundles(placed) == [{}, {"CPU": 0.25, "vault": 1}, {"CPU": 0.25}]
+
+
+def test_concurrent_cells_ending_together_lose_and_double_no_release(tmp_path, ray_session):
+    """Four cells as Tune trials at once, each reserving, releasing and settling in the
+    experiment's ledger at the same moment (a barrier): every release is there once, none is
+    left open, and the totals equal the same cells run one after another."""
+    import time
+
+    from rknn_ray.accounting import PrivacyLedger
+    from rknn_ray.accounting.budget_store import BudgetStore, mark_started
+    from rknn_ray.accounting.events import ApproxDpEvent
+    from rknn_ray.accounting.guarantee import Guarantee
+    eps_list = (0.25, 0.5, 1.0, 2.0)
+
+    def cells(out, together):
+        def cell(eps):
+            def call():
+                os.makedirs(out / "arrived", exist_ok=True)
+                (out / "arrived" / f"{eps}").touch()
+                end = time.monotonic() + 60
+                while together and len(os.listdir(out / "arrived")) < together:
+                    assert time.monotonic() < end, "the cells did not run at once"
+                    time.sleep(0.01)
+                store, job = BudgetStore(str(out / "ledger.sqlite")), f"job-{eps}"
+                store.reserve("digits/x", "digits", job, eps, 0.0, (1e9, 1.0))
+                mark_started(store, "digits/x", job)
+                PrivacyLedger(store=store, identity="digits/x", job_id=job).record(
+                    Guarantee(ApproxDpEvent(eps, 0.0), "central", "laplace"), 0)
+                store.close_job("digits/x", job, "done")
+                return {"eps": eps, "delta": 0.0}
+            return call
+        return [Job(f"c{eps}", {"target_eps": eps}, call=cell(eps), bundles=[{"CPU": 0.25}])
+                for eps in eps_list]
+
+    def released(out):
+        with sqlite3.connect(out / "ledger.sqlite") as con:
+            return (con.execute("SELECT job_id, status, eps FROM releases WHERE status != 'unused' "
+                                "ORDER BY job_id").fetchall())
+
+    together, alone = tmp_path / "together", tmp_path / "alone"
+    runner = Runner(str(together), concurrent=4)
+    rows = runner.run(cells(together, 4))
+    assert runner.meta["concurrent"] == 4 and not any(r["error"] for r in rows), rows
+    Runner(str(alone), ray=False).run(cells(alone, 0))       # one after another, here
+    got = released(together)
+    assert got == released(alone) == sorted((f"job-{e}", "released", e) for e in eps_list)
+    assert sum(e for _, _, e in got) == pytest.approx(sum(eps_list))
+
+
+def test_a_cell_whose_process_dies_is_a_row_with_its_error(tmp_path, ray_session):
+    """A trial's process that dies (not a Python error the cell catches) is still a row."""
+    def dies():
+        os._exit(3)
+
+    rows = Runner(str(tmp_path / "x")).run([Job("dies", {"method": "m"}, call=dies,
+                                                bundles=[{"CPU": 0.25}])])
+    (row,) = rows
+    assert row["method"] == "m" and row["error"] and math.isnan(row["eps"]), row["error"]
 
 
 def test_markdown_table_and_csv_writers():

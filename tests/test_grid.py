@@ -112,6 +112,7 @@ def test_grid_cli_prints_the_table_of_a_finished_grid(digits_grid, capsys):
     (["--model", "central/rr"], "privacy.mechanism.*not a central mechanism"),
     (["--encoder", "pca:x"], "--encoder.*NAME:DIM"),
     (["--set", "run.rng=seeded"], "run.rng.*--insecure-seeded"),
+    (["--concurrent", "0"], "'--concurrent'.*not a positive number"),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, capsys, args, match):
     import re
