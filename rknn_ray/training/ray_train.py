@@ -109,7 +109,11 @@ def fit_on_ray(loop, data, cfg: dict, *, name: str = "train", num_workers: int =
     per_worker, threads = None, 1                    # several workers: Ray's 1 CPU (or GPU) each
     if num_workers == 1:
         free = ray.available_resources().get("CPU", 1)
-        threads = max(1, int(min(free, os.cpu_count() or 1)))
+        # one worker lives on one node: never ask for more CPUs than the largest node has (a
+        # cluster of 1-CPU nodes with 2 free in all would leave the worker pending forever)
+        largest = max((n.get("Resources", {}).get("CPU", 0) for n in ray.nodes()
+                       if n.get("Alive")), default=1)
+        threads = max(1, int(min(free, largest, os.cpu_count() or 1)))
         per_worker = {"CPU": threads}
     # read when the trainer starts (HEALTH_CHECK_INTERVAL_S); a user's setting wins
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(HEALTH_CHECK_INTERVAL_S))
