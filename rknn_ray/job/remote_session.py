@@ -29,12 +29,12 @@ import numpy as np
 import ray
 
 from rknn_ray.accounting.guarantee import guarantee_of
-from rknn_ray.errors import PrivacyBudgetError, RknnError, first_line
+from rknn_ray.errors import RknnError, first_line
 from holder.accountant import SpecRefused, mechanism_of, own_cost
 from rknn_ray.job.predict import predictor_spec
 from rknn_ray.job.progress import bar_for
-from rknn_ray.job.session import (CoverShortfall, PartyFailure, Parties, RoundResult,
-                                  _shortfall_message, opener_processes)
+from rknn_ray.job.session import (PartyFailure, Parties, RoundResult, opened_cost,
+                                  opener_processes)
 from rknn_ray.published_encoder import ENCODER_ARRAYS, PREDICTOR_FILE, encoder_state
 from rknn_ray.remote.operator_key import load_operator_key
 from rknn_ray.remote.registry import read_registry
@@ -273,23 +273,8 @@ class RemoteSession:
         senders = int(self.status()["distinct_holders"])
         tally = ray.get(self.server.tally.remote())
         counted = tally["messages"]
-        event = mechanism.round_event(senders, counted)
-        guarantee = guarantee_of(mechanism, senders, event, opened=counted)
-        shortfall = None
-        if guarantee.eps > mechanism.params.eps * (1 + 1e-9):
-            shortfall = _shortfall_message(round_id, mechanism, guarantee, senders, tally)
-        else:
-            try:
-                ledger.check(guarantee)
-            except PrivacyBudgetError as exc:
-                shortfall = f"round {round_id + 1} refused for labelling: {first_line(exc)}"
-        if shortfall is not None:
-            ledger.record_spent(guarantee, round_id=round_id,
-                                note="refused for labelling: too few reports opened to meet "
-                                     "the target; recorded at its true cost",
-                                messages=counted, clients=self.num_clients,
-                                refused="too few reports opened to meet the target")
-            raise CoverShortfall(shortfall, guarantee, event)
+        guarantee, event = opened_cost(round_id, mechanism, senders, tally, ledger,
+                                       self.num_clients)
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         out = ray.get(self.server.finish.remote(cfg.run.rng, seed))
         if record_release:

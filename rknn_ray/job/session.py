@@ -420,27 +420,11 @@ class ProtocolSession:
         n = shuffle_stats["senders"] if shuffle_stats else self.num_clients
         # the true cost, from the reports the server actually opened
         tally = self._call(self.server.tally.remote(), "server", released=False)
-        counted = tally["messages"]
-        event = mechanism.round_event(n, counted)
-        guarantee = guarantee_of(mechanism, n, event, opened=counted)
-        shortfall = None
-        if guarantee.eps > mechanism.params.eps * (1 + 1e-9):
-            shortfall = _shortfall_message(round_id, mechanism, guarantee, n, tally)
-        else:
-            try:        # composed with the rounds before it (pld: its true PLD, not its eps)
-                ledger.check(guarantee)
-            except PrivacyBudgetError as exc:
-                shortfall = (f"round {round_id + 1} refused for labelling: the reports opened "
-                             f"cost more than the rounds plan left ({first_line(exc)}). The "
-                             "server has seen them, so the round is recorded at its true cost")
-        if shortfall is not None:
-            ledger.record_spent(guarantee, round_id=round_id,
-                                note="refused for labelling: too few reports opened to meet "
-                                     "the target; recorded at its true cost",
-                                messages=tally["messages"], clients=self.num_clients,
-                                refused="too few reports opened to meet the target")
+        try:
+            guarantee, event = opened_cost(round_id, mechanism, n, tally, ledger, self.num_clients)
+        except CoverShortfall:
             opened.close(tally["received"])
-            raise CoverShortfall(shortfall, guarantee, event)
+            raise
         seed = cfg.run.seed + 1_000_003 * (round_id + 1)
         # the release is out of every reported timing (stages, console): the exact samplers'
         # run time grows with the noise they draw
@@ -652,6 +636,35 @@ class _NoPoll:
 
     def close(self, final: int | None = None) -> None:
         pass
+
+
+def opened_cost(round_id: int, mechanism: Mechanism, senders: int, tally: dict, ledger,
+                clients: int) -> tuple[Guarantee, object]:
+    """The round's true (guarantee, event) from the ``senders`` admitted and the reports the
+    server opened (``tally``), checked against the target and the rounds before it. Short of
+    either, the round is recorded at its true cost (the server has seen the reports) and
+    :class:`CoverShortfall` raised. Both sessions (in-cluster and remote) end a round here."""
+    counted = tally["messages"]
+    event = mechanism.round_event(senders, counted)
+    guarantee = guarantee_of(mechanism, senders, event, opened=counted)
+    shortfall = None
+    if guarantee.eps > mechanism.params.eps * (1 + 1e-9):
+        shortfall = _shortfall_message(round_id, mechanism, guarantee, senders, tally)
+    else:
+        try:        # composed with the rounds before it (pld: its true PLD, not its eps)
+            ledger.check(guarantee)
+        except PrivacyBudgetError as exc:
+            shortfall = (f"round {round_id + 1} refused for labelling: the reports opened "
+                         f"cost more than the rounds plan left ({first_line(exc)}). The "
+                         "server has seen them, so the round is recorded at its true cost")
+    if shortfall is not None:
+        ledger.record_spent(guarantee, round_id=round_id,
+                            note="refused for labelling: too few reports opened to meet "
+                                 "the target; recorded at its true cost",
+                            messages=counted, clients=clients,
+                            refused="too few reports opened to meet the target")
+        raise CoverShortfall(shortfall, guarantee, event)
+    return guarantee, event
 
 
 def _shortfall_message(round_id: int, mechanism: Mechanism, g: Guarantee, senders: int,
