@@ -70,6 +70,12 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         return _trial(args)
+    except (KeyboardInterrupt, Terminated) as exc:
+        code = 143 if isinstance(exc, Terminated) else 130
+        print(f"rknn-ray trial: {'SIGTERM' if code == 143 else 'interrupted'}: every party "
+              "it started was stopped (the job's run folder says what it released)",
+              file=sys.stderr)
+        return code
     except (ValueError, OSError, RuntimeError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: rknn-ray trial: {text}", file=sys.stderr)
@@ -196,10 +202,12 @@ def holder_commands(groups: list[list[Path]], url: str, ca: Path, operator_pub: 
     return cmds
 
 
-def run_holders(cmds: list[list[str]], parties: Path, parallel: int) -> list[int]:
-    """Each command its own process, ``parallel`` at once; their exit codes."""
+def run_holders(cmds: list[list[str]], parties: Path, parallel: int,
+                running: dict | None = None) -> list[int]:
+    """Each command its own process, ``parallel`` at once; their exit codes. ``running``:
+    the caller's dict of the processes still running (stopped by it if the trial is ended)."""
     codes: list = [None] * len(cmds)
-    running: dict = {}
+    running = {} if running is None else running
     at = 0
     while at < len(cmds) or running:
         while at < len(cmds) and len(running) < max(1, parallel):
@@ -213,6 +221,14 @@ def run_holders(cmds: list[list[str]], parties: Path, parallel: int) -> list[int
                 del running[i]
         time.sleep(0.05)
     return codes
+
+
+class Terminated(Exception):
+    """SIGTERM reached the trial: it stops its parties and exits 143."""
+
+
+def _terminated(*_):
+    raise Terminated()
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -263,7 +279,8 @@ def _trial(args) -> int:
     save_operator_key(operator_key)
     print(f"rknn-ray trial: {len(holders)} holders ({sum(n for _, n in holders)} records), each "
           f"its own folder, key and ledger under {parties}/holders", flush=True)
-    shuffler, job, codes = None, None, []
+    shuffler, job, codes, holders_running = None, None, [], {}
+    signal.signal(signal.SIGTERM, _terminated)   # the finally below stops every party started
     try:
         relay = cfg.privacy.model != "shuffle"
         shuffler, url = start_shuffler(parties, registry, public_file(operator_key), relay)
@@ -289,9 +306,11 @@ def _trial(args) -> int:
         print(f"rknn-ray trial: the operator published its round; {len(cmds)} holder "
               f"process(es), {args.parallel} at a time"
               + (f"; {args.absent} holder(s) absent" if args.absent else ""), flush=True)
-        codes = run_holders(cmds, parties, args.parallel)
+        codes = run_holders(cmds, parties, args.parallel, holders_running)
         code = job.wait()
     finally:
+        for proc in list(holders_running.values()):
+            _stop(proc)
         _stop(job)
         _stop(shuffler)
     failed = sum(c != 0 for c in codes)
