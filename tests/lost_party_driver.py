@@ -32,12 +32,12 @@ class _PidHolder(PartsHolder):
 def _patch_scan(markers: str) -> None:
     from rknn_ray.job import private_scan
 
-    class PausingScanner(private_scan._Scanner):
+    class PausingScanner(private_scan.PrivateScanner):
         def scan(self, *args, **kwargs):
             wait_to_be_killed(os.path.join(markers, "scanner.pid"))
             return super().scan(*args, **kwargs)
 
-    private_scan._Scanner = PausingScanner
+    private_scan.PrivateScanner = PausingScanner
     private_scan.PartsHolder = type("PidHolder", (_PidHolder,),
                                     {"marker": os.path.join(markers, "holder.pid")})
 

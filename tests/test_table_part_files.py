@@ -119,9 +119,9 @@ def test_each_shard_reads_the_scans_parts_once_and_no_file_keeps_a_name(tmp_path
 
 
 def test_a_folder_the_scan_cannot_write_is_one_line_with_the_fix(tmp_path):
-    from rknn_ray.job.private_scan import _Scanner
+    from actors.private_scanner import PrivateScanner
     cfg, pending = _pending(tmp_path)
-    answer = _Scanner().scan(pending.spec, TEST_KEY, str(tmp_path / "no-such-folder"), 3)
+    answer = PrivateScanner().scan(pending.spec, TEST_KEY, str(tmp_path / "no-such-folder"), 3)
     assert list(answer) == ["error"]
     assert "writing the scan's parts" in answer["error"] and "Fix:" in answer["error"]
     assert "\n" not in answer["error"]

@@ -22,58 +22,30 @@ Every refusal comes before the reservation, as one line naming the site.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rknn_ray.data.prepared import PendingScan
-from rknn_ray.data.table_scan import scan_parts_or_error
 from rknn_ray.errors import DataError
 from actors.parts_holder import PartsHolder, ScannedParts
+from actors.private_scanner import PrivateScanner
 from rknn_ray.job.placement import (check_placement_feasible, check_sites_feasible,
                                     party_options, site_options)
 
 
-class _Scanner:
-    """The scan's process: an actor the job ends itself once it answered (ray.kill), so no
-    reused worker keeps pyarrow's threads and none dies noisily when Ray reaps it. Its
-    :meth:`scan` writes each shard's parts into the holder's folder on this node
-    (rknn_ray/data/part_files.py; actors/parts_holder.py keeps them), then answers."""
-
-    def node(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def scan(self, spec, key: bytes, folder: str, shards: int) -> dict:
-        from rknn_ray.data.part_files import PartWriter   # defers pyarrow: the scan's actor
-        answer = None
-        try:
-            writer = PartWriter(folder, shards)
-            for item in scan_parts_or_error(spec, key):
-                if isinstance(item, dict):
-                    answer = item
-                else:
-                    writer.add(item)
-            writer.close()
-        except OSError as exc:        # the parts' folder: no private value in the message
-            return {"error": f"{spec.part.key}: writing the scan's parts to {folder} on the "
-                             f"scan's node failed ({exc.strerror or type(exc).__name__}). Fix: "
-                             "free disk space in Ray's session folder on that node (the "
-                             "parts take about the private files' size uncompressed)"}
-        return answer
-
-
 def scan_where_shards_run(cfg, spec, key: bytes, options: dict, before=None) -> dict:
-    """The scan's answer from a :class:`_Scanner` placed by ``options``; with it ``parts``:
-    a :class:`~actors.parts_holder.ScannedParts` whose holder, on the scan's node, keeps each
-    shard's parts (in files) until the shard reads them (the driver never holds one).
-    ``before(scanner)`` (data.private.sites): a check run in the scanner before its scan; a message it returns is
-    the answer's error (nothing scanned)."""
+    """The scan's answer from a :class:`~actors.private_scanner.PrivateScanner` placed by
+    ``options``; with it ``parts``: a :class:`~actors.parts_holder.ScannedParts` whose
+    holder, on the scan's node, keeps each shard's parts (in files) until the shard reads
+    them (the driver never holds one). ``before(scanner)`` (data.private.sites): a check run
+    in the scanner before its scan; a message it returns is the answer's error (nothing
+    scanned)."""
     def holder_on(node: str):
         return ray.remote(PartsHolder).options(
             num_cpus=0, max_restarts=0, max_concurrency=int(spec.shards) + 2,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
-    scanner = ray.remote(_Scanner).options(
+    scanner = ray.remote(PrivateScanner).options(
         num_cpus=min(1.0, float(cfg.cluster.shard_cpus)), max_restarts=0, **options).remote()
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
     # one node: the scanner's is known, so both processes start at once
@@ -148,14 +120,6 @@ def complete_scan(cfg, data, store, start_ray, progress):
     return data.complete({**answer, "key": key})
 
 
-def _site_here(_actor, path: str) -> tuple[str, bool]:
-    """(the node this runs on, whether ``path`` exists there): run inside a site's scan actor
-    (``__ray_call__``) before its scan, so a missing folder is named as such. A URI is looked
-    up by the scan itself (rknn_ray.data.remote.check_remote)."""
-    exists = "://" in path or any(c in path for c in "*?[") or os.path.exists(path)
-    return ray.get_runtime_context().get_node_id(), exists
-
-
 def _scan_sites(cfg, data: PendingScan, key: bytes, progress):
     """One scan per site on the site's nodes, one after another (each site's parts stay on
     its node with their holder); the answers joined."""
@@ -166,7 +130,7 @@ def _scan_sites(cfg, data: PendingScan, key: bytes, progress):
     with progress.stage("scan", f"checking the private rows on {len(sites)} sites' own nodes"):
         for site in sites:
             def before(scanner, site=site):
-                node, exists = ray.get(scanner.__ray_call__.remote(_site_here, site.path))
+                node, exists = ray.get(scanner.site_here.remote(site.path))
                 where.append((node, exists))
                 if not exists:
                     return (f"{site.key}.path: {site.path!r} does not exist on the site's node "
