@@ -5,7 +5,8 @@ run is a Ray Tune trial that runs the whole cell where Tune schedules it: a jobs
 cell's client shards, shuffler and server are placed in the trial's placement group (its
 bundles: :func:`cell_bundles`), its Ray Train student gets the workers' own placement
 group (Train V2 makes one per fit; Tune cannot hold them, see :func:`concurrency`).
-``concurrent`` cells run at once (default: what the cluster's CPUs fit). Privacy goes to an
+``concurrent`` cells run at once (default: what the cluster's CPUs fit), cell after cell in
+one trial process per reservation (Tune's ``reuse_actors``). Privacy goes to an
 isolated ledger in the experiment's folder (jobs.cells); every trial writes its row to its
 cell file (``runs/<cell>/<cell_file>``) before it reports, so a killed experiment run again
 reads the finished cells back and runs only the rest (a cell whose spec changed runs
@@ -431,10 +432,10 @@ class Runner:
                   TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S="1e9"):
             tuner = tune.Tuner(
                 trainable, param_space={"cell": tune.grid_search([j.name for j in todo])},
-                # a distill cell gets a fresh process (its job's driver); in-process cells
-                # (compare's baselines) may share one, and with it their prepared data
-                tune_config=tune.TuneConfig(max_concurrent_trials=n, reuse_actors=all(
-                    j.cfg is None for j in todo)),
+                # one trial process runs cell after cell (a fresh one cost ~4 s of Ray worker
+                # and placement group start and ~2.5 s of imports per cell, docs/experiments.md);
+                # a job ends its actors and keeps no state between jobs (tests/test_experiments)
+                tune_config=tune.TuneConfig(max_concurrent_trials=n, reuse_actors=True),
                 run_config=tune.RunConfig(
                     name=stamp, storage_path=os.path.join(self.out, "tune"), verbose=0,
                     callbacks=callbacks, failure_config=tune.FailureConfig(max_failures=0),
