@@ -16,7 +16,9 @@ writer is called after every cell, so an interrupted experiment keeps every fini
 Per trial, Tune gets the student's per-epoch loss and accuracy (``epoch``, ``student_loss``,
 ``student_train_accuracy``), then the cell's ``accuracy``, ``label_accuracy``, ``eps``,
 ``delta``, ``n_opened`` (reports the server opened) and ``wall_s``; with ``tensorboard`` its
-TensorBoard event files are written under ``<out>/tune/<stamp>/<trial>/``.
+TensorBoard event files are written under ``<out>/tune/<stamp>/<trial>/``; with ``mlflow`` (a
+tracking URI; the optional extra ``rknn-ray[mlflow]``) each trial is an MLflow run of the
+experiment named after ``<out>``, with the cell's name as its ``cell`` parameter.
 
 Every row holds the fields of the one report-row schema (rknn_ray.report_row, re-exported
 here: :class:`ReportRow`, :func:`report_row`); the files are written by jobs.writers.
@@ -270,6 +272,24 @@ def run_trial(config: dict, jobs: dict, out: str, ledger_path: str | None,
                  "row_json": json.dumps(row, default=str), "side_json": json.dumps(side, default=str)})
 
 
+def check_mlflow(uri: str | None) -> None:
+    """A ConfigError, before anything runs, when ``--mlflow`` is asked for without mlflow."""
+    if uri is None:
+        return
+    try:
+        import mlflow  # noqa: F401 - defers mlflow (an optional extra), only asked if used
+    except ImportError:
+        raise ConfigError("--mlflow", "mlflow is not installed here",
+                          "pip install 'rknn-ray[mlflow]', or leave --mlflow out") from None
+
+
+def mlflow_callback(uri: str, experiment: str):
+    """Ray Tune's MLflow logger: every trial an MLflow run in ``experiment`` at ``uri``."""
+    check_mlflow(uri)
+    from ray.air.integrations.mlflow import MLflowLoggerCallback  # defers ray.tune, mlflow
+    return MLflowLoggerCallback(tracking_uri=uri, experiment_name=experiment)
+
+
 @contextlib.contextmanager
 def _env(**values):
     saved = {k: os.environ.get(k) for k in values}
@@ -293,7 +313,7 @@ class Runner:
     finished so far) and at the end, with ``meta["complete"] = True``; it writes the
     experiment's files atomically. ``log(i, n, job, row, skipped)`` reports progress.
     ``concurrent``: cells at once (None: what the CPUs fit); ``tensorboard``: Tune writes
-    TensorBoard event files. ``ray=False``: cells that need no Ray run here, in order.
+    TensorBoard event files; ``mlflow``: an MLflow tracking URI Tune logs to. ``ray=False``: cells that need no Ray run here, in order.
     After :meth:`run`: ``by_name`` (cell name -> row), ``side`` (cell name -> what the cell
     kept beside its row), ``results`` (Tune's ResultGrid, None when nothing ran) and
     :meth:`frame` (the rows as a pandas DataFrame).
@@ -304,7 +324,9 @@ class Runner:
     def __init__(self, out: str, write: Callable[[list, dict], None] | None = None,
                  log: Callable | None = None, meta: dict | None = None,
                  cell_file: str | None = None, ray: bool = True, sample_load: bool = False,
-                 concurrent: int | None = None, tensorboard: bool = False):
+                 concurrent: int | None = None, tensorboard: bool = False,
+                 mlflow: str | None = None):
+        check_mlflow(mlflow)                # said before any cell runs
         self.out = os.path.abspath(out)
         self.write = write or (lambda rows, meta: None)
         self.log = log or (lambda *a: None)
@@ -314,6 +336,7 @@ class Runner:
         self.sample_load = sample_load
         self.concurrent = concurrent
         self.tensorboard = tensorboard
+        self.mlflow = mlflow
         self.ledger_path: str | None = None
         self.by_name: dict = {}
         self.side: dict = {}
@@ -426,6 +449,8 @@ class Runner:
         callbacks = [CellDone(), JsonLoggerCallback(), CSVLoggerCallback()]  # per-trial metrics
         if self.tensorboard:
             callbacks.append(TBXLoggerCallback())
+        if self.mlflow:
+            callbacks.append(mlflow_callback(self.mlflow, os.path.basename(self.out)))
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         self.meta["tune"] = os.path.join(self.out, "tune", stamp)
         with _env(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_AIR_NEW_OUTPUT="0",

@@ -335,3 +335,36 @@ def test_markdown_table_and_csv_writers():
     lines = markdown_table(("a", "b"), [[1, "x"], [2, "y"]], ["", " error: e"])
     assert lines == ["| a | b |", "|---|---|", "| 1 | x |", "| 2 | y | error: e"]
     assert rows_to_csv([{"a": 1, "b": 2, "c": 3}], ("a", "b")) == "a,b\r\n1,2\r\n"
+
+
+def test_mlflow_without_mlflow_installed_is_said_before_anything_runs(tmp_path):
+    """--mlflow where mlflow is not installed: a ConfigError naming the extra, no cell run."""
+    pytest.importorskip("ray")
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("mlflow is installed here (the test below logs to it)")
+    with pytest.raises(ConfigError, match=r"--mlflow.*rknn-ray\[mlflow\]"):
+        Runner(str(tmp_path / "x"), mlflow=str(tmp_path / "mlruns"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_mlflow_gets_one_run_per_cell_with_its_metrics(tmp_path, ray_session, monkeypatch):
+    """--mlflow URI: every trial is an MLflow run (a local file store here) holding the
+    cell's name and the metrics Tune got."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")    # MLflow 3 asks for it (docs)
+    uri = (tmp_path / "mlruns").as_uri()
+    jobs = [Job(f"c{i}", {"target_eps": float(i)}, bundles=[{"CPU": 0.25}],
+                call=(lambda i=i: {"eps": float(i), "accuracy": i / 10})) for i in (1, 2)]
+    rows = Runner(str(tmp_path / "exp"), mlflow=uri).run(jobs)
+    assert [r["accuracy"] for r in rows] == [0.1, 0.2]
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("exp")
+    runs = client.search_runs([experiment.experiment_id])
+    got = {r.data.params["cell"]: r.data.metrics for r in runs}
+    assert sorted(got) == ["c1", "c2"]
+    assert got["c1"]["accuracy"] == 0.1 and got["c2"]["eps"] == 2.0
+    assert all(r.info.status == "FINISHED" for r in runs)
