@@ -2,7 +2,7 @@
 
     python -m jobs.compare --dataset digits --eps 0.1 1 4 --out runs/compare-digits [--json]
         [--methods rknn_central pate_gnmax ...] [--delta 1e-5] [--student-epochs N]
-        [--diagnostics] [--concurrent N] [--tensorboard]
+        [--diagnostics] [--concurrent N] [--tensorboard] [--mlflow URI]
 
 Runs reverse k-NN (jobs.distill with jobs/configs/<dataset>_{central,local,shuffle}.yaml)
 and the baselines of rknn_ray.baselines at each eps, on the dataset's split,
@@ -23,7 +23,8 @@ NOT PRIVATE figure (``nonprivate_label_accuracy``, the same labels without the n
 ``--out``/diagnostics/ (a README there says NOT PRIVATE), never into compare.json/csv/md,
 which hold private results only. The rows run through
 jobs.experiments.Runner: every row a Ray Tune trial (``--concurrent N`` at once, default
-what the CPUs fit; ``--tensorboard``: event files under ``--out``/tune/), a failed row kept
+what the CPUs fit; ``--tensorboard``: event files under ``--out``/tune/; ``--mlflow URI``: one
+MLflow run per row), a failed row kept
 with its error, a row finished before with the same spec read back (a killed comparison run
 again runs only the rest); every row holds the jobs.experiments.ReportRow fields; meta.json
 samples the load average after every row.
@@ -117,6 +118,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "CPUs fit)")
     ap.add_argument("--tensorboard", action="store_true",
                     help="TensorBoard event files per row under OUT/tune/ (per-epoch curves)")
+    ap.add_argument("--mlflow", default=None, metavar="URI",
+                    help="log every row as an MLflow run at this tracking URI (a folder, "
+                         "file:///..., http://...) in the experiment named after OUT; needs "
+                         "the optional extra rknn-ray[mlflow]")
     return ap.parse_args(argv)
 
 
@@ -310,7 +315,8 @@ def write_outputs(out: str, rows: list[dict], meta: dict, ledgers: dict,
 def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed: int = 0,
             student_epochs: int | None = None, log=None,
             baseline_s: int | None = None, diagnostics: bool = False,
-            concurrent: int | None = None, tensorboard: bool = False) -> list[dict]:
+            concurrent: int | None = None, tensorboard: bool = False,
+            mlflow: str | None = None) -> list[dict]:
     """Run everything (one experiment runner: every row a Ray Tune trial, ``concurrent`` at
     once, an isolated ledger in ``out``, a failed row kept with its error, a row finished
     before with the same spec read back); returns the rows (also written to ``out`` after
@@ -366,7 +372,7 @@ def compare(dataset: str, eps_list, methods, out: str, delta: float = 1e-5, seed
         write_outputs(out, rows, m, ledgers, not_private)
 
     runner = Runner(out, write=write, log=progress, meta=meta, sample_load=True,
-                    concurrent=concurrent, tensorboard=tensorboard)
+                    concurrent=concurrent, tensorboard=tensorboard, mlflow=mlflow)
     meta["ledger"] = os.path.join(runner.out, "ledger.sqlite")
     return private_rows(runner.run(jobs))
 
@@ -424,7 +430,7 @@ def main(argv=None) -> int:
         rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
                        args.student_epochs, baseline_s=args.baseline_s,
                        diagnostics=args.diagnostics, concurrent=args.concurrent,
-                       tensorboard=args.tensorboard)
+                       tensorboard=args.tensorboard, mlflow=args.mlflow)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

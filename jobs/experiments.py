@@ -5,7 +5,8 @@ run is a Ray Tune trial that runs the whole cell where Tune schedules it: a jobs
 cell's client shards, shuffler and server are placed in the trial's placement group (its
 bundles: :func:`cell_bundles`), its Ray Train student gets the workers' own placement
 group (Train V2 makes one per fit; Tune cannot hold them, see :func:`concurrency`).
-``concurrent`` cells run at once (default: what the cluster's CPUs fit). Privacy goes to an
+``concurrent`` cells run at once (default: what the cluster's CPUs fit), cell after cell in
+one trial process per reservation (Tune's ``reuse_actors``). Privacy goes to an
 isolated ledger in the experiment's folder (jobs.cells); every trial writes its row to its
 cell file (``runs/<cell>/<cell_file>``) before it reports, so a killed experiment run again
 reads the finished cells back and runs only the rest (a cell whose spec changed runs
@@ -15,7 +16,9 @@ writer is called after every cell, so an interrupted experiment keeps every fini
 Per trial, Tune gets the student's per-epoch loss and accuracy (``epoch``, ``student_loss``,
 ``student_train_accuracy``), then the cell's ``accuracy``, ``label_accuracy``, ``eps``,
 ``delta``, ``n_opened`` (reports the server opened) and ``wall_s``; with ``tensorboard`` its
-TensorBoard event files are written under ``<out>/tune/<stamp>/<trial>/``.
+TensorBoard event files are written under ``<out>/tune/<stamp>/<trial>/``; with ``mlflow`` (a
+tracking URI; the optional extra ``rknn-ray[mlflow]``) each trial is an MLflow run of the
+experiment named after ``<out>``, with the cell's name as its ``cell`` parameter.
 
 Every row holds the fields of the one report-row schema (rknn_ray.report_row, re-exported
 here: :class:`ReportRow`, :func:`report_row`); the files are written by jobs.writers.
@@ -269,6 +272,24 @@ def run_trial(config: dict, jobs: dict, out: str, ledger_path: str | None,
                  "row_json": json.dumps(row, default=str), "side_json": json.dumps(side, default=str)})
 
 
+def check_mlflow(uri: str | None) -> None:
+    """A ConfigError, before anything runs, when ``--mlflow`` is asked for without mlflow."""
+    if uri is None:
+        return
+    try:
+        import mlflow  # noqa: F401 - defers mlflow (an optional extra), only asked if used
+    except ImportError:
+        raise ConfigError("--mlflow", "mlflow is not installed here",
+                          "pip install 'rknn-ray[mlflow]', or leave --mlflow out") from None
+
+
+def mlflow_callback(uri: str, experiment: str):
+    """Ray Tune's MLflow logger: every trial an MLflow run in ``experiment`` at ``uri``."""
+    check_mlflow(uri)
+    from ray.air.integrations.mlflow import MLflowLoggerCallback  # defers ray.tune, mlflow
+    return MLflowLoggerCallback(tracking_uri=uri, experiment_name=experiment)
+
+
 @contextlib.contextmanager
 def _env(**values):
     saved = {k: os.environ.get(k) for k in values}
@@ -292,7 +313,7 @@ class Runner:
     finished so far) and at the end, with ``meta["complete"] = True``; it writes the
     experiment's files atomically. ``log(i, n, job, row, skipped)`` reports progress.
     ``concurrent``: cells at once (None: what the CPUs fit); ``tensorboard``: Tune writes
-    TensorBoard event files. ``ray=False``: cells that need no Ray run here, in order.
+    TensorBoard event files; ``mlflow``: an MLflow tracking URI Tune logs to. ``ray=False``: cells that need no Ray run here, in order.
     After :meth:`run`: ``by_name`` (cell name -> row), ``side`` (cell name -> what the cell
     kept beside its row), ``results`` (Tune's ResultGrid, None when nothing ran) and
     :meth:`frame` (the rows as a pandas DataFrame).
@@ -303,7 +324,9 @@ class Runner:
     def __init__(self, out: str, write: Callable[[list, dict], None] | None = None,
                  log: Callable | None = None, meta: dict | None = None,
                  cell_file: str | None = None, ray: bool = True, sample_load: bool = False,
-                 concurrent: int | None = None, tensorboard: bool = False):
+                 concurrent: int | None = None, tensorboard: bool = False,
+                 mlflow: str | None = None):
+        check_mlflow(mlflow)                # said before any cell runs
         self.out = os.path.abspath(out)
         self.write = write or (lambda rows, meta: None)
         self.log = log or (lambda *a: None)
@@ -313,6 +336,7 @@ class Runner:
         self.sample_load = sample_load
         self.concurrent = concurrent
         self.tensorboard = tensorboard
+        self.mlflow = mlflow
         self.ledger_path: str | None = None
         self.by_name: dict = {}
         self.side: dict = {}
@@ -425,16 +449,18 @@ class Runner:
         callbacks = [CellDone(), JsonLoggerCallback(), CSVLoggerCallback()]  # per-trial metrics
         if self.tensorboard:
             callbacks.append(TBXLoggerCallback())
+        if self.mlflow:
+            callbacks.append(mlflow_callback(self.mlflow, os.path.basename(self.out)))
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         self.meta["tune"] = os.path.join(self.out, "tune", stamp)
         with _env(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_AIR_NEW_OUTPUT="0",
                   TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S="1e9"):
             tuner = tune.Tuner(
                 trainable, param_space={"cell": tune.grid_search([j.name for j in todo])},
-                # a distill cell gets a fresh process (its job's driver); in-process cells
-                # (compare's baselines) may share one, and with it their prepared data
-                tune_config=tune.TuneConfig(max_concurrent_trials=n, reuse_actors=all(
-                    j.cfg is None for j in todo)),
+                # one trial process runs cell after cell (a fresh one cost ~4 s of Ray worker
+                # and placement group start and ~2.5 s of imports per cell, docs/experiments.md);
+                # a job ends its actors and keeps no state between jobs (tests/test_experiments)
+                tune_config=tune.TuneConfig(max_concurrent_trials=n, reuse_actors=True),
                 run_config=tune.RunConfig(
                     name=stamp, storage_path=os.path.join(self.out, "tune"), verbose=0,
                     callbacks=callbacks, failure_config=tune.FailureConfig(max_failures=0),

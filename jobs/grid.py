@@ -4,7 +4,7 @@
         [--encoder pca hog:64] [--s 30 60] [--k 1 3] [--model central shuffle/collision] \\
         [--eps 0.1 1] [--seeds 0 1 2] [--set KEY=VALUE ...] [--student-epochs N] \\
         [--delta 1e-5] [--no-reference] [--json] [--insecure-seeded] [--concurrent N]
-        [--tensorboard]
+        [--tensorboard] [--mlflow URI]
     rknn-ray grid ...                        # the same
 
 Every cell is a real ``jobs.distill`` run of the base config with the cell's values
@@ -32,7 +32,8 @@ summary table), grid.md (summary + per-seed tables), grid.png (student accuracy 
 one line per (encoder, s, k, model), the reference dashed, the paper's numbers as
 stars), meta.json. The cells run through jobs.experiments.Runner, each a Ray Tune trial
 running the whole job (``--concurrent N`` at once, default what the CPUs fit;
-``--tensorboard``: per-epoch curves under ``--out``/tune/), so it is resumable after a kill:
+``--tensorboard``: per-epoch curves under ``--out``/tune/; ``--mlflow URI``: one MLflow run per
+cell), so it is resumable after a kill:
 a cell whose run folder holds report.json and the same cell spec (grid_cell.json) is not
 run again; a failed cell is a row with its error and runs again next time. Cell rows hold
 the jobs.experiments.ReportRow fields (``model`` the trust model, ``mechanism`` beside it).
@@ -463,10 +464,11 @@ def write_outputs(out: str, cells: list[Cell], rows: dict, refs: dict, ref_of: d
 # ----------------------------------------------------------------------------- driver
 
 def grid(spec: GridSpec, out: str, log=None, concurrent: int | None = None,
-         tensorboard: bool = False) -> dict:
+         tensorboard: bool = False, mlflow: str | None = None) -> dict:
     """Plan ``spec`` (validating every cell), run what is not done yet in ``out`` as Ray Tune
     trials (``concurrent`` at once; None: what the CPUs fit; ``tensorboard``: event files
-    under ``out``/tune/), write the outputs; returns the grid.json document."""
+    under ``out``/tune/; ``mlflow``: an MLflow tracking URI), write the outputs; returns the
+    grid.json document."""
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     config, sets, reference = spec.config, spec.sets, spec.reference
     base, planned, axes = plan(spec)
@@ -533,7 +535,7 @@ def grid(spec: GridSpec, out: str, log=None, concurrent: int | None = None,
             write(rows, meta)
 
     runner = Runner(out, write=write, log=progress, meta=meta, cell_file=CELL_FILE,
-                    concurrent=concurrent, tensorboard=tensorboard)
+                    concurrent=concurrent, tensorboard=tensorboard, mlflow=mlflow)
     runner.run([cell_job(cell, cfg) for cell, cfg in planned], then=references)
     return result["doc"]
 
@@ -572,6 +574,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "CPUs fit)")
     ap.add_argument("--tensorboard", action="store_true",
                     help="TensorBoard event files per cell under OUT/tune/ (per-epoch curves)")
+    ap.add_argument("--mlflow", default=None, metavar="URI",
+                    help="log every cell as an MLflow run at this tracking URI (a folder, "
+                         "file:///..., http://...) in the experiment named after OUT; needs "
+                         "the optional extra rknn-ray[mlflow]")
     ap.add_argument("--insecure-seeded", action="store_true",
                     help="allow run.rng=seeded (a reproducible simulation, NOT private)")
     return ap.parse_args(argv)
@@ -581,7 +587,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         doc = grid(GridSpec.from_args(args), args.out, concurrent=args.concurrent,
-                   tensorboard=args.tensorboard)
+                   tensorboard=args.tensorboard, mlflow=args.mlflow)
     except RknnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -192,6 +192,64 @@ def test_runner_skips_done_cells_and_keeps_failures_as_rows(tmp_path, ray_sessio
     assert runner().load_done(changed) is None and runner().load_done(jobs()[0]) is not None
 
 
+def _leftovers() -> tuple[set, set]:
+    """(alive actors, created placement groups) of the session's Ray, by id."""
+    import ray
+    # Ray's private API: the public State API needs the dashboard, which tests run without
+    from ray._private.state import actors
+    alive = {a for a, info in actors().items() if info["State"] == "ALIVE"}
+    groups = {g for g, info in ray.util.placement_group_table().items()
+              if info["state"] == "CREATED"}
+    return alive, groups
+
+
+def _probe() -> dict:
+    """A cell that says what lives in the session's Ray while it runs, and who it is."""
+    import ray
+    alive, groups = _leftovers()
+    me = ray.get_runtime_context()
+    return {"_side": {"actors": sorted(alive), "groups": sorted(groups), "me": me.get_actor_id(),
+                      "my_group": ray.util.get_current_placement_group().id.hex()}}
+
+
+def test_cells_share_a_trial_process_and_give_the_rows_of_fresh_ones(tmp_path, ray_session):
+    """Tune reuses one trial process for cell after cell: two seeded jobs.distill cells give,
+    run second in a used process, exactly the rows they give run first in a fresh one; a
+    cell after them in the same process finds none of their actors or placement groups, and
+    the finished experiment leaves none of its own."""
+    from rknn_ray.config import load_config
+    before_actors, before_groups = _leftovers()
+
+    def cell(eps):
+        cfg = load_config(CONFIG, FAST + ["run.rng=seeded", f"privacy.eps={eps}",
+                                          "cluster.shards=1", "cluster.shard_cpus=0.25"])
+        return Job(f"eps{eps}", {"target_eps": eps}, cfg=cfg)
+
+    a, b = cell(1.0), cell(2.0)
+    probe = Job("probe", {"target_eps": 0.0}, call=_probe, bundles=cell_bundles(a.cfg))
+    first = Runner(str(tmp_path / "ab"), concurrent=1)
+    ab = dict(zip(("a", "b", "probe"), first.run([a, b, probe])))
+    second = Runner(str(tmp_path / "ba"), concurrent=1)
+    ba = dict(zip(("b", "a"), second.run([b, a])))
+    for runner in (first, second):                       # one process ran every cell
+        assert len({r.metrics["pid"] for r in runner.results}) == 1
+    timing = {"run", "wall_s", "stage_s"}
+    for name in ("a", "b"):
+        assert not ab[name]["error"] and not ba[name]["error"], (ab[name], ba[name])
+        diff = {f: (ab[name][f], ba[name][f]) for f in ab[name]
+                if f not in timing and not _same(ab[name][f], ba[name][f])}
+        assert not diff, (name, diff)
+    seen = first.side["probe"]                           # what the two cells left while it ran
+    assert set(seen["actors"]) - before_actors == {seen["me"]}
+    assert set(seen["groups"]) - before_groups == {seen["my_group"]}
+    import time
+    end = time.monotonic() + 30                          # Tune ends its trial actor at once,
+    while _leftovers() != (before_actors, before_groups) and time.monotonic() < end:
+        time.sleep(0.5)                                  # Ray frees it a moment later
+    after_actors, after_groups = _leftovers()
+    assert after_actors <= before_actors and after_groups <= before_groups
+
+
 def test_concurrency_fits_the_cells_and_refuses_a_deadlock():
     """Default: the cells whose placement groups and Ray Train students all fit the CPUs at
     once; more, asked for, only while one student still fits beside every held group."""
@@ -277,3 +335,36 @@ def test_markdown_table_and_csv_writers():
     lines = markdown_table(("a", "b"), [[1, "x"], [2, "y"]], ["", " error: e"])
     assert lines == ["| a | b |", "|---|---|", "| 1 | x |", "| 2 | y | error: e"]
     assert rows_to_csv([{"a": 1, "b": 2, "c": 3}], ("a", "b")) == "a,b\r\n1,2\r\n"
+
+
+def test_mlflow_without_mlflow_installed_is_said_before_anything_runs(tmp_path):
+    """--mlflow where mlflow is not installed: a ConfigError naming the extra, no cell run."""
+    pytest.importorskip("ray")
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("mlflow is installed here (the test below logs to it)")
+    with pytest.raises(ConfigError, match=r"--mlflow.*rknn-ray\[mlflow\]"):
+        Runner(str(tmp_path / "x"), mlflow=str(tmp_path / "mlruns"))
+    assert not (tmp_path / "x").exists()
+
+
+def test_mlflow_gets_one_run_per_cell_with_its_metrics(tmp_path, ray_session, monkeypatch):
+    """--mlflow URI: every trial is an MLflow run (a local file store here) holding the
+    cell's name and the metrics Tune got."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")    # MLflow 3 asks for it (docs)
+    uri = (tmp_path / "mlruns").as_uri()
+    jobs = [Job(f"c{i}", {"target_eps": float(i)}, bundles=[{"CPU": 0.25}],
+                call=(lambda i=i: {"eps": float(i), "accuracy": i / 10})) for i in (1, 2)]
+    rows = Runner(str(tmp_path / "exp"), mlflow=uri).run(jobs)
+    assert [r["accuracy"] for r in rows] == [0.1, 0.2]
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("exp")
+    runs = client.search_runs([experiment.experiment_id])
+    got = {r.data.params["cell"]: r.data.metrics for r in runs}
+    assert sorted(got) == ["c1", "c2"]
+    assert got["c1"]["accuracy"] == 0.1 and got["c2"]["eps"] == 2.0
+    assert all(r.info.status == "FINISHED" for r in runs)
