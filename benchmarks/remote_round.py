@@ -11,8 +11,10 @@ record each, a 2,000-row public part), then
 * **remote**: the shuffler service as its own process, ``rknn-ray run`` with
   ``cluster.holders: remote`` (the same config, the registry in place of the private path),
   and ``--load-processes`` load processes, each answering for N/P holders with the holder
-  program's own code (holder.answer: the published encoder, reverse k-NN, the mechanism,
-  HPKE sealing for the server then the shuffler, each holder its own Ed25519 key and secret,
+  program's own code (holder.answer.payloads_many, as ``holder join-many``: the published
+  encoder and the reverse k-NN search shared by the process's holders, each holder's
+  messages the bytes it would make alone from its own secret; then per holder the
+  mechanism's coins, HPKE sealing for the server then the shuffler, its own Ed25519 key,
   one signed request per holder over one keep-alive TLS connection). The round's time is the
   same ``round_0`` (publish, every holder's upload, early close, batch fetch, opening).
   What the load holders skip: their own ledger (one SQLite transaction per holder; its cost
@@ -44,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": str(ROOT)}
 CLASSES = ("no", "yes")
 D = 8
+BLOCK = 64          # holders a load thread answers together (holder.answer.payloads_many)
 
 
 # ---------------------------------------------------------------------- data
@@ -150,16 +153,22 @@ def load_main(args) -> int:
     codes: Counter = Counter()
     lock = threading.Lock()
 
+    bounds = np.arange(len(keys) + 1)             # one record per holder
+    inputs = answer.inputs_many(encoder, features, bounds)
+
     def holders(part):          # a connection per thread: requests in flight while others seal
         conn = Connection(args.url, args.ca)
         mine: Counter = Counter()
-        for i in part:
-            ident = Identity(Ed25519PrivateKey.from_private_bytes(keys[i, :32].tobytes()),
-                             keys[i, 32:].tobytes())
-            msgs = answer.payloads(spec, mech, ident, encoder, features.slice(i, 1),
-                                   labels[i:i + 1])
-            reports = answer.seal(spec, ident, msgs)
-            mine.update(send_entries(conn, sign_reports(ident.key, reports), len(reports)))
+        for at in range(0, len(part), BLOCK):
+            block = part[at:at + BLOCK]
+            idents = [Identity(Ed25519PrivateKey.from_private_bytes(keys[i, :32].tobytes()),
+                               keys[i, 32:].tobytes()) for i in block]
+            rows = np.asarray(block)
+            msgs = answer.payloads_many(spec, mech, idents, inputs[rows], labels[rows],
+                                        np.arange(len(block) + 1))
+            for ident, m in zip(idents, msgs):
+                reports = answer.seal(spec, ident, m)
+                mine.update(send_entries(conn, sign_reports(ident.key, reports), len(reports)))
         conn.close()
         with lock:
             codes.update(mine)

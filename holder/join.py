@@ -147,7 +147,7 @@ def answer_round(url: str, cafile, spec: RoundSpec, encoder: PublishedEncoder,
         try:
             mech = mechanism_of(spec)
             cost = own_cost(spec, mech, assume_collusion)
-            messages = answer.payloads(spec, mech, identity, encoder, rows, labels)
+            messages = answer.payloads(spec, mech, identity, encoder, rows, labels, inputs)
         except SpecRefused as exc:
             raise book.refuse(spec, str(exc)) from None
         reports = answer.seal(spec, identity, messages)
