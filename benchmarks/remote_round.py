@@ -229,6 +229,7 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
     from rknn_ray.remote.operator_key import public_file, save_operator_key
     from rknn_ray.remote.parties import SHUFFLER_BLOCKED, party_command
     folder.mkdir(parents=True)
+    load_before = os.getloadavg()[0]
     paths = make_table(folder, n)
     t0 = time.perf_counter()
     inc = finished(run_job(config(paths, n), folder, "in_cluster"), folder, "in_cluster")
@@ -295,6 +296,9 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
             # where in a deployment each holder computes on its own machine
             "holders_cpu_s": sum(lo["cpu_s"] for lo in load_out),
             "shuffler_cpu_s": service_cpu,
+            "holder_cpu_ms_each": sum(lo["cpu_s"] for lo in load_out) / n * 1e3,
+            "shuffler_cpu_us_per_report": (service_cpu or 0) / n * 1e6,
+            "load_avg_1min": [load_before, os.getloadavg()[0]],   # before, after (2 cores)
             "after_window_s": rep["timings_s"]["round_0"] - (rep["timings_s"].get("round_0_holders") or 0),
             "round_if_holders_apart_s": (service_cpu or 0) + rep["timings_s"]["round_0"]
             - (rep["timings_s"].get("round_0_holders") or 0),
@@ -331,7 +335,8 @@ def main(argv=None) -> int:
                   f"apart ~{row['round_if_holders_apart_s']:.1f} s "
                   f"({row['round_if_holders_apart_s'] / row['in_cluster_round_s']:.2f}x) | shuffler "
                   f"{row['shuffler_accepted_per_s'] or 0:,.0f} reports/s, peak "
-                  f"{row['shuffler_peak_rss_mb'] or 0:.0f} MB | opened {row['opened']}", flush=True)
+                  f"{row['shuffler_peak_rss_mb'] or 0:.0f} MB | opened {row['opened']} | load "
+                  f"{row['load_avg_1min'][0]:.1f} -> {row['load_avg_1min'][1]:.1f}", flush=True)
     out = {"benchmark": "remote_round", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": f"{os.cpu_count()} cores", "command": "python -m benchmarks.remote_round "
            + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows}
