@@ -101,7 +101,7 @@ class ReportStore:
         for key_id, n in pending.sent.items():      # on disk now: mirror it
             self._sent[key_id] = self._sent.get(key_id, 0) + n
         self._accepted += len(pending.rows)
-        self._answers.update(pending.answers)
+        self._answers = self._answers + pending.answers   # a new one: /status reads the old
 
     def _write(self, p: _Pending) -> None:
         before = self.db.total_changes
