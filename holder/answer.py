@@ -94,17 +94,19 @@ def payloads_many(spec: RoundSpec, mech, identities: list[Identity], inputs: np.
             neighbors[lo:hi] = build_answers(emb[lo:hi], labels[lo:hi],
                                              np.zeros(hi - lo, np.int64), queries, spec.k,
                                              num_classes, connection).neighbors
-    spec_hash, out = spec.content_hash(), []
-    for identity, lo, hi in zip(identities, bounds[:-1], bounds[1:]):
-        answers = RecordAnswers(neighbors[lo:hi], hot[lo:hi], np.zeros(hi - lo, np.int64),
-                                len(queries), num_classes)
-        msgs = mech.randomize(answers, identity.generator(spec_hash))
+    spec_hash = spec.content_hash()
+    answers = [RecordAnswers(neighbors[lo:hi], hot[lo:hi], np.zeros(hi - lo, np.int64),
+                             len(queries), num_classes) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    coins = [identity.generator(spec_hash) for identity in identities]   # each its own secret
+    many = getattr(mech, "randomize_many", None)       # Collision: each holder's same draws
+    batches = (many(answers, coins) if many is not None else
+               [mech.randomize(a, rng) for a, rng in zip(answers, coins)])
+    for msgs in batches:
         if len(msgs) > spec.allowance:
             raise SpecRefused(f"the mechanism makes {len(msgs)} messages, above the "
                               f"specification's allowance of {spec.allowance}: inconsistent, "
                               "not answered")
-        out.append(msgs.payloads)
-    return out
+    return [msgs.payloads for msgs in batches]
 
 
 def row_by_row(d: int) -> int:

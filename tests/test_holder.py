@@ -297,6 +297,7 @@ def test_many_holders_answered_together_send_the_bytes_each_would_send_alone(tmp
     from holder import answer
     from holder.identity import Identity
     from rknn_ray.published_encoder import PublishedEncoder
+    from rknn_ray.labeling.rknn import build_answers
     from sealing.hpke_report import HEADER_LEN
     world, _ = make_holder_world(tmp_path / "w", holders=1)
     files = publish_encoder(tmp_path / "enc")
@@ -319,7 +320,11 @@ def test_many_holders_answered_together_send_the_bytes_each_would_send_alone(tmp
             lo, hi = bounds[j], bounds[j + 1]
             alone = answer.payloads(spec, mech, person, encoder, rows.slice(lo, hi - lo),
                                     labels[lo:hi])
-            assert together[j].tobytes() == alone.tobytes()
+            own = build_answers(encoder.inputs(rows.slice(lo, hi - lo)), labels[lo:hi],
+                                np.zeros(hi - lo, np.int64), np.asarray(spec.queries, np.float32),
+                                spec.k, mech.params.num_classes, answer.connection_of(spec))
+            first = mech.randomize(own, person.generator(spec.content_hash())).payloads
+            assert together[j].tobytes() == alone.tobytes() == first.tobytes()
             sealed = [answer.seal(spec, person, m[:3]) for m in (together[j], alone)]
             assert [r[:HEADER_LEN] for r in sealed[0]] == [r[:HEADER_LEN] for r in sealed[1]]
         assert len({m.tobytes() for m in together}) > 1          # each from its own secret
