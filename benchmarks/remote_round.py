@@ -11,8 +11,10 @@ record each, a 2,000-row public part), then
 * **remote**: the shuffler service as its own process, ``rknn-ray run`` with
   ``cluster.holders: remote`` (the same config, the registry in place of the private path),
   and ``--load-processes`` load processes, each answering for N/P holders with the holder
-  program's own code (holder.answer: the published encoder, reverse k-NN, the mechanism,
-  HPKE sealing for the server then the shuffler, each holder its own Ed25519 key and secret,
+  program's own code (holder.answer.payloads_many, as ``holder join-many``: the published
+  encoder and the reverse k-NN search shared by the process's holders, each holder's
+  messages the bytes it would make alone from its own secret; then per holder the
+  mechanism's coins, HPKE sealing for the server then the shuffler, its own Ed25519 key,
   one signed request per holder over one keep-alive TLS connection). The round's time is the
   same ``round_0`` (publish, every holder's upload, early close, batch fetch, opening).
   What the load holders skip: their own ledger (one SQLite transaction per holder; its cost
@@ -44,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "PYTHONPATH": str(ROOT)}
 CLASSES = ("no", "yes")
 D = 8
+BLOCK = 64          # holders a load thread answers together (holder.answer.payloads_many)
 
 
 # ---------------------------------------------------------------------- data
@@ -150,16 +153,22 @@ def load_main(args) -> int:
     codes: Counter = Counter()
     lock = threading.Lock()
 
+    bounds = np.arange(len(keys) + 1)             # one record per holder
+    inputs = answer.inputs_many(encoder, features, bounds)
+
     def holders(part):          # a connection per thread: requests in flight while others seal
         conn = Connection(args.url, args.ca)
         mine: Counter = Counter()
-        for i in part:
-            ident = Identity(Ed25519PrivateKey.from_private_bytes(keys[i, :32].tobytes()),
-                             keys[i, 32:].tobytes())
-            msgs = answer.payloads(spec, mech, ident, encoder, features.slice(i, 1),
-                                   labels[i:i + 1])
-            reports = answer.seal(spec, ident, msgs)
-            mine.update(send_entries(conn, sign_reports(ident.key, reports), len(reports)))
+        for at in range(0, len(part), BLOCK):
+            block = part[at:at + BLOCK]
+            idents = [Identity(Ed25519PrivateKey.from_private_bytes(keys[i, :32].tobytes()),
+                               keys[i, 32:].tobytes()) for i in block]
+            rows = np.asarray(block)
+            msgs = answer.payloads_many(spec, mech, idents, inputs[rows], labels[rows],
+                                        np.arange(len(block) + 1))
+            for ident, m in zip(idents, msgs):
+                reports = answer.seal(spec, ident, m)
+                mine.update(send_entries(conn, sign_reports(ident.key, reports), len(reports)))
         conn.close()
         with lock:
             codes.update(mine)
@@ -220,6 +229,7 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
     from rknn_ray.remote.operator_key import public_file, save_operator_key
     from rknn_ray.remote.parties import SHUFFLER_BLOCKED, party_command
     folder.mkdir(parents=True)
+    load_before = os.getloadavg()[0]
     paths = make_table(folder, n)
     t0 = time.perf_counter()
     inc = finished(run_job(config(paths, n), folder, "in_cluster"), folder, "in_cluster")
@@ -286,6 +296,9 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
             # where in a deployment each holder computes on its own machine
             "holders_cpu_s": sum(lo["cpu_s"] for lo in load_out),
             "shuffler_cpu_s": service_cpu,
+            "holder_cpu_ms_each": sum(lo["cpu_s"] for lo in load_out) / n * 1e3,
+            "shuffler_cpu_us_per_report": (service_cpu or 0) / n * 1e6,
+            "load_avg_1min": [load_before, os.getloadavg()[0]],   # before, after (2 cores)
             "after_window_s": rep["timings_s"]["round_0"] - (rep["timings_s"].get("round_0_holders") or 0),
             "round_if_holders_apart_s": (service_cpu or 0) + rep["timings_s"]["round_0"]
             - (rep["timings_s"].get("round_0_holders") or 0),
@@ -322,7 +335,8 @@ def main(argv=None) -> int:
                   f"apart ~{row['round_if_holders_apart_s']:.1f} s "
                   f"({row['round_if_holders_apart_s'] / row['in_cluster_round_s']:.2f}x) | shuffler "
                   f"{row['shuffler_accepted_per_s'] or 0:,.0f} reports/s, peak "
-                  f"{row['shuffler_peak_rss_mb'] or 0:.0f} MB | opened {row['opened']}", flush=True)
+                  f"{row['shuffler_peak_rss_mb'] or 0:.0f} MB | opened {row['opened']} | load "
+                  f"{row['load_avg_1min'][0]:.1f} -> {row['load_avg_1min'][1]:.1f}", flush=True)
     out = {"benchmark": "remote_round", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "machine": f"{os.cpu_count()} cores", "command": "python -m benchmarks.remote_round "
            + " ".join(argv if argv is not None else sys.argv[1:]), "rows": rows}

@@ -9,12 +9,14 @@ same specification makes the same bytes.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from holder.accountant import SpecRefused
 from holder.identity import Identity
+from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.labeling.connection import RULES, Connection
 from rknn_ray.labeling.rknn import build_answers
 from rknn_ray.published_encoder import PublishedEncoder
@@ -52,21 +54,99 @@ def read_rows(path: str | Path, label: str | None, encoder: PublishedEncoder):
 
 
 def payloads(spec: RoundSpec, mech, identity: Identity, encoder: PublishedEncoder,
-             rows, labels: np.ndarray) -> np.ndarray:
-    """(M, payload_len) uint8: this holder's randomized messages (one virtual client)."""
+             rows, labels: np.ndarray, inputs: np.ndarray | None = None) -> np.ndarray:
+    """(M, payload_len) uint8: this holder's randomized messages (one virtual client).
+    ``inputs``: ``encoder.inputs(rows)`` where the caller has it already."""
+    inputs = encoder.inputs(rows) if inputs is None else inputs
+    return payloads_many(spec, mech, [identity], inputs, labels, [0, len(labels)])[0]
+
+
+def inputs_many(encoder: PublishedEncoder, rows, bounds) -> np.ndarray:
+    """``encoder.inputs`` of many holders' rows (holder j: rows ``bounds[j]:bounds[j+1]``),
+    each row's values exactly what that holder alone computes: one call where the encoder is
+    the featurizer only (element by element), one per holder where a learned transform
+    follows it (a matrix product may round otherwise for another number of rows)."""
+    if encoder.encoder is None:
+        return encoder.inputs(rows)
+    return np.concatenate([encoder.inputs(rows.slice(lo, hi - lo))
+                           for lo, hi in zip(bounds[:-1], bounds[1:])])
+
+
+def payloads_many(spec: RoundSpec, mech, identities: list[Identity], inputs: np.ndarray,
+                  labels: np.ndarray, bounds) -> list[np.ndarray]:
+    """Holder j's messages (rows ``bounds[j]:bounds[j+1]`` of ``inputs``, its own secret):
+    the same bytes as each holder answering alone, with the queries' search shared. Each
+    shared search covers whole holders and few enough rows for faiss's row-by-row path
+    (:func:`row_by_row`, the one a holder of a few rows takes alone); a larger holder is
+    searched alone, as it would search."""
     connection = connection_of(spec)
-    emb = encoder.inputs(rows).reshape(len(labels), -1)
+    emb = np.asarray(inputs).reshape(len(labels), -1)
     queries = np.asarray(spec.queries, np.float32)
     if emb.shape[1] != queries.shape[1]:
         raise SpecRefused(f"the published encoder makes {emb.shape[1]} features but the "
                           f"specification's queries have {queries.shape[1]}: inconsistent")
-    answers = build_answers(emb, labels, np.zeros(len(labels), np.int64), queries, spec.k,
-                            mech.params.num_classes, connection)
-    msgs = mech.randomize(answers, identity.generator(spec.content_hash()))
-    if len(msgs) > spec.allowance:
-        raise SpecRefused(f"the mechanism makes {len(msgs)} messages, above the specification's "
-                          f"allowance of {spec.allowance}: inconsistent, not answered")
-    return msgs.payloads
+    labels = np.asarray(labels, np.int64)
+    hot = labels if labels.ndim == 2 else labels[:, None]      # (rows, r) class indices
+    num_classes = mech.params.num_classes
+    neighbors = np.empty((len(labels), spec.k), np.int64)
+    with _one_thread():
+        for lo, hi in _searches(bounds, row_by_row(emb.shape[1] + 1)):
+            neighbors[lo:hi] = build_answers(emb[lo:hi], labels[lo:hi],
+                                             np.zeros(hi - lo, np.int64), queries, spec.k,
+                                             num_classes, connection).neighbors
+    spec_hash = spec.content_hash()
+    answers = [RecordAnswers(neighbors[lo:hi], hot[lo:hi], np.zeros(hi - lo, np.int64),
+                             len(queries), num_classes) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    coins = [identity.generator(spec_hash) for identity in identities]   # each its own secret
+    many = getattr(mech, "randomize_many", None)       # Collision: each holder's same draws
+    batches = (many(answers, coins) if many is not None else
+               [mech.randomize(a, rng) for a, rng in zip(answers, coins)])
+    for msgs in batches:
+        if len(msgs) > spec.allowance:
+            raise SpecRefused(f"the mechanism makes {len(msgs)} messages, above the "
+                              f"specification's allowance of {spec.allowance}: inconsistent, "
+                              "not answered")
+    return [msgs.payloads for msgs in batches]
+
+
+def row_by_row(d: int) -> int:
+    """The most rows of d features that faiss searches one by one (the same distances and
+    neighbors for each row as searched alone): under 20 rows (its older rule, rows < the
+    threshold) and under its ``distance_compute_blas_threshold`` values (the newer rule,
+    rows * d < it); at least 1."""
+    import faiss  # defers faiss to the holders that search (rknn_ray.labeling.rknn loads it)
+    threshold = int(faiss.cvar.distance_compute_blas_threshold)
+    return max(1, min(19, threshold - 1, (threshold - 1) // max(1, d)))
+
+
+@contextmanager
+def _one_thread():
+    """faiss on one OpenMP thread: its row-by-row search of a few rows starts a thread per
+    row otherwise (each row's result is the same either way), which costs more than it
+    saves on a busy machine."""
+    import faiss  # defers faiss to the holders that search (rknn_ray.labeling.rknn loads it)
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(threads)
+
+
+def _searches(bounds, limit: int) -> list[tuple[int, int]]:
+    """Row ranges of whole holders of at most ``limit`` rows together (a larger holder alone)."""
+    out, start = [], None
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if start is not None and hi - start > limit:
+            out.append((start, lo))
+            start = None
+        if hi - lo > limit:
+            out.append((lo, hi))
+        elif start is None:
+            start = lo
+    if start is not None:
+        out.append((start, bounds[-1]))
+    return [(lo, hi) for lo, hi in out if hi > lo]
 
 
 def connection_of(spec: RoundSpec):

@@ -134,6 +134,58 @@ def answer_round(url: str, cafile, spec: RoundSpec, encoder: PublishedEncoder,
                  conn: Connection | None = None) -> Joined:
     """One holder's answer to a verified specification: charge its ledger, seal, upload
     (over ``conn`` when given, else a connection of its own)."""
+    turn = prepare(spec, encoder, identity, key_dir, data, ledger, policy, label,
+                   assume_collusion)
+    if turn.reports is None:
+        try:
+            messages = answer.payloads(spec, turn.mech, identity, encoder, None, turn.labels,
+                                       turn.inputs)
+        except SpecRefused as exc:
+            raise turn.book.refuse(spec, str(exc)) from None
+        turn.sealed(answer.seal(spec, identity, messages))
+    return turn.send(url, cafile, conn)
+
+
+@dataclass
+class Turn:
+    """One holder's answer between its checks and its upload (join-many answers many
+    holders' messages at once between the two)."""
+    spec: RoundSpec
+    identity: Identity
+    book: HolderLedger
+    sent: Path
+    retry: bool
+    inputs: object
+    labels: object
+    mech: object = None
+    cost: object = None
+    reports: list | None = None       # None until sealed (a retry: the kept ones)
+    eps: float | None = None
+
+    def sealed(self, reports: list[bytes]) -> None:
+        """Charge the ledger (a first answer), keep the reports before the first upload."""
+        if not self.retry:
+            self.book.charge(self.spec, self.cost)
+        _keep(self.sent, reports)
+        self.reports, self.eps = reports, self.cost.eps
+
+    def send(self, url: str, cafile, conn: Connection | None = None) -> Joined:
+        own = conn is None
+        conn = Connection(url, cafile) if own else conn
+        try:
+            codes = send_entries(conn, sign_reports(self.identity.key, self.reports),
+                                 one_request(self.reports))
+        finally:
+            if own:
+                conn.close()
+        return Joined(self.spec, codes, not self.retry, self.eps)
+
+
+def prepare(spec: RoundSpec, encoder: PublishedEncoder, identity: Identity,
+            key_dir: str | os.PathLike, data: str, ledger: str, policy: Policy,
+            label: str | None = None, assume_collusion: bool = False) -> Turn:
+    """A holder's checks before its messages: the window, its rows, its ledger (a retry
+    takes the kept reports), the mechanism and this holder's own cost of the round."""
     key_dir = Path(key_dir)
     _check_window(spec, time.time())
     rows, labels = answer.read_rows(data, label, encoder)
@@ -141,25 +193,13 @@ def answer_round(url: str, cafile, spec: RoundSpec, encoder: PublishedEncoder,
     book = HolderLedger(ledger, Path(data).name, inputs, policy)
     sent = _sent_path(key_dir, spec)
     retry = book.answered(spec)
+    turn = Turn(spec, identity, book, sent, retry, inputs, labels)
     if retry and sent.is_file():
-        reports, eps = _kept(sent), None
-    else:
-        try:
-            mech = mechanism_of(spec)
-            cost = own_cost(spec, mech, assume_collusion)
-            messages = answer.payloads(spec, mech, identity, encoder, rows, labels)
-        except SpecRefused as exc:
-            raise book.refuse(spec, str(exc)) from None
-        reports = answer.seal(spec, identity, messages)
-        if not retry:
-            book.charge(spec, cost)
-        _keep(sent, reports)
-        eps = cost.eps
-    own = conn is None
-    conn = Connection(url, cafile) if own else conn
+        turn.reports = _kept(sent)
+        return turn
     try:
-        codes = send_entries(conn, sign_reports(identity.key, reports), one_request(reports))
-    finally:
-        if own:
-            conn.close()
-    return Joined(spec, codes, not retry, eps)
+        turn.mech = mechanism_of(spec)
+        turn.cost = own_cost(spec, turn.mech, assume_collusion)
+    except SpecRefused as exc:
+        raise book.refuse(spec, str(exc)) from None
+    return turn

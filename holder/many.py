@@ -1,6 +1,7 @@
 """Many holders in one process (trials and load tests): each still its own key, secret,
-data file and ledger, exactly as ``holder join`` would run it; only the verified
-specification, the checked encoder and the HTTPS connection are shared.
+data file and ledger, exactly as ``holder join`` would run it; the verified specification,
+the checked encoder, the queries' search and the HTTPS connection are shared, and each
+holder's messages are the bytes it would make alone.
 
 A holders folder has one subfolder per holder: ``key/`` (from ``holder keygen``), its data
 (``data.csv`` or ``data.parquet``) and ``ledger.db``.
@@ -12,9 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from holder import answer
 from holder.accountant import SpecRefused
 from holder.identity import load
-from holder.join import answer_round, published
+from holder.join import prepare, published
 from holder.ledger import Policy
 from sealing.upload_client import Connection
 from sealing.upload_wire import SUCCESS
@@ -48,19 +52,37 @@ def _data_file(d: Path) -> Path:
 def join_many(url: str, cafile, folder, operator_key: bytes, policy: Policy,
               label: str | None = None, assume_collusion: bool = False,
               wait_s: float = 0.0) -> ManyJoined:
-    """Every holder in ``folder`` answers the service's round; a refusal is one holder's."""
+    """Every holder in ``folder`` answers the service's round; a refusal is one holder's.
+    The holders' messages are made together (holder.answer.payloads_many: each the bytes
+    that holder makes alone), then each holder charges its own ledger, keeps and uploads."""
     folders = holder_folders(folder)
     spec, encoder = published(url, cafile, operator_key, wait_s)
     out = ManyJoined(holders=len(folders))
+    turns = {}
+    for d in folders:
+        try:
+            turns[d] = prepare(spec, encoder, load(d / "key"), d / "key", str(_data_file(d)),
+                               str(d / "ledger.db"), policy, label, assume_collusion)
+        except (SpecRefused, ValueError) as exc:
+            _refused(out, d, exc)
+    fresh = [d for d, t in turns.items() if t.reports is None]
+    together = dict(zip(fresh, _together(spec, [turns[d] for d in fresh])))
     conn = Connection(url, cafile)
     try:
-        for d in folders:
+        for d, turn in turns.items():
             try:
-                done = answer_round(url, cafile, spec, encoder, load(d / "key"), d / "key",
-                                    str(_data_file(d)), str(d / "ledger.db"), policy, label,
-                                    assume_collusion, conn)
-            except (SpecRefused, ValueError) as exc:
-                out.refused.append(f"{d.name}: {str(exc).strip().splitlines()[0]}")
+                if turn.reports is None:
+                    msgs = together.get(d)
+                    if msgs is None:           # answered alone: its own refusal, its own line
+                        msgs = answer.payloads(spec, turn.mech, turn.identity, encoder, None,
+                                               turn.labels, turn.inputs)
+                    turn.sealed(answer.seal(spec, turn.identity, msgs))
+                done = turn.send(url, cafile, conn)
+            except SpecRefused as exc:
+                _refused(out, d, turn.book.refuse(spec, str(exc)))
+                continue
+            except ValueError as exc:
+                _refused(out, d, exc)
                 continue
             out.codes.update(done.codes)
             out.charged += done.charged
@@ -70,3 +92,24 @@ def join_many(url: str, cafile, folder, operator_key: bytes, policy: Policy,
     finally:
         conn.close()
     return out
+
+
+def _together(spec, turns: list) -> list:
+    """Each holder's messages, made together; [] when any refuses (each then answers
+    alone, so a refusal stays that holder's)."""
+    if not turns:
+        return []
+    sizes = [len(t.labels) for t in turns]
+    try:
+        msgs = answer.payloads_many(spec, turns[0].mech, [t.identity for t in turns],
+                                    np.concatenate([np.asarray(t.inputs).reshape(n, -1)
+                                                    for t, n in zip(turns, sizes)]),
+                                    np.concatenate([t.labels for t in turns]),
+                                    np.concatenate([[0], np.cumsum(sizes)]))
+    except (SpecRefused, ValueError):
+        return []
+    return msgs
+
+
+def _refused(out: ManyJoined, d: Path, exc: Exception) -> None:
+    out.refused.append(f"{d.name}: {str(exc).strip().splitlines()[0]}")

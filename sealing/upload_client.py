@@ -33,6 +33,20 @@ def client_context(cafile: str | os.PathLike) -> ssl.SSLContext:
     return ctx
 
 
+class _OneWrite(http.client.HTTPSConnection):
+    """http.client writes a request's head and its body in two writes: two TLS records,
+    two reads and decryptions on the service for every upload. One write here."""
+
+    def _send_output(self, message_body=None, encode_chunked=False):
+        if not isinstance(message_body, bytes) or encode_chunked:
+            return super()._send_output(message_body, encode_chunked)
+        self._buffer.extend((b"", b""))
+        head = b"\r\n".join(self._buffer)
+        del self._buffer[:]
+        self.send(head + message_body)
+        return None
+
+
 class Connection:
     """One keep-alive HTTPS connection to a service, reopened after any failure."""
 
@@ -48,8 +62,7 @@ class Connection:
                 headers: dict | None = None) -> tuple[int, bytes]:
         """``(status, body)``; any transport failure raises (and drops the connection)."""
         if self._conn is None:
-            self._conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                                     context=self.ctx)
+            self._conn = _OneWrite(self.host, self.port, timeout=self.timeout, context=self.ctx)
         try:
             self._conn.request(method, path, body=body, headers=headers or {})
             resp = self._conn.getresponse()

@@ -44,8 +44,24 @@ def _connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+class _Pending:
+    """One open transaction's writes, kept until its commit (then executemany: a few
+    statements per group instead of four per report)."""
+
+    def __init__(self):
+        self.ids: set = set()
+        self.rows: list = []                 # (report_id, record)
+        self.sent: Counter = Counter()       # key_id -> reports accepted in this transaction
+        self.answers: Counter = Counter()
+
+
 class ReportStore:
-    """Accepted reports of one round specification (one store folder per specification)."""
+    """Accepted reports of one round specification (one store folder per specification).
+
+    The file is the truth; the per-holder counts, the number accepted, the answer counts
+    and the early close are mirrored in memory (read from the file at open, updated only
+    after a COMMIT returned), so judging a report costs one indexed lookup (is its id
+    kept?) and ``/status`` reads no table while the writer thread holds the connection."""
 
     def __init__(self, folder: str | Path, spec_hash: bytes):
         folder = Path(folder)
@@ -60,55 +76,91 @@ class ReportStore:
             raise StoreError(f"store {self.path} belongs to specification {bytes(row[0]).hex()[:16]}..., "
                              f"not {bytes(spec_hash).hex()[:16]}...: give each specification "
                              "its own --store folder")
+        self._sent = {bytes(k): n for k, n in self.db.execute(
+            "SELECT key_id, sent FROM holders WHERE sent > 0")}
+        self._accepted = self.db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
+        self._answers = Counter(dict(self.db.execute("SELECT code, n FROM answers")))
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'closed_at'").fetchone()
+        self._closed = None if row is None else float(bytes(row[0]).decode())
+        self._pending: _Pending | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One request's writes: all committed (on disk) or none."""
+        """One group's writes: all committed (on disk) or none."""
         self.db.execute("BEGIN IMMEDIATE")
+        self._pending = pending = _Pending()
         try:
             yield
+            self._write(pending)
         except BaseException:
+            self._pending = None
             self.db.execute("ROLLBACK")
             raise
+        self._pending = None
         self.db.execute("COMMIT")
+        for key_id, n in pending.sent.items():      # on disk now: mirror it
+            self._sent[key_id] = self._sent.get(key_id, 0) + n
+        self._accepted += len(pending.rows)
+        self._answers = self._answers + pending.answers   # a new one: /status reads the old
+
+    def _write(self, p: _Pending) -> None:
+        before = self.db.total_changes
+        rows = [(secrets.token_bytes(SORT_KEY_LEN), rid, rec) for rid, rec in p.rows]
+        self.db.executemany("INSERT OR IGNORE INTO reports VALUES (?, ?, ?)", rows)
+        if self.db.total_changes - before != len(rows):
+            for _, rid, rec in rows:      # a sort-key collision (chance ~n^2 / 2^129)
+                self._insert_one(rid, rec)
+        self.db.executemany("INSERT INTO holders VALUES (?, ?) ON CONFLICT(key_id) DO UPDATE "
+                            "SET sent = sent + excluded.sent", list(p.sent.items()))
+        self.db.executemany("INSERT INTO answers VALUES (?, ?) ON CONFLICT(code) DO UPDATE "
+                            "SET n = n + excluded.n", list(p.answers.items()))
+
+    def _insert_one(self, report_id: bytes, record: bytes) -> None:
+        """``record`` under a fresh random sort key unless its id is already in the file."""
+        while self.db.execute("SELECT 1 FROM reports WHERE report_id = ?",
+                              (report_id,)).fetchone() is None:
+            # draw again on a sort-key collision: never break a tie by arrival order
+            self.db.execute("INSERT OR IGNORE INTO reports VALUES (?, ?, ?)",
+                            (secrets.token_bytes(SORT_KEY_LEN), report_id, record))
+
+    def _open(self) -> _Pending:
+        if self._pending is None:
+            raise RuntimeError("store writes happen inside store.transaction()")
+        return self._pending
 
     def has(self, report_id: bytes) -> bool:
+        if self._pending is not None and report_id in self._pending.ids:
+            return True
         return self.db.execute("SELECT 1 FROM reports WHERE report_id = ?",
                                (report_id,)).fetchone() is not None
 
     def sent(self, key_id: bytes) -> int:
-        row = self.db.execute("SELECT sent FROM holders WHERE key_id = ?", (key_id,)).fetchone()
-        return row[0] if row else 0
+        extra = self._pending.sent.get(key_id, 0) if self._pending is not None else 0
+        return self._sent.get(key_id, 0) + extra
 
     def add(self, report_id: bytes, record: bytes, key_id: bytes) -> None:
-        """Keep ``record`` under a fresh random sort key; count one report for ``key_id``."""
-        while True:
-            try:
-                self.db.execute("INSERT INTO reports VALUES (?, ?, ?)",
-                                (secrets.token_bytes(SORT_KEY_LEN), report_id, record))
-                break
-            except sqlite3.IntegrityError:
-                if self.has(report_id):
-                    raise
-                # a sort-key collision (chance ~n^2 / 2^129): draw again, never break a tie by order
-        self.db.execute("INSERT INTO holders VALUES (?, 1) ON CONFLICT(key_id) DO UPDATE "
-                        "SET sent = sent + 1", (key_id,))
+        """Keep ``record`` (under a fresh random sort key at commit); count one for ``key_id``.
+        A report id already kept raises (the intake answers ``duplicate`` before this)."""
+        p = self._open()
+        if self.has(report_id):
+            raise sqlite3.IntegrityError("UNIQUE constraint failed: reports.report_id")
+        p.ids.add(report_id)
+        p.rows.append((report_id, record))
+        p.sent[key_id] += 1
 
     def count_answers(self, answers: Counter) -> None:
-        for code, n in answers.items():
-            self.db.execute("INSERT INTO answers VALUES (?, ?) ON CONFLICT(code) DO UPDATE "
-                            "SET n = n + excluded.n", (code, n))
+        self._open().answers.update(answers)
 
     def answers(self) -> dict[str, int]:
         out = dict.fromkeys(CODES, 0)
-        out.update(self.db.execute("SELECT code, n FROM answers").fetchall())
+        out.update(self._answers)
         return out
 
     def accepted(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
+        return self._accepted
 
     def distinct_holders(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM holders WHERE sent > 0").fetchone()[0]
+        return len(self._sent)
 
     def records(self, chunk: int = 1024) -> Iterator[list[bytes]]:
         """Accepted records in sort-key order, ``chunk`` at a time (own connection: a
@@ -123,15 +175,16 @@ class ReportStore:
 
     def closed_at(self) -> float | None:
         """When the operator closed the upload window early (unix seconds), or None."""
-        row = self.db.execute("SELECT value FROM meta WHERE name = 'closed_at'").fetchone()
-        return None if row is None else float(bytes(row[0]).decode())
+        return self._closed
 
     def close_window(self, at: float) -> float:
         """Close the window at ``at`` (committed; a restart keeps it); the first close stands."""
         with self.transaction():
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('closed_at', ?)",
                             (repr(float(at)).encode(),))
-        return self.closed_at()
+        row = self.db.execute("SELECT value FROM meta WHERE name = 'closed_at'").fetchone()
+        self._closed = float(bytes(row[0]).decode())
+        return self._closed
 
     def close(self) -> None:
         self.db.close()

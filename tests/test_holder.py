@@ -281,3 +281,50 @@ def test_a_balanced_connection_votes_as_the_in_cluster_plan_does():
                 dict(connection_rule="rknn", connection_prices=np.zeros(2))):
         with pytest.raises(SpecRefused):
             connection_of(world.spec.replace(**bad))
+
+
+def test_many_holders_answered_together_send_the_bytes_each_would_send_alone(tmp_path):
+    """holder.answer.payloads_many (join-many and the remote-round load) shares the encoder
+    and the queries' search across holders, and each holder's messages are still the very
+    bytes it makes answering alone (its own secret: its coins), sealed under the same report
+    ids (HPKE draws a fresh ephemeral key per seal, alone or not, so a retry re-sends the
+    kept ciphertexts; join keeps them before the first upload), for
+    the single-message and multi-message mechanisms, reverse k-NN and a balanced rule, and
+    holders of one row, a few, and more than faiss searches row by row."""
+    import pyarrow as pa
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from benchmarks.holder_world import publish_encoder
+    from holder import answer
+    from holder.identity import Identity
+    from rknn_ray.published_encoder import PublishedEncoder
+    from rknn_ray.labeling.rknn import build_answers
+    from sealing.hpke_report import HEADER_LEN
+    world, _ = make_holder_world(tmp_path / "w", holders=1)
+    files = publish_encoder(tmp_path / "enc")
+    encoder = PublishedEncoder.from_files(str(files[0]), str(files[1]))
+    sizes = [1, 3, 1, 25, 2, 1, 1, 19, 1]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(bounds[-1], 3))
+    rows = pa.table({"x0": x[:, 0], "x1": x[:, 1], "x2": x[:, 2]})
+    labels = rng.integers(0, 2, bounds[-1])
+    people = [Identity(Ed25519PrivateKey.generate(), os.urandom(32)) for _ in sizes]
+    balanced = dict(connection_rule="balanced_min", connection_prices=rng.uniform(0, 2, 4))
+    assert answer.row_by_row(4) >= 2
+    for changes in (dict(), dict(mechanism="multi", allowance=10**6), balanced):
+        spec = world.spec.replace(**changes)
+        mech = mechanism_of(spec, check_length=False)
+        together = answer.payloads_many(spec, mech, people, answer.inputs_many(
+            encoder, rows, bounds), labels, bounds)
+        for j, person in enumerate(people):
+            lo, hi = bounds[j], bounds[j + 1]
+            alone = answer.payloads(spec, mech, person, encoder, rows.slice(lo, hi - lo),
+                                    labels[lo:hi])
+            own = build_answers(encoder.inputs(rows.slice(lo, hi - lo)), labels[lo:hi],
+                                np.zeros(hi - lo, np.int64), np.asarray(spec.queries, np.float32),
+                                spec.k, mech.params.num_classes, answer.connection_of(spec))
+            first = mech.randomize(own, person.generator(spec.content_hash())).payloads
+            assert together[j].tobytes() == alone.tobytes() == first.tobytes()
+            sealed = [answer.seal(spec, person, m[:3]) for m in (together[j], alone)]
+            assert [r[:HEADER_LEN] for r in sealed[0]] == [r[:HEADER_LEN] for r in sealed[1]]
+        assert len({m.tobytes() for m in together}) > 1          # each from its own secret

@@ -321,3 +321,42 @@ def test_the_operator_publishes_closes_early_and_a_restart_keeps_both(worlds):
     conn.close()
     assert fetch(url, ca, "/spec") == (200, later)
     assert blocked_attempts(world) == []
+
+
+def test_the_service_runs_on_uvloop_and_on_asyncio_where_uvloop_does_not_load(monkeypatch):
+    """uvloop is a dependency (less CPU per upload); without it the service still serves."""
+    import asyncio
+    import uvloop
+    from shuffler.service import event_loop
+    loop = event_loop()
+    assert isinstance(loop, uvloop.Loop)
+    loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)        # import uvloop raises ImportError
+    loop = event_loop()
+    assert isinstance(loop, asyncio.AbstractEventLoop) and not isinstance(loop, uvloop.Loop)
+    loop.close()
+
+
+def test_the_store_draws_again_on_a_sort_key_collision_and_reopens_with_its_counts(tmp_path,
+                                                                                    monkeypatch):
+    """A group's reports go in with one executemany; a sort key drawn twice (chance ~2^-129)
+    is drawn again for the report that lost, never dropped; the counts mirrored in memory
+    are the file's again after a reopen."""
+    from shuffler import store as store_mod
+    keys = iter([b"\x01" * 16, b"\x01" * 16, b"\x02" * 16])
+    monkeypatch.setattr(store_mod.secrets, "token_bytes", lambda n: next(keys))
+    st = store_mod.ReportStore(tmp_path, b"\x00" * 32)
+    with st.transaction():
+        st.add(b"a" * 16, b"ra", b"k" * 32)
+        st.add(b"b" * 16, b"rb", b"k" * 32)
+        st.count_answers(Counter(accepted=2))
+        with pytest.raises(sqlite3.IntegrityError):
+            st.add(b"a" * 16, b"again", b"k" * 32)
+    assert (st.accepted(), st.sent(b"k" * 32), st.answers()["accepted"]) == (2, 2, 2)
+    assert sorted(r for chunk in st.records() for r in chunk) == [b"ra", b"rb"]
+    with pytest.raises(RuntimeError):                      # writes only inside a transaction
+        st.add(b"c" * 16, b"rc", b"k" * 32)
+    st.close()
+    again = store_mod.ReportStore(tmp_path, b"\x00" * 32)
+    assert (again.accepted(), again.sent(b"k" * 32), again.distinct_holders(),
+            again.answers()["accepted"], again.has(b"b" * 16)) == (2, 2, 1, 2, True)

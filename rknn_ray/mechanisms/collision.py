@@ -214,19 +214,34 @@ def hash_every_key(coeffs: np.ndarray, powers: np.ndarray, l: int,
 def sample_collision(hashed: np.ndarray, eps: float, l: int, c: int,
                      rng: np.random.Generator) -> np.ndarray:
     """One z per row of ``hashed`` ((B, <=c) hashed input cells), per Definition 5."""
-    B = hashed.shape[0]
+    distinct, h = distinct_cells(hashed)
+    return collision_pick(distinct, h, *collision_draws(rng, h, eps, l, c))
+
+
+def distinct_cells(hashed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's distinct hashed cells, sorted (then a sentinel), and how many (row by row)."""
     srt = np.sort(hashed, axis=1)
     dup = np.zeros_like(srt, dtype=bool)
     dup[:, 1:] = srt[:, 1:] == srt[:, :-1]
     sentinel = np.int64(np.iinfo(np.int64).max)
-    distinct = np.sort(np.where(dup, sentinel, srt), axis=1)
-    h = (~dup).sum(axis=1)
-    # every draw is an exact integer one: P[inside] = h pi, then a uniform member or a
-    # uniform non-member (rng.integers rejects out-of-range draws, so no float bias)
-    inside = coin(rng, h * collision_member_threshold(eps, l, c), B)
+    return np.sort(np.where(dup, sentinel, srt), axis=1), (~dup).sum(axis=1)
+
+
+def collision_draws(rng: np.random.Generator, h: np.ndarray, eps: float, l: int,
+                    c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sampler's draws for rows of ``h`` distinct cells, in its order: every draw is an
+    exact integer one: P[inside] = h pi, then a uniform member or a uniform non-member
+    (rng.integers rejects out-of-range draws, so no float bias)."""
+    inside = coin(rng, h * collision_member_threshold(eps, l, c), h.shape[0])
     pick = rng.integers(0, np.maximum(h, 1))
-    z_in = distinct[np.arange(B), pick]
     z_out = rng.integers(0, l - h)
+    return inside, pick, z_out
+
+
+def collision_pick(distinct: np.ndarray, h: np.ndarray, inside: np.ndarray, pick: np.ndarray,
+                   z_out: np.ndarray) -> np.ndarray:
+    """z from the draws: the picked member, or the non-member skipping the members."""
+    z_in = distinct[np.arange(h.shape[0]), pick]
     for j in range(distinct.shape[1]):
         z_out += z_out >= distinct[:, j]
     return np.where(inside, z_in, z_out)
@@ -356,6 +371,31 @@ class CollisionMechanism(FlatLocalMechanism):
         seeds = rng.integers(0, 1 << 64, size=len(ids), dtype=np.uint64)
         z = self.oracle.randomize(cells, seeds, rng)
         return MessageBatch(encode_reports(seeds, [z], [self.oracle.z_bytes]), ids)
+
+    def randomize_many(self, answers: list[RecordAnswers],
+                       rngs: list[np.random.Generator]) -> list[MessageBatch]:
+        """``randomize(answers[i], rngs[i])`` for every i (many holders in one process): each
+        generator makes the same draws in the same order as alone; the hash and the
+        sampler's arithmetic, row by row, run once over all rows."""
+        if type(self).randomize is not CollisionMechanism.randomize:
+            return [self.randomize(a, rng) for a, rng in zip(answers, rngs)]
+        o, ids, cells, seeds = self.oracle, [], [], []
+        for a, rng in zip(answers, rngs):
+            who, rec = self.client_records(a, rng)
+            ids.append(who)
+            cells.append(rec.flat_cells())
+            seeds.append(rng.integers(0, 1 << 64, size=len(who), dtype=np.uint64))
+        if not ids:
+            return []
+        at = np.concatenate([[0], np.cumsum([len(i) for i in ids])])
+        seed = np.concatenate(seeds)
+        hashed = poly_hash(hash_coefficients(seed, o.tag, o.degree), np.concatenate(cells), o.l)
+        distinct, h = distinct_cells(hashed)
+        draws = [collision_draws(rng, h[lo:hi], o.eps, o.l, o.c)
+                 for rng, lo, hi in zip(rngs, at[:-1], at[1:])]
+        z = collision_pick(distinct, h, *(np.concatenate(d) for d in zip(*draws)))
+        payloads = encode_reports(seed, [z], [o.z_bytes])
+        return [MessageBatch(payloads[lo:hi], who) for who, lo, hi in zip(ids, at[:-1], at[1:])]
 
     def well_formed(self, payloads: np.ndarray) -> np.ndarray:
         ok = self._shape_ok(payloads)
