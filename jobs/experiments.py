@@ -313,7 +313,8 @@ class Runner:
     finished so far) and at the end, with ``meta["complete"] = True``; it writes the
     experiment's files atomically. ``log(i, n, job, row, skipped)`` reports progress.
     ``concurrent``: cells at once (None: what the CPUs fit); ``tensorboard``: Tune writes
-    TensorBoard event files; ``mlflow``: an MLflow tracking URI Tune logs to. ``ray=False``: cells that need no Ray run here, in order.
+    TensorBoard event files; ``mlflow``: an MLflow tracking URI Tune logs to. ``ray=False``:
+    cells that need no Ray run here, in order.
     After :meth:`run`: ``by_name`` (cell name -> row), ``side`` (cell name -> what the cell
     kept beside its row), ``results`` (Tune's ResultGrid, None when nothing ran) and
     :meth:`frame` (the rows as a pandas DataFrame).
