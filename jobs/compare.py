@@ -113,15 +113,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="queries the labeling baselines label (default: the central config's s, "
                          "resolved as jobs.distill resolves it; Fashion-MNIST's auto s at eps 1 "
                          "is every public sample)")
-    ap.add_argument("--concurrent", type=int, default=None, metavar="N",
-                    help="rows run at once, each a Ray Tune trial (default: what the cluster's "
-                         "CPUs fit)")
-    ap.add_argument("--tensorboard", action="store_true",
-                    help="TensorBoard event files per row under OUT/tune/ (per-epoch curves)")
-    ap.add_argument("--mlflow", default=None, metavar="URI",
-                    help="log every row as an MLflow run at this tracking URI (a folder, "
-                         "file:///..., http://...) in the experiment named after OUT; needs "
-                         "the optional extra rknn-ray[mlflow]")
+    from jobs.experiments import add_runner_arguments  # deferred (module comment; 0.2 s, no Ray)
+    add_runner_arguments(ap, "row")
     return ap.parse_args(argv)
 
 

@@ -272,6 +272,20 @@ def run_trial(config: dict, jobs: dict, out: str, ledger_path: str | None,
                  "row_json": json.dumps(row, default=str), "side_json": json.dumps(side, default=str)})
 
 
+def add_runner_arguments(ap, unit: str) -> None:
+    """``--concurrent``, ``--tensorboard`` and ``--mlflow`` (grid and compare: ``unit`` is
+    what they call one trial, "cell" or "row")."""
+    ap.add_argument("--concurrent", type=int, default=None, metavar="N",
+                    help=f"{unit}s run at once, each a Ray Tune trial (default: what the "
+                         "cluster's CPUs fit)")
+    ap.add_argument("--tensorboard", action="store_true",
+                    help=f"TensorBoard event files per {unit} under OUT/tune/ (per-epoch curves)")
+    ap.add_argument("--mlflow", default=None, metavar="URI",
+                    help=f"log every {unit} as an MLflow run at this tracking URI (a folder, "
+                         "file:///..., http://...) in the experiment named after OUT; needs "
+                         "the optional extra rknn-ray[mlflow]")
+
+
 def check_mlflow(uri: str | None) -> None:
     """A ConfigError, before anything runs, when ``--mlflow`` is asked for without mlflow."""
     if uri is None:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 from jobs.cells import ISOLATED_BUDGET, error_text
 from jobs.config_files import resolve_config
-from jobs.experiments import Job, Runner, concurrency, spec_digest
+from jobs.experiments import Job, Runner, add_runner_arguments, concurrency, spec_digest
 from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
@@ -569,15 +569,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-reference", action="store_true",
                     help="skip the NOT PRIVATE reference (a table safe to share)")
     ap.add_argument("--json", action="store_true", help="print grid.json instead of grid.md")
-    ap.add_argument("--concurrent", type=int, default=None, metavar="N",
-                    help="cells run at once, each a Ray Tune trial (default: what the cluster's "
-                         "CPUs fit)")
-    ap.add_argument("--tensorboard", action="store_true",
-                    help="TensorBoard event files per cell under OUT/tune/ (per-epoch curves)")
-    ap.add_argument("--mlflow", default=None, metavar="URI",
-                    help="log every cell as an MLflow run at this tracking URI (a folder, "
-                         "file:///..., http://...) in the experiment named after OUT; needs "
-                         "the optional extra rknn-ray[mlflow]")
+    add_runner_arguments(ap, "cell")
     ap.add_argument("--insecure-seeded", action="store_true",
                     help="allow run.rng=seeded (a reproducible simulation, NOT private)")
     return ap.parse_args(argv)
