@@ -25,19 +25,30 @@ import time
 
 RUN_DIR = "RKNN_RAY_TEST_RUN_DIR"
 RUN_OWNER = "RKNN_RAY_TEST_RUN_OWNER"     # the controller's pid: only it sweeps
+RAY_DIR = "RKNN_RAY_TEST_RAY_DIR"         # the run's RAY_TMPDIR
 PR_SET_PDEATHSIG = 1
 GRACE_S = 5.0
 
 
 def start_run() -> str:
-    """The run's folder of worker groups (the controller makes it; workers inherit it)."""
+    """The run's folder of worker groups (the controller makes it; workers inherit it), and
+    a folder of the run's own for Ray's temporary files (``RAY_TMPDIR``: every Ray the run
+    starts keeps its session files there)."""
     if not os.environ.get(RUN_DIR):
         os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="rknn-ray-test-run-")
         os.environ[RUN_OWNER] = str(os.getpid())
+        _own_ray_folder()
     elif not os.environ.get(RUN_OWNER):      # a folder given, no owner: this process starts
         os.makedirs(os.environ[RUN_DIR], mode=0o700, exist_ok=True)      # the run (tests)
         os.environ[RUN_OWNER] = str(os.getpid())
+        _own_ray_folder()
     return os.environ[RUN_DIR]
+
+
+def _own_ray_folder() -> None:
+    """A short folder of the run's own for RAY_TMPDIR (Ray's socket paths must stay under 108
+    bytes, so not inside a test's deep tmp_path)."""
+    os.environ[RAY_DIR] = os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="rknn-ray-test-ray-")
 
 
 def owns_run() -> bool:
@@ -77,10 +88,15 @@ def worker_groups() -> list[int]:
 
 
 def run_members(groups: list[int]) -> list[int]:
-    """Live pids (not this one) of the run: in one of the workers' ``groups``, or with the
-    run's folder in their environment (Ray's worker processes lead groups of their own)."""
+    """Live pids (not this one) of the run: in one of the workers' ``groups``, with the
+    run's folder in their environment (Ray's worker processes lead groups of their own), or
+    with a file open in it (Ray's dashboard and runtime-env agents overwrite their environment
+    with their title, and a job started in a session of its own takes them out of the
+    groups; they keep their session's logs open, and RAY_TMPDIR puts those in the run's
+    Ray folder)."""
     want, mine, found = set(groups), os.getpid(), []
     tag = f"{RUN_DIR}={os.environ.get(RUN_DIR)}".encode()
+    folders = [f for f in (os.environ.get(RUN_DIR), os.environ.get(RAY_DIR)) if f]
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == mine:
             continue
@@ -95,9 +111,26 @@ def run_members(groups: list[int]) -> list[int]:
             with open(f"/proc/{name}/environ", "rb") as fh:
                 if tag in fh.read().split(b"\0"):
                     found.append(int(name))
+                    continue
+            if _holds_open(name, folders):
+                found.append(int(name))
         except (OSError, IndexError, ValueError):    # gone, or not ours to read
             continue
     return found
+
+
+def _holds_open(pid: str, folders: list[str]) -> bool:
+    """``pid`` has a file under one of ``folders`` open (or one as its working folder)."""
+    inside = tuple(f.rstrip("/") + "/" for f in folders)
+    if not inside:
+        return False
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(inside):
+                return True
+        except OSError:
+            continue
+    return os.readlink(f"/proc/{pid}/cwd").startswith(inside)
 
 
 def sweep_run(grace_s: float = GRACE_S) -> list[int]:
@@ -120,6 +153,8 @@ def sweep_run(grace_s: float = GRACE_S) -> list[int]:
     for pid in run_members(groups):
         _signal(pid, signal.SIGKILL)
     shutil.rmtree(os.environ[RUN_DIR], ignore_errors=True)
+    if os.environ.get(RAY_DIR):
+        shutil.rmtree(os.environ[RAY_DIR], ignore_errors=True)
     return found
 
 
