@@ -485,6 +485,13 @@ from jobs import signals
 from rknn_ray.job.ray_env import ensure_ray
 ensure_ray(num_cpus=1)                 # a local instance, started as the job starts it
 signals.install()                      # after ray.init, as the job does
+import psutil
+from ray._private import ray_constants, worker
+time.sleep(2.0)                        # what Ray prestarts, it starts as the driver registers
+raylet = worker._global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+print("PRESTARTED", sum(c.cmdline()[:1] == ["ray::IDLE"] or "default_worker.py" in
+                        " ".join(c.cmdline()) for c in psutil.Process(raylet).children()),
+      flush=True)
 
 @ray.remote(num_cpus=0)
 def resolve():
@@ -516,7 +523,9 @@ def test_a_sigterm_inside_ray_get_is_still_named_sigterm_and_workers_find_their_
     The same process (a job's local Ray, started beside this session's instance) shows that
     its workers name their own cluster: Ray Train's PlacementGroupCleaner looks its
     controller up through the State API without an address, and with a second instance on
-    the machine it died on "Found multiple active Ray instances" (a CI failure)."""
+    the machine it died on "Found multiple active Ray instances" (a CI failure). Those pinned
+    workers run a setup hook, so the plain workers Ray prestarts for a first driver would
+    serve nothing: none is started."""
     assert ray_session.is_initialized()          # the other instance: this test session's
     from rknn_ray.job.ray_env import other_ray_on_this_machine
     assert other_ray_on_this_machine()           # so the job's local Ray pins its workers
@@ -526,7 +535,8 @@ def test_a_sigterm_inside_ray_get_is_still_named_sigterm_and_workers_find_their_
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        own, resolved, blocked = (proc.stdout.readline().split() for _ in range(3))
+        prestarted, own, resolved, blocked = (proc.stdout.readline().split() for _ in range(4))
+        assert prestarted == ["PRESTARTED", "0"], prestarted   # none: pinned workers serve it
         assert own[0] == "OWN" and resolved == ["RESOLVED", own[1]], (own, resolved)
         assert own[1] != ray_session.get_runtime_context().gcs_address
         assert blocked == ["blocked"]

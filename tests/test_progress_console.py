@@ -342,6 +342,8 @@ def test_workers_are_pinned_to_their_ray_only_when_another_ray_runs_here(monkeyp
         monkeypatch.setattr(ray_env, "other_ray_on_this_machine", lambda other=other: other)
         assert ray_env.ensure_ray(num_cpus=1) is True
         assert calls[-1].get("runtime_env") == expected
+        assert calls[-1].get("_system_config") == (
+            {"prestart_worker_first_driver": False} if other else None)
 
 
 def test_forwarded_noise_is_dropped_from_ray_start_not_only_from_training(monkeypatch):

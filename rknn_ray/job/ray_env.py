@@ -288,7 +288,12 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
         return False
     local_ray_env()
     store = None if object_store_mb is None else int(object_store_mb) * 2 ** 20
-    env = {"runtime_env": WORKER_RUNTIME_ENV} if other_ray_on_this_machine() else {}
+    # pinned workers run a setup hook, so the workers Ray prestarts for the first driver
+    # (plain ones) would never serve this job's actors: each is a process started for
+    # nothing (~1 CPU s here), so none is prestarted
+    env = {"runtime_env": WORKER_RUNTIME_ENV,
+           "_system_config": {"prestart_worker_first_driver": False}} \
+        if other_ray_on_this_machine() else {}
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             # address="local": always our own instance, never a cluster that a `ray start`
