@@ -418,17 +418,21 @@ def _raise(exc: BaseException):
 
 def main(argv=None) -> int:
     from jobs.writers import print_result  # deferred (module comment)
+    from jobs.experiments import interruptible  # deferred (module comment)
     args = parse_args(argv)
-    try:
-        rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
-                       args.student_epochs, baseline_s=args.baseline_s,
-                       diagnostics=args.diagnostics, concurrent=args.concurrent,
-                       tensorboard=args.tensorboard, mlflow=args.mlflow)
-    except RknnError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print_result(rows, args.json, os.path.join(args.out, "compare.md"))
-    return 0
+
+    def command() -> int:
+        try:
+            rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta,
+                           args.seed, args.student_epochs, baseline_s=args.baseline_s,
+                           diagnostics=args.diagnostics, concurrent=args.concurrent,
+                           tensorboard=args.tensorboard, mlflow=args.mlflow)
+        except RknnError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print_result(rows, args.json, os.path.join(args.out, "compare.md"))
+        return 0
+    return interruptible(args.out, command)
 
 
 if __name__ == "__main__":

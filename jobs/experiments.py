@@ -30,10 +30,12 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from jobs import signals
 from jobs.cells import error_text, isolated_ledger, run_distill
 from jobs.writers import fmt, markdown_table, print_result, rows_to_csv  # noqa: F401 (shared names)
 from rknn_ray.errors import ConfigError
@@ -304,6 +306,21 @@ def mlflow_callback(uri: str, experiment: str):
     return MLflowLoggerCallback(tracking_uri=uri, experiment_name=experiment)
 
 
+def interruptible(out: str, command: Callable[[], int]) -> int:
+    """``command()``, ended by SIGINT or SIGTERM the way a job is (jobs.signals): one line
+    that says what is kept and how to go on, and the shell's exit code (130, 143), not Ray's
+    native stack dump (its handler is replaced once Ray is up, :meth:`Runner.ensure_ray`)."""
+    with signals.handled():
+        try:
+            return command()
+        except KeyboardInterrupt as exc:
+            got = signals.as_interrupt(exc)
+            print(f"error: interrupted by {got.name}; the cells that finished are kept in "
+                  f"{out}. Fix: run the same command again: it skips them and runs the rest",
+                  file=sys.stderr)
+            return got.exit_code
+
+
 @contextlib.contextmanager
 def _env(**values):
     saved = {k: os.environ.get(k) for k in values}
@@ -468,7 +485,10 @@ class Runner:
             callbacks.append(mlflow_callback(self.mlflow, os.path.basename(self.out)))
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         self.meta["tune"] = os.path.join(self.out, "tune", stamp)
+        # TUNE_DISABLE_SIGINT_HANDLER: a Ctrl-C ends the command (interruptible()), not only
+        # Tune's loop, after which the command would go on as if every cell had run
         with _env(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_AIR_NEW_OUTPUT="0",
+                  TUNE_DISABLE_SIGINT_HANDLER="1",
                   TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S="1e9"):
             tuner = tune.Tuner(
                 trainable, param_space={"cell": tune.grid_search([j.name for j in todo])},
@@ -489,6 +509,7 @@ class Runner:
             # defers cryptography, dp_accounting, faiss, ray, tqdm
             from rknn_ray.job.ray_env import ensure_ray
             self._ray_started = ensure_ray()
+            signals.install()       # again: ray.init put its own SIGTERM handler in place
 
     def elapsed(self) -> None:
         """Bring ``meta["wall_s"]`` up to now (for a ``then`` step that writes outputs)."""

@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 
 from jobs.cells import ISOLATED_BUDGET, error_text
 from jobs.config_files import resolve_config
-from jobs.experiments import Job, Runner, add_runner_arguments, concurrency, spec_digest
+from jobs.experiments import (Job, Runner, add_runner_arguments, concurrency, interruptible,
+                              spec_digest)
 from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
 from rknn_ray.config import load_config
 from rknn_ray.errors import ConfigError, RknnError
@@ -577,14 +578,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        doc = grid(GridSpec.from_args(args), args.out, concurrent=args.concurrent,
-                   tensorboard=args.tensorboard, mlflow=args.mlflow)
-    except RknnError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print_result(doc, args.json, os.path.join(args.out, "grid.md"))
-    return 0
+
+    def command() -> int:
+        try:
+            doc = grid(GridSpec.from_args(args), args.out, concurrent=args.concurrent,
+                       tensorboard=args.tensorboard, mlflow=args.mlflow)
+        except RknnError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print_result(doc, args.json, os.path.join(args.out, "grid.md"))
+        return 0
+    return interruptible(args.out, command)
 
 
 if __name__ == "__main__":

@@ -166,3 +166,43 @@ def test_paper_numbers_side_by_side_where_the_dataset_matches(tmp_path):
     assert "| 0.991 | 0.985 |" in md and "NOT PRIVATE ref." not in md
     grid.plot(summary, str(tmp_path / "g.png"), "mnist")
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sigterm_to_the_grid_is_one_line_exit_143_that_says_how_to_go_on(tmp_path, ray_session):
+    """`rknn-ray grid` stopped by SIGTERM after its first cell, as a job is (jobs.signals):
+    one line that says what is kept and how to go on, exit 143, no Ray stack dump ("***
+    SIGTERM received", Ray's own handler, printed before), no traceback. A real process that
+    joins this session's Ray (as under `ray job submit`)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "g"
+    env = {**os.environ, "RKNN_RAY_LEDGER": str(tmp_path / "ledger.sqlite"),
+           "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address, "PYTHONPATH": root}
+    sets = [arg for s in FAST for arg in ("--set", s)]
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.grid", "--out", str(out), "--eps", "0.5",
+                             "1", "2", "4", "--no-reference", *sets], cwd=root, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    try:
+        end = time.monotonic() + 240
+        while time.monotonic() < end:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if not line or line.startswith("[1/4]"):
+                break
+        assert lines[-1].startswith("[1/4]"), "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 143, text
+    errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    assert errors == [f"error: interrupted by SIGTERM; the cells that finished are kept in "
+                      f"{out}. Fix: run the same command again: it skips them and runs the rest"]
+    assert "SIGTERM received" not in text and "Traceback" not in text, text
+    assert (out / "runs").is_dir()
