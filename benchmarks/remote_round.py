@@ -156,22 +156,40 @@ def load_main(args) -> int:
     bounds = np.arange(len(keys) + 1)             # one record per holder
     inputs = answer.inputs_many(encoder, features, bounds)
 
+    phases: Counter = Counter()     # CPU seconds of the holders' threads, by step
+
     def holders(part):          # a connection per thread: requests in flight while others seal
         conn = Connection(args.url, args.ca)
         mine: Counter = Counter()
+        spent: Counter = Counter()
+        clock = time.thread_time
         for at in range(0, len(part), BLOCK):
             block = part[at:at + BLOCK]
+            t = clock()
             idents = [Identity(Ed25519PrivateKey.from_private_bytes(keys[i, :32].tobytes()),
                                keys[i, 32:].tobytes()) for i in block]
             rows = np.asarray(block)
+            spent["keys"] += clock() - t
+            t = clock()
             msgs = answer.payloads_many(spec, mech, idents, inputs[rows], labels[rows],
                                         np.arange(len(block) + 1))
+            spent["messages"] += clock() - t
             for ident, m in zip(idents, msgs):
+                t = clock()
                 reports = answer.seal(spec, ident, m)
-                mine.update(send_entries(conn, sign_reports(ident.key, reports), len(reports)))
+                t1 = clock()
+                entries = sign_reports(ident.key, reports)
+                t2 = clock()
+                mine.update(send_entries(conn, entries, len(reports)))
+                t3 = clock()
+                spent["seal"] += t1 - t
+                spent["sign"] += t2 - t1
+                spent["send"] += t3 - t2
         conn.close()
         with lock:
             codes.update(mine)
+            phases.update(spent)
+    setup_cpu = time.process_time()     # imports, the published round, every holder's inputs
     t0 = time.perf_counter()
     threads = [threading.Thread(target=holders, args=(range(j, len(keys), args.threads),))
                for j in range(args.threads)]
@@ -180,7 +198,8 @@ def load_main(args) -> int:
     for t in threads:
         t.join()
     print(json.dumps({"holders": len(keys), "codes": codes, "s": time.perf_counter() - t0,
-                      "cpu_s": time.process_time()}), flush=True)
+                      "cpu_s": time.process_time(), "setup_cpu_s": setup_cpu,
+                      "phases_cpu_s": phases}), flush=True)
     return 0
 
 
@@ -297,6 +316,12 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
             "holders_cpu_s": sum(lo["cpu_s"] for lo in load_out),
             "shuffler_cpu_s": service_cpu,
             "holder_cpu_ms_each": sum(lo["cpu_s"] for lo in load_out) / n * 1e3,
+            # the load processes' CPU per holder by step (us): setup is the imports, the
+            # published round and the inputs, once per process; the rest per holder
+            "holder_cpu_us_by_step": {
+                "setup": sum(lo["setup_cpu_s"] for lo in load_out) / n * 1e6,
+                **{k: sum(lo["phases_cpu_s"].get(k, 0) for lo in load_out) / n * 1e6
+                   for k in ("keys", "messages", "seal", "sign", "send")}},
             "shuffler_cpu_us_per_report": (service_cpu or 0) / n * 1e6,
             "load_avg_1min": [load_before, os.getloadavg()[0]],   # before, after (2 cores)
             "after_window_s": rep["timings_s"]["round_0"] - (rep["timings_s"].get("round_0_holders") or 0),
