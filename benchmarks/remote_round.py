@@ -141,13 +141,17 @@ def load_main(args) -> int:
     from holder.join import published
     from sealing.upload_client import Connection, send_entries, sign_reports
     operator = bytes.fromhex(Path(args.operator_pub).read_text().strip())
-    spec, encoder = published(args.url, args.ca, operator, wait_s=600)
-    mech = mechanism_of(spec)
-    own_cost(spec, mech)            # what each holder computes before it answers
     keys = np.load(args.keys)[args.lo:args.hi]
     table = pq.read_table(args.private).slice(args.lo, args.hi - args.lo)
     labels = np.array([CLASSES.index(v) for v in table.column("label").to_pylist()], np.int64)
     features = table.drop_columns(["label", "holder"])
+    poll, until = Connection(args.url, args.ca), time.monotonic() + 600
+    while poll.request("GET", "/spec")[0] == 404 and time.monotonic() < until:
+        time.sleep(0.1)         # not yet published: the job is starting (one kept connection)
+    poll.close()
+    spec, encoder = published(args.url, args.ca, operator, wait_s=600)
+    mech = mechanism_of(spec)
+    own_cost(spec, mech)            # what each holder computes before it answers
     import threading
     from collections import Counter
     codes: Counter = Counter()
@@ -241,7 +245,7 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
+def one_size(n: int, procs: int, folder: Path, threads: int = 8) -> dict:
     from sealing.upload_client import fetch
     from shuffler.certs import make_certs
     from shuffler.service_files import save_layer_key
@@ -269,10 +273,8 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
                   "registry": str(reg), "window_s": 3600.0}
         t0 = time.perf_counter()
         job = run_job(config(paths, n, remote), folder, "remote")
-        while json.loads(fetch(url, certs.ca, "/status")[1]).get("published") is not True:
-            if job.poll() is not None:
-                finished(job, folder, "remote")
-            time.sleep(0.2)
+        # the holders start with the job and wait for its specification (as holder join
+        # --wait): their imports overlap the job's start, not its round
         bounds = np.linspace(0, n, procs + 1).astype(int)
         loads = [subprocess.Popen([sys.executable, "-m", "benchmarks.remote_round", "--load",
                                    "--url", url, "--ca", str(certs.ca), "--operator-pub",
@@ -281,6 +283,12 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
                                    "--threads", str(threads)],
                                   cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
                  for lo, hi in zip(bounds[:-1], bounds[1:])]
+        while json.loads(fetch(url, certs.ca, "/status")[1]).get("published") is not True:
+            if job.poll() is not None:
+                for p in loads:
+                    p.kill()
+                finished(job, folder, "remote")
+            time.sleep(0.2)
         samples = []
         while any(p.poll() is None for p in loads):
             try:
@@ -342,7 +350,7 @@ def main(argv=None) -> int:
     ap.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     for name in ("--url", "--ca", "--operator-pub", "--keys", "--private"):
         ap.add_argument(name, help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=4, help="connections per load process")
+    ap.add_argument("--threads", type=int, default=8, help="connections per load process")
     ap.add_argument("--lo", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--hi", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
