@@ -149,6 +149,7 @@ def load_main(args) -> int:
     while poll.request("GET", "/spec")[0] == 404 and time.monotonic() < until:
         time.sleep(0.1)         # not yet published: the job is starting (one kept connection)
     poll.close()
+    waiting_cpu = time.process_time()   # imports and the wait, before the round's specification
     spec, encoder = published(args.url, args.ca, operator, wait_s=600)
     mech = mechanism_of(spec)
     own_cost(spec, mech)            # what each holder computes before it answers
@@ -202,7 +203,7 @@ def load_main(args) -> int:
     for t in threads:
         t.join()
     print(json.dumps({"holders": len(keys), "codes": codes, "s": time.perf_counter() - t0,
-                      "cpu_s": time.process_time(), "setup_cpu_s": setup_cpu,
+                      "cpu_s": time.process_time(), "setup_cpu_s": setup_cpu, "waiting_cpu_s": waiting_cpu,
                       "phases_cpu_s": phases}), flush=True)
     return 0
 
@@ -324,10 +325,12 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 8) -> dict:
             "holders_cpu_s": sum(lo["cpu_s"] for lo in load_out),
             "shuffler_cpu_s": service_cpu,
             "holder_cpu_ms_each": sum(lo["cpu_s"] for lo in load_out) / n * 1e3,
-            # the load processes' CPU per holder by step (us): setup is the imports, the
-            # published round and the inputs, once per process; the rest per holder
+            # the load processes' CPU per holder by step (us): before_spec is the imports and
+            # the wait for the specification, setup the published round, the holders' own
+            # cost and inputs, each once per process; the rest per holder
             "holder_cpu_us_by_step": {
-                "setup": sum(lo["setup_cpu_s"] for lo in load_out) / n * 1e6,
+                "before_spec": sum(lo["waiting_cpu_s"] for lo in load_out) / n * 1e6,
+                "setup": sum(lo["setup_cpu_s"] - lo["waiting_cpu_s"] for lo in load_out) / n * 1e6,
                 **{k: sum(lo["phases_cpu_s"].get(k, 0) for lo in load_out) / n * 1e6
                    for k in ("keys", "messages", "seal", "sign", "send")}},
             "shuffler_cpu_us_per_report": (service_cpu or 0) / n * 1e6,
