@@ -246,7 +246,7 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def one_size(n: int, procs: int, folder: Path, threads: int = 8) -> dict:
+def one_size(n: int, procs: int, folder: Path, threads: int = 16) -> dict:
     from sealing.upload_client import fetch
     from shuffler.certs import make_certs
     from shuffler.service_files import save_layer_key
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
     ap.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     for name in ("--url", "--ca", "--operator-pub", "--keys", "--private"):
         ap.add_argument(name, help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=8, help="connections per load process")
+    ap.add_argument("--threads", type=int, default=16, help="connections per load process")
     ap.add_argument("--lo", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--hi", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
