@@ -141,13 +141,18 @@ def load_main(args) -> int:
     from holder.join import published
     from sealing.upload_client import Connection, send_entries, sign_reports
     operator = bytes.fromhex(Path(args.operator_pub).read_text().strip())
-    spec, encoder = published(args.url, args.ca, operator, wait_s=600)
-    mech = mechanism_of(spec)
-    own_cost(spec, mech)            # what each holder computes before it answers
     keys = np.load(args.keys)[args.lo:args.hi]
     table = pq.read_table(args.private).slice(args.lo, args.hi - args.lo)
     labels = np.array([CLASSES.index(v) for v in table.column("label").to_pylist()], np.int64)
     features = table.drop_columns(["label", "holder"])
+    poll, until = Connection(args.url, args.ca), time.monotonic() + 600
+    while poll.request("GET", "/spec")[0] == 404 and time.monotonic() < until:
+        time.sleep(0.1)         # not yet published: the job is starting (one kept connection)
+    poll.close()
+    waiting_cpu = time.process_time()   # imports and the wait, before the round's specification
+    spec, encoder = published(args.url, args.ca, operator, wait_s=600)
+    mech = mechanism_of(spec)
+    own_cost(spec, mech)            # what each holder computes before it answers
     import threading
     from collections import Counter
     codes: Counter = Counter()
@@ -156,22 +161,40 @@ def load_main(args) -> int:
     bounds = np.arange(len(keys) + 1)             # one record per holder
     inputs = answer.inputs_many(encoder, features, bounds)
 
+    phases: Counter = Counter()     # CPU seconds of the holders' threads, by step
+
     def holders(part):          # a connection per thread: requests in flight while others seal
         conn = Connection(args.url, args.ca)
         mine: Counter = Counter()
+        spent: Counter = Counter()
+        clock = time.thread_time
         for at in range(0, len(part), BLOCK):
             block = part[at:at + BLOCK]
+            t = clock()
             idents = [Identity(Ed25519PrivateKey.from_private_bytes(keys[i, :32].tobytes()),
                                keys[i, 32:].tobytes()) for i in block]
             rows = np.asarray(block)
+            spent["keys"] += clock() - t
+            t = clock()
             msgs = answer.payloads_many(spec, mech, idents, inputs[rows], labels[rows],
                                         np.arange(len(block) + 1))
+            spent["messages"] += clock() - t
             for ident, m in zip(idents, msgs):
+                t = clock()
                 reports = answer.seal(spec, ident, m)
-                mine.update(send_entries(conn, sign_reports(ident.key, reports), len(reports)))
+                t1 = clock()
+                entries = sign_reports(ident.key, reports)
+                t2 = clock()
+                mine.update(send_entries(conn, entries, len(reports)))
+                t3 = clock()
+                spent["seal"] += t1 - t
+                spent["sign"] += t2 - t1
+                spent["send"] += t3 - t2
         conn.close()
         with lock:
             codes.update(mine)
+            phases.update(spent)
+    setup_cpu = time.process_time()     # imports, the published round, every holder's inputs
     t0 = time.perf_counter()
     threads = [threading.Thread(target=holders, args=(range(j, len(keys), args.threads),))
                for j in range(args.threads)]
@@ -180,7 +203,8 @@ def load_main(args) -> int:
     for t in threads:
         t.join()
     print(json.dumps({"holders": len(keys), "codes": codes, "s": time.perf_counter() - t0,
-                      "cpu_s": time.process_time()}), flush=True)
+                      "cpu_s": time.process_time(), "setup_cpu_s": setup_cpu, "waiting_cpu_s": waiting_cpu,
+                      "phases_cpu_s": phases}), flush=True)
     return 0
 
 
@@ -222,7 +246,7 @@ def peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
+def one_size(n: int, procs: int, folder: Path, threads: int = 16) -> dict:
     from sealing.upload_client import fetch
     from shuffler.certs import make_certs
     from shuffler.service_files import save_layer_key
@@ -250,10 +274,8 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
                   "registry": str(reg), "window_s": 3600.0}
         t0 = time.perf_counter()
         job = run_job(config(paths, n, remote), folder, "remote")
-        while json.loads(fetch(url, certs.ca, "/status")[1]).get("published") is not True:
-            if job.poll() is not None:
-                finished(job, folder, "remote")
-            time.sleep(0.2)
+        # the holders start with the job and wait for its specification (as holder join
+        # --wait): their imports overlap the job's start, not its round
         bounds = np.linspace(0, n, procs + 1).astype(int)
         loads = [subprocess.Popen([sys.executable, "-m", "benchmarks.remote_round", "--load",
                                    "--url", url, "--ca", str(certs.ca), "--operator-pub",
@@ -262,6 +284,12 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
                                    "--threads", str(threads)],
                                   cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
                  for lo, hi in zip(bounds[:-1], bounds[1:])]
+        while json.loads(fetch(url, certs.ca, "/status")[1]).get("published") is not True:
+            if job.poll() is not None:
+                for p in loads:
+                    p.kill()
+                finished(job, folder, "remote")
+            time.sleep(0.2)
         samples = []
         while any(p.poll() is None for p in loads):
             try:
@@ -297,6 +325,14 @@ def one_size(n: int, procs: int, folder: Path, threads: int = 4) -> dict:
             "holders_cpu_s": sum(lo["cpu_s"] for lo in load_out),
             "shuffler_cpu_s": service_cpu,
             "holder_cpu_ms_each": sum(lo["cpu_s"] for lo in load_out) / n * 1e3,
+            # the load processes' CPU per holder by step (us): before_spec is the imports and
+            # the wait for the specification, setup the published round, the holders' own
+            # cost and inputs, each once per process; the rest per holder
+            "holder_cpu_us_by_step": {
+                "before_spec": sum(lo["waiting_cpu_s"] for lo in load_out) / n * 1e6,
+                "setup": sum(lo["setup_cpu_s"] - lo["waiting_cpu_s"] for lo in load_out) / n * 1e6,
+                **{k: sum(lo["phases_cpu_s"].get(k, 0) for lo in load_out) / n * 1e6
+                   for k in ("keys", "messages", "seal", "sign", "send")}},
             "shuffler_cpu_us_per_report": (service_cpu or 0) / n * 1e6,
             "load_avg_1min": [load_before, os.getloadavg()[0]],   # before, after (2 cores)
             "after_window_s": rep["timings_s"]["round_0"] - (rep["timings_s"].get("round_0_holders") or 0),
@@ -317,7 +353,7 @@ def main(argv=None) -> int:
     ap.add_argument("--load", action="store_true", help=argparse.SUPPRESS)
     for name in ("--url", "--ca", "--operator-pub", "--keys", "--private"):
         ap.add_argument(name, help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=4, help="connections per load process")
+    ap.add_argument("--threads", type=int, default=16, help="connections per load process")
     ap.add_argument("--lo", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--hi", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -64,9 +64,10 @@ def payloads(spec: RoundSpec, mech, identity: Identity, encoder: PublishedEncode
 def inputs_many(encoder: PublishedEncoder, rows, bounds) -> np.ndarray:
     """``encoder.inputs`` of many holders' rows (holder j: rows ``bounds[j]:bounds[j+1]``),
     each row's values exactly what that holder alone computes: one call where the encoder is
-    the featurizer only (element by element), one per holder where a learned transform
-    follows it (a matrix product may round otherwise for another number of rows)."""
-    if encoder.encoder is None:
+    the featurizer only or a row-wise one after it (element by element: ``raw``), one per
+    holder where a learned transform follows it (a matrix product may round otherwise for
+    another number of rows)."""
+    if encoder.encoder is None or encoder.encoder.row_wise:
         return encoder.inputs(rows)
     return np.concatenate([encoder.inputs(rows.slice(lo, hi - lo))
                            for lo, hi in zip(bounds[:-1], bounds[1:])])

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from urllib.parse import urlsplit
 
 from sealing.hpke_report import HEADER_LEN, SPEC_HASH_LEN
+from sealing.https_exchange import Exchange
 from sealing.upload_wire import (SUCCESS, BatchHeader, Entry, WireError, batch_request_message,
                                  encode_upload, read_batch, sign_entry)
 
@@ -33,20 +34,6 @@ def client_context(cafile: str | os.PathLike) -> ssl.SSLContext:
     return ctx
 
 
-class _OneWrite(http.client.HTTPSConnection):
-    """http.client writes a request's head and its body in two writes: two TLS records,
-    two reads and decryptions on the service for every upload. One write here."""
-
-    def _send_output(self, message_body=None, encode_chunked=False):
-        if not isinstance(message_body, bytes) or encode_chunked:
-            return super()._send_output(message_body, encode_chunked)
-        self._buffer.extend((b"", b""))
-        head = b"\r\n".join(self._buffer)
-        del self._buffer[:]
-        self.send(head + message_body)
-        return None
-
-
 class Connection:
     """One keep-alive HTTPS connection to a service, reopened after any failure."""
 
@@ -56,17 +43,16 @@ class Connection:
             raise ValueError(f"the shuffler's URL must be https://HOST:PORT, got {url!r}")
         self.host, self.port, self.timeout = parts.hostname, parts.port or 443, timeout
         self.ctx = client_context(cafile)
-        self._conn: http.client.HTTPSConnection | None = None
+        self._conn: http.client.HTTPSConnection | Exchange | None = None
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict | None = None) -> tuple[int, bytes]:
         """``(status, body)``; any transport failure raises (and drops the connection)."""
-        if self._conn is None:
-            self._conn = _OneWrite(self.host, self.port, timeout=self.timeout, context=self.ctx)
+        if self._conn is None or not getattr(self._conn, "open", False):
+            self.close()
+            self._conn = Exchange(self.host, self.port, self.ctx, self.timeout)
         try:
-            self._conn.request(method, path, body=body, headers=headers or {})
-            resp = self._conn.getresponse()
-            return resp.status, resp.read()
+            return self._conn.request(method, path, body, headers)
         except BaseException:
             self.close()
             raise

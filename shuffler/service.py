@@ -329,22 +329,24 @@ def _judge(batch: list) -> None:
         intake = batch[0][0]
         same = [b for b in batch if b[0] is intake]
         batch = [b for b in batch if b[0] is not intake]
+        dones = [done for _, _, done in same]
         try:
             results = intake.submit_many([entries for _, entries, _ in same])
         except BaseException as exc:  # noqa: BLE001 - each waiting request answers 500
-            for _, _, done in same:
-                done.get_loop().call_soon_threadsafe(_settle, done, None, exc)
-            continue
-        for (_, _, done), codes in zip(same, results):
-            done.get_loop().call_soon_threadsafe(_settle, done, codes, None)
-
-
-def _settle(done, codes, exc) -> None:
-    if not done.done():
-        if exc is None:
-            done.set_result(codes)
+            results, error = [None] * len(same), exc
         else:
-            done.set_exception(exc)
+            error = None
+        # one wake-up of the event loop answers the whole group (not one per request)
+        dones[0].get_loop().call_soon_threadsafe(_settle, dones, results, error)
+
+
+def _settle(dones: list, results: list, exc) -> None:
+    for done, codes in zip(dones, results):
+        if not done.done():
+            if exc is None:
+                done.set_result(codes)
+            else:
+                done.set_exception(exc)
 
 
 def _stamp(request) -> int:

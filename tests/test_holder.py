@@ -328,3 +328,26 @@ def test_many_holders_answered_together_send_the_bytes_each_would_send_alone(tmp
             sealed = [answer.seal(spec, person, m[:3]) for m in (together[j], alone)]
             assert [r[:HEADER_LEN] for r in sealed[0]] == [r[:HEADER_LEN] for r in sealed[1]]
         assert len({m.tobytes() for m in together}) > 1          # each from its own secret
+
+
+def test_a_raw_encoders_inputs_for_many_holders_are_each_holders_own_bits(tmp_path):
+    """inputs_many encodes many holders' rows in one call where the encoder is row-wise
+    (raw: the featurizer, a reshape, a cast): each holder's rows come out the very bits it
+    computes alone, for holders of 1 to 40 rows, values far outside the public range included."""
+    import pyarrow as pa
+    from benchmarks.holder_world import publish_encoder
+    from holder import answer
+    from rknn_ray.published_encoder import PublishedEncoder
+    files = publish_encoder(tmp_path / "enc")
+    encoder = PublishedEncoder.from_files(str(files[0]), str(files[1]))
+    assert encoder.encoder.row_wise
+    sizes = [1, 40, 2, 1, 7, 1, 19, 3]
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    x = np.random.default_rng(3).normal(scale=5.0, size=(bounds[-1], 3))
+    x[::5] *= 1e6                                   # far outside the public part's range
+    rows = pa.table({"x0": x[:, 0], "x1": x[:, 1], "x2": x[:, 2]})
+    together = answer.inputs_many(encoder, rows, bounds)
+    alone = np.concatenate([encoder.inputs(rows.slice(lo, hi - lo))
+                            for lo, hi in zip(bounds[:-1], bounds[1:])])
+    assert together.dtype == alone.dtype == np.float32
+    assert together.tobytes() == alone.tobytes()

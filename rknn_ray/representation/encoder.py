@@ -10,6 +10,10 @@ import numpy as np
 
 class Encoder(ABC):
     name = "abstract"
+    #: each row's embedding is the same bits whatever other rows share the call (an
+    #: element-by-element transform), so many holders' rows may be encoded in one call
+    #: (holder.answer.inputs_many); a matrix product may round otherwise per row count
+    row_wise = False
 
     @abstractmethod
     def fit(self, public_x: np.ndarray) -> "Encoder":

@@ -26,6 +26,7 @@ def _flat(x: np.ndarray) -> np.ndarray:
 class RawEncoder(Encoder):
     """Flattened inputs, unchanged."""
     name = "raw"
+    row_wise = True         # a reshape and a cast to float32
 
     def __init__(self):
         self._dim = None
