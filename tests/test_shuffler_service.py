@@ -124,8 +124,8 @@ def test_too_early_and_too_late_and_no_batch_without_reports(worlds):
 
 
 def test_release_after_the_deadline_only_above_the_floor_permuted_and_anonymous(worlds):
-    few = worlds("few", holders=2, closes_in=8, floor=3, allowance=10)
-    many = worlds("many", holders=4, closes_in=8, floor=3, allowance=10)
+    few = worlds("few", holders=2, closes_in=15, floor=3, allowance=10)
+    many = worlds("many", holders=4, closes_in=15, floor=3, allowance=10)
     (_, few_url), (_, url) = start_service(few), start_service(many)
     assert upload(few_url, few.certs.ca, few.holders[0], few.spec_hash, [few.seal(b"q" * 24)]) == ["accepted"]
     assert upload(few_url, few.certs.ca, few.holders[1], few.spec_hash, [few.seal(b"r" * 24)]) == ["accepted"]
