@@ -49,7 +49,6 @@ import sys
 import uuid
 
 from rknn_ray.baselines import BASELINE_NAMES
-from rknn_ray.errors import RknnError
 
 # torch, Ray, the baselines and the job layer (~5-10 s) load where they are used, after the
 # arguments are parsed: ``rknn-ray compare --help`` answers in well under a second
@@ -417,22 +416,14 @@ def _raise(exc: BaseException):
 
 
 def main(argv=None) -> int:
+    from jobs.experiments import run_command  # deferred (module comment)
     from jobs.writers import print_result  # deferred (module comment)
-    from jobs.experiments import interruptible  # deferred (module comment)
     args = parse_args(argv)
-
-    def command() -> int:
-        try:
-            rows = compare(args.dataset, args.eps, args.methods, args.out, args.delta,
-                           args.seed, args.student_epochs, baseline_s=args.baseline_s,
-                           diagnostics=args.diagnostics, concurrent=args.concurrent,
-                           tensorboard=args.tensorboard, mlflow=args.mlflow)
-        except RknnError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print_result(rows, args.json, os.path.join(args.out, "compare.md"))
-        return 0
-    return interruptible(args.out, command)
+    return run_command(args.out, lambda: compare(
+        args.dataset, args.eps, args.methods, args.out, args.delta, args.seed,
+        args.student_epochs, baseline_s=args.baseline_s, diagnostics=args.diagnostics,
+        concurrent=args.concurrent, tensorboard=args.tensorboard, mlflow=args.mlflow),
+        lambda rows: print_result(rows, args.json, os.path.join(args.out, "compare.md")))
 
 
 if __name__ == "__main__":

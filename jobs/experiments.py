@@ -306,19 +306,26 @@ def mlflow_callback(uri: str, experiment: str):
     return MLflowLoggerCallback(tracking_uri=uri, experiment_name=experiment)
 
 
-def interruptible(out: str, command: Callable[[], int]) -> int:
-    """``command()``, ended by SIGINT or SIGTERM the way a job is (jobs.signals): one line
-    that says what is kept and how to go on, and the shell's exit code (130, 143), not Ray's
-    native stack dump (its handler is replaced once Ray is up, :meth:`Runner.ensure_ray`)."""
+def run_command(out: str, work: Callable[[], object], show: Callable[[object], None]) -> int:
+    """grid's and compare's main: ``show(work())`` and 0; a config or data error is one line
+    and 2; SIGINT or SIGTERM end it the way a job is ended (jobs.signals): one line that says
+    what is kept and how to go on, and the shell's exit code (130, 143), not Ray's native
+    stack dump (its handler is replaced once Ray is up, :meth:`Runner.ensure_ray`)."""
+    from rknn_ray.errors import RknnError  # defers the library (--help stays fast)
     with signals.handled():
         try:
-            return command()
+            result = work()
+        except RknnError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt as exc:
             got = signals.as_interrupt(exc)
             print(f"error: interrupted by {got.name}; the cells that finished are kept in "
                   f"{out}. Fix: run the same command again: it skips them and runs the rest",
                   file=sys.stderr)
             return got.exit_code
+        show(result)
+        return 0
 
 
 @contextlib.contextmanager

@@ -51,11 +51,11 @@ from dataclasses import dataclass, field
 
 from jobs.cells import ISOLATED_BUDGET, error_text
 from jobs.config_files import resolve_config
-from jobs.experiments import (Job, Runner, add_runner_arguments, concurrency, interruptible,
+from jobs.experiments import (Job, Runner, add_runner_arguments, concurrency, run_command,
                               spec_digest)
 from jobs.writers import accuracy_vs_eps_png, fmt, markdown_table, print_result, write_tables
 from rknn_ray.config import load_config
-from rknn_ray.errors import ConfigError, RknnError
+from rknn_ray.errors import ConfigError
 from rknn_ray.paper_numbers import matching, paper_rows
 # the job layer (Ray, torch: ~2-5 s) loads where it is used: ``rknn-ray grid --help`` stays fast
 from rknn_ray.rng import NOT_PRIVATE as SEEDED_NOT_PRIVATE
@@ -578,17 +578,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-
-    def command() -> int:
-        try:
-            doc = grid(GridSpec.from_args(args), args.out, concurrent=args.concurrent,
-                       tensorboard=args.tensorboard, mlflow=args.mlflow)
-        except RknnError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print_result(doc, args.json, os.path.join(args.out, "grid.md"))
-        return 0
-    return interruptible(args.out, command)
+    return run_command(args.out, lambda: grid(GridSpec.from_args(args), args.out,
+                                              concurrent=args.concurrent,
+                                              tensorboard=args.tensorboard, mlflow=args.mlflow),
+                       lambda doc: print_result(doc, args.json,
+                                                os.path.join(args.out, "grid.md")))
 
 
 if __name__ == "__main__":

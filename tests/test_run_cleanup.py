@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.run_cleanup import RAY_DIR, RUN_DIR, RUN_OWNER, run_members, worker_groups
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,17 +79,10 @@ def _name(pid: int) -> str:
 def _reading(run_dir):
     """run_members() of the nested run: its folder; not this run's Ray folder (whose processes,
     this session's Ray, are not the nested run's)."""
-    saved = {k: os.environ.get(k) for k in (RUN_DIR, RAY_DIR)}
-    os.environ[RUN_DIR] = str(run_dir)
-    os.environ.pop(RAY_DIR, None)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(RUN_DIR, str(run_dir))
+        mp.delenv(RAY_DIR, raising=False)
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _holding(folder: str) -> set[int]:
