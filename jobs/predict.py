@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from rknn_ray.errors import RknnError, first_line
-    from rknn_ray.job.predict import Predictor
+    from rknn_ray.predictor import Predictor
     from rknn_ray.runio import atomic_path
     ext = os.path.splitext(args.out)[1].lower()
     if ext not in (".csv", ".parquet", ".pq"):

@@ -3,7 +3,7 @@
 ``predictor.json`` (the fitted table featurizer, the input shape, a ``raw``/``pca``/``hog``
 encoder's parameters) and ``encoder.npz`` (that encoder's arrays, read with
 ``allow_pickle=False``) are the run's public files. The run's predictor
-(rknn_ray.job.predict) and a holder off the cluster (holder/, which featurizes its own rows
+(rknn_ray.predictor) and a holder off the cluster (holder/, which featurizes its own rows
 with the files a round specification names) both load them here, so a holder never needs
 the job layer, Ray or torch, and never runs code it was sent.
 """

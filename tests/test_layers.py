@@ -79,6 +79,11 @@ ALLOWED = {
     "rknn_ray.plots": ["rknn_ray.runio"],
     # the pickle-free published encoder: the run's predictor and a holder off the cluster
     "rknn_ray.published_encoder": ["rknn_ray.data", "rknn_ray.errors", "rknn_ray.representation"],
+    # a run's predictor (predict, RunResult.predict): outside the job layer, so `rknn-ray
+    # predict` loads neither Ray nor the accountants
+    "rknn_ray.predictor": ["rknn_ray.errors", "rknn_ray.predictor_check",
+                           "rknn_ray.published_encoder", "rknn_ray.runio", "rknn_ray.student"],
+    "rknn_ray.predictor_check": ["rknn_ray.errors"],
     "rknn_ray.accounting": ["rknn_ray.errors", "rknn_ray.runio"],
     "rknn_ray.training": ["rknn_ray", "rknn_ray.errors", "rknn_ray.interrupts"],
     "rknn_ray.report_row": [],
@@ -110,8 +115,8 @@ ALLOWED = {
                      "rknn_ray.client_step", "rknn_ray.config", "rknn_ray.config_names",
                      "rknn_ray.data",
                      "rknn_ray.errors", "rknn_ray.interrupts", "rknn_ray.labeling",
-                     "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.published_encoder",
-                     "rknn_ray.remote", "rknn_ray.representation",
+                     "rknn_ray.mechanisms", "rknn_ray.plots", "rknn_ray.predictor",
+                     "rknn_ray.published_encoder", "rknn_ray.remote", "rknn_ray.representation",
                      "rknn_ray.rng", "rknn_ray.runio", "rknn_ray.shard_secrets",
                      "rknn_ray.student", "rknn_ray.training", "sealing"],
 }

@@ -116,7 +116,7 @@ def test_rknn_ray_predict_writes_ids_classes_and_probabilities(table_run):
 @pytest.mark.parametrize("name,kwargs", [("raw", {}), ("pca", {"dim": 5}), ("hog", {"dim": 6}),
                                          ("hog", {"dim": 0})])
 def test_a_fitted_encoder_round_trips_without_pickle(tmp_path, name, kwargs):
-    from rknn_ray.job.predict import encoder_from_state, encoder_state
+    from rknn_ray.predictor import encoder_from_state, encoder_state
     from rknn_ray.representation.represent import make_encoder
     rng = np.random.default_rng(0)
     public, new = rng.random((60, 1, 8, 8), np.float32), rng.random((7, 1, 8, 8), np.float32)
@@ -257,7 +257,7 @@ def test_a_run_folder_with_no_release_is_told_to_run_again_not_resume(tmp_path):
 
 
 def test_a_cut_encoder_file_is_a_data_error(tmp_path):
-    from rknn_ray.job.predict import encoder_from_state, encoder_state
+    from rknn_ray.predictor import encoder_from_state, encoder_state
     from rknn_ray.representation.represent import make_encoder
     x = np.random.default_rng(0).random((50, 1, 8, 8), dtype=np.float32)
     meta, arrays = encoder_state(make_encoder("pca", dim=5).fit(x))

@@ -95,7 +95,7 @@ def test_an_image_has_one_pair_of_bounds_for_all_its_values():
 
 
 def test_the_saved_featurizer_clips_as_the_job_did_and_an_older_one_does_not():
-    """predictor.json (rknn_ray/job/predict.py) saves the bounds: prediction featurizes a row
+    """predictor.json (rknn_ray/predictor.py) saves the bounds: prediction featurizes a row
     as the job's scan and shards did; a predictor.json saved before domains reads as before."""
     cols = Columns(("a", "b"), False)
     f = Featurizer(cols).fit(np.array([[0.0, 10.0], [1.0, 20.0], [2.0, 40.0]]))
@@ -224,7 +224,7 @@ def test_a_value_of_1e300_and_of_1e30_end_alike_through_the_real_job(tmp_path, r
     what the release decides), the same report.json counts, guarantees and domain, the same
     ledger rows; report.json and the console state the domain. The run's predictor clips a
     row as the job did: 1e300, 1e30 and the bound predict alike."""
-    from rknn_ray.job.predict import Predictor
+    from rknn_ray.predictor import Predictor
     from tests.test_table_holders import _job, _shipped_copy, _views
     d = _job(_shipped_copy(str(tmp_path / "d"), _set_cell("1e300")), "table_central.yaml",
              ray=ray_session)

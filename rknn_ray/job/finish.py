@@ -18,7 +18,7 @@ from rknn_ray.job.labels_file import (accuracy_section, accuracy_words, has_publ
                                       id_column, labels_table, measured,
                                       public_ids)
 from rknn_ray.job.placement import merge_placements
-from rknn_ray.job.predict import write_predictor
+from rknn_ray.predictor import write_predictor
 from rknn_ray.job.release_file import load_selections
 from rknn_ray.job.stages import finish_labels, nonprivate_labels
 from rknn_ray.labeling.stage import connection_plan

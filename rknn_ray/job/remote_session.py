@@ -31,7 +31,7 @@ import ray
 from rknn_ray.accounting.guarantee import guarantee_of
 from rknn_ray.errors import RknnError, first_line
 from holder.accountant import SpecRefused, mechanism_of, own_cost
-from rknn_ray.job.predict import predictor_spec
+from rknn_ray.predictor import predictor_spec
 from rknn_ray.job.progress import bar_for
 from rknn_ray.job.session import (PartyFailure, Parties, RoundResult, opened_cost,
                                   opener_processes)

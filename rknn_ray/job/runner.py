@@ -118,13 +118,13 @@ class RunResult:
         """The student's predictions for new rows: a pandas DataFrame with the id column
         (when ``data`` has the public part's), ``class`` (the class name) and
         ``probability``. ``data``: a DataFrame / Arrow table / dict with the table's feature
-        columns, or a numpy array (rknn_ray.job.predict.Predictor). ``allow_pickle``: a
+        columns, or a numpy array (rknn_ray.predictor.Predictor). ``allow_pickle``: a
         student on the encoder's features needs its pickled encoder (trust the folder)."""
         return self.predictor(allow_pickle).predict(data)
 
     def predictor(self, allow_pickle: bool = False):
-        """The run's rknn_ray.job.predict.Predictor (``predict_proba`` for every class)."""
-        from rknn_ray.job.predict import Predictor  # defers pandas, torch: on use
+        """The run's rknn_ray.predictor.Predictor (``predict_proba`` for every class)."""
+        from rknn_ray.predictor import Predictor  # defers pandas, torch: on use
         return Predictor.from_run(self.out_dir, allow_pickle=allow_pickle)
 
 

@@ -23,7 +23,7 @@ import pickle
 import numpy as np
 
 from rknn_ray.errors import DataError
-from rknn_ray.job.predictor_check import check_digests, check_model, check_spec, file_digests
+from rknn_ray.predictor_check import check_digests, check_model, check_spec, file_digests
 from rknn_ray.published_encoder import (ENCODER_ARRAYS, FORMAT, PREDICTOR_FILE, PublishedEncoder,
                                         encoder_from_state, encoder_state, read_predictor_spec)
 from rknn_ray.runio import atomic_path, write_json
