@@ -735,6 +735,8 @@ class TightBound(AmplificationBound):
         total = 0.0            # T: the bucketed pair's full mass
         left = 0.0             # mass outside the bucket windows
         atoms = 0
+        # s -> (h window, log Bin(s, 1/2)(h)): the same for every bucket an s recurs in
+        halves: dict = {}
         for mc, Pc in _norm_buckets(bd, n, pc, max(wc, -(-bd._span(n, pc) // max_buckets))):
             if mc is None:
                 left += Pc
@@ -758,13 +760,16 @@ class TightBound(AmplificationBound):
                 svals = np.arange(lo, hi + 1, dtype=np.int64)
                 lw = (binom_logpmf(svals, n2, q) if q < 1.0 else np.zeros(1)) + math.log(Pc * Pr)
                 for s_, lws in zip(svals.tolist(), lw.tolist()):
-                    if s_ == 0:
-                        h = np.zeros(1, dtype=np.int64)
-                    else:
-                        hlo, hhi, _ = _window(s_, 0.5, tail, exact_out=False)
-                        hlo = min(hlo, s_ - hhi)          # symmetric: h <-> s - h
-                        h = np.arange(hlo, s_ - hlo + 1, dtype=np.int64)
-                    base = lws + binom_logpmf(h, s_, 0.5) - math.log(n)
+                    if s_ not in halves:
+                        if s_ == 0:
+                            h = np.zeros(1, dtype=np.int64)
+                        else:
+                            hlo, hhi, _ = _window(s_, 0.5, tail, exact_out=False)
+                            hlo = min(hlo, s_ - hhi)          # symmetric: h <-> s - h
+                            h = np.arange(hlo, s_ - hlo + 1, dtype=np.int64)
+                        halves[s_] = (h, binom_logpmf(h, s_, 0.5))
+                    h, log_half = halves[s_]
+                    base = lws + log_half - math.log(n)
                     d = s_ - h
                     wp = p * h + d + mr + p * mc
                     wq = h + p * d + mr + p * mc
