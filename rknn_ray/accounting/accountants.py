@@ -39,6 +39,7 @@ from rknn_ray.accounting.bound_choice import round_bound, upper_bound_names
 from rknn_ray.accounting.events import (ApproxDpEvent, LocalRandomizerDpEvent, MultiMessageShuffleDpEvent,
                                         SelectiveRRDpEvent, ShuffledLocalDpEvent, SubsampleDpEvent)
 from rknn_ray.accounting.multi_message import protocol_eps, protocol_pld
+from rknn_ray.accounting.pld_deltas import grid_deltas
 from rknn_ray.accounting.shuffle_pld import PairTooLarge, round_pld
 
 PLD_DISCRETIZATION = 1e-4
@@ -423,7 +424,7 @@ def eps_with_failure(pld, target_delta: float, phi: float = 0.0, grid: int = 204
     if not lo < top:
         return math.inf
     es = np.linspace(lo, top, grid)
-    ok = np.asarray(pld.get_delta_for_epsilon(es)) + (1.0 + np.exp(es)) * phi <= target_delta
+    ok = grid_deltas(pld, es) + (1.0 + np.exp(es)) * phi <= target_delta
     if not ok.any():
         return math.inf
     i = int(np.argmax(ok))

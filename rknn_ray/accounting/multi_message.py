@@ -130,8 +130,10 @@ def _pmfs(p: float, mu: float, shape: float = POISSON) -> tuple[dict, dict]:
     lq = np.full(u.shape, -np.inf)
     lq[1:] = math.log1p(-p) + (2 * u[1:] - 1) * math.log(p) + log_phi[:-1]
     sp, sq = float(np.exp(lp).sum()), float(np.exp(lq[1:]).sum())
-    P = {int(k): float(v) for k, v in zip(u, lp) if v > -745}
-    Q = {int(k): float(v) for k, v in zip(u, lq) if v > -745}
+    # the same dicts as {int(k): float(v) for k, v in zip(u, lp) if v > -745}, built from
+    # lists (a Python loop over numpy scalars cost seconds per calibration at large mu)
+    P = dict(zip(u[lp > -745].tolist(), lp[lp > -745].tolist()))
+    Q = dict(zip(u[lq > -745].tolist(), lq[lq > -745].tolist()))
     # Exact identity Q(low) = P(low) / p: a truncated grid breaks it, and a silently
     # truncated grid would put the missing mass on 'low' and understate eps.
     if not math.isclose(1.0 - sq, (1.0 - sp) / p, rel_tol=1e-6, abs_tol=1e-12):

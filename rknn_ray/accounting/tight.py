@@ -202,36 +202,51 @@ class BlanketDelta:
         s, w, w_rel, out = self._s_window(n2)
         sf_ = s.astype(float)[None, :]
         Cp = Cs[:, None] + cxp * sf_
-        h0 = np.clip(np.floor(-Cp / D).astype(np.int64) + 1, 0, s[None, :] + 1)
+        # np.minimum(np.maximum(.)) is np.clip's result without its per-call dispatch
+        h0 = np.minimum(np.maximum(np.floor(-Cp / D).astype(np.int64) + 1, 0), s[None, :] + 1)
         z = np.maximum(h0 - sf_ / 2.0, 0.0)
         bound = D * sf_ * np.exp(-2.0 * z * z / sf_)
         live = bound > SKIP
-        skipped = np.sum(np.where(live, 0.0, bound), axis=1)
-        m = np.broadcast_to(s[None, :] - 1, Cp.shape)[live]
-        t = (h0 - 1)[live]
-        sf = np.zeros(Cp.shape)
-        pmf = np.zeros(Cp.shape)
-        tab = self._half_table(int(m.min()), int(m.max())) if m.size else None
+        if live.all():
+            # the common case (every n ~ 1e3-1e4 cell is live): the same values as the
+            # masked path below, without its boolean gathers and scatters
+            skipped = 0.0
+            m, t = s[None, :] - 1, h0 - 1          # m: one row, broadcast against t
+            m_lo, m_hi = int(s[0]) - 1, int(s[-1]) - 1
+        else:
+            skipped = np.sum(np.where(live, 0.0, bound), axis=1)
+            m = np.broadcast_to(s[None, :] - 1, Cp.shape)[live]
+            t = (h0 - 1)[live]
+            m_lo, m_hi = (int(m.min()), int(m.max())) if m.size else (0, 0)
+        tab = self._half_table(m_lo, m_hi) if m.size else None
         band = 0.0
         if tab is not None:
             lo, W, P, S, rel, band = tab
-            col = np.clip(t - (m // 2 - W), 0, 2 * W)
-            sf[live], pmf[live] = S[m - lo, col], P[m - lo, col]
+            # one flat take per table (S and P are C-contiguous, rows of 2 W + 1)
+            idx = (m - lo) * (2 * W + 1) + np.clip(t - (m // 2 - W), 0, 2 * W)
+            sf_v, pmf_v = S.ravel().take(idx), P.ravel().take(idx)
             pmf_rel = sf_rel = rel
         else:
-            sf[live] = half_sf_exact(m, t)
-            if m.size:
-                pmf[live] = np.exp(binom_logpmf(t, m, 0.5))
+            m = np.broadcast_to(m, t.shape)
+            sf_v = half_sf_exact(m, t)
+            pmf_v = np.exp(binom_logpmf(t, m, 0.5)) if m.size else np.zeros(0)
             pmf_rel = pmf_rtol(float(np.abs(t - m / 2.0).max(initial=0.0)) + 1)
             sf_rel = EXACT_RTOL_PER_M * float(max(1, s.max()))
-        A = (Cp + D * sf_ / 2.0) * sf
+        if live.all():
+            sf, pmf = sf_v, pmf_v
+        else:
+            sf = np.zeros(Cp.shape)
+            pmf = np.zeros(Cp.shape)
+            sf[live], pmf[live] = sf_v, pmf_v
+        K = Cp + D * sf_ / 2.0
+        A = K * sf
         B = -(Cp / 2.0) * pmf
         est = np.sum(w * np.maximum(A + B, 0.0), axis=1)
         mag = np.sum(w * (np.abs(A) + np.abs(B)), axis=1)
         err = (2.0 * (w_rel + pmf_rel) * mag + sf_rel * np.sum(w * np.abs(A), axis=1)
                + p * n2 * out + skipped + FLOAT_SLACK_PER_TERM * (8 * s.size + 16) * np.maximum(1.0, mag))
         if band:
-            err = err + band * np.sum(w * (np.abs(Cp + D * sf_ / 2.0) + np.abs(Cp) / 2.0), axis=1)
+            err = err + band * np.sum(w * (np.abs(K) + np.abs(Cp) / 2.0), axis=1)
         return est, err, mag
 
     def _half_table(self, m_lo: int, m_hi: int):
@@ -259,7 +274,7 @@ class BlanketDelta:
         cols = rows // 2 - W + np.arange(0, 2 * W + 1, dtype=np.int64)[None, :]
         inside = (cols >= 0) & (cols <= rows)
         P = np.where(inside, np.exp(binom_logpmf(np.clip(cols, 0, rows), rows, 0.5)), 0.0)
-        S = np.cumsum(P[:, ::-1], axis=1)[:, ::-1]
+        S = np.ascontiguousarray(np.cumsum(P[:, ::-1], axis=1)[:, ::-1])   # flat takes
         rel = pmf_rtol(W + 1) + 2.3e-16 * (2 * W + 3)
         tab = (m_lo, W, P, S, rel, 2e-25)
         self.__dict__["_half_tab"] = tab
@@ -720,6 +735,8 @@ class TightBound(AmplificationBound):
         total = 0.0            # T: the bucketed pair's full mass
         left = 0.0             # mass outside the bucket windows
         atoms = 0
+        # s -> (h window, log Bin(s, 1/2)(h)): the same for every bucket an s recurs in
+        halves: dict = {}
         for mc, Pc in _norm_buckets(bd, n, pc, max(wc, -(-bd._span(n, pc) // max_buckets))):
             if mc is None:
                 left += Pc
@@ -743,13 +760,16 @@ class TightBound(AmplificationBound):
                 svals = np.arange(lo, hi + 1, dtype=np.int64)
                 lw = (binom_logpmf(svals, n2, q) if q < 1.0 else np.zeros(1)) + math.log(Pc * Pr)
                 for s_, lws in zip(svals.tolist(), lw.tolist()):
-                    if s_ == 0:
-                        h = np.zeros(1, dtype=np.int64)
-                    else:
-                        hlo, hhi, _ = _window(s_, 0.5, tail, exact_out=False)
-                        hlo = min(hlo, s_ - hhi)          # symmetric: h <-> s - h
-                        h = np.arange(hlo, s_ - hlo + 1, dtype=np.int64)
-                    base = lws + binom_logpmf(h, s_, 0.5) - math.log(n)
+                    if s_ not in halves:
+                        if s_ == 0:
+                            h = np.zeros(1, dtype=np.int64)
+                        else:
+                            hlo, hhi, _ = _window(s_, 0.5, tail, exact_out=False)
+                            hlo = min(hlo, s_ - hhi)          # symmetric: h <-> s - h
+                            h = np.arange(hlo, s_ - hlo + 1, dtype=np.int64)
+                        halves[s_] = (h, binom_logpmf(h, s_, 0.5))
+                    h, log_half = halves[s_]
+                    base = lws + log_half - math.log(n)
                     d = s_ - h
                     wp = p * h + d + mr + p * mc
                     wq = h + p * d + mr + p * mc
