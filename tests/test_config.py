@@ -18,6 +18,7 @@ from rknn_ray.errors import ConfigError
 from rknn_ray.job.resources import protocol_cpus, validate_resources
 from rknn_ray.mechanisms.options import PRIVACY_OPTIONS, SHADOWED_OPTIONS
 from rknn_ray.runio import prepare_run_dir, write_json
+from tests.ast_parse import parse as parse_source
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "jobs", "configs", "*.yaml")))
@@ -300,7 +301,7 @@ def test_an_unset_option_is_its_one_declared_default():
 def _project_imports(path: str) -> set[str]:
     """Every rknn_ray module a file imports, at any depth (inside functions too)."""
     import ast
-    tree = ast.parse(open(path, encoding="utf-8").read())
+    tree = parse_source(open(path, encoding="utf-8").read())
     return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
             and n.module.startswith("rknn_ray")} | {
         a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names

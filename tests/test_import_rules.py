@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.ast_parse import parse as parse_source
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def imports_of(path: Path) -> set[str]:
     """Every module a file imports, anywhere in it (top level or inside functions)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_source(path.read_text())):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -124,5 +126,5 @@ def test_client_code_cannot_open_reports():
 
 @pytest.mark.parametrize("package", ["sealing", "shuffler", "server", "holder"])
 def test_each_party_package_is_documented(package):
-    doc = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text()))
+    doc = ast.get_docstring(parse_source((ROOT / package / "__init__.py").read_text()))
     assert doc and len(doc) > 80

@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks.import_graph import ROOT, cycles, floors, folder, graph, measure, modules
 from benchmarks.import_graph import scan as scan_tree
+from tests.ast_parse import parse as parse_source
 
 
 @functools.cache
@@ -52,7 +53,7 @@ def package_graph() -> dict[str, set[str]]:
     for name, path in modules().items():
         if path.name != "__init__.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
@@ -192,7 +193,7 @@ def test_imports_inside_library_functions_say_what_they_defer():
                 said = False
                 visit(child, in_function or isinstance(
                     child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
-        visit(ast.parse("\n".join(lines)), False)
+        visit(parse_source("\n".join(lines)), False)
     assert bare == []
 
 
@@ -223,11 +224,11 @@ def test_run_is_a_plain_import_of_the_job_package():
     hides it from readers and tools), and the Ray worker hook lives where importing it
     loads nothing of the library."""
     init = modules()["rknn_ray.job"]
-    tree = ast.parse(init.read_text())
+    tree = parse_source(init.read_text())
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
     assert any(isinstance(n, ast.ImportFrom) and n.module == "rknn_ray.job.runner"
                and {a.name for a in n.names} >= {"run", "RunResult"} for n in tree.body)
-    hook_env = ast.parse(modules()["rknn_ray.job.ray_env"].read_text())
+    hook_env = parse_source(modules()["rknn_ray.job.ray_env"].read_text())
     (hook,) = [n.value for n in ast.walk(hook_env) if isinstance(n, ast.Constant)
                and str(n.value).endswith(".pin_ray_address")]
     assert hook.startswith("actors.") and not import_graph()[hook.rpartition(".")[0]]

@@ -14,6 +14,7 @@ from sealing.round_spec import (MAGIC, SIGNATURE_LEN, EncoderFile, RoundSpec, Sp
                                 signed_message, verify)
 from server.hpke_opening import HpkeReportOpener
 from server.keys import ServerKeyPair
+from tests.ast_parse import parse as parse_source
 
 ROOT = Path(__file__).resolve().parents[1]
 OPERATOR = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -222,7 +223,7 @@ def test_the_spec_hash_binds_reports_to_the_round():
 def test_no_pickle_on_the_way_in_or_out():
     """Neither the module nor anything it calls to read arrays uses pickle: arrays come
     from np.frombuffer over raw bytes, object arrays are refused."""
-    tree = ast.parse((ROOT / "sealing" / "round_spec.py").read_text())
+    tree = parse_source((ROOT / "sealing" / "round_spec.py").read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not {m for m in imported if m and ("pickle" in m or m in ("marshal", "shelve", "dill"))}
