@@ -21,6 +21,7 @@ class HttpError(OSError):
 
 MAX_LINE = 65536
 MAX_HEADERS = 100
+MAX_INTERIM = 10        # 1xx answers before the real one
 
 
 class Exchange:
@@ -60,7 +61,7 @@ class Exchange:
             self.close()
             raise
 
-    def _answer(self, method: str) -> tuple[int, bytes]:
+    def _answer(self, method: str, interim: int = 0) -> tuple[int, bytes]:
         line = self.file.readline(MAX_LINE + 1)
         version, _, rest = line.partition(b" ")
         if not version.startswith(b"HTTP/1.") or len(line) > MAX_LINE or not line.endswith(b"\n"):
@@ -83,8 +84,10 @@ class Exchange:
                 close = b"close" in value.lower()
         else:
             raise HttpError(f"more than {MAX_HEADERS} header lines in an answer")
-        if 100 <= status < 200:
-            return self._answer(method)           # an interim answer: the real one follows
+        if 100 <= status < 200:                   # an interim answer: the real one follows
+            if interim >= MAX_INTERIM:
+                raise HttpError(f"more than {MAX_INTERIM} interim (1xx) answers to one request")
+            return self._answer(method, interim + 1)
         if method == "HEAD" or status in (204, 304):
             body = b""
         elif chunked:
@@ -101,6 +104,8 @@ class Exchange:
         out = []
         while True:
             size = int(self.file.readline(MAX_LINE + 1).split(b";", 1)[0], 16)
+            if size < 0:
+                raise HttpError(f"a chunk of negative size ({size})")
             if size == 0:
                 while self.file.readline(MAX_LINE + 1) not in (b"\r\n", b"\n", b""):
                     pass                          # trailers, unused

@@ -43,7 +43,7 @@ class Connection:
             raise ValueError(f"the shuffler's URL must be https://HOST:PORT, got {url!r}")
         self.host, self.port, self.timeout = parts.hostname, parts.port or 443, timeout
         self.ctx = client_context(cafile)
-        self._conn: http.client.HTTPSConnection | Exchange | None = None
+        self._conn: http.client.HTTPSConnection | Exchange | None = None  # stream(): the former
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 headers: dict | None = None) -> tuple[int, bytes]:

@@ -97,3 +97,35 @@ def test_a_server_the_ca_did_not_sign_is_refused(server, tmp_path):
     conn = Connection(url, other.ca)
     with pytest.raises(ssl.SSLCertVerificationError):
         conn.request("GET", "/chunked")
+
+
+@pytest.mark.parametrize("reply,said", [
+    (b"HTTP/1.1 100 Continue\r\n\r\n" * 20, "more than 10 interim"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabc", "negative size"),
+])
+def test_a_server_that_never_answers_or_frames_a_negative_chunk_is_refused(tmp_path, reply, said):
+    """A hostile server (a raw TLS socket here): endless 1xx answers, or a chunk of size -5
+    (read(-5) would read to the end), end the exchange with HttpError, not a recursion or a
+    read without bound."""
+    import socket
+
+    from sealing.https_exchange import Exchange, HttpError
+    from sealing.upload_client import client_context
+    certs = make_certs(tmp_path)
+    srv = socket.create_server(("127.0.0.1", 0))
+    ctx = tls_context(certs.cert, certs.key)
+
+    def answer():
+        conn, _ = srv.accept()
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(65536)
+            tls.sendall(reply)
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(HttpError, match=said):
+            Exchange("127.0.0.1", srv.getsockname()[1], client_context(certs.ca), 10).request(
+                "GET", "/")
+    finally:
+        thread.join(10)
+        srv.close()
