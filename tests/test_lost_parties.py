@@ -244,3 +244,27 @@ def test_a_dataset_shard_killed_mid_round_is_restarted_and_counted_once(clean_sh
     np.testing.assert_array_equal(hit.counts, clean.counts)
     assert hit.messages == clean.messages and hit.rejected["duplicate_message"] > 0
     assert hit.partial is None and hit.shuffler["senders"] == clean.shuffler["senders"]
+
+
+def test_a_party_process_that_died_is_one_line_naming_it(ray_session):
+    """Any party's actor killed under the job (the server actor of a remote round, kill -9 by
+    pid: exit 1 and a traceback before) is said in one line that names it, not as a bug."""
+    from rknn_ray.job.failure import UNEXPECTED, failure_line
+    ray = ray_session
+
+    @ray.remote(num_cpus=0)
+    class ServerImpl:                       # a real actor of that name, killed for real
+        def pid(self):
+            return os.getpid()
+
+    actor = ServerImpl.remote()
+    pid = ray.get(actor.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Exception) as caught:
+        for _ in range(50):
+            ray.get(actor.pid.remote())
+            time.sleep(0.1)
+    line = failure_line(caught.value)
+    assert type(caught.value).__name__ == "ActorDiedError", caught.value
+    assert not line.startswith(UNEXPECTED) and "\n" not in line, line
+    assert f"(ServerImpl, pid {pid})" in line and "Fix:" in line, line

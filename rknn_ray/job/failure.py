@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from rknn_ray.errors import NO_SPACE, RknnError, first_line
 from rknn_ray.job.release_file import ReleaseRefused
@@ -30,12 +31,29 @@ def failure_line(exc: BaseException) -> str:
     if isinstance(exc, RknnError):
         text = str(exc).strip()
         return text.splitlines()[0] if text else type(exc).__name__
+    died = _party_died(exc)
+    if died:
+        return died
     if isinstance(exc, OSError) and exc.errno in NO_SPACE:
         where = f" writing {exc.filename}" if exc.filename else ""
         return f"out of disk space{where} ({exc.strerror}). Fix: free space and re-run"
     if "database or disk is full" in str(exc):
         return f"out of disk space ({exc}). Fix: free space on the ledger's file system"
     return f"{UNEXPECTED}: {type(exc).__name__}: {first_line(exc)}"
+
+
+def _party_died(exc: BaseException) -> str | None:
+    """A party's process that died under the job (Ray's ActorDiedError: a kill, the OOM
+    killer, a lost node) in one line naming it: the machine's doing, not a bug, so no
+    traceback. Shards have their own words (rknn_ray.job.session.ShardLost)."""
+    if type(exc).__name__ != "ActorDiedError" or not type(exc).__module__.startswith("ray"):
+        return None
+    text = str(exc)
+    name, pid = re.search(r"class_name: (\S+)", text), re.search(r"\bpid: (\d+)", text)
+    who = (name.group(1).rsplit(".", 1)[-1] if name else "a party's actor") \
+        + (f", pid {pid.group(1)}" if pid else "")
+    return (f"a party's process died under the job ({who}): it was killed, ran out of memory "
+            "or lost its node. Fix: find what ended it (dmesg shows the OOM killer) and re-run")
 
 
 def stage_words(progress) -> str | None:
