@@ -84,12 +84,14 @@ def start_local_ray(ray) -> None:
     """ray.init for the test session, tried again when Ray's fixed 30 s raylet wait expires on
     a busy machine (as rknn_ray.job.ray_env.ensure_ray does for a job): one slow start must not turn
     every Ray test of the session into a setup error (seen at load 50 on 2 cores)."""
-    from rknn_ray.job.ray_env import START_ATTEMPTS, STARTUP_TIMEOUT
+    from rknn_ray.job.ray_env import (START_ATTEMPTS, STARTUP_TIMEOUT,
+                                      workers_started_without_ray_twice)
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             # address="local": always a fresh instance of our own, never a cluster that a
             # `ray start` (the multi-node tests, another user) left running on this machine
-            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+            with workers_started_without_ray_twice():     # as a job's own instance does
+                ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
             return
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
             if STARTUP_TIMEOUT not in str(exc) or attempt == START_ATTEMPTS:

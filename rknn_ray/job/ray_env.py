@@ -23,6 +23,7 @@ import threading
 
 import ray
 
+import actors.worker_start
 from rknn_ray.errors import ConfigError, first_line
 from rknn_ray.job.progress import console_write
 
@@ -97,6 +98,28 @@ def other_ray_on_this_machine() -> bool:
         return bool(find_gcs_addresses())
     except Exception:  # noqa: BLE001 - a private Ray helper: when unsure, pin
         return True
+
+
+@contextlib.contextmanager
+def workers_started_without_ray_twice():
+    """While a local instance starts: its raylet starts each worker through
+    :mod:`actors.worker_start`, which applies the runtime env's variables and execs the worker
+    with the standard library alone, rather than Ray's setup_worker.py, which imports all of
+    Ray (~0.5 CPU s a worker here, docs/results.md) before the worker imports it again.
+    Anything but a plain Python worker still goes to Ray's own script."""
+    try:
+        # Ray's private API: the raylet's worker command names <ray>/_private/workers/<this>,
+        # and an absolute path replaces the whole join; a Ray that moved it keeps its own
+        from ray._private import ray_constants
+        before = ray_constants.SETUP_WORKER_FILENAME
+    except (ImportError, AttributeError):
+        yield
+        return
+    ray_constants.SETUP_WORKER_FILENAME = os.path.abspath(actors.worker_start.__file__)
+    try:
+        yield
+    finally:
+        ray_constants.SETUP_WORKER_FILENAME = before
 
 
 @contextlib.contextmanager
@@ -298,7 +321,7 @@ def ensure_ray(num_cpus: int | None = None, *, address: str | None = None,
         try:
             # address="local": always our own instance, never a cluster that a `ray start`
             # (jobs.local_cluster, another user) left running on this machine
-            with ray_processes_in_their_own_session():
+            with ray_processes_in_their_own_session(), workers_started_without_ray_twice():
                 ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
                          include_dashboard=False, log_to_driver=log_to_driver, **env,
                          configure_logging=True, logging_level=logging.WARNING,
