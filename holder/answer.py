@@ -9,6 +9,7 @@ same specification makes the same bytes.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.labeling.connection import RULES, Connection
 from rknn_ray.labeling.rknn import build_answers
 from rknn_ray.published_encoder import PublishedEncoder
+from rknn_ray.rng import GeneratorPool
 from sealing.hpke_report import seal_reports
 from sealing.round_spec import RoundSpec
 
@@ -98,7 +100,8 @@ def payloads_many(spec: RoundSpec, mech, identities: list[Identity], inputs: np.
     spec_hash = spec.content_hash()
     answers = [RecordAnswers(neighbors[lo:hi], hot[lo:hi], np.zeros(hi - lo, np.int64),
                              len(queries), num_classes) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    coins = [identity.generator(spec_hash) for identity in identities]   # each its own secret
+    # each holder's own stream (Identity.generator, from its secret), re-keyed in place
+    coins = _pool().keyed([identity.generator_key(spec_hash) for identity in identities])
     many = getattr(mech, "randomize_many", None)       # Collision: each holder's same draws
     batches = (many(answers, coins) if many is not None else
                [mech.randomize(a, rng) for a, rng in zip(answers, coins)])
@@ -108,6 +111,17 @@ def payloads_many(spec: RoundSpec, mech, identities: list[Identity], inputs: np.
                               f"specification's allowance of {spec.allowance}: inconsistent, "
                               "not answered")
     return [msgs.payloads for msgs in batches]
+
+
+_POOLS = threading.local()
+
+
+def _pool() -> GeneratorPool:
+    """This thread's generators (payloads_many's coins live only inside one call)."""
+    pool = getattr(_POOLS, "pool", None)
+    if pool is None:
+        pool = _POOLS.pool = GeneratorPool()
+    return pool
 
 
 def row_by_row(d: int) -> int:

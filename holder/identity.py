@@ -49,6 +49,10 @@ class Identity:
         """The randomizer's ChaCha20 stream for this specification (the same on a retry)."""
         return derived_generator(self.secret, "randomize", spec_hash.hex())
 
+    def generator_key(self, spec_hash: bytes) -> bytes:
+        """The key of :meth:`generator`'s stream (for a re-keyed pool, rknn_ray.rng)."""
+        return derived_key(self.secret, "randomize", spec_hash.hex())
+
 
 def public_raw(key: Ed25519PrivateKey) -> bytes:
     """A private key's raw 32-byte public key (no object around it where the key has it)."""
