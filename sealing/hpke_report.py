@@ -24,6 +24,7 @@ first hop outermost, every layer under the same spec hash and report id.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -86,7 +87,14 @@ def public_key(key: bytes | X25519PublicKey) -> X25519PublicKey:
         return key
     if len(key) != ENC_LEN:
         raise ValueError(f"an HPKE recipient key is {ENC_LEN} raw X25519 bytes, got {len(key)}")
-    return X25519PublicKey.from_public_bytes(bytes(key))
+    return _public_key(bytes(key))
+
+
+@functools.lru_cache(maxsize=64)
+def _public_key(raw: bytes) -> X25519PublicKey:
+    """A round's few recipient keys are parsed once per process, not once per report (the
+    object is immutable: a public key)."""
+    return X25519PublicKey.from_public_bytes(raw)
 
 
 def seal_layer(recipient: bytes | X25519PublicKey, plaintext: bytes, spec_hash: bytes,
