@@ -32,6 +32,8 @@ import numpy as np
 from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
+from sealing.hpke_seal import seal_base
+
 VERSION = 3                   # 1, 2: sealing.envelope's in-cluster format
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_128_GCM)
 SUITE_IDS = (0x0020, 0x0001, 0x0001)        # kem, kdf, aead (RFC 9180 section 7)
@@ -101,7 +103,9 @@ def seal_layer(recipient: bytes | X25519PublicKey, plaintext: bytes, spec_hash: 
                report_id: bytes, layer: int) -> bytes:
     """One layer: header, then HPKE SealBase(pkR, info = label | header, aad = "", plaintext)."""
     head = pack_header(layer, spec_hash, report_id)
-    return head + SUITE.encrypt(bytes(plaintext), public_key(recipient), info=layer_info(head))
+    raw = recipient.public_bytes_raw() if isinstance(recipient, X25519PublicKey) else recipient
+    # SUITE's SealBase (sealing.hpke_seal: libsodium's X25519, the same bytes on the wire)
+    return head + seal_base(raw, plaintext, layer_info(head))
 
 
 def seal_report(server: bytes | X25519PublicKey, payload: bytes, spec_hash: bytes,
