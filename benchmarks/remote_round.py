@@ -133,12 +133,11 @@ def write_holders(folder: Path, n: int) -> tuple[Path, Path]:
 def load_main(args) -> int:
     """One load process: holders [lo, hi) answer the published round (holder.answer)."""
     import pyarrow.parquet as pq
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
     from holder import answer
     from holder.accountant import mechanism_of, own_cost
     from holder.identity import Identity
     from holder.join import published
+    from holder.signing import SodiumEd25519PrivateKey
     from sealing.upload_client import Connection, send_entries, sign_reports
     operator = bytes.fromhex(Path(args.operator_pub).read_text().strip())
     keys = np.load(args.keys)[args.lo:args.hi]
@@ -171,7 +170,7 @@ def load_main(args) -> int:
         for at in range(0, len(part), BLOCK):
             block = part[at:at + BLOCK]
             t = clock()
-            idents = [Identity(Ed25519PrivateKey.from_private_bytes(keys[i, :32].tobytes()),
+            idents = [Identity(SodiumEd25519PrivateKey(keys[i, :32].tobytes()),
                                keys[i, 32:].tobytes()) for i in block]
             rows = np.asarray(block)
             spent["keys"] += clock() - t

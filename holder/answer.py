@@ -9,6 +9,7 @@ same specification makes the same bytes.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.labeling.connection import RULES, Connection
 from rknn_ray.labeling.rknn import build_answers
 from rknn_ray.published_encoder import PublishedEncoder
-from sealing.hpke_report import seal_reports
+from rknn_ray.rng import GeneratorPool
+from sealing.hpke_report import seal_report
 from sealing.round_spec import RoundSpec
 
 
@@ -98,7 +100,8 @@ def payloads_many(spec: RoundSpec, mech, identities: list[Identity], inputs: np.
     spec_hash = spec.content_hash()
     answers = [RecordAnswers(neighbors[lo:hi], hot[lo:hi], np.zeros(hi - lo, np.int64),
                              len(queries), num_classes) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    coins = [identity.generator(spec_hash) for identity in identities]   # each its own secret
+    # each holder's own stream (Identity.generator, from its secret), re-keyed in place
+    coins = _pool().keyed([identity.generator_key(spec_hash) for identity in identities])
     many = getattr(mech, "randomize_many", None)       # Collision: each holder's same draws
     batches = (many(answers, coins) if many is not None else
                [mech.randomize(a, rng) for a, rng in zip(answers, coins)])
@@ -108,6 +111,17 @@ def payloads_many(spec: RoundSpec, mech, identities: list[Identity], inputs: np.
                               f"specification's allowance of {spec.allowance}: inconsistent, "
                               "not answered")
     return [msgs.payloads for msgs in batches]
+
+
+_POOLS = threading.local()
+
+
+def _pool() -> GeneratorPool:
+    """This thread's generators (payloads_many's coins live only inside one call)."""
+    pool = getattr(_POOLS, "pool", None)
+    if pool is None:
+        pool = _POOLS.pool = GeneratorPool()
+    return pool
 
 
 def row_by_row(d: int) -> int:
@@ -171,6 +185,12 @@ def connection_of(spec: RoundSpec):
 def seal(spec: RoundSpec, identity: Identity, messages: np.ndarray) -> list[bytes]:
     """The reports, sealed for the server then each shuffler, ids from the holder's secret."""
     spec_hash = spec.content_hash()
-    sealed = seal_reports(spec.server_key, messages, spec_hash,
-                          identity.report_ids(spec_hash, len(messages)), list(spec.shuffler_keys))
-    return [row.tobytes() for row in sealed]
+    messages = np.asarray(messages)
+    if messages.dtype != np.uint8 or messages.ndim != 2:
+        raise ValueError("messages must be an (M, L) uint8 array, one message per row")
+    ids = identity.report_ids(spec_hash, len(messages))
+    server, hops = bytes(spec.server_key), [bytes(k) for k in spec.shuffler_keys]
+    # sealing.hpke_report.seal_report per message, as seal_reports does, without the (M, W)
+    # array in between (this returns each report's bytes); raw keys (checked per layer)
+    return [seal_report(server, m.tobytes(), spec_hash, rid.tobytes(), hops)
+            for m, rid in zip(messages, ids)]

@@ -16,6 +16,7 @@ import numpy as np
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from holder.signing import SodiumEd25519PrivateKey
 from rknn_ray.rng import derived_generator, derived_key
 from sealing.hpke_report import REPORT_ID_LEN
 
@@ -36,7 +37,7 @@ class Identity:
     @property
     def key_id(self) -> str:
         """The public key as 64 hex digits: the line the shuffler's holder registry lists."""
-        return self.key.public_key().public_bytes_raw().hex()
+        return public_raw(self.key).hex()
 
     def report_ids(self, spec_hash: bytes, count: int) -> np.ndarray:
         """(count, 16) uint8: message i's report id for this specification, from the secret."""
@@ -47,6 +48,16 @@ class Identity:
     def generator(self, spec_hash: bytes) -> np.random.Generator:
         """The randomizer's ChaCha20 stream for this specification (the same on a retry)."""
         return derived_generator(self.secret, "randomize", spec_hash.hex())
+
+    def generator_key(self, spec_hash: bytes) -> bytes:
+        """The key of :meth:`generator`'s stream (for a re-keyed pool, rknn_ray.rng)."""
+        return derived_key(self.secret, "randomize", spec_hash.hex())
+
+
+def public_raw(key: Ed25519PrivateKey) -> bytes:
+    """A private key's raw 32-byte public key (no object around it where the key has it)."""
+    raw = getattr(key, "public_bytes_raw", None)
+    return raw() if raw is not None else key.public_key().public_bytes_raw()
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -70,7 +81,7 @@ def keygen(folder: str | os.PathLike) -> Identity:
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
     _write_private(folder / SECRET_FILE, secret)
-    return Identity(key, secret)
+    return Identity(SodiumEd25519PrivateKey.of(key), secret)
 
 
 def _private_file(path: Path) -> bytes:
@@ -96,4 +107,4 @@ def load(folder: str | os.PathLike) -> Identity:
     if len(secret) != SECRET_LEN:
         raise IdentityError(f"--key: {folder / SECRET_FILE} is {len(secret)} bytes, not "
                             f"{SECRET_LEN}; make a new identity with 'rknn-ray holder keygen'")
-    return Identity(key, secret)
+    return Identity(SodiumEd25519PrivateKey.of(key), secret)     # signs through libsodium

@@ -72,7 +72,7 @@ def new_client_secret() -> bytes:
 def derived_key(secret: bytes, *labels: object) -> bytes:
     """HMAC-SHA256(secret, labels): a 32-byte key, identical for identical inputs."""
     msg = b"rknn-ray/derive" + b"".join(b"\x00" + str(label).encode() for label in labels)
-    return hmac.new(secret, msg, hashlib.sha256).digest()
+    return hmac.digest(secret, msg, "sha256")      # = hmac.new(...).digest(), OpenSSL's one-shot
 
 
 def derived_generator(secret: bytes, *labels: object) -> np.random.Generator:
@@ -91,3 +91,26 @@ def check_consent(cfg, insecure_seeded: bool) -> None:
                           "use run.rng=secure (the default), or add --insecure-seeded to run a "
                           "reproducible simulation that is marked NOT PRIVATE everywhere")
     print(f"WARNING: {NOT_PRIVATE}", file=sys.stderr)
+
+
+class GeneratorPool:
+    """ChaCha20 generators re-keyed in place, for a caller that makes many short-lived ones
+    (a process answering for many holders): ``ChaCha(key=...)`` costs ~30 us, most of it
+    seeding from OS entropy that the key then replaces; re-keying an existing one ~8 us. A
+    re-keyed generator is :func:`chacha_generator` of its key, draw for draw (its counter,
+    block and buffered half-word reset: tests/test_rng_pool.py). The generators :meth:`keyed`
+    returns are valid until its next call: the caller must not keep them (not thread-safe:
+    one pool per thread)."""
+
+    def __init__(self):
+        self._made: list[np.random.Generator] = []
+
+    def keyed(self, keys: list[bytes]) -> list[np.random.Generator]:
+        while len(self._made) < len(keys):
+            self._made.append(chacha_generator(bytes(32)))
+        out = self._made[:len(keys)]
+        for g, key in zip(out, keys):
+            if len(key) != 32:
+                raise ValueError(f"a ChaCha20 key has 32 bytes, got {len(key)}")
+            g.bit_generator.seed(key=int.from_bytes(key, "little"), counter=0)
+        return out

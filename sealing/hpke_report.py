@@ -24,12 +24,15 @@ first hop outermost, every layer under the same spec hash and report id.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
 import numpy as np
 from cryptography.hazmat.primitives import hpke
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
+from sealing.hpke_seal import seal_base
 
 VERSION = 3                   # 1, 2: sealing.envelope's in-cluster format
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.AES_128_GCM)
@@ -86,14 +89,23 @@ def public_key(key: bytes | X25519PublicKey) -> X25519PublicKey:
         return key
     if len(key) != ENC_LEN:
         raise ValueError(f"an HPKE recipient key is {ENC_LEN} raw X25519 bytes, got {len(key)}")
-    return X25519PublicKey.from_public_bytes(bytes(key))
+    return _public_key(bytes(key))
+
+
+@functools.lru_cache(maxsize=64)
+def _public_key(raw: bytes) -> X25519PublicKey:
+    """A round's few recipient keys are parsed once per process, not once per report (the
+    object is immutable: a public key)."""
+    return X25519PublicKey.from_public_bytes(raw)
 
 
 def seal_layer(recipient: bytes | X25519PublicKey, plaintext: bytes, spec_hash: bytes,
                report_id: bytes, layer: int) -> bytes:
     """One layer: header, then HPKE SealBase(pkR, info = label | header, aad = "", plaintext)."""
     head = pack_header(layer, spec_hash, report_id)
-    return head + SUITE.encrypt(bytes(plaintext), public_key(recipient), info=layer_info(head))
+    raw = recipient.public_bytes_raw() if isinstance(recipient, X25519PublicKey) else recipient
+    # SUITE's SealBase (sealing.hpke_seal: libsodium's X25519, the same bytes on the wire)
+    return head + seal_base(raw, plaintext, layer_info(head))
 
 
 def seal_report(server: bytes | X25519PublicKey, payload: bytes, spec_hash: bytes,

@@ -72,7 +72,8 @@ class Connection:
 
 def sign_reports(holder_key, reports: list[bytes]) -> list[Entry]:
     """Entries for ``reports`` signed by ``holder_key`` (an ``Ed25519PrivateKey``)."""
-    key_id = holder_key.public_key().public_bytes_raw()
+    raw = getattr(holder_key, "public_bytes_raw", None)     # holder.signing's key has it
+    key_id = raw() if raw is not None else holder_key.public_key().public_bytes_raw()
     return [sign_entry(key_id, holder_key.sign, r) for r in reports]
 
 

@@ -75,6 +75,9 @@ class Intake:
         fsync: group commit); each request's codes. None is answered before the commit."""
         out, counts = [], Counter()
         with self.store.transaction():
+            # every report id of the group looked up in one statement, not one per report
+            self.store.prefetch(e[2][34:HEADER_LEN] for entries in requests for e in entries
+                                if len(e[2]) >= HEADER_LEN)
             now = self.clock()
             for entries in requests:
                 codes = [self._one(entry, now) for entry in entries]

@@ -23,6 +23,7 @@ from sealing.upload_wire import CODES
 
 FILE_NAME = "shuffler.sqlite"
 SORT_KEY_LEN = 16
+LOOKUP_CHUNK = 500          # report ids per prefetch statement (under SQLite's 999 variables)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
@@ -50,6 +51,8 @@ class _Pending:
 
     def __init__(self):
         self.ids: set = set()
+        self.looked_up: set = set()          # ids whose presence in the file is known (prefetch)
+        self.in_file: set = set()            # of those, the ones the file holds
         self.rows: list = []                 # (report_id, record)
         self.sent: Counter = Counter()       # key_id -> reports accepted in this transaction
         self.answers: Counter = Counter()
@@ -128,9 +131,26 @@ class ReportStore:
             raise RuntimeError("store writes happen inside store.transaction()")
         return self._pending
 
+    def prefetch(self, report_ids) -> None:
+        """Look up which of ``report_ids`` the file already holds, in one statement per
+        :data:`LOOKUP_CHUNK` ids, so :meth:`has` answers them from memory for the rest of
+        this transaction (which holds the write lock: no other writer can add one)."""
+        p = self._open()
+        ids = list({bytes(r) for r in report_ids} - p.looked_up)
+        for at in range(0, len(ids), LOOKUP_CHUNK):
+            chunk = ids[at:at + LOOKUP_CHUNK]
+            p.in_file.update(bytes(r[0]) for r in self.db.execute(
+                "SELECT report_id FROM reports WHERE report_id IN (%s)"
+                % ",".join("?" * len(chunk)), chunk))
+            p.looked_up.update(chunk)
+
     def has(self, report_id: bytes) -> bool:
-        if self._pending is not None and report_id in self._pending.ids:
-            return True
+        p = self._pending
+        if p is not None:
+            if report_id in p.ids:
+                return True
+            if report_id in p.looked_up:
+                return report_id in p.in_file
         return self.db.execute("SELECT 1 FROM reports WHERE report_id = ?",
                                (report_id,)).fetchone() is not None
 

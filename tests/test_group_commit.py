@@ -55,3 +55,39 @@ def test_a_failed_commit_answers_every_waiting_request_with_the_error(world):
     answers = asyncio.run(each())
     assert len(answers) == 2
     assert all(isinstance(a, sqlite3.ProgrammingError) for a in answers)
+
+
+def test_a_group_looks_its_report_ids_up_in_one_statement(world):
+    """Intake.submit_many prefetches the group's report ids (ReportStore.prefetch): one
+    SELECT for the group instead of one or two per report, the same codes as without."""
+    w, intake = world
+    kept = w.seal(bytes(24))
+    assert intake.submit(sign_reports(w.holders[0], [kept])) == ["accepted"]
+    fresh = w.seal(bytes(24))
+    requests = [sign_reports(w.holders[0], [kept]),                 # in the file: duplicate
+                sign_reports(w.holders[1], [fresh]),                # new: accepted
+                sign_reports(w.holders[1], [fresh])]                # again in the group
+    statements = []
+    intake.store.db.set_trace_callback(statements.append)
+    assert intake.submit_many(requests) == [["duplicate"], ["accepted"], ["duplicate"]]
+    intake.store.db.set_trace_callback(None)
+    lookups = [s for s in statements if s.startswith("SELECT") and "report_id" in s]
+    assert len(lookups) == 1 and " IN (" in lookups[0]
+    # an id not prefetched still reads from the file, in and out of a transaction
+    assert intake.store.has(kept[34:50]) and intake.store.has(fresh[34:50])
+    assert not intake.store.has(bytes(16))
+    with intake.store.transaction():
+        intake.store.prefetch([bytes(16)])
+        assert intake.store.has(kept[34:50]) and not intake.store.has(bytes(16))
+
+
+def test_prefetch_chunks_many_ids(world, monkeypatch):
+    import shuffler.store as store_mod
+    w, intake = world
+    monkeypatch.setattr(store_mod, "LOOKUP_CHUNK", 3)
+    reports = [w.seal(bytes(24)) for _ in range(2)]
+    assert intake.submit(sign_reports(w.holders[0], reports)) == ["accepted", "accepted"]
+    ids = [r[34:50] for r in reports] + [bytes([i]) * 16 for i in range(5)]
+    with intake.store.transaction():
+        intake.store.prefetch(ids)
+        assert [intake.store.has(i) for i in ids] == [True, True] + [False] * 5

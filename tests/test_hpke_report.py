@@ -216,3 +216,15 @@ def test_bad_arguments_are_refused_with_one_line():
                      np.zeros((3, 16), np.uint8))
     with pytest.raises(ValueError, match="SHA-256"):
         HpkeReportOpener(ServerKeyPair.generate(), b"x", 5)
+
+
+def test_a_recipient_key_is_parsed_once_and_checked_every_time():
+    """public_key() caches the parsed object per raw key (a round has few recipients)."""
+    import pytest
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from sealing.hpke_report import public_key
+    raw = X25519PrivateKey.generate().public_key().public_bytes_raw()
+    assert public_key(raw) is public_key(bytearray(raw))
+    assert public_key(raw).public_bytes_raw() == raw
+    with pytest.raises(ValueError):
+        public_key(raw[:31])

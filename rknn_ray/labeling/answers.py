@@ -27,7 +27,7 @@ class RecordAnswers:
         m = self.neighbors.shape[0]
         if self.labels.shape[0] != m or self.client_ids.shape != (m,):
             raise ValueError("neighbors, labels and client_ids must have one row per record")
-        if m and np.any(np.diff(self.client_ids) < 0):
+        if m > 1 and np.any(np.diff(self.client_ids) < 0):
             raise ValueError("client_ids must be sorted (records grouped by client)")
 
     @property
@@ -59,7 +59,10 @@ class RecordAnswers:
 
     def clients(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(unique client ids, first record index of each, records per client)."""
-        ids, start, count = np.unique(self.client_ids, return_index=True, return_counts=True)
+        c = self.client_ids
+        if c.size and c[0] == c[-1]:      # one client (sorted ids): np.unique's answer, cheaply
+            return c[:1].copy(), np.zeros(1, np.intp), np.full(1, c.size, np.intp)
+        ids, start, count = np.unique(c, return_index=True, return_counts=True)
         return ids, start, count
 
     @property
