@@ -363,13 +363,16 @@ def main(argv=None) -> int:
         for n in args.sizes:
             row = one_size(n, args.load_processes, Path(tmp) / f"n{n}", args.threads)
             rows.append(row)
+            rate = row["shuffler_accepted_per_s"]
+            rate = (f"{rate:,.0f} reports/s" if rate else
+                    "reports/s not sampled (the round ended before two reads of /status)")
             print(f"N={n:>7}: in-cluster round {row['in_cluster_round_s']:7.1f} s | remote round "
                   f"{row['remote_round_s']:7.1f} s (holders {row['remote_holders_s']:.1f} s, batch "
                   f"{row['remote_batch_s']:.1f} s) | ratio {row['ratio']:.2f} | holders' CPU "
                   f"{row['holders_cpu_s']:.1f} s, shuffler's {row['shuffler_cpu_s'] or 0:.1f} s: "
                   f"apart ~{row['round_if_holders_apart_s']:.1f} s "
                   f"({row['round_if_holders_apart_s'] / row['in_cluster_round_s']:.2f}x) | shuffler "
-                  f"{row['shuffler_accepted_per_s'] or 0:,.0f} reports/s, peak "
+                  f"{rate}, peak "
                   f"{row['shuffler_peak_rss_mb'] or 0:.0f} MB | opened {row['opened']} | load "
                   f"{row['load_avg_1min'][0]:.1f} -> {row['load_avg_1min'][1]:.1f}", flush=True)
     out = {"benchmark": "remote_round", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
