@@ -98,20 +98,14 @@ def test_a_command_prefix_goes_through_ray_s_own_script():
     assert done.stdout.split() == ["RAY-SETUP", "exec", sys.executable, "-c", "pass"]
 
 
-def test_workers_of_a_job_s_own_instance_start_through_it(tmp_path):
-    """A job's own local instance (ensure_ray) beside another one, so its workers carry the
-    job's runtime env: an actor and a task see the launcher's mark and the runtime env's
-    variables (the setup hook ran: RAY_ADDRESS pinned), and Ray's constant is restored after."""
-    code = r"""
-import os, sys
-import ray
-ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-from rknn_ray.job import ray_env
-env = dict(os.environ); env.pop("RAY_ADDRESS", None)
-import subprocess
-child = subprocess.run([sys.executable, "-c", '''
+def test_workers_of_a_job_s_own_instance_start_through_it(ray_session):
+    """A job's own local instance (ensure_ray) beside another one (this session's), so its
+    workers carry the job's runtime env: an actor and a task see the launcher's mark and the
+    runtime env's variables (the setup hook ran: RAY_ADDRESS pinned), and Ray's constant is
+    restored after."""
+    code = """
 import os, ray
-from rknn_ray.job.ray_env import ensure_ray, WORKER_RUNTIME_ENV
+from rknn_ray.job.ray_env import ensure_ray
 assert ensure_ray(1, log_to_driver=False)
 @ray.remote
 class A:
@@ -124,11 +118,9 @@ print("SEEN", ray.get(A.remote().seen.remote()), ray.get(seen.remote()))
 from ray._private import ray_constants
 print("RESTORED", ray_constants.SETUP_WORKER_FILENAME)
 ray.shutdown()
-'''], env=env, capture_output=True, text=True, timeout=240)
-print(child.stdout); print(child.stderr[-3000:], file=sys.stderr)
-ray.shutdown()
 """
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300, cwd=os.getcwd())
-    assert "SEEN ('1', True) 1" in done.stdout, done.stdout + done.stderr
+                          timeout=300, env=env)
+    assert "SEEN ('1', True) 1" in done.stdout, done.stdout + done.stderr[-3000:]
     assert "RESTORED setup_worker.py" in done.stdout
