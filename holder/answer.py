@@ -22,7 +22,7 @@ from rknn_ray.labeling.connection import RULES, Connection
 from rknn_ray.labeling.rknn import build_answers
 from rknn_ray.published_encoder import PublishedEncoder
 from rknn_ray.rng import GeneratorPool
-from sealing.hpke_report import seal_report
+from sealing.hpke_report import seal_reports
 from sealing.round_spec import RoundSpec
 
 
@@ -185,12 +185,6 @@ def connection_of(spec: RoundSpec):
 def seal(spec: RoundSpec, identity: Identity, messages: np.ndarray) -> list[bytes]:
     """The reports, sealed for the server then each shuffler, ids from the holder's secret."""
     spec_hash = spec.content_hash()
-    messages = np.asarray(messages)
-    if messages.dtype != np.uint8 or messages.ndim != 2:
-        raise ValueError("messages must be an (M, L) uint8 array, one message per row")
-    ids = identity.report_ids(spec_hash, len(messages))
-    server, hops = bytes(spec.server_key), [bytes(k) for k in spec.shuffler_keys]
-    # sealing.hpke_report.seal_report per message, as seal_reports does, without the (M, W)
-    # array in between (this returns each report's bytes); raw keys (checked per layer)
-    return [seal_report(server, m.tobytes(), spec_hash, rid.tobytes(), hops)
-            for m, rid in zip(messages, ids)]
+    sealed = seal_reports(spec.server_key, messages, spec_hash,
+                          identity.report_ids(spec_hash, len(messages)), list(spec.shuffler_keys))
+    return [row.tobytes() for row in sealed]
