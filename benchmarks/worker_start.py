@@ -1,4 +1,5 @@
-"""What starting a Ray worker costs: Ray's setup_worker.py against actors/worker_start.py.
+"""What starting a Ray worker costs: Ray's own way, actors/worker_start.py, and a fork of the
+preloaded parent (actors/worker_fork.py, the default for an instance this project starts).
 
     python -m benchmarks.worker_start [--actors 8] [--repeats 3] [--json OUT]
 
@@ -6,8 +7,10 @@ Each cell is a fresh local instance (in a child process of its own) started one 
 the job's runtime env (the worker setup hook a job sets when another instance runs on the
 machine) or with none; it starts ``--actors`` actors at once and each reports its own
 process's CPU time (user + system, from the process's start: the launcher's and Ray's
-set-up included, since exec keeps the process) on its first call. Reports the median CPU
-per worker and the wall time until all were ready, the median over repeats.
+set-up included, since exec keeps the process) on its first call. A forked worker's own CPU
+starts at the fork, so its launcher's CPU and its share of the parent's (its imports, once
+per instance, divided by the workers it forked) are added to it. Reports the median CPU per
+worker and the wall time until all were ready, the median over repeats.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ import ray
 from rknn_ray.job import ray_env
 launcher, with_env, n = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
 kw = {"runtime_env": ray_env.WORKER_RUNTIME_ENV} if with_env else {}
-if launcher == "rknn":
+os.environ["RKNN_RAY_FORKED_WORKERS"] = "1" if launcher == "fork" else "0"
+if launcher != "ray":
     with ray_env.workers_started_without_ray_twice():
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  _system_config={"prestart_worker_first_driver": False}, **kw)
@@ -35,16 +39,38 @@ else:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              _system_config={"prestart_worker_first_driver": False}, **kw)
 
+import psutil
+from rknn_ray.job import forked_workers
+if launcher == "fork":       # the first workers do not wait for a parent that is not ready
+    ready = os.path.join(forked_workers._parents[-1][1], "ready")
+    while not os.path.exists(ready):
+        time.sleep(0.05)
+
 @ray.remote(num_cpus=0)
 class Probe:
     def cpu(self):
         t = os.times()
-        return t.user + t.system, os.environ.get("RKNN_RAY_WORKER_START")
+        parent = " ".join(psutil.Process(os.getppid()).cmdline())
+        forked = "worker_zygote.py" in parent
+        mark = ("fork" if forked else "start" if os.environ.get("RKNN_RAY_WORKER_START") else "ray")
+        return t.user + t.system, mark, os.getppid() if forked else None
 
 t0 = time.perf_counter()
-got = ray.get([Probe.remote().cpu.remote() for _ in range(n)])
+probes = [Probe.remote() for _ in range(n)]
+got = ray.get([p.cpu.remote() for p in probes])
 wall = time.perf_counter() - t0
-print(json.dumps({"cpu": [c for c, _ in got], "marked": [m for _, m in got], "wall": wall}))
+extra = [0.0] * n
+if launcher == "fork":
+    launchers = {}               # this instance's: children of its raylet, a child of ours
+    for p in psutil.Process().children(recursive=True):
+        if "worker_fork.py" in " ".join(p.cmdline()):
+            launchers[p.pid] = sum(p.cpu_times()[:2])
+    parents = {g[2] for g in got if g[2]}
+    share = sum(sum(psutil.Process(q).cpu_times()[:2]) for q in parents) / n
+    per_launcher = sum(launchers.values()) / max(1, len(launchers))
+    extra = [per_launcher + share] * n
+print(json.dumps({"cpu": [c + e for (c, _, _), e in zip(got, extra)],
+                  "marked": [m for _, m, _ in got], "wall": wall}))
 ray.shutdown()
 """
 
@@ -61,14 +87,16 @@ def cell(launcher: str, with_env: bool, actors: int) -> dict:
 def measure(actors: int, repeats: int) -> dict:
     rows = []
     for with_env in (True, False):
-        for launcher in ("ray", "rknn"):
+        for launcher in ("ray", "start", "fork"):
             cpus, walls, marked = [], [], True
             for _ in range(repeats):
                 got = cell(launcher, with_env, actors)
                 cpus += got["cpu"]
                 walls.append(got["wall"])
-                seen = [m == "1" for m in got["marked"]]
-                marked &= all(seen) if launcher == "rknn" else not any(seen)
+                # without a runtime env Ray skips the set-up script: the worker_start mark
+                # is there only with one
+                want = launcher if (launcher == "fork" or with_env) else "ray"
+                marked &= all(m == want for m in got["marked"])
             rows.append({"launcher": launcher, "runtime_env": with_env,
                          "worker_cpu_s_median": statistics.median(cpus),
                          "ready_wall_s_median": statistics.median(walls),
@@ -86,7 +114,8 @@ def main(argv=None) -> int:
     print(f"{args.actors} actors at once, median of {args.repeats} fresh instances")
     print(f"{'runtime env':<12} {'launcher':<28} {'CPU s/worker':>12} {'ready s':>8}")
     for r in res["rows"]:
-        name = "Ray's setup_worker.py" if r["launcher"] == "ray" else "actors/worker_start.py"
+        name = {"ray": "Ray's own", "start": "actors/worker_start.py",
+                "fork": "+ forked (worker_fork.py)"}[r["launcher"]]
         print(f"{'job hook' if r['runtime_env'] else 'none':<12} {name:<28} "
               f"{r['worker_cpu_s_median']:12.2f} {r['ready_wall_s_median']:8.2f}")
     if args.json:

@@ -25,6 +25,7 @@ import ray
 
 import actors.worker_start
 from rknn_ray.errors import ConfigError, first_line
+from rknn_ray.job.forked_workers import workers_forked_from_a_preloaded_parent
 from rknn_ray.job.progress import console_write
 
 #: how long the check of a RAY_ADDRESS waits for its GCS to answer (Ray itself retries for
@@ -107,7 +108,9 @@ def workers_started_without_ray_twice():
     with the standard library alone, rather than Ray's setup_worker.py, which imports all of
     Ray (~0.5 CPU s a worker here: benchmarks/worker_start.py) before the worker imports it again.
     Anything but a plain Python worker still goes to Ray's own script; off Linux (where Ray
-    starts workers differently on Windows), Ray's script alone."""
+    starts workers differently on Windows), Ray's script alone. Each worker is then forked
+    from a parent that has imported Ray's dependencies already
+    (:mod:`rknn_ray.job.forked_workers`)."""
     if not sys.platform.startswith("linux"):
         yield
         return
@@ -121,7 +124,8 @@ def workers_started_without_ray_twice():
         return
     ray_constants.SETUP_WORKER_FILENAME = os.path.abspath(actors.worker_start.__file__)
     try:
-        yield
+        with workers_forked_from_a_preloaded_parent():
+            yield
     finally:
         ray_constants.SETUP_WORKER_FILENAME = before
 
