@@ -272,7 +272,7 @@ def test_three_nodes_each_read_their_own_site_and_the_driver_opens_none(tmp_path
     trace, labels = tmp_path / "driver.trace", tmp_path / "labels.json"
     cmd = [sys.executable, "-m", "jobs.local_cluster", "--node", "server+shuffler+client:site=a",
            "--node", "client:site=b", "--node", "client:site=c", "--labels-json", str(labels),
-           "--", "strace", "-f", "-qq", "-e", "trace=%file", "-o", str(trace),
+           "--", "strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=%file", "-o", str(trace),
            sys.executable, "-m", "jobs.distill", "--config", str(tmp_path / "job.yaml"),
            "--out", str(tmp_path / "run"), "--quiet"]
     done = _run_in_own_group(cmd, timeout=240,
