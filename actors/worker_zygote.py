@@ -185,12 +185,19 @@ def serve(folder: str, worker_script: str) -> None:
         if server not in readable:
             continue
         conn, _ = server.accept()
+        conn.settimeout(10)        # a launcher stopped mid-request holds up no other worker
         try:
             request, fds = receive(conn)
         except (OSError, ValueError):
             conn.close()
             continue
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:            # no fork now (a process limit): the launcher starts it
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            continue
         if pid == 0:
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
