@@ -766,7 +766,7 @@ class TightBound(AmplificationBound):
             best = _lower_with(krr_pair(eps0, n, k), delta, eps0, best)
             if k >= 3 and n >= 2:
                 if KRRThirdValueDelta.terms(eps0, n, k) <= THREE_COUNT_TERMS:
-                    best = _raise_lower(KRRThirdValueDelta(eps0, n, k), delta, best, eps0)
+                    best = _raise_lower(KRRThirdValueDelta.shared(eps0, n, k), delta, best, eps0)
                 elif self.mechanism == "krr" and n <= THIRD_CELL_MAX_N:
                     # the same data set's whole histogram, exactly, where the above is too slow
                     best = _raise_lower(KRRThirdValueExactDelta(eps0, n, k), delta, best, eps0)
