@@ -119,6 +119,8 @@ THREE_COUNT_TERMS = 300_000   # cells of k-RR's whole-histogram third-value boun
 # PAIR_ATOM_BUDGET atoms (about a second to build and turn into a PLD), else the last
 PAIR_BUCKETS = (256, 128, 64, 32, 16, 8)
 PAIR_ATOM_BUDGET = 1_500_000
+BUCKETS_HELD = 8192   # BlanketDelta._buckets' process-wide cache (a few KiB each)
+_BUCKETS: dict = {}
 
 
 class BlanketDelta:
@@ -147,12 +149,21 @@ class BlanketDelta:
         return np.exp(binom_logpmf(k, n, q))
 
     def _buckets(self, n: int, q: float, width: int):
-        """(lowest count per bucket, bucket prob. upper bound, left-out mass below)."""
-        key = (n, q, int(width))
-        cache = self.__dict__.setdefault("_bucket_cache", {})
-        if key not in cache:
-            cache[key] = self._buckets_uncached(n, q, width)
-        return cache[key]
+        """(lowest count per bucket, bucket prob. upper bound, left-out mass below).
+
+        Shared by every instance in the process (read-only arrays): a pure function of
+        (n, q, width, tail, method), and a calibration's instances at other eps0 ask for
+        the same ones (Collision's and k-RR's c | T law does not depend on eps0)."""
+        key = (n, q, int(width), self.tail, self.method)
+        hit = _BUCKETS.get(key)
+        if hit is None:
+            if len(_BUCKETS) >= BUCKETS_HELD:
+                _BUCKETS.clear()
+            hit = self._buckets_uncached(n, q, width)
+            hit[0].setflags(write=False)
+            hit[1].setflags(write=False)
+            _BUCKETS[key] = hit
+        return hit
 
     def _buckets_uncached(self, n: int, q: float, width: int):
         if q <= 0.0 or n == 0:
@@ -436,13 +447,13 @@ class BlanketDelta:
         err += Tbelow * p * n
         for i, (T, PT) in enumerate(zip(Ts.tolist(), Tp.tolist())):
             cs, cp, cbelow = self._buckets(T, tc, wc)
-            cp_rest = np.cumsum(cp[::-1])[::-1]
             g_est, g_err, g_mag = 0.0, cbelow * p * n, 0.0
             if self.method == "fast" and cs.size > 1 and n - T > 0 and \
                     self._s_window(n - T)[0].size * cs.size <= VECTOR_MAX:
                 e, er, mg = self._inner_many(n - T, (1.0 - ee) * (T + (p - 1.0) * cs), ee)
                 g_est, g_err, g_mag = float(cp @ e), g_err + float(cp @ er), float(cp @ mg)
                 cs = cs[:0]
+            cp_rest = np.cumsum(cp[::-1])[::-1] if cs.size else cp   # (the loop's only)
             for j, (mc, Pc) in enumerate(zip(cs.tolist(), cp.tolist())):
                 e, er, mg = self._inner(n - T, (1.0 - ee) * (T + (p - 1.0) * mc), ee)
                 if self.method == "fast" and j and (e + er) * cp_rest[j] <= STOP * (g_est + g_err):
