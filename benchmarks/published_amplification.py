@@ -256,7 +256,7 @@ def _lower_pairs(mechanism: str, k: int | None, eps0: float, n: int) -> list:
         a = 1.0 / (p + kk - 1.0)
         pairs += [krr_pair(eps0, n, kk), _pair_delta(p, a, 1.0 - (p + 1.0) * a, a, n)]
         if mechanism == "krr" and KRRThirdValueDelta.terms(eps0, n, kk) <= 300_000:
-            pairs.append(KRRThirdValueDelta(eps0, n, kk))
+            pairs.append(KRRThirdValueDelta.shared(eps0, n, kk))
     return pairs
 
 
@@ -331,7 +331,7 @@ def compare_row(row: PublishedRow) -> dict:
         out["same_math_match"] = (row.value * (1 - RTOL) <= ours <= hi * (1 + RTOL))
     if row.status == UNSOUND and row.mechanism == "krr" and q == "eps":
         from rknn_ray.accounting.shuffled_rr import KRRThirdValueDelta
-        est, _, down = KRRThirdValueDelta(row.eps0, row.n, row.k).delta(row.value)
+        est, _, down = KRRThirdValueDelta.shared(row.eps0, row.n, row.k).delta(row.value)
         out["witness_delta"] = est - down     # certified: > delta shows the claim unsound
     return out
 

@@ -67,9 +67,22 @@ def _inner_logpmf(kf: np.ndarray, nf: np.ndarray, p: float) -> np.ndarray:
             + 0.5 * np.log(nf / (2.0 * math.pi * kf * (nf - kf))))
 
 
+def _inner_logpmf_one_n(kf: np.ndarray, n: float, p: float) -> np.ndarray:
+    """:func:`_inner_logpmf` for one n: its terms once, not once per k (the same values:
+    stirlerr(n) is arithmetic on n alone, and the rest is elementwise in k)."""
+    nk = n - kf
+    return (_stirlerr(np.array([n]))[0] - _stirlerr(kf) - _stirlerr(nk)
+            - _bd0(kf, n * p) - _bd0(nk, n * (1.0 - p))
+            + 0.5 * np.log(n / (2.0 * math.pi * kf * nk)))
+
+
 def binom_logpmf(k, n, p: float) -> np.ndarray:
     """log P[Bin(n, p) = k], elementwise (integer arrays k, n; 0 < p < 1); -inf off the support."""
     k = np.asarray(k, dtype=np.int64)
+    if k.size and np.ndim(n) == 0:                  # the common case: one n, no edges
+        n0 = int(n)
+        if k.min() > 0 and n0 - k.max() > 0:
+            return _inner_logpmf_one_n(k.astype(float), float(n0), p)
     n = np.broadcast_to(np.asarray(n, dtype=np.int64), k.shape)
     if k.size and k.min() > 0 and (n - k).min() > 0:          # the common case: no edges
         return _inner_logpmf(k.astype(float), n.astype(float), p)

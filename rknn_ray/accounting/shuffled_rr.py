@@ -370,6 +370,20 @@ class KRRThirdValueDelta:
         lo, hi, _ = _window(int(n), a, tail, exact_out=False)
         return (hi - lo + 1) ** 2
 
+    _shared: dict = {}
+
+    @classmethod
+    def shared(cls, eps0: float, n: int, k: int) -> "KRRThirdValueDelta":
+        """One instance per (eps0, n, k) in this process: a pure function of public
+        parameters, never changed after __init__, whose cells cost ~10 ms to build; a
+        grid, a calibration and the published comparison ask for the same ones again."""
+        key = (float(eps0), int(n), int(k))
+        if key not in cls._shared:
+            if len(cls._shared) >= 256:
+                cls._shared.clear()
+            cls._shared[key] = cls(eps0, n, k)
+        return cls._shared[key]
+
     def __init__(self, eps0: float, n: int, k: int, tail: float = 1e-13):
         if k < 3 or n < 2:
             raise ValueError("the third-value pair needs k >= 3 and n >= 2")

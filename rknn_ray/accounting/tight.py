@@ -119,6 +119,8 @@ THREE_COUNT_TERMS = 300_000   # cells of k-RR's whole-histogram third-value boun
 # PAIR_ATOM_BUDGET atoms (about a second to build and turn into a PLD), else the last
 PAIR_BUCKETS = (256, 128, 64, 32, 16, 8)
 PAIR_ATOM_BUDGET = 1_500_000
+BUCKETS_HELD = 8192   # BlanketDelta._buckets' process-wide cache (a few KiB each)
+_BUCKETS: dict = {}
 
 
 class BlanketDelta:
@@ -147,12 +149,21 @@ class BlanketDelta:
         return np.exp(binom_logpmf(k, n, q))
 
     def _buckets(self, n: int, q: float, width: int):
-        """(lowest count per bucket, bucket prob. upper bound, left-out mass below)."""
-        key = (n, q, int(width))
-        cache = self.__dict__.setdefault("_bucket_cache", {})
-        if key not in cache:
-            cache[key] = self._buckets_uncached(n, q, width)
-        return cache[key]
+        """(lowest count per bucket, bucket prob. upper bound, left-out mass below).
+
+        Shared by every instance in the process (read-only arrays): a pure function of
+        (n, q, width, tail, method), and a calibration's instances at other eps0 ask for
+        the same ones (Collision's and k-RR's c | T law does not depend on eps0)."""
+        key = (n, q, int(width), self.tail, self.method)
+        hit = _BUCKETS.get(key)
+        if hit is None:
+            if len(_BUCKETS) >= BUCKETS_HELD:
+                _BUCKETS.clear()
+            hit = self._buckets_uncached(n, q, width)
+            hit[0].setflags(write=False)
+            hit[1].setflags(write=False)
+            _BUCKETS[key] = hit
+        return hit
 
     def _buckets_uncached(self, n: int, q: float, width: int):
         if q <= 0.0 or n == 0:
@@ -197,6 +208,85 @@ class BlanketDelta:
 
     def _inner_many(self, n2: int, Cs: np.ndarray, ee: float):
         """:meth:`_inner` for many fixed parts at once (short s windows: exact tails)."""
+        fast = self._inner_many_live(n2, Cs, ee)
+        return fast if fast is not None else self._inner_many_masked(n2, Cs, ee)
+
+    def _inner_many_live(self, n2: int, Cs: np.ndarray, ee: float):
+        """:meth:`_inner_many` where every cell is live and the tail table covers the rows
+        (every n ~ 1e3-1e4 cell): the masked path's values, bit for bit, with half its
+        array passes (row parts cached per n2, the liveness test on the one row with the
+        largest thresholds: h0 is non-increasing in the fixed part), else None."""
+        p = self.p
+        cxp, D = 1.0 - ee * p, (p - 1.0) * (1.0 + ee)
+        s, w, w_rel, out = self._s_window(n2)
+        if Cs.size == 0 or s.size == 0:
+            return None
+        rows = self._live_rows(n2)
+        if rows is None:
+            return None
+        sf_, s_hi, off, base, W2, band, rel = rows
+        Cp = Cs[:, None] + cxp * sf_
+        # h0 = clip(floor(-Cp / D) + 1, 0, s + 1), in floats (exact: small integers)
+        f = np.floor(Cp / -D)
+        f += 1.0
+        np.maximum(f, 0.0, out=f)
+        np.minimum(f, s_hi, out=f)
+        top = int(np.argmin(Cs))
+        z = np.maximum(f[top] - sf_[0] / 2.0, 0.0)
+        if not (D * sf_[0] * np.exp(-2.0 * z * z / sf_[0]) > SKIP).all():
+            return None
+        f -= off                                   # t - (m // 2 - W), t = h0 - 1
+        np.maximum(f, 0.0, out=f)
+        np.minimum(f, W2, out=f)
+        f += base
+        idx = f.astype(np.intp)
+        tab = self.__dict__["_half_tab"]
+        sf, pmf = tab[3].ravel().take(idx), tab[2].ravel().take(idx)
+        K = Cp + D * sf_ / 2.0
+        A = K * sf
+        hC = Cp / 2.0
+        hp = hC * pmf                              # -B
+        v = A - hp
+        np.maximum(v, 0.0, out=v)
+        v *= w
+        est = v.sum(axis=1)
+        absA = np.abs(A)
+        np.abs(hp, out=hp)
+        hp += absA
+        hp *= w
+        mag = hp.sum(axis=1)
+        absA *= w
+        err = (2.0 * (w_rel + rel) * mag + rel * absA.sum(axis=1)
+               + p * n2 * out + 0.0 + FLOAT_SLACK_PER_TERM * (8 * s.size + 16) * np.maximum(1.0, mag))
+        np.abs(K, out=K)
+        np.abs(hC, out=hC)
+        K += hC
+        K *= w
+        err = err + band * K.sum(axis=1)
+        return est, err, mag
+
+    def _live_rows(self, n2: int):
+        """Row parts of :meth:`_inner_many_live` for n2's s window (None: no table)."""
+        cache = self.__dict__.setdefault("_live_rows_cache", {})
+        if n2 not in cache:
+            s = self._s_window(n2)[0]
+            m_lo, m_hi = int(s[0]) - 1, int(s[-1]) - 1
+            tab = self._half_table(m_lo, m_hi)
+            if tab is None or not tab[5]:
+                cache[n2] = None
+            else:
+                lo, W, _, _, rel, band = tab
+                m = (s - 1).astype(np.int64)
+                cache[n2] = (s.astype(float)[None, :], (s + 1).astype(float)[None, :],
+                             (m // 2 - W + 1).astype(float)[None, :],
+                             ((m - lo) * (2 * W + 1)).astype(float)[None, :], float(2 * W),
+                             band, rel)
+            if len(cache) > 4096:
+                cache.clear()
+        return cache[n2]
+
+    def _inner_many_masked(self, n2: int, Cs: np.ndarray, ee: float):
+        """:meth:`_inner_many`'s general path (some cells bounded, not summed; or no table)."""
         p = self.p
         cxp, D = 1.0 - ee * p, (p - 1.0) * (1.0 + ee)
         s, w, w_rel, out = self._s_window(n2)
@@ -357,13 +447,13 @@ class BlanketDelta:
         err += Tbelow * p * n
         for i, (T, PT) in enumerate(zip(Ts.tolist(), Tp.tolist())):
             cs, cp, cbelow = self._buckets(T, tc, wc)
-            cp_rest = np.cumsum(cp[::-1])[::-1]
             g_est, g_err, g_mag = 0.0, cbelow * p * n, 0.0
             if self.method == "fast" and cs.size > 1 and n - T > 0 and \
                     self._s_window(n - T)[0].size * cs.size <= VECTOR_MAX:
                 e, er, mg = self._inner_many(n - T, (1.0 - ee) * (T + (p - 1.0) * cs), ee)
                 g_est, g_err, g_mag = float(cp @ e), g_err + float(cp @ er), float(cp @ mg)
                 cs = cs[:0]
+            cp_rest = np.cumsum(cp[::-1])[::-1] if cs.size else cp   # (the loop's only)
             for j, (mc, Pc) in enumerate(zip(cs.tolist(), cp.tolist())):
                 e, er, mg = self._inner(n - T, (1.0 - ee) * (T + (p - 1.0) * mc), ee)
                 if self.method == "fast" and j and (e + er) * cp_rest[j] <= STOP * (g_est + g_err):
@@ -687,7 +777,7 @@ class TightBound(AmplificationBound):
             best = _lower_with(krr_pair(eps0, n, k), delta, eps0, best)
             if k >= 3 and n >= 2:
                 if KRRThirdValueDelta.terms(eps0, n, k) <= THREE_COUNT_TERMS:
-                    best = _raise_lower(KRRThirdValueDelta(eps0, n, k), delta, best, eps0)
+                    best = _raise_lower(KRRThirdValueDelta.shared(eps0, n, k), delta, best, eps0)
                 elif self.mechanism == "krr" and n <= THIRD_CELL_MAX_N:
                     # the same data set's whole histogram, exactly, where the above is too slow
                     best = _raise_lower(KRRThirdValueExactDelta(eps0, n, k), delta, best, eps0)
