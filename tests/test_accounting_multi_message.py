@@ -127,3 +127,28 @@ def test_calibration_keeps_the_law_with_the_fewest_messages():
                                            flood_shapes=(POISSON,))
     assert only_poisson.flood_shape == POISSON
     assert c.noise_messages_per_client < 0.5 * only_poisson.noise_messages_per_client
+
+
+@pytest.mark.parametrize("p,mu,shape", [(0.5, 3.0, POISSON), (0.7, 8.0, POISSON),
+                                        (0.6, 40.0, 2.0), (0.9, 200.0, POISSON)])
+def test_the_pair_s_pld_is_the_library_s_to_the_bit(p, mu, shape):
+    """multi_message._pld_of_pair rebuilds dp_accounting's from_two_probability_mass_functions
+    with arrays, in the library's order of additions: the same losses, masses and infinity mass
+    (a dp_accounting that changes its internals fails here, not silently in a guarantee)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from rknn_ray.accounting.multi_message import _pld_of_pair
+    P, Q = _pmfs(p, mu, shape)
+    for lower, upper in ((P, Q), (Q, P)):
+        with np.errstate(over="ignore"):
+            ours = _pld_of_pair(pld_lib, lower, upper, 1e-4)
+            lib = pld_lib.from_two_probability_mass_functions(
+                lower, upper, value_discretization_interval=1e-4)
+        a, b = ours._pmf_remove, lib._pmf_remove
+        assert a._infinity_mass == b._infinity_mass
+        assert type(a) is type(b)
+        if hasattr(a, "_loss_probs"):          # sparse: the same losses, in the same order
+            assert list(a._loss_probs.items()) == list(b._loss_probs.items())
+        else:                                  # dense: the same grid and masses
+            assert a._lower_loss == b._lower_loss and np.array_equal(a._probs, b._probs)
+        eps = [0.1, 0.5, 1.0, 2.0]
+        assert ours.get_delta_for_epsilon(eps).tolist() == lib.get_delta_for_epsilon(eps).tolist()
