@@ -4,13 +4,15 @@ Started beside a local instance, in its own session, it imports Ray's worker dep
 listens on a Unix socket in a private folder. What it never imports: Ray (its C++ config reads
 the worker's ``RAY_*`` variables once, when Ray loads), and libraries that start threads or
 size their pools from the worker's variables at load (numpy's BLAS, pyarrow's allocator): it
-forks with one thread, holding libraries and nothing else (no secret, no key, no seed).
+forks with one thread, holding libraries and nothing else (no secret, no key).
 
 For each launcher it forks a child that takes the launcher's arguments, environment, working
 directory, standard streams, signal mask and SIGINT handling, gets its own process group (as
 the raylet gives a worker), watches the launcher (if it is killed, so is the worker) and runs
-Ray's ``default_worker.py``. Python's ``random`` reseeds itself at fork; everything else draws
-from the OS after it. The parent reaps each child and tells its launcher how it ended.
+Ray's ``default_worker.py``. Python's ``random`` reseeds itself at fork, multiprocessing's
+authentication key is drawn again here, and everything else draws from the OS after it; what
+it keeps of the parent is Python's string-hash seed (one per instance, not per process).
+The parent reaps each child and tells its launcher how it ended.
 
 It dies with the thread that started it (the kernel's parent-death signal) and removes its
 folder when stopped. Run as a script: it imports nothing of Ray or of this project.
@@ -130,6 +132,8 @@ def become_worker(request: dict, fds: list[int], worker_script: str, keep: list,
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[:] = worker_path(worker_script, os.environ.get("PYTHONPATH", ""), base_path)
+    if "multiprocessing.process" in sys.modules:     # its own key, as a new interpreter draws
+        sys.modules["multiprocessing.process"].current_process().authkey = os.urandom(32)
     threading.Thread(target=watch_launcher, args=(int(request["launcher"]),), daemon=True).start()
     sys.argv = [worker_script, *request["args"]]
     code = 0

@@ -77,7 +77,8 @@ print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0
                   "urandom": os.urandom(8).hex(), "ray": "ray" in sys.modules,
                   "sigint": str(signal.getsignal(signal.SIGINT)),
                   "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
-                  "path": sys.path}))
+                  "path": sys.path,
+                  "authkey": __import__("multiprocessing").current_process().authkey.hex()}))
 sys.stdout.flush()
 code = int(os.environ.get("PROBE_EXIT", "0"))
 if os.environ.get("PROBE_SLEEP"):
@@ -148,7 +149,7 @@ def test_a_fork_finds_modules_where_a_new_interpreter_would(probe_parent, tmp_pa
 
 def test_each_fork_draws_its_own_randomness(probe_parent):
     draws = [run_probe(probe_parent)[0] for _ in range(4)]
-    for key in ("np", "py", "urandom"):         # numpy's global generator, random, the OS
+    for key in ("np", "py", "urandom", "authkey"):   # numpy's, random, the OS, multiprocessing
         assert len({d[key] for d in draws}) == 4, key
 
 
