@@ -14,8 +14,9 @@ authentication key is drawn again here, and everything else draws from the OS af
 it keeps of the parent is Python's string-hash seed (one per instance, not per process).
 The parent reaps each child and tells its launcher how it ended.
 
-It dies with the thread that started it (the kernel's parent-death signal) and removes its
-folder when stopped. Run as a script: it imports nothing of Ray or of this project.
+It ends with the thread that started it (the kernel's parent-death signal, SIGTERM) and
+removes its folder on the way out; a folder left by one killed outright is removed by the next
+start (rknn_ray.job.forked_workers). Run as a script: it imports nothing of Ray or of this project.
 """
 import ctypes
 import json
@@ -57,8 +58,9 @@ def preload() -> list[str]:
 
 
 def die_with_parent() -> None:
+    """SIGTERM when the starter goes (handled: the folder is removed on the way out)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
 
@@ -118,6 +120,7 @@ def become_worker(request: dict, fds: list[int], worker_script: str, keep: list,
     for sock in keep:
         sock.close()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)    # the parent's own way out is not the worker's
     for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
     for fd in fds:
@@ -195,19 +198,28 @@ def serve(folder: str, worker_script: str) -> None:
         except (OSError, ValueError):
             conn.close()
             continue
+        # SIGTERM is the parent's way out (its folder removed): held while forking, so that a
+        # child never runs that way out before it has the worker's handlers
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
         try:
             pid = os.fork()
         except OSError:            # no fork now (a process limit): the launcher starts it
+            pid = -1
+        if pid == 0:
+            try:
+                signal.set_wakeup_fd(-1)
+                os.close(wake_r)
+                os.close(wake_w)
+                become_worker(request, fds, worker_script, [server, conn, *launchers.values()],
+                              base_path)
+            finally:
+                os._exit(1)        # never back into the parent's loop or its clean-up
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+        if pid < 0:
             for fd in fds:
                 os.close(fd)
             conn.close()
             continue
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            os.close(wake_r)
-            os.close(wake_w)
-            become_worker(request, fds, worker_script, [server, conn, *launchers.values()],
-                          base_path)
         for fd in fds:
             os.close(fd)
         launchers[pid] = conn
@@ -217,7 +229,15 @@ def serve(folder: str, worker_script: str) -> None:
             pass
 
 
+def stop(_signum, _frame) -> None:
+    """Out through main's finally (the folder goes with the parent); a second SIGTERM (the
+    parent-death signal and a sweep's, together) must not cut that clean-up short."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(0)
+
+
 def main(folder: str) -> None:
+    signal.signal(signal.SIGTERM, stop)
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C is the driver's to handle
     from importlib.util import find_spec

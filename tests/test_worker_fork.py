@@ -222,3 +222,24 @@ def test_workers_of_a_local_instance_are_forked_from_its_parent(ray_session):
     assert Path(f"/proc/{parent_pid}/cmdline").read_bytes().split(b"\0")[1].endswith(
         b"worker_zygote.py")
     assert len({s[2] for s in seen}) == 3 and len({s[3] for s in seen}) == 3
+
+
+def test_a_stopped_parent_removes_its_folder(tmp_path):
+    proc, ready = start_parent(tmp_path)
+    proc.send_signal(signal.SIGTERM)          # what its parent-death signal sends
+    assert proc.wait(timeout=60) == 0
+    assert not Path(ready).parent.exists()
+
+
+def test_a_folder_left_by_a_parent_killed_outright_goes_at_the_next_start(tmp_path):
+    from rknn_ray.job import forked_workers
+    gone, alive, making = (tmp_path / f"{forked_workers.PREFIX}{n}" for n in ("a", "b", "c"))
+    for folder in (gone, alive, making):
+        folder.mkdir(mode=0o700)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (gone / forked_workers.PID_FILE).write_text(str(dead.pid))       # killed, folder left
+    (alive / forked_workers.PID_FILE).write_text(str(os.getpid()))   # a live parent's
+    # `making` has no pid yet: a parent being started right now
+    assert forked_workers.remove_stale_folders(str(tmp_path)) == [str(gone)]
+    assert alive.exists() and making.exists() and not gone.exists()

@@ -25,14 +25,45 @@ SWITCH_ENV = "RKNN_RAY_FORKED_WORKERS"
 _parents: list[tuple[subprocess.Popen, str]] = []
 
 
+PREFIX = "rknn-ray-workers-"
+PID_FILE = "parent.pid"
+
+
+def remove_stale_folders(root: str | None = None) -> list[str]:
+    """Folders of parents that were killed outright (SIGKILL: no way out through their own
+    clean-up): this user's, whose parent is recorded and gone."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        folder = os.path.join(root, name)
+        try:
+            if os.stat(folder).st_uid != os.getuid():
+                continue
+            with open(os.path.join(folder, PID_FILE)) as fh:
+                pid = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue                 # not ours, or being made right now: left alone
+        if not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def start_parent() -> str:
     """Start a preloaded parent; the path its socket will have once it is ready."""
-    folder = tempfile.mkdtemp(prefix="rknn-ray-workers-")     # 0700: this user's only
+    remove_stale_folders()
+    folder = tempfile.mkdtemp(prefix=PREFIX)     # 0700: this user's only
     log = open(os.path.join(folder, "parent.log"), "wb")
     script = os.path.abspath(actors.worker_zygote.__file__)
     proc = subprocess.Popen([sys.executable, script, folder], stdin=subprocess.DEVNULL,
                             stdout=log, stderr=log, start_new_session=True, close_fds=True)
     log.close()
+    with open(os.path.join(folder, PID_FILE), "w") as fh:
+        fh.write(str(proc.pid))
     _parents.append((proc, folder))
     return os.path.join(folder, actors.worker_zygote.READY)
 
