@@ -1,9 +1,9 @@
 """Shared fixtures: one session-scoped local Ray instance (num_cpus=2, loopback)."""
 import atexit
-import contextlib
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
@@ -81,21 +81,6 @@ def isolated_privacy_ledger(tmp_path, monkeypatch):
     return path
 
 
-@contextlib.contextmanager
-def _env(**values):
-    """Variables set while a Ray instance starts (its processes read them then), unset after."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def start_local_ray(ray) -> None:
     """ray.init for the test session, tried again when Ray's fixed 30 s raylet wait expires on
     a busy machine (as rknn_ray.job.ray_env.ensure_ray does for a job): one slow start must not turn
@@ -112,7 +97,7 @@ def start_local_ray(ray) -> None:
             # new files every 0.5 s (1.0 -> 0.34 CPU s in 30 s with 297 files): the jobs that
             # join this instance see a new worker's first lines up to 0.5 s later
             with workers_started_without_ray_twice(), \
-                    _env(RAY_LOG_MONITOR_MANY_FILES_THRESHOLD="1"):
+                    mock.patch.dict(os.environ, {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "1"}):
                 ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
             return
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
