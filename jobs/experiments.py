@@ -25,7 +25,6 @@ here: :class:`ReportRow`, :func:`report_row`); the files are written by jobs.wri
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -328,20 +327,6 @@ def run_command(out: str, work: Callable[[], object], show: Callable[[object], N
         return 0
 
 
-@contextlib.contextmanager
-def _env(**values):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 # ----------------------------------------------------------------------------- the runner
 
 class Runner:
@@ -454,6 +439,8 @@ class Runner:
         os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "60")
         import ray
         from ray import tune
+
+        from rknn_ray.job.ray_env import variables_set_while
         cpus = float(ray.cluster_resources().get("CPU", 0))
         n = concurrency(todo, cpus, self.concurrent)
         self.meta["concurrent"] = n
@@ -494,9 +481,9 @@ class Runner:
         self.meta["tune"] = os.path.join(self.out, "tune", stamp)
         # TUNE_DISABLE_SIGINT_HANDLER: a Ctrl-C ends the command (interruptible()), not only
         # Tune's loop, after which the command would go on as if every cell had run
-        with _env(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_AIR_NEW_OUTPUT="0",
-                  TUNE_DISABLE_SIGINT_HANDLER="1",
-                  TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S="1e9"):
+        with variables_set_while(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_AIR_NEW_OUTPUT="0",
+                                  TUNE_DISABLE_SIGINT_HANDLER="1",
+                                  TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S="1e9"):
             tuner = tune.Tuner(
                 trainable, param_space={"cell": tune.grid_search([j.name for j in todo])},
                 # one trial process runs cell after cell (a fresh one cost ~4 s of Ray worker

@@ -3,7 +3,6 @@ import atexit
 import os
 import shutil
 import tempfile
-from unittest import mock
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
@@ -85,7 +84,7 @@ def start_local_ray(ray) -> None:
     """ray.init for the test session, tried again when Ray's fixed 30 s raylet wait expires on
     a busy machine (as rknn_ray.job.ray_env.ensure_ray does for a job): one slow start must not turn
     every Ray test of the session into a setup error (seen at load 50 on 2 cores)."""
-    from rknn_ray.job.ray_env import (START_ATTEMPTS, STARTUP_TIMEOUT,
+    from rknn_ray.job.ray_env import (START_ATTEMPTS, STARTUP_TIMEOUT, variables_set_while,
                                       workers_started_without_ray_twice)
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
@@ -97,7 +96,7 @@ def start_local_ray(ray) -> None:
             # new files every 0.5 s (1.0 -> 0.34 CPU s in 30 s with 297 files): the jobs that
             # join this instance see a new worker's first lines up to 0.5 s later
             with workers_started_without_ray_twice(), \
-                    mock.patch.dict(os.environ, {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "1"}):
+                    variables_set_while(RAY_LOG_MONITOR_MANY_FILES_THRESHOLD="1"):
                 ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
             return
         except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this

@@ -102,6 +102,23 @@ def other_ray_on_this_machine() -> bool:
 
 
 @contextlib.contextmanager
+def variables_set_while(**values):
+    """Set these environment variables for the block and put back only these after it: a
+    ``ray.init`` inside sets its own (``RAY_AUTH_MODE``), which the processes that later join
+    the instance need, so restoring the whole environment would lock them out."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
 def workers_started_without_ray_twice():
     """While a local instance starts: its raylet starts each worker through
     :mod:`actors.worker_start`, which applies the runtime env's variables and execs the worker
