@@ -314,7 +314,8 @@ def test_concurrent_cells_ending_together_lose_and_double_no_release(tmp_path, r
     together, alone = tmp_path / "together", tmp_path / "alone"
     runner = Runner(str(together), concurrent=4)
     rows = runner.run(cells(together, 4))
-    assert runner.meta["concurrent"] == 4 and not any(r["error"] for r in rows), rows
+    assert runner.meta["concurrent"] == 4 and not any(r["error"] for r in rows), \
+        [r["error"] for r in rows]
     Runner(str(alone), ray=False).run(cells(alone, 0))       # one after another, here
     got = released(together)
     assert got == released(alone) == sorted((f"job-{e}", "released", e) for e in eps_list)
