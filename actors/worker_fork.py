@@ -45,6 +45,7 @@ def request(args: list[str]) -> bytes:
     blocked = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
     ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     body = json.dumps({"args": args, "env": dict(os.environ), "cwd": os.getcwd(),
+                       "executable": sys.executable,
                        "launcher": os.getpid(), "blocked": blocked,
                        "sigint_ignored": ignored}).encode()
     return len(body).to_bytes(4, "big") + body

@@ -2,15 +2,21 @@
 
 Started beside a local instance, in its own session, it imports Ray's worker dependencies and
 listens on a Unix socket in a private folder. What it never imports: Ray (its C++ config reads
-the worker's ``RAY_*`` variables once, when Ray loads), and libraries that start threads or
-size their pools from the worker's variables at load (numpy's BLAS, pyarrow's allocator): it
-forks with one thread, holding libraries and nothing else (no secret, no key).
+the worker's ``RAY_*`` variables once, when Ray loads). The libraries this project's actors
+import (numpy, pyarrow, pandas, faiss, the sealing code's cryptography) size their thread
+pools from variables they read once, at load (OpenBLAS's and OpenMP's thread counts): it
+preloads them only where the instance pins those counts (:data:`PINNED`), and forks a worker
+from them only when that worker's load-time variables are the ones it loaded them under, its
+interpreter is this one and no path of its own holds another copy of them (else the worker
+starts as Ray starts it). It forks with one thread, holding libraries and nothing else (no
+secret, no key).
 
 For each launcher it forks a child that takes the launcher's arguments, environment, working
 directory, standard streams, signal mask and SIGINT handling, gets its own process group (as
 the raylet gives a worker), watches the launcher (if it is killed, so is the worker) and runs
-Ray's ``default_worker.py``. Python's ``random`` reseeds itself at fork, multiprocessing's
-authentication key is drawn again here, and everything else draws from the OS after it; what
+Ray's ``default_worker.py``. Python's ``random`` reseeds itself at fork, numpy's global
+generator and multiprocessing's authentication key are drawn again here, OpenSSL reseeds its
+generator in a forked process, and everything else draws from the OS after it; what
 it keeps of the parent is Python's string-hash seed (one per instance, not per process).
 The parent reaps each child and tells its launcher how it ended.
 
@@ -21,6 +27,7 @@ start (rknn_ray.job.forked_workers). Run as a script: it imports nothing of Ray 
 import ctypes
 import json
 import os
+import re
 import runpy
 import select
 import shutil
@@ -39,13 +46,38 @@ PRELOAD = ("requests", "jsonschema", "asyncio", "ssl", "yaml", "psutil", "tqdm",
            "multiprocessing", "uuid", "subprocess", "logging.handlers", "concurrent.futures",
            "dataclasses", "typing_extensions", "packaging.version", "colorama", "pdb",
            "tarfile", "argparse", "runpy", "uvloop")
+#: what the project's actors import (a shard: numpy, pyarrow, faiss, the seals' cryptography,
+#: randomgen; the server: PyNaCl; the table scanner: pandas): ~0.3-0.45 CPU s an actor
+LIBRARIES = ("numpy", "numpy.random", "pyarrow", "pyarrow.parquet", "pyarrow.csv", "pandas",
+             "faiss", "cryptography.hazmat.primitives.hpke",
+             "cryptography.hazmat.primitives.asymmetric.x25519",
+             "cryptography.hazmat.primitives.asymmetric.ed25519",
+             "cryptography.hazmat.primitives.ciphers.aead", "nacl.bindings", "randomgen")
+#: LIBRARIES load only where all of these are set (the test suite sets them; a user may)
+PINNED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: the variables those libraries (OpenMP, OpenBLAS, MKL, Arrow and its allocators, numpy,
+#: faiss) may read at load: a worker is forked from them only if its own are the same
+LOAD_TIME = re.compile(r"(OMP|GOMP|KMP|OPENBLAS|GOTO|MKL|ARROW|JE_ARROW|MIMALLOC|NPY|NUMPY|"
+                       r"FAISS)_")
+#: Arrow's jemalloc starts a purging thread at load; off in this parent only (Arrow's default
+#: pool is mimalloc, so a worker does not allocate through jemalloc unless told to)
+NO_JEMALLOC_THREAD = ("JE_ARROW_MALLOC_CONF", "background_thread:false")
 PR_SET_PDEATHSIG = 1
 READY = "ready"             # the file name the socket takes once the imports are done
 
 
+def load_time_env(env) -> dict:
+    return {k: v for k, v in env.items() if LOAD_TIME.match(k)}
+
+
 def preload() -> list[str]:
+    """Import PRELOAD, and LIBRARIES where the thread counts are pinned; what loaded."""
+    names = list(PRELOAD)
+    if all(os.environ.get(k) for k in PINNED):
+        names += LIBRARIES
+        os.environ.setdefault(*NO_JEMALLOC_THREAD)
     loaded = []
-    for name in PRELOAD:
+    for name in names:
         try:
             __import__(name)
         except ImportError:
@@ -55,6 +87,28 @@ def preload() -> list[str]:
         raise SystemExit("a preloaded module loaded Ray or started a thread: not forking from it "
                          "(workers start as Ray starts them)")
     return loaded
+
+
+def libraries_in(paths: list[str], names: list[str]) -> bool:
+    """Whether one of these folders holds its own copy of a preloaded library (a job's
+    working_dir or py_modules): the worker must import that one, not ours."""
+    tops = {n.split(".")[0] for n in names if n in LIBRARIES}
+    return any(os.path.exists(os.path.join(p, top)) or os.path.exists(os.path.join(p, top + ".py"))
+               for p in paths for top in tops)
+
+
+def forkable(request: dict, loaded: list[str], env_at_load: dict, worker_script: str) -> bool:
+    """Whether the worker this request describes would load what this parent holds as it
+    holds it: the same interpreter, and where the libraries are loaded, the same load-time
+    variables and no other copy of them on its own path."""
+    if request.get("executable", sys.executable) != sys.executable:
+        return False
+    if not any(name in LIBRARIES for name in loaded):
+        return True
+    if load_time_env(request["env"]) != env_at_load:
+        return False
+    own = worker_path(worker_script, request["env"].get("PYTHONPATH", ""), [])
+    return not libraries_in(own, loaded)
 
 
 def die_with_parent() -> None:
@@ -137,6 +191,8 @@ def become_worker(request: dict, fds: list[int], worker_script: str, keep: list,
     sys.path[:] = worker_path(worker_script, os.environ.get("PYTHONPATH", ""), base_path)
     if "multiprocessing.process" in sys.modules:     # its own key, as a new interpreter draws
         sys.modules["multiprocessing.process"].current_process().authkey = os.urandom(32)
+    if "numpy.random" in sys.modules:                # numpy's global generator, from the OS
+        sys.modules["numpy.random"].seed()
     threading.Thread(target=watch_launcher, args=(int(request["launcher"]),), daemon=True).start()
     sys.argv = [worker_script, *request["args"]]
     code = 0
@@ -169,7 +225,7 @@ def reap(launchers: dict) -> None:
             conn.close()
 
 
-def serve(folder: str, worker_script: str) -> None:
+def serve(folder: str, worker_script: str, loaded: list[str], env_at_load: dict) -> None:
     base_path = own_base_path()
     wake_r, wake_w = os.pipe()        # a child's exit wakes the loop (no polling while idle)
     os.set_blocking(wake_w, False)
@@ -196,6 +252,11 @@ def serve(folder: str, worker_script: str) -> None:
         try:
             request, fds = receive(conn)
         except (OSError, ValueError):
+            conn.close()
+            continue
+        if not forkable(request, loaded, env_at_load, worker_script):
+            for fd in fds:          # no answer: the launcher starts the worker as Ray would
+                os.close(fd)
             conn.close()
             continue
         # SIGTERM is the parent's way out (its folder removed): held while forking, so that a
@@ -236,18 +297,23 @@ def stop(_signum, _frame) -> None:
     raise SystemExit(0)
 
 
+def run(folder: str, worker_script: str) -> None:
+    """Preload, then fork a worker for each launcher until stopped; the folder goes after."""
+    env_at_load = load_time_env(os.environ)
+    loaded = preload()
+    try:
+        serve(folder, worker_script, loaded, env_at_load)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(folder: str) -> None:
     signal.signal(signal.SIGTERM, stop)
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C is the driver's to handle
     from importlib.util import find_spec
-    worker_script = os.path.join(os.path.dirname(find_spec("ray").origin), "_private",
-                                 "workers", "default_worker.py")
-    preload()
-    try:
-        serve(folder, worker_script)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    run(folder, os.path.join(os.path.dirname(find_spec("ray").origin), "_private", "workers",
+                             "default_worker.py"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """What starting a Ray worker costs: Ray's own way, actors/worker_start.py, and a fork of the
 preloaded parent (actors/worker_fork.py, the default for an instance this project starts).
 
-    python -m benchmarks.worker_start [--actors 8] [--repeats 3] [--json OUT]
+    python -m benchmarks.worker_start [--actors 8] [--repeats 3] [--imports MODULE]
+                                      [--pinned] [--json OUT]
 
 Each cell is a fresh local instance (in a child process of its own) started one way, with
 the job's runtime env (the worker setup hook a job sets when another instance runs on the
@@ -11,6 +12,12 @@ set-up included, since exec keeps the process) on its first call. A forked worke
 starts at the fork, so its launcher's CPU and its share of the parent's (its imports, once
 per instance, divided by the workers it forked) are added to it. Reports the median CPU per
 worker and the wall time until all were ready, the median over repeats.
+
+``--imports actors.client_shard``: each actor imports that module first, as a job's shard
+does (numpy, pyarrow, faiss, the seals' cryptography). ``--pinned``: the instances run with
+the thread counts pinned (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS = 1, as the
+test suite runs), where the preloaded parent also holds those libraries
+(actors/worker_zygote.py).
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import ray
 from rknn_ray.job import ray_env
 launcher, with_env, n = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+module = sys.argv[4] if len(sys.argv) > 4 else ""
 kw = {"runtime_env": ray_env.WORKER_RUNTIME_ENV} if with_env else {}
 os.environ["RKNN_RAY_FORKED_WORKERS"] = "1" if launcher == "fork" else "0"
 if launcher != "ray":
@@ -48,6 +56,11 @@ if launcher == "fork":       # the first workers do not wait for a parent that i
 
 @ray.remote(num_cpus=0)
 class Probe:
+    def __init__(self, module):
+        if module:
+            import importlib
+            importlib.import_module(module)
+
     def cpu(self):
         t = os.times()
         parent = " ".join(psutil.Process(os.getppid()).cmdline())
@@ -56,7 +69,7 @@ class Probe:
         return t.user + t.system, mark, os.getppid() if forked else None
 
 t0 = time.perf_counter()
-probes = [Probe.remote() for _ in range(n)]
+probes = [Probe.remote(module) for _ in range(n)]
 got = ray.get([p.cpu.remote() for p in probes])
 wall = time.perf_counter() - t0
 extra = [0.0] * n
@@ -75,22 +88,29 @@ ray.shutdown()
 """
 
 
-def cell(launcher: str, with_env: bool, actors: int) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+PINS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def cell(launcher: str, with_env: bool, actors: int, imports: str = "",
+         pinned: bool = False) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and k not in PINS}
+    if pinned:
+        env.update({k: "1" for k in PINS})
     done = subprocess.run([sys.executable, "-c", CELL, launcher, "1" if with_env else "0",
-                           str(actors)], capture_output=True, text=True, env=env, timeout=600)
+                           str(actors), imports], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)) or ".")
     if done.returncode != 0:
         raise SystemExit(f"error: the {launcher} cell failed: {done.stderr.strip()[-400:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(actors: int, repeats: int) -> dict:
+def measure(actors: int, repeats: int, imports: str = "", pinned: bool = False) -> dict:
     rows = []
     for with_env in (True, False):
         for launcher in ("ray", "start", "fork"):
             cpus, walls, marked = [], [], True
             for _ in range(repeats):
-                got = cell(launcher, with_env, actors)
+                got = cell(launcher, with_env, actors, imports, pinned)
                 cpus += got["cpu"]
                 walls.append(got["wall"])
                 # without a runtime env Ray skips the set-up script: the worker_start mark
@@ -101,17 +121,24 @@ def measure(actors: int, repeats: int) -> dict:
                          "worker_cpu_s_median": statistics.median(cpus),
                          "ready_wall_s_median": statistics.median(walls),
                          "workers": len(cpus), "launcher_confirmed": marked})
-    return {"actors": actors, "repeats": repeats, "rows": rows}
+    return {"actors": actors, "repeats": repeats, "imports": imports, "pinned": pinned,
+            "rows": rows}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--actors", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--imports", default="", metavar="MODULE",
+                    help="each actor imports this first (e.g. actors.client_shard)")
+    ap.add_argument("--pinned", action="store_true",
+                    help="thread counts pinned to 1 (the parent then preloads the libraries)")
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
-    res = measure(args.actors, args.repeats)
-    print(f"{args.actors} actors at once, median of {args.repeats} fresh instances")
+    res = measure(args.actors, args.repeats, args.imports, args.pinned)
+    print(f"{args.actors} actors at once, median of {args.repeats} fresh instances"
+          + (f", each importing {args.imports}" if args.imports else "")
+          + (", thread counts pinned" if args.pinned else ""))
     print(f"{'runtime env':<12} {'launcher':<28} {'CPU s/worker':>12} {'ready s':>8}")
     for r in res["rows"]:
         name = {"ray": "Ray's own", "start": "actors/worker_start.py",

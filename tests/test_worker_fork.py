@@ -16,11 +16,19 @@ from actors import worker_fork, worker_zygote
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 
-def start_parent(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+PINS = {name: "1" for name in worker_zygote.PINNED}
+
+
+def unpinned_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in worker_zygote.PINNED}
+
+
+def start_parent(tmp_path: Path, pinned: bool = False) -> tuple[subprocess.Popen, str]:
     folder = tmp_path / "parent"
     folder.mkdir(mode=0o700)
+    env = {**unpinned_env(), **(PINS if pinned else {})}
     proc = subprocess.Popen([sys.executable, worker_zygote.__file__, str(folder)],
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     ready = folder / worker_zygote.READY
     deadline = time.monotonic() + 60
     while not ready.exists():
@@ -29,10 +37,10 @@ def start_parent(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     return proc, str(ready)
 
 
-@pytest.fixture
-def parent(tmp_path):
-    proc, ready = start_parent(tmp_path)
-    yield proc, ready
+@pytest.fixture(params=[False, True], ids=["unpinned", "pinned"])
+def parent(tmp_path, request):
+    proc, ready = start_parent(tmp_path, pinned=request.param)
+    yield proc, ready, request.param
     proc.kill()
     proc.wait()
 
@@ -58,11 +66,13 @@ def test_without_the_parent_the_launcher_starts_ray_s_own_worker(tmp_path):
 
 
 def test_the_parent_holds_no_ray_and_no_thread_when_it_forks(parent):
-    proc, _ = parent
+    proc, _, pinned = parent
     maps = Path(f"/proc/{proc.pid}/maps").read_text()
     assert "_raylet" not in maps                    # Ray's C++ core never loaded in the parent
     assert len(os.listdir(f"/proc/{proc.pid}/task")) == 1
-    assert "numpy" not in maps and "libarrow" not in maps    # their pools size at load
+    # their pools size at load: loaded only where the thread counts are pinned
+    for library in ("numpy", "libarrow", "faiss"):
+        assert (library in maps) == pinned, library
     status = Path(f"/proc/{proc.pid}/status").read_text()
     assert "_ssl" in maps or "libssl" in maps or "SigCgt" in status     # imports done: ssl loaded
 
@@ -75,6 +85,11 @@ print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0
                   "socket_env": os.environ.get("%s"),
                   "np": int(np.random.randint(0, 2**62)), "py": random.getrandbits(62),
                   "urandom": os.urandom(8).hex(), "ray": "ray" in sys.modules,
+                  "openssl": __import__("cryptography.hazmat.primitives.asymmetric.x25519",
+                                        fromlist=["x"]).X25519PrivateKey.generate()
+                                                     .private_bytes_raw().hex(),
+                  "sodium": __import__("nacl.utils", fromlist=["x"]).random(8).hex(),
+                  "preloaded": "numpy" in sys.modules and "faiss" in sys.modules,
                   "sigint": str(signal.getsignal(signal.SIGINT)),
                   "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
                   "path": sys.path,
@@ -89,13 +104,15 @@ sys.exit(code)
 
 @pytest.fixture
 def probe_parent(tmp_path, monkeypatch):
-    """A parent whose forks run a probe script instead of default_worker.py."""
+    """A parent whose forks run a probe script instead of default_worker.py, with the
+    libraries preloaded (the thread counts pinned, here and in the launchers)."""
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     folder = tmp_path / "pparent"
     folder.mkdir(mode=0o700)
-    code = ("import sys; import actors.worker_zygote as z; "
-            f"z.preload(); z.serve(sys.argv[1], {str(probe)!r})")
+    for name, value in PINS.items():
+        monkeypatch.setenv(name, value)
+    code = f"import sys; import actors.worker_zygote as z; z.run(sys.argv[1], {str(probe)!r})"
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], start_new_session=True,
                             cwd=Path(worker_zygote.__file__).parents[1])
     ready = folder / worker_zygote.READY
@@ -128,7 +145,7 @@ def test_a_fork_is_the_process_ray_would_have_started(probe_parent, tmp_path):
     assert seen["env"] == "seen" and seen["socket_env"] == probe_parent
     assert seen["pid"] != launcher and seen["pgid"] == seen["pid"]    # its own group
     assert seen["sigint"] == str(signal.default_int_handler) and seen["blocked"] == []
-    assert seen["ray"] is False
+    assert seen["ray"] is False and seen["preloaded"] is True
 
 
 def test_a_fork_finds_modules_where_a_new_interpreter_would(probe_parent, tmp_path):
@@ -149,8 +166,44 @@ def test_a_fork_finds_modules_where_a_new_interpreter_would(probe_parent, tmp_pa
 
 def test_each_fork_draws_its_own_randomness(probe_parent):
     draws = [run_probe(probe_parent)[0] for _ in range(4)]
-    for key in ("np", "py", "urandom", "authkey"):   # numpy's, random, the OS, multiprocessing
+    assert all(d["preloaded"] for d in draws)        # numpy was loaded (and seeded) before fork
+    # numpy's global generator, random, the OS, multiprocessing's key, OpenSSL, libsodium
+    for key in ("np", "py", "urandom", "authkey", "openssl", "sodium"):
         assert len({d[key] for d in draws}) == 4, key
+
+
+def ray_s_own_worker_ran(ready: str, env: dict, executable: str = sys.executable) -> bool:
+    """Launch with ``--help`` under ``env``: True if Ray's default_worker.py printed its help
+    (the parent declined to fork: the launcher started the worker as Ray would), False if
+    the parent's probe ran."""
+    out = subprocess.run([executable, worker_fork.__file__, "--help"], capture_output=True,
+                         text=True, timeout=120,
+                         env={**env, worker_fork.SOCKET_ENV: ready, "PROBE_VALUE": "seen"})
+    if "--raylet-name" in out.stdout:
+        return True
+    import json
+    assert json.loads(out.stdout.strip().splitlines()[-1])["env"] == "seen", out.stderr
+    return False
+
+
+def test_a_worker_is_forked_only_under_the_thread_counts_its_libraries_loaded_with(
+        probe_parent):
+    # what OpenBLAS and OpenMP read at load must be what the worker would read itself
+    assert not ray_s_own_worker_ran(probe_parent, dict(os.environ))
+    assert ray_s_own_worker_ran(probe_parent, {**os.environ, "OMP_NUM_THREADS": "2"})
+    assert ray_s_own_worker_ran(probe_parent, unpinned_env())
+    assert ray_s_own_worker_ran(probe_parent, {**os.environ, "ARROW_IO_THREADS": "3"})
+
+
+def test_a_worker_with_its_own_copy_of_a_library_or_another_interpreter_is_not_forked(
+        probe_parent, tmp_path):
+    vendored = tmp_path / "working_dir"
+    (vendored / "numpy").mkdir(parents=True)       # a job's working_dir with its own numpy
+    assert ray_s_own_worker_ran(probe_parent, {**os.environ, "PYTHONPATH": str(vendored)})
+    other = tmp_path / "bin" / "python3"           # the interpreter of a virtualenv, say
+    other.parent.mkdir()
+    other.symlink_to(sys.executable)
+    assert ray_s_own_worker_ran(probe_parent, dict(os.environ), executable=str(other))
 
 
 def test_the_launcher_exits_with_the_worker_s_code(probe_parent):
