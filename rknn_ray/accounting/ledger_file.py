@@ -26,6 +26,7 @@ ENV_PATH = "RKNN_RAY_LEDGER"
 ENV_TIMEOUT = "RKNN_RAY_LEDGER_TIMEOUT"
 LOCK_TIMEOUT_S = 10.0  # default wait for another process's lock before a clear refusal
 SQLITE_HEADER = b"SQLite format 3\x00"
+RACE_LOOKS = 20      # looks at a file another process keeps making and removing
 
 
 def lock_timeout() -> float:
@@ -52,22 +53,57 @@ def regular_file(path: str, what: str, fix: str) -> bool:
     """Whether ``path`` exists, refusing (LedgerError, one line naming ``what`` and ``fix``)
     anything but a regular file, before anything opens it: a FIFO would block its opener
     until a writer came. A symbolic link is followed: its target must be a regular file (a
-    link to nothing is refused too, not replaced by a new file through the link)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        if os.path.lexists(path):
+    link to nothing is refused too, not replaced by a new file through the link).
+
+    Another process may create or remove the file between two looks (SQLite makes and
+    deletes ``-wal`` and ``-shm`` as connections come and go): then it is looked at again,
+    never taken for a link to nothing (readlink of a regular file that appeared meanwhile
+    was a bare OSError, EINVAL, in four concurrent jobs making one new ledger)."""
+    for _ in range(RACE_LOOKS):
+        try:
+            mode = os.stat(path).st_mode
+            break
+        except FileNotFoundError:
+            dangling = _dangling_link(path)
+            if dangling is None:
+                continue            # it appeared, or its target did, meanwhile: look again
+            if dangling is False:
+                return False
             raise LedgerError(f"{path}: {what} is a symbolic link to nothing "
-                              f"({os.readlink(path)}). Fix: {fix}") from None
-        return False
-    except OSError as exc:
-        raise LedgerError(f"{path}: {what} cannot be looked up ({exc.strerror}). Fix: "
-                          f"{fix}") from None
+                              f"({dangling}). Fix: {fix}") from None
+        except OSError as exc:
+            raise LedgerError(f"{path}: {what} cannot be looked up ({exc.strerror}). Fix: "
+                              f"{fix}") from None
+    else:
+        raise LedgerError(f"{path}: {what} kept appearing and vanishing while it was looked "
+                          f"up ({RACE_LOOKS} times). Fix: stop what is churning it, or {fix}")
     if stat.S_ISREG(mode):
         return True
     kind = next((name for test, name in _KINDS if test(mode)), "not a file")
     raise LedgerError(f"{path}: {what} is {kind}, not a regular file; nothing was opened. "
                       f"Fix: {fix}")
+
+
+def _dangling_link(path: str):
+    """After ``stat(path)`` found nothing: False if nothing is there, the link's target if
+    it is a symbolic link to nothing, None if something appeared since (look again)."""
+    try:
+        if not stat.S_ISLNK(os.lstat(path).st_mode):
+            return None             # a file made between the two looks
+        target = os.readlink(path)
+    except FileNotFoundError:
+        return False
+    except OSError:                 # replaced by a file between lstat and readlink
+        return None
+    return None if os.path.exists(path) else target
+
+
+def _size(path: str) -> int:
+    """Bytes in ``path``, 0 if it is not there (SQLite may remove a WAL between two looks)."""
+    try:
+        return os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
 
 
 #: the path of a ledger that lives in memory (a PrivacyLedger with no persistent store)
@@ -164,8 +200,7 @@ class LedgerFile:
                 header = fh.read(len(SQLITE_HEADER))
         except OSError as exc:
             raise self.damaged(f"it cannot be read ({exc})") from None
-        wal = self.path + "-wal"
-        if size == 0 and not (os.path.exists(wal) and os.path.getsize(wal) > 0):
+        if size == 0 and not _size(self.path + "-wal"):
             raise self.damaged("the file is empty (0 bytes)")
         if size and header != SQLITE_HEADER:
             raise self.damaged("it is not an SQLite database (wrong file header)")
