@@ -99,16 +99,12 @@ def _main(args) -> int:
     if args.list_configs:
         print(list_configs())
         return 0
-    # deferred (module comment): the job layer loads once the arguments are good
+    # deferred (module comment): the library's checks load once the arguments are good; the
+    # job layer (rknn_ray.job: Ray, torch, the accountants, ~3 CPU s) only once the config
+    # is, so a mistyped key is answered in under a second
     from jobs.config_files import resolve_config
     from rknn_ray.config import load_config
-    from rknn_ray.errors import RknnError
-    from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
-    from rknn_ray.job.labels_file import accuracy_words
-    from rknn_ray.job.progress import Progress
-    from rknn_ray.job.ray_env import check_ray_address
-    from rknn_ray.job.resources import validate_resources
-    from rknn_ray.job.resume import resume_config
+    from rknn_ray.errors import RknnError, refusal_line
     from rknn_ray.rng import check_consent
     from rknn_ray.runio import prepare_run_dir, unfinished_release
     from rknn_ray.shard_secrets import check_key_store
@@ -117,16 +113,19 @@ def _main(args) -> int:
     created = False
     try:
         if args.resume:
+            from rknn_ray.job.resume import resume_config  # defers the job layer (above)
             out = os.path.abspath(args.resume)
             cfg = resume_config(out, args.overrides)
         else:
             cfg = load_config(resolve_config(args.config), args.overrides)
         check_consent(cfg, args.insecure_seeded)
         if not os.environ.get("RAY_ADDRESS"):       # a local instance: its CPUs are ours to count
+            from rknn_ray.job.resources import validate_resources  # defers the job layer
             validate_resources(cfg, float(os.cpu_count() or 1))
             if not args.resume and cfg.run.rng != "seeded":   # the shards' node is this one
                 check_key_store(cfg.cluster.key_store)
         else:                                       # a cluster to join: there, before any budget
+            from rknn_ray.job.ray_env import check_ray_address  # defers the job layer and Ray
             check_ray_address(os.environ["RAY_ADDRESS"])
         if args.key_file:
             check_key_file(args.key_file, load=True)
@@ -137,12 +136,20 @@ def _main(args) -> int:
             out = prepare_run_dir(out, overwrite=args.overwrite,
                                   discard_release=args.discard_release, replace_at_start=True)
         owned = True
+        from rknn_ray.job.progress import Progress  # defers the job layer (above)
         progress = Progress.for_console(cfg.run.progress, quiet=args.quiet)
         report = run(cfg, out, key_file=args.key_file, ledger_path=args.ledger,
                      resume=bool(args.resume), progress=progress,
                      replace_old_run=bool(args.overwrite and not args.resume))
     except (KeyboardInterrupt, Exception) as exc:
         interrupt = signals.as_interrupt(exc)
+        if interrupt is None and not owned and isinstance(exc, RknnError):
+            # refused before this invocation had a run folder: one line, nothing to record,
+            # and no job layer to load to say it
+            print(f"error: {refusal_line(exc)}", file=sys.stderr)
+            return 2
+        # defers the job layer to a failure that needs it (above)
+        from rknn_ray.job.failure import UNEXPECTED, failure_line, record_incomplete, stage_words
         if interrupt is not None:
             stage = stage_words(locals().get("progress"))
             message = f"interrupted by {interrupt.name}" + (f" during {stage}" if stage else "")
@@ -160,6 +167,7 @@ def _main(args) -> int:
         if not isinstance(exc, RknnError) and message.startswith(UNEXPECTED):
             raise
         return 2
+    from rknn_ray.job.labels_file import accuracy_words  # defers the job layer (above)
     acc, p = report["accuracy"], report["privacy"]
     print(f"run folder: {out}")
     if not p.get("private", True):

@@ -67,6 +67,12 @@ class LedgerError(RknnError):
     file is left untouched: its recorded spend must never be silently forgotten."""
 
 
+def refusal_line(exc: RknnError) -> str:
+    """One of ours as the console says it: its message's first line (its class if empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message (at most ``limit`` characters; "" if none):
     what a console line, a ledger note or a failed cell's row quotes."""

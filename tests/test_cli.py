@@ -92,3 +92,29 @@ def test_run_by_config_name_from_another_folder(ray_session, tmp_path, monkeypat
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("digits_central-")
     assert (run_dir / "report.json").is_file()
+
+
+LOADED = ("import sys, jobs.cli\n"
+          "rc = jobs.cli.main(sys.argv[1:])\n"
+          "heavy = ('ray', 'torch', 'rknn_ray.job', 'dp_accounting')\n"
+          "print('loaded:', sorted(m for m in heavy if m in sys.modules))\n"
+          "sys.exit(rc)\n")
+
+
+@pytest.mark.parametrize("mistake, words", [
+    (["--set", "privacy.epz=1"], "privacy.epz"),
+    (["--set", "privacy.eps=-1"], "privacy.eps"),
+    (["--config", "no_such_config.yaml"], "no_such_config")])
+def test_a_config_mistake_is_one_line_before_the_job_layer_loads(tmp_path, mistake, words):
+    """`rknn-ray run` with a mistyped key, a bad value or a config file that is not there:
+    exit 2, one line naming it, no run folder, and neither Ray, torch, the accountants nor the
+    job layer imported to say it (a real process; it took ~3 CPU s before, under 1 now)."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", LOADED, "run", "--config", "digits_central",
+                           "--out", str(tmp_path / "run"), *mistake], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], done.stderr
+    assert done.stdout.strip() == "loaded: []", done.stdout
+    assert not (tmp_path / "run").exists()

@@ -12,7 +12,7 @@ import json
 import os
 import re
 
-from rknn_ray.errors import NO_SPACE, RknnError, first_line
+from rknn_ray.errors import NO_SPACE, RknnError, first_line, refusal_line
 from rknn_ray.job.release_file import ReleaseRefused
 from rknn_ray.job.rounds import ReleaseNotSaved
 from rknn_ray.job.session import CoverShortfall
@@ -29,8 +29,7 @@ def failure_line(exc: BaseException) -> str:
     if cause is not None and type(exc).__module__.startswith("ray"):
         exc = cause
     if isinstance(exc, RknnError):
-        text = str(exc).strip()
-        return text.splitlines()[0] if text else type(exc).__name__
+        return refusal_line(exc)
     died = _party_died(exc)
     if died:
         return died
