@@ -12,6 +12,8 @@ Each measure is the fastest of ``--repeats`` (the least disturbed), on one core:
 * ``python_loop_ms``: ``sum(range(10**6))``, the interpreter alone;
 * ``sha256_mb_s``: SHA-256 of 1 MB, compiled code streaming memory;
 * ``x25519_us``: one X25519 multiplication (libsodium, what a report's seal and peel pay);
+* ``syscall_ns``: one trivial system call (``getppid``) from Python: what every request,
+  pipe and file write pays on top of its work (a VM's kernel entry, its mitigations);
 * ``process_numpy_cpu_s``: CPU of a new interpreter that imports numpy and exits (a
   process start, what the suite's ~900 processes each pay first);
 * ``process_ray_cpu_s``: the same importing ray.
@@ -72,11 +74,13 @@ def measure(repeats: int = 3) -> dict:
     wall0 = time.perf_counter()
     block = os.urandom(1 << 20)
     point, scalar = os.urandom(32), os.urandom(32)
+    getppid = os.getppid
     out = {
         "python_loop_ms": _best(lambda: sum(range(10 ** 6)), repeats) * 1e3,
         "sha256_mb_s": 1.0 / max(_best(lambda: hashlib.sha256(block).digest(), repeats), 1e-9),
         "x25519_us": _best(lambda: [crypto_scalarmult(scalar, point) for _ in range(200)],
                            repeats) / 200 * 1e6,
+        "syscall_ns": _best(lambda: [getppid() for _ in range(100_000)], repeats) / 1e5 * 1e9,
         "process_numpy_cpu_s": _child_cpu("import numpy", repeats),
         "process_ray_cpu_s": _child_cpu("import ray", repeats),
     }
@@ -112,8 +116,9 @@ def table(row: dict) -> str:
     return "\n".join([
         f"machine speed ({row['machine']}, {row['date']}; fastest of repeats, one core):",
         f"  python loop {row['python_loop_ms']:.1f} ms | SHA-256 {row['sha256_mb_s']:.0f} MB/s | "
-        f"X25519 {row['x25519_us']:.0f} us | new process + numpy {row['process_numpy_cpu_s']:.2f} "
-        f"CPU s, + ray {row['process_ray_cpu_s']:.2f} CPU s | other load "
+        f"X25519 {row['x25519_us']:.0f} us | syscall {row['syscall_ns']:.0f} ns | new process + "
+        f"numpy {row['process_numpy_cpu_s']:.2f} CPU s, + ray {row['process_ray_cpu_s']:.2f} "
+        "CPU s | other load "
         + ("unknown" if busy is None else f"{busy:.2f} cores")])
 
 

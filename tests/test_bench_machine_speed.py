@@ -13,9 +13,10 @@ def test_prints_the_table_and_writes_every_measure(tmp_path, capsys):
     out = tmp_path / "speed.json"
     assert machine_speed.main(["--repeats", "1", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("machine speed (") and "X25519" in printed and "+ ray" in printed
+    assert printed.startswith("machine speed (") and "X25519" in printed and "syscall" in printed \
+        and "+ ray" in printed
     row = json.loads(out.read_text())["rows"][0]
-    for name in ("python_loop_ms", "sha256_mb_s", "x25519_us", "process_numpy_cpu_s",
+    for name in ("python_loop_ms", "sha256_mb_s", "x25519_us", "syscall_ns", "process_numpy_cpu_s",
                  "process_ray_cpu_s"):
         assert row[name] > 0, name
     # importing ray costs a new process more than importing numpy alone
