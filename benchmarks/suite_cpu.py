@@ -24,6 +24,7 @@ import collections
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -194,32 +195,51 @@ def check_can_account() -> str | None:
     return None
 
 
+def _interrupted(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def account(command: list[str], every: float = 0.2) -> dict:
     """Run ``command`` with process accounting on; its CPU by kind of process."""
     folder = tempfile.mkdtemp(prefix="rknn-ray-suite-cpu-")
-    path = os.path.join(folder, "acct")
-    open(path, "wb").close()
-    sampler = Sampler(every)
-    since, wall0 = time.time(), time.perf_counter()
-    subprocess.run(["accton", path], check=True, stdout=subprocess.DEVNULL)
     try:
-        sampler.start()
-        code = subprocess.call(command, env={**os.environ, NESTED_ENV: path})
-        wall = time.perf_counter() - wall0
-        time.sleep(1.0)                       # the last exits reach the file
-        sampler.sample()
-    finally:
-        subprocess.run(["accton", "off"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        sampler.stopping.set()
-    try:
+        path = os.path.join(folder, "acct")
+        open(path, "wb").close()
+        sampler = Sampler(every)
+        since, wall0 = time.time(), time.perf_counter()
+        code, wall = _run_accounted(command, path, sampler)
         records = read_records(path)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     rows = summarize(records, sampler, since)
     return {"benchmark": "suite_cpu", "command": command, "exit_code": code,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "wall_s": round(wall, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+            "wall_s": round(wall - wall0, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
             "processes": sum(r["processes"] for r in rows), "rows": rows}
+
+
+def _run_accounted(command: list[str], path: str, sampler: Sampler) -> tuple[int, float]:
+    """(exit code, perf_counter at its end) of ``command`` run with accounting into ``path``.
+    A SIGTERM ends it as Ctrl-C does: the command is stopped and accounting turned off."""
+    subprocess.run(["accton", path], check=True, stdout=subprocess.DEVNULL)
+    before = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        sampler.start()
+        child = subprocess.Popen(command, env={**os.environ, NESTED_ENV: path})
+        try:
+            code = child.wait()
+        except BaseException:
+            child.send_signal(signal.SIGTERM)
+            child.wait(timeout=60)
+            raise
+        ended = time.perf_counter()
+        time.sleep(1.0)                       # the last exits reach the file
+        sampler.sample()
+        return code, ended
+    finally:
+        subprocess.run(["accton", "off"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sampler.stopping.set()
+        signal.signal(signal.SIGTERM, before)
 
 
 def main(argv=None) -> int:
@@ -237,7 +257,12 @@ def main(argv=None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    result = account(command or README_TESTS, args.every)
+    try:
+        result = account(command or README_TESTS, args.every)
+    except KeyboardInterrupt:
+        print("interrupted: the command was stopped, accounting is off, nothing was written",
+              file=sys.stderr)
+        return 130
     print(table(result, args.top), flush=True)
     if args.json:
         from rknn_ray.runio import write_json  # defers the project's I/O helpers to --json
