@@ -41,6 +41,7 @@ NESTED_ENV = "RKNN_RAY_SUITE_CPU"
 _V3 = struct.Struct("<BBHIIIIIIf8H16s")
 AHZ = 100                      # accounting ticks per second (comp_t times)
 START_SLACK_S = 5              # /proc's start and the accounting record's may differ this much
+STOP_WAIT_S = 30.0             # an interrupted command's time to end after SIGTERM, then SIGKILL
 
 
 def comp_t(value: int) -> int:
@@ -199,28 +200,30 @@ def _interrupted(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def account(command: list[str], every: float = 0.2) -> dict:
+def account(command: list[str], every: float = 0.2, stop_wait: float = STOP_WAIT_S) -> dict:
     """Run ``command`` with process accounting on; its CPU by kind of process."""
     folder = tempfile.mkdtemp(prefix="rknn-ray-suite-cpu-")
     try:
         path = os.path.join(folder, "acct")
         open(path, "wb").close()
         sampler = Sampler(every)
-        since, wall0 = time.time(), time.perf_counter()
-        code, wall = _run_accounted(command, path, sampler)
+        since, started = time.time(), time.perf_counter()
+        code, ended = _run_accounted(command, path, sampler, stop_wait)
         records = read_records(path)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     rows = summarize(records, sampler, since)
     return {"benchmark": "suite_cpu", "command": command, "exit_code": code,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "wall_s": round(wall - wall0, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+            "wall_s": round(ended - started, 1), "cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
             "processes": sum(r["processes"] for r in rows), "rows": rows}
 
 
-def _run_accounted(command: list[str], path: str, sampler: Sampler) -> tuple[int, float]:
+def _run_accounted(command: list[str], path: str, sampler: Sampler,
+                   stop_wait: float) -> tuple[int, float]:
     """(exit code, perf_counter at its end) of ``command`` run with accounting into ``path``.
-    A SIGTERM ends it as Ctrl-C does: the command is stopped and accounting turned off."""
+    A SIGTERM ends it as Ctrl-C does: the command is sent SIGTERM (killed if it is still
+    there ``stop_wait`` s later) and accounting turned off."""
     subprocess.run(["accton", path], check=True, stdout=subprocess.DEVNULL)
     before = signal.signal(signal.SIGTERM, _interrupted)
     try:
@@ -230,7 +233,11 @@ def _run_accounted(command: list[str], path: str, sampler: Sampler) -> tuple[int
             code = child.wait()
         except BaseException:
             child.send_signal(signal.SIGTERM)
-            child.wait(timeout=60)
+            try:
+                child.wait(timeout=stop_wait)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
             raise
         ended = time.perf_counter()
         time.sleep(1.0)                       # the last exits reach the file
@@ -250,6 +257,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--top", type=int, default=40, help="kinds shown (the rest in one line)")
     ap.add_argument("--every", type=float, default=0.2, help="seconds between looks at /proc")
+    ap.add_argument("--stop-wait", type=float, default=STOP_WAIT_S,
+                    help="seconds an interrupted command gets after SIGTERM before SIGKILL")
     args = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if command == []:
         ap.error("nothing after --: name the command to account (default: the README's tests)")
@@ -258,7 +267,7 @@ def main(argv=None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     try:
-        result = account(command or README_TESTS, args.every)
+        result = account(command or README_TESTS, args.every, args.stop_wait)
     except KeyboardInterrupt:
         print("interrupted: the command was stopped, accounting is off, nothing was written",
               file=sys.stderr)

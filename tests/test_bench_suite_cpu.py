@@ -100,24 +100,32 @@ def test_a_childs_cpu_is_found_under_its_own_kind(tmp_path, capsys):
 
 @pytest.mark.skipif(suite_cpu.check_can_account() is not None,
                     reason=f"no process accounting here: {suite_cpu.check_can_account()}")
-def test_a_sigterm_stops_the_command_and_leaves_no_file(tmp_path):
-    """SIGTERM to the tool (a CI runner's stop): the command it runs is stopped, its
-    accounting file goes, and it exits as interrupted, not with a value."""
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_sigterm_stops_the_command_and_leaves_no_file(tmp_path, ignores_sigterm):
+    """SIGTERM to the tool, or to its whole process group (a CI runner's stop): the command
+    it runs is stopped (killed after --stop-wait if it ignores SIGTERM), its accounting file
+    goes, and it exits as interrupted, not with a value."""
     import os
     import signal
     import subprocess
     import time
     marker = tmp_path / "pid"
-    code = (f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); "
-            "time.sleep(120)")
-    tool = subprocess.Popen([sys.executable, "-m", "benchmarks.suite_cpu", "--", sys.executable,
-                             "-c", code], env={**os.environ, "TMPDIR": str(tmp_path)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code = ("import os, signal, time; "
+            + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); " if ignores_sigterm else "")
+            + f"open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(120)")
+    tool = subprocess.Popen([sys.executable, "-m", "benchmarks.suite_cpu", "--stop-wait", "2",
+                             "--", sys.executable, "-c", code],
+                            env={**os.environ, "TMPDIR": str(tmp_path)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 60
     while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
         time.sleep(0.1)
     sleeper = int(marker.read_text())
-    tool.send_signal(signal.SIGTERM)
+    if ignores_sigterm:     # the whole group, as a CI runner stops a job: the child shrugs it off
+        os.killpg(tool.pid, signal.SIGTERM)
+    else:
+        tool.send_signal(signal.SIGTERM)
     out = tool.communicate(timeout=60)[0]
     assert tool.returncode == 130 and "CPU by kind" not in out and "Traceback" not in out, out
     assert out.strip().endswith("accounting is off, nothing was written"), out
