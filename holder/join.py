@@ -22,10 +22,14 @@ from holder.ledger import HolderLedger, Policy
 from rknn_ray.published_encoder import ENCODER_ARRAYS, PREDICTOR_FILE, PublishedEncoder
 from rknn_ray.runio import write_private
 from sealing.round_spec import RoundSpec, verify
-from sealing.upload_client import Connection, UploadError, fetch, send_entries, sign_reports
+from sealing.upload_client import (Connection, UploadError, fetch, reach_error, send_entries,
+                                   sign_reports)
 from sealing.upload_wire import ENTRY_HEAD, MAX_BODY, MAX_ENTRIES, UPLOAD_HEAD
 
 SENT = "sent"
+#: what a holder can do when the service is not reached (reach_error)
+REACH_FIX = ("check the URL the operator gave; if the service is not up yet, join with --wait "
+             "SECONDS")
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,21 @@ class Joined:
 
 def fetch_spec(url: str, cafile, operator_key: bytes, wait_s: float = 0.0) -> RoundSpec:
     """The service's specification, verified with the operator's key (SpecError if not).
-    ``wait_s``: while none is published yet (HTTP 404), ask again for up to this long."""
+    ``wait_s``: while none is published yet (HTTP 404) or the service refuses connections
+    (not started yet), ask again for up to this long."""
     until = time.monotonic() + float(wait_s)
     while True:
-        status, body = fetch(url, cafile, "/spec")
-        if status != 404 or time.monotonic() >= until:
+        try:
+            status, body = fetch(url, cafile, "/spec")
+        except ConnectionError as exc:      # not up yet: waited for like an unpublished round
+            if time.monotonic() >= until:
+                fix = (f"check the URL the operator gave (waited {wait_s:g} s for it)"
+                       if wait_s > 0 else REACH_FIX)
+                raise UploadError(reach_error(url, cafile, exc, "--cafile", fix)) from None
+            status, body = 0, b""
+        except OSError as exc:              # a certificate that does not verify, a bad host
+            raise UploadError(reach_error(url, cafile, exc, "--cafile", REACH_FIX)) from None
+        if status not in (0, 404) or time.monotonic() >= until:
             break
         time.sleep(min(1.0, max(0.05, until - time.monotonic())))
     if status != 200:

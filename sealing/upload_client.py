@@ -28,10 +28,36 @@ class UploadError(RuntimeError):
 
 
 def client_context(cafile: str | os.PathLike) -> ssl.SSLContext:
-    """TLS 1.2+, the server verified against ``cafile`` (certificate and host name)."""
-    ctx = ssl.create_default_context(cafile=str(cafile))
+    """TLS 1.2+, the server verified against ``cafile`` (certificate and host name).
+    ValueError with one line naming the file if it is missing or holds no certificate (a
+    key or another file given by mistake), which OpenSSL would say without the file's name."""
+    if not os.path.isfile(cafile):
+        raise ValueError(f"the CA file {cafile} does not exist. Fix: give the CA certificate "
+                         "the service's certificate is signed with (rknn-ray shuffler cert "
+                         "writes it as ca.pem)")
+    try:
+        ctx = ssl.create_default_context(cafile=str(cafile))
+    except ssl.SSLError:
+        raise ValueError(f"{cafile} holds no CA certificate (PEM). Fix: give the CA certificate "
+                         "the service's certificate is signed with (ca.pem of rknn-ray "
+                         "shuffler cert), not a key file") from None
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     return ctx
+
+
+def reach_error(url: str, cafile: str | os.PathLike, exc: OSError, ca_flag: str,
+                fix: str) -> str:
+    """One line for a request to the service at ``url`` that failed in transport: a
+    certificate that does not verify against ``cafile`` (given as ``ca_flag``), or a service
+    not reached (``fix``: what the caller can do about it)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        why = exc.verify_message or str(exc)
+        return (f"the service at {url} did not prove itself with a certificate of the CA in "
+                f"{cafile} ({why}). Fix: give as {ca_flag} the CA that signed the service's "
+                "certificate, and a URL whose host that certificate names")
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (f"the shuffler service at {url} cannot be reached ({type(exc).__name__}"
+            f"{': ' + text if text else ''}). Fix: {fix}")
 
 
 class Connection:

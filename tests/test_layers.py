@@ -107,9 +107,10 @@ ALLOWED = {
     "rknn_ray.config": ["rknn_ray.data", "rknn_ray.errors", "rknn_ray.keyspec",
                         "rknn_ray.labeling", "rknn_ray.mechanisms", "rknn_ray.remote",
                         "rknn_ray.representation", "rknn_ray.student"],
-    # the operator's side of holders off the cluster: its keys, registry, a party's process
+    # the operator's side of holders off the cluster: its keys, registry, a party's process,
+    # and the check that reaches the service before Ray starts (sealing's client)
     "rknn_ray.remote": ["rknn_ray.accounting", "rknn_ray.errors", "rknn_ray.keyspec",
-                        "rknn_ray.runio"],
+                        "rknn_ray.runio", "sealing"],
     # the job reaches the parties (server, shuffler) through their actors only; a remote
     # round checks its specification with the holder program's own accountant
     "rknn_ray.job": ["actors", "holder", "rknn_ray", "rknn_ray.accounting", "rknn_ray.baselines",

@@ -37,11 +37,12 @@ from rknn_ray.job.session import (PartyFailure, Parties, RoundResult, opened_cos
                                   opener_processes)
 from rknn_ray.published_encoder import ENCODER_ARRAYS, PREDICTOR_FILE, encoder_state
 from rknn_ray.remote.operator_key import load_operator_key
+from rknn_ray.remote.preflight import REACH_FIX
 from rknn_ray.remote.registry import read_registry
 from rknn_ray.runio import write_json
 from sealing.envelope import RoundContext
 from sealing.round_spec import EncoderFile, RoundSpec, sign
-from sealing.upload_client import Connection, UploadError, fetch_batch
+from sealing.upload_client import Connection, UploadError, fetch_batch, reach_error
 from sealing.upload_wire import close_request_message
 
 PUBLISHED = "published"      # the run folder's copy of what holders were given
@@ -119,10 +120,8 @@ class RemoteSession:
         try:
             return conn.request("GET", path)
         except OSError as exc:
-            raise RemoteRoundError(f"the shuffler service at {self.url} cannot be reached "
-                                   f"({type(exc).__name__}: {first_line(exc)}). Fix: start it "
-                                   "(rknn-ray shuffler serve) or correct remote.shuffler / "
-                                   "remote.ca") from None
+            raise RemoteRoundError(reach_error(self.url, self.ca, exc, "remote.ca",
+                                               REACH_FIX)) from None
         finally:
             conn.close()
 
@@ -132,8 +131,8 @@ class RemoteSession:
             status, answer = conn.request("POST", path, body, {
                 "Content-Type": "application/octet-stream", **(headers or {})})
         except OSError as exc:
-            raise RemoteRoundError(f"the shuffler service at {self.url} cannot be reached "
-                                   f"({type(exc).__name__}: {first_line(exc)})") from None
+            raise RemoteRoundError(reach_error(self.url, self.ca, exc, "remote.ca",
+                                               REACH_FIX)) from None
         finally:
             conn.close()
         if status != 200:

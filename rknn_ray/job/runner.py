@@ -39,6 +39,7 @@ from rknn_ray.job.resources import validate_resources
 from rknn_ray.job.release_file import check_release, load_release, release_tag_key
 from rknn_ray.job.rounds import check_dropout, private_rounds
 from rknn_ray.job.session import Parties, new_job_id
+from rknn_ray.remote.preflight import check_remote_parties
 from rknn_ray.accounting.guarantee import Guarantee
 import rknn_ray.job.stages as stages  # looked up at call time (tests replace them)
 from rknn_ray.data import prepared      # the same: prepared.prepare_data
@@ -182,6 +183,8 @@ def run(cfg, out_dir: str, *, key_file: str | None = None, progress=None,
     tag_key = release_tag_key(store)
     if resume:
         check_release(out_dir, tag_key)          # unchanged since it was saved, this ledger's
+    elif cfg.cluster.holders == "remote":        # its key, CA and service: before budget and Ray
+        check_remote_parties(cfg)
     ray_up = _RayStart(start_ray, progress, cfg)
     try:
         ctx = _context(cfg, out_dir, progress, store, key_file, parties, inputs, ray_up)

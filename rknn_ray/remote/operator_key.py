@@ -40,12 +40,25 @@ def public_hex(key: Ed25519PrivateKey) -> str:
     return key.public_key().public_bytes_raw().hex()
 
 
+def _is_public_half(path: Path) -> bool:
+    """Whether ``path`` holds 64 hex digits (a public key file), read only if it is small."""
+    if path.stat().st_size > 200:
+        return False
+    text = path.read_bytes().strip()
+    return len(text) == 64 and all(c in b"0123456789abcdefABCDEF" for c in text)
+
+
 def load_operator_key(path: str | os.PathLike) -> Ed25519PrivateKey:
     """The key in ``path`` (DataError with one line: missing, readable by others, not Ed25519)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"remote.operator_key: no file at {path}. Fix: make one with "
                         "'rknn-ray operator keygen --out FILE'")
+    if _is_public_half(path):         # the .pub file given by mistake: chmod would not help
+        private = path.with_suffix("") if path.suffix == ".pub" else "the key file"
+        raise DataError(f"remote.operator_key: {path} is the operator's public key (64 hex "
+                        f"digits). Fix: give its private key file ({private}, which 'rknn-ray "
+                        "operator keygen --out FILE' wrote beside FILE.pub)")
     if stat.S_IMODE(path.stat().st_mode) & 0o077:
         raise DataError(f"remote.operator_key: {path} is readable by other users. Fix: "
                         f"chmod 600 {path}")
