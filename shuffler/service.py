@@ -379,7 +379,16 @@ def tls_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
     """A server context: TLS 1.2 or later, the given certificate chain and key."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(str(cert), str(key))
+    for flag, path in (("--cert", cert), ("--cert-key", key)):
+        if not Path(path).is_file():
+            raise ValueError(f"{flag}: no file at {path}; give the service's certificate and "
+                             "its key (rknn-ray shuffler cert writes server.pem and server.key)")
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as exc:     # OpenSSL's words name neither file
+        raise ValueError(f"--cert {cert} and --cert-key {key} are not a certificate (PEM) and "
+                         f"its own private key ({exc.reason or exc}); give the pair rknn-ray "
+                         "shuffler cert wrote (server.pem, server.key) or your CA's") from None
     return ctx
 
 

@@ -63,8 +63,12 @@ def _hex_key(text: str, where: str) -> Ed25519PublicKey:
             raise ValueError
         return Ed25519PublicKey.from_public_bytes(raw)
     except ValueError:
-        raise ServiceFileError(f"{where}: {text[:70]!r} is not an Ed25519 public key (64 hex "
-                               "digits: its 32 raw bytes)") from None
+        # never echoed: a file given by mistake may hold a private key
+        what = ("a PEM private key: give the public half (64 hex digits, the .pub file), never "
+                "the private key" if "PRIVATE KEY" in text
+                else f"{len(text)} characters, not 64 hex digits")
+        raise ServiceFileError(f"{where}: not an Ed25519 public key (64 hex digits: its 32 raw "
+                               f"bytes); it holds {what}") from None
 
 
 def read_holders(path: str | os.PathLike) -> dict[bytes, Ed25519PublicKey]:

@@ -7,6 +7,7 @@ import stat
 import struct
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from benchmarks.shuffler_world import make_world
@@ -17,6 +18,7 @@ from sealing.upload_client import sign_reports
 from sealing.upload_wire import (BATCH_HEAD, Entry, WireError, batch_header, batch_request_message,
                                  decode_upload, encode_upload, read_batch, sign_entry,
                                  signed_message)
+from shuffler.certs import make_certs
 from shuffler.intake import Intake
 from shuffler.layers import LayerKeyPair
 from shuffler.service_files import load_layer_key
@@ -103,6 +105,21 @@ def test_serve_refuses_bad_files_with_one_line(tmp_path, capsys):
     bad = tmp_path / "holders.txt"
     bad.write_text("00ff\n")
     assert "line 1" in serve(holders=bad) and "64 hex" in serve(holders=bad)
+    # the operator's private key given for its public half: named, never echoed
+    private = world.operator.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption())
+    (tmp_path / "op.key").write_bytes(private)
+    err = serve(operator_key=tmp_path / "op.key")
+    assert "holds a PEM private key" in err and "the .pub file" in err
+    body = b"".join(private.splitlines()[1:-1]).decode()
+    assert all(body[i:i + 8] not in err for i in range(0, len(body) - 8))
+    other_certs = make_certs(tmp_path / "other")
+    for changes, words in (({"cert": tmp_path / "none.pem"}, "--cert: no file at"),
+                           ({"cert": world.certs.key}, "not a certificate (PEM) and its own"),
+                           ({"cert_key": other_certs.key}, "KEY_VALUES_MISMATCH")):
+        err = serve(**changes)
+        assert words in err and str(changes.popitem()[1]) in err, err
     (tmp_path / "k2").write_bytes(world.shuffler_key.read_bytes())
     (tmp_path / "k2").chmod(0o644)
     assert "chmod 600" in serve(key=tmp_path / "k2")
