@@ -39,9 +39,15 @@ def read_rows(path: str | Path, label: str | None, encoder: PublishedEncoder):
         raise DataFileError(f"--data: no file at {path}; give this holder's own CSV or Parquet file")
     try:
         table = parquet.read_table(path) if path.suffix == ".parquet" else csv.read_csv(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+        table.column_names          # decoded here: a header that is not UTF-8 fails now
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataFileError(f"--data: {path} does not read as "
-                            f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} ({exc})") from None
+                            f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} ({text}); give "
+                            "this holder's rows as a UTF-8 CSV with a header, or Parquet") from None
+    if table.num_rows == 0:
+        raise DataFileError(f"--data: {path} holds no rows; a holder answers with its records "
+                            "(at least one)")
     label = label or (encoder.table or {}).get("label")
     if not label or label not in table.column_names:
         raise DataFileError(f"--data: {path} has no label column {label!r}; name it with --label "

@@ -186,7 +186,8 @@ class PublishedEncoder:
                             f"the run's feature columns: {', '.join(cols.names[:12])}"
                             f"{', ...' if len(cols.names) > 12 else ''}")
         table = _numbers(table, cols)
-        return feature_matrix(table, cols, Part("input"), width)
+        # named as what it is: no config key names a predict input or a holder's rows
+        return feature_matrix(table, cols, Part("input", shown="the input"), width)
 
 
 def _numbers(table: pa.Table, cols) -> pa.Table:

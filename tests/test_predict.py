@@ -155,6 +155,21 @@ def test_a_word_in_a_numeric_column_is_the_projects_data_error(table_run, tmp_pa
     assert "'p3'" in err and "Fix:" in err and not (tmp_path / "p.csv").exists()
 
 
+def test_a_header_that_is_not_utf8_is_one_line_naming_the_file(table_run, tmp_path):
+    # a spreadsheet's Latin-1 export: pyarrow decodes column names only when asked
+    folder, result = table_run
+    lines = (folder / "evaluation.csv").read_bytes().splitlines()
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"\n".join([lines[0] + b",caf\xe9"] + [x + b",1" for x in lines[1:]]))
+    os.makedirs(tmp_path / "rows")
+    (tmp_path / "rows" / "a.csv").write_bytes(latin.read_bytes())
+    for source in (latin, tmp_path / "rows"):
+        err = _one_line_exit_2(_cli(result.out_dir, "--input", source,
+                                    "--out", tmp_path / "p.csv"))
+        assert f"cannot read '{source}' as csv: its column names are not UTF-8" in err, err
+        assert "Fix: save the file as UTF-8" in err and not (tmp_path / "p.csv").exists()
+
+
 def test_out_naming_the_input_is_refused_and_the_input_kept(table_run, tmp_path):
     folder, result = table_run
     source = tmp_path / "in.csv"

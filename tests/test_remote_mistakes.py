@@ -150,3 +150,24 @@ def test_the_operators_job_answers_a_bad_remote_before_budget_and_ray(world, tmp
         assert last.startswith("error: ") and all(x in last for x in words), last
         assert "Traceback" not in done.stderr and "starting Ray" not in done.stdout + done.stderr
     assert BudgetStore(str(ledger)).datasets() == []      # nothing reserved, nothing returned
+
+
+def test_a_holders_own_file_that_cannot_answer_is_one_line_and_charges_nothing(world, tmp_path):
+    w, holder = world
+    _, url = start_service(w)
+    rows = (holder / "data.csv").read_text().splitlines()
+    header, first = rows[0], rows[1].split(",")
+    cases = {"empty.csv": (header + "\n", "holds no rows"),
+             "latin1.csv": (None, "does not read as CSV"),
+             "nan.csv": (header + "\n" + ",".join([""] + first[1:]) + "\n",
+                         "the input: column")}
+    for name, (text, words) in cases.items():
+        path = tmp_path / name
+        if text is None:            # not UTF-8: a Latin-1 header
+            path.write_bytes(header.encode() + b",caf\xe9\n" + rows[1].encode() + b",1\n")
+        else:
+            path.write_text(text)
+        line = holder_line(run_holder(w, [*join_args(w, url, holder), "--data", str(path)]))
+        assert words in line and "data.input" not in line, line
+    assert not (holder / "ledger.db").exists()          # refused before any charge
+    assert holder_blocked_attempts(w) == []

@@ -87,6 +87,7 @@ class Part:
     id: str | None = None
     features: tuple | str | None = None
     holders: int | None = None          # optional: the holders expected (checked on the data)
+    shown: str | None = None            # its name in messages, for data no config key names
 
     @classmethod
     def of(cls, name: str, section) -> "Part":
@@ -99,7 +100,7 @@ class Part:
 
     @property
     def key(self) -> str:
-        return f"data.{self.name}"
+        return self.shown or f"data.{self.name}"
 
     @property
     def is_private(self) -> bool:
@@ -278,12 +279,18 @@ def open_dataset(path: str, what: str = "") -> pads.Dataset:
     target, fmt, fs = _files(str(path))
     try:
         if isinstance(target, str) and fs is None and os.path.isdir(target):   # a local folder
-            return pads.dataset(_folder_files(target), format=fmt, partitioning="hive",
-                                partition_base_dir=target, exclude_invalid_files=False)
-        if isinstance(target, str) and fs is not None:      # a remote folder
-            return pads.dataset(target, format=fmt, partitioning="hive", filesystem=fs,
-                                exclude_invalid_files=False)
-        return pads.dataset(target, format=fmt, filesystem=fs)
+            dataset = pads.dataset(_folder_files(target), format=fmt, partitioning="hive",
+                                   partition_base_dir=target, exclude_invalid_files=False)
+        elif isinstance(target, str) and fs is not None:      # a remote folder
+            dataset = pads.dataset(target, format=fmt, partitioning="hive", filesystem=fs,
+                                   exclude_invalid_files=False)
+        else:
+            dataset = pads.dataset(target, format=fmt, filesystem=fs)
+        dataset.schema.names       # decoded here: a header that is not UTF-8 fails now
+        return dataset
+    except UnicodeDecodeError:     # a spreadsheet's Latin-1 or UTF-16 export
+        raise DataError(f"cannot read {path!r} as {fmt}: its column names are not UTF-8 text. "
+                        "Fix: save the file as UTF-8 (a spreadsheet's 'CSV UTF-8')") from None
     except (pa.ArrowInvalid, OSError) as exc:
         raise DataError(f"cannot read {path!r} as {fmt}: {str(exc).splitlines()[0][:160]}. "
                         "Fix: check the file is a valid, complete file of that format") from None
