@@ -20,6 +20,7 @@ from holder.accountant import SpecRefused
 from holder.identity import load
 from holder.join import prepare, published
 from holder.ledger import Policy
+from rknn_ray.errors import RknnError
 from sealing.upload_client import Connection
 from sealing.upload_wire import SUCCESS
 
@@ -63,7 +64,7 @@ def join_many(url: str, cafile, folder, operator_key: bytes, policy: Policy,
         try:
             turns[d] = prepare(spec, encoder, load(d / "key"), d / "key", str(_data_file(d)),
                                str(d / "ledger.db"), policy, label, assume_collusion)
-        except (SpecRefused, ValueError) as exc:
+        except (SpecRefused, ValueError, RknnError) as exc:   # its ledger too: its refusal
             _refused(out, d, exc)
     fresh = [d for d, t in turns.items() if t.reports is None]
     together = dict(zip(fresh, _together(spec, [turns[d] for d in fresh])))

@@ -67,10 +67,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from rknn_ray.errors import RknnError  # defers the library's package to a call of main
+
     args = parser().parse_args(argv)
     try:
         return {"keygen": _keygen, "join": _join, "join-many": _join_many}[args.action](args)
-    except (ValueError, OSError, RuntimeError) as exc:   # our one-line errors and refusals
+    except (ValueError, OSError, RuntimeError, RknnError) as exc:   # one-line errors, refusals
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: rknn-ray holder {args.action}: {text}", file=sys.stderr)
         return 2

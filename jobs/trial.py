@@ -67,6 +67,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from rknn_ray.errors import RknnError  # defers the library's package to a call of main
+
     args = parser().parse_args(argv)
     try:
         return _trial(args)
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
               "it started was stopped (the job's run folder says what it released)",
               file=sys.stderr)
         return code
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (ValueError, OSError, RuntimeError, RknnError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"error: rknn-ray trial: {text}", file=sys.stderr)
         return 2

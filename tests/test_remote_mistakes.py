@@ -171,3 +171,26 @@ def test_a_holders_own_file_that_cannot_answer_is_one_line_and_charges_nothing(w
         assert words in line and "data.input" not in line, line
     assert not (holder / "ledger.db").exists()          # refused before any charge
     assert holder_blocked_attempts(w) == []
+
+
+def test_a_ledger_a_holder_cannot_use_is_its_own_one_line_refusal(tmp_path):
+    w, dirs = make_holder_world(tmp_path / "many", holders=2, floor=1)
+    try:
+        _, url = start_service(w)
+        (tmp_path / "a-file").write_text("")
+        (dirs[0] / "ledger.db").write_bytes(b"not a ledger at all" * 100)
+        for ledger in (tmp_path / "a-file" / "ledger.db", dirs[0] / "ledger.db"):
+            line = holder_line(run_holder(w, [*join_args(w, url, dirs[0]), "--ledger",
+                                              str(ledger)]))
+            assert f"{ledger}" in line and "ledger" in line and "Fix:" in line, line
+        done = run_holder(w, ["holder", "join-many", url, "--cafile", str(w.certs.ca),
+                              "--holders-dir", str(dirs[0].parent), "--operator-key",
+                              str(w.operator_file)])
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        refusals = done.stderr.strip().splitlines()
+        assert len(refusals) == 1 and refusals[0].startswith(
+            f"error: rknn-ray holder join-many: {dirs[0].name}: "), done.stderr
+        assert "2 holders: 1 charged, 0 retries, 1 refused" in done.stdout, done.stdout
+        assert holder_blocked_attempts(w) == []
+    finally:
+        stop_all(w)
