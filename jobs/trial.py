@@ -266,8 +266,10 @@ def _trial(args) -> int:
     from rknn_ray.remote.operator_key import public_file, save_operator_key
 
     cfg = load_config(resolve_config(args.config), args.overrides)
-    out = Path(args.out)
-    parties = Path(args.parties or f"{out}.parties")
+    # absolute: the parties run from the project's folder, the user's paths are the user's
+    out = Path(args.out).resolve()
+    parties = Path(args.parties).resolve() if args.parties else Path(f"{out}.parties")
+    ledger = Path(args.ledger).resolve()
     if parties.exists():
         raise ValueError(f"--parties {parties} exists; give a new folder (holders' keys and "
                          "ledgers are never reused by a trial)")
@@ -295,7 +297,7 @@ def _trial(args) -> int:
         import shlex
         job = subprocess.Popen([*shlex.split(args.operator_wrap),
                                 sys.executable, "-m", "jobs.distill", "--config", str(op_cfg),
-                                "--out", str(out), "--ledger", str(args.ledger)], cwd=ROOT,
+                                "--out", str(out), "--ledger", str(ledger)], cwd=ROOT,
                                env={**os.environ, "PYTHONPATH": _env(parties)["PYTHONPATH"]})
         while not _published(url, ca):
             if job.poll() is not None:

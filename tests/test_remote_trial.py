@@ -170,12 +170,14 @@ def test_too_few_holders_release_nothing_and_say_so(tmp_path, ray_session):
 def test_local_and_central_models_reach_the_server_through_a_relay(tmp_path, config, model, extra,
                                                                    ray_session):
     """No shuffler in these models: the service runs as a relay (no key, no anonymity
-    promised); holders seal for the server only; the job's guarantee is the model's own."""
+    promised); holders seal for the server only; the job's guarantee is the model's own.
+    Run from the user's own folder with relative paths, as the README writes the command
+    (the parties run from the project's folder)."""
     out = subprocess.run([sys.executable, "-m", "jobs.cli", "trial", "--config", config,
                           "--set", f"privacy.model={model}", "--set", "student.epochs=5", *extra,
-                          "--ledger", str(tmp_path / "ledger.sqlite"), "--out",
-                          str(tmp_path / "run"), "--holders-per-process", "74"],
-                         cwd=ROOT, env=env_for(ray_session), capture_output=True, text=True,
+                          "--ledger", "ledger.sqlite", "--out", "run",
+                          "--holders-per-process", "74"],
+                         cwd=tmp_path, env=env_for(ray_session), capture_output=True, text=True,
                          timeout=400)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-2000:]
     assert f"relay (no shuffling: the {model} model)" in out.stdout
@@ -198,3 +200,4 @@ def test_local_and_central_models_reach_the_server_through_a_relay(tmp_path, con
     assert not (tmp_path / "run.parties" / "shuffler" / "shuffler.key").exists()
     ledgers = sorted((tmp_path / "run.parties" / "holders").glob("holder-*/ledger.db"))
     assert len(ledgers) == 74
+    assert (tmp_path / "ledger.sqlite").is_file()           # the user's, where they named it
