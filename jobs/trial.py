@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -265,6 +266,13 @@ def _trial(args) -> int:
     from rknn_ray.config import load_config
     from rknn_ray.remote.operator_key import public_file, save_operator_key
 
+    for flag, value, low in (("--parallel", args.parallel, 1),
+                             ("--holders-per-process", args.holders_per_process, 1),
+                             ("--absent", args.absent, 0)):
+        if value < low:
+            raise ValueError(f"{flag} {value}: give {low} or more")
+    if not 0 < args.window <= 7 * 86400:
+        raise ValueError(f"--window {args.window:g}: give seconds in (0, 604800]")
     cfg = load_config(resolve_config(args.config), args.overrides)
     # absolute: the parties run from the project's folder, the user's paths are the user's
     out = Path(args.out).resolve()
@@ -276,6 +284,10 @@ def _trial(args) -> int:
     (parties / "logs").mkdir(parents=True)
     t0 = time.time()
     holders = split_holders(cfg, parties / "holders")
+    if args.absent > len(holders):
+        shutil.rmtree(parties)     # made by this call a moment ago: the command can be rerun
+        raise ValueError(f"--absent {args.absent}: the table has {len(holders)} holders; give "
+                         f"at most {len(holders)}")
     registry = parties / "registry.txt"
     write_registry(holders, registry)
     operator_key = parties / "operator" / "operator.key"

@@ -194,3 +194,17 @@ def test_a_ledger_a_holder_cannot_use_is_its_own_one_line_refusal(tmp_path):
         assert holder_blocked_attempts(w) == []
     finally:
         stop_all(w)
+
+
+def test_trial_arguments_out_of_range_are_one_line_and_leave_no_folder(tmp_path):
+    for extra, words in ((["--parallel", "0"], "--parallel 0: give 1 or more"),
+                         (["--holders-per-process", "0"], "give 1 or more"),
+                         (["--window", "0"], "--window 0: give seconds"),
+                         (["--absent", "75"], "the table has 74 holders; give at most 74")):
+        done = subprocess.run([sys.executable, "-m", "jobs.cli", "trial", "--config",
+                               "table_shuffle", "--ledger", "l.sqlite", "--out", "run", *extra],
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("error: rknn-ray trial: ") and words in done.stderr
+        assert sorted(os.listdir(tmp_path)) == []          # nothing made: it can be rerun
