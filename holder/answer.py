@@ -17,6 +17,7 @@ import numpy as np
 
 from holder.accountant import SpecRefused
 from holder.identity import Identity
+from rknn_ray.errors import first_line
 from rknn_ray.labeling.answers import RecordAnswers
 from rknn_ray.labeling.connection import RULES, Connection
 from rknn_ray.labeling.rknn import build_answers
@@ -41,9 +42,9 @@ def read_rows(path: str | Path, label: str | None, encoder: PublishedEncoder):
         table = parquet.read_table(path) if path.suffix == ".parquet" else csv.read_csv(path)
         table.column_names          # decoded here: a header that is not UTF-8 fails now
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataFileError(f"--data: {path} does not read as "
-                            f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} ({text}); give "
+                            f"{'Parquet' if path.suffix == '.parquet' else 'CSV'} "
+                            f"({first_line(exc) or type(exc).__name__}); give "
                             "this holder's rows as a UTF-8 CSV with a header, or Parquet") from None
     if table.num_rows == 0:
         raise DataFileError(f"--data: {path} holds no rows; a holder answers with its records "
